@@ -1,0 +1,1 @@
+//! Shared helpers of the benchmark suites (workload builders live in each bench).

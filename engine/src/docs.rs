@@ -1,0 +1,1 @@
+//! Invariants and memory ordering (filled in below).

@@ -1,0 +1,397 @@
+//! The event-driven index: which ranks hold which prompt blocks, on which tier.
+//!
+//! Data path: a rank's KV events ([`KvEvent`]) come in through [`Index::apply`]; the rank's
+//! writer state turns the engine's opaque block hashes into kvr's chained sequence hashes
+//! (`ranks`), and each block becomes a holder bit on a node of the flat, sharded node
+//! table (`table`, `holders`). Lookups (`query`) probe that table without any lock.
+//!
+//! Contract (DESIGN.md §4): a rank's score is the number of leading query blocks it holds,
+//! contiguous from block 0; the index never overcounts; a hole left by a mid-chain removal
+//! may cut a score short. Nodes no rank holds are dropped, so memory follows live blocks.
+
+mod event;
+mod holders;
+mod query;
+mod ranks;
+mod stats;
+mod table;
+
+pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
+pub use query::{OverlapScores, TieredOverlap, TieredScores};
+pub use stats::{IndexStats, RankStats};
+
+use crate::hash::chain_hash;
+use crate::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use crate::sync::epoch;
+use ranks::{RankEntry, RankRegistry, RankWriter};
+use table::{table_key, Shard};
+
+/// The most ranks one index tracks at once (holder entries keep an 18-bit slot).
+pub const MAX_RANKS: u32 = holders::MAX_SLOTS;
+
+/// Sizing of an index.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexConfig {
+    /// Node-table shards (rounded up to a power of two). Writers of different ranks
+    /// contend only when they touch the same shard at the same moment.
+    pub shards: usize,
+    /// Smallest capacity of a shard's table, in nodes.
+    pub min_shard_capacity: usize,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            shards: 256,
+            min_shard_capacity: 64,
+        }
+    }
+}
+
+/// Totals kept across ranks (including ranks since removed).
+#[derive(Default)]
+struct Totals {
+    stored_events: AtomicU64,
+    removed_events: AtomicU64,
+    cleared_events: AtomicU64,
+    parent_not_found: AtomicU64,
+    block_not_found: AtomicU64,
+    too_many_ranks: AtomicU64,
+    holder_set_bytes: AtomicI64,
+}
+
+/// The lock-free, event-driven radix index (stored flat: one node per sequence hash).
+pub struct Index {
+    shards: Box<[Shard]>,
+    shard_mask: u64,
+    ranks: RankRegistry,
+    totals: Totals,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Index {
+    pub fn new() -> Self {
+        Self::with_config(IndexConfig::default())
+    }
+
+    pub fn with_config(config: IndexConfig) -> Self {
+        let n = config.shards.max(1).next_power_of_two();
+        Index {
+            shards: (0..n)
+                .map(|_| Shard::new(config.min_shard_capacity))
+                .collect(),
+            shard_mask: n as u64 - 1,
+            ranks: RankRegistry::new(),
+            totals: Totals::default(),
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn shard(&self, key: u64) -> &Shard {
+        &self.shards[(key & self.shard_mask) as usize]
+    }
+
+    /// Applies one event of `rank`. Events of one rank must be applied in order.
+    pub fn apply(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
+        match *event {
+            KvEvent::Stored {
+                tier,
+                parent,
+                blocks,
+            } => self
+                .store(rank, tier, parent, blocks)
+                .map(|stored| ApplyOutcome {
+                    stored,
+                    ..Default::default()
+                }),
+            KvEvent::Removed {
+                tier,
+                external_hashes,
+            } => Ok(self.remove(rank, tier, external_hashes)),
+            KvEvent::Cleared => Ok(ApplyOutcome {
+                removed: self.clear(rank),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Runs `f` on the rank's live writer state, creating the rank if needed.
+    fn with_writer<R>(
+        &self,
+        rank: RankId,
+        create: bool,
+        f: impl FnOnce(&RankEntry, &mut RankWriter) -> R,
+    ) -> Result<Option<R>, IndexError> {
+        loop {
+            let entry = if create {
+                match self.ranks.get_or_create(rank) {
+                    Some(e) => e,
+                    None => {
+                        self.totals.too_many_ranks.fetch_add(1, Ordering::Relaxed);
+                        return Err(IndexError::TooManyRanks);
+                    }
+                }
+            } else {
+                match self.ranks.get(rank) {
+                    Some(e) => e,
+                    None => return Ok(None),
+                }
+            };
+            let mut w = entry.writer.lock();
+            if w.removed {
+                // Removed between lookup and lock: resolve the rank again.
+                continue;
+            }
+            let r = f(&entry, &mut w);
+            entry
+                .counters
+                .map_bytes
+                .store(w.map_bytes(), Ordering::Relaxed);
+            return Ok(Some(r));
+        }
+    }
+
+    /// Sets or clears `tier` of `entry` on node `seq`; keeps the counters.
+    fn set_holder(&self, entry: &RankEntry, seq: u64, tier: Tier, set: bool, guard: &epoch::Guard) {
+        let key = table_key(seq);
+        let ch = self
+            .shard(key)
+            .update(key, entry.slot, tier.bit(), set, guard);
+        self.account(entry, ch, tier);
+    }
+
+    /// Stores `blocks` on `rank`'s `tier`, chained after `parent`. Returns the number of
+    /// blocks newly stored. An unknown parent rejects the whole store.
+    pub fn store(
+        &self,
+        rank: RankId,
+        tier: Tier,
+        parent: Option<u64>,
+        blocks: &[StoredBlock],
+    ) -> Result<usize, IndexError> {
+        self.with_writer(rank, true, |entry, w| {
+            entry.counters.stored_events.fetch_add(1, Ordering::Relaxed);
+            self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
+            let mut prev = match parent {
+                None => None,
+                Some(p) => match w.resolve(p) {
+                    Some(seq) => Some(seq),
+                    None => {
+                        entry
+                            .counters
+                            .parent_not_found
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.totals.parent_not_found.fetch_add(1, Ordering::Relaxed);
+                        return Err(IndexError::ParentNotFound { parent: p });
+                    }
+                },
+            };
+            let t = tier as usize;
+            let guard = epoch::pin();
+            let mut stored = 0;
+            for b in blocks {
+                let seq = match prev {
+                    None => b.local_hash,
+                    Some(p) => chain_hash(p, b.local_hash),
+                };
+                prev = Some(seq);
+                match w.blocks[t].insert(b.external_hash, seq) {
+                    Some(old) if old == seq => continue,
+                    Some(old) => self.drop_name(entry, w, old, tier, &guard),
+                    None => {}
+                }
+                let key = table_key(seq);
+                let ch = self
+                    .shard(key)
+                    .update(key, entry.slot, tier.bit(), true, &guard);
+                if ch.before & tier.bit() != 0 {
+                    // Another external hash of this rank already names this block.
+                    *w.aliases[t].entry(seq).or_insert(0) += 1;
+                    continue;
+                }
+                self.account(entry, ch, tier);
+                stored += 1;
+            }
+            Ok(stored)
+        })?
+        .expect("created ranks always resolve")
+    }
+
+    /// Keeps the rank's and the index's counters in step with one holder change.
+    fn account(&self, entry: &RankEntry, ch: table::TierChange, tier: Tier) {
+        if ch.heap_delta != 0 {
+            self.totals
+                .holder_set_bytes
+                .fetch_add(ch.heap_delta as i64, Ordering::Relaxed);
+        }
+        let c = &entry.counters;
+        let bit = tier.bit();
+        match (ch.before & bit != 0, ch.after & bit != 0) {
+            (false, true) => {
+                c.tier_blocks[tier as usize].fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                c.tier_blocks[tier as usize].fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        if ch.before == 0 && ch.after != 0 {
+            c.holder_blocks.fetch_add(1, Ordering::Relaxed);
+        } else if ch.before != 0 && ch.after == 0 {
+            c.holder_blocks.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// One external name of `seq` on `tier` went away: drop the holder bit unless
+    /// another name still holds it.
+    fn drop_name(
+        &self,
+        entry: &RankEntry,
+        w: &mut RankWriter,
+        seq: u64,
+        tier: Tier,
+        guard: &epoch::Guard,
+    ) {
+        let t = tier as usize;
+        if let Some(n) = w.aliases[t].get_mut(&seq) {
+            *n -= 1;
+            if *n == 0 {
+                w.aliases[t].remove(&seq);
+            }
+            return;
+        }
+        self.set_holder(entry, seq, tier, false, guard);
+    }
+
+    /// Removes blocks (by the engine's hashes) from `rank`'s `tier`. Unknown hashes are
+    /// counted as `block_not_found`; the rest still apply.
+    pub fn remove(&self, rank: RankId, tier: Tier, external_hashes: &[u64]) -> ApplyOutcome {
+        let counted = |entry: Option<&RankEntry>, n: usize| {
+            if n > 0 {
+                self.totals
+                    .block_not_found
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                if let Some(e) = entry {
+                    e.counters
+                        .block_not_found
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+        };
+        self.totals.removed_events.fetch_add(1, Ordering::Relaxed);
+        let r = self.with_writer(rank, false, |entry, w| {
+            entry
+                .counters
+                .removed_events
+                .fetch_add(1, Ordering::Relaxed);
+            let guard = epoch::pin();
+            let mut out = ApplyOutcome::default();
+            for h in external_hashes {
+                match w.blocks[tier as usize].remove(h) {
+                    Some(seq) => {
+                        self.drop_name(entry, w, seq, tier, &guard);
+                        out.removed += 1;
+                    }
+                    None => out.not_found += 1,
+                }
+            }
+            counted(Some(entry), out.not_found);
+            out
+        });
+        match r {
+            Ok(Some(out)) => out,
+            _ => {
+                counted(None, external_hashes.len());
+                ApplyOutcome {
+                    not_found: external_hashes.len(),
+                    ..Default::default()
+                }
+            }
+        }
+    }
+
+    /// Drops every block of `rank` (a prefix-cache reset). Returns the blocks removed.
+    pub fn clear(&self, rank: RankId) -> usize {
+        self.totals.cleared_events.fetch_add(1, Ordering::Relaxed);
+        self.with_writer(rank, false, |entry, w| {
+            entry
+                .counters
+                .cleared_events
+                .fetch_add(1, Ordering::Relaxed);
+            self.empty_rank(entry, w)
+        })
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+    }
+
+    fn empty_rank(&self, entry: &RankEntry, w: &mut RankWriter) -> usize {
+        let guard = epoch::pin();
+        let mut removed = 0;
+        for tier in Tier::ALL {
+            let t = tier as usize;
+            let blocks = std::mem::take(&mut w.blocks[t]);
+            w.aliases[t].clear();
+            w.aliases[t].shrink_to_fit();
+            for (_, seq) in blocks {
+                // Aliases were dropped above, so every name clears the bit (idempotent).
+                self.set_holder(entry, seq, tier, false, &guard);
+                removed += 1;
+            }
+        }
+        entry
+            .counters
+            .map_bytes
+            .store(w.map_bytes(), Ordering::Relaxed);
+        removed
+    }
+
+    /// Drops every rank of `worker_id`. Returns the number of ranks removed.
+    pub fn remove_worker(&self, worker_id: WorkerId) -> usize {
+        let mut n = 0;
+        for entry in self.ranks.entries() {
+            if entry.id.worker_id != worker_id {
+                continue;
+            }
+            let mut w = entry.writer.lock();
+            if w.removed {
+                continue;
+            }
+            self.empty_rank(&entry, &mut w);
+            w.removed = true;
+            self.ranks.forget(&entry);
+            n += 1;
+        }
+        n
+    }
+
+    /// Removes one rank entirely (its blocks, counters and slot).
+    pub fn remove_rank(&self, rank: RankId) -> bool {
+        let Some(entry) = self.ranks.get(rank) else {
+            return false;
+        };
+        let mut w = entry.writer.lock();
+        if w.removed {
+            return false;
+        }
+        self.empty_rank(&entry, &mut w);
+        w.removed = true;
+        self.ranks.forget(&entry);
+        true
+    }
+
+    /// The ranks the index currently tracks, sorted.
+    pub fn ranks(&self) -> Vec<RankId> {
+        let mut v: Vec<RankId> = self.ranks.entries().iter().map(|e| e.id).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,305 @@
+//! Lookups: how many leading blocks of a prompt each rank holds. Lock-free.
+//!
+//! A query pins an epoch once, then probes the node table block by block; the probes of
+//! the next few blocks are prefetched while the current one is examined, so a long
+//! prompt's walk overlaps its cache misses. Ranks drop out at their first missing block;
+//! once a single rank is left the walk only tests that rank's bit (the early exit: no
+//! more set intersection), and it stops as soon as no rank is left.
+
+use smallvec::SmallVec;
+
+use super::event::{RankId, Tier};
+use super::holders::Holders;
+use super::table::table_key;
+use super::Index;
+use crate::hash::extend_sequence_hashes;
+use crate::sync::epoch;
+
+/// Blocks probed ahead of the one being examined.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Device-tier overlap per rank: the number of leading query blocks it holds.
+/// Ranks with no overlap are absent. Sorted by rank. Reuse one value across queries to
+/// keep lookups allocation-free.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OverlapScores {
+    scores: Vec<(RankId, u32)>,
+}
+
+impl OverlapScores {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The overlap of `rank` (0 if absent).
+    pub fn get(&self, rank: RankId) -> u32 {
+        match self.scores.binary_search_by_key(&rank, |e| e.0) {
+            Ok(i) => self.scores[i].1,
+            Err(_) => 0,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[(RankId, u32)] {
+        &self.scores
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (RankId, u32)> + '_ {
+        self.scores.iter().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.scores.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scores.is_empty()
+    }
+
+    /// The highest overlap (lowest rank on ties).
+    pub fn best(&self) -> Option<(RankId, u32)> {
+        self.iter().fold(None, |b, e| match b {
+            Some((_, s)) if s >= e.1 => b,
+            _ => Some(e),
+        })
+    }
+}
+
+/// One rank's tiered overlap: `device` leading blocks on the device, then `host` further
+/// contiguous blocks in host memory, then `disk` further contiguous blocks on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TieredOverlap {
+    pub rank: RankId,
+    pub device: u32,
+    pub host: u32,
+    pub disk: u32,
+}
+
+/// Tiered overlap per rank (ranks with nothing on any tier are absent). Sorted by rank.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TieredScores {
+    entries: Vec<TieredOverlap>,
+}
+
+impl TieredScores {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn get(&self, rank: RankId) -> Option<TieredOverlap> {
+        self.entries
+            .binary_search_by_key(&rank, |e| e.rank)
+            .ok()
+            .map(|i| self.entries[i])
+    }
+
+    pub fn as_slice(&self) -> &[TieredOverlap] {
+        &self.entries
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = TieredOverlap> + '_ {
+        self.entries.iter().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+type SeqBuf = SmallVec<[u64; 256]>;
+
+fn chain(local_hashes: &[u64]) -> SeqBuf {
+    let mut v: Vec<u64> = Vec::new();
+    let mut out = SeqBuf::new();
+    if local_hashes.len() <= 256 {
+        // Same chain as `extend_sequence_hashes`, on the stack.
+        let mut prev: Option<u64> = None;
+        for &l in local_hashes {
+            let s = match prev {
+                None => l,
+                Some(p) => crate::hash::chain_hash(p, l),
+            };
+            out.push(s);
+            prev = Some(s);
+        }
+    } else {
+        extend_sequence_hashes(None, local_hashes, &mut v);
+        out.extend_from_slice(&v);
+    }
+    out
+}
+
+impl Index {
+    #[inline(always)]
+    fn probe(&self, seq: u64, guard: &epoch::Guard) -> Holders {
+        let key = table_key(seq);
+        self.shard(key).table(guard).get(key)
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, seq: u64, guard: &epoch::Guard) {
+        let key = table_key(seq);
+        self.shard(key).table(guard).prefetch(key);
+    }
+
+    /// Device overlap of a prompt given as local (per-block) hashes.
+    pub fn find_matches(&self, local_hashes: &[u64]) -> OverlapScores {
+        let mut out = OverlapScores::new();
+        self.find_matches_into(local_hashes, &mut out);
+        out
+    }
+
+    /// As [`Index::find_matches`], into a reused result.
+    pub fn find_matches_into(&self, local_hashes: &[u64], out: &mut OverlapScores) {
+        let seq = chain(local_hashes);
+        self.find_matches_by_sequence(&seq, out);
+    }
+
+    /// Device overlap of a prompt given as sequence hashes (see [`crate::hash`]): the
+    /// index work alone. Takes no lock and never waits for a writer.
+    pub fn find_matches_by_sequence(&self, seq: &[u64], out: &mut OverlapScores) {
+        out.scores.clear();
+        let n = seq.len();
+        if n == 0 {
+            return;
+        }
+        let guard = epoch::pin();
+        for &s in seq.iter().take(PREFETCH_AHEAD) {
+            self.prefetch(s, &guard);
+        }
+        let dev = Tier::Device.bit();
+        let mut active: SmallVec<[u32; 32]> = SmallVec::new();
+        let mut done: SmallVec<[(u32, u32); 32]> = SmallVec::new();
+        let w0 = self.probe(seq[0], &guard);
+        // SAFETY: `w0` was loaded with Acquire inside `guard`, which is still pinned.
+        unsafe {
+            w0.for_each(|slot, tiers| {
+                if tiers & dev != 0 {
+                    active.push(slot)
+                }
+            })
+        };
+        let mut i = 1;
+        while i < n && !active.is_empty() {
+            if let Some(&ahead) = seq.get(i + PREFETCH_AHEAD) {
+                self.prefetch(ahead, &guard);
+            }
+            let w = self.probe(seq[i], &guard);
+            if active.len() == 1 {
+                // Early exit from set intersection: one bit test per block.
+                // SAFETY: loaded with Acquire inside the pinned `guard`.
+                if unsafe { w.tiers_of(active[0]) } & dev == 0 {
+                    done.push((active[0], i as u32));
+                    active.clear();
+                }
+            } else if w.is_empty() {
+                done.extend(active.drain(..).map(|s| (s, i as u32)));
+            } else {
+                active.retain(|s| {
+                    // SAFETY: loaded with Acquire inside the pinned `guard`.
+                    let held = unsafe { w.tiers_of(*s) } & dev != 0;
+                    if !held {
+                        done.push((*s, i as u32));
+                    }
+                    held
+                });
+            }
+            i += 1;
+        }
+        done.extend(active.drain(..).map(|s| (s, n as u32)));
+        // Translate after the walk: every slot read above is still owned by its rank
+        // while `guard` is pinned, and a rank created meanwhile is already listed.
+        let rank_of = self.ranks.translator(&guard);
+        out.scores.extend(
+            done.iter()
+                .filter_map(|&(s, score)| rank_of(s).map(|r| (r, score))),
+        );
+        out.scores.sort_unstable_by_key(|e| e.0);
+    }
+
+    /// Tiered overlap of a prompt given as local hashes.
+    pub fn find_matches_tiered(&self, local_hashes: &[u64]) -> TieredScores {
+        let mut out = TieredScores::new();
+        let seq = chain(local_hashes);
+        self.find_matches_tiered_by_sequence(&seq, &mut out);
+        out
+    }
+
+    /// Tiered overlap by sequence hashes: per rank the device prefix `d`, then how many
+    /// further contiguous blocks the host tier holds, then the disk tier.
+    pub fn find_matches_tiered_by_sequence(&self, seq: &[u64], out: &mut TieredScores) {
+        out.entries.clear();
+        let n = seq.len();
+        if n == 0 {
+            return;
+        }
+        struct Walk {
+            slot: u32,
+            phase: usize,
+            counts: [u32; 3],
+        }
+        fn step(w: &mut Walk, tiers: u8) -> bool {
+            while w.phase < 3 && tiers & (1 << w.phase) == 0 {
+                w.phase += 1;
+            }
+            if w.phase < 3 {
+                w.counts[w.phase] += 1;
+                true
+            } else {
+                false
+            }
+        }
+        let guard = epoch::pin();
+        for &s in seq.iter().take(PREFETCH_AHEAD) {
+            self.prefetch(s, &guard);
+        }
+        let mut live: SmallVec<[Walk; 16]> = SmallVec::new();
+        let mut done: SmallVec<[Walk; 16]> = SmallVec::new();
+        let w0 = self.probe(seq[0], &guard);
+        // SAFETY: loaded with Acquire inside the pinned `guard`.
+        unsafe {
+            w0.for_each(|slot, tiers| {
+                let mut w = Walk {
+                    slot,
+                    phase: 0,
+                    counts: [0; 3],
+                };
+                if step(&mut w, tiers) {
+                    live.push(w);
+                }
+            })
+        };
+        let mut i = 1;
+        while i < n && !live.is_empty() {
+            if let Some(&ahead) = seq.get(i + PREFETCH_AHEAD) {
+                self.prefetch(ahead, &guard);
+            }
+            let word = self.probe(seq[i], &guard);
+            let mut k = 0;
+            while k < live.len() {
+                // SAFETY: loaded with Acquire inside the pinned `guard`.
+                let tiers = unsafe { word.tiers_of(live[k].slot) };
+                if step(&mut live[k], tiers) {
+                    k += 1;
+                } else {
+                    done.push(live.swap_remove(k));
+                }
+            }
+            i += 1;
+        }
+        done.extend(live.drain(..));
+        let rank_of = self.ranks.translator(&guard);
+        out.entries.extend(done.iter().filter_map(|w| {
+            rank_of(w.slot).map(|rank| TieredOverlap {
+                rank,
+                device: w.counts[0],
+                host: w.counts[1],
+                disk: w.counts[2],
+            })
+        }));
+        out.entries.sort_unstable_by_key(|e| e.rank);
+    }
+}

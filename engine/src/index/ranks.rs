@@ -1,0 +1,253 @@
+//! Ranks: their slots in holder sets, the slot → rank directory readers translate with,
+//! and each rank's writer-side state (the engine's external hashes → kvr's chain).
+//!
+//! Writers of one rank serialize on that rank's mutex (one writer per rank is the proven
+//! design); different ranks never share a writer lock here.
+//!
+//! Slot reuse is the one hazard: a reader that loaded a holder word naming slot `s` must
+//! never translate `s` into a rank that got the slot later. So a removed rank's holders
+//! are taken out of the tables first, and its slot goes back to the free list only
+//! through the epoch collector, after every reader pinned at that time has finished.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::event::RankId;
+use super::holders::MAX_SLOTS;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{epoch, Arc, Mutex, ShardedMap};
+
+/// A hasher for keys that are already uniformly random 64-bit hashes: one folded
+/// multiply, so hashbrown gets good high (tag) and low (bucket) bits.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct HashMix(u64);
+
+impl Hasher for HashMix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let m = (x ^ self.0) as u128 * 0x9e37_79b9_7f4a_7c15u128;
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+}
+
+pub(crate) type HashMixMap<K, V> = HashMap<K, V, BuildHasherDefault<HashMix>>;
+
+/// Per-rank counters, readable without the rank's lock.
+#[derive(Default)]
+pub(crate) struct RankCounters {
+    pub(crate) holder_blocks: AtomicU64,
+    pub(crate) tier_blocks: [AtomicU64; 3],
+    pub(crate) stored_events: AtomicU64,
+    pub(crate) removed_events: AtomicU64,
+    pub(crate) cleared_events: AtomicU64,
+    pub(crate) parent_not_found: AtomicU64,
+    pub(crate) block_not_found: AtomicU64,
+    pub(crate) map_bytes: AtomicU64,
+}
+
+/// Writer-side state of one rank, behind its mutex.
+#[derive(Default)]
+pub(crate) struct RankWriter {
+    /// Per tier: the engine's block hash → kvr's sequence hash.
+    pub(crate) blocks: [HashMixMap<u64, u64>; 3],
+    /// Per tier: sequence hashes this rank stored under more than one external hash,
+    /// with the number of extra names. The holder bit goes only when the last name goes.
+    pub(crate) aliases: [HashMixMap<u64, u32>; 3],
+    /// Set once the rank is removed; a writer that finds it set must re-resolve the rank.
+    pub(crate) removed: bool,
+}
+
+impl RankWriter {
+    /// kvr's sequence hash of a block this rank stored on any tier.
+    pub(crate) fn resolve(&self, external: u64) -> Option<u64> {
+        self.blocks.iter().find_map(|m| m.get(&external).copied())
+    }
+
+    pub(crate) fn map_bytes(&self) -> u64 {
+        let per = |cap: usize, entry: usize| (cap * (entry + 1)) as u64;
+        self.blocks
+            .iter()
+            .map(|m| per(m.capacity(), 16))
+            .sum::<u64>()
+            + self
+                .aliases
+                .iter()
+                .map(|m| per(m.capacity(), 12))
+                .sum::<u64>()
+    }
+}
+
+/// One rank known to the index.
+pub(crate) struct RankEntry {
+    pub(crate) id: RankId,
+    pub(crate) slot: u32,
+    pub(crate) writer: Mutex<RankWriter>,
+    pub(crate) counters: RankCounters,
+}
+
+/// Free and never-used slots.
+struct SlotAllocator {
+    free: Vec<u32>,
+    next: u32,
+}
+
+/// Slot → rank, as an immutable array swapped whole (copy-on-write under the
+/// directory lock; ranks come and go rarely). Readers load it inside their epoch.
+struct Directory {
+    by_slot: Box<[Option<RankId>]>,
+}
+
+pub(crate) struct RankRegistry {
+    by_id: ShardedMap<RankId, Arc<RankEntry>>,
+    /// Guards copy-on-write updates of `directory`; never taken by readers.
+    directory_writer: Mutex<()>,
+    directory: epoch::Atomic<Directory>,
+    slots: Arc<Mutex<SlotAllocator>>,
+}
+
+impl RankRegistry {
+    pub(crate) fn new() -> Self {
+        RankRegistry {
+            by_id: ShardedMap::new(),
+            directory_writer: Mutex::new(()),
+            directory: epoch::Atomic::new(Directory {
+                by_slot: Box::new([]),
+            }),
+            slots: Arc::new(Mutex::new(SlotAllocator {
+                free: Vec::new(),
+                next: 0,
+            })),
+        }
+    }
+
+    pub(crate) fn get(&self, id: RankId) -> Option<Arc<RankEntry>> {
+        self.by_id.get(&id)
+    }
+
+    /// The rank's entry, created with a fresh slot on first sight. `None` when out of slots.
+    pub(crate) fn get_or_create(&self, id: RankId) -> Option<Arc<RankEntry>> {
+        if let Some(e) = self.by_id.get(&id) {
+            return Some(e);
+        }
+        let mut failed = false;
+        let entry = self
+            .by_id
+            .get_or_insert_with(id, || match self.allocate(id) {
+                Some(slot) => Arc::new(RankEntry {
+                    id,
+                    slot,
+                    writer: Mutex::new(RankWriter::default()),
+                    counters: RankCounters::default(),
+                }),
+                None => {
+                    failed = true;
+                    Arc::new(RankEntry {
+                        id,
+                        slot: u32::MAX,
+                        writer: Mutex::new(RankWriter {
+                            removed: true,
+                            ..RankWriter::default()
+                        }),
+                        counters: RankCounters::default(),
+                    })
+                }
+            });
+        if failed || entry.slot == u32::MAX {
+            self.by_id.remove(&id);
+            return None;
+        }
+        Some(entry)
+    }
+
+    /// Takes a slot and publishes slot → rank before any holder word can name the slot.
+    fn allocate(&self, id: RankId) -> Option<u32> {
+        let slot = {
+            let mut a = self.slots.lock();
+            match a.free.pop() {
+                Some(s) => s,
+                None if a.next < MAX_SLOTS => {
+                    a.next += 1;
+                    a.next - 1
+                }
+                None => return None,
+            }
+        };
+        self.set_directory(slot, Some(id));
+        Some(slot)
+    }
+
+    fn set_directory(&self, slot: u32, id: Option<RankId>) {
+        let _w = self.directory_writer.lock();
+        let guard = epoch::pin();
+        let cur = self.directory.load(Ordering::Acquire, &guard);
+        // SAFETY: never null; replaced only under `directory_writer`, old versions retired
+        // through the epoch, so it is alive while `guard` is pinned.
+        let cur = unsafe { cur.deref() };
+        let mut by_slot = cur.by_slot.to_vec();
+        if by_slot.len() <= slot as usize {
+            by_slot.resize(slot as usize + 1, None);
+        }
+        by_slot[slot as usize] = id;
+        let prev = self.directory.swap(
+            epoch::Owned::new(Directory {
+                by_slot: by_slot.into_boxed_slice(),
+            }),
+            Ordering::Release,
+            &guard,
+        );
+        // SAFETY: swapped out under the directory lock; destroyed after current readers.
+        unsafe { guard.defer_destroy(prev) };
+    }
+
+    /// Translates slots to ranks for one reader, inside its epoch.
+    pub(crate) fn translator<'g>(
+        &self,
+        guard: &'g epoch::Guard,
+    ) -> impl Fn(u32) -> Option<RankId> + 'g {
+        let d = self.directory.load(Ordering::Acquire, guard);
+        // SAFETY: never null; retired through the epoch, so alive while `guard` is pinned.
+        let d: &'g Directory = unsafe { d.deref() };
+        move |slot| d.by_slot.get(slot as usize).copied().flatten()
+    }
+
+    /// Forgets `id`: the caller has already emptied its holders. Its slot is reusable once
+    /// every reader pinned now has finished.
+    pub(crate) fn forget(&self, entry: &RankEntry) {
+        self.by_id.remove(&entry.id);
+        self.set_directory(entry.slot, None);
+        let slots = self.slots.clone();
+        let slot = entry.slot;
+        #[cfg(loom)]
+        if crate::sync::faults::get().reuse_slot_now {
+            slots.lock().free.push(slot);
+            return;
+        }
+        let guard = epoch::pin();
+        guard.defer(move || slots.lock().free.push(slot));
+        guard.flush();
+    }
+
+    pub(crate) fn entries(&self) -> Vec<Arc<RankEntry>> {
+        self.by_id.entries().into_iter().map(|(_, v)| v).collect()
+    }
+}
+
+impl Drop for RankRegistry {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no reader can reach the directory any more.
+        unsafe {
+            let guard = epoch::unprotected();
+            drop(self.directory.load(Ordering::Relaxed, guard).into_owned());
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! What the index holds and what it refused, for operators and for the memory targets.
+
+use super::event::RankId;
+use super::Index;
+use crate::sync::atomic::Ordering;
+
+/// Index-wide figures. Event and refusal counters are totals since creation (removed
+/// ranks included); block counts and bytes are current.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    pub ranks: u64,
+    /// Nodes (distinct prefixes) held by at least one rank.
+    pub nodes: u64,
+    /// (rank, block) pairs held on any tier.
+    pub holder_blocks: u64,
+    /// (rank, block) pairs per tier: device, host, disk.
+    pub tier_blocks: [u64; 3],
+    /// All index memory: `table_bytes + holder_set_bytes + rank_map_bytes`.
+    pub bytes: u64,
+    /// The node tables (the lock-free read structure).
+    pub table_bytes: u64,
+    /// Heap holder sets of nodes with more than three holders.
+    pub holder_set_bytes: u64,
+    /// The ranks' external-hash maps (writer side; estimated from their capacities).
+    pub rank_map_bytes: u64,
+    pub stored_events: u64,
+    pub removed_events: u64,
+    pub cleared_events: u64,
+    /// Stores rejected because their parent was unknown.
+    pub parent_not_found: u64,
+    /// Removed hashes that the rank did not hold.
+    pub block_not_found: u64,
+    /// Events refused because the rank limit was reached.
+    pub too_many_ranks: u64,
+}
+
+impl IndexStats {
+    /// All index bytes per (rank, block) pair.
+    pub fn bytes_per_holder_block(&self) -> f64 {
+        self.bytes as f64 / self.holder_blocks.max(1) as f64
+    }
+}
+
+/// One rank's figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankStats {
+    pub rank: Option<RankId>,
+    pub holder_blocks: u64,
+    pub tier_blocks: [u64; 3],
+    pub stored_events: u64,
+    pub removed_events: u64,
+    pub cleared_events: u64,
+    pub parent_not_found: u64,
+    pub block_not_found: u64,
+    pub rank_map_bytes: u64,
+}
+
+impl Index {
+    pub fn stats(&self) -> IndexStats {
+        let t = &self.totals;
+        let mut s = IndexStats {
+            stored_events: t.stored_events.load(Ordering::Relaxed),
+            removed_events: t.removed_events.load(Ordering::Relaxed),
+            cleared_events: t.cleared_events.load(Ordering::Relaxed),
+            parent_not_found: t.parent_not_found.load(Ordering::Relaxed),
+            block_not_found: t.block_not_found.load(Ordering::Relaxed),
+            too_many_ranks: t.too_many_ranks.load(Ordering::Relaxed),
+            holder_set_bytes: t.holder_set_bytes.load(Ordering::Relaxed).max(0) as u64,
+            ..Default::default()
+        };
+        for sh in self.shards.iter() {
+            s.nodes += sh.live_nodes();
+            s.table_bytes += sh.table_bytes();
+        }
+        for e in self.ranks.entries() {
+            let r = rank_stats(&e);
+            s.ranks += 1;
+            s.holder_blocks += r.holder_blocks;
+            for k in 0..3 {
+                s.tier_blocks[k] += r.tier_blocks[k];
+            }
+            s.rank_map_bytes += r.rank_map_bytes;
+        }
+        s.bytes = s.table_bytes + s.holder_set_bytes + s.rank_map_bytes;
+        s
+    }
+
+    pub fn rank_stats(&self, rank: RankId) -> Option<RankStats> {
+        self.ranks.get(rank).map(|e| rank_stats(&e))
+    }
+}
+
+fn rank_stats(e: &super::ranks::RankEntry) -> RankStats {
+    let c = &e.counters;
+    let ld = |a: &crate::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    RankStats {
+        rank: Some(e.id),
+        holder_blocks: ld(&c.holder_blocks),
+        tier_blocks: [
+            ld(&c.tier_blocks[0]),
+            ld(&c.tier_blocks[1]),
+            ld(&c.tier_blocks[2]),
+        ],
+        stored_events: ld(&c.stored_events),
+        removed_events: ld(&c.removed_events),
+        cleared_events: ld(&c.cleared_events),
+        parent_not_found: ld(&c.parent_not_found),
+        block_not_found: ld(&c.block_not_found),
+        rank_map_bytes: ld(&c.map_bytes),
+    }
+}

@@ -1,0 +1,20 @@
+//! kvr: a lock-free, in-process selection engine for KV-cache-aware LLM inference routing.
+//!
+//! The path of data: engines' KV events → [`index`] (which rank holds which prompt block)
+//! → lookup (overlap per rank) → cost → booking. This crate is the engine only: no I/O,
+//! no C, no HTTP; `kvr-ffi` and `kvr-cli` wrap it.
+//!
+//! Block hashes follow NVIDIA Dynamo's scheme ([`hash`]); the index reproduces the
+//! semantics of Dynamo's radix index with a flat, lock-free-read layout ([`index`]); the
+//! invariants and memory orderings are argued in [`docs`].
+
+pub mod docs;
+pub mod hash;
+pub mod index;
+pub(crate) mod sync;
+
+pub use hash::{BlockHasher, HashSalt, LocalHash, SequenceHash};
+pub use index::{
+    ApplyOutcome, DpRank, Index, IndexConfig, IndexError, IndexStats, KvEvent, OverlapScores,
+    RankId, RankStats, StoredBlock, Tier, TieredOverlap, TieredScores, WorkerId,
+};

@@ -1,0 +1,230 @@
+//! The one concurrency facade.
+//!
+//! Every atomic, lock, shared cell, epoch guard, snapshot cell and sharded map the engine
+//! uses comes from here, so that under `RUSTFLAGS="--cfg loom --cfg crossbeam_loom"` the
+//! whole engine runs on loom's model-checked primitives (the pattern of crossbeam's
+//! `primitive` module and tokio's `loom` module). No other module imports
+//! `std::sync::atomic`, `crossbeam_epoch`, `arc_swap` or `dashmap` directly.
+//!
+//! Under loom:
+//! - atomics, `Arc`, `Mutex`, `UnsafeCell` are loom's;
+//! - `epoch` is still crossbeam-epoch, built with its own loom support, so the real
+//!   reclamation code is what the models explore;
+//! - arc-swap and dashmap are invisible to loom, so [`Snapshot`] and [`ShardedMap`] become
+//!   a mutex-guarded stand-in with the same API. Neither is on the index's read path.
+
+#[cfg(all(loom, not(crossbeam_loom)))]
+compile_error!("build loom models with RUSTFLAGS=\"--cfg loom --cfg crossbeam_loom\"");
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic;
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic;
+
+#[cfg(loom)]
+#[allow(unused_imports)]
+pub(crate) use loom::sync::Arc;
+#[cfg(not(loom))]
+#[allow(unused_imports)]
+pub(crate) use std::sync::Arc;
+
+/// Epoch-based reclamation (crossbeam-epoch; loom-aware under `crossbeam_loom`).
+pub(crate) use crossbeam_epoch as epoch;
+
+/// A mutex whose poisoning is ignored: every critical section in kvr leaves its data
+/// consistent before any call that could panic, so a panic elsewhere must not wedge a rank.
+#[derive(Debug, Default)]
+pub(crate) struct Mutex<T>(
+    #[cfg(not(loom))] std::sync::Mutex<T>,
+    #[cfg(loom)] loom::sync::Mutex<T>,
+);
+
+#[cfg(not(loom))]
+pub(crate) type MutexGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+#[cfg(loom)]
+pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        #[cfg(not(loom))]
+        return Self(std::sync::Mutex::new(value));
+        #[cfg(loom)]
+        return Self(loom::sync::Mutex::new(value));
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        match self.0.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+/// `UnsafeCell` with loom's closure API, so loom can see every access.
+#[derive(Debug)]
+pub(crate) struct UnsafeCell<T>(
+    #[cfg(not(loom))] core::cell::UnsafeCell<T>,
+    #[cfg(loom)] loom::cell::UnsafeCell<T>,
+);
+
+impl<T> UnsafeCell<T> {
+    pub(crate) fn new(value: T) -> Self {
+        #[cfg(not(loom))]
+        return Self(core::cell::UnsafeCell::new(value));
+        #[cfg(loom)]
+        return Self(loom::cell::UnsafeCell::new(value));
+    }
+
+    /// Reads through a shared raw pointer. The caller upholds the aliasing rules.
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        #[cfg(not(loom))]
+        return f(self.0.get());
+        #[cfg(loom)]
+        return self.0.with(f);
+    }
+
+    /// Writes through a unique raw pointer. The caller upholds the aliasing rules.
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        #[cfg(not(loom))]
+        return f(self.0.get());
+        #[cfg(loom)]
+        return self.0.with_mut(f);
+    }
+}
+
+/// An immutable value swapped atomically as a whole; readers load it once and keep using
+/// that one version (arc-swap in production).
+pub(crate) struct Snapshot<T>(
+    #[cfg(not(loom))] arc_swap::ArcSwap<T>,
+    #[cfg(loom)] loom::sync::Mutex<Arc<T>>,
+);
+
+#[allow(dead_code)]
+impl<T> Snapshot<T> {
+    pub(crate) fn new(value: T) -> Self {
+        #[cfg(not(loom))]
+        return Self(arc_swap::ArcSwap::from_pointee(value));
+        #[cfg(loom)]
+        return Self(loom::sync::Mutex::new(Arc::new(value)));
+    }
+
+    /// The current version; never blocks a writer and never sees a torn value.
+    pub(crate) fn load(&self) -> Arc<T> {
+        #[cfg(not(loom))]
+        return self.0.load_full();
+        #[cfg(loom)]
+        return self.0.lock().unwrap().clone();
+    }
+
+    pub(crate) fn store(&self, value: T) {
+        #[cfg(not(loom))]
+        self.0.store(Arc::new(value));
+        #[cfg(loom)]
+        {
+            *self.0.lock().unwrap() = Arc::new(value);
+        }
+    }
+}
+
+/// A concurrent map sharded by key (dashmap in production). Used on writer and
+/// bookkeeping paths, never on the index's lock-free read path.
+pub(crate) struct ShardedMap<K, V>(
+    #[cfg(not(loom))] dashmap::DashMap<K, V>,
+    #[cfg(loom)] loom::sync::Mutex<std::collections::HashMap<K, V>>,
+);
+
+#[allow(dead_code)]
+impl<K: Eq + std::hash::Hash + Clone, V: Clone> ShardedMap<K, V> {
+    pub(crate) fn new() -> Self {
+        #[cfg(not(loom))]
+        return Self(dashmap::DashMap::new());
+        #[cfg(loom)]
+        return Self(loom::sync::Mutex::new(std::collections::HashMap::new()));
+    }
+
+    pub(crate) fn get(&self, key: &K) -> Option<V> {
+        #[cfg(not(loom))]
+        return self.0.get(key).map(|v| v.value().clone());
+        #[cfg(loom)]
+        return self.0.lock().unwrap().get(key).cloned();
+    }
+
+    /// Returns the value for `key`, inserting `make()` first if absent.
+    pub(crate) fn get_or_insert_with(&self, key: K, make: impl FnOnce() -> V) -> V {
+        #[cfg(not(loom))]
+        return self.0.entry(key).or_insert_with(make).value().clone();
+        #[cfg(loom)]
+        return self
+            .0
+            .lock()
+            .unwrap()
+            .entry(key)
+            .or_insert_with(make)
+            .clone();
+    }
+
+    pub(crate) fn remove(&self, key: &K) -> Option<V> {
+        #[cfg(not(loom))]
+        return self.0.remove(key).map(|(_, v)| v);
+        #[cfg(loom)]
+        return self.0.lock().unwrap().remove(key);
+    }
+
+    /// A point-in-time copy of the entries (not atomic across shards).
+    pub(crate) fn entries(&self) -> Vec<(K, V)> {
+        #[cfg(not(loom))]
+        return self
+            .0
+            .iter()
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect();
+        #[cfg(loom)]
+        return self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        #[cfg(not(loom))]
+        return self.0.len();
+        #[cfg(loom)]
+        return self.0.lock().unwrap().len();
+    }
+}
+
+/// Fault injection for the loom models' negative controls: each flag weakens one step of
+/// one protocol, and the matching model must then fail. Compiled only under loom.
+#[cfg(loom)]
+pub(crate) mod faults {
+    use std::cell::Cell;
+
+    #[derive(Clone, Copy, Default, Debug)]
+    pub struct Faults {
+        /// Publish slots and holder sets with `Relaxed` instead of `Release`.
+        pub relaxed_publish: bool,
+        /// Free a replaced holder set at once instead of deferring it past readers' epochs.
+        pub free_holders_now: bool,
+        /// Free a replaced table at once instead of deferring it.
+        pub free_table_now: bool,
+        /// Hand a removed rank's slot back for reuse at once instead of after readers' epochs.
+        pub reuse_slot_now: bool,
+    }
+
+    std::thread_local! {
+        static FAULTS: Cell<Faults> = Cell::new(Faults::default());
+    }
+
+    pub fn set(f: Faults) {
+        FAULTS.with(|c| c.set(f));
+    }
+
+    pub fn get() -> Faults {
+        FAULTS.with(|c| c.get())
+    }
+}
