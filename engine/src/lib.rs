@@ -13,6 +13,9 @@ pub mod hash;
 pub mod index;
 pub(crate) mod sync;
 
+#[cfg(all(test, loom))]
+mod loom_models;
+
 pub use hash::{BlockHasher, HashSalt, LocalHash, SequenceHash};
 pub use index::{
     ApplyOutcome, DpRank, Index, IndexConfig, IndexError, IndexStats, KvEvent, OverlapScores,

@@ -227,4 +227,30 @@ pub(crate) mod faults {
     pub fn get() -> Faults {
         FAULTS.with(|c| c.get())
     }
+
+    std::thread_local! {
+        static FREES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Counts a real free of a retired object, so a model can prove reclamation happened.
+    pub fn note_free() {
+        FREES.with(|c| c.set(c.get() + 1));
+    }
+
+    pub fn frees() -> usize {
+        FREES.with(|c| c.get())
+    }
+
+    std::thread_local! {
+        static RECLAIMING_RUNS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Counts a model execution in which a retired object was really freed.
+    pub fn note_reclaiming_run() {
+        RECLAIMING_RUNS.with(|c| c.set(c.get() + 1));
+    }
+
+    pub fn reclaiming_runs() -> usize {
+        RECLAIMING_RUNS.with(|c| c.get())
+    }
 }

@@ -75,6 +75,13 @@ impl HeapHolders {
 
 impl Drop for HeapHolders {
     fn drop(&mut self) {
+        // A loom model that already failed must unwind without a second panic.
+        #[cfg(loom)]
+        if std::thread::panicking() {
+            return;
+        }
+        #[cfg(loom)]
+        crate::sync::faults::note_free();
         // A write access, so that loom reports any reader the collector failed to wait for.
         self.entries.with_mut(|p| {
             // SAFETY: `&mut self` in Drop is the only reference; nothing else can access it.

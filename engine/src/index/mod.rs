@@ -15,6 +15,8 @@ mod query;
 mod ranks;
 mod stats;
 mod table;
+#[cfg(loom)]
+pub(crate) mod testing;
 
 pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
 pub use query::{OverlapScores, TieredOverlap, TieredScores};

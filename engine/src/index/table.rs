@@ -308,6 +308,13 @@ impl Shard {
 
 impl Drop for Table {
     fn drop(&mut self) {
+        // A loom model that already failed must unwind without a second panic.
+        #[cfg(loom)]
+        if std::thread::panicking() {
+            return;
+        }
+        #[cfg(loom)]
+        crate::sync::faults::note_free();
         self.alive.with_mut(|_| ());
     }
 }

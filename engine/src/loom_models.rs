@@ -1,0 +1,270 @@
+//! Loom models of every atomic protocol of the index, each with a negative control.
+//!
+//! Run with `RUSTFLAGS="--cfg loom --cfg crossbeam_loom" cargo test -p kvr --release --lib
+//! loom_models` (see `.ci/loom`). Each positive model must pass for every interleaving
+//! loom explores; each negative control weakens one step through [`crate::sync::faults`]
+//! and must be rejected, with the failure it is meant to provoke (a causality violation
+//! on a freed or unpublished cell, or an overcount).
+
+use crate::index::testing::ShardProbe;
+use crate::index::{Index, IndexConfig, RankId, StoredBlock, Tier};
+use crate::sync::faults::{self, Faults};
+use crate::sync::{epoch, Arc};
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(3);
+    }
+    b.check(f);
+}
+
+/// Runs `f` under loom with `fault` injected and requires loom to reject it with a
+/// message containing `needle`.
+///
+/// A failing loom model can abort the process while unwinding (crossbeam-epoch's thread
+/// handles touch loom state after the model is gone), so the control runs in a child
+/// process: this test binary again, filtered to `test_name`, with `KVR_LOOM_CHILD` set.
+fn must_fail(test_name: &str, fault: Faults, needle: &str, f: impl Fn() + Sync + Send + 'static) {
+    if std::env::var_os("KVR_LOOM_CHILD").is_some() {
+        faults::set(fault);
+        model(f);
+        eprintln!("negative control passed: loom found no failure");
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = std::process::Command::new(exe)
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("KVR_LOOM_CHILD", "1")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run the negative control in a child process");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "negative control {fault:?} passed: loom found no failure\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(needle) || stdout.contains(needle),
+        "negative control {fault:?} failed for another reason than {needle:?}:\n{stderr}"
+    );
+}
+
+/// Lets the epoch advance far enough for deferred frees queued so far to run, as far as
+/// pinned readers allow.
+fn churn_epoch() {
+    for _ in 0..3 {
+        epoch::pin().flush();
+    }
+}
+
+const KEY: u64 = 0xABCD_0000_0000_0001;
+
+/// A holder set grows past the inline capacity (new heap set published) while a reader
+/// probes the node: the reader sees the old set or the new one, whole.
+fn publish_heap_set() {
+    let shard = Arc::new(ShardProbe::new(4));
+    for slot in 0..3 {
+        shard.set(KEY, slot, true);
+    }
+    let w = shard.clone();
+    let writer = loom::thread::spawn(move || {
+        w.set(KEY, 3, true);
+    });
+    let seen = shard.read(KEY);
+    assert!(
+        seen == vec![0, 1, 2] || seen == vec![0, 1, 2, 3],
+        "torn holder set {seen:?}"
+    );
+    writer.join().unwrap();
+    assert_eq!(shard.read(KEY), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn heap_set_publication() {
+    model(publish_heap_set);
+}
+
+#[test]
+fn heap_set_publication_negative_relaxed_store() {
+    must_fail(
+        "loom_models::heap_set_publication_negative_relaxed_store",
+        Faults {
+            relaxed_publish: true,
+            ..Faults::default()
+        },
+        "Causality violation",
+        publish_heap_set,
+    );
+}
+
+/// A heap holder set is replaced (a holder leaves) and the old one retired while a reader
+/// may still hold it: it must not be freed before the reader unpins.
+fn replace_and_reclaim_heap_set() {
+    let frees = faults::frees();
+    let shard = Arc::new(ShardProbe::new(4));
+    for slot in 0..5 {
+        shard.set(KEY, slot, true);
+    }
+    let w = shard.clone();
+    let writer = loom::thread::spawn(move || {
+        w.set(KEY, 4, false);
+        churn_epoch();
+    });
+    let seen = shard.read(KEY);
+    assert!(
+        seen == vec![0, 1, 2, 3, 4] || seen == vec![0, 1, 2, 3],
+        "torn {seen:?}"
+    );
+    writer.join().unwrap();
+    note_reclaimed(frees);
+}
+
+/// Once every thread has unpinned, try to let the retired object be freed, and note
+/// whether this execution freed anything. Not every interleaving lets crossbeam's epoch
+/// advance within a few flushes, so the models require reclamation in *some* explored
+/// executions ([`model_reclaiming`]) and safety in all of them.
+fn note_reclaimed(frees_before: usize) {
+    churn_epoch();
+    if faults::frees() > frees_before {
+        faults::note_reclaiming_run();
+    }
+}
+
+/// As [`model`], and fails unless at least one explored execution really freed a retired
+/// object, so the model exercises reclamation and not only its absence.
+fn model_reclaiming(f: impl Fn() + Sync + Send + 'static) {
+    let runs = faults::reclaiming_runs();
+    model(f);
+    assert!(
+        faults::reclaiming_runs() > runs,
+        "no explored execution reclaimed anything"
+    );
+}
+
+#[test]
+fn heap_set_reclamation() {
+    model_reclaiming(replace_and_reclaim_heap_set);
+}
+
+#[test]
+fn heap_set_reclamation_negative_free_now() {
+    must_fail(
+        "loom_models::heap_set_reclamation_negative_free_now",
+        Faults {
+            free_holders_now: true,
+            ..Faults::default()
+        },
+        "Causality violation",
+        replace_and_reclaim_heap_set,
+    );
+}
+
+/// An insert overflows the table, which is rebuilt and swapped; the old table is retired
+/// while a reader may still be probing it.
+fn rebuild_and_reclaim_table() {
+    let frees = faults::frees();
+    let shard = Arc::new(ShardProbe::new(4));
+    for k in 1..=3u64 {
+        shard.set(k << 60 | 1, 0, true);
+    }
+    let w = shard.clone();
+    let writer = loom::thread::spawn(move || {
+        w.set(4 << 60 | 1, 0, true); // 4 of 4 slots: rebuild
+        churn_epoch();
+    });
+    assert_eq!(
+        shard.read(2 << 60 | 1),
+        vec![0],
+        "a live node vanished during a rebuild"
+    );
+    let late = shard.read(4 << 60 | 1);
+    assert!(late.is_empty() || late == vec![0]);
+    writer.join().unwrap();
+    assert_eq!(shard.read(4 << 60 | 1), vec![0]);
+    note_reclaimed(frees);
+}
+
+#[test]
+fn table_rebuild_reclamation() {
+    model_reclaiming(rebuild_and_reclaim_table);
+}
+
+#[test]
+fn table_rebuild_reclamation_negative_free_now() {
+    must_fail(
+        "loom_models::table_rebuild_reclamation_negative_free_now",
+        Faults {
+            free_table_now: true,
+            ..Faults::default()
+        },
+        "Causality violation",
+        rebuild_and_reclaim_table,
+    );
+}
+
+#[test]
+fn table_rebuild_publication_negative_relaxed_swap() {
+    must_fail(
+        "loom_models::table_rebuild_publication_negative_relaxed_swap",
+        Faults {
+            relaxed_publish: true,
+            ..Faults::default()
+        },
+        "Causality violation",
+        rebuild_and_reclaim_table,
+    );
+}
+
+/// A rank is removed and a new rank created while a reader walks: the reader may report
+/// the old rank (removal not yet seen) or nothing, never the new rank for the old
+/// rank's block, which is what reusing the slot too early would do.
+fn remove_rank_then_reuse_slot() {
+    let a = RankId::new(1, 0);
+    let b = RankId::new(2, 0);
+    let block = |ext, local| StoredBlock {
+        external_hash: ext,
+        local_hash: local,
+    };
+    let index = Arc::new(Index::with_config(IndexConfig {
+        shards: 1,
+        min_shard_capacity: 4,
+    }));
+    index
+        .store(a, Tier::Device, None, &[block(1, 100)])
+        .unwrap();
+    let w = index.clone();
+    let writer = loom::thread::spawn(move || {
+        w.remove_rank(a);
+        churn_epoch();
+        w.store(b, Tier::Device, None, &[block(2, 200)]).unwrap();
+    });
+    let m = index.find_matches(&[100]);
+    assert!(
+        m.get(b) == 0,
+        "overcount: new rank {b} credited with a block it never stored"
+    );
+    assert!(m.len() <= 1);
+    writer.join().unwrap();
+    assert_eq!(index.find_matches(&[100]).len(), 0);
+    assert_eq!(index.find_matches(&[200]).get(b), 1);
+}
+
+#[test]
+fn rank_slot_reuse() {
+    model(remove_rank_then_reuse_slot);
+}
+
+#[test]
+fn rank_slot_reuse_negative_reuse_now() {
+    must_fail(
+        "loom_models::rank_slot_reuse_negative_reuse_now",
+        Faults {
+            reuse_slot_now: true,
+            ..Faults::default()
+        },
+        "overcount",
+        remove_rank_then_reuse_slot,
+    );
+}
