@@ -1,1 +1,78 @@
-//! Invariants and memory ordering (filled in below).
+//! Invariants, memory ordering, and why each read path is lock-free.
+//!
+//! This module holds no code (the pattern of arc-swap's `docs`). Each protocol below has
+//! a loom model in `loom_models.rs` and a negative control that must fail.
+//!
+//! # The index's layout
+//!
+//! - **Node table** (`index::table`): per shard, an open-addressing array of
+//!   `(key: AtomicU64, word: AtomicU64)` slots. The key is the block's sequence hash (the
+//!   chain over local hashes, so equal keys mean equal prefixes); the word is the holder
+//!   set. Shard = low bits of the key; home slot = high bits (multiply-shift).
+//! - **Holder word** (`index::holders`): `0` = nobody; low bit set = up to three
+//!   `(slot, tiers)` entries inline; otherwise a pointer to an immutable, slot-sorted heap
+//!   set.
+//! - **Rank writer state** (`index::ranks`): per rank, behind that rank's mutex: the
+//!   engine's external hash → sequence hash, per tier. Never read by lookups.
+//! - **Slot directory**: slot → rank, an immutable array swapped whole.
+//!
+//! # Invariants
+//!
+//! 1. *A key is written once per table.* A slot's key goes from empty to `k` and never
+//!    changes again in that table. Removal empties the word, not the key ("dead" node); the
+//!    same key coming back revives the slot. So a reader that matched `k` at slot `i` reads
+//!    `k`'s word, never another node's (no ABA on slots).
+//! 2. *Every table has an empty slot.* Writers rebuild before live + dead slots exceed 4/5
+//!    of the capacity, so a probe always terminates.
+//! 3. *A published holder set is immutable.* Writers build a new set and swap the word; the
+//!    old set is retired through the epoch collector and freed only after every reader
+//!    pinned at the time of the swap has unpinned.
+//! 4. *A rebuilt table is frozen.* The writer copies live nodes into a new table, swaps the
+//!    shard's pointer and retires the old table through the epoch. Heap sets move to the
+//!    new table (they are freed when replaced, never with a table).
+//! 5. *A slot names one rank for the life of any reader that can see it.* A rank is
+//!    removed by first clearing all its holder bits, then unpublishing it from the
+//!    directory, then handing its slot back to the allocator *through the epoch* (the
+//!    deferred step only raises an atomic flag, so a reader that runs it never takes the
+//!    allocator's lock). A slot is published in the directory before any holder word
+//!    names it.
+//! 6. *Writers of one node serialize on its shard's mutex; writers of one rank on the
+//!    rank's mutex* (lock order: rank, then shard). No writer takes a global lock: the rank
+//!    registry is a sharded map and the directory lock is taken only when ranks come and go.
+//!
+//! # Memory ordering
+//!
+//! | step | writer | reader | why |
+//! |---|---|---|---|
+//! | new node | word `Relaxed`, then key `Release` | key `Acquire`, then word `Acquire` | a matched key carries its first word |
+//! | holder set swap | new set built, word `Release` | word `Acquire` | the set's entries are visible before its pointer |
+//! | table swap | new table filled, pointer `Release` (swap) | pointer `Acquire` | the copied slots are visible before the table |
+//! | directory swap | new array built, pointer `Release` | pointer `Acquire`, loaded *after* the walk | a slot seen in a word is already in the directory |
+//!
+//! Reclamation is crossbeam-epoch's: a reader pins once per query; a writer defers each
+//! free past the current epoch (the seqcst fences are crossbeam's).
+//!
+//! # What a reader may see
+//!
+//! A query is not a snapshot across blocks: each block's holder word is read atomically,
+//! so a reader sees each event wholly or not at all *per block*. It may undercount a
+//! chain that is being stored (later blocks not yet visible) and may still count a block
+//! whose removal is concurrent with it. It never sees a holder that no event put there:
+//! words are only ever built from the rank's own events (1, 3), slots never change owner
+//! under a pinned reader (5), and freed memory is never read (3, 4).
+//!
+//! # Why the read path is lock-free
+//!
+//! `find_matches` and the tiered query: one `epoch::pin()` (lock-free: it publishes the
+//! thread's epoch and may help advance the global one), then per block an `Acquire` load
+//! of the shard's table pointer and a linear probe of atomic loads. No mutex, no spin on
+//! a writer's progress, no retry loop: a reader completes in a bounded number of its own
+//! steps whatever writers do. (Pinning may run deferred frees from the thread's own
+//! queue; that is work, not waiting.)
+//!
+//! # Why writers do not serialize globally
+//!
+//! A `Stored` event takes its rank's mutex, then for each block the mutex of the block's
+//! shard (256 shards by default) for a few dozen nanoseconds. Two ranks contend only on
+//! the same shard at the same moment. Rank creation and removal take the directory lock,
+//! which is off the event path.

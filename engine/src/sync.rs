@@ -86,6 +86,7 @@ impl<T> UnsafeCell<T> {
 
     /// Writes through a unique raw pointer. The caller upholds the aliasing rules.
     #[inline(always)]
+    #[allow(dead_code)]
     pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         #[cfg(not(loom))]
         return f(self.0.get());

@@ -11,6 +11,8 @@
 //! `Release`, and retires the old one through the epoch collector, so a reader that
 //! loaded the old pointer (with `Acquire`, inside a pinned epoch) can keep reading it.
 
+use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
+
 use crate::sync::UnsafeCell;
 
 /// Bits of a rank slot: at most 2^18 ranks per index.
@@ -39,63 +41,132 @@ fn entry_tiers(e: Entry) -> u8 {
     (e & 7) as u8
 }
 
-/// An immutable, slot-sorted holder set of more than three ranks.
+/// An immutable, slot-sorted holder set of more than three ranks: one allocation, a
+/// header followed by the entries, so a reader pays one cache miss, not two.
+#[repr(C)]
 pub(crate) struct HeapHolders {
-    entries: UnsafeCell<Box<[Entry]>>,
+    /// Created with the set and written when it dies, so that loom sees a reader that
+    /// reads an unpublished or freed set. Zero-sized outside loom.
+    alive: UnsafeCell<()>,
+    len: u32,
+    entries: [Entry; 0],
 }
 
 impl HeapHolders {
-    fn new(entries: Box<[Entry]>) -> Box<Self> {
-        Box::new(Self {
-            entries: UnsafeCell::new(entries),
-        })
+    fn layout(n: usize) -> Layout {
+        let (l, _) = Layout::new::<HeapHolders>()
+            .extend(Layout::array::<Entry>(n).expect("holder set size"))
+            .expect("holder set size");
+        l.pad_to_align()
     }
 
+    /// Allocates a set holding `entries` (slot-sorted).
+    fn alloc(entries: &[Entry]) -> *mut HeapHolders {
+        let layout = Self::layout(entries.len());
+        // SAFETY: the layout has non-zero size (the header has a u32).
+        let p = unsafe { alloc(layout) }.cast::<HeapHolders>();
+        if p.is_null() {
+            handle_alloc_error(layout);
+        }
+        // SAFETY: `p` is a fresh allocation of `layout`, which holds the header followed by
+        // room for `entries.len()` entries; writes go through raw pointers derived from `p`.
+        unsafe {
+            std::ptr::write(
+                p,
+                HeapHolders {
+                    alive: UnsafeCell::new(()),
+                    len: entries.len() as u32,
+                    entries: [],
+                },
+            );
+            let data = std::ptr::addr_of_mut!((*p).entries).cast::<Entry>();
+            std::ptr::copy_nonoverlapping(entries.as_ptr(), data, entries.len());
+        }
+        p
+    }
+
+    /// The entries of a live, published set.
+    ///
+    /// # Safety
+    /// `p` came from [`HeapHolders::alloc`] and is not freed for the returned lifetime.
     #[inline(always)]
-    fn with_entries<R>(&self, f: impl FnOnce(&[Entry]) -> R) -> R {
-        // SAFETY: entries are written only by `new` before the set is published and by
-        // `Drop` after the epoch collector proved no reader can still hold it; in between
-        // the set is immutable, so shared reads never race a write.
-        self.entries.with(|p| f(unsafe { &*p }))
+    unsafe fn entries<'a>(p: *const HeapHolders) -> &'a [Entry] {
+        // SAFETY: per the contract the header is initialised and `len` entries follow it
+        // in the same allocation; the pointer keeps the allocation's provenance.
+        unsafe {
+            (*p).alive.with(|_| ());
+            let n = (*p).len as usize;
+            std::slice::from_raw_parts(std::ptr::addr_of!((*p).entries).cast::<Entry>(), n)
+        }
     }
 
     /// Heap bytes of a set with `n` entries (for the index's byte count).
     pub(crate) fn bytes_for(n: usize) -> usize {
-        std::mem::size_of::<Self>() + n * std::mem::size_of::<Entry>()
+        Self::layout(n).size()
     }
-}
 
-impl HeapHolders {
-    /// A loom-tracked write, as `Drop` does, without freeing (negative controls).
+    /// A loom-tracked write, as a free does, without freeing (negative controls).
+    ///
+    /// # Safety
+    /// `p` came from [`HeapHolders::alloc`] and is not freed.
     #[cfg(loom)]
-    pub(crate) fn poison(&self) {
-        self.entries.with_mut(|_| ());
+    pub(crate) unsafe fn poison(p: *const HeapHolders) {
+        // SAFETY: per the contract the header is initialised.
+        unsafe { (*p).alive.with_mut(|_| ()) };
     }
-}
 
-impl Drop for HeapHolders {
-    fn drop(&mut self) {
-        // A loom model that already failed must unwind without a second panic.
-        #[cfg(loom)]
-        if std::thread::panicking() {
-            return;
-        }
-        #[cfg(loom)]
-        crate::sync::faults::note_free();
-        // A write access, so that loom reports any reader the collector failed to wait for.
-        self.entries.with_mut(|p| {
-            // SAFETY: `&mut self` in Drop is the only reference; nothing else can access it.
-            let entries = unsafe { &mut *p };
-            if let Some(first) = entries.first_mut() {
-                *first = 0;
+    /// Frees a set.
+    ///
+    /// # Safety
+    /// `p` came from [`HeapHolders::alloc`], and nothing can read it any more.
+    unsafe fn free(p: *mut HeapHolders) {
+        // SAFETY: per the contract the header is initialised and the set unreachable.
+        unsafe {
+            let n = (*p).len as usize;
+            #[cfg(loom)]
+            {
+                crate::sync::faults::note_free();
+                if !std::thread::panicking() {
+                    (*p).alive.with_mut(|_| ());
+                }
             }
-        });
+            std::ptr::drop_in_place(p);
+            dealloc(p.cast::<u8>(), Self::layout(n));
+        }
     }
 }
 
 /// A holder word, as loaded from a node.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Holders(pub(crate) u64);
+
+/// A holder word taken apart.
+pub(crate) enum HolderView<'a> {
+    Empty,
+    /// Up to three `(slot, tiers)` entries, packed; see [`inline_entries`].
+    Inline(u64),
+    /// Slot-sorted entries; decode with [`entry_slot`] and [`entry_tiers`].
+    Heap(&'a [Entry]),
+}
+
+/// The present entries of an inline word, in slot order.
+#[inline(always)]
+pub(crate) fn inline_entries(w: u64) -> impl Iterator<Item = (u32, u8)> {
+    (0..INLINE_CAP as u32).filter_map(move |i| {
+        let e = ((w >> (1 + i * ENTRY_BITS)) & ENTRY_MASK) as Entry;
+        (entry_tiers(e) != 0).then(|| (entry_slot(e), entry_tiers(e)))
+    })
+}
+
+#[inline(always)]
+pub(crate) fn entry_slot_of(e: u32) -> u32 {
+    entry_slot(e)
+}
+
+#[inline(always)]
+pub(crate) fn entry_tiers_of(e: u32) -> u8 {
+    entry_tiers(e)
+}
 
 impl Holders {
     pub(crate) const EMPTY: Holders = Holders(0);
@@ -114,16 +185,35 @@ impl Holders {
         }
     }
 
-    /// Tiers on which `slot` holds the block (0 = not held).
+    /// The word taken apart.
     ///
     /// # Safety
     /// A heap word must have been loaded with `Acquire` inside an epoch guard that is
-    /// still pinned (or under the shard's writer lock), so the set is alive and published.
+    /// still pinned for `'a` (or under the shard's writer lock), so the set is alive and
+    /// published.
+    #[inline(always)]
+    pub(crate) unsafe fn view<'a>(self) -> HolderView<'a> {
+        if self.0 == 0 {
+            HolderView::Empty
+        } else if self.0 & INLINE_TAG != 0 {
+            HolderView::Inline(self.0)
+        } else {
+            // SAFETY: forwarded from this function's contract.
+            HolderView::Heap(unsafe { HeapHolders::entries(self.0 as usize as *const HeapHolders) })
+        }
+    }
+
+    /// Tiers on which `slot` holds the block (0 = not held).
+    ///
+    /// # Safety
+    /// As for [`Holders::view`].
     #[inline(always)]
     pub(crate) unsafe fn tiers_of(self, slot: u32) -> u8 {
-        match self.heap() {
-            None => {
-                let mut w = self.0 >> 1;
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.view() } {
+            HolderView::Empty => 0,
+            HolderView::Inline(w) => {
+                let mut w = w >> 1;
                 for _ in 0..INLINE_CAP {
                     let e = (w & ENTRY_MASK) as Entry;
                     if entry_slot(e) == slot && entry_tiers(e) != 0 {
@@ -133,60 +223,36 @@ impl Holders {
                 }
                 0
             }
-            Some(p) => {
-                // SAFETY: by this function's contract the set is alive and published.
-                let set = unsafe { &*p };
-                set.with_entries(
-                    |es| match es.binary_search_by_key(&slot, |e| entry_slot(*e)) {
-                        Ok(i) => entry_tiers(es[i]),
-                        Err(_) => 0,
-                    },
-                )
-            }
+            HolderView::Heap(es) => match es.binary_search_by_key(&slot, |e| entry_slot(*e)) {
+                Ok(i) => entry_tiers(es[i]),
+                Err(_) => 0,
+            },
         }
     }
 
-    /// Calls `f(slot, tiers)` for every holder, in slot order for heap sets.
+    /// Calls `f(slot, tiers)` for every holder, in slot order.
     ///
     /// # Safety
-    /// As for [`Holders::tiers_of`].
+    /// As for [`Holders::view`].
     #[inline(always)]
     pub(crate) unsafe fn for_each(self, mut f: impl FnMut(u32, u8)) {
-        match self.heap() {
-            None => {
-                let mut w = self.0 >> 1;
-                for _ in 0..INLINE_CAP {
-                    let e = (w & ENTRY_MASK) as Entry;
-                    if entry_tiers(e) != 0 {
-                        f(entry_slot(e), entry_tiers(e));
-                    }
-                    w >>= ENTRY_BITS;
-                }
-            }
-            Some(p) => {
-                // SAFETY: by this function's contract the set is alive and published.
-                let set = unsafe { &*p };
-                set.with_entries(|es| {
-                    for &e in es {
-                        f(entry_slot(e), entry_tiers(e));
-                    }
-                })
-            }
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.view() } {
+            HolderView::Empty => {}
+            HolderView::Inline(w) => inline_entries(w).for_each(|(s, t)| f(s, t)),
+            HolderView::Heap(es) => es.iter().for_each(|&e| f(entry_slot(e), entry_tiers(e))),
         }
     }
 
     /// Heap bytes this word owns.
     ///
     /// # Safety
-    /// As for [`Holders::tiers_of`].
+    /// As for [`Holders::view`].
     pub(crate) unsafe fn heap_bytes(self) -> usize {
-        match self.heap() {
-            None => 0,
-            Some(p) => {
-                // SAFETY: by this function's contract the set is alive and published.
-                let set = unsafe { &*p };
-                set.with_entries(|es| HeapHolders::bytes_for(es.len()))
-            }
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.view() } {
+            HolderView::Heap(es) => HeapHolders::bytes_for(es.len()),
+            _ => 0,
         }
     }
 }
@@ -236,11 +302,12 @@ pub(crate) unsafe fn rewrite(old: Holders, slot: u32, tiers: u8) -> Rewrite {
         }
         (Holders((w << 1) | INLINE_TAG), 0)
     } else {
-        let n = list.len();
-        let set = HeapHolders::new(list.into_vec().into_boxed_slice());
-        let p = Box::into_raw(set);
+        let p = HeapHolders::alloc(&list);
         debug_assert!(p as usize & 1 == 0);
-        (Holders(p as usize as u64), HeapHolders::bytes_for(n))
+        (
+            Holders(p as usize as u64),
+            HeapHolders::bytes_for(list.len()),
+        )
     };
     // SAFETY: forwarded from this function's contract.
     let old_bytes = unsafe { old.heap_bytes() };
@@ -257,8 +324,8 @@ pub(crate) unsafe fn rewrite(old: Holders, slot: u32, tiers: u8) -> Rewrite {
 /// `p` came from [`rewrite`], is no longer reachable from any table, and no reader can
 /// still hold it (its epoch has passed, or the index is being dropped).
 pub(crate) unsafe fn free_heap(p: *mut HeapHolders) {
-    // SAFETY: forwarded from this function's contract; `p` came from `Box::into_raw`.
-    drop(unsafe { Box::from_raw(p) });
+    // SAFETY: forwarded from this function's contract.
+    unsafe { HeapHolders::free(p) };
 }
 
 /// Frees the heap set a word owns, if any.

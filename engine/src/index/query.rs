@@ -9,14 +9,14 @@
 use smallvec::SmallVec;
 
 use super::event::{RankId, Tier};
-use super::holders::Holders;
-use super::table::table_key;
+use super::holders::{entry_slot_of, entry_tiers_of, inline_entries, HolderView, Holders};
+use super::table::{table_key, Probe};
 use super::Index;
 use crate::hash::extend_sequence_hashes;
 use crate::sync::epoch;
 
 /// Blocks probed ahead of the one being examined.
-const PREFETCH_AHEAD: usize = 8;
+const PREFETCH_AHEAD: usize = 16;
 
 /// Device-tier overlap per rank: the number of leading query blocks it holds.
 /// Ranks with no overlap are absent. Sorted by rank. Reuse one value across queries to
@@ -132,17 +132,55 @@ fn chain(local_hashes: &[u64]) -> SeqBuf {
     out
 }
 
-impl Index {
+/// Feeds a walk its blocks' holder words in order, with the probes of the next
+/// [`PREFETCH_AHEAD`] blocks prepared and prefetched, so their cache misses overlap.
+struct ProbeStream<'a, 'g> {
+    index: &'a Index,
+    seq: &'a [u64],
+    guard: &'g epoch::Guard,
+    ring: [Probe<'g>; PREFETCH_AHEAD],
+    next: usize,
+}
+
+impl<'a, 'g> ProbeStream<'a, 'g> {
     #[inline(always)]
-    fn probe(&self, seq: u64, guard: &epoch::Guard) -> Holders {
-        let key = table_key(seq);
-        self.shard(key).table(guard).get(key)
+    fn new(index: &'a Index, seq: &'a [u64], guard: &'g epoch::Guard) -> Self {
+        let first = index.prepare(seq[0], guard);
+        let mut ring = [first; PREFETCH_AHEAD];
+        for (i, &s) in seq.iter().enumerate().take(PREFETCH_AHEAD) {
+            let p = index.prepare(s, guard);
+            p.prefetch();
+            ring[i] = p;
+        }
+        ProbeStream {
+            index,
+            seq,
+            guard,
+            ring,
+            next: 0,
+        }
     }
 
+    /// The holder word of the next block. Never called past the end of `seq`.
     #[inline(always)]
-    fn prefetch(&self, seq: u64, guard: &epoch::Guard) {
+    fn next_word(&mut self) -> Holders {
+        let i = self.next;
+        self.next += 1;
+        let p = self.ring[i % PREFETCH_AHEAD];
+        if let Some(&ahead) = self.seq.get(i + PREFETCH_AHEAD) {
+            let q = self.index.prepare(ahead, self.guard);
+            q.prefetch();
+            self.ring[i % PREFETCH_AHEAD] = q;
+        }
+        p.get()
+    }
+}
+
+impl Index {
+    #[inline(always)]
+    fn prepare<'g>(&self, seq: u64, guard: &'g epoch::Guard) -> Probe<'g> {
         let key = table_key(seq);
-        self.shard(key).table(guard).prefetch(key);
+        self.shard(key).table(guard).probe(key)
     }
 
     /// Device overlap of a prompt given as local (per-block) hashes.
@@ -167,16 +205,15 @@ impl Index {
             return;
         }
         let guard = epoch::pin();
-        for &s in seq.iter().take(PREFETCH_AHEAD) {
-            self.prefetch(s, &guard);
-        }
+        let mut words = ProbeStream::new(self, seq, &guard);
         let dev = Tier::Device.bit();
+        // Slot-sorted ranks still matching, and ranks done with their score.
         let mut active: SmallVec<[u32; 32]> = SmallVec::new();
         let mut done: SmallVec<[(u32, u32); 32]> = SmallVec::new();
-        let w0 = self.probe(seq[0], &guard);
-        // SAFETY: `w0` was loaded with Acquire inside `guard`, which is still pinned.
+        // SAFETY (every `view`/`tiers_of`/`for_each` below): the word was loaded with
+        // Acquire inside `guard`, which stays pinned for the whole walk.
         unsafe {
-            w0.for_each(|slot, tiers| {
+            words.next_word().for_each(|slot, tiers| {
                 if tiers & dev != 0 {
                     active.push(slot)
                 }
@@ -184,28 +221,43 @@ impl Index {
         };
         let mut i = 1;
         while i < n && !active.is_empty() {
-            if let Some(&ahead) = seq.get(i + PREFETCH_AHEAD) {
-                self.prefetch(ahead, &guard);
-            }
-            let w = self.probe(seq[i], &guard);
+            let w = words.next_word();
+            let at = i as u32;
             if active.len() == 1 {
                 // Early exit from set intersection: one bit test per block.
-                // SAFETY: loaded with Acquire inside the pinned `guard`.
+                // SAFETY: see above.
                 if unsafe { w.tiers_of(active[0]) } & dev == 0 {
-                    done.push((active[0], i as u32));
+                    done.push((active[0], at));
                     active.clear();
                 }
-            } else if w.is_empty() {
-                done.extend(active.drain(..).map(|s| (s, i as u32)));
             } else {
-                active.retain(|s| {
-                    // SAFETY: loaded with Acquire inside the pinned `guard`.
-                    let held = unsafe { w.tiers_of(*s) } & dev != 0;
-                    if !held {
-                        done.push((*s, i as u32));
+                // SAFETY: see above.
+                match unsafe { w.view() } {
+                    HolderView::Empty => done.extend(active.drain(..).map(|s| (s, at))),
+                    HolderView::Inline(word) => active.retain(|s| {
+                        let held = inline_entries(word).any(|(e, t)| e == *s && t & dev != 0);
+                        if !held {
+                            done.push((*s, at));
+                        }
+                        held
+                    }),
+                    HolderView::Heap(entries) => {
+                        // Both sides are slot-sorted: one merge pass.
+                        let mut j = 0;
+                        active.retain(|s| {
+                            while j < entries.len() && entry_slot_of(entries[j]) < *s {
+                                j += 1;
+                            }
+                            let held = j < entries.len()
+                                && entry_slot_of(entries[j]) == *s
+                                && entry_tiers_of(entries[j]) & dev != 0;
+                            if !held {
+                                done.push((*s, at));
+                            }
+                            held
+                        });
                     }
-                    held
-                });
+                }
             }
             i += 1;
         }
@@ -253,15 +305,13 @@ impl Index {
             }
         }
         let guard = epoch::pin();
-        for &s in seq.iter().take(PREFETCH_AHEAD) {
-            self.prefetch(s, &guard);
-        }
+        let mut words = ProbeStream::new(self, seq, &guard);
         let mut live: SmallVec<[Walk; 16]> = SmallVec::new();
         let mut done: SmallVec<[Walk; 16]> = SmallVec::new();
-        let w0 = self.probe(seq[0], &guard);
-        // SAFETY: loaded with Acquire inside the pinned `guard`.
+        // SAFETY (every `for_each`/`tiers_of` below): loaded with Acquire inside `guard`,
+        // which stays pinned for the whole walk.
         unsafe {
-            w0.for_each(|slot, tiers| {
+            words.next_word().for_each(|slot, tiers| {
                 let mut w = Walk {
                     slot,
                     phase: 0,
@@ -274,13 +324,10 @@ impl Index {
         };
         let mut i = 1;
         while i < n && !live.is_empty() {
-            if let Some(&ahead) = seq.get(i + PREFETCH_AHEAD) {
-                self.prefetch(ahead, &guard);
-            }
-            let word = self.probe(seq[i], &guard);
+            let word = words.next_word();
             let mut k = 0;
             while k < live.len() {
-                // SAFETY: loaded with Acquire inside the pinned `guard`.
+                // SAFETY: see above.
                 let tiers = unsafe { word.tiers_of(live[k].slot) };
                 if step(&mut live[k], tiers) {
                     k += 1;

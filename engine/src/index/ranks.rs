@@ -14,7 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use super::event::RankId;
 use super::holders::MAX_SLOTS;
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{epoch, Arc, Mutex, ShardedMap};
 
 /// A hasher for keys that are already uniformly random 64-bit hashes: one folded
@@ -99,6 +99,32 @@ pub(crate) struct RankEntry {
 struct SlotAllocator {
     free: Vec<u32>,
     next: u32,
+    /// Slots of removed ranks, each with a flag the epoch collector raises once no reader
+    /// can still hold a word naming the slot. Raising a flag is one atomic store, so a
+    /// reader that happens to run the deferred work never waits on this allocator's lock.
+    pending: Vec<(u32, Arc<AtomicBool>)>,
+}
+
+impl SlotAllocator {
+    fn take(&mut self) -> Option<u32> {
+        let mut k = 0;
+        while k < self.pending.len() {
+            if self.pending[k].1.load(Ordering::Acquire) {
+                let (slot, _) = self.pending.swap_remove(k);
+                self.free.push(slot);
+            } else {
+                k += 1;
+            }
+        }
+        if let Some(s) = self.free.pop() {
+            return Some(s);
+        }
+        if self.next < MAX_SLOTS {
+            self.next += 1;
+            return Some(self.next - 1);
+        }
+        None
+    }
 }
 
 /// Slot → rank, as an immutable array swapped whole (copy-on-write under the
@@ -112,7 +138,7 @@ pub(crate) struct RankRegistry {
     /// Guards copy-on-write updates of `directory`; never taken by readers.
     directory_writer: Mutex<()>,
     directory: epoch::Atomic<Directory>,
-    slots: Arc<Mutex<SlotAllocator>>,
+    slots: Mutex<SlotAllocator>,
 }
 
 impl RankRegistry {
@@ -123,10 +149,11 @@ impl RankRegistry {
             directory: epoch::Atomic::new(Directory {
                 by_slot: Box::new([]),
             }),
-            slots: Arc::new(Mutex::new(SlotAllocator {
+            slots: Mutex::new(SlotAllocator {
                 free: Vec::new(),
                 next: 0,
-            })),
+                pending: Vec::new(),
+            }),
         }
     }
 
@@ -171,17 +198,7 @@ impl RankRegistry {
 
     /// Takes a slot and publishes slot → rank before any holder word can name the slot.
     fn allocate(&self, id: RankId) -> Option<u32> {
-        let slot = {
-            let mut a = self.slots.lock();
-            match a.free.pop() {
-                Some(s) => s,
-                None if a.next < MAX_SLOTS => {
-                    a.next += 1;
-                    a.next - 1
-                }
-                None => return None,
-            }
-        };
+        let slot = self.slots.lock().take()?;
         self.set_directory(slot, Some(id));
         Some(slot)
     }
@@ -225,15 +242,18 @@ impl RankRegistry {
     pub(crate) fn forget(&self, entry: &RankEntry) {
         self.by_id.remove(&entry.id);
         self.set_directory(entry.slot, None);
-        let slots = self.slots.clone();
-        let slot = entry.slot;
+        let reusable = Arc::new(AtomicBool::new(false));
+        self.slots
+            .lock()
+            .pending
+            .push((entry.slot, reusable.clone()));
         #[cfg(loom)]
         if crate::sync::faults::get().reuse_slot_now {
-            slots.lock().free.push(slot);
+            reusable.store(true, Ordering::Release);
             return;
         }
         let guard = epoch::pin();
-        guard.defer(move || slots.lock().free.push(slot));
+        guard.defer(move || reusable.store(true, Ordering::Release));
         guard.flush();
     }
 

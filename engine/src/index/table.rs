@@ -18,7 +18,9 @@
 
 use super::holders::{self, Holders};
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::{epoch, Mutex, UnsafeCell};
+#[cfg(loom)]
+use crate::sync::UnsafeCell;
+use crate::sync::{epoch, Mutex};
 
 /// The key of an empty slot.
 const EMPTY: u64 = 0;
@@ -43,6 +45,54 @@ pub(crate) fn table_key(seq: u64) -> u64 {
     }
 }
 
+/// A prepared lookup of one key in one table (see [`Table::probe`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Probe<'t> {
+    table: &'t Table,
+    home: usize,
+    key: u64,
+}
+
+impl Probe<'_> {
+    /// Hints the CPU to start loading the key's home slot.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self) {
+        let p = &self.table.slots[self.home] as *const Slot;
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
+        // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0)
+        };
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        let _ = p;
+    }
+
+    /// The key's holder word (empty if absent). Lock-free; never waits for a writer.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> Holders {
+        let t = self.table;
+        #[cfg(loom)]
+        t.alive.with(|_| ());
+        let slots = &t.slots[..];
+        let mut i = self.home;
+        loop {
+            let slot = &slots[i];
+            let k = slot.key.load(Ordering::Acquire);
+            if k == self.key {
+                return Holders(slot.word.load(Ordering::Acquire));
+            }
+            if k == EMPTY {
+                return Holders::EMPTY;
+            }
+            i += 1;
+            if i == slots.len() {
+                i = 0;
+            }
+        }
+    }
+}
+
 struct Slot {
     key: AtomicU64,
     word: AtomicU64,
@@ -51,7 +101,8 @@ struct Slot {
 pub(crate) struct Table {
     slots: Box<[Slot]>,
     /// Read on every lookup and written when the table dies, so that loom sees a reader
-    /// that outlives the table. Zero-sized and free outside loom.
+    /// that outlives the table (loom models only).
+    #[cfg(loom)]
     alive: UnsafeCell<()>,
 }
 
@@ -65,6 +116,7 @@ impl Table {
             .collect();
         Table {
             slots,
+            #[cfg(loom)]
             alive: UnsafeCell::new(()),
         }
     }
@@ -82,40 +134,22 @@ impl Table {
         ((key as u128 * self.slots.len() as u128) >> 64) as usize
     }
 
-    /// The holder word of `key` (empty if absent). Lock-free; never waits for a writer.
+    /// A lookup of `key` whose home slot is computed once, so it can be prefetched
+    /// early and probed later without redoing the address arithmetic.
     #[inline(always)]
-    pub(crate) fn get(&self, key: u64) -> Holders {
-        self.alive.with(|_| ());
-        let cap = self.slots.len();
-        let mut i = self.home(key);
-        loop {
-            let slot = &self.slots[i];
-            let k = slot.key.load(Ordering::Acquire);
-            if k == key {
-                return Holders(slot.word.load(Ordering::Acquire));
-            }
-            if k == EMPTY {
-                return Holders::EMPTY;
-            }
-            i += 1;
-            if i == cap {
-                i = 0;
-            }
+    pub(crate) fn probe(&self, key: u64) -> Probe<'_> {
+        Probe {
+            table: self,
+            home: self.home(key),
+            key,
         }
     }
 
-    /// Hints the CPU to start loading `key`'s home slot.
+    /// The holder word of `key` (empty if absent). Lock-free; never waits for a writer.
     #[inline(always)]
-    pub(crate) fn prefetch(&self, key: u64) {
-        let p = &self.slots[self.home(key)] as *const Slot;
-        #[cfg(all(target_arch = "x86_64", not(loom)))]
-        // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
-        // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
-        unsafe {
-            core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0)
-        };
-        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
-        let _ = p;
+    #[allow(dead_code)]
+    pub(crate) fn get(&self, key: u64) -> Holders {
+        self.probe(key).get()
     }
 
     fn bytes(&self) -> usize {
@@ -306,14 +340,13 @@ impl Shard {
     }
 }
 
+#[cfg(loom)]
 impl Drop for Table {
     fn drop(&mut self) {
         // A loom model that already failed must unwind without a second panic.
-        #[cfg(loom)]
         if std::thread::panicking() {
             return;
         }
-        #[cfg(loom)]
         crate::sync::faults::note_free();
         self.alive.with_mut(|_| ());
     }
@@ -351,7 +384,7 @@ fn retire_holders(p: *mut holders::HeapHolders, guard: &epoch::Guard) {
         // set. It is poisoned through a loom-tracked write and leaked rather than freed, so
         // the model reports the race instead of touching freed memory.
         // SAFETY: the set is still allocated (leaked, never freed).
-        unsafe { (*p).poison() };
+        unsafe { holders::HeapHolders::poison(p) };
         return;
     }
     let addr = p as usize;

@@ -177,3 +177,9 @@ fn memory_follows_live_blocks() {
         s.table_bytes
     );
 }
+
+#[test]
+fn index_is_send_and_sync() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Index>();
+}
