@@ -25,7 +25,7 @@ pub use stats::{IndexStats, RankStats};
 use crate::hash::chain_hash;
 use crate::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use crate::sync::epoch;
-use ranks::{RankEntry, RankRegistry, RankWriter};
+use ranks::{RankEntry, RankRegistry, RankWriter, Tally};
 use table::{table_key, Shard};
 
 /// The most ranks one index tracks at once (holder entries keep an 18-bit slot).
@@ -150,6 +150,7 @@ impl Index {
                 continue;
             }
             let r = f(&entry, &mut w);
+            self.settle(&entry, &mut w.tally);
             entry
                 .counters
                 .map_bytes
@@ -159,12 +160,18 @@ impl Index {
     }
 
     /// Sets or clears `tier` of `entry` on node `seq`; keeps the counters.
-    fn set_holder(&self, entry: &RankEntry, seq: u64, tier: Tier, set: bool, guard: &epoch::Guard) {
+    fn set_holder(
+        &self,
+        slot: u32,
+        tally: &mut Tally,
+        seq: u64,
+        tier: Tier,
+        set: bool,
+        guard: &epoch::Guard,
+    ) {
         let key = table_key(seq);
-        let ch = self
-            .shard(key)
-            .update(key, entry.slot, tier.bit(), set, guard);
-        self.account(entry, ch, tier);
+        let ch = self.shard(key).update(key, slot, tier.bit(), set, guard);
+        Self::account(tally, ch, tier);
     }
 
     /// Stores `blocks` on `rank`'s `tier`, chained after `parent`. Returns the number of
@@ -216,7 +223,7 @@ impl Index {
                     *w.aliases[t].entry(seq).or_insert(0) += 1;
                     continue;
                 }
-                self.account(entry, ch, tier);
+                Self::account(&mut w.tally, ch, tier);
                 stored += 1;
             }
             Ok(stored)
@@ -225,27 +232,39 @@ impl Index {
     }
 
     /// Keeps the rank's and the index's counters in step with one holder change.
-    fn account(&self, entry: &RankEntry, ch: table::TierChange, tier: Tier) {
-        if ch.heap_delta != 0 {
-            self.totals
-                .holder_set_bytes
-                .fetch_add(ch.heap_delta as i64, Ordering::Relaxed);
-        }
-        let c = &entry.counters;
+    fn account(tally: &mut Tally, ch: table::TierChange, tier: Tier) {
+        tally.heap_bytes += ch.heap_delta as i64;
         let bit = tier.bit();
         match (ch.before & bit != 0, ch.after & bit != 0) {
-            (false, true) => {
-                c.tier_blocks[tier as usize].fetch_add(1, Ordering::Relaxed);
-            }
-            (true, false) => {
-                c.tier_blocks[tier as usize].fetch_sub(1, Ordering::Relaxed);
-            }
+            (false, true) => tally.tier_blocks[tier as usize] += 1,
+            (true, false) => tally.tier_blocks[tier as usize] -= 1,
             _ => {}
         }
         if ch.before == 0 && ch.after != 0 {
-            c.holder_blocks.fetch_add(1, Ordering::Relaxed);
+            tally.holder_blocks += 1;
         } else if ch.before != 0 && ch.after == 0 {
-            c.holder_blocks.fetch_sub(1, Ordering::Relaxed);
+            tally.holder_blocks -= 1;
+        }
+    }
+
+    /// Applies one event's counter changes at once (one atomic update per counter per
+    /// event, not per block).
+    fn settle(&self, entry: &RankEntry, tally: &mut Tally) {
+        let tally = std::mem::take(tally);
+        let c = &entry.counters;
+        let add = |a: &AtomicU64, d: i64| {
+            if d != 0 {
+                a.fetch_add(d as u64, Ordering::Relaxed);
+            }
+        };
+        for t in 0..3 {
+            add(&c.tier_blocks[t], tally.tier_blocks[t]);
+        }
+        add(&c.holder_blocks, tally.holder_blocks);
+        if tally.heap_bytes != 0 {
+            self.totals
+                .holder_set_bytes
+                .fetch_add(tally.heap_bytes, Ordering::Relaxed);
         }
     }
 
@@ -267,7 +286,7 @@ impl Index {
             }
             return;
         }
-        self.set_holder(entry, seq, tier, false, guard);
+        self.set_holder(entry.slot, &mut w.tally, seq, tier, false, guard);
     }
 
     /// Removes blocks (by the engine's hashes) from `rank`'s `tier`. Unknown hashes are
@@ -342,10 +361,11 @@ impl Index {
             w.aliases[t].shrink_to_fit();
             for (_, seq) in blocks {
                 // Aliases were dropped above, so every name clears the bit (idempotent).
-                self.set_holder(entry, seq, tier, false, &guard);
+                self.set_holder(entry.slot, &mut w.tally, seq, tier, false, &guard);
                 removed += 1;
             }
         }
+        self.settle(entry, &mut w.tally);
         entry
             .counters
             .map_bytes

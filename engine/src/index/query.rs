@@ -210,8 +210,8 @@ impl Index {
         // Slot-sorted ranks still matching, and ranks done with their score.
         let mut active: SmallVec<[u32; 32]> = SmallVec::new();
         let mut done: SmallVec<[(u32, u32); 32]> = SmallVec::new();
-        // SAFETY (every `view`/`tiers_of`/`for_each` below): the word was loaded with
-        // Acquire inside `guard`, which stays pinned for the whole walk.
+        // SAFETY: the word was loaded with Acquire inside `guard`, which stays pinned for
+        // the whole walk (this holds for every `view`/`tiers_of`/`for_each` below).
         unsafe {
             words.next_word().for_each(|slot, tiers| {
                 if tiers & dev != 0 {
@@ -308,8 +308,8 @@ impl Index {
         let mut words = ProbeStream::new(self, seq, &guard);
         let mut live: SmallVec<[Walk; 16]> = SmallVec::new();
         let mut done: SmallVec<[Walk; 16]> = SmallVec::new();
-        // SAFETY (every `for_each`/`tiers_of` below): loaded with Acquire inside `guard`,
-        // which stays pinned for the whole walk.
+        // SAFETY: loaded with Acquire inside `guard`, which stays pinned for the whole walk
+        // (this holds for every `for_each`/`tiers_of` below).
         unsafe {
             words.next_word().for_each(|slot, tiers| {
                 let mut w = Walk {

@@ -55,9 +55,18 @@ pub(crate) struct RankCounters {
     pub(crate) map_bytes: AtomicU64,
 }
 
+/// Counter changes of the event being applied, settled into the atomics once per event.
+#[derive(Default)]
+pub(crate) struct Tally {
+    pub(crate) tier_blocks: [i64; 3],
+    pub(crate) holder_blocks: i64,
+    pub(crate) heap_bytes: i64,
+}
+
 /// Writer-side state of one rank, behind its mutex.
 #[derive(Default)]
 pub(crate) struct RankWriter {
+    pub(crate) tally: Tally,
     /// Per tier: the engine's block hash → kvr's sequence hash.
     pub(crate) blocks: [HashMixMap<u64, u64>; 3],
     /// Per tier: sequence hashes this rank stored under more than one external hash,
