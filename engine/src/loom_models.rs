@@ -165,13 +165,15 @@ fn heap_set_reclamation_negative_free_now() {
 /// while a reader may still be probing it.
 fn rebuild_and_reclaim_table() {
     let frees = faults::frees();
-    let shard = Arc::new(ShardProbe::new(4));
-    for k in 1..=3u64 {
+    // The smallest table has 8 slots and is rebuilt past 85 % load: the 7th key.
+    let shard = Arc::new(ShardProbe::new(8));
+    for k in 1..=6u64 {
         shard.set(k << 60 | 1, 0, true);
     }
+    assert_eq!(shard.table_bytes_now(), shard.table_bytes_initial());
     let w = shard.clone();
     let writer = loom::thread::spawn(move || {
-        w.set(4 << 60 | 1, 0, true); // 4 of 4 slots: rebuild
+        w.set(7 << 60 | 1, 0, true);
         churn_epoch();
     });
     assert_eq!(
@@ -179,10 +181,14 @@ fn rebuild_and_reclaim_table() {
         vec![0],
         "a live node vanished during a rebuild"
     );
-    let late = shard.read(4 << 60 | 1);
+    let late = shard.read(7 << 60 | 1);
     assert!(late.is_empty() || late == vec![0]);
     writer.join().unwrap();
-    assert_eq!(shard.read(4 << 60 | 1), vec![0]);
+    assert_eq!(shard.read(7 << 60 | 1), vec![0]);
+    assert!(
+        shard.table_bytes_now() > shard.table_bytes_initial(),
+        "the model must rebuild the table"
+    );
     note_reclaimed(frees);
 }
 

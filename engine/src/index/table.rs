@@ -3,6 +3,11 @@
 //! A node is identified by its chained sequence hash, so a walk of depth D is D
 //! independent probes that can all be in flight at once, not D dependent pointer chases.
 //!
+//! Layout: a table is one allocation of `(key, word)` slots, aligned to 256 bytes, so the
+//! shard's single atomic table word carries both the slots' address and a capacity code
+//! in its low 8 bits. A reader gets everything it needs to compute a slot's address from
+//! one load (no header to chase), and capacities can grow in steps of 1/8 instead of 2×.
+//!
 //! Protocol (see `crate::docs` for the proofs):
 //! - a slot's key goes from empty to one key exactly once per table; the writer stores the
 //!   holder word first and then the key with `Release`, the reader loads the key with
@@ -16,8 +21,11 @@
 //!
 //! Writers of one shard serialize on the shard's mutex; readers take no lock.
 
+use std::alloc::{dealloc, handle_alloc_error, Layout};
+use std::marker::PhantomData;
+
 use super::holders::{self, Holders};
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 use crate::sync::UnsafeCell;
 use crate::sync::{epoch, Mutex};
@@ -27,14 +35,15 @@ const EMPTY: u64 = 0;
 /// Sequence hash 0 is stored under this key instead (a real hash equal to it would share
 /// the node: probability 2^-64 per block, accepted and documented).
 const ZERO_ALIAS: u64 = 0x9e37_79b9_7f4a_7c15;
-/// Rebuild when live + dead slots exceed this fraction of the capacity.
-const MAX_LOAD_NUM: usize = 4;
-const MAX_LOAD_DEN: usize = 5;
-/// A rebuilt table starts at this load (live / capacity).
-const TARGET_LOAD_NUM: usize = 1;
-const TARGET_LOAD_DEN: usize = 2;
+/// Rebuild when live + dead slots exceed this percentage of the capacity.
+const MAX_LOAD_PCT: usize = 85;
+/// A rebuilt table starts at about this load (live / capacity), in percent.
+const TARGET_LOAD_PCT: usize = 62;
 /// Shrink when live slots fall under capacity / this.
 const SHRINK_RATIO: usize = 8;
+/// Table alignment; its low bits carry the capacity code in the shard's table word.
+const TABLE_ALIGN: usize = 256;
+const CODE_MASK: usize = TABLE_ALIGN - 1;
 
 #[inline(always)]
 pub(crate) fn table_key(seq: u64) -> u64 {
@@ -45,10 +54,193 @@ pub(crate) fn table_key(seq: u64) -> u64 {
     }
 }
 
-/// A prepared lookup of one key in one table (see [`Table::probe`]).
+/// Capacity of a code: `(8 + m) << e` with `m` the low 3 bits and `e` the next 5.
+#[inline(always)]
+fn capacity_of(code: usize) -> usize {
+    (8 + (code & 7)) << (code >> 3)
+}
+
+/// The smallest code whose capacity is at least `n`.
+fn code_for(n: usize) -> usize {
+    for e in 0..32 {
+        for m in 0..8 {
+            if (8 + m) << e >= n {
+                return m | (e << 3);
+            }
+        }
+    }
+    panic!("table capacity {n} out of range")
+}
+
+struct Slot {
+    key: AtomicU64,
+    word: AtomicU64,
+}
+
+/// What precedes the slots of a table: nothing outside loom; under loom, a cell that is
+/// read on every lookup and written when the table dies, so loom sees a reader that
+/// outlives the table.
+#[repr(C, align(256))]
+struct TableHeader {
+    #[cfg(loom)]
+    alive: UnsafeCell<()>,
+}
+
+fn table_layout(cap: usize) -> (Layout, usize) {
+    let (l, offset) = Layout::new::<TableHeader>()
+        .extend(Layout::array::<Slot>(cap).expect("table size"))
+        .expect("table size");
+    (l, offset)
+}
+
+/// Allocates an empty table and returns its word (address | capacity code).
+fn alloc_table(code: usize) -> usize {
+    let cap = capacity_of(code);
+    let (layout, offset) = table_layout(cap);
+    #[cfg(not(loom))]
+    // SAFETY: the layout has non-zero size (at least 8 slots); all-zero bytes are valid
+    // `AtomicU64`s, i.e. empty keys and empty words, and the zero-sized header.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    #[cfg(loom)]
+    // SAFETY: the layout has non-zero size; every field is initialised below.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if p.is_null() {
+        handle_alloc_error(layout);
+    }
+    #[cfg(loom)]
+    // SAFETY: `p` is a fresh allocation of `layout`: the header at 0, `cap` slots at
+    // `offset`.
+    unsafe {
+        std::ptr::write(
+            p.cast::<TableHeader>(),
+            TableHeader {
+                alive: UnsafeCell::new(()),
+            },
+        );
+        let slots = p.add(offset).cast::<Slot>();
+        for i in 0..cap {
+            std::ptr::write(
+                slots.add(i),
+                Slot {
+                    key: AtomicU64::new(EMPTY),
+                    word: AtomicU64::new(0),
+                },
+            );
+        }
+    }
+    let _ = offset;
+    debug_assert_eq!(p as usize & CODE_MASK, 0);
+    p as usize | code
+}
+
+/// Frees a table (not the heap holder sets its words point to).
+///
+/// # Safety
+/// `word` came from [`alloc_table`], is unreachable from any shard, and no reader can
+/// still hold it.
+unsafe fn free_table(word: usize) {
+    let cap = capacity_of(word & CODE_MASK);
+    let p = (word & !CODE_MASK) as *mut u8;
+    let (layout, offset) = table_layout(cap);
+    #[cfg(loom)]
+    // SAFETY: per the contract the table is initialised and unreachable.
+    unsafe {
+        crate::sync::faults::note_free();
+        let hdr = p.cast::<TableHeader>();
+        if !std::thread::panicking() {
+            (*hdr).alive.with_mut(|_| ());
+        }
+        let slots = p.add(offset).cast::<Slot>();
+        for i in 0..cap {
+            std::ptr::drop_in_place(slots.add(i));
+        }
+        std::ptr::drop_in_place(hdr);
+    }
+    let _ = offset;
+    // SAFETY: allocated in `alloc_table` with this layout.
+    unsafe { dealloc(p, layout) };
+}
+
+/// A table as a reader or writer sees it, valid while the guard `'g` is pinned.
 #[derive(Clone, Copy)]
-pub(crate) struct Probe<'t> {
-    table: &'t Table,
+pub(crate) struct TableRef<'g> {
+    slots: *const Slot,
+    cap: usize,
+    #[cfg(loom)]
+    header: *const TableHeader,
+    _guard: PhantomData<&'g epoch::Guard>,
+}
+
+impl<'g> TableRef<'g> {
+    /// # Safety
+    /// `word` came from [`alloc_table`] and stays allocated for `'g`.
+    #[inline(always)]
+    unsafe fn from_word(word: usize) -> Self {
+        let cap = capacity_of(word & CODE_MASK);
+        let base = (word & !CODE_MASK) as *const u8;
+        // The slots follow the header; the header is zero-sized outside loom.
+        let offset = std::mem::size_of::<TableHeader>();
+        TableRef {
+            // SAFETY: `offset` is inside the allocation (per the contract).
+            slots: unsafe { base.add(offset) }.cast::<Slot>(),
+            cap,
+            #[cfg(loom)]
+            header: base.cast::<TableHeader>(),
+            _guard: PhantomData,
+        }
+    }
+
+    #[inline(always)]
+    fn slot(&self, i: usize) -> &'g Slot {
+        debug_assert!(i < self.cap);
+        // SAFETY: callers pass `i < cap`; the table outlives `'g` (see `from_word`).
+        unsafe { &*self.slots.add(i) }
+    }
+
+    #[inline(always)]
+    fn home(&self, key: u64) -> usize {
+        // Multiply-shift range reduction on the key's high bits (shards use the low bits).
+        ((key as u128 * self.cap as u128) >> 64) as usize
+    }
+
+    /// A lookup of `key` whose home slot is computed once, so it can be prefetched
+    /// early and probed later without redoing the address arithmetic.
+    #[inline(always)]
+    pub(crate) fn probe(self, key: u64) -> Probe<'g> {
+        Probe {
+            table: self,
+            home: self.home(key),
+            key,
+        }
+    }
+
+    /// The slot of `key`, or the empty slot where it would go. Writer only.
+    fn find_for_write(&self, key: u64) -> (usize, bool) {
+        let mut i = self.home(key);
+        loop {
+            let k = self.slot(i).key.load(Ordering::Relaxed);
+            if k == key {
+                return (i, true);
+            }
+            if k == EMPTY {
+                return (i, false);
+            }
+            i += 1;
+            if i == self.cap {
+                i = 0;
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        table_layout(self.cap).0.size()
+    }
+}
+
+/// A prepared lookup of one key in one table (see [`TableRef::probe`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Probe<'g> {
+    table: TableRef<'g>,
     home: usize,
     key: u64,
 }
@@ -57,7 +249,7 @@ impl Probe<'_> {
     /// Hints the CPU to start loading the key's home slot.
     #[inline(always)]
     pub(crate) fn prefetch(&self) {
-        let p = &self.table.slots[self.home] as *const Slot;
+        let p = self.table.slot(self.home) as *const Slot;
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
         // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
@@ -73,11 +265,13 @@ impl Probe<'_> {
     pub(crate) fn get(&self) -> Holders {
         let t = self.table;
         #[cfg(loom)]
-        t.alive.with(|_| ());
-        let slots = &t.slots[..];
+        // SAFETY: the header lives as long as the table (`'g`).
+        unsafe {
+            (*t.header).alive.with(|_| ())
+        };
         let mut i = self.home;
         loop {
-            let slot = &slots[i];
+            let slot = t.slot(i);
             let k = slot.key.load(Ordering::Acquire);
             if k == self.key {
                 return Holders(slot.word.load(Ordering::Acquire));
@@ -86,90 +280,7 @@ impl Probe<'_> {
                 return Holders::EMPTY;
             }
             i += 1;
-            if i == slots.len() {
-                i = 0;
-            }
-        }
-    }
-}
-
-struct Slot {
-    key: AtomicU64,
-    word: AtomicU64,
-}
-
-pub(crate) struct Table {
-    slots: Box<[Slot]>,
-    /// Read on every lookup and written when the table dies, so that loom sees a reader
-    /// that outlives the table (loom models only).
-    #[cfg(loom)]
-    alive: UnsafeCell<()>,
-}
-
-impl Table {
-    fn with_capacity(cap: usize) -> Self {
-        let slots = (0..cap)
-            .map(|_| Slot {
-                key: AtomicU64::new(EMPTY),
-                word: AtomicU64::new(0),
-            })
-            .collect();
-        Table {
-            slots,
-            #[cfg(loom)]
-            alive: UnsafeCell::new(()),
-        }
-    }
-
-    /// Marks the table dead through a loom-tracked write (the negative controls use this
-    /// instead of freeing, so a caught bug is reported rather than being real UB).
-    #[cfg(loom)]
-    fn poison(&self) {
-        self.alive.with_mut(|_| ());
-    }
-
-    #[inline(always)]
-    fn home(&self, key: u64) -> usize {
-        // Multiply-shift range reduction on the key's high bits (shards use the low bits).
-        ((key as u128 * self.slots.len() as u128) >> 64) as usize
-    }
-
-    /// A lookup of `key` whose home slot is computed once, so it can be prefetched
-    /// early and probed later without redoing the address arithmetic.
-    #[inline(always)]
-    pub(crate) fn probe(&self, key: u64) -> Probe<'_> {
-        Probe {
-            table: self,
-            home: self.home(key),
-            key,
-        }
-    }
-
-    /// The holder word of `key` (empty if absent). Lock-free; never waits for a writer.
-    #[inline(always)]
-    #[allow(dead_code)]
-    pub(crate) fn get(&self, key: u64) -> Holders {
-        self.probe(key).get()
-    }
-
-    fn bytes(&self) -> usize {
-        std::mem::size_of::<Self>() + self.slots.len() * std::mem::size_of::<Slot>()
-    }
-
-    /// The slot of `key`, or the empty slot where it would go. Writer only.
-    fn find_for_write(&self, key: u64) -> (usize, bool) {
-        let cap = self.slots.len();
-        let mut i = self.home(key);
-        loop {
-            let k = self.slots[i].key.load(Ordering::Relaxed);
-            if k == key {
-                return (i, true);
-            }
-            if k == EMPTY {
-                return (i, false);
-            }
-            i += 1;
-            if i == cap {
+            if i == t.cap {
                 i = 0;
             }
         }
@@ -185,9 +296,10 @@ struct ShardWriter {
 }
 
 pub(crate) struct Shard {
-    table: epoch::Atomic<Table>,
+    /// The current table's address | capacity code.
+    table: AtomicUsize,
     writer: Mutex<ShardWriter>,
-    min_capacity: usize,
+    min_code: usize,
     /// Bytes of the current table (read by stats).
     table_bytes: AtomicU64,
     /// Live nodes (read by stats).
@@ -203,25 +315,25 @@ pub(crate) struct TierChange {
 
 impl Shard {
     pub(crate) fn new(min_capacity: usize) -> Self {
-        let min_capacity = min_capacity.max(4);
-        let t = Table::with_capacity(min_capacity);
-        let bytes = t.bytes() as u64;
+        let min_code = code_for(min_capacity.max(8));
+        let word = alloc_table(min_code);
         Shard {
-            table: epoch::Atomic::new(t),
+            table: AtomicUsize::new(word),
             writer: Mutex::new(ShardWriter { used: 0, live: 0 }),
-            min_capacity,
-            table_bytes: AtomicU64::new(bytes),
+            min_code,
+            table_bytes: AtomicU64::new(table_layout(capacity_of(min_code)).0.size() as u64),
             live: AtomicU64::new(0),
         }
     }
 
     /// The current table, valid while `guard` is pinned.
     #[inline(always)]
-    pub(crate) fn table<'g>(&self, guard: &'g epoch::Guard) -> &'g Table {
-        let t = self.table.load(Ordering::Acquire, guard);
-        // SAFETY: the pointer is never null (set in `new`, replaced only by a non-null
-        // table), and a replaced table is retired through the epoch, so it outlives `guard`.
-        unsafe { t.deref() }
+    pub(crate) fn table<'g>(&self, _guard: &'g epoch::Guard) -> TableRef<'g> {
+        let word = self.table.load(Ordering::Acquire);
+        // SAFETY: the word always names a live table (set in `new`, replaced only by
+        // another live table), and a replaced table is retired through the epoch, so it
+        // outlives `_guard`.
+        unsafe { TableRef::from_word(word) }
     }
 
     pub(crate) fn table_bytes(&self) -> u64 {
@@ -245,7 +357,7 @@ impl Shard {
         let table = self.table(guard);
         let (i, found) = table.find_for_write(key);
         let old = if found {
-            Holders(table.slots[i].word.load(Ordering::Relaxed))
+            Holders(table.slot(i).word.load(Ordering::Relaxed))
         } else {
             Holders::EMPTY
         };
@@ -267,7 +379,7 @@ impl Shard {
         // SAFETY: as above.
         let rw = unsafe { holders::rewrite(old, slot, after) };
         if found {
-            table.slots[i].word.store(rw.word.0, publish_ordering());
+            table.slot(i).word.store(rw.word.0, publish_ordering());
             if old.is_empty() && !rw.word.is_empty() {
                 w.live += 1;
             } else if !old.is_empty() && rw.word.is_empty() {
@@ -275,18 +387,18 @@ impl Shard {
             }
         } else {
             // Only additions reach here (a removal of an absent node changes nothing).
-            let slot_ref = &table.slots[i];
-            slot_ref.word.store(rw.word.0, Ordering::Relaxed);
-            slot_ref.key.store(key, publish_ordering());
+            let s = table.slot(i);
+            s.word.store(rw.word.0, Ordering::Relaxed);
+            s.key.store(key, publish_ordering());
             w.used += 1;
             w.live += 1;
         }
         if let Some(p) = rw.retired {
             retire_holders(p, guard);
         }
-        let cap = table.slots.len();
-        if w.used * MAX_LOAD_DEN > cap * MAX_LOAD_NUM
-            || (w.live * SHRINK_RATIO < cap && cap > self.min_capacity)
+        let cap = table.cap;
+        if w.used * 100 > cap * MAX_LOAD_PCT
+            || (w.live * SHRINK_RATIO < cap && cap > capacity_of(self.min_code))
         {
             self.rebuild(&mut w, table, guard);
         }
@@ -299,71 +411,47 @@ impl Shard {
     }
 
     /// Copies the live nodes into a table sized for them and swaps it in.
-    fn rebuild(&self, w: &mut ShardWriter, old: &Table, guard: &epoch::Guard) {
-        let cap = (w.live * TARGET_LOAD_DEN / TARGET_LOAD_NUM).max(self.min_capacity);
-        let new = Table::with_capacity(cap);
+    fn rebuild(&self, w: &mut ShardWriter, old: TableRef<'_>, guard: &epoch::Guard) {
+        let code = code_for(w.live * 100 / TARGET_LOAD_PCT + 1).max(self.min_code);
+        let word = alloc_table(code);
+        // SAFETY: just allocated; not yet visible to anyone else.
+        let new = unsafe { TableRef::from_word(word) };
         let mut live = 0;
-        for s in old.slots.iter() {
-            let word = s.word.load(Ordering::Relaxed);
-            if word == 0 {
+        for i in 0..old.cap {
+            let s = old.slot(i);
+            let h = s.word.load(Ordering::Relaxed);
+            if h == 0 {
                 continue;
             }
             let key = s.key.load(Ordering::Relaxed);
-            let (i, _) = new.find_for_write(key);
-            new.slots[i].word.store(word, Ordering::Relaxed);
-            new.slots[i].key.store(key, Ordering::Relaxed);
+            let (j, _) = new.find_for_write(key);
+            new.slot(j).word.store(h, Ordering::Relaxed);
+            new.slot(j).key.store(key, Ordering::Relaxed);
             live += 1;
         }
         debug_assert_eq!(live, w.live);
         w.used = live;
         self.table_bytes
             .store(new.bytes() as u64, Ordering::Relaxed);
-        let prev = self
-            .table
-            .swap(epoch::Owned::new(new), publish_ordering(), guard);
+        let prev = self.table.swap(word, publish_ordering());
         // The heap sets the old table points to now belong to the new one: only the
         // table itself is retired.
         retire_table(prev, guard);
-    }
-
-    /// Calls `f(key, word)` for every live node. Writer-lock held; for teardown and tests.
-    #[allow(dead_code)]
-    pub(crate) fn for_each_live(&self, guard: &epoch::Guard, mut f: impl FnMut(u64, Holders)) {
-        let _w = self.writer.lock();
-        let table = self.table(guard);
-        for s in table.slots.iter() {
-            let word = s.word.load(Ordering::Relaxed);
-            if word != 0 {
-                f(s.key.load(Ordering::Relaxed), Holders(word));
-            }
-        }
-    }
-}
-
-#[cfg(loom)]
-impl Drop for Table {
-    fn drop(&mut self) {
-        // A loom model that already failed must unwind without a second panic.
-        if std::thread::panicking() {
-            return;
-        }
-        crate::sync::faults::note_free();
-        self.alive.with_mut(|_| ());
     }
 }
 
 impl Drop for Shard {
     fn drop(&mut self) {
+        let word = self.table.load(Ordering::Relaxed);
         // SAFETY: `&mut self`: no reader or writer can reach this shard any more, so the
         // current table and its heap sets can be freed now (retired ones are the
         // collector's).
         unsafe {
-            let guard = epoch::unprotected();
-            let t = self.table.load(Ordering::Relaxed, guard);
-            for s in t.deref().slots.iter() {
-                holders::free_word(Holders(s.word.load(Ordering::Relaxed)));
+            let t = TableRef::from_word(word);
+            for i in 0..t.cap {
+                holders::free_word(Holders(t.slot(i).word.load(Ordering::Relaxed)));
             }
-            drop(t.into_owned());
+            free_table(word);
         }
     }
 }
@@ -395,15 +483,63 @@ fn retire_holders(p: *mut holders::HeapHolders, guard: &epoch::Guard) {
     }
 }
 
-fn retire_table(t: epoch::Shared<'_, Table>, guard: &epoch::Guard) {
+fn retire_table(word: usize, guard: &epoch::Guard) {
     #[cfg(loom)]
     if crate::sync::faults::get().free_table_now {
         // Negative control (loom models only): poison now, leak instead of freeing.
+        let hdr = (word & !CODE_MASK) as *const TableHeader;
         // SAFETY: the table is still allocated (leaked, never freed).
-        unsafe { t.deref().poison() };
+        unsafe { (*hdr).alive.with_mut(|_| ()) };
         return;
     }
     // SAFETY: the table was swapped out under the writer lock, so no new reader can
-    // reach it; the destructor runs after every guard pinned now is dropped.
-    unsafe { guard.defer_destroy(t) };
+    // reach it; the closure runs after every guard pinned now is dropped.
+    unsafe { guard.defer_unchecked(move || free_table(word)) };
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_codes_are_monotone_and_fine_grained() {
+        let mut prev = 0;
+        for code in 0..(8 * 26) {
+            let c = capacity_of(code);
+            assert!(c > prev);
+            assert!(
+                prev == 0 || c * 8 <= prev * 9 + 8,
+                "step too coarse at {code}"
+            );
+            assert_eq!(code_for(c), code);
+            assert_eq!(code_for(prev + 1), code);
+            prev = c;
+        }
+        assert_eq!(capacity_of(code_for(1_000_000)), 1_048_576);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod rebuild_tests {
+    use super::*;
+
+    #[test]
+    fn smallest_table_is_rebuilt_at_the_seventh_key() {
+        let shard = Shard::new(8);
+        let before = shard.table_bytes();
+        let guard = epoch::pin();
+        for k in 1..=6u64 {
+            shard.update(k << 60 | 1, 0, 1, true, &guard);
+        }
+        assert_eq!(shard.table_bytes(), before);
+        shard.update(7 << 60 | 1, 0, 1, true, &guard);
+        assert!(
+            shard.table_bytes() > before,
+            "{} vs {before}",
+            shard.table_bytes()
+        );
+        for k in 1..=7u64 {
+            assert!(!shard.table(&guard).probe(k << 60 | 1).get().is_empty());
+        }
+    }
 }
