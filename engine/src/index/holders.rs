@@ -158,6 +158,13 @@ pub(crate) fn inline_entries(w: u64) -> impl Iterator<Item = (u32, u8)> {
     })
 }
 
+/// The word of a node held by `slot` alone, on exactly `tiers`: the common case, which a
+/// walk tests with one comparison.
+#[inline(always)]
+pub(crate) fn sole_holder_word(slot: u32, tiers: u8) -> u64 {
+    ((entry(slot, tiers) as u64) << 1) | INLINE_TAG
+}
+
 #[inline(always)]
 pub(crate) fn entry_slot_of(e: u32) -> u32 {
     entry_slot(e)

@@ -9,7 +9,9 @@
 use smallvec::SmallVec;
 
 use super::event::{RankId, Tier};
-use super::holders::{entry_slot_of, entry_tiers_of, inline_entries, HolderView, Holders};
+use super::holders::{
+    entry_slot_of, entry_tiers_of, inline_entries, sole_holder_word, HolderView, Holders,
+};
 use super::table::{table_key, Probe};
 use super::Index;
 use crate::hash::extend_sequence_hashes;
@@ -219,14 +221,23 @@ impl Index {
                 }
             })
         };
+        let mut sole = if active.len() == 1 {
+            sole_holder_word(active[0], dev)
+        } else {
+            0
+        };
         let mut i = 1;
         while i < n && !active.is_empty() {
             let w = words.next_word();
             let at = i as u32;
+            if active.len() == 1 && sole == 0 {
+                sole = sole_holder_word(active[0], dev);
+            }
             if active.len() == 1 {
-                // Early exit from set intersection: one bit test per block.
+                // Early exit from set intersection: one comparison per block while the
+                // rank is the node's sole, device-only holder, else one bit test.
                 // SAFETY: see above.
-                if unsafe { w.tiers_of(active[0]) } & dev == 0 {
+                if w.0 != sole && unsafe { w.tiers_of(active[0]) } & dev == 0 {
                     done.push((active[0], at));
                     active.clear();
                 }

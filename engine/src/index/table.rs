@@ -41,6 +41,14 @@ const MAX_LOAD_PCT: usize = 85;
 const TARGET_LOAD_PCT: usize = 62;
 /// Shrink when live slots fall under capacity / this.
 const SHRINK_RATIO: usize = 8;
+/// Slots past the last home slot, so probes run off the end instead of wrapping around;
+/// the very last one is never filled (a sentinel that ends every probe). The tail grows
+/// with the table, so even keys crafted to share one home fit once the table has grown
+/// to 64 times their number: growth on overflow always terminates.
+#[inline(always)]
+fn tail(cap: usize) -> usize {
+    (cap / 64).max(32)
+}
 /// Table alignment; its low bits carry the capacity code in the shard's table word.
 const TABLE_ALIGN: usize = 256;
 const CODE_MASK: usize = TABLE_ALIGN - 1;
@@ -88,7 +96,7 @@ struct TableHeader {
 
 fn table_layout(cap: usize) -> (Layout, usize) {
     let (l, offset) = Layout::new::<TableHeader>()
-        .extend(Layout::array::<Slot>(cap).expect("table size"))
+        .extend(Layout::array::<Slot>(cap + tail(cap)).expect("table size"))
         .expect("table size");
     (l, offset)
 }
@@ -118,7 +126,7 @@ fn alloc_table(code: usize) -> usize {
             },
         );
         let slots = p.add(offset).cast::<Slot>();
-        for i in 0..cap {
+        for i in 0..cap + tail(cap) {
             std::ptr::write(
                 slots.add(i),
                 Slot {
@@ -151,7 +159,7 @@ unsafe fn free_table(word: usize) {
             (*hdr).alive.with_mut(|_| ());
         }
         let slots = p.add(offset).cast::<Slot>();
-        for i in 0..cap {
+        for i in 0..cap + tail(cap) {
             std::ptr::drop_in_place(slots.add(i));
         }
         std::ptr::drop_in_place(hdr);
@@ -192,9 +200,15 @@ impl<'g> TableRef<'g> {
 
     #[inline(always)]
     fn slot(&self, i: usize) -> &'g Slot {
-        debug_assert!(i < self.cap);
-        // SAFETY: callers pass `i < cap`; the table outlives `'g` (see `from_word`).
+        assert!(i < self.cap + tail(self.cap));
+        // SAFETY: `i < cap + tail(cap)`, the number of slots; the table outlives `'g` (see
+        // `from_word`).
         unsafe { &*self.slots.add(i) }
+    }
+
+    /// Index of the sentinel slot, which stays empty.
+    fn sentinel(&self) -> usize {
+        self.cap + tail(self.cap) - 1
     }
 
     #[inline(always)]
@@ -208,13 +222,15 @@ impl<'g> TableRef<'g> {
     #[inline(always)]
     pub(crate) fn probe(self, key: u64) -> Probe<'g> {
         Probe {
-            table: self,
-            home: self.home(key),
+            slot: self.slot(self.home(key)),
             key,
+            #[cfg(loom)]
+            header: self.header,
         }
     }
 
-    /// The slot of `key`, or the empty slot where it would go. Writer only.
+    /// The slot of `key`, or the empty slot where it would go (the sentinel when the tail
+    /// is full: the caller must grow the table before inserting). Writer only.
     fn find_for_write(&self, key: u64) -> (usize, bool) {
         let mut i = self.home(key);
         loop {
@@ -226,9 +242,6 @@ impl<'g> TableRef<'g> {
                 return (i, false);
             }
             i += 1;
-            if i == self.cap {
-                i = 0;
-            }
         }
     }
 
@@ -237,19 +250,21 @@ impl<'g> TableRef<'g> {
     }
 }
 
-/// A prepared lookup of one key in one table (see [`TableRef::probe`]).
+/// A prepared lookup of one key in one table (see [`TableRef::probe`]): its home slot
+/// and the key, valid while the guard `'g` is pinned.
 #[derive(Clone, Copy)]
 pub(crate) struct Probe<'g> {
-    table: TableRef<'g>,
-    home: usize,
+    slot: &'g Slot,
     key: u64,
+    #[cfg(loom)]
+    header: *const TableHeader,
 }
 
 impl Probe<'_> {
     /// Hints the CPU to start loading the key's home slot.
     #[inline(always)]
     pub(crate) fn prefetch(&self) {
-        let p = self.table.slot(self.home) as *const Slot;
+        let p = self.slot as *const Slot;
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
         // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
@@ -263,15 +278,17 @@ impl Probe<'_> {
     /// The key's holder word (empty if absent). Lock-free; never waits for a writer.
     #[inline(always)]
     pub(crate) fn get(&self) -> Holders {
-        let t = self.table;
         #[cfg(loom)]
         // SAFETY: the header lives as long as the table (`'g`).
         unsafe {
-            (*t.header).alive.with(|_| ())
+            (*self.header).alive.with(|_| ())
         };
-        let mut i = self.home;
+        let mut p = self.slot as *const Slot;
         loop {
-            let slot = t.slot(i);
+            // SAFETY: `p` starts at a home slot (< cap) and moves up one slot at a time
+            // until it meets the key or an empty slot; the last of the `cap + tail(cap)` slots
+            // is never filled, so `p` stays inside the table, which outlives `'g`.
+            let slot = unsafe { &*p };
             let k = slot.key.load(Ordering::Acquire);
             if k == self.key {
                 return Holders(slot.word.load(Ordering::Acquire));
@@ -279,10 +296,8 @@ impl Probe<'_> {
             if k == EMPTY {
                 return Holders::EMPTY;
             }
-            i += 1;
-            if i == t.cap {
-                i = 0;
-            }
+            // SAFETY: see above; the next slot exists because this one was not the sentinel.
+            p = unsafe { p.add(1) };
         }
     }
 }
@@ -354,8 +369,16 @@ impl Shard {
         guard: &epoch::Guard,
     ) -> TierChange {
         let mut w = self.writer.lock();
-        let table = self.table(guard);
-        let (i, found) = table.find_for_write(key);
+        let mut table = self.table(guard);
+        let (mut i, found) = table.find_for_write(key);
+        let mut grow = 1;
+        while !found && set && i == table.sentinel() {
+            // The probe ran through the whole tail: grow, then find the slot again.
+            self.rebuild(&mut w, table, guard, grow);
+            table = self.table(guard);
+            i = table.find_for_write(key).0;
+            grow += 1;
+        }
         let old = if found {
             Holders(table.slot(i).word.load(Ordering::Relaxed))
         } else {
@@ -400,7 +423,7 @@ impl Shard {
         if w.used * 100 > cap * MAX_LOAD_PCT
             || (w.live * SHRINK_RATIO < cap && cap > capacity_of(self.min_code))
         {
-            self.rebuild(&mut w, table, guard);
+            self.rebuild(&mut w, table, guard, 0);
         }
         self.live.store(w.live as u64, Ordering::Relaxed);
         TierChange {
@@ -411,24 +434,24 @@ impl Shard {
     }
 
     /// Copies the live nodes into a table sized for them and swaps it in.
-    fn rebuild(&self, w: &mut ShardWriter, old: TableRef<'_>, guard: &epoch::Guard) {
-        let code = code_for(w.live * 100 / TARGET_LOAD_PCT + 1).max(self.min_code);
-        let word = alloc_table(code);
-        // SAFETY: just allocated; not yet visible to anyone else.
-        let new = unsafe { TableRef::from_word(word) };
-        let mut live = 0;
-        for i in 0..old.cap {
-            let s = old.slot(i);
-            let h = s.word.load(Ordering::Relaxed);
-            if h == 0 {
-                continue;
+    /// `grow` steps the capacity code up beyond what the live count asks for (used when a
+    /// probe tail overflowed).
+    fn rebuild(&self, w: &mut ShardWriter, old: TableRef<'_>, guard: &epoch::Guard, grow: usize) {
+        let mut code = code_for(w.live * 100 / TARGET_LOAD_PCT + 1).max(self.min_code) + grow;
+        let (word, new, live) = loop {
+            let word = alloc_table(code);
+            // SAFETY: just allocated; not yet visible to anyone else.
+            let new = unsafe { TableRef::from_word(word) };
+            match copy_live(old, new) {
+                Some(live) => break (word, new, live),
+                None => {
+                    // A tail overflowed in the new table: try the next size up.
+                    // SAFETY: never published.
+                    unsafe { free_table(word) };
+                    code += 1;
+                }
             }
-            let key = s.key.load(Ordering::Relaxed);
-            let (j, _) = new.find_for_write(key);
-            new.slot(j).word.store(h, Ordering::Relaxed);
-            new.slot(j).key.store(key, Ordering::Relaxed);
-            live += 1;
-        }
+        };
         debug_assert_eq!(live, w.live);
         w.used = live;
         self.table_bytes
@@ -440,6 +463,28 @@ impl Shard {
     }
 }
 
+/// Copies the live nodes of `old` into the empty table `new`; `None` if a probe tail of
+/// `new` overflowed.
+fn copy_live(old: TableRef<'_>, new: TableRef<'_>) -> Option<usize> {
+    let mut live = 0;
+    for i in 0..old.cap + tail(old.cap) {
+        let s = old.slot(i);
+        let h = s.word.load(Ordering::Relaxed);
+        if h == 0 {
+            continue;
+        }
+        let key = s.key.load(Ordering::Relaxed);
+        let (j, _) = new.find_for_write(key);
+        if j == new.sentinel() {
+            return None;
+        }
+        new.slot(j).word.store(h, Ordering::Relaxed);
+        new.slot(j).key.store(key, Ordering::Relaxed);
+        live += 1;
+    }
+    Some(live)
+}
+
 impl Drop for Shard {
     fn drop(&mut self) {
         let word = self.table.load(Ordering::Relaxed);
@@ -448,7 +493,7 @@ impl Drop for Shard {
         // collector's).
         unsafe {
             let t = TableRef::from_word(word);
-            for i in 0..t.cap {
+            for i in 0..t.cap + tail(t.cap) {
                 holders::free_word(Holders(t.slot(i).word.load(Ordering::Relaxed)));
             }
             free_table(word);
@@ -541,5 +586,32 @@ mod rebuild_tests {
         for k in 1..=7u64 {
             assert!(!shard.table(&guard).probe(k << 60 | 1).get().is_empty());
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tail_tests {
+    use super::*;
+
+    #[test]
+    fn keys_sharing_one_home_at_the_end_grow_the_table_until_they_fit() {
+        // 200 keys whose high 32 bits are all ones: every capacity homes them at the very
+        // end of the table, where only the tail can absorb them.
+        let shard = Shard::new(8);
+        let guard = epoch::pin();
+        let keys: Vec<u64> = (1..=200u64).map(|k| (u32::MAX as u64) << 32 | k).collect();
+        for &k in &keys {
+            shard.update(k, 3, 1, true, &guard);
+        }
+        for &k in &keys {
+            let w = shard.table(&guard).probe(k).get();
+            // SAFETY: loaded inside `guard`.
+            assert_eq!(unsafe { w.tiers_of(3) }, 1);
+        }
+        assert!(shard.table(&guard).probe(12345).get().is_empty());
+        for &k in &keys {
+            shard.update(k, 3, 1, false, &guard);
+        }
+        assert_eq!(shard.live_nodes(), 0);
     }
 }
