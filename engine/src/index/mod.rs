@@ -12,6 +12,7 @@
 mod event;
 mod holders;
 mod query;
+mod rank_map;
 mod ranks;
 mod stats;
 mod table;
@@ -27,6 +28,9 @@ use crate::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use crate::sync::epoch;
 use ranks::{RankEntry, RankRegistry, RankWriter, Tally};
 use table::{table_key, Shard};
+
+/// Blocks of a `Stored` event whose memory is prefetched ahead of the one being applied.
+const APPLY_PREFETCH_AHEAD: usize = 4;
 
 /// The most ranks one index tracks at once (holder entries keep an 18-bit slot).
 pub const MAX_RANKS: u32 = holders::MAX_SLOTS;
@@ -202,13 +206,30 @@ impl Index {
             };
             let t = tier as usize;
             let guard = epoch::pin();
-            let mut stored = 0;
+            // The whole chain first, so the rank map's and the node table's slots of the
+            // next few blocks can be prefetched while the current one is applied.
+            let mut seqs: smallvec::SmallVec<[u64; 128]> = smallvec::SmallVec::new();
             for b in blocks {
                 let seq = match prev {
                     None => b.local_hash,
                     Some(p) => chain_hash(p, b.local_hash),
                 };
+                seqs.push(seq);
                 prev = Some(seq);
+            }
+            let prefetch = |w: &RankWriter, i: usize| {
+                if let (Some(b), Some(&seq)) = (blocks.get(i), seqs.get(i)) {
+                    w.blocks[t].prefetch(b.external_hash);
+                    let key = table_key(seq);
+                    self.shard(key).table(&guard).probe(key).prefetch();
+                }
+            };
+            for i in 0..APPLY_PREFETCH_AHEAD {
+                prefetch(w, i);
+            }
+            let mut stored = 0;
+            for (i, (b, &seq)) in blocks.iter().zip(seqs.iter()).enumerate() {
+                prefetch(w, i + APPLY_PREFETCH_AHEAD);
                 match w.blocks[t].insert(b.external_hash, seq) {
                     Some(old) if old == seq => continue,
                     Some(old) => self.drop_name(entry, w, old, tier, &guard),
@@ -313,7 +334,7 @@ impl Index {
             let guard = epoch::pin();
             let mut out = ApplyOutcome::default();
             for h in external_hashes {
-                match w.blocks[tier as usize].remove(h) {
+                match w.blocks[tier as usize].remove(*h) {
                     Some(seq) => {
                         self.drop_name(entry, w, seq, tier, &guard);
                         out.removed += 1;
@@ -356,10 +377,10 @@ impl Index {
         let mut removed = 0;
         for tier in Tier::ALL {
             let t = tier as usize;
-            let blocks = std::mem::take(&mut w.blocks[t]);
+            let mut blocks = std::mem::take(&mut w.blocks[t]);
             w.aliases[t].clear();
             w.aliases[t].shrink_to_fit();
-            for (_, seq) in blocks {
+            for (_, seq) in blocks.drain() {
                 // Aliases were dropped above, so every name clears the bit (idempotent).
                 self.set_holder(entry.slot, &mut w.tally, seq, tier, false, &guard);
                 removed += 1;

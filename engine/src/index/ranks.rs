@@ -14,6 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use super::event::RankId;
 use super::holders::MAX_SLOTS;
+use super::rank_map::RankMap;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{epoch, Arc, Mutex, ShardedMap};
 
@@ -68,7 +69,7 @@ pub(crate) struct Tally {
 pub(crate) struct RankWriter {
     pub(crate) tally: Tally,
     /// Per tier: the engine's block hash → kvr's sequence hash.
-    pub(crate) blocks: [HashMixMap<u64, u64>; 3],
+    pub(crate) blocks: [RankMap; 3],
     /// Per tier: sequence hashes this rank stored under more than one external hash,
     /// with the number of extra names. The holder bit goes only when the last name goes.
     pub(crate) aliases: [HashMixMap<u64, u32>; 3],
@@ -79,20 +80,15 @@ pub(crate) struct RankWriter {
 impl RankWriter {
     /// kvr's sequence hash of a block this rank stored on any tier.
     pub(crate) fn resolve(&self, external: u64) -> Option<u64> {
-        self.blocks.iter().find_map(|m| m.get(&external).copied())
+        self.blocks.iter().find_map(|m| m.get(external))
     }
 
     pub(crate) fn map_bytes(&self) -> u64 {
-        let per = |cap: usize, entry: usize| (cap * (entry + 1)) as u64;
-        self.blocks
-            .iter()
-            .map(|m| per(m.capacity(), 16))
-            .sum::<u64>()
-            + self
-                .aliases
-                .iter()
-                .map(|m| per(m.capacity(), 12))
-                .sum::<u64>()
+        // Aliases are rare; estimate hashbrown's buckets (capacity * 8 / 7) with a
+        // control byte each.
+        let alias = |cap: usize| (cap * 8 / 7 * (12 + 1)) as u64;
+        self.blocks.iter().map(|m| m.bytes() as u64).sum::<u64>()
+            + self.aliases.iter().map(|m| alias(m.capacity())).sum::<u64>()
     }
 }
 
