@@ -11,7 +11,9 @@
 //!   set. Shard = low bits of the key; home slot = high bits (multiply-shift).
 //! - **Holder word** (`index::holders`): `0` = nobody; low bit set = up to three
 //!   `(slot, tiers)` entries inline; otherwise a pointer to an immutable, slot-sorted heap
-//!   set.
+//!   set. Heap sets are interned (hash-consed): one set per distinct content, shared by
+//!   every node it describes and reference-counted under the interner shard's lock, so
+//!   equal holder sets are equal words.
 //! - **Rank writer state** (`index::ranks`): per rank, behind that rank's mutex: the
 //!   engine's external hash → sequence hash, per tier. Never read by lookups.
 //! - **Slot directory**: slot → rank, an immutable array swapped whole.
@@ -24,9 +26,11 @@
 //!    `k`'s word, never another node's (no ABA on slots).
 //! 2. *Every table has an empty slot.* Writers rebuild before live + dead slots exceed 4/5
 //!    of the capacity, so a probe always terminates.
-//! 3. *A published holder set is immutable.* Writers build a new set and swap the word; the
-//!    old set is retired through the epoch collector and freed only after every reader
-//!    pinned at the time of the swap has unpinned.
+//! 3. *A published holder set is immutable.* Writers find or build the new set and swap
+//!    the word; a set whose last node let go of it is removed from the interner and retired
+//!    through the epoch collector, freed only after every reader pinned at the time of the
+//!    swap has unpinned. So within one pinned walk a set's address names one content, and
+//!    two equal words on consecutive blocks mean the same holders.
 //! 4. *A rebuilt table is frozen.* The writer copies live nodes into a new table, swaps the
 //!    shard's pointer and retires the old table through the epoch. Heap sets move to the
 //!    new table (they are freed when replaced, never with a table).

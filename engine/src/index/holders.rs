@@ -13,7 +13,9 @@
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 
-use crate::sync::UnsafeCell;
+use super::ranks::HashMixMap;
+use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::{Mutex, UnsafeCell};
 
 /// Bits of a rank slot: at most 2^18 ranks per index.
 pub(crate) const SLOT_BITS: u32 = 18;
@@ -48,6 +50,8 @@ pub(crate) struct HeapHolders {
     /// Created with the set and written when it dies, so that loom sees a reader that
     /// reads an unpublished or freed set. Zero-sized outside loom.
     alive: UnsafeCell<()>,
+    /// Nodes whose word points here. Changed only under the interner shard's lock.
+    refs: AtomicUsize,
     len: u32,
     entries: [Entry; 0],
 }
@@ -75,6 +79,7 @@ impl HeapHolders {
                 p,
                 HeapHolders {
                     alive: UnsafeCell::new(()),
+                    refs: AtomicUsize::new(1),
                     len: entries.len() as u32,
                     entries: [],
                 },
@@ -250,35 +255,116 @@ impl Holders {
             HolderView::Heap(es) => es.iter().for_each(|&e| f(entry_slot(e), entry_tiers(e))),
         }
     }
-
-    /// Heap bytes this word owns.
-    ///
-    /// # Safety
-    /// As for [`Holders::view`].
-    pub(crate) unsafe fn heap_bytes(self) -> usize {
-        // SAFETY: forwarded from this function's contract.
-        match unsafe { self.view() } {
-            HolderView::Heap(es) => HeapHolders::bytes_for(es.len()),
-            _ => 0,
-        }
-    }
 }
 
 /// The result of changing one rank's tiers in a holder word.
 pub(crate) struct Rewrite {
     pub(crate) word: Holders,
-    /// The heap set the old word owned, if the new word no longer uses it: retire it.
+    /// A heap set no node uses any more: retire it through the epoch.
     pub(crate) retired: Option<*mut HeapHolders>,
-    /// Heap bytes allocated minus freed by this rewrite.
+    /// Heap bytes allocated minus released by this rewrite.
     pub(crate) heap_delta: isize,
+}
+
+/// Hash-consing of heap holder sets: every distinct set exists once, shared by all the
+/// nodes it describes (a prompt prefix cached by the same eight ranks is one set, not one
+/// per block). That saves memory and lets a walk recognise "same holders as the previous
+/// block" by comparing words. Reference counts change only under the lock of the shard
+/// of the interner that owns the set's content hash; writers of the node tables take it
+/// after their own shard lock (a leaf lock). Readers never touch the interner.
+pub(crate) struct Interner {
+    shards: Box<[Mutex<InternShard>]>,
+}
+
+/// Content hash → the sets with that hash (addresses; nearly always one).
+type InternShard = HashMixMap<u64, smallvec::SmallVec<[usize; 1]>>;
+
+const INTERN_SHARDS: usize = 64;
+
+fn content_hash(entries: &[Entry]) -> u64 {
+    entries.iter().fold(0x243f_6a88_85a3_08d3u64, |h, &e| {
+        let m = ((h ^ e as u64) as u128) * 0x9e37_79b9_7f4a_7c15u128;
+        (m as u64) ^ ((m >> 64) as u64)
+    })
+}
+
+impl Interner {
+    pub(crate) fn new() -> Self {
+        Interner {
+            shards: (0..INTERN_SHARDS)
+                .map(|_| Mutex::new(HashMixMap::default()))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, h: u64) -> &Mutex<InternShard> {
+        &self.shards[(h >> 58) as usize % INTERN_SHARDS]
+    }
+
+    /// The set with exactly `entries` (slot-sorted), one more reference to it; and the
+    /// bytes allocated (0 when it already existed).
+    fn acquire(&self, entries: &[Entry]) -> (*mut HeapHolders, usize) {
+        let h = content_hash(entries);
+        let mut map = self.shard(h).lock();
+        let ptrs = map.entry(h).or_default();
+        for &p in ptrs.iter() {
+            let p = p as *mut HeapHolders;
+            // SAFETY: sets in the interner are alive (removed from it before retiring).
+            if unsafe { HeapHolders::entries(p) } == entries {
+                // SAFETY: as above.
+                unsafe { (*p).refs.fetch_add(1, Ordering::Relaxed) };
+                return (p, 0);
+            }
+        }
+        let p = HeapHolders::alloc(entries);
+        ptrs.push(p as usize);
+        (p, HeapHolders::bytes_for(entries.len()))
+    }
+
+    /// Drops one reference to `p`; returns it with its size if that was the last one (the
+    /// caller retires it through the epoch).
+    ///
+    /// # Safety
+    /// `p` is a set of this interner, alive, and the caller owns the reference it drops.
+    unsafe fn release(&self, p: *mut HeapHolders) -> Option<(*mut HeapHolders, usize)> {
+        // SAFETY: per the contract `p` is alive.
+        let entries = unsafe { HeapHolders::entries(p) };
+        let h = content_hash(entries);
+        let mut map = self.shard(h).lock();
+        // SAFETY: as above.
+        if unsafe { (*p).refs.fetch_sub(1, Ordering::Relaxed) } != 1 {
+            return None;
+        }
+        if let Some(ptrs) = map.get_mut(&h) {
+            ptrs.retain(|q| *q != p as usize);
+            if ptrs.is_empty() {
+                map.remove(&h);
+            }
+        }
+        Some((p, HeapHolders::bytes_for(entries.len())))
+    }
+}
+
+impl Drop for Interner {
+    fn drop(&mut self) {
+        for shard in self.shards.iter() {
+            for (_, ptrs) in shard.lock().drain() {
+                for p in ptrs {
+                    // SAFETY: `&mut self` at drop: the index and its tables are gone, so no
+                    // node or reader can reach these sets; retired ones are not in the map.
+                    unsafe { HeapHolders::free(p as *mut HeapHolders) };
+                }
+            }
+        }
+    }
 }
 
 /// Returns `old` with `slot`'s tier mask set to `tiers` (0 removes the holder).
 ///
 /// # Safety
 /// Called by the shard's writer, which alone replaces words, with `old` loaded under its
-/// lock: a heap set it points to is alive.
-pub(crate) unsafe fn rewrite(old: Holders, slot: u32, tiers: u8) -> Rewrite {
+/// lock: a heap set it points to is alive and holds a reference owned by this node.
+pub(crate) unsafe fn rewrite(interner: &Interner, old: Holders, slot: u32, tiers: u8) -> Rewrite {
     debug_assert!(slot < MAX_SLOTS && tiers < 8);
     let mut list: smallvec::SmallVec<[Entry; 16]> = smallvec::SmallVec::new();
     let mut found = false;
@@ -300,50 +386,44 @@ pub(crate) unsafe fn rewrite(old: Holders, slot: u32, tiers: u8) -> Rewrite {
     }
     list.sort_unstable_by_key(|e| entry_slot(*e));
 
-    let (word, new_bytes) = if list.is_empty() {
-        (Holders::EMPTY, 0)
+    let mut heap_delta = 0isize;
+    let word = if list.is_empty() {
+        Holders::EMPTY
     } else if list.len() <= INLINE_CAP {
         let mut w = 0u64;
         for (i, e) in list.iter().enumerate() {
             w |= (*e as u64) << (i as u32 * ENTRY_BITS);
         }
-        (Holders((w << 1) | INLINE_TAG), 0)
+        Holders((w << 1) | INLINE_TAG)
     } else {
-        let p = HeapHolders::alloc(&list);
+        let (p, bytes) = interner.acquire(&list);
         debug_assert!(p as usize & 1 == 0);
-        (
-            Holders(p as usize as u64),
-            HeapHolders::bytes_for(list.len()),
-        )
+        heap_delta += bytes as isize;
+        Holders(p as usize as u64)
     };
-    // SAFETY: forwarded from this function's contract.
-    let old_bytes = unsafe { old.heap_bytes() };
+    let mut retired = None;
+    if let Some(p) = old.heap() {
+        // SAFETY: forwarded from this function's contract: this node owned a reference.
+        if let Some((p, bytes)) = unsafe { interner.release(p as *mut HeapHolders) } {
+            heap_delta -= bytes as isize;
+            retired = Some(p);
+        }
+    }
     Rewrite {
         word,
-        retired: old.heap().map(|p| p as *mut HeapHolders),
-        heap_delta: new_bytes as isize - old_bytes as isize,
+        retired,
+        heap_delta,
     }
 }
 
 /// Frees a heap set.
 ///
 /// # Safety
-/// `p` came from [`rewrite`], is no longer reachable from any table, and no reader can
-/// still hold it (its epoch has passed, or the index is being dropped).
+/// `p` came from [`rewrite`], is no longer reachable from any table or the interner, and
+/// no reader can still hold it (its epoch has passed).
 pub(crate) unsafe fn free_heap(p: *mut HeapHolders) {
     // SAFETY: forwarded from this function's contract.
     unsafe { HeapHolders::free(p) };
-}
-
-/// Frees the heap set a word owns, if any.
-///
-/// # Safety
-/// As for [`free_heap`].
-pub(crate) unsafe fn free_word(w: Holders) {
-    if let Some(p) = w.heap() {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { free_heap(p as *mut HeapHolders) }
-    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -360,11 +440,12 @@ mod tests {
 
     #[test]
     fn inline_then_heap_then_back() {
+        let interner = Interner::new();
         let mut w = Holders::EMPTY;
         let mut retired = Vec::new();
         for slot in [7u32, 3, MAX_SLOTS - 1, 0, 12] {
             // SAFETY: single-threaded; the old word is live.
-            let r = unsafe { rewrite(w, slot, 1) };
+            let r = unsafe { rewrite(&interner, w, slot, 1) };
             retired.extend(r.retired);
             w = r.word;
         }
@@ -380,14 +461,14 @@ mod tests {
         }
         for slot in [7u32, 3] {
             // SAFETY: as above.
-            let r = unsafe { rewrite(w, slot, 0) };
+            let r = unsafe { rewrite(&interner, w, slot, 0) };
             retired.extend(r.retired);
             w = r.word;
         }
         assert_eq!(w.0 & 1, 1, "three holders fit inline again");
         assert_eq!(holders(w), vec![(0, 1), (12, 1), (MAX_SLOTS - 1, 1)]);
         // SAFETY: as above; tier bits of an inline entry.
-        let r = unsafe { rewrite(w, 12, 0b110) };
+        let r = unsafe { rewrite(&interner, w, 12, 0b110) };
         assert_eq!(holders(r.word), vec![(0, 1), (12, 6), (MAX_SLOTS - 1, 1)]);
         for p in retired {
             // SAFETY: single-threaded; nothing references the retired sets.
@@ -397,10 +478,11 @@ mod tests {
 
     #[test]
     fn removing_last_holder_empties_word() {
+        let interner = Interner::new();
         // SAFETY: single-threaded test.
-        let r = unsafe { rewrite(Holders::EMPTY, 5, 1) };
+        let r = unsafe { rewrite(&interner, Holders::EMPTY, 5, 1) };
         // SAFETY: as above.
-        let r2 = unsafe { rewrite(r.word, 5, 0) };
+        let r2 = unsafe { rewrite(&interner, r.word, 5, 0) };
         assert!(r2.word.is_empty());
     }
 }

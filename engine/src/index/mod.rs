@@ -72,6 +72,8 @@ pub struct Index {
     shard_mask: u64,
     ranks: RankRegistry,
     totals: Totals,
+    /// Owns the heap holder sets; declared after `shards` so it is dropped after them.
+    interner: holders::Interner,
 }
 
 impl Default for Index {
@@ -94,6 +96,7 @@ impl Index {
             shard_mask: n as u64 - 1,
             ranks: RankRegistry::new(),
             totals: Totals::default(),
+            interner: holders::Interner::new(),
         }
     }
 
@@ -174,7 +177,9 @@ impl Index {
         guard: &epoch::Guard,
     ) {
         let key = table_key(seq);
-        let ch = self.shard(key).update(key, slot, tier.bit(), set, guard);
+        let ch = self
+            .shard(key)
+            .update(key, slot, tier.bit(), set, &self.interner, guard);
         Self::account(tally, ch, tier);
     }
 
@@ -236,9 +241,14 @@ impl Index {
                     None => {}
                 }
                 let key = table_key(seq);
-                let ch = self
-                    .shard(key)
-                    .update(key, entry.slot, tier.bit(), true, &guard);
+                let ch = self.shard(key).update(
+                    key,
+                    entry.slot,
+                    tier.bit(),
+                    true,
+                    &self.interner,
+                    &guard,
+                );
                 if ch.before & tier.bit() != 0 {
                     // Another external hash of this rank already names this block.
                     *w.aliases[t].entry(seq).or_insert(0) += 1;

@@ -212,10 +212,11 @@ impl Index {
         // Slot-sorted ranks still matching, and ranks done with their score.
         let mut active: SmallVec<[u32; 32]> = SmallVec::new();
         let mut done: SmallVec<[(u32, u32); 32]> = SmallVec::new();
+        let mut prev = words.next_word();
         // SAFETY: the word was loaded with Acquire inside `guard`, which stays pinned for
         // the whole walk (this holds for every `view`/`tiers_of`/`for_each` below).
         unsafe {
-            words.next_word().for_each(|slot, tiers| {
+            prev.for_each(|slot, tiers| {
                 if tiers & dev != 0 {
                     active.push(slot)
                 }
@@ -230,6 +231,13 @@ impl Index {
         while i < n && !active.is_empty() {
             let w = words.next_word();
             let at = i as u32;
+            if w == prev {
+                // Same holders as the previous block (holder sets are interned, so equal
+                // sets are equal words): the active ranks all continue.
+                i += 1;
+                continue;
+            }
+            prev = w;
             if active.len() == 1 && sole == 0 {
                 sole = sole_holder_word(active[0], dev);
             }

@@ -88,7 +88,11 @@ impl RankWriter {
         // control byte each.
         let alias = |cap: usize| (cap * 8 / 7 * (12 + 1)) as u64;
         self.blocks.iter().map(|m| m.bytes() as u64).sum::<u64>()
-            + self.aliases.iter().map(|m| alias(m.capacity())).sum::<u64>()
+            + self
+                .aliases
+                .iter()
+                .map(|m| alias(m.capacity()))
+                .sum::<u64>()
     }
 }
 

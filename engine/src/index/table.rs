@@ -366,6 +366,7 @@ impl Shard {
         slot: u32,
         tier_bits: u8,
         set: bool,
+        interner: &holders::Interner,
         guard: &epoch::Guard,
     ) -> TierChange {
         let mut w = self.writer.lock();
@@ -400,7 +401,7 @@ impl Shard {
             };
         }
         // SAFETY: as above.
-        let rw = unsafe { holders::rewrite(old, slot, after) };
+        let rw = unsafe { holders::rewrite(interner, old, slot, after) };
         if found {
             table.slot(i).word.store(rw.word.0, publish_ordering());
             if old.is_empty() && !rw.word.is_empty() {
@@ -489,15 +490,9 @@ impl Drop for Shard {
     fn drop(&mut self) {
         let word = self.table.load(Ordering::Relaxed);
         // SAFETY: `&mut self`: no reader or writer can reach this shard any more, so the
-        // current table and its heap sets can be freed now (retired ones are the
-        // collector's).
-        unsafe {
-            let t = TableRef::from_word(word);
-            for i in 0..t.cap + tail(t.cap) {
-                holders::free_word(Holders(t.slot(i).word.load(Ordering::Relaxed)));
-            }
-            free_table(word);
-        }
+        // current table can be freed now (retired ones are the collector's; heap holder
+        // sets belong to the interner).
+        unsafe { free_table(word) };
     }
 }
 
@@ -570,14 +565,15 @@ mod rebuild_tests {
 
     #[test]
     fn smallest_table_is_rebuilt_at_the_seventh_key() {
+        let interner = holders::Interner::new();
         let shard = Shard::new(8);
         let before = shard.table_bytes();
         let guard = epoch::pin();
         for k in 1..=6u64 {
-            shard.update(k << 60 | 1, 0, 1, true, &guard);
+            shard.update(k << 60 | 1, 0, 1, true, &interner, &guard);
         }
         assert_eq!(shard.table_bytes(), before);
-        shard.update(7 << 60 | 1, 0, 1, true, &guard);
+        shard.update(7 << 60 | 1, 0, 1, true, &interner, &guard);
         assert!(
             shard.table_bytes() > before,
             "{} vs {before}",
@@ -597,11 +593,12 @@ mod tail_tests {
     fn keys_sharing_one_home_at_the_end_grow_the_table_until_they_fit() {
         // 200 keys whose high 32 bits are all ones: every capacity homes them at the very
         // end of the table, where only the tail can absorb them.
+        let interner = holders::Interner::new();
         let shard = Shard::new(8);
         let guard = epoch::pin();
         let keys: Vec<u64> = (1..=200u64).map(|k| (u32::MAX as u64) << 32 | k).collect();
         for &k in &keys {
-            shard.update(k, 3, 1, true, &guard);
+            shard.update(k, 3, 1, true, &interner, &guard);
         }
         for &k in &keys {
             let w = shard.table(&guard).probe(k).get();
@@ -610,7 +607,7 @@ mod tail_tests {
         }
         assert!(shard.table(&guard).probe(12345).get().is_empty());
         for &k in &keys {
-            shard.update(k, 3, 1, false, &guard);
+            shard.update(k, 3, 1, false, &interner, &guard);
         }
         assert_eq!(shard.live_nodes(), 0);
     }

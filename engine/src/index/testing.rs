@@ -4,13 +4,13 @@ use super::table::Shard;
 use super::Tier;
 use crate::sync::epoch;
 
-pub(crate) struct ShardProbe(Shard, u64);
+pub(crate) struct ShardProbe(Shard, u64, super::holders::Interner);
 
 impl ShardProbe {
     pub(crate) fn new(min_capacity: usize) -> Self {
         let s = Shard::new(min_capacity);
         let bytes = s.table_bytes();
-        ShardProbe(s, bytes)
+        ShardProbe(s, bytes, super::holders::Interner::new())
     }
 
     pub(crate) fn table_bytes_initial(&self) -> u64 {
@@ -24,7 +24,8 @@ impl ShardProbe {
     /// Adds or removes `slot` as a device holder of `key`, as a writer does.
     pub(crate) fn set(&self, key: u64, slot: u32, add: bool) {
         let guard = epoch::pin();
-        self.0.update(key, slot, Tier::Device.bit(), add, &guard);
+        self.0
+            .update(key, slot, Tier::Device.bit(), add, &self.2, &guard);
     }
 
     /// The slots holding `key`, as a reader sees them (sorted).
