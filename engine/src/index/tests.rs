@@ -183,3 +183,28 @@ fn index_is_send_and_sync() {
     fn shared<T: Send + Sync>() {}
     shared::<Index>();
 }
+
+#[test]
+fn equal_holder_sets_are_shared_and_outlive_one_nodes_change() {
+    let idx = Index::new();
+    let ranks: Vec<RankId> = (0..5).map(|w| RankId::new(w, 0)).collect();
+    for r in &ranks {
+        idx.store(*r, Tier::Device, None, &blocks(0..64)).unwrap();
+    }
+    // 64 nodes, one interned set of five holders.
+    let one_set = idx.stats().holder_set_bytes;
+    assert!(one_set > 0 && one_set < 64, "one set, not 64: {one_set} bytes");
+    // One node changes (rank 0 evicts block 10): the other 63 keep the shared set.
+    idx.remove(ranks[0], Tier::Device, &[10]);
+    let m = idx.find_matches(&locals(0..64));
+    assert_eq!(m.get(ranks[0]), 10);
+    for r in &ranks[1..] {
+        assert_eq!(m.get(*r), 64);
+    }
+    // Two distinct sets now: {0..4} and {1..4}.
+    assert!(idx.stats().holder_set_bytes > one_set);
+    for r in &ranks {
+        idx.clear(*r);
+    }
+    assert_eq!(idx.stats().holder_set_bytes, 0);
+}
