@@ -71,8 +71,9 @@
 //! thread's epoch and may help advance the global one), then per block an `Acquire` load
 //! of the shard's table pointer and a linear probe of atomic loads. No mutex, no spin on
 //! a writer's progress, no retry loop: a reader completes in a bounded number of its own
-//! steps whatever writers do. (Pinning may run deferred frees from the thread's own
-//! queue; that is work, not waiting.)
+//! steps whatever writers do. (Pinning may run deferred frees that writers queued: that
+//! is work, not waiting for a writer; the memory allocator's own internal locking inside
+//! `free` is outside this claim, as for every epoch-reclaimed structure.)
 //!
 //! # Why writers do not serialize globally
 //!
