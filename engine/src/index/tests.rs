@@ -193,7 +193,10 @@ fn equal_holder_sets_are_shared_and_outlive_one_nodes_change() {
     }
     // 64 nodes, one interned set of five holders.
     let one_set = idx.stats().holder_set_bytes;
-    assert!(one_set > 0 && one_set < 64, "one set, not 64: {one_set} bytes");
+    assert!(
+        one_set > 0 && one_set < 64,
+        "one set, not 64: {one_set} bytes"
+    );
     // One node changes (rank 0 evicts block 10): the other 63 keep the shared set.
     idx.remove(ranks[0], Tier::Device, &[10]);
     let m = idx.find_matches(&locals(0..64));
