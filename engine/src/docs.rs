@@ -81,3 +81,11 @@
 //! shard (256 shards by default) for a few dozen nanoseconds. Two ranks contend only on
 //! the same shard at the same moment. Rank creation and removal take the directory lock,
 //! which is off the event path.
+//!
+//! # The load view (`load`)
+//!
+//! Host-reported load is one immutable `LoadSnapshot` behind an arc-swap cell: publishers
+//! serialize on a mutex, copy the map, apply the batch and swap the whole snapshot in;
+//! readers load it once per selection. The atomic step is arc-swap's own (loom cannot see
+//! it; under loom the cell is a mutex stand-in), so kvr adds no atomic protocol here —
+//! `readers_never_see_half_a_batch` checks the whole-batch property on real threads.

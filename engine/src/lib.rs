@@ -11,6 +11,7 @@
 pub mod docs;
 pub mod hash;
 pub mod index;
+pub mod load;
 pub(crate) mod sync;
 
 #[cfg(all(test, loom))]
