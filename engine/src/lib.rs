@@ -8,6 +8,7 @@
 //! semantics of Dynamo's radix index with a flat, lock-free-read layout ([`index`]); the
 //! invariants and memory orderings are argued in [`docs`].
 
+pub mod cost;
 pub mod docs;
 pub mod hash;
 pub mod index;
