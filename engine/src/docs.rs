@@ -89,3 +89,14 @@
 //! readers load it once per selection. The atomic step is arc-swap's own (loom cannot see
 //! it; under loom the cell is a mutex stand-in), so kvr adds no atomic protocol here —
 //! `readers_never_see_half_a_batch` checks the whole-batch property on real threads.
+//!
+//! # Bookings (`reservation`)
+//!
+//! Bookings live in a table sharded by selection id; per-rank counters (active prefill
+//! tokens, decode blocks, requests) are atomics read lock-free by selection. A booking's
+//! counters are added under its shard lock before it becomes visible, and only whoever
+//! removes it from its shard (free, sweep or `remove_rank`) subtracts them, so each is
+//! subtracted exactly once; prompt-block refcounts and the decode counter change together
+//! under the rank's lock (lock order: shard, then rank). The full argument is in
+//! `reservation.rs`; the loom models `reservation_*` check book/free/sweep races, each with
+//! a negative control.

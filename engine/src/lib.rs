@@ -10,9 +10,13 @@
 
 pub mod cost;
 pub mod docs;
+pub mod engine;
 pub mod hash;
 pub mod index;
 pub mod load;
+pub mod partition;
+pub mod reservation;
+pub mod select;
 pub(crate) mod sync;
 
 #[cfg(all(test, loom))]

@@ -274,3 +274,166 @@ fn rank_slot_reuse_negative_reuse_now() {
         remove_rank_then_reuse_slot,
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Reservations (`crate::reservation`): booking vs concurrent free, sweep and
+// mark-prefill-complete. No lost and no doubled counter update; exactly one remover.
+// ---------------------------------------------------------------------------------------
+
+use crate::reservation::{
+    ActiveLoad, BookingRequest, FreeOutcome, FreedBy, ReservationConfig, ReservationTable,
+};
+use std::time::{Duration, Instant};
+
+const RANK: RankId = RankId::new(1, 0);
+
+/// Two shards (so the ids below may land in different ones) and no sweep thread.
+fn reservations() -> Arc<ReservationTable> {
+    Arc::new(ReservationTable::new(ReservationConfig {
+        shards: 2,
+        sweep_interval: None,
+        ..ReservationConfig::default()
+    }))
+}
+
+fn booking(id: u64, blocks: &[u64], prefill: u64, ttl: Option<Duration>) -> BookingRequest {
+    BookingRequest {
+        selection_id: id,
+        rank: RANK,
+        prompt_blocks: blocks.to_vec(),
+        prefill_tokens: prefill,
+        expected_output_tokens: 0,
+        ttl,
+    }
+}
+
+fn active(prefill: u64, decode: u64, requests: u64) -> ActiveLoad {
+    ActiveLoad {
+        active_prefill_tokens: prefill,
+        active_decode_blocks: decode,
+        active_requests: requests,
+    }
+}
+
+/// Booking 1 (expired) is freed by its caller while a sweep runs; booking 2 shares a
+/// prompt block with it and stays. Exactly one of the two removes booking 1, its
+/// contribution is subtracted once, and the shared block survives for booking 2.
+fn free_races_sweep() {
+    let t = reservations();
+    let now = Instant::now();
+    t.book(booking(1, &[10, 11], 32, Some(Duration::ZERO)), now)
+        .unwrap();
+    t.book(booking(2, &[10], 16, None), now).unwrap();
+    let t2 = t.clone();
+    let freer = loom::thread::spawn(move || t2.free(1).unwrap());
+    let swept = t.sweep_expired(now);
+    let freed = freer.join().unwrap();
+    let by_free = matches!(freed, FreeOutcome::Freed(_));
+    assert_eq!(
+        usize::from(by_free) + swept,
+        1,
+        "booking freed {} times ({freed:?}, swept {swept})",
+        usize::from(by_free) + swept
+    );
+    if !by_free {
+        assert_eq!(freed, FreeOutcome::AlreadyFreed(FreedBy::Expired));
+    }
+    assert_eq!(
+        t.rank_load(RANK),
+        active(16, 1, 1),
+        "lost or doubled counter update"
+    );
+    t.free(2).unwrap();
+    assert_eq!(t.rank_load(RANK), ActiveLoad::default(), "counters leaked");
+    t.audit().unwrap();
+}
+
+#[test]
+fn reservation_free_races_sweep() {
+    model(free_races_sweep);
+}
+
+#[test]
+fn reservation_free_races_sweep_negative_release_before_remove() {
+    must_fail(
+        "loom_models::reservation_free_races_sweep_negative_release_before_remove",
+        Faults {
+            release_before_remove: true,
+            ..Faults::default()
+        },
+        "would go negative",
+        free_races_sweep,
+    );
+}
+
+/// A booking is marked prefill-complete while it is freed: its prefill tokens are
+/// subtracted exactly once, whichever comes first.
+fn mark_prefill_races_free() {
+    let t = reservations();
+    let now = Instant::now();
+    t.book(booking(1, &[10], 32, None), now).unwrap();
+    let t2 = t.clone();
+    let marker = loom::thread::spawn(move || t2.mark_prefill_complete(1));
+    let freed = t.free(1).unwrap();
+    assert_eq!(marker.join().unwrap(), Ok(()));
+    assert!(matches!(freed, FreeOutcome::Freed(_)));
+    assert_eq!(t.rank_load(RANK), ActiveLoad::default(), "counters leaked");
+    t.audit().unwrap();
+}
+
+#[test]
+fn reservation_mark_prefill_races_free() {
+    model(mark_prefill_races_free);
+}
+
+#[test]
+fn reservation_mark_prefill_races_free_negative_flag_after_release() {
+    must_fail(
+        "loom_models::reservation_mark_prefill_races_free_negative_flag_after_release",
+        Faults {
+            prefill_flag_after_release: true,
+            ..Faults::default()
+        },
+        "would go negative",
+        mark_prefill_races_free,
+    );
+}
+
+/// A booking on a rank races the free of another booking on the same rank, sharing a
+/// prompt block (ids 1 and 2 sit in different shards, so nothing but the counters'
+/// atomicity and the rank's refcount lock orders them). No update is lost.
+fn book_races_free() {
+    let t = reservations();
+    let now = Instant::now();
+    t.book(booking(1, &[10, 11], 32, None), now).unwrap();
+    let t2 = t.clone();
+    let freer = loom::thread::spawn(move || t2.free(1).unwrap());
+    t.book(booking(2, &[10], 16, None), now).unwrap();
+    assert!(matches!(freer.join().unwrap(), FreeOutcome::Freed(_)));
+    assert_eq!(
+        t.rank_load(RANK),
+        active(16, 1, 1),
+        "lost or doubled counter update"
+    );
+    t.free(2).unwrap();
+    assert_eq!(t.rank_load(RANK), ActiveLoad::default(), "counters leaked");
+    t.audit().unwrap();
+}
+
+#[test]
+fn reservation_book_races_free() {
+    model(book_races_free);
+}
+
+#[test]
+fn reservation_book_races_free_negative_split_rmw() {
+    must_fail(
+        "loom_models::reservation_book_races_free_negative_split_rmw",
+        Faults {
+            split_counter_rmw: true,
+            ..Faults::default()
+        },
+        "lost or doubled counter update",
+        book_races_free,
+    );
+}

@@ -215,6 +215,15 @@ pub(crate) mod faults {
         pub free_table_now: bool,
         /// Hand a removed rank's slot back for reuse at once instead of after readers' epochs.
         pub reuse_slot_now: bool,
+        /// Reservations: subtract a freed booking's counters while it is still in its
+        /// shard, then remove it, instead of removing it first (the remover releases).
+        pub release_before_remove: bool,
+        /// Reservations: `mark_prefill_complete` subtracts the prefill tokens outside the
+        /// shard lock and sets the booking's flag afterwards.
+        pub prefill_flag_after_release: bool,
+        /// Reservations: update a rank counter by load-then-store instead of an atomic
+        /// read-modify-write.
+        pub split_counter_rmw: bool,
     }
 
     std::thread_local! {

@@ -1,0 +1,289 @@
+//! The engine: partitions, selection ids, and the booking lifecycle routed to the right
+//! partition (DESIGN.md §2, §8). Constructing an engine spawns nothing and needs no async
+//! runtime; a partition's expiry sweep starts with its first booking.
+
+use std::cell::RefCell;
+use std::sync::Arc as StdArc;
+use std::time::{Duration, Instant};
+
+use crate::cost::SelectionRng;
+use crate::index::RankId;
+use crate::partition::{Partition, PartitionConfig, PartitionKey};
+use crate::reservation::{BookingRequest, FreeOutcome, ReservationError, SelectionId};
+use crate::select::{Decision, Outcome, SelectError, SelectRequest};
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::ShardedMap;
+
+/// How often a partition's sweep looks for expired bookings.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Why an engine call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineError {
+    UnknownPartition(PartitionKey),
+    PartitionExists(PartitionKey),
+    UnknownSelectionId(SelectionId),
+    DuplicateSelectionId(SelectionId),
+    UnknownRank(RankId),
+    /// Any other refusal of the partition's reservation table.
+    Reservation(ReservationError),
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::UnknownPartition(k) => {
+                write!(
+                    f,
+                    "no partition for model {:?}, group {:?}",
+                    k.model, k.routing_group
+                )
+            }
+            EngineError::PartitionExists(k) => {
+                write!(
+                    f,
+                    "partition for model {:?}, group {:?} exists",
+                    k.model, k.routing_group
+                )
+            }
+            EngineError::UnknownSelectionId(id) => write!(f, "unknown selection id {id}"),
+            EngineError::DuplicateSelectionId(id) => write!(f, "selection id {id} is in use"),
+            EngineError::UnknownRank(r) => write!(f, "rank {r} is not in the partition"),
+            EngineError::Reservation(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<ReservationError> for EngineError {
+    fn from(e: ReservationError) -> Self {
+        match e {
+            ReservationError::DuplicateSelectionId(id) => EngineError::DuplicateSelectionId(id),
+            ReservationError::UnknownSelectionId(id) => EngineError::UnknownSelectionId(id),
+            other => EngineError::Reservation(other),
+        }
+    }
+}
+
+impl From<SelectError> for EngineError {
+    fn from(e: SelectError) -> Self {
+        match e {
+            SelectError::Reservation(r) => r.into(),
+            SelectError::UnknownRank(r) => EngineError::UnknownRank(r),
+        }
+    }
+}
+
+std::thread_local! {
+    static RNG: RefCell<Option<SelectionRng>> = const { RefCell::new(None) };
+}
+
+/// The selection engine.
+pub struct Engine {
+    partitions: ShardedMap<PartitionKey, StdArc<Partition>>,
+    /// Selection id → partition of the bookings this engine made (replica bookings are
+    /// found by scanning the partitions).
+    by_selection: ShardedMap<SelectionId, PartitionKey>,
+    next_id: AtomicU64,
+    seed: u64,
+    threads: AtomicU64,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Engine {
+    /// An engine whose random tie-breaks are seeded from the clock.
+    pub fn new() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Self::with_seed(seed)
+    }
+
+    /// An engine whose random choices are a function of `seed` (per thread, in the order
+    /// threads first select).
+    pub fn with_seed(seed: u64) -> Self {
+        Engine {
+            partitions: ShardedMap::new(),
+            by_selection: ShardedMap::new(),
+            next_id: AtomicU64::new(1),
+            seed,
+            threads: AtomicU64::new(0),
+        }
+    }
+
+    pub fn create_partition(
+        &self,
+        key: PartitionKey,
+        config: PartitionConfig,
+    ) -> Result<StdArc<Partition>, EngineError> {
+        let mut created = false;
+        let p = self.partitions.get_or_insert_with(key.clone(), || {
+            created = true;
+            StdArc::new(Partition::new(key.clone(), config))
+        });
+        if created {
+            Ok(p)
+        } else {
+            Err(EngineError::PartitionExists(key))
+        }
+    }
+
+    pub fn partition(&self, key: &PartitionKey) -> Result<StdArc<Partition>, EngineError> {
+        self.partitions
+            .get(key)
+            .ok_or_else(|| EngineError::UnknownPartition(key.clone()))
+    }
+
+    pub fn remove_partition(&self, key: &PartitionKey) -> bool {
+        self.partitions.remove(key).is_some()
+    }
+
+    /// A fresh engine-unique selection id.
+    pub fn mint_selection_id(&self) -> SelectionId {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn with_rng<R>(&self, f: impl FnOnce(&mut SelectionRng) -> R) -> R {
+        RNG.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let rng = slot.get_or_insert_with(|| {
+                let n = self.threads.fetch_add(1, Ordering::Relaxed);
+                SelectionRng::from_seed(self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            });
+            f(rng)
+        })
+    }
+
+    /// Advisory selection: decision and projected load, nothing booked.
+    pub fn select(
+        &self,
+        key: &PartitionKey,
+        req: &SelectRequest<'_>,
+    ) -> Result<Outcome, EngineError> {
+        let p = self.partition(key)?;
+        Ok(self.with_rng(|rng| p.select(req, rng)))
+    }
+
+    /// Booked selection: the chosen rank is booked before this returns.
+    pub fn select_and_reserve(
+        &self,
+        key: &PartitionKey,
+        req: &SelectRequest<'_>,
+    ) -> Result<Outcome, EngineError> {
+        let p = self.partition(key)?;
+        let id = self.claim_id(key, req.selection_id)?;
+        let r = self.with_rng(|rng| p.select_and_reserve(req, id, Instant::now(), rng));
+        self.settle_claim(&p, id, r.as_ref().ok())?;
+        Ok(r?)
+    }
+
+    /// Books a request on a rank the caller chose.
+    pub fn reserve(
+        &self,
+        key: &PartitionKey,
+        rank: RankId,
+        prompt: Option<&SelectRequest<'_>>,
+        prefill_tokens: Option<u64>,
+        selection_id: Option<SelectionId>,
+    ) -> Result<Decision, EngineError> {
+        let p = self.partition(key)?;
+        let id = self.claim_id(key, selection_id)?;
+        let r = p.reserve(rank, prompt, prefill_tokens, id, Instant::now());
+        let outcome = r.as_ref().ok().map(|d| Outcome::Selected(d.clone()));
+        self.settle_claim(&p, id, outcome.as_ref())?;
+        Ok(r?)
+    }
+
+    /// Installs a booking received from a replica peer. It is not indexed by id: the
+    /// lifecycle calls find it by scanning the partitions (DESIGN.md §8).
+    pub fn install_replica_booking(
+        &self,
+        key: &PartitionKey,
+        booking: BookingRequest,
+    ) -> Result<(), EngineError> {
+        let p = self.partition(key)?;
+        p.bookings
+            .install_replica_booking(booking, Instant::now())?;
+        p.bookings.ensure_sweeper(SWEEP_INTERVAL);
+        Ok(())
+    }
+
+    /// Reserves `id` (minted or the caller's) in the id → partition index.
+    fn claim_id(
+        &self,
+        key: &PartitionKey,
+        id: Option<SelectionId>,
+    ) -> Result<SelectionId, EngineError> {
+        let id = id.unwrap_or_else(|| self.mint_selection_id());
+        let mut fresh = false;
+        let owner = self.by_selection.get_or_insert_with(id, || {
+            fresh = true;
+            key.clone()
+        });
+        if !fresh || owner != *key {
+            return Err(EngineError::DuplicateSelectionId(id));
+        }
+        Ok(id)
+    }
+
+    /// Keeps the id claimed only if a booking was made; starts the partition's sweep.
+    fn settle_claim(
+        &self,
+        p: &Partition,
+        id: SelectionId,
+        outcome: Option<&Outcome>,
+    ) -> Result<(), EngineError> {
+        match outcome {
+            Some(Outcome::Selected(_)) => {
+                p.bookings.ensure_sweeper(SWEEP_INTERVAL);
+            }
+            _ => {
+                self.by_selection.remove(&id);
+            }
+        }
+        Ok(())
+    }
+
+    /// The partition holding booking `id`: the id index first, then a scan of the
+    /// partitions (replica bookings; and ids freed recently, so a repeated call is answered
+    /// by the table that remembers it, idempotently).
+    fn owner_of(&self, id: SelectionId) -> Result<StdArc<Partition>, EngineError> {
+        if let Some(key) = self.by_selection.get(&id) {
+            if let Some(p) = self.partitions.get(&key) {
+                if p.bookings.status(id).is_some() {
+                    return Ok(p);
+                }
+            }
+        }
+        self.partitions
+            .entries()
+            .into_iter()
+            .map(|(_, p)| p)
+            .find(|p| p.bookings.status(id).is_some())
+            .ok_or(EngineError::UnknownSelectionId(id))
+    }
+
+    /// The request's prefill is done: its prefill tokens leave the rank's load.
+    pub fn mark_prefill_complete(&self, id: SelectionId) -> Result<(), EngineError> {
+        Ok(self.owner_of(id)?.bookings.mark_prefill_complete(id)?)
+    }
+
+    /// The request produced `n` more output blocks (decode load).
+    pub fn add_output_blocks(&self, id: SelectionId, n: u64) -> Result<(), EngineError> {
+        Ok(self.owner_of(id)?.bookings.add_output_blocks(id, n)?)
+    }
+
+    /// The request finished: everything it booked is released.
+    pub fn free(&self, id: SelectionId) -> Result<FreeOutcome, EngineError> {
+        let p = self.owner_of(id)?;
+        let out = p.bookings.free(id)?;
+        self.by_selection.remove(&id);
+        Ok(out)
+    }
+}

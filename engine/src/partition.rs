@@ -1,0 +1,298 @@
+//! Partitions: one `(model, routing_group)` each, with its block size, index, workers,
+//! load view, bookings and host hooks (DESIGN.md §2, §6).
+//!
+//! Workers come and go while selections run: the worker set is an immutable snapshot
+//! swapped whole (arc-swap), so a selection sees one consistent membership.
+
+use std::collections::BTreeMap;
+use std::sync::Arc as StdArc;
+use std::time::Duration;
+
+use crate::cost::CostConfig;
+use crate::hash::{BlockHasher, HashSalt};
+use crate::index::{DpRank, Index, RankId, WorkerId};
+use crate::load::LoadView;
+use crate::reservation::{ReservationConfig, ReservationTable};
+use crate::sync::{Arc, Mutex, Snapshot};
+
+/// A routing domain: requests of one model (and routing group) go to its workers only.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PartitionKey {
+    pub model: String,
+    pub routing_group: String,
+}
+
+impl PartitionKey {
+    pub fn new(model: impl Into<String>, routing_group: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            routing_group: routing_group.into(),
+        }
+    }
+}
+
+/// What a worker does in a (possibly disaggregated) deployment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BackendRole {
+    /// Prefill and decode on the same worker.
+    #[default]
+    Aggregated,
+    Prefill,
+    Decode,
+}
+
+/// A worker's metadata, as the host registers it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerInfo {
+    pub worker_id: WorkerId,
+    /// Data-parallel ranks (at least 1): ranks are `(worker_id, 0..dp_size)`.
+    pub dp_size: u32,
+    pub role: BackendRole,
+    /// Per rank, the endpoint a peer uses to pull KV blocks from it (for transfer hints).
+    pub control_endpoints: Vec<Option<String>>,
+    /// Device KV blocks per rank (0 = unknown; busy thresholds on decode blocks need it).
+    pub total_kv_blocks: u64,
+    /// Largest prefill batch per rank in tokens (0 = unknown).
+    pub max_batched_tokens: u64,
+    /// LoRA adapters loaded on the worker.
+    pub lora_adapters: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl WorkerInfo {
+    pub fn new(worker_id: WorkerId, dp_size: u32) -> Self {
+        Self {
+            worker_id,
+            dp_size: dp_size.max(1),
+            ..Self::default()
+        }
+    }
+
+    pub fn ranks(&self) -> impl Iterator<Item = RankId> + '_ {
+        (0..self.dp_size.max(1)).map(move |d| RankId::new(self.worker_id, d as DpRank))
+    }
+}
+
+/// Per-partition busy thresholds (Dynamo's): a rank over any set threshold is busy and is
+/// not chosen; if every candidate is busy the selection answers `Busy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BusyThresholds {
+    /// Busy when active decode blocks exceed this fraction of the rank's total KV blocks.
+    pub decode_blocks_fraction: Option<f64>,
+    /// Busy when active prefill tokens exceed this many.
+    pub prefill_tokens: Option<u64>,
+    /// Busy when active prefill tokens exceed this fraction of max batched tokens.
+    pub prefill_tokens_fraction: Option<f64>,
+}
+
+/// How a partition hashes, scores and books.
+#[derive(Clone, Debug)]
+pub struct PartitionConfig {
+    pub block_size: u32,
+    /// Cache namespace salt of every local hash (LoRA salts come per request).
+    pub cache_namespace: Option<String>,
+    pub cost: CostConfig,
+    pub busy: BusyThresholds,
+    /// Lifetime of a booking nobody frees (Dynamo current: 3,600 s).
+    pub booking_ttl: Duration,
+}
+
+impl PartitionConfig {
+    pub fn new(block_size: u32) -> Self {
+        Self {
+            block_size,
+            cache_namespace: None,
+            cost: CostConfig::default(),
+            busy: BusyThresholds::default(),
+            booking_ttl: Duration::from_secs(3_600),
+        }
+    }
+}
+
+/// A block range `[start, end)` of the prompt that the host's shared KV cache holds.
+pub type BlockRange = (u32, u32);
+
+/// What the prefill estimator is asked.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillQuery {
+    pub rank: RankId,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+type Hook<F> = Option<StdArc<F>>;
+/// Projected prefill tokens of a request on a rank, or `None` for the default.
+pub type PrefillEstimator = dyn Fn(&PrefillQuery) -> Option<u64> + Send + Sync;
+/// Prompt block ranges in the host's shared cache, or why the lookup failed.
+pub type SharedCacheLookup = dyn Fn(&[u64]) -> Result<Vec<BlockRange>, String> + Send + Sync;
+/// The workers (of those given) that serve a LoRA adapter.
+pub type LoraFilter = dyn Fn(&str, &[WorkerId]) -> Vec<WorkerId> + Send + Sync;
+
+/// Inputs the host supplies (seed 001), each optional: an absent hook leaves the input
+/// it would change as it was. Hooks are called with no engine lock held.
+#[derive(Clone, Default)]
+pub struct HostHooks {
+    /// Projected prefill tokens of the request on a rank (default: prompt − cached).
+    pub prefill_estimator: Hook<PrefillEstimator>,
+    /// `true` = the rank is overloaded now (not chosen; all overloaded → `Busy`).
+    pub overload: Hook<dyn Fn(RankId) -> bool + Send + Sync>,
+    /// `false` = the rank cannot take requests (not a candidate at all).
+    pub availability: Hook<dyn Fn(RankId) -> bool + Send + Sync>,
+    /// Block ranges of the prompt (by sequence hashes) present in the host's shared KV
+    /// cache; an error is logged and counted, and selection goes on without it.
+    pub shared_cache: Hook<SharedCacheLookup>,
+    /// The workers (of those given) that can serve a LoRA adapter.
+    pub lora_filter: Hook<LoraFilter>,
+}
+
+impl std::fmt::Debug for HostHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostHooks")
+            .field("prefill_estimator", &self.prefill_estimator.is_some())
+            .field("overload", &self.overload.is_some())
+            .field("availability", &self.availability.is_some())
+            .field("shared_cache", &self.shared_cache.is_some())
+            .field("lora_filter", &self.lora_filter.is_some())
+            .finish()
+    }
+}
+
+/// The partition's workers, as one immutable version.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerSet {
+    workers: BTreeMap<WorkerId, WorkerInfo>,
+}
+
+impl WorkerSet {
+    pub fn get(&self, id: WorkerId) -> Option<&WorkerInfo> {
+        self.workers.get(&id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &WorkerInfo> + '_ {
+        self.workers.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+}
+
+/// One partition.
+pub struct Partition {
+    key: PartitionKey,
+    config: PartitionConfig,
+    hasher: BlockHasher,
+    pub(crate) index: Index,
+    pub(crate) load: LoadView,
+    pub(crate) bookings: StdArc<ReservationTable>,
+    workers: Snapshot<WorkerSet>,
+    hooks: Snapshot<HostHooks>,
+    /// Serializes membership changes (copy-on-write of the worker set).
+    membership: Mutex<()>,
+    pub(crate) counters: crate::select::SelectionCounters,
+}
+
+impl Partition {
+    pub fn new(key: PartitionKey, config: PartitionConfig) -> Self {
+        let bs = config.block_size.max(1);
+        let salt = HashSalt::new(None, config.cache_namespace.as_deref());
+        let bookings = ReservationTable::new(ReservationConfig {
+            block_size: bs,
+            default_ttl: config.booking_ttl,
+            ..ReservationConfig::default()
+        });
+        Partition {
+            key,
+            hasher: BlockHasher::new(bs as usize, salt).expect("block size is at least 1"),
+            config,
+            index: Index::new(),
+            load: LoadView::new(),
+            bookings: StdArc::new(bookings),
+            workers: Snapshot::new(WorkerSet::default()),
+            hooks: Snapshot::new(HostHooks::default()),
+            membership: Mutex::new(()),
+            counters: Default::default(),
+        }
+    }
+
+    pub fn key(&self) -> &PartitionKey {
+        &self.key
+    }
+
+    pub fn config(&self) -> &PartitionConfig {
+        &self.config
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.config.block_size.max(1)
+    }
+
+    /// The hasher of this partition's prompts (block size and namespace salt; a request's
+    /// LoRA adapter salts on top, see [`crate::select`]).
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    /// The KV index of this partition (feed it the workers' events).
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Host-reported load (publish batches here).
+    pub fn load_view(&self) -> &LoadView {
+        &self.load
+    }
+
+    /// The engine's bookings on this partition.
+    pub fn bookings(&self) -> &ReservationTable {
+        &self.bookings
+    }
+
+    pub fn workers(&self) -> Arc<WorkerSet> {
+        self.workers.load()
+    }
+
+    pub fn hooks(&self) -> Arc<HostHooks> {
+        self.hooks.load()
+    }
+
+    pub fn set_hooks(&self, hooks: HostHooks) {
+        self.hooks.store(hooks);
+    }
+
+    /// Adds a worker or replaces its metadata. Returns `true` if it was new.
+    pub fn upsert_worker(&self, info: WorkerInfo) -> bool {
+        let _m = self.membership.lock();
+        let cur = self.workers.load();
+        let mut next = (*cur).clone();
+        let new = next.workers.insert(info.worker_id, info).is_none();
+        self.workers.store(next);
+        new
+    }
+
+    /// Removes a worker: from the membership first (no new selection picks it), then its
+    /// index entries, its reported load and its bookings.
+    pub fn remove_worker(&self, id: WorkerId) -> bool {
+        let removed = {
+            let _m = self.membership.lock();
+            let cur = self.workers.load();
+            let mut next = (*cur).clone();
+            let removed = next.workers.remove(&id);
+            self.workers.store(next);
+            removed
+        };
+        let Some(info) = removed else {
+            return false;
+        };
+        self.index.remove_worker(id);
+        self.load.remove_worker(id);
+        for rank in info.ranks() {
+            self.bookings.remove_rank(rank);
+        }
+        true
+    }
+}

@@ -1,0 +1,554 @@
+//! Selection (DESIGN.md §7, seed 001): prompt → hashes → overlap (index + host shared
+//! cache) → eligible candidates → cost → choice → (booked mode) booking.
+//!
+//! Two modes share one decision path: advisory selection ([`Partition::select`]) returns
+//! the decision and the projected load and books nothing; [`Partition::select_and_reserve`]
+//! books the chosen rank before returning. Hooks are called with no engine lock held.
+
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use crate::cost::{choose, fill_costs, CandidateLoad, CostOverrides, RandomSource, RequestShape};
+use crate::hash::{extend_sequence_hashes, BlockHasher, HashSalt};
+use crate::index::{RankId, TieredScores, WorkerId};
+use crate::partition::{BlockRange, Partition, PrefillQuery, WorkerInfo};
+use crate::reservation::{BookingRequest, ReservationError, SelectionId};
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// A prompt, as tokens (kvr hashes them) or as precomputed local block hashes.
+#[derive(Clone, Copy, Debug)]
+pub enum Prompt<'a> {
+    Tokens(&'a [u32]),
+    /// Local hashes of the prompt's complete blocks, and the prompt's length in tokens.
+    LocalHashes {
+        hashes: &'a [u64],
+        prompt_tokens: u64,
+    },
+}
+
+/// Structured session context (seed 001); it takes precedence over a legacy flat session
+/// id. Carried through to the decision; the affinity table comes with DESIGN.md §9.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionContext {
+    pub session_id: String,
+    pub parent_session_id: Option<String>,
+    /// This is the session's last turn: release its binding once its leases end.
+    pub session_final: bool,
+    /// What started this turn (the typed selector's trigger), passed through.
+    pub input_trigger: Option<String>,
+}
+
+/// One selection request.
+#[derive(Clone, Debug)]
+pub struct SelectRequest<'a> {
+    pub prompt: Prompt<'a>,
+    /// LoRA adapter: salts the hashes and narrows the candidates to workers serving it.
+    pub lora_name: Option<&'a str>,
+    /// The caller's allow-set of workers (`None` = every worker of the partition).
+    pub allowed_workers: Option<&'a [WorkerId]>,
+    /// Route to this worker (if allowed); LoRA narrowing never removes an allowed pin.
+    pub pinned_worker: Option<WorkerId>,
+    pub session: Option<SessionContext>,
+    /// Legacy flat session id, used only when `session` is absent.
+    pub legacy_session_id: Option<&'a str>,
+    pub overrides: CostOverrides,
+    /// Expected output tokens (booked into the decode load as output blocks grow).
+    pub expected_output_tokens: u64,
+    /// Booked mode: the caller's own selection id (a duplicate is an error); `None` = minted.
+    pub selection_id: Option<SelectionId>,
+    /// Booked mode: booking lifetime (`None` = the partition's default).
+    pub ttl: Option<Duration>,
+}
+
+impl<'a> SelectRequest<'a> {
+    pub fn tokens(tokens: &'a [u32]) -> Self {
+        Self::with_prompt(Prompt::Tokens(tokens))
+    }
+
+    pub fn local_hashes(hashes: &'a [u64], prompt_tokens: u64) -> Self {
+        Self::with_prompt(Prompt::LocalHashes {
+            hashes,
+            prompt_tokens,
+        })
+    }
+
+    fn with_prompt(prompt: Prompt<'a>) -> Self {
+        SelectRequest {
+            prompt,
+            lora_name: None,
+            allowed_workers: None,
+            pinned_worker: None,
+            session: None,
+            legacy_session_id: None,
+            overrides: CostOverrides::NONE,
+            expected_output_tokens: 0,
+            selection_id: None,
+            ttl: None,
+        }
+    }
+
+    /// The session context the decision carries: the structured one, else one built from
+    /// the legacy flat id.
+    pub fn effective_session(&self) -> Option<SessionContext> {
+        self.session.clone().or_else(|| {
+            self.legacy_session_id.map(|id| SessionContext {
+                session_id: id.to_string(),
+                ..SessionContext::default()
+            })
+        })
+    }
+}
+
+/// Cached prefix of the chosen rank, per source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overlap {
+    pub device_blocks: u32,
+    pub host_blocks: u32,
+    pub disk_blocks: u32,
+    /// Blocks the host's shared cache holds beyond the device prefix.
+    pub shared_blocks: u32,
+}
+
+/// The decision for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub rank: RankId,
+    /// The booking's id (booked mode); `None` for advisory selection.
+    pub selection_id: Option<SelectionId>,
+    pub overlap: Overlap,
+    /// Prompt tokens the chosen rank has cached on its device.
+    pub cached_tokens: u64,
+    /// Prefill tokens this request adds to the rank (host estimator, else prompt − cached).
+    pub projected_prefill_tokens: u64,
+    /// The rank's decode blocks once this request is booked on it.
+    pub projected_decode_blocks: u64,
+    pub cost: f64,
+    pub session: Option<SessionContext>,
+}
+
+/// What a selection answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Selected(Decision),
+    /// Candidates exist, but every one is busy or overloaded: try again later.
+    Busy,
+    /// No rank can serve the request at all (no workers, nothing allowed or available).
+    NoWorker,
+}
+
+/// Why a booked selection or an explicit reservation failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SelectError {
+    Reservation(ReservationError),
+    /// An explicit reservation named a rank that is not a member of the partition.
+    UnknownRank(RankId),
+}
+
+impl std::fmt::Display for SelectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SelectError::Reservation(e) => write!(f, "{e}"),
+            SelectError::UnknownRank(r) => write!(f, "rank {r} is not in this partition"),
+        }
+    }
+}
+
+impl std::error::Error for SelectError {}
+
+impl From<ReservationError> for SelectError {
+    fn from(e: ReservationError) -> Self {
+        SelectError::Reservation(e)
+    }
+}
+
+/// Selection counters of one partition.
+#[derive(Default)]
+pub(crate) struct SelectionCounters {
+    pub(crate) selections: AtomicU64,
+    pub(crate) busy: AtomicU64,
+    pub(crate) no_worker: AtomicU64,
+    pub(crate) shared_cache_failures: AtomicU64,
+}
+
+/// A snapshot of [`SelectionCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SelectionStats {
+    pub selections: u64,
+    pub busy: u64,
+    pub no_worker: u64,
+    /// Shared-cache lookups that failed (selection went on without their hits).
+    pub shared_cache_failures: u64,
+}
+
+impl SelectionCounters {
+    pub(crate) fn snapshot(&self) -> SelectionStats {
+        SelectionStats {
+            selections: self.selections.load(Ordering::Relaxed),
+            busy: self.busy.load(Ordering::Relaxed),
+            no_worker: self.no_worker.load(Ordering::Relaxed),
+            shared_cache_failures: self.shared_cache_failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Everything a decision needed, kept for booking it.
+pub(crate) struct Prepared {
+    pub(crate) decision: Decision,
+    pub(crate) seq: Vec<u64>,
+}
+
+/// Blocks of `[from, n)` covered contiguously from `from` by the shared-cache ranges.
+fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
+    let mut at = from;
+    loop {
+        let next = ranges
+            .iter()
+            .filter(|(s, e)| *s <= at && *e > at)
+            .map(|(_, e)| (*e).min(n))
+            .max();
+        match next {
+            Some(e) if e > at => at = e,
+            _ => return at - from,
+        }
+    }
+}
+
+impl Partition {
+    /// Advisory selection: the decision and the projected load; books nothing.
+    pub fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
+        match self.decide(req, rng) {
+            Ok(p) => Outcome::Selected(p.decision),
+            Err(o) => *o,
+        }
+    }
+
+    /// Booked selection: decides, then books the chosen rank before returning.
+    pub fn select_and_reserve(
+        &self,
+        req: &SelectRequest<'_>,
+        selection_id: SelectionId,
+        now: Instant,
+        rng: &mut impl RandomSource,
+    ) -> Result<Outcome, SelectError> {
+        let p = match self.decide(req, rng) {
+            Ok(p) => p,
+            Err(o) => return Ok(*o),
+        };
+        let mut d = p.decision;
+        self.bookings.book(
+            BookingRequest {
+                selection_id,
+                rank: d.rank,
+                prompt_blocks: p.seq,
+                prefill_tokens: d.projected_prefill_tokens,
+                expected_output_tokens: req.expected_output_tokens,
+                ttl: req.ttl,
+            },
+            now,
+        )?;
+        d.selection_id = Some(selection_id);
+        Ok(Outcome::Selected(d))
+    }
+
+    /// Books a request on a rank the caller chose (no scoring). With a prompt, its blocks
+    /// join the rank's active blocks; without, only the given prefill tokens are booked.
+    pub fn reserve(
+        &self,
+        rank: RankId,
+        prompt: Option<&SelectRequest<'_>>,
+        prefill_tokens: Option<u64>,
+        selection_id: SelectionId,
+        now: Instant,
+    ) -> Result<Decision, SelectError> {
+        let workers = self.workers();
+        let member = workers
+            .get(rank.worker_id)
+            .is_some_and(|w| rank.dp_rank < w.dp_size.max(1));
+        if !member {
+            return Err(SelectError::UnknownRank(rank));
+        }
+        let (seq, prompt_tokens, expected, ttl) = match prompt {
+            Some(r) => {
+                let (seq, n) = self.sequence_of(r);
+                (seq, n, r.expected_output_tokens, r.ttl)
+            }
+            None => (Vec::new(), prefill_tokens.unwrap_or(0), 0, None),
+        };
+        let device = if seq.is_empty() {
+            0
+        } else {
+            let mut t = TieredScores::new();
+            self.index.find_matches_tiered_by_sequence(&seq, &mut t);
+            t.get(rank).map_or(0, |o| o.device)
+        };
+        let cached = (device as u64 * self.block_size() as u64).min(prompt_tokens);
+        let prefill = prefill_tokens.unwrap_or(prompt_tokens - cached);
+        let active = self.bookings.rank_load(rank);
+        let new_blocks = self.bookings.new_blocks_not_active(rank, &seq);
+        self.bookings.book(
+            BookingRequest {
+                selection_id,
+                rank,
+                prompt_blocks: seq,
+                prefill_tokens: prefill,
+                expected_output_tokens: expected,
+                ttl,
+            },
+            now,
+        )?;
+        Ok(Decision {
+            rank,
+            selection_id: Some(selection_id),
+            overlap: Overlap {
+                device_blocks: device,
+                ..Overlap::default()
+            },
+            cached_tokens: cached,
+            projected_prefill_tokens: prefill,
+            projected_decode_blocks: active.active_decode_blocks + new_blocks,
+            cost: f64::NAN,
+            session: prompt.and_then(|r| r.effective_session()),
+        })
+    }
+
+    /// Sequence hashes of a request's prompt and its length in tokens.
+    fn sequence_of(&self, req: &SelectRequest<'_>) -> (Vec<u64>, u64) {
+        let mut seq = Vec::new();
+        match req.prompt {
+            Prompt::Tokens(tokens) => {
+                let salt = HashSalt::new(req.lora_name, self.config().cache_namespace.as_deref());
+                let hasher = if salt == self.hasher().salt() {
+                    *self.hasher()
+                } else {
+                    BlockHasher::new(self.block_size() as usize, salt).expect("block size >= 1")
+                };
+                let mut local = Vec::new();
+                hasher.hash_tokens(tokens, &mut local, &mut seq);
+                (seq, tokens.len() as u64)
+            }
+            Prompt::LocalHashes {
+                hashes,
+                prompt_tokens,
+            } => {
+                extend_sequence_hashes(None, hashes, &mut seq);
+                (seq, prompt_tokens)
+            }
+        }
+    }
+
+    /// Candidate ranks after the allow-set, the pin, LoRA narrowing and host availability.
+    fn candidates(&self, req: &SelectRequest<'_>) -> SmallVec<[RankId; 64]> {
+        let workers = self.workers();
+        let hooks = self.hooks();
+        let allowed = |w: &WorkerInfo| {
+            req.allowed_workers
+                .map_or(true, |a| a.contains(&w.worker_id))
+        };
+        let mut pool: SmallVec<[WorkerId; 64]> = workers
+            .iter()
+            .filter(|w| allowed(w))
+            .map(|w| w.worker_id)
+            .collect();
+        // An allowed pin is the whole pool; a pin outside the allow-set does not survive.
+        let pinned = req.pinned_worker.filter(|p| pool.contains(p));
+        if let Some(p) = pinned {
+            pool.retain(|w| *w == p);
+        } else if let Some(lora) = req.lora_name.filter(|l| !l.is_empty()) {
+            let narrowed: SmallVec<[WorkerId; 64]> = match &hooks.lora_filter {
+                Some(f) => {
+                    let offered = f(lora, &pool);
+                    // Never widen: keep only workers the caller allowed.
+                    pool.iter()
+                        .copied()
+                        .filter(|w| offered.contains(w))
+                        .collect()
+                }
+                None => pool
+                    .iter()
+                    .copied()
+                    .filter(|w| {
+                        workers
+                            .get(*w)
+                            .is_some_and(|i| i.lora_adapters.iter().any(|a| a == lora))
+                    })
+                    .collect(),
+            };
+            // An empty narrowing falls back to the caller's set.
+            if !narrowed.is_empty() {
+                pool = narrowed;
+            }
+        }
+        let mut ranks: SmallVec<[RankId; 64]> = SmallVec::new();
+        for w in pool {
+            if let Some(info) = workers.get(w) {
+                ranks.extend(info.ranks());
+            }
+        }
+        if let Some(avail) = &hooks.availability {
+            ranks.retain(|r| avail(*r));
+        }
+        ranks
+    }
+
+    fn is_busy(&self, rank: RankId, decode_blocks: u64, prefill_tokens: u64) -> bool {
+        let b = &self.config().busy;
+        let workers = self.workers();
+        let info = workers.get(rank.worker_id);
+        let reported = self.load.snapshot();
+        let used = reported
+            .get(rank)
+            .map_or(0, |l| l.kv_blocks_used)
+            .max(decode_blocks);
+        if let (Some(f), Some(i)) = (b.decode_blocks_fraction, info) {
+            if i.total_kv_blocks > 0 && used as f64 > f * i.total_kv_blocks as f64 {
+                return true;
+            }
+        }
+        if b.prefill_tokens.is_some_and(|t| prefill_tokens > t) {
+            return true;
+        }
+        if let (Some(f), Some(i)) = (b.prefill_tokens_fraction, info) {
+            if i.max_batched_tokens > 0 && prefill_tokens as f64 > f * i.max_batched_tokens as f64 {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The decision path both modes share (steps 1–5 of DESIGN.md §7).
+    pub(crate) fn decide(
+        &self,
+        req: &SelectRequest<'_>,
+        rng: &mut impl RandomSource,
+    ) -> Result<Prepared, Box<Outcome>> {
+        self.counters.selections.fetch_add(1, Ordering::Relaxed);
+        // 1. hashes.
+        let (seq, prompt_tokens) = self.sequence_of(req);
+        // 2. overlap: the index, and the host's shared cache alongside it.
+        let mut tiered = TieredScores::new();
+        self.index
+            .find_matches_tiered_by_sequence(&seq, &mut tiered);
+        let hooks = self.hooks();
+        let shared: Vec<BlockRange> = match &hooks.shared_cache {
+            Some(f) if !seq.is_empty() => match f(&seq) {
+                Ok(r) => r,
+                Err(_) => {
+                    self.counters
+                        .shared_cache_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    Vec::new()
+                }
+            },
+            _ => Vec::new(),
+        };
+        // 3. candidates.
+        let ranks = self.candidates(req);
+        if ranks.is_empty() {
+            self.counters.no_worker.fetch_add(1, Ordering::Relaxed);
+            return Err(Box::new(Outcome::NoWorker));
+        }
+        let n_blocks = seq.len() as u32;
+        // One read of the booking registry for the whole selection.
+        let loads = self.bookings.loads();
+        let mut eligible: SmallVec<[(RankId, CandidateLoad, u32); 64]> = SmallVec::new();
+        for &rank in &ranks {
+            if hooks.overload.as_ref().is_some_and(|f| f(rank)) {
+                continue;
+            }
+            let active = loads.get(rank);
+            if self.is_busy(
+                rank,
+                active.active_decode_blocks,
+                active.active_prefill_tokens,
+            ) {
+                continue;
+            }
+            let t = tiered.get(rank);
+            let device = t.map_or(0, |o| o.device);
+            let c = CandidateLoad {
+                device_blocks: device as u64,
+                host_blocks: t.map_or(0, |o| o.host) as u64,
+                disk_blocks: t.map_or(0, |o| o.disk) as u64,
+                shared_blocks_beyond_device: shared_beyond(&shared, device, n_blocks) as u64,
+                active_prefill_tokens: active.active_prefill_tokens,
+                active_decode_blocks: active.active_decode_blocks,
+                // Bookings carry whole chains from block 0, so the rank's active blocks
+                // are prefix-closed and the chain form (log n lookups) is exact.
+                new_blocks_not_active: if active.active_requests == 0 {
+                    seq.len() as u64
+                } else {
+                    loads.new_blocks_not_active_chain(rank, &seq)
+                },
+                active_requests: active.active_requests,
+            };
+            eligible.push((rank, c, device));
+        }
+        if eligible.is_empty() {
+            self.counters.busy.fetch_add(1, Ordering::Relaxed);
+            return Err(Box::new(Outcome::Busy));
+        }
+        // 5. cost and choice.
+        let cfg = self.config().cost.resolve(&req.overrides);
+        let shape = RequestShape::new(prompt_tokens, self.block_size());
+        let loads: SmallVec<[CandidateLoad; 64]> = eligible.iter().map(|e| e.1).collect();
+        let mut costs: SmallVec<[f64; 64]> = SmallVec::from_elem(0.0, loads.len());
+        fill_costs(&cfg, &shape, &loads, &mut costs);
+        let i = choose(&costs, cfg.temperature, rng).expect("at least one eligible rank");
+        let (rank, c, device) = eligible[i];
+        let cached_tokens = (device as u64 * self.block_size() as u64).min(prompt_tokens);
+        let projected_prefill_tokens = hooks
+            .prefill_estimator
+            .as_ref()
+            .and_then(|f| {
+                f(&PrefillQuery {
+                    rank,
+                    prompt_tokens,
+                    cached_tokens,
+                })
+            })
+            .unwrap_or(prompt_tokens - cached_tokens);
+        let t = tiered.get(rank);
+        Ok(Prepared {
+            decision: Decision {
+                rank,
+                selection_id: None,
+                overlap: Overlap {
+                    device_blocks: device,
+                    host_blocks: t.map_or(0, |o| o.host),
+                    disk_blocks: t.map_or(0, |o| o.disk),
+                    shared_blocks: c.shared_blocks_beyond_device as u32,
+                },
+                cached_tokens,
+                projected_prefill_tokens,
+                projected_decode_blocks: c.active_decode_blocks + c.new_blocks_not_active,
+                cost: costs[i],
+                session: req.effective_session(),
+            },
+            seq,
+        })
+    }
+
+    /// Selection counters of this partition.
+    pub fn selection_stats(&self) -> SelectionStats {
+        self.counters.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod shared_range_tests {
+    use super::shared_beyond;
+
+    #[test]
+    fn shared_blocks_count_contiguously_from_the_device_prefix() {
+        assert_eq!(shared_beyond(&[(0, 10)], 4, 20), 6);
+        assert_eq!(shared_beyond(&[(0, 3), (3, 8)], 2, 20), 6);
+        assert_eq!(
+            shared_beyond(&[(5, 9)], 4, 20),
+            0,
+            "a gap at the device prefix end"
+        );
+        assert_eq!(shared_beyond(&[(0, 50)], 4, 20), 16, "capped at the prompt");
+        assert_eq!(shared_beyond(&[], 0, 20), 0);
+    }
+}

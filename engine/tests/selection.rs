@@ -1,0 +1,534 @@
+//! Selection and booking, one test per statement of seed 001 and DESIGN.md §7–8 (each
+//! named after the statement it proves).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use kvr::cost::CostOverrides;
+use kvr::engine::{Engine, EngineError};
+use kvr::partition::{HostHooks, PartitionConfig, PartitionKey, WorkerInfo};
+use kvr::select::{Outcome, SelectRequest, SessionContext};
+use kvr::{RankId, StoredBlock, Tier};
+
+const BS: u32 = 4;
+
+fn key() -> PartitionKey {
+    PartitionKey::new("llama", "default")
+}
+
+/// An engine with one partition of `workers` single-rank workers.
+fn engine(workers: u64) -> Engine {
+    let e = Engine::with_seed(7);
+    let p = e.create_partition(key(), PartitionConfig::new(BS)).unwrap();
+    for w in 0..workers {
+        p.upsert_worker(WorkerInfo::new(w, 1));
+    }
+    e
+}
+
+fn prompt(n_blocks: u32) -> Vec<u32> {
+    (0..n_blocks * BS).collect()
+}
+
+/// Stores the first `blocks` blocks of `tokens` on `rank` (as the engine's events would).
+fn cache_prefix(e: &Engine, rank: RankId, tokens: &[u32], blocks: usize) {
+    let p = e.partition(&key()).unwrap();
+    let mut local = Vec::new();
+    p.hasher().local_hashes(tokens, &mut local);
+    let stored: Vec<StoredBlock> = local[..blocks]
+        .iter()
+        .enumerate()
+        .map(|(i, l)| StoredBlock {
+            external_hash: 1000 + i as u64,
+            local_hash: *l,
+        })
+        .collect();
+    p.index().store(rank, Tier::Device, None, &stored).unwrap();
+}
+
+fn chosen(o: Outcome) -> kvr::select::Decision {
+    match o {
+        Outcome::Selected(d) => d,
+        other => panic!("expected a selection, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_rank_holding_the_longest_prefix_wins_when_loads_are_equal() {
+    let e = engine(4);
+    let t = prompt(8);
+    cache_prefix(&e, RankId::new(2, 0), &t, 6);
+    cache_prefix(&e, RankId::new(1, 0), &t, 2);
+    let d = chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap());
+    assert_eq!(d.rank, RankId::new(2, 0));
+    assert_eq!(d.overlap.device_blocks, 6);
+    assert_eq!(d.cached_tokens, 6 * BS as u64);
+    assert_eq!(d.projected_prefill_tokens, 2 * BS as u64);
+}
+
+#[test]
+fn advisory_selection_books_nothing() {
+    let e = engine(2);
+    let t = prompt(4);
+    for _ in 0..10 {
+        let d = chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap());
+        assert_eq!(d.selection_id, None);
+    }
+    let p = e.partition(&key()).unwrap();
+    assert_eq!(p.bookings().len(), 0);
+    for w in 0..2 {
+        assert_eq!(p.bookings().rank_load(RankId::new(w, 0)).active_requests, 0);
+    }
+}
+
+#[test]
+fn select_and_reserve_books_before_returning() {
+    let e = engine(2);
+    let t = prompt(4);
+    let d = chosen(
+        e.select_and_reserve(&key(), &SelectRequest::tokens(&t))
+            .unwrap(),
+    );
+    let id = d.selection_id.expect("a booked decision carries its id");
+    let p = e.partition(&key()).unwrap();
+    assert!(p.bookings().contains(id));
+    let load = p.bookings().rank_load(d.rank);
+    assert_eq!(load.active_requests, 1);
+    assert_eq!(load.active_prefill_tokens, d.projected_prefill_tokens);
+    assert_eq!(load.active_decode_blocks, d.projected_decode_blocks);
+    // The booking now steers the next request to the other rank (load balance).
+    let d2 = chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap());
+    assert_ne!(d2.rank, d.rank);
+    e.free(id).unwrap();
+    assert_eq!(p.bookings().rank_load(d.rank).active_requests, 0);
+}
+
+#[test]
+fn temperature_zero_breaks_ties_uniformly_at_random() {
+    let e = engine(4);
+    let t = prompt(4);
+    let mut hits = [0usize; 4];
+    for _ in 0..4000 {
+        let d = chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap());
+        hits[d.rank.worker_id as usize] += 1;
+    }
+    for h in hits {
+        assert!((800..1200).contains(&h), "uneven tie-break: {hits:?}");
+    }
+}
+
+#[test]
+fn per_request_overrides_change_the_cost() {
+    let e = engine(2);
+    let t = prompt(8);
+    cache_prefix(&e, RankId::new(1, 0), &t, 8);
+    let base = chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap());
+    let mut req = SelectRequest::tokens(&t);
+    req.overrides = CostOverrides {
+        overlap_score_credit: Some(0.0),
+        ..CostOverrides::NONE
+    };
+    let no_credit = chosen(e.select(&key(), &req).unwrap());
+    assert_eq!(base.rank, RankId::new(1, 0));
+    assert!(
+        no_credit.cost > base.cost,
+        "{} vs {}",
+        no_credit.cost,
+        base.cost
+    );
+}
+
+#[test]
+fn shared_cache_lookup_runs_alongside_the_index_and_its_hits_are_reported() {
+    let e = engine(1);
+    let p = e.partition(&key()).unwrap();
+    p.set_hooks(HostHooks {
+        shared_cache: Some(Arc::new(|seq: &[u64]| Ok(vec![(0, seq.len() as u32)]))),
+        ..HostHooks::default()
+    });
+    let d = chosen(
+        e.select(&key(), &SelectRequest::tokens(&prompt(5)))
+            .unwrap(),
+    );
+    assert_eq!(d.overlap.shared_blocks, 5);
+}
+
+#[test]
+fn a_failed_shared_cache_lookup_is_counted_and_selection_proceeds_without_it() {
+    let e = engine(2);
+    let p = e.partition(&key()).unwrap();
+    p.set_hooks(HostHooks {
+        shared_cache: Some(Arc::new(|_: &[u64]| Err("cache service down".to_string()))),
+        ..HostHooks::default()
+    });
+    let d = chosen(
+        e.select(&key(), &SelectRequest::tokens(&prompt(5)))
+            .unwrap(),
+    );
+    assert_eq!(d.overlap.shared_blocks, 0);
+    assert_eq!(p.selection_stats().shared_cache_failures, 1);
+}
+
+fn lora_engine() -> Engine {
+    let e = engine(0);
+    let p = e.partition(&key()).unwrap();
+    for w in 0..4u64 {
+        let mut info = WorkerInfo::new(w, 1);
+        if w >= 2 {
+            info.lora_adapters = vec!["sql".into()];
+        }
+        p.upsert_worker(info);
+    }
+    e
+}
+
+#[test]
+fn lora_narrowing_never_widens_the_callers_allow_set() {
+    let e = lora_engine();
+    let t = prompt(4);
+    let allowed = [0, 1, 2];
+    let mut req = SelectRequest::tokens(&t);
+    req.lora_name = Some("sql");
+    req.allowed_workers = Some(&allowed);
+    for _ in 0..50 {
+        let d = chosen(e.select(&key(), &req).unwrap());
+        assert_eq!(
+            d.rank.worker_id, 2,
+            "only worker 2 is both allowed and serves sql"
+        );
+    }
+}
+
+#[test]
+fn a_lora_filter_hook_can_only_narrow() {
+    let e = lora_engine();
+    let p = e.partition(&key()).unwrap();
+    // A filter that claims every worker, including ones the caller did not allow.
+    p.set_hooks(HostHooks {
+        lora_filter: Some(Arc::new(|_: &str, _: &[u64]| vec![0, 1, 2, 3, 99])),
+        ..HostHooks::default()
+    });
+    let t = prompt(4);
+    let allowed = [1];
+    let mut req = SelectRequest::tokens(&t);
+    req.lora_name = Some("sql");
+    req.allowed_workers = Some(&allowed);
+    let d = chosen(e.select(&key(), &req).unwrap());
+    assert_eq!(d.rank.worker_id, 1);
+}
+
+#[test]
+fn an_allowed_pin_survives_lora_narrowing() {
+    let e = lora_engine();
+    let t = prompt(4);
+    let mut req = SelectRequest::tokens(&t);
+    req.lora_name = Some("sql");
+    req.pinned_worker = Some(0); // does not serve sql, but is allowed (no allow-set)
+    let d = chosen(e.select(&key(), &req).unwrap());
+    assert_eq!(d.rank.worker_id, 0);
+}
+
+#[test]
+fn an_empty_lora_narrowing_falls_back_to_the_callers_set() {
+    let e = lora_engine();
+    let t = prompt(4);
+    let allowed = [0, 1];
+    let mut req = SelectRequest::tokens(&t);
+    req.lora_name = Some("sql");
+    req.allowed_workers = Some(&allowed);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..100 {
+        seen.insert(chosen(e.select(&key(), &req).unwrap()).rank.worker_id);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![0, 1]);
+}
+
+#[test]
+fn the_lora_name_salts_the_prompt_hashes() {
+    let e = engine(2);
+    let t = prompt(4);
+    cache_prefix(&e, RankId::new(1, 0), &t, 4); // cached without a LoRA salt
+    let mut req = SelectRequest::tokens(&t);
+    req.lora_name = Some("sql");
+    let d = chosen(e.select(&key(), &req).unwrap());
+    assert_eq!(
+        d.overlap.device_blocks, 0,
+        "an adapter's KV blocks differ from the base model's"
+    );
+}
+
+#[test]
+fn structured_session_context_takes_precedence_over_the_legacy_session_id() {
+    let e = engine(1);
+    let t = prompt(2);
+    let mut req = SelectRequest::tokens(&t);
+    req.legacy_session_id = Some("legacy");
+    let d = chosen(e.select(&key(), &req).unwrap());
+    assert_eq!(d.session.unwrap().session_id, "legacy");
+    let ctx = SessionContext {
+        session_id: "s-1".into(),
+        parent_session_id: Some("s-0".into()),
+        session_final: true,
+        input_trigger: Some("tool_result".into()),
+    };
+    req.session = Some(ctx.clone());
+    let d = chosen(e.select(&key(), &req).unwrap());
+    assert_eq!(d.session, Some(ctx));
+}
+
+#[test]
+fn the_availability_provider_removes_ranks_from_the_candidates() {
+    let e = engine(3);
+    let p = e.partition(&key()).unwrap();
+    p.set_hooks(HostHooks {
+        availability: Some(Arc::new(|r: RankId| r.worker_id == 2)),
+        ..HostHooks::default()
+    });
+    for _ in 0..20 {
+        let d = chosen(
+            e.select(&key(), &SelectRequest::tokens(&prompt(3)))
+                .unwrap(),
+        );
+        assert_eq!(d.rank.worker_id, 2);
+    }
+    p.set_hooks(HostHooks {
+        availability: Some(Arc::new(|_: RankId| false)),
+        ..HostHooks::default()
+    });
+    assert_eq!(
+        e.select(&key(), &SelectRequest::tokens(&prompt(3)))
+            .unwrap(),
+        Outcome::NoWorker
+    );
+}
+
+#[test]
+fn all_ranks_overloaded_is_a_distinct_busy_outcome() {
+    let e = engine(2);
+    let p = e.partition(&key()).unwrap();
+    p.set_hooks(HostHooks {
+        overload: Some(Arc::new(|_: RankId| true)),
+        ..HostHooks::default()
+    });
+    assert_eq!(
+        e.select(&key(), &SelectRequest::tokens(&prompt(3)))
+            .unwrap(),
+        Outcome::Busy
+    );
+    assert_eq!(p.selection_stats().busy, 1);
+}
+
+#[test]
+fn busy_thresholds_on_prefill_tokens_make_a_rank_busy() {
+    let e = Engine::with_seed(1);
+    let mut cfg = PartitionConfig::new(BS);
+    cfg.busy.prefill_tokens = Some(10);
+    let p = e.create_partition(key(), cfg).unwrap();
+    p.upsert_worker(WorkerInfo::new(0, 1));
+    let t = prompt(4); // 16 prefill tokens
+    chosen(
+        e.select_and_reserve(&key(), &SelectRequest::tokens(&t))
+            .unwrap(),
+    );
+    assert_eq!(
+        e.select(&key(), &SelectRequest::tokens(&t)).unwrap(),
+        Outcome::Busy
+    );
+}
+
+#[test]
+fn no_candidate_is_a_distinct_no_worker_outcome() {
+    let e = engine(0);
+    assert_eq!(
+        e.select(&key(), &SelectRequest::tokens(&prompt(3)))
+            .unwrap(),
+        Outcome::NoWorker
+    );
+    let e = engine(2);
+    let allowed = [42];
+    let t = prompt(3);
+    let mut req = SelectRequest::tokens(&t);
+    req.allowed_workers = Some(&allowed);
+    assert_eq!(e.select(&key(), &req).unwrap(), Outcome::NoWorker);
+}
+
+#[test]
+fn the_prefill_estimator_sets_the_projected_prefill() {
+    let e = engine(1);
+    let p = e.partition(&key()).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    p.set_hooks(HostHooks {
+        prefill_estimator: Some(Arc::new(move |q: &kvr::partition::PrefillQuery| {
+            c.fetch_add(1, Ordering::Relaxed);
+            Some(q.prompt_tokens * 2)
+        })),
+        ..HostHooks::default()
+    });
+    let d = chosen(
+        e.select(&key(), &SelectRequest::tokens(&prompt(3)))
+            .unwrap(),
+    );
+    assert_eq!(d.projected_prefill_tokens, 24);
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn hooks_default_to_absent_and_selection_uses_the_prior_inputs() {
+    let e = engine(2);
+    let p = e.partition(&key()).unwrap();
+    assert!(format!("{:?}", p.hooks()).contains("overload: false"));
+    let d = chosen(
+        e.select(&key(), &SelectRequest::tokens(&prompt(3)))
+            .unwrap(),
+    );
+    assert_eq!(d.projected_prefill_tokens, 12);
+}
+
+#[test]
+fn explicit_reservations_book_a_given_rank_with_or_without_tokens() {
+    let e = engine(2);
+    let t = prompt(4);
+    let p = e.partition(&key()).unwrap();
+    let req = SelectRequest::tokens(&t);
+    let d = e
+        .reserve(&key(), RankId::new(1, 0), Some(&req), None, None)
+        .unwrap();
+    assert_eq!(d.rank, RankId::new(1, 0));
+    assert_eq!(p.bookings().rank_load(d.rank).active_prefill_tokens, 16);
+    let d2 = e
+        .reserve(&key(), RankId::new(0, 0), None, Some(100), Some(555))
+        .unwrap();
+    assert_eq!(d2.selection_id, Some(555));
+    assert_eq!(p.bookings().rank_load(d2.rank).active_prefill_tokens, 100);
+    assert_eq!(
+        e.reserve(&key(), RankId::new(9, 0), None, Some(1), None)
+            .unwrap_err(),
+        EngineError::UnknownRank(RankId::new(9, 0))
+    );
+    e.free(d.selection_id.unwrap()).unwrap();
+    e.free(555).unwrap();
+}
+
+#[test]
+fn a_duplicate_selection_id_is_an_error_not_an_overwrite() {
+    let e = engine(2);
+    let t = prompt(2);
+    let mut req = SelectRequest::tokens(&t);
+    req.selection_id = Some(77);
+    chosen(e.select_and_reserve(&key(), &req).unwrap());
+    assert_eq!(
+        e.select_and_reserve(&key(), &req).unwrap_err(),
+        EngineError::DuplicateSelectionId(77)
+    );
+    let p = e.partition(&key()).unwrap();
+    assert_eq!(p.bookings().len(), 1);
+}
+
+#[test]
+fn lifecycle_calls_on_an_unknown_id_are_a_clear_error() {
+    let e = engine(1);
+    assert_eq!(
+        e.free(12345).unwrap_err(),
+        EngineError::UnknownSelectionId(12345)
+    );
+    assert_eq!(
+        e.mark_prefill_complete(12345).unwrap_err(),
+        EngineError::UnknownSelectionId(12345)
+    );
+    assert_eq!(
+        e.add_output_blocks(12345, 1).unwrap_err(),
+        EngineError::UnknownSelectionId(12345)
+    );
+    assert!(EngineError::UnknownSelectionId(12345)
+        .to_string()
+        .contains("12345"));
+}
+
+#[test]
+fn lifecycle_calls_reach_the_booking_and_are_idempotent() {
+    let e = engine(1);
+    let t = prompt(4);
+    let d = chosen(
+        e.select_and_reserve(&key(), &SelectRequest::tokens(&t))
+            .unwrap(),
+    );
+    let id = d.selection_id.unwrap();
+    let p = e.partition(&key()).unwrap();
+    e.mark_prefill_complete(id).unwrap();
+    e.mark_prefill_complete(id).unwrap();
+    assert_eq!(p.bookings().rank_load(d.rank).active_prefill_tokens, 0);
+    e.add_output_blocks(id, 3).unwrap();
+    assert_eq!(p.bookings().rank_load(d.rank).active_decode_blocks, 4 + 3);
+    e.free(id).unwrap();
+    let l = p.bookings().rank_load(d.rank);
+    assert_eq!(
+        (
+            l.active_requests,
+            l.active_decode_blocks,
+            l.active_prefill_tokens
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn the_id_index_answers_first_and_a_partition_scan_finds_replica_bookings() {
+    let e = engine(1);
+    let other = PartitionKey::new("mistral", "default");
+    let p2 = e
+        .create_partition(other.clone(), PartitionConfig::new(BS))
+        .unwrap();
+    p2.upsert_worker(WorkerInfo::new(5, 1));
+    e.install_replica_booking(
+        &other,
+        kvr::reservation::BookingRequest {
+            selection_id: 9_000,
+            rank: RankId::new(5, 0),
+            prompt_blocks: vec![1, 2, 3],
+            prefill_tokens: 12,
+            expected_output_tokens: 0,
+            ttl: None,
+        },
+    )
+    .unwrap();
+    // Not in the id index (a peer booked it), found by the scan.
+    e.mark_prefill_complete(9_000).unwrap();
+    assert_eq!(
+        p2.bookings()
+            .rank_load(RankId::new(5, 0))
+            .active_prefill_tokens,
+        0
+    );
+    e.free(9_000).unwrap();
+    assert!(!p2.bookings().contains(9_000));
+}
+
+#[test]
+fn workers_come_and_go_while_selections_run() {
+    let e = Arc::new(engine(4));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let e = e.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let p = e.partition(&key()).unwrap();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                p.upsert_worker(WorkerInfo::new(100 + n % 8, 2));
+                p.remove_worker(100 + (n + 4) % 8);
+                n += 1;
+            }
+        })
+    };
+    let t = prompt(6);
+    for _ in 0..5_000 {
+        let d = chosen(
+            e.select_and_reserve(&key(), &SelectRequest::tokens(&t))
+                .unwrap(),
+        );
+        let _ = e.free(d.selection_id.unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+}
