@@ -171,7 +171,7 @@ pub(crate) struct SelectionCounters {
     pub(crate) shared_cache_failures: AtomicU64,
 }
 
-/// A snapshot of [`SelectionCounters`].
+/// Selection counters of one partition, as read at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SelectionStats {
     pub selections: u64,
