@@ -7,12 +7,13 @@ use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
 use crate::cost::SelectionRng;
+use crate::idmap::IdMap;
 use crate::index::RankId;
 use crate::partition::{Partition, PartitionConfig, PartitionKey};
 use crate::reservation::{BookingRequest, FreeOutcome, ReservationError, SelectionId};
 use crate::select::{Decision, Outcome, SelectError, SelectRequest};
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::ShardedMap;
+use crate::sync::{Mutex, ShardedMap, Snapshot};
 
 /// How often a partition's sweep looks for expired bookings.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
@@ -82,9 +83,13 @@ std::thread_local! {
 /// The selection engine.
 pub struct Engine {
     partitions: ShardedMap<PartitionKey, StdArc<Partition>>,
-    /// Selection id → partition of the bookings this engine made (replica bookings are
-    /// found by scanning the partitions).
-    by_selection: ShardedMap<SelectionId, PartitionKey>,
+    /// Partitions by number (index = number), for the id index; swapped whole when a
+    /// partition comes or goes (rare), read lock-free.
+    numbered: Snapshot<Vec<Option<StdArc<Partition>>>>,
+    numbering: Mutex<()>,
+    /// Selection id → number of the partition holding the booking this engine made.
+    /// Lock-free reads; replica bookings are found by scanning the partitions.
+    by_selection: IdMap,
     next_id: AtomicU64,
     seed: u64,
     threads: AtomicU64,
@@ -110,7 +115,9 @@ impl Engine {
     pub fn with_seed(seed: u64) -> Self {
         Engine {
             partitions: ShardedMap::new(),
-            by_selection: ShardedMap::new(),
+            numbered: Snapshot::new(vec![None]),
+            numbering: Mutex::new(()),
+            by_selection: IdMap::new(64),
             next_id: AtomicU64::new(1),
             seed,
             threads: AtomicU64::new(0),
@@ -122,16 +129,21 @@ impl Engine {
         key: PartitionKey,
         config: PartitionConfig,
     ) -> Result<StdArc<Partition>, EngineError> {
+        let _n = self.numbering.lock();
         let mut created = false;
+        let numbered = self.numbered.load();
+        let number = numbered.len() as u64;
         let p = self.partitions.get_or_insert_with(key.clone(), || {
             created = true;
-            StdArc::new(Partition::new(key.clone(), config))
+            StdArc::new(Partition::new(key.clone(), config).with_number(number))
         });
-        if created {
-            Ok(p)
-        } else {
-            Err(EngineError::PartitionExists(key))
+        if !created {
+            return Err(EngineError::PartitionExists(key));
         }
+        let mut next = (*numbered).clone();
+        next.push(Some(p.clone()));
+        self.numbered.store(next);
+        Ok(p)
     }
 
     pub fn partition(&self, key: &PartitionKey) -> Result<StdArc<Partition>, EngineError> {
@@ -141,7 +153,14 @@ impl Engine {
     }
 
     pub fn remove_partition(&self, key: &PartitionKey) -> bool {
-        self.partitions.remove(key).is_some()
+        let _n = self.numbering.lock();
+        let Some(p) = self.partitions.remove(key) else {
+            return false;
+        };
+        let mut next = (*self.numbered.load()).clone();
+        next[p.number() as usize] = None;
+        self.numbered.store(next);
+        true
     }
 
     /// A fresh engine-unique selection id.
@@ -177,7 +196,7 @@ impl Engine {
         req: &SelectRequest<'_>,
     ) -> Result<Outcome, EngineError> {
         let p = self.partition(key)?;
-        let id = self.claim_id(key, req.selection_id)?;
+        let id = self.claim_id(&p, req.selection_id)?;
         let r = self.with_rng(|rng| p.select_and_reserve(req, id, Instant::now(), rng));
         self.settle_claim(&p, id, r.as_ref().ok())?;
         Ok(r?)
@@ -193,7 +212,7 @@ impl Engine {
         selection_id: Option<SelectionId>,
     ) -> Result<Decision, EngineError> {
         let p = self.partition(key)?;
-        let id = self.claim_id(key, selection_id)?;
+        let id = self.claim_id(&p, selection_id)?;
         let r = p.reserve(rank, prompt, prefill_tokens, id, Instant::now());
         let outcome = r.as_ref().ok().map(|d| Outcome::Selected(d.clone()));
         self.settle_claim(&p, id, outcome.as_ref())?;
@@ -215,20 +234,11 @@ impl Engine {
     }
 
     /// Reserves `id` (minted or the caller's) in the id → partition index.
-    fn claim_id(
-        &self,
-        key: &PartitionKey,
-        id: Option<SelectionId>,
-    ) -> Result<SelectionId, EngineError> {
+    fn claim_id(&self, p: &Partition, id: Option<SelectionId>) -> Result<SelectionId, EngineError> {
         let id = id.unwrap_or_else(|| self.mint_selection_id());
-        let mut fresh = false;
-        let owner = self.by_selection.get_or_insert_with(id, || {
-            fresh = true;
-            key.clone()
-        });
-        if !fresh || owner != *key {
-            return Err(EngineError::DuplicateSelectionId(id));
-        }
+        self.by_selection
+            .insert_new(id, p.number())
+            .map_err(|_| EngineError::DuplicateSelectionId(id))?;
         Ok(id)
     }
 
@@ -244,7 +254,7 @@ impl Engine {
                 p.bookings.ensure_sweeper(SWEEP_INTERVAL);
             }
             _ => {
-                self.by_selection.remove(&id);
+                self.by_selection.remove(id);
             }
         }
         Ok(())
@@ -254,10 +264,11 @@ impl Engine {
     /// partitions (replica bookings; and ids freed recently, so a repeated call is answered
     /// by the table that remembers it, idempotently).
     fn owner_of(&self, id: SelectionId) -> Result<StdArc<Partition>, EngineError> {
-        if let Some(key) = self.by_selection.get(&id) {
-            if let Some(p) = self.partitions.get(&key) {
+        if let Some(number) = self.by_selection.get(id) {
+            let numbered = self.numbered.load();
+            if let Some(Some(p)) = numbered.get(number as usize) {
                 if p.bookings.status(id).is_some() {
-                    return Ok(p);
+                    return Ok(p.clone());
                 }
             }
         }
@@ -283,7 +294,7 @@ impl Engine {
     pub fn free(&self, id: SelectionId) -> Result<FreeOutcome, EngineError> {
         let p = self.owner_of(id)?;
         let out = p.bookings.free(id)?;
-        self.by_selection.remove(&id);
+        self.by_selection.remove(id);
         Ok(out)
     }
 }

@@ -12,6 +12,7 @@ pub mod cost;
 pub mod docs;
 pub mod engine;
 pub mod hash;
+pub(crate) mod idmap;
 pub mod index;
 pub mod load;
 pub mod partition;

@@ -184,6 +184,8 @@ impl WorkerSet {
 /// One partition.
 pub struct Partition {
     key: PartitionKey,
+    /// The engine's number for this partition (0 = not in an engine).
+    number: u64,
     config: PartitionConfig,
     hasher: BlockHasher,
     pub(crate) index: Index,
@@ -207,6 +209,7 @@ impl Partition {
         });
         Partition {
             key,
+            number: 0,
             hasher: BlockHasher::new(bs as usize, salt).expect("block size is at least 1"),
             config,
             index: Index::new(),
@@ -221,6 +224,15 @@ impl Partition {
 
     pub fn key(&self) -> &PartitionKey {
         &self.key
+    }
+
+    pub(crate) fn with_number(mut self, number: u64) -> Self {
+        self.number = number;
+        self
+    }
+
+    pub(crate) fn number(&self) -> u64 {
+        self.number
     }
 
     pub fn config(&self) -> &PartitionConfig {

@@ -15,7 +15,7 @@ mod query;
 mod rank_map;
 mod ranks;
 mod stats;
-mod table;
+pub(crate) mod table;
 #[cfg(loom)]
 pub(crate) mod testing;
 

@@ -369,56 +369,104 @@ impl Shard {
         interner: &holders::Interner,
         guard: &epoch::Guard,
     ) -> TierChange {
-        let mut w = self.writer.lock();
-        let mut table = self.table(guard);
-        let (mut i, found) = table.find_for_write(key);
-        let mut grow = 1;
-        while !found && set && i == table.sentinel() {
-            // The probe ran through the whole tail: grow, then find the slot again.
-            self.rebuild(&mut w, table, guard, grow);
-            table = self.table(guard);
-            i = table.find_for_write(key).0;
-            grow += 1;
-        }
-        let old = if found {
-            Holders(table.slot(i).word.load(Ordering::Relaxed))
-        } else {
-            Holders::EMPTY
-        };
-        // SAFETY: we hold the shard's writer lock; `old` was loaded under it, so a heap
-        // set it points to is alive.
-        let before = unsafe { old.tiers_of(slot) };
-        let after = if set {
-            before | tier_bits
-        } else {
-            before & !tier_bits
-        };
-        if after == before {
-            return TierChange {
+        let (change, retired) = self.modify(key, guard, |old| {
+            let old = Holders(old);
+            // SAFETY: `modify` runs this under the shard's writer lock with `old` loaded
+            // under it, so a heap set it points to is alive and this node owns a reference.
+            let before = unsafe { old.tiers_of(slot) };
+            let after = if set {
+                before | tier_bits
+            } else {
+                before & !tier_bits
+            };
+            let unchanged = TierChange {
                 before,
                 after,
                 heap_delta: 0,
             };
+            if after == before {
+                return (None, (unchanged, None));
+            }
+            // SAFETY: as above.
+            let rw = unsafe { holders::rewrite(interner, old, slot, after) };
+            let change = TierChange {
+                heap_delta: rw.heap_delta,
+                ..unchanged
+            };
+            (Some(rw.word.0), (change, rw.retired))
+        });
+        if let Some(p) = retired {
+            // The word that named it has been replaced: retire it past current readers.
+            retire_holders(p, guard);
         }
-        // SAFETY: as above.
-        let rw = unsafe { holders::rewrite(interner, old, slot, after) };
+        change
+    }
+
+    /// Sets `key`'s word to `value` (0 removes it) and returns the old word: the node table
+    /// used as a plain `u64 → u64` map with lock-free reads (see `crate::idmap`).
+    pub(crate) fn set_word(&self, key: u64, value: u64, guard: &epoch::Guard) -> u64 {
+        self.modify(key, guard, |old| {
+            if old == value {
+                (None, old)
+            } else {
+                (Some(value), old)
+            }
+        })
+    }
+
+    /// Sets `key`'s word to `value` only if it has none; returns the word it already had.
+    pub(crate) fn set_word_if_absent(&self, key: u64, value: u64, guard: &epoch::Guard) -> u64 {
+        self.modify(key, guard, |old| {
+            if old != 0 {
+                (None, old)
+            } else {
+                (Some(value), 0)
+            }
+        })
+    }
+
+    /// Under the writer lock: computes `key`'s new word from its old one (`None` = leave
+    /// it), publishes it (inserting the key, growing the table if its probe tail is full),
+    /// and rebuilds the table when it is too full or too empty.
+    fn modify<R>(
+        &self,
+        key: u64,
+        guard: &epoch::Guard,
+        f: impl FnOnce(u64) -> (Option<u64>, R),
+    ) -> R {
+        let mut w = self.writer.lock();
+        let mut table = self.table(guard);
+        let (mut i, found) = table.find_for_write(key);
+        let old = if found {
+            table.slot(i).word.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        let (new, r) = f(old);
+        let Some(new) = new else {
+            return r;
+        };
         if found {
-            table.slot(i).word.store(rw.word.0, publish_ordering());
-            if old.is_empty() && !rw.word.is_empty() {
+            table.slot(i).word.store(new, publish_ordering());
+            if old == 0 && new != 0 {
                 w.live += 1;
-            } else if !old.is_empty() && rw.word.is_empty() {
+            } else if old != 0 && new == 0 {
                 w.live -= 1;
             }
-        } else {
-            // Only additions reach here (a removal of an absent node changes nothing).
+        } else if new != 0 {
+            let mut grow = 1;
+            while i == table.sentinel() {
+                // The probe ran through the whole tail: grow, then find the slot again.
+                self.rebuild(&mut w, table, guard, grow);
+                table = self.table(guard);
+                i = table.find_for_write(key).0;
+                grow += 1;
+            }
             let s = table.slot(i);
-            s.word.store(rw.word.0, Ordering::Relaxed);
+            s.word.store(new, Ordering::Relaxed);
             s.key.store(key, publish_ordering());
             w.used += 1;
             w.live += 1;
-        }
-        if let Some(p) = rw.retired {
-            retire_holders(p, guard);
         }
         let cap = table.cap;
         if w.used * 100 > cap * MAX_LOAD_PCT
@@ -427,11 +475,7 @@ impl Shard {
             self.rebuild(&mut w, table, guard, 0);
         }
         self.live.store(w.live as u64, Ordering::Relaxed);
-        TierChange {
-            before,
-            after,
-            heap_delta: rw.heap_delta,
-        }
+        r
     }
 
     /// Copies the live nodes into a table sized for them and swaps it in.

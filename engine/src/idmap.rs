@@ -1,0 +1,99 @@
+//! A `u64 → u64` map with lock-free reads: the node table's shards (see
+//! `index::table`) holding plain words instead of holder sets. The engine's selection-id
+//! → partition index is one: a lifecycle call finds its booking's partition without a
+//! lock; writers serialize per shard.
+
+use crate::index::table::{table_key, Shard};
+use crate::sync::epoch;
+
+pub(crate) struct IdMap {
+    shards: Box<[Shard]>,
+    mask: u64,
+}
+
+impl IdMap {
+    pub(crate) fn new(shards: usize) -> Self {
+        let n = shards.max(1).next_power_of_two();
+        IdMap {
+            shards: (0..n).map(|_| Shard::new(8)).collect(),
+            mask: n as u64 - 1,
+        }
+    }
+
+    fn shard(&self, key: u64) -> &Shard {
+        &self.shards[(key & self.mask) as usize]
+    }
+
+    /// The value of `key`. Lock-free; never waits for a writer.
+    pub(crate) fn get(&self, key: u64) -> Option<u64> {
+        let k = table_key(key);
+        let guard = epoch::pin();
+        let w = self.shard(k).table(&guard).probe(k).get().0;
+        (w != 0).then_some(w)
+    }
+
+    /// Sets `key` to `value` (which must not be 0); returns the old value.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn insert(&self, key: u64, value: u64) -> Option<u64> {
+        assert_ne!(value, 0, "0 means absent in an IdMap");
+        let k = table_key(key);
+        let guard = epoch::pin();
+        let old = self.shard(k).set_word(k, value, &guard);
+        (old != 0).then_some(old)
+    }
+
+    /// Sets `key` to `value` unless it is present; `Err(existing)` if it was.
+    pub(crate) fn insert_new(&self, key: u64, value: u64) -> Result<(), u64> {
+        assert_ne!(value, 0, "0 means absent in an IdMap");
+        let k = table_key(key);
+        let guard = epoch::pin();
+        match self.shard(k).set_word_if_absent(k, value, &guard) {
+            0 => Ok(()),
+            existing => Err(existing),
+        }
+    }
+
+    /// Removes `key`; returns its value.
+    pub(crate) fn remove(&self, key: u64) -> Option<u64> {
+        let k = table_key(key);
+        let guard = epoch::pin();
+        let old = self.shard(k).set_word(k, 0, &guard);
+        (old != 0).then_some(old)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::IdMap;
+    use std::collections::HashMap;
+
+    #[test]
+    fn behaves_like_a_hash_map() {
+        let m = IdMap::new(4);
+        let mut model = HashMap::new();
+        let mut x = 0x1234_5678_9abc_def0u64;
+        for i in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = x % 5_000;
+            match i % 3 {
+                0 | 1 => {
+                    let v = i + 1;
+                    assert_eq!(m.insert(key, v), model.insert(key, v));
+                }
+                _ => assert_eq!(m.remove(key), model.remove(&key)),
+            }
+            if i % 997 == 0 {
+                for k in 0..5_000 {
+                    assert_eq!(m.get(k), model.get(&k).copied());
+                }
+            }
+        }
+        assert_eq!(m.get(0), model.get(&0).copied());
+        let fresh = 1u64 << 40;
+        assert_eq!(m.insert_new(fresh, 5), Ok(()));
+        assert_eq!(m.insert_new(fresh, 6), Err(5));
+        assert_eq!(m.get(fresh), Some(5));
+    }
+}
