@@ -100,3 +100,13 @@
 //! under the rank's lock (lock order: shard, then rank). The full argument is in
 //! `reservation.rs`; the loom models `reservation_*` check book/free/sweep races, each with
 //! a negative control.
+//!
+//! # The selection-id index (`idmap`)
+//!
+//! Selection id → partition number uses the node table's shards with plain words (0 =
+//! absent): the same key-then-word publication, rebuild and epoch reclamation as the index
+//! (and the same loom models), so a lifecycle call reads it lock-free. An id is claimed
+//! with `insert_new` (a caller-supplied duplicate is refused) before its booking is made,
+//! and removed when the booking is freed or the selection booked nothing; partitions are
+//! found by number in an arc-swapped vector. A miss, or an id whose partition no longer
+//! knows it, falls back to scanning the partitions' tables (replica bookings).
