@@ -6,14 +6,18 @@
 #
 # Environment:
 #   KVR_BENCH_QUICK=1     short criterion runs (the whole thing takes a few minutes)
-#   KVR_BENCH_FILTER=re   criterion filter passed to the hashing and index suites
+#   KVR_BENCH_FILTER=re   criterion filter passed to the hashing, index and selection suites
 #   KVR_LAT_CALLS=n       calls per variant of the latency harness (default 200000)
+#   KVR_SEL_CALLS=n       calls of the selection harness's target case (default 100000)
 #   KVR_BENCH_SKIP_RUN=1  do not run anything; summarize the latest results on disk
+#   KVR_BENCH_SUITES="…"  suites to run (default: hashing index latency selection)
 #
 # Sources: criterion's <target>/criterion/**/new/{benchmark,estimates}.json (median of
 # the per-iteration time), and the latency harness (benches/benches/latency.rs: per-call
 # p50/p99 with std::time::Instant, and bytes per holder-block), which writes
-# <target>/kvr-bench/latency.json.
+# <target>/kvr-bench/latency.json, and the selection suite's own timing harness
+# (benches/benches/selection.rs: per-call p50/p99 of select_and_reserve, free and select,
+# and one- against two-thread throughput), which writes <target>/kvr-bench/selection.json.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,6 +29,7 @@ target_dir=$(cargo metadata --format-version 1 --no-deps 2>/dev/null |
 mkdir -p "$target_dir/kvr-bench"
 lat_json="$target_dir/kvr-bench/latency.json"
 lat_txt="$target_dir/kvr-bench/latency.txt"
+sel_json="$target_dir/kvr-bench/selection.json"
 stamp="$target_dir/kvr-bench/run-start"
 
 crit_args=()
@@ -38,14 +43,27 @@ fi
 
 if [[ "${KVR_BENCH_SKIP_RUN:-0}" != 1 ]]; then
   touch "$stamp"
-  rm -f "$lat_json"
+  rm -f "$lat_json" "$sel_json"
   cargo bench -p kvr-benches --no-run >&2
-  echo "== hashing" >&2
-  cargo bench -p kvr-benches --bench hashing -- "${crit_args[@]}" "${filter[@]}" >&2
-  echo "== index" >&2
-  cargo bench -p kvr-benches --bench index -- "${crit_args[@]}" "${filter[@]}" >&2
-  echo "== latency" >&2
-  KVR_LATENCY_JSON="$lat_json" cargo bench -p kvr-benches --bench latency | tee "$lat_txt" >&2
+  suites=" ${KVR_BENCH_SUITES:-hashing index latency selection} "
+  suites=${suites//,/ }
+  if [[ "$suites" == *" hashing "* ]]; then
+    echo "== hashing" >&2
+    cargo bench -p kvr-benches --bench hashing -- "${crit_args[@]}" "${filter[@]}" >&2
+  fi
+  if [[ "$suites" == *" index "* ]]; then
+    echo "== index" >&2
+    cargo bench -p kvr-benches --bench index -- "${crit_args[@]}" "${filter[@]}" >&2
+  fi
+  if [[ "$suites" == *" latency "* ]]; then
+    echo "== latency" >&2
+    KVR_LATENCY_JSON="$lat_json" cargo bench -p kvr-benches --bench latency | tee "$lat_txt" >&2
+  fi
+  if [[ "$suites" == *" selection "* ]]; then
+    echo "== selection" >&2
+    KVR_SELECTION_JSON="$sel_json" cargo bench -p kvr-benches --bench selection -- \
+      "${crit_args[@]}" "${filter[@]}" >&2
+  fi
 fi
 [[ -f "$stamp" ]] || touch -d @0 "$stamp"
 
@@ -53,6 +71,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 elapsed=$(($(date +%s) - start_epoch))
 
 export KVR_TARGET_DIR="$target_dir" KVR_LAT_JSON="$lat_json" KVR_STAMP="$stamp"
+export KVR_SEL_JSON="$sel_json"
 export KVR_LOAD_BEFORE="$load_before" KVR_LOAD_AFTER="$load_after" KVR_ELAPSED="$elapsed"
 export KVR_QUICK="${KVR_BENCH_QUICK:-0}"
 python3 - <<'PY'
@@ -100,6 +119,20 @@ try:
 except (OSError, ValueError, KeyError):
     pass
 
+# --- selection harness ---
+sel, sel_scaling, sel_workloads = {}, {}, {}
+try:
+    if os.path.getmtime(os.environ["KVR_SEL_JSON"]) >= stamp:
+        for r in json.load(open(os.environ["KVR_SEL_JSON"]))["results"]:
+            if r["name"].startswith("scaling/"):
+                sel_scaling[r["name"][len("scaling/"):]] = r
+            elif r["name"].startswith("workload/"):
+                sel_workloads[r["name"][len("workload/"):]] = r
+            else:
+                sel[r["name"]] = r
+except (OSError, ValueError, KeyError):
+    pass
+
 def fmt_ns(ns):
     if ns is None:
         return ""
@@ -110,6 +143,8 @@ def fmt_ns(ns):
     return f"{ns:.1f} ns"
 
 def unit_of(name):
+    if name.startswith("select"):
+        return "selections/s"
     if name.startswith("hashing/hash_tokens"):
         return "tokens/s"
     if name.startswith("hashing/sequence_chain"):
@@ -130,7 +165,20 @@ rows = []
 def row(name, median="", p50="", p99="", thr="", target=""):
     rows.append((name, median, p50, p99, thr, target))
 
+# Selection rows: one block per case (<ranks>r/<tokens>t), in this order.
+SEL_KINDS = ("select_and_reserve_free/1thread/", "select_and_reserve/", "free/",
+             "select_and_reserve_free/2threads/", "select/")
+
+def sel_parts(name):
+    m = re.fullmatch(r"(.*/)(\d+)r/(\d+)t", name)
+    if m and m.group(1) in SEL_KINDS:
+        return SEL_KINDS.index(m.group(1)), int(m.group(2)), int(m.group(3))
+    return None
+
 def order(name):
+    sp = sel_parts(name)
+    if sp:
+        return (10, [sp[1], sp[2], sp[0]])
     for i, p in enumerate(("hashing/", "find_matches_single", "find_matches_shared8",
                            "apply_single", "apply_shared8")):
         if name.startswith(p):
@@ -140,7 +188,33 @@ def order(name):
     # numeric parts sort as numbers: .../32 before .../128
     return (i, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
 
-for name in sorted(crit, key=order):
+def sel_target(name):
+    """Issue 3's targets, on the 64-rank 256-token case."""
+    if name == "select_and_reserve/64r/256t" and name in sel:
+        p50, p99 = sel[name]["p50_ns"], sel[name]["p99_ns"]
+        return (f"p50 ≤ 2 µs: {'met' if p50 <= 2000 else 'MISSED'} ({p50 / 2000:.2f}× target); "
+                f"p99 ≤ 5 µs: {'met' if p99 <= 5000 else 'MISSED'} ({p99 / 5000:.2f}× target)")
+    sp = sel_parts(name)
+    if sp and SEL_KINDS[sp[0]] == "select_and_reserve_free/2threads/":
+        one = crit.get(name.replace("/2threads/", "/1thread/"))
+        if one and name in crit:
+            ratio = one[0] / crit[name][0]
+            t = f"2 threads / 1 thread = {ratio:.2f}× (criterion medians)"
+            if name.endswith("/64r/256t"):
+                t += f"; ≥ 1.7×: {'met' if ratio >= 1.7 else 'MISSED'}"
+            return t
+    return ""
+
+# per-call rows of the selection harness that have no criterion row (select_and_reserve
+# and free alone, or a filtered criterion run)
+sel_only = [n for n in sel if n != "timer_overhead" and n not in crit]
+
+for name in sorted(list(crit) + sel_only, key=order):
+    if name not in crit:
+        r = sel[name]
+        row(f"`{name}` (per call)", "", fmt_ns(r["p50_ns"]), fmt_ns(r["p99_ns"]), "",
+            sel_target(name))
+        continue
     med, thr = crit[name]
     rate = ""
     per_s = None
@@ -150,6 +224,9 @@ for name in sorted(crit, key=order):
     elif thr and "Bytes" in thr:
         rate = fmt_rate(thr["Bytes"] / (med * 1e-9), "B/s")
     p50 = p99 = target = ""
+    if name in sel:
+        p50, p99 = fmt_ns(sel[name]["p50_ns"]), fmt_ns(sel[name]["p99_ns"])
+    target = sel_target(name)
     if name in lat:
         p50, p99 = fmt_ns(lat[name]["p50_ns"]), fmt_ns(lat[name]["p99_ns"])
         if name.endswith("/128"):
@@ -166,6 +243,19 @@ for name, r in lat.items():
         row("timer overhead (`Instant::now` + `elapsed`, per call)", "", fmt_ns(r["p50_ns"]), fmt_ns(r["p99_ns"]))
     elif name not in crit:
         row(f"`{name}` (per-call only)", "", fmt_ns(r["p50_ns"]), fmt_ns(r["p99_ns"]))
+
+for name, r in sel_scaling.items():
+    ratio = r["ratio"]
+    t = f"2t/1t = {ratio:.2f}×"
+    if name.endswith("/64r/256t"):
+        t += f"; ≥ 1.7×: {'met' if ratio >= 1.7 else 'MISSED'} ({ratio / 1.7:.2f}× target)"
+    row(f"`{name}` 1 vs 2 threads (harness, {r['calls']:,} selections, median of 3"
+        f"{', pinned' if r.get('pinned') else ''})", "", "", "",
+        f"{fmt_rate(r['one_thread_per_s'], 'selections/s')} → {fmt_rate(r['two_threads_per_s'], 'selections/s')}",
+        t)
+if "timer_overhead" in sel:
+    r = sel["timer_overhead"]
+    row("selection harness timer overhead (per call)", "", fmt_ns(r["p50_ns"]), fmt_ns(r["p99_ns"]))
 
 for shape, m in mem.items():
     hb = m["holder_blocks"]
@@ -189,6 +279,13 @@ print(f"- {rustc}; commit {commit}{' + uncommitted changes' if dirty not in ('',
 print(f"- load average (1/5/15 min) before: {os.environ['KVR_LOAD_BEFORE']}, after: {os.environ['KVR_LOAD_AFTER']}; run took {os.environ['KVR_ELAPSED']} s")
 print("- one thread; median = criterion median per iteration; p50/p99 = per-call `Instant` timings of the latency harness (timer overhead "
       + (f"p50 {fmt_ns(lat['timer_overhead']['p50_ns'])}" if "timer_overhead" in lat else "n/a") + ", not subtracted)")
+if sel or any(n.startswith("select") for n in crit):
+    wl = "; ".join(f"{k}: {v['holder_blocks']:,} holder-blocks, {v['nodes']:,} nodes, {v['live_bookings']:,} live bookings"
+                   for k, v in sorted(sel_workloads.items(), key=lambda kv: int(kv[0][:-1])))
+    print("- selection (`<ranks>r/<tokens>t`, block size 16, prompts as tokens): `select_and_reserve_free` = one booked selection and its free; "
+          "`2threads` = the same on two threads (pinned to two CPUs) sharing one engine, median = wall time / selections; "
+          "p50/p99 = per-call `Instant` timings of the selection harness"
+          + (f" ({wl})" if wl else ""))
 print()
 print("| bench | median | p50 (per call) | p99 (per call) | throughput | target |")
 print("|---|---|---|---|---|---|")

@@ -11,9 +11,15 @@
 //! not here: they change on every selection and live in the reservation tables.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use crate::index::RankHasher;
+
+/// Ranks are small integers: a cheap hasher, not SipHash (looked up per candidate).
+type RankMapOf<V> = HashMap<RankId, V, BuildHasherDefault<RankHasher>>;
 
 use crate::index::{RankId, WorkerId};
-use crate::sync::{Arc, Mutex, Snapshot};
+use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
 /// Load figures a host reports for one rank. All fields are optional in spirit: a host
 /// that does not know a figure leaves it at zero.
@@ -46,7 +52,7 @@ impl RankLoad {
 #[derive(Clone, Debug, Default)]
 pub struct LoadSnapshot {
     version: u64,
-    loads: HashMap<RankId, RankLoad>,
+    loads: RankMapOf<RankLoad>,
 }
 
 impl LoadSnapshot {
@@ -99,6 +105,11 @@ impl LoadView {
         self.current.load()
     }
 
+    /// The current snapshot as a cheap guard, for reads within one call.
+    pub(crate) fn snapshot_now(&self) -> SnapshotGuard<LoadSnapshot> {
+        self.current.guard()
+    }
+
     /// Publishes one batch of reports: later entries for the same rank win. Readers see
     /// either none or all of the batch.
     pub fn publish(&self, batch: &[(RankId, RankLoad)]) -> u64 {
@@ -114,7 +125,7 @@ impl LoadView {
         self.update(|loads| loads.retain(|r, _| r.worker_id != worker))
     }
 
-    fn update(&self, f: impl FnOnce(&mut HashMap<RankId, RankLoad>)) -> u64 {
+    fn update(&self, f: impl FnOnce(&mut RankMapOf<RankLoad>)) -> u64 {
         let _p = self.publish.lock();
         let cur = self.current.load();
         let mut loads = cur.loads.clone();

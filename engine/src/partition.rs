@@ -13,7 +13,7 @@ use crate::hash::{BlockHasher, HashSalt};
 use crate::index::{DpRank, Index, RankId, WorkerId};
 use crate::load::LoadView;
 use crate::reservation::{ReservationConfig, ReservationTable};
-use crate::sync::{Arc, Mutex, Snapshot};
+use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
 /// A routing domain: requests of one model (and routing group) go to its workers only.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -270,6 +270,16 @@ impl Partition {
 
     pub fn hooks(&self) -> Arc<HostHooks> {
         self.hooks.load()
+    }
+
+    /// The worker set for reads within one call (no reference-count traffic).
+    pub(crate) fn workers_now(&self) -> SnapshotGuard<WorkerSet> {
+        self.workers.guard()
+    }
+
+    /// The hooks for calls within one selection.
+    pub(crate) fn hooks_now(&self) -> SnapshotGuard<HostHooks> {
+        self.hooks.guard()
     }
 
     pub fn set_hooks(&self, hooks: HostHooks) {

@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 use crate::cost::{choose, fill_costs, CandidateLoad, CostOverrides, RandomSource, RequestShape};
 use crate::hash::{extend_sequence_hashes, BlockHasher, HashSalt};
 use crate::index::{RankId, TieredScores, WorkerId};
+use crate::load::LoadSnapshot;
 use crate::partition::{BlockRange, Partition, PrefillQuery, WorkerInfo};
 use crate::reservation::{BookingRequest, ReservationError, SelectionId};
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -339,8 +340,8 @@ impl Partition {
 
     /// Candidate ranks after the allow-set, the pin, LoRA narrowing and host availability.
     fn candidates(&self, req: &SelectRequest<'_>) -> SmallVec<[RankId; 64]> {
-        let workers = self.workers();
-        let hooks = self.hooks();
+        let workers = self.workers_now();
+        let hooks = self.hooks_now();
         let allowed = |w: &WorkerInfo| {
             req.allowed_workers
                 .map_or(true, |a| a.contains(&w.worker_id))
@@ -391,16 +392,22 @@ impl Partition {
         ranks
     }
 
-    fn is_busy(&self, rank: RankId, decode_blocks: u64, prefill_tokens: u64) -> bool {
+    /// Over a busy threshold (DESIGN.md §6, REFERENCE.md §3). Takes the selection's one
+    /// worker set and load snapshot.
+    fn is_busy(
+        &self,
+        rank: RankId,
+        info: Option<&WorkerInfo>,
+        reported: &LoadSnapshot,
+        decode_blocks: u64,
+        prefill_tokens: u64,
+    ) -> bool {
         let b = &self.config().busy;
-        let workers = self.workers();
-        let info = workers.get(rank.worker_id);
-        let reported = self.load.snapshot();
-        let used = reported
-            .get(rank)
-            .map_or(0, |l| l.kv_blocks_used)
-            .max(decode_blocks);
         if let (Some(f), Some(i)) = (b.decode_blocks_fraction, info) {
+            let used = reported
+                .get(rank)
+                .map_or(0, |l| l.kv_blocks_used)
+                .max(decode_blocks);
             if i.total_kv_blocks > 0 && used as f64 > f * i.total_kv_blocks as f64 {
                 return true;
             }
@@ -429,7 +436,7 @@ impl Partition {
         let mut tiered = TieredScores::new();
         self.index
             .find_matches_tiered_by_sequence(&seq, &mut tiered);
-        let hooks = self.hooks();
+        let hooks = self.hooks_now();
         let shared: Vec<BlockRange> = match &hooks.shared_cache {
             Some(f) if !seq.is_empty() => match f(&seq) {
                 Ok(r) => r,
@@ -449,19 +456,30 @@ impl Partition {
             return Err(Box::new(Outcome::NoWorker));
         }
         let n_blocks = seq.len() as u32;
-        // One read of the booking registry for the whole selection.
+        // One read of the booking registry, the worker set and the reported load for the
+        // whole selection; thresholds are checked only if the partition sets any.
         let loads = self.bookings.loads();
+        let workers = self.workers_now();
+        let reported = self.load.snapshot_now();
+        let busy = self.config().busy;
+        let any_threshold = busy.decode_blocks_fraction.is_some()
+            || busy.prefill_tokens.is_some()
+            || busy.prefill_tokens_fraction.is_some();
         let mut eligible: SmallVec<[(RankId, CandidateLoad, u32); 64]> = SmallVec::new();
         for &rank in &ranks {
             if hooks.overload.as_ref().is_some_and(|f| f(rank)) {
                 continue;
             }
             let active = loads.get(rank);
-            if self.is_busy(
-                rank,
-                active.active_decode_blocks,
-                active.active_prefill_tokens,
-            ) {
+            if any_threshold
+                && self.is_busy(
+                    rank,
+                    workers.get(rank.worker_id),
+                    &reported,
+                    active.active_decode_blocks,
+                    active.active_prefill_tokens,
+                )
+            {
                 continue;
             }
             let t = tiered.get(rank);

@@ -119,6 +119,15 @@ impl<T> Snapshot<T> {
         return self.0.lock().unwrap().clone();
     }
 
+    /// A cheap read guard of the current version (no reference-count traffic in
+    /// production: arc-swap's per-thread debt slots), for reads within one call.
+    pub(crate) fn guard(&self) -> SnapshotGuard<T> {
+        #[cfg(not(loom))]
+        return self.0.load();
+        #[cfg(loom)]
+        return self.0.lock().unwrap().clone();
+    }
+
     pub(crate) fn store(&self, value: T) {
         #[cfg(not(loom))]
         self.0.store(Arc::new(value));
@@ -128,6 +137,12 @@ impl<T> Snapshot<T> {
         }
     }
 }
+
+/// What [`Snapshot::guard`] returns; derefs to the value.
+#[cfg(not(loom))]
+pub(crate) type SnapshotGuard<T> = arc_swap::Guard<Arc<T>>;
+#[cfg(loom)]
+pub(crate) type SnapshotGuard<T> = Arc<T>;
 
 /// A concurrent map sharded by key (dashmap in production). Used on writer and
 /// bookkeeping paths, never on the index's lock-free read path.

@@ -22,6 +22,8 @@ pub(crate) mod testing;
 pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
 pub use stats::{IndexStats, RankStats};
+/// A fast hasher for already-random or small integer keys (ranks, hashes).
+pub type RankHasher = ranks::HashMix;
 
 use crate::hash::chain_hash;
 use crate::sync::atomic::{AtomicI64, AtomicU64, Ordering};

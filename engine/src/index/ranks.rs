@@ -21,7 +21,7 @@ use crate::sync::{epoch, Arc, Mutex, ShardedMap};
 /// A hasher for keys that are already uniformly random 64-bit hashes: one folded
 /// multiply, so hashbrown gets good high (tag) and low (bucket) bits.
 #[derive(Default, Clone, Copy)]
-pub(crate) struct HashMix(u64);
+pub struct HashMix(u64);
 
 impl Hasher for HashMix {
     fn finish(&self) -> u64 {
