@@ -117,7 +117,7 @@ impl Engine {
             partitions: ShardedMap::new(),
             numbered: Snapshot::new(vec![None]),
             numbering: Mutex::new(()),
-            by_selection: IdMap::new(64),
+            by_selection: IdMap::new(if cfg!(loom) { 1 } else { 64 }),
             next_id: AtomicU64::new(1),
             seed,
             threads: AtomicU64::new(0),
@@ -272,12 +272,22 @@ impl Engine {
                 }
             }
         }
+        #[cfg(loom)]
+        if crate::sync::faults::get().skip_partition_scan {
+            return Err(EngineError::UnknownSelectionId(id));
+        }
         self.partitions
             .entries()
             .into_iter()
             .map(|(_, p)| p)
             .find(|p| p.bookings.status(id).is_some())
             .ok_or(EngineError::UnknownSelectionId(id))
+    }
+
+    /// Whether the id index names a partition for `id` (loom models: no stale entries).
+    #[cfg(loom)]
+    pub(crate) fn indexed(&self, id: SelectionId) -> bool {
+        self.by_selection.get(id).is_some()
     }
 
     /// The request's prefill is done: its prefill tokens leave the rank's load.

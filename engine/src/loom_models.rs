@@ -437,3 +437,82 @@ fn reservation_book_races_free_negative_split_rmw() {
         book_races_free,
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Selection-id index vs partition-scan fallback (engine)
+// ---------------------------------------------------------------------------------------
+
+/// One partition with one single-rank worker, as small as loom can take.
+fn tiny_engine() -> (
+    Arc<crate::engine::Engine>,
+    crate::partition::PartitionKey,
+    crate::index::RankId,
+) {
+    use crate::partition::{PartitionConfig, PartitionKey, WorkerInfo};
+    let engine = crate::engine::Engine::with_seed(1);
+    let key = PartitionKey::new("m", "g");
+    let p = engine
+        .create_partition(key.clone(), PartitionConfig::new(4))
+        .unwrap();
+    p.upsert_worker(WorkerInfo::new(1, 1));
+    (Arc::new(engine), key, RankId::new(1, 0))
+}
+
+/// A booking made through the index (explicit reservation, id 42) races its free, while a
+/// replica booking (id 43, never indexed) is installed and freed: every free that returns
+/// `UnknownSelectionId` must be because the booking did not exist yet, so a final free
+/// succeeds; afterwards no booking, no counter and no id-index entry is left.
+fn index_and_scan_route_every_free() {
+    let (engine, key, rank) = tiny_engine();
+    let (e2, k2) = (engine.clone(), key.clone());
+    let booker = loom::thread::spawn(move || {
+        e2.reserve(&k2, rank, None, Some(10), Some(42)).unwrap();
+        e2.install_replica_booking(
+            &k2,
+            crate::reservation::BookingRequest {
+                selection_id: 43,
+                rank,
+                prompt_blocks: vec![7],
+                prefill_tokens: 5,
+                expected_output_tokens: 0,
+                ttl: None,
+            },
+        )
+        .unwrap();
+    });
+    let early_42 = engine.free(42).is_ok();
+    booker.join().unwrap();
+    if !early_42 {
+        engine
+            .free(42)
+            .expect("an indexed booking is found once it exists");
+    }
+    engine
+        .free(43)
+        .expect("a replica booking is found by the partition scan");
+    let p = engine.partition(&key).unwrap();
+    assert!(
+        p.bookings().rank_load(rank).is_zero(),
+        "a booking leaked: {:?}",
+        p.bookings().rank_load(rank)
+    );
+    assert!(!engine.indexed(42), "stale id-index entry");
+}
+
+#[test]
+fn selection_id_index_and_partition_scan() {
+    model(index_and_scan_route_every_free);
+}
+
+#[test]
+fn selection_id_index_negative_no_scan_fallback() {
+    must_fail(
+        "loom_models::selection_id_index_negative_no_scan_fallback",
+        Faults {
+            skip_partition_scan: true,
+            ..Faults::default()
+        },
+        "a replica booking is found by the partition scan",
+        index_and_scan_route_every_free,
+    );
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::cost::CostConfig;
 use crate::hash::{BlockHasher, HashSalt};
-use crate::index::{DpRank, Index, RankId, WorkerId};
+use crate::index::{DpRank, Index, IndexConfig, RankId, WorkerId};
 use crate::load::LoadView;
 use crate::reservation::{ReservationConfig, ReservationTable};
 use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
@@ -203,6 +203,8 @@ impl Partition {
         let bs = config.block_size.max(1);
         let salt = HashSalt::new(None, config.cache_namespace.as_deref());
         let bookings = ReservationTable::new(ReservationConfig {
+            // Loom models keep every structure minimal.
+            shards: if cfg!(loom) { 1 } else { 64 },
             block_size: bs,
             default_ttl: config.booking_ttl,
             ..ReservationConfig::default()
@@ -212,7 +214,14 @@ impl Partition {
             number: 0,
             hasher: BlockHasher::new(bs as usize, salt).expect("block size is at least 1"),
             config,
-            index: Index::new(),
+            index: if cfg!(loom) {
+                Index::with_config(IndexConfig {
+                    shards: 1,
+                    min_shard_capacity: 8,
+                })
+            } else {
+                Index::new()
+            },
             load: LoadView::new(),
             bookings: StdArc::new(bookings),
             workers: Snapshot::new(WorkerSet::default()),

@@ -230,6 +230,8 @@ pub(crate) mod faults {
         pub free_table_now: bool,
         /// Hand a removed rank's slot back for reuse at once instead of after readers' epochs.
         pub reuse_slot_now: bool,
+        /// Lifecycle calls trust the selection-id index alone (no partition scan).
+        pub skip_partition_scan: bool,
         /// Reservations: subtract a freed booking's counters while it is still in its
         /// shard, then remove it, instead of removing it first (the remover releases).
         pub release_before_remove: bool,
