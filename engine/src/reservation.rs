@@ -80,7 +80,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -297,34 +297,10 @@ pub struct ReservationStats {
 // Internals
 // ---------------------------------------------------------------------------------------
 
-/// A deterministic hasher for 64-bit keys (selection ids, which may be sequential, and
-/// block hashes, which are already random): one folded 128-bit multiply per word.
-/// Deterministic on purpose: loom replays executions and needs the same map layout.
-#[derive(Default, Clone, Copy)]
-struct Mix(u64);
-
-impl Hasher for Mix {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(b));
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let m = u128::from(x ^ self.0 ^ 0x243f_6a88_85a3_08d3) * 0x9e37_79b9_7f4a_7c15u128;
-        self.0 = (m as u64) ^ ((m >> 64) as u64);
-    }
-    #[inline]
-    fn write_u32(&mut self, x: u32) {
-        self.write_u64(u64::from(x));
-    }
-}
-
+/// Deterministic on purpose (loom replays executions and needs the same map layout); the
+/// index's one cheap hasher for 64-bit keys (selection ids may be sequential; block hashes
+/// are already random).
+type Mix = crate::index::RankHasher;
 type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<Mix>>;
 type RankMap = MixMap<RankId, Arc<RankState>>;
 

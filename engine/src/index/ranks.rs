@@ -18,8 +18,9 @@ use super::rank_map::RankMap;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{epoch, Arc, Mutex, ShardedMap};
 
-/// A hasher for keys that are already uniformly random 64-bit hashes: one folded
-/// multiply, so hashbrown gets good high (tag) and low (bucket) bits.
+/// A hasher for 64-bit keys that are already random (hashes) or small and sequential
+/// (ranks, selection ids): one folded 128-bit multiply per word, so hashbrown gets good
+/// high (tag) and low (bucket) bits. Deterministic, so loom replays see one map layout.
 #[derive(Default, Clone, Copy)]
 pub struct HashMix(u64);
 
@@ -36,8 +37,12 @@ impl Hasher for HashMix {
     }
     #[inline]
     fn write_u64(&mut self, x: u64) {
-        let m = (x ^ self.0) as u128 * 0x9e37_79b9_7f4a_7c15u128;
+        let m = u128::from(x ^ self.0 ^ 0x243f_6a88_85a3_08d3) * 0x9e37_79b9_7f4a_7c15u128;
         self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
     }
 }
 
