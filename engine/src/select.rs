@@ -465,7 +465,8 @@ impl Partition {
         let any_threshold = busy.decode_blocks_fraction.is_some()
             || busy.prefill_tokens.is_some()
             || busy.prefill_tokens_fraction.is_some();
-        let mut eligible: SmallVec<[(RankId, CandidateLoad, u32); 64]> = SmallVec::new();
+        // (rank, inputs, device prefix, new-blocks term exact yet)
+        let mut eligible: SmallVec<[(RankId, CandidateLoad, u32, bool); 64]> = SmallVec::new();
         for &rank in &ranks {
             if hooks.overload.as_ref().is_some_and(|f| f(rank)) {
                 continue;
@@ -491,16 +492,12 @@ impl Partition {
                 shared_blocks_beyond_device: shared_beyond(&shared, device, n_blocks) as u64,
                 active_prefill_tokens: active.active_prefill_tokens,
                 active_decode_blocks: active.active_decode_blocks,
-                // Bookings carry whole chains from block 0, so the rank's active blocks
-                // are prefix-closed and the chain form (log n lookups) is exact.
-                new_blocks_not_active: if active.active_requests == 0 {
-                    seq.len() as u64
-                } else {
-                    loads.new_blocks_not_active_chain(rank, &seq)
-                },
+                // Known exactly only for an idle rank; the others are resolved below,
+                // and only where they can change the choice.
+                new_blocks_not_active: seq.len() as u64,
                 active_requests: active.active_requests,
             };
-            eligible.push((rank, c, device));
+            eligible.push((rank, c, device, active.active_requests == 0));
         }
         if eligible.is_empty() {
             self.counters.busy.fetch_add(1, Ordering::Relaxed);
@@ -509,11 +506,36 @@ impl Partition {
         // 5. cost and choice.
         let cfg = self.config().cost.resolve(&req.overrides);
         let shape = RequestShape::new(prompt_tokens, self.block_size());
-        let loads: SmallVec<[CandidateLoad; 64]> = eligible.iter().map(|e| e.1).collect();
-        let mut costs: SmallVec<[f64; 64]> = SmallVec::from_elem(0.0, loads.len());
-        fill_costs(&cfg, &shape, &loads, &mut costs);
+        // The decode term needs, per busy rank, how many prompt blocks are not active on
+        // it yet (a lock and a few lookups a rank). Cost rises by exactly one per such
+        // block, so with the term at its upper bound (the whole prompt) every cost is an
+        // upper bound; at temperature 0 a rank whose cost with the term at 0 exceeds the
+        // smallest upper bound can never win or tie, and keeps its bound. (At T > 0 every
+        // cost matters, so all are resolved.)
+        let mut inputs: SmallVec<[CandidateLoad; 64]> = eligible.iter().map(|e| e.1).collect();
+        let mut costs: SmallVec<[f64; 64]> = SmallVec::from_elem(0.0, inputs.len());
+        fill_costs(&cfg, &shape, &inputs, &mut costs);
+        let mut resolve: SmallVec<[bool; 64]> = eligible.iter().map(|e| !e.3).collect();
+        if cfg.temperature <= 0.0 {
+            let min_upper = costs.iter().copied().fold(f64::INFINITY, f64::min);
+            let n = seq.len() as f64;
+            for (k, r) in resolve.iter_mut().enumerate() {
+                *r = *r && costs[k] - n <= min_upper;
+            }
+        }
+        if resolve.iter().any(|r| *r) {
+            for (k, e) in eligible.iter_mut().enumerate() {
+                if resolve[k] {
+                    // Bookings carry whole chains from block 0, so the rank's active blocks
+                    // are prefix-closed and the chain form (log n lookups) is exact.
+                    e.1.new_blocks_not_active = loads.new_blocks_not_active_chain(e.0, &seq);
+                    inputs[k] = e.1;
+                }
+            }
+            fill_costs(&cfg, &shape, &inputs, &mut costs);
+        }
         let i = choose(&costs, cfg.temperature, rng).expect("at least one eligible rank");
-        let (rank, c, device) = eligible[i];
+        let (rank, c, device, _) = eligible[i];
         let cached_tokens = (device as u64 * self.block_size() as u64).min(prompt_tokens);
         let projected_prefill_tokens = hooks
             .prefill_estimator

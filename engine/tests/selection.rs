@@ -532,3 +532,39 @@ fn workers_come_and_go_while_selections_run() {
     stop.store(true, Ordering::Relaxed);
     churn.join().unwrap();
 }
+
+#[test]
+fn prompt_blocks_already_active_on_a_rank_add_no_decode_load_there() {
+    // Rank 0 runs this very prompt (prefill done): its 16 blocks are active there, so
+    // another copy adds no decode blocks. Rank 1 runs a different 8-block prompt. Costs:
+    // rank 0 = 16 prefill + 16 active + 0 new = 32; rank 1 = 16 + 8 + 16 new = 40.
+    let e = engine(2);
+    let t = prompt(16);
+    let other: Vec<u32> = (10_000..10_000 + 8 * BS).collect();
+    let a = e
+        .reserve(
+            &key(),
+            RankId::new(0, 0),
+            Some(&SelectRequest::tokens(&t)),
+            None,
+            None,
+        )
+        .unwrap();
+    let b = e
+        .reserve(
+            &key(),
+            RankId::new(1, 0),
+            Some(&SelectRequest::tokens(&other)),
+            None,
+            None,
+        )
+        .unwrap();
+    e.mark_prefill_complete(a.selection_id.unwrap()).unwrap();
+    e.mark_prefill_complete(b.selection_id.unwrap()).unwrap();
+    for _ in 0..20 {
+        let d = chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap());
+        assert_eq!(d.rank, RankId::new(0, 0));
+        assert_eq!(d.projected_decode_blocks, 16);
+        assert!((d.cost - 32.0).abs() < 1e-9, "cost {}", d.cost);
+    }
+}
