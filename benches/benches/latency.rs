@@ -23,40 +23,10 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use kvr::OverlapScores;
+use kvr_benches::timing::{print_table, summarize, timer_overhead, Lat};
 use kvr_benches::{build_index, QueryOrder, Shape, Workload, WorkloadConfig};
 
 const QUERY_LENS: [usize; 2] = [32, 128];
-
-struct Lat {
-    name: String,
-    calls: usize,
-    p50: u64,
-    p90: u64,
-    p99: u64,
-    p999: u64,
-    max: u64,
-    mean: f64,
-}
-
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
-fn summarize(name: String, mut ns: Vec<u64>) -> Lat {
-    ns.sort_unstable();
-    let mean = ns.iter().sum::<u64>() as f64 / ns.len() as f64;
-    Lat {
-        name,
-        calls: ns.len(),
-        p50: percentile(&ns, 0.50),
-        p90: percentile(&ns, 0.90),
-        p99: percentile(&ns, 0.99),
-        p999: percentile(&ns, 0.999),
-        max: *ns.last().unwrap_or(&0),
-        mean,
-    }
-}
 
 #[derive(Clone, Copy)]
 enum Variant {
@@ -97,16 +67,6 @@ fn anon_huge_pages() -> Option<String> {
     let s = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
     let line = s.lines().find(|l| l.starts_with("AnonHugePages:"))?;
     Some(line["AnonHugePages:".len()..].trim().to_string())
-}
-
-fn timer_overhead(calls: usize) -> Vec<u64> {
-    (0..calls)
-        .map(|_| {
-            let t = Instant::now();
-            black_box(());
-            t.elapsed().as_nanos() as u64
-        })
-        .collect()
 }
 
 fn main() {
@@ -203,28 +163,10 @@ fn main() {
         }
     }
 
-    println!(
-        "{:<40} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
-        "latency (ns, per call)", "calls", "p50", "p90", "p99", "p99.9", "max", "mean"
-    );
-    for l in &lats {
-        println!(
-            "{:<40} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9.1}",
-            l.name, l.calls, l.p50, l.p90, l.p99, l.p999, l.max, l.mean
-        );
-    }
+    print_table("latency (ns, per call)", 40, &lats);
     print!("{mems}");
 
-    let entries: Vec<String> = lats
-        .iter()
-        .map(|l| {
-            format!(
-                "    {{\"name\": \"{}\", \"calls\": {}, \"p50_ns\": {}, \"p90_ns\": {}, \
-                 \"p99_ns\": {}, \"p999_ns\": {}, \"max_ns\": {}, \"mean_ns\": {:.2}}}",
-                l.name, l.calls, l.p50, l.p90, l.p99, l.p999, l.max, l.mean
-            )
-        })
-        .collect();
+    let entries: Vec<String> = lats.iter().map(Lat::json_entry).collect();
     json.push_str(&entries.join(",\n"));
     json.push_str("\n  ]\n}\n");
     if let Ok(path) = std::env::var("KVR_LATENCY_JSON") {

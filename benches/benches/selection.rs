@@ -43,6 +43,7 @@ use criterion::{Criterion, Throughput};
 use kvr::engine::Engine;
 use kvr::partition::PartitionKey;
 use kvr::select::{Outcome, SelectRequest};
+use kvr_benches::timing::{print_table, summarize, timer_overhead, Lat};
 use kvr_benches::{build_selection, SelectionConfig, SelectionWorkload, DEFAULT_SEED};
 
 const RANKS: [usize; 3] = [8, 64, 512];
@@ -240,37 +241,6 @@ fn criterion_case(
 // Timing harness (per-call percentiles, thread scaling)
 // ---------------------------------------------------------------------------------------
 
-struct Lat {
-    name: String,
-    calls: usize,
-    p50: u64,
-    p90: u64,
-    p99: u64,
-    p999: u64,
-    max: u64,
-    mean: f64,
-}
-
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
-fn summarize(name: String, mut ns: Vec<u64>) -> Lat {
-    ns.sort_unstable();
-    let mean = ns.iter().sum::<u64>() as f64 / ns.len().max(1) as f64;
-    Lat {
-        name,
-        calls: ns.len(),
-        p50: percentile(&ns, 0.50),
-        p90: percentile(&ns, 0.90),
-        p99: percentile(&ns, 0.99),
-        p999: percentile(&ns, 0.999),
-        max: *ns.last().unwrap_or(&0),
-        mean,
-    }
-}
-
 struct Scaling {
     name: String,
     calls: usize,
@@ -378,16 +348,6 @@ fn harness_calls(
     ((1.0 / per_call) as usize).clamp(2_000, calls.max(2_000))
 }
 
-fn timer_overhead(calls: usize) -> Vec<u64> {
-    (0..calls)
-        .map(|_| {
-            let t = Instant::now();
-            black_box(());
-            t.elapsed().as_nanos() as u64
-        })
-        .collect()
-}
-
 /// `<target>/kvr-bench/selection.json`, from this executable's place
 /// (`<target>/<profile>/deps/selection-<hash>`).
 fn default_json_path() -> Option<PathBuf> {
@@ -397,16 +357,7 @@ fn default_json_path() -> Option<PathBuf> {
 }
 
 fn write_json(lats: &[Lat], scaling: &[Scaling], builds: &[String]) {
-    let mut entries: Vec<String> = lats
-        .iter()
-        .map(|l| {
-            format!(
-                "    {{\"name\": \"{}\", \"calls\": {}, \"p50_ns\": {}, \"p90_ns\": {}, \
-                 \"p99_ns\": {}, \"p999_ns\": {}, \"max_ns\": {}, \"mean_ns\": {:.2}}}",
-                l.name, l.calls, l.p50, l.p90, l.p99, l.p999, l.max, l.mean
-            )
-        })
-        .collect();
+    let mut entries: Vec<String> = lats.iter().map(Lat::json_entry).collect();
     entries.extend(scaling.iter().map(|s| {
         format!(
             "    {{\"name\": \"scaling/{}\", \"calls\": {}, \"one_thread_per_s\": {:.1}, \
@@ -497,16 +448,7 @@ fn main() {
 
     println!();
     print!("{log}");
-    println!(
-        "{:<44} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
-        "selection latency (ns, per call)", "calls", "p50", "p90", "p99", "p99.9", "max", "mean"
-    );
-    for l in &lats {
-        println!(
-            "{:<44} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9.1}",
-            l.name, l.calls, l.p50, l.p90, l.p99, l.p999, l.max, l.mean
-        );
-    }
+    print_table("selection latency (ns, per call)", 44, &lats);
     println!(
         "{:<44} {:>8} {:>14} {:>14} {:>7}  (pinned: {})",
         "selection throughput (selections/s)",

@@ -11,6 +11,8 @@
 
 use std::collections::VecDeque;
 
+pub mod timing;
+
 use kvr::hash::sequence_hashes;
 use kvr::{Index, IndexConfig, IndexStats, RankId, StoredBlock, Tier};
 

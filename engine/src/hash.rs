@@ -96,6 +96,16 @@ pub fn chain_hash(parent: SequenceHash, local: LocalHash) -> SequenceHash {
     xxh3_64_with_seed(&buf, BASE_SEED)
 }
 
+/// The sequence hash of a block with local hash `local` after the prefix ending at `prev`
+/// (`None` = the block starts the prompt, so its sequence hash is its local hash).
+#[inline]
+pub fn next_sequence_hash(prev: Option<SequenceHash>, local: LocalHash) -> SequenceHash {
+    match prev {
+        None => local,
+        Some(p) => chain_hash(p, local),
+    }
+}
+
 /// Sequence hashes of a run of local hashes that continues `parent` (`None` = from the
 /// start of the prompt). Appends to `out`.
 pub fn extend_sequence_hashes(
@@ -106,10 +116,7 @@ pub fn extend_sequence_hashes(
     out.reserve(locals.len());
     let mut prev = parent;
     for &l in locals {
-        let s = match prev {
-            None => l,
-            Some(p) => chain_hash(p, l),
-        };
+        let s = next_sequence_hash(prev, l);
         out.push(s);
         prev = Some(s);
     }
@@ -178,10 +185,7 @@ impl BlockHasher {
         let mut prev: Option<SequenceHash> = None;
         for block in tokens.chunks_exact(self.block_size) {
             let l = local_block_hash(block, self.salt);
-            let s = match prev {
-                None => l,
-                Some(p) => chain_hash(p, l),
-            };
+            let s = next_sequence_hash(prev, l);
             local.push(l);
             sequence.push(s);
             prev = Some(s);

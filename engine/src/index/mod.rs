@@ -25,7 +25,7 @@ pub use stats::{IndexStats, RankStats};
 /// A fast hasher for already-random or small integer keys (ranks, hashes).
 pub type RankHasher = ranks::HashMix;
 
-use crate::hash::chain_hash;
+use crate::hash::next_sequence_hash;
 use crate::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use crate::sync::epoch;
 use ranks::{RankEntry, RankRegistry, RankWriter, Tally};
@@ -217,10 +217,7 @@ impl Index {
             // next few blocks can be prefetched while the current one is applied.
             let mut seqs: smallvec::SmallVec<[u64; 128]> = smallvec::SmallVec::new();
             for b in blocks {
-                let seq = match prev {
-                    None => b.local_hash,
-                    Some(p) => chain_hash(p, b.local_hash),
-                };
+                let seq = next_sequence_hash(prev, b.local_hash);
                 seqs.push(seq);
                 prev = Some(seq);
             }

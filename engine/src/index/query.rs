@@ -14,7 +14,7 @@ use super::holders::{
 };
 use super::table::{table_key, Probe};
 use super::Index;
-use crate::hash::extend_sequence_hashes;
+use crate::hash::next_sequence_hash;
 use crate::sync::epoch;
 
 /// Blocks probed ahead of the one being examined.
@@ -114,22 +114,12 @@ impl TieredScores {
 type SeqBuf = SmallVec<[u64; 256]>;
 
 fn chain(local_hashes: &[u64]) -> SeqBuf {
-    let mut v: Vec<u64> = Vec::new();
-    let mut out = SeqBuf::new();
-    if local_hashes.len() <= 256 {
-        // Same chain as `extend_sequence_hashes`, on the stack.
-        let mut prev: Option<u64> = None;
-        for &l in local_hashes {
-            let s = match prev {
-                None => l,
-                Some(p) => crate::hash::chain_hash(p, l),
-            };
-            out.push(s);
-            prev = Some(s);
-        }
-    } else {
-        extend_sequence_hashes(None, local_hashes, &mut v);
-        out.extend_from_slice(&v);
+    let mut out = SeqBuf::with_capacity(local_hashes.len());
+    let mut prev = None;
+    for &l in local_hashes {
+        let s = next_sequence_hash(prev, l);
+        out.push(s);
+        prev = Some(s);
     }
     out
 }
