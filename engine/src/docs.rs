@@ -87,8 +87,12 @@
 //! Host-reported load is one immutable `LoadSnapshot` behind an arc-swap cell: publishers
 //! serialize on a mutex, copy the map, apply the batch and swap the whole snapshot in;
 //! readers load it once per selection. The atomic step is arc-swap's own (loom cannot see
-//! it; under loom the cell is a mutex stand-in), so kvr adds no atomic protocol here —
-//! `readers_never_see_half_a_batch` checks the whole-batch property on real threads.
+//! it; under loom the cell is a mutex stand-in), so kvr adds no atomic protocol of its own
+//! here. What kvr must get right is the *use*: one snapshot per selection. The loom model
+//! `load_snapshot_swap_vs_selection` races a batch that swaps which rank is busy against a
+//! whole selection (it must never see both busy), and its negative control, which reloads
+//! the snapshot per candidate, must fail; `readers_never_see_half_a_batch` checks the
+//! whole-batch property of arc-swap itself on real threads.
 //!
 //! # Bookings (`reservation`)
 //!

@@ -515,3 +515,69 @@ fn selection_id_index_negative_no_scan_fallback() {
         index_and_scan_route_every_free,
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Load snapshot swap vs a selection reading it (partition)
+// ---------------------------------------------------------------------------------------
+
+/// Two single-rank workers with 100 KV blocks each and a busy threshold at half of them;
+/// one is reported at 90 blocks (busy), the other at 10. A host publishes one batch that
+/// swaps the two while a selection runs: every snapshot has exactly one busy rank, so a
+/// selection that reads one snapshot throughout always finds a free rank. Reading the
+/// load per candidate can see the old busy rank and the new busy rank together.
+fn load_swap_never_tears_a_selection() {
+    use crate::cost::SelectionRng;
+    use crate::load::RankLoad;
+    use crate::partition::{BusyThresholds, Partition, PartitionConfig, PartitionKey, WorkerInfo};
+    use crate::select::{Outcome, SelectRequest};
+    let mut config = PartitionConfig::new(4);
+    config.busy = BusyThresholds {
+        decode_blocks_fraction: Some(0.5),
+        ..BusyThresholds::default()
+    };
+    let p = Arc::new(Partition::new(PartitionKey::new("m", "g"), config));
+    for w in [1, 2] {
+        let mut info = WorkerInfo::new(w, 1);
+        info.total_kv_blocks = 100;
+        p.upsert_worker(info);
+    }
+    let (a, b) = (RankId::new(1, 0), RankId::new(2, 0));
+    let used = |n| RankLoad {
+        kv_blocks_used: n,
+        kv_blocks_total: 100,
+        ..RankLoad::default()
+    };
+    p.load_view().publish(&[(a, used(90)), (b, used(10))]);
+    let host = p.clone();
+    let publisher = loom::thread::spawn(move || {
+        host.load_view().publish(&[(a, used(10)), (b, used(90))]);
+    });
+    let tokens = [1, 2, 3, 4];
+    let outcome = p.select(
+        &SelectRequest::tokens(&tokens),
+        &mut SelectionRng::from_seed(7),
+    );
+    assert!(
+        matches!(outcome, Outcome::Selected(_)),
+        "torn load view: a selection saw both ranks busy ({outcome:?})"
+    );
+    publisher.join().unwrap();
+}
+
+#[test]
+fn load_snapshot_swap_vs_selection() {
+    model(load_swap_never_tears_a_selection);
+}
+
+#[test]
+fn load_snapshot_negative_reload_per_rank() {
+    must_fail(
+        "loom_models::load_snapshot_negative_reload_per_rank",
+        Faults {
+            reload_load_per_rank: true,
+            ..Faults::default()
+        },
+        "torn load view",
+        load_swap_never_tears_a_selection,
+    );
+}

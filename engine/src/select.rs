@@ -472,6 +472,13 @@ impl Partition {
                 continue;
             }
             let active = loads.get(rank);
+            // Negative control of the load-snapshot model: one snapshot per candidate.
+            #[cfg(loom)]
+            let reported = if crate::sync::faults::get().reload_load_per_rank {
+                self.load.snapshot_now()
+            } else {
+                reported.clone()
+            };
             if any_threshold
                 && self.is_busy(
                     rank,

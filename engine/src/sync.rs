@@ -241,6 +241,9 @@ pub(crate) mod faults {
         /// Reservations: update a rank counter by load-then-store instead of an atomic
         /// read-modify-write.
         pub split_counter_rmw: bool,
+        /// Selection: re-load the reported-load snapshot for every candidate instead of
+        /// once per selection.
+        pub reload_load_per_rank: bool,
     }
 
     std::thread_local! {
