@@ -185,7 +185,17 @@ impl Engine {
         key: &PartitionKey,
         req: &SelectRequest<'_>,
     ) -> Result<Outcome, EngineError> {
-        let p = self.partition(key)?;
+        self.select_in(&*self.partition(key)?, req)
+    }
+
+    /// [`Engine::select`] on a partition the caller already holds (no key lookup: hosts
+    /// behind the C ABI keep a partition handle and route without allocating a key).
+    pub fn select_in(
+        &self,
+        p: &Partition,
+        req: &SelectRequest<'_>,
+    ) -> Result<Outcome, EngineError> {
+        self.check_owns(p)?;
         Ok(self.with_rng(|rng| p.select(req, rng)))
     }
 
@@ -195,10 +205,19 @@ impl Engine {
         key: &PartitionKey,
         req: &SelectRequest<'_>,
     ) -> Result<Outcome, EngineError> {
-        let p = self.partition(key)?;
-        let id = self.claim_id(&p, req.selection_id)?;
+        self.select_and_reserve_in(&*self.partition(key)?, req)
+    }
+
+    /// [`Engine::select_and_reserve`] on a partition the caller already holds.
+    pub fn select_and_reserve_in(
+        &self,
+        p: &Partition,
+        req: &SelectRequest<'_>,
+    ) -> Result<Outcome, EngineError> {
+        self.check_owns(p)?;
+        let id = self.claim_id(p, req.selection_id)?;
         let r = self.with_rng(|rng| p.select_and_reserve(req, id, Instant::now(), rng));
-        self.settle_claim(&p, id, r.as_ref().ok())?;
+        self.settle_claim(p, id, r.as_ref().ok())?;
         Ok(r?)
     }
 
@@ -211,12 +230,40 @@ impl Engine {
         prefill_tokens: Option<u64>,
         selection_id: Option<SelectionId>,
     ) -> Result<Decision, EngineError> {
-        let p = self.partition(key)?;
-        let id = self.claim_id(&p, selection_id)?;
+        self.reserve_in(
+            &*self.partition(key)?,
+            rank,
+            prompt,
+            prefill_tokens,
+            selection_id,
+        )
+    }
+
+    /// [`Engine::reserve`] on a partition the caller already holds.
+    pub fn reserve_in(
+        &self,
+        p: &Partition,
+        rank: RankId,
+        prompt: Option<&SelectRequest<'_>>,
+        prefill_tokens: Option<u64>,
+        selection_id: Option<SelectionId>,
+    ) -> Result<Decision, EngineError> {
+        self.check_owns(p)?;
+        let id = self.claim_id(p, selection_id)?;
         let r = p.reserve(rank, prompt, prefill_tokens, id, Instant::now());
         let outcome = r.as_ref().ok().map(|d| Outcome::Selected(d.clone()));
-        self.settle_claim(&p, id, outcome.as_ref())?;
+        self.settle_claim(p, id, outcome.as_ref())?;
         Ok(r?)
+    }
+
+    /// `p` is a live partition of this engine (not removed, not another engine's): one
+    /// lock-free load of the numbered list.
+    fn check_owns(&self, p: &Partition) -> Result<(), EngineError> {
+        let numbered = self.numbered.guard();
+        match numbered.get(p.number() as usize) {
+            Some(Some(q)) if std::ptr::eq(StdArc::as_ptr(q), p) => Ok(()),
+            _ => Err(EngineError::UnknownPartition(p.key().clone())),
+        }
     }
 
     /// Installs a booking received from a replica peer. It is not indexed by id: the
@@ -226,7 +273,16 @@ impl Engine {
         key: &PartitionKey,
         booking: BookingRequest,
     ) -> Result<(), EngineError> {
-        let p = self.partition(key)?;
+        self.install_replica_booking_in(&*self.partition(key)?, booking)
+    }
+
+    /// [`Engine::install_replica_booking`] on a partition the caller already holds.
+    pub fn install_replica_booking_in(
+        &self,
+        p: &Partition,
+        booking: BookingRequest,
+    ) -> Result<(), EngineError> {
+        self.check_owns(p)?;
         p.bookings
             .install_replica_booking(booking, Instant::now())?;
         p.bookings.ensure_sweeper(SWEEP_INTERVAL);

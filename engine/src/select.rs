@@ -193,6 +193,55 @@ impl SelectionCounters {
     }
 }
 
+/// Per-thread buffers a selection reuses, so an advisory selection allocates nothing once
+/// a thread has warmed up (the C ABI's "no allocation on the routing path"). Taken out of
+/// the thread-local slot and put back, never borrowed across a call: a host hook that
+/// selects again from inside a selection just gets fresh (empty) buffers.
+#[derive(Default)]
+struct Scratch {
+    local: Vec<u64>,
+    /// A spare sequence vector: an advisory selection gives its prompt's back; a booked
+    /// one moves it into the booking.
+    seq: Vec<u64>,
+    tiered: TieredScores,
+}
+
+std::thread_local! {
+    static SCRATCH: std::cell::Cell<Option<Box<Scratch>>> = const { std::cell::Cell::new(None) };
+}
+
+impl Scratch {
+    fn take() -> Box<Scratch> {
+        SCRATCH.with(|c| c.take()).unwrap_or_default()
+    }
+
+    fn put(s: Box<Scratch>) {
+        SCRATCH.with(|c| c.set(Some(s)));
+    }
+
+    fn give_back_seq(seq: Vec<u64>) {
+        SCRATCH.with(|c| {
+            if let Some(mut s) = c.take() {
+                if s.seq.capacity() < seq.capacity() {
+                    s.seq = seq;
+                }
+                c.set(Some(s));
+            }
+        });
+    }
+}
+
+/// Puts the scratch back when a decision ends, on every return path.
+struct PutBack(Option<Box<Scratch>>);
+
+impl Drop for PutBack {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            Scratch::put(s);
+        }
+    }
+}
+
 /// Everything a decision needed, kept for booking it.
 pub(crate) struct Prepared {
     pub(crate) decision: Decision,
@@ -219,7 +268,10 @@ impl Partition {
     /// Advisory selection: the decision and the projected load; books nothing.
     pub fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
         match self.decide(req, rng) {
-            Ok(p) => Outcome::Selected(p.decision),
+            Ok(p) => {
+                Scratch::give_back_seq(p.seq);
+                Outcome::Selected(p.decision)
+            }
             Err(o) => *o,
         }
     }
@@ -315,7 +367,20 @@ impl Partition {
 
     /// Sequence hashes of a request's prompt and its length in tokens.
     fn sequence_of(&self, req: &SelectRequest<'_>) -> (Vec<u64>, u64) {
-        let mut seq = Vec::new();
+        let mut scratch = Scratch::take();
+        let mut seq = std::mem::take(&mut scratch.seq);
+        seq.clear();
+        let r = self.sequence_into(req, &mut scratch.local, seq);
+        Scratch::put(scratch);
+        r
+    }
+
+    fn sequence_into(
+        &self,
+        req: &SelectRequest<'_>,
+        local: &mut Vec<u64>,
+        mut seq: Vec<u64>,
+    ) -> (Vec<u64>, u64) {
         match req.prompt {
             Prompt::Tokens(tokens) => {
                 let salt = HashSalt::new(req.lora_name, self.config().cache_namespace.as_deref());
@@ -324,8 +389,7 @@ impl Partition {
                 } else {
                     BlockHasher::new(self.block_size() as usize, salt).expect("block size >= 1")
                 };
-                let mut local = Vec::new();
-                hasher.hash_tokens(tokens, &mut local, &mut seq);
+                hasher.hash_tokens(tokens, local, &mut seq);
                 (seq, tokens.len() as u64)
             }
             Prompt::LocalHashes {
@@ -433,9 +497,11 @@ impl Partition {
         // 1. hashes.
         let (seq, prompt_tokens) = self.sequence_of(req);
         // 2. overlap: the index, and the host's shared cache alongside it.
-        let mut tiered = TieredScores::new();
-        self.index
-            .find_matches_tiered_by_sequence(&seq, &mut tiered);
+        let mut scratch = Scratch::take();
+        let tiered = &mut scratch.tiered;
+        self.index.find_matches_tiered_by_sequence(&seq, tiered);
+        let scratch = PutBack(Some(scratch));
+        let tiered = &scratch.0.as_ref().expect("held until drop").tiered;
         let hooks = self.hooks_now();
         let shared: Vec<BlockRange> = match &hooks.shared_cache {
             Some(f) if !seq.is_empty() => match f(&seq) {

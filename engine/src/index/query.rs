@@ -22,11 +22,22 @@ const PREFETCH_AHEAD: usize = 16;
 
 /// Device-tier overlap per rank: the number of leading query blocks it holds.
 /// Ranks with no overlap are absent. Sorted by rank. Reuse one value across queries to
-/// keep lookups allocation-free.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// keep lookups allocation-free (it keeps the walk's buffers too).
+#[derive(Clone, Debug, Default)]
 pub struct OverlapScores {
     scores: Vec<(RankId, u32)>,
+    /// Walk state: slot-sorted ranks still matching, and ranks done with their score.
+    active: Vec<u32>,
+    done: Vec<(u32, u32)>,
 }
+
+impl PartialEq for OverlapScores {
+    fn eq(&self, other: &Self) -> bool {
+        self.scores == other.scores
+    }
+}
+
+impl Eq for OverlapScores {}
 
 impl OverlapScores {
     pub fn new() -> Self {
@@ -77,9 +88,30 @@ pub struct TieredOverlap {
 }
 
 /// Tiered overlap per rank (ranks with nothing on any tier are absent). Sorted by rank.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Reusing one across lookups reuses its buffers too (the walk's per-rank state), so a
+/// warmed-up lookup allocates nothing however many ranks hold the prompt.
+#[derive(Clone, Debug, Default)]
 pub struct TieredScores {
     entries: Vec<TieredOverlap>,
+    live: Vec<Walk>,
+    done: Vec<Walk>,
+}
+
+impl PartialEq for TieredScores {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for TieredScores {}
+
+/// One rank's progress through the tiers during a tiered walk.
+#[derive(Clone, Copy, Debug)]
+struct Walk {
+    slot: u32,
+    phase: usize,
+    counts: [u32; 3],
 }
 
 impl TieredScores {
@@ -199,9 +231,10 @@ impl Index {
         let guard = epoch::pin();
         let mut words = ProbeStream::new(self, seq, &guard);
         let dev = Tier::Device.bit();
-        // Slot-sorted ranks still matching, and ranks done with their score.
-        let mut active: SmallVec<[u32; 32]> = SmallVec::new();
-        let mut done: SmallVec<[(u32, u32); 32]> = SmallVec::new();
+        let mut active = std::mem::take(&mut out.active);
+        let mut done = std::mem::take(&mut out.done);
+        active.clear();
+        done.clear();
         let mut prev = words.next_word();
         // SAFETY: the word was loaded with Acquire inside `guard`, which stays pinned for
         // the whole walk (this holds for every `view`/`tiers_of`/`for_each` below).
@@ -279,14 +312,21 @@ impl Index {
                 .filter_map(|&(s, score)| rank_of(s).map(|r| (r, score))),
         );
         out.scores.sort_unstable_by_key(|e| e.0);
+        out.active = active;
+        out.done = done;
     }
 
     /// Tiered overlap of a prompt given as local hashes.
     pub fn find_matches_tiered(&self, local_hashes: &[u64]) -> TieredScores {
         let mut out = TieredScores::new();
-        let seq = chain(local_hashes);
-        self.find_matches_tiered_by_sequence(&seq, &mut out);
+        self.find_matches_tiered_into(local_hashes, &mut out);
         out
+    }
+
+    /// As [`Index::find_matches_tiered`], into a reused result.
+    pub fn find_matches_tiered_into(&self, local_hashes: &[u64], out: &mut TieredScores) {
+        let seq = chain(local_hashes);
+        self.find_matches_tiered_by_sequence(&seq, out);
     }
 
     /// Tiered overlap by sequence hashes: per rank the device prefix `d`, then how many
@@ -296,11 +336,6 @@ impl Index {
         let n = seq.len();
         if n == 0 {
             return;
-        }
-        struct Walk {
-            slot: u32,
-            phase: usize,
-            counts: [u32; 3],
         }
         fn step(w: &mut Walk, tiers: u8) -> bool {
             while w.phase < 3 && tiers & (1 << w.phase) == 0 {
@@ -315,8 +350,10 @@ impl Index {
         }
         let guard = epoch::pin();
         let mut words = ProbeStream::new(self, seq, &guard);
-        let mut live: SmallVec<[Walk; 16]> = SmallVec::new();
-        let mut done: SmallVec<[Walk; 16]> = SmallVec::new();
+        let mut live = std::mem::take(&mut out.live);
+        let mut done = std::mem::take(&mut out.done);
+        live.clear();
+        done.clear();
         // SAFETY: loaded with Acquire inside `guard`, which stays pinned for the whole walk
         // (this holds for every `for_each`/`tiers_of` below).
         unsafe {
@@ -346,7 +383,7 @@ impl Index {
             }
             i += 1;
         }
-        done.extend(live.drain(..));
+        done.append(&mut live);
         let rank_of = self.ranks.translator(&guard);
         out.entries.extend(done.iter().filter_map(|w| {
             rank_of(w.slot).map(|rank| TieredOverlap {
@@ -357,5 +394,7 @@ impl Index {
             })
         }));
         out.entries.sort_unstable_by_key(|e| e.rank);
+        out.live = live;
+        out.done = done;
     }
 }

@@ -1,0 +1,146 @@
+//! "Nothing allocated on the routing path" (DESIGN.md §11): once a thread has warmed up,
+//! an advisory selection (tokens or local hashes in, decision out) and an index lookup
+//! allocate nothing. Counted by a global allocator that counts this thread's allocations.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use kvr::engine::Engine;
+use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
+use kvr::select::{Outcome, SelectRequest};
+use kvr::{RankId, StoredBlock, Tier, TieredScores};
+
+struct Counting;
+
+std::thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; the counter is a
+// thread-local `Cell` of a `Copy` integer, which never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout (every path above).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller's contract for `realloc` is passed on unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations_in(f: impl FnOnce()) -> u64 {
+    let before = ALLOCS.with(|c| c.get());
+    f();
+    ALLOCS.with(|c| c.get()) - before
+}
+
+const BS: u32 = 16;
+
+fn engine_with_cached_prefixes() -> (Engine, PartitionKey, Vec<u32>) {
+    let e = Engine::with_seed(3);
+    let key = PartitionKey::new("m", "g");
+    let p = e
+        .create_partition(key.clone(), PartitionConfig::new(BS))
+        .unwrap();
+    for w in 0..64 {
+        p.upsert_worker(WorkerInfo::new(w, 1));
+    }
+    let tokens: Vec<u32> = (0..256).collect();
+    let mut local = Vec::new();
+    p.hasher().local_hashes(&tokens, &mut local);
+    for w in 0..64u64 {
+        let blocks: Vec<StoredBlock> = local[..(w as usize % 16) + 1]
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| StoredBlock {
+                external_hash: 1_000 * w + i as u64,
+                local_hash: h,
+            })
+            .collect();
+        p.index()
+            .store(RankId::new(w, 0), Tier::Device, None, &blocks)
+            .unwrap();
+    }
+    (e, key, tokens)
+}
+
+#[test]
+fn advisory_selection_allocates_nothing_after_warm_up() {
+    let (e, key, tokens) = engine_with_cached_prefixes();
+    let p = e.partition(&key).unwrap();
+    let req = SelectRequest::tokens(&tokens);
+    for _ in 0..3 {
+        assert!(matches!(e.select_in(&p, &req), Ok(Outcome::Selected(_))));
+    }
+    let n = allocations_in(|| {
+        for _ in 0..100 {
+            let out = e.select_in(&p, &req).unwrap();
+            assert!(matches!(out, Outcome::Selected(_)));
+        }
+    });
+    assert_eq!(n, 0, "100 advisory selections allocated {n} times");
+}
+
+#[test]
+fn advisory_selection_by_local_hashes_allocates_nothing_after_warm_up() {
+    let (e, key, tokens) = engine_with_cached_prefixes();
+    let p = e.partition(&key).unwrap();
+    let mut local = Vec::new();
+    p.hasher().local_hashes(&tokens, &mut local);
+    let req = SelectRequest::local_hashes(&local, tokens.len() as u64);
+    for _ in 0..3 {
+        e.select_in(&p, &req).unwrap();
+    }
+    let n = allocations_in(|| {
+        for _ in 0..100 {
+            e.select_in(&p, &req).unwrap();
+        }
+    });
+    assert_eq!(n, 0, "100 advisory selections allocated {n} times");
+}
+
+#[test]
+fn tiered_lookup_into_a_reused_buffer_allocates_nothing() {
+    let (e, key, tokens) = engine_with_cached_prefixes();
+    let p = e.partition(&key).unwrap();
+    let mut local = Vec::new();
+    p.hasher().local_hashes(&tokens, &mut local);
+    let mut out = TieredScores::new();
+    p.index().find_matches_tiered_into(&local, &mut out);
+    let n = allocations_in(|| {
+        for _ in 0..100 {
+            p.index().find_matches_tiered_into(&local, &mut out);
+        }
+    });
+    assert_eq!(out.len(), 64);
+    assert_eq!(n, 0, "100 lookups allocated {n} times");
+}
+
+#[test]
+fn device_lookup_into_a_reused_buffer_allocates_nothing() {
+    let (e, key, tokens) = engine_with_cached_prefixes();
+    let p = e.partition(&key).unwrap();
+    let mut local = Vec::new();
+    p.hasher().local_hashes(&tokens, &mut local);
+    let mut out = kvr::OverlapScores::new();
+    p.index().find_matches_into(&local, &mut out);
+    let n = allocations_in(|| {
+        for _ in 0..100 {
+            p.index().find_matches_into(&local, &mut out);
+        }
+    });
+    assert_eq!(out.len(), 64);
+    assert_eq!(n, 0, "100 lookups allocated {n} times");
+}
