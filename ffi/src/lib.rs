@@ -1,0 +1,43 @@
+//! kvr's C ABI (DESIGN.md §11): the typed shell over the engine that `include/kvr.h`
+//! declares and `ffi/libkvr` builds into `libkvr.a` / `libkvr.so`.
+//!
+//! The path of data is the engine's: workers and load ([`workers`]) and KV events
+//! ([`index`]) go in; lookups ([`index`]) and selections ([`select`]) come out; bookings
+//! are freed through the engine ([`select`]); host hooks ([`hooks`]) and statistics
+//! ([`stats`]) hang off a partition ([`handles`]).
+//!
+//! Conventions, everywhere:
+//! - every symbol starts with `kvr_`; handles are opaque; option and builder objects are
+//!   opaque with setters, so fields can be added without breaking the ABI;
+//! - every fallible function returns a `kvr_status` (0 = OK; numbers are never reused;
+//!   `kvr_status_str` names them; `kvr_status_count` counts them); results go to
+//!   out-parameters; there is no thread-local "last error" (Go moves goroutines between
+//!   threads);
+//! - slices are `(pointer, length)`: `(NULL, 0)` is empty, `(NULL, n > 0)` is
+//!   `KVR_ERR_NULL`; strings are UTF-8 `(pointer, length)`, not NUL-terminated;
+//! - the caller owns every output buffer; a too-small buffer gets `KVR_BUFFER_TOO_SMALL`
+//!   and the size needed; `*_free(NULL)` is a no-op;
+//! - a function taking a `const` handle may be called concurrently on that handle
+//!   (wasmtime's rule); a non-`const` one needs it exclusively;
+//! - every body runs inside a panic boundary: a panic returns `KVR_ERR_PANIC`, never
+//!   unwinds into the host, and the engine keeps serving;
+//! - the routing path (`kvr_partition_select`, the lookups, hashing) allocates nothing
+//!   once a thread has warmed up; booking stores the prompt's block list.
+
+#![allow(clippy::missing_safety_doc)] // each export's `# Safety` is in its doc comment
+
+pub mod handles;
+pub mod hooks;
+pub mod index;
+pub mod select;
+pub mod stats;
+pub mod status;
+pub mod workers;
+
+pub use handles::*;
+pub use hooks::*;
+pub use index::*;
+pub use select::*;
+pub use stats::*;
+pub use status::*;
+pub use workers::*;
