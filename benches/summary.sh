@@ -10,14 +10,16 @@
 #   KVR_LAT_CALLS=n       calls per variant of the latency harness (default 200000)
 #   KVR_SEL_CALLS=n       calls of the selection harness's target case (default 100000)
 #   KVR_BENCH_SKIP_RUN=1  do not run anything; summarize the latest results on disk
-#   KVR_BENCH_SUITES="…"  suites to run (default: hashing index latency selection)
+#   KVR_BENCH_SUITES="…"  suites to run (default: hashing index latency selection ffi)
 #
 # Sources: criterion's <target>/criterion/**/new/{benchmark,estimates}.json (median of
 # the per-iteration time), and the latency harness (benches/benches/latency.rs: per-call
 # p50/p99 with std::time::Instant, and bytes per holder-block), which writes
 # <target>/kvr-bench/latency.json, and the selection suite's own timing harness
 # (benches/benches/selection.rs: per-call p50/p99 of select_and_reserve, free and select,
-# and one- against two-thread throughput), which writes <target>/kvr-bench/selection.json.
+# and one- against two-thread throughput), which writes <target>/kvr-bench/selection.json,
+# and the C ABI overhead harness (benches/benches/ffi_overhead.rs: paired rounds of
+# kvr_partition_select against Engine::select_in), which writes <target>/kvr-bench/ffi.json.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -30,6 +32,7 @@ mkdir -p "$target_dir/kvr-bench"
 lat_json="$target_dir/kvr-bench/latency.json"
 lat_txt="$target_dir/kvr-bench/latency.txt"
 sel_json="$target_dir/kvr-bench/selection.json"
+ffi_json="$target_dir/kvr-bench/ffi.json"
 stamp="$target_dir/kvr-bench/run-start"
 
 crit_args=()
@@ -43,9 +46,9 @@ fi
 
 if [[ "${KVR_BENCH_SKIP_RUN:-0}" != 1 ]]; then
   touch "$stamp"
-  rm -f "$lat_json" "$sel_json"
+  rm -f "$lat_json" "$sel_json" "$ffi_json"
   cargo bench -p kvr-benches --no-run >&2
-  suites=" ${KVR_BENCH_SUITES:-hashing index latency selection} "
+  suites=" ${KVR_BENCH_SUITES:-hashing index latency selection ffi} "
   suites=${suites//,/ }
   if [[ "$suites" == *" hashing "* ]]; then
     echo "== hashing" >&2
@@ -64,6 +67,11 @@ if [[ "${KVR_BENCH_SKIP_RUN:-0}" != 1 ]]; then
     KVR_SELECTION_JSON="$sel_json" cargo bench -p kvr-benches --bench selection -- \
       "${crit_args[@]}" "${filter[@]}" >&2
   fi
+  if [[ "$suites" == *" ffi "* ]]; then
+    echo "== ffi" >&2
+    KVR_FFI_JSON="$ffi_json" cargo bench -p kvr-benches --bench ffi_overhead -- \
+      "${crit_args[@]}" >&2
+  fi
 fi
 [[ -f "$stamp" ]] || touch -d @0 "$stamp"
 
@@ -71,7 +79,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 elapsed=$(($(date +%s) - start_epoch))
 
 export KVR_TARGET_DIR="$target_dir" KVR_LAT_JSON="$lat_json" KVR_STAMP="$stamp"
-export KVR_SEL_JSON="$sel_json"
+export KVR_SEL_JSON="$sel_json" KVR_FFI_JSON="$ffi_json"
 export KVR_LOAD_BEFORE="$load_before" KVR_LOAD_AFTER="$load_after" KVR_ELAPSED="$elapsed"
 export KVR_QUICK="${KVR_BENCH_QUICK:-0}"
 python3 - <<'PY'
@@ -256,6 +264,17 @@ for name, r in sel_scaling.items():
 if "timer_overhead" in sel:
     r = sel["timer_overhead"]
     row("selection harness timer overhead (per call)", "", fmt_ns(r["p50_ns"]), fmt_ns(r["p99_ns"]))
+
+try:
+    if os.path.getmtime(os.environ["KVR_FFI_JSON"]) >= stamp:
+        f = json.load(open(os.environ["KVR_FFI_JSON"]))
+        d = f["diff_ns"]
+        row(f"C ABI overhead: `kvr_partition_select` − `Engine::select_in` (64r/256t; median of "
+            f"{f['rounds']} paired rounds × {f['calls']:,} calls)", f"{d:+.1f} ns", "", "", "",
+            f"≤ 50 ns: {'met' if d <= 50 else 'MISSED'} (Rust {fmt_ns(f['rust_ns'])}, C ABI "
+            f"{fmt_ns(f['c_abi_ns'])} per call, ratio {f['ratio']:.4f})")
+except (OSError, ValueError, KeyError):
+    pass
 
 for shape, m in mem.items():
     hb = m["holder_blocks"]

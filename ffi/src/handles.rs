@@ -547,3 +547,18 @@ pub unsafe extern "C" fn kvr_partition_block_size(
         unsafe { write_out(out, p.partition.block_size()) }
     })
 }
+
+/// Rust-side constructors, for Rust code that drives the C ABI over an engine it built
+/// itself (the ABI-overhead benchmark); not part of the C header.
+impl kvr_engine {
+    pub fn from_engine(engine: Arc<Engine>) -> Self {
+        kvr_engine { engine }
+    }
+}
+
+impl kvr_partition {
+    /// A handle to `partition` of `engine`.
+    pub fn from_parts(engine: Arc<Engine>, partition: Arc<Partition>) -> Self {
+        kvr_partition { engine, partition }
+    }
+}
