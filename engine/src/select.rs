@@ -9,11 +9,14 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::cost::{choose, fill_costs, CandidateLoad, CostOverrides, RandomSource, RequestShape};
+use crate::cost::{
+    choose, cost, fill_costs, min_active_prefill_tokens, CandidateLoad, CostOverrides,
+    RandomSource, RequestShape,
+};
 use crate::hash::{extend_sequence_hashes, BlockHasher, HashSalt};
 use crate::index::{RankId, TieredScores, WorkerId};
 use crate::load::LoadSnapshot;
-use crate::partition::{BlockRange, Partition, PrefillQuery, WorkerInfo};
+use crate::partition::{BlockRange, HostHooks, Partition, PrefillQuery, WorkerInfo, WorkerSet};
 use crate::reservation::{BookingRequest, ReservationError, SelectionId};
 use crate::sync::atomic::{AtomicU64, Ordering};
 
@@ -403,9 +406,36 @@ impl Partition {
     }
 
     /// Candidate ranks after the allow-set, the pin, LoRA narrowing and host availability.
-    fn candidates(&self, req: &SelectRequest<'_>) -> SmallVec<[RankId; 64]> {
-        let workers = self.workers_now();
-        let hooks = self.hooks_now();
+    fn candidates(
+        &self,
+        req: &SelectRequest<'_>,
+        workers: &WorkerSet,
+        hooks: &HostHooks,
+    ) -> SmallVec<[RankId; 64]> {
+        let mut ranks: SmallVec<[RankId; 64]> = SmallVec::new();
+        let lora = req.lora_name.filter(|l| !l.is_empty());
+        if req.allowed_workers.is_none() && req.pinned_worker.is_none() && lora.is_none() {
+            // The common case: every worker of the partition, one pass.
+            for info in workers.iter() {
+                ranks.extend(info.ranks());
+            }
+        } else {
+            self.narrowed_candidates(req, workers, hooks, &mut ranks);
+        }
+        if let Some(avail) = &hooks.availability {
+            ranks.retain(|r| avail(*r));
+        }
+        ranks
+    }
+
+    /// The allow-set, the pin and LoRA narrowing, in that order.
+    fn narrowed_candidates(
+        &self,
+        req: &SelectRequest<'_>,
+        workers: &WorkerSet,
+        hooks: &HostHooks,
+        ranks: &mut SmallVec<[RankId; 64]>,
+    ) {
         let allowed = |w: &WorkerInfo| {
             req.allowed_workers
                 .map_or(true, |a| a.contains(&w.worker_id))
@@ -444,16 +474,11 @@ impl Partition {
                 pool = narrowed;
             }
         }
-        let mut ranks: SmallVec<[RankId; 64]> = SmallVec::new();
         for w in pool {
             if let Some(info) = workers.get(w) {
                 ranks.extend(info.ranks());
             }
         }
-        if let Some(avail) = &hooks.availability {
-            ranks.retain(|r| avail(*r));
-        }
-        ranks
     }
 
     /// Over a busy threshold (DESIGN.md §6, REFERENCE.md §3). Takes the selection's one
@@ -515,24 +540,26 @@ impl Partition {
             },
             _ => Vec::new(),
         };
-        // 3. candidates.
-        let ranks = self.candidates(req);
+        // 3. candidates. One read of the booking registry, the worker set and the reported
+        // load for the whole selection; thresholds are checked only if the partition sets
+        // any.
+        let workers = self.workers_now();
+        let ranks = self.candidates(req, &workers, &hooks);
         if ranks.is_empty() {
             self.counters.no_worker.fetch_add(1, Ordering::Relaxed);
             return Err(Box::new(Outcome::NoWorker));
         }
         let n_blocks = seq.len() as u32;
-        // One read of the booking registry, the worker set and the reported load for the
-        // whole selection; thresholds are checked only if the partition sets any.
         let loads = self.bookings.loads();
-        let workers = self.workers_now();
         let reported = self.load.snapshot_now();
         let busy = self.config().busy;
         let any_threshold = busy.decode_blocks_fraction.is_some()
             || busy.prefill_tokens.is_some()
             || busy.prefill_tokens_fraction.is_some();
-        // (rank, inputs, device prefix, new-blocks term exact yet)
-        let mut eligible: SmallVec<[(RankId, CandidateLoad, u32, bool); 64]> = SmallVec::new();
+        // The eligible candidates, as parallel arrays (the cost function reads `inputs`
+        // in place).
+        let mut eligible: SmallVec<[RankId; 64]> = SmallVec::new();
+        let mut inputs: SmallVec<[CandidateLoad; 64]> = SmallVec::new();
         for &rank in &ranks {
             if hooks.overload.as_ref().is_some_and(|f| f(rank)) {
                 continue;
@@ -558,7 +585,8 @@ impl Partition {
             }
             let t = tiered.get(rank);
             let device = t.map_or(0, |o| o.device);
-            let c = CandidateLoad {
+            eligible.push(rank);
+            inputs.push(CandidateLoad {
                 device_blocks: device as u64,
                 host_blocks: t.map_or(0, |o| o.host) as u64,
                 disk_blocks: t.map_or(0, |o| o.disk) as u64,
@@ -569,8 +597,7 @@ impl Partition {
                 // and only where they can change the choice.
                 new_blocks_not_active: seq.len() as u64,
                 active_requests: active.active_requests,
-            };
-            eligible.push((rank, c, device, active.active_requests == 0));
+            });
         }
         if eligible.is_empty() {
             self.counters.busy.fetch_add(1, Ordering::Relaxed);
@@ -584,31 +611,30 @@ impl Partition {
         // block, so with the term at its upper bound (the whole prompt) every cost is an
         // upper bound; at temperature 0 a rank whose cost with the term at 0 exceeds the
         // smallest upper bound can never win or tie, and keeps its bound. (At T > 0 every
-        // cost matters, so all are resolved.)
-        let mut inputs: SmallVec<[CandidateLoad; 64]> = eligible.iter().map(|e| e.1).collect();
+        // cost matters, so all are resolved.) Resolving changes no candidate's prefill
+        // tokens, so the credit decay's reference point stays and only the resolved
+        // ranks' costs are recomputed.
         let mut costs: SmallVec<[f64; 64]> = SmallVec::from_elem(0.0, inputs.len());
         fill_costs(&cfg, &shape, &inputs, &mut costs);
-        let mut resolve: SmallVec<[bool; 64]> = eligible.iter().map(|e| !e.3).collect();
-        if cfg.temperature <= 0.0 {
+        let bound = if cfg.temperature <= 0.0 {
             let min_upper = costs.iter().copied().fold(f64::INFINITY, f64::min);
-            let n = seq.len() as f64;
-            for (k, r) in resolve.iter_mut().enumerate() {
-                *r = *r && costs[k] - n <= min_upper;
+            min_upper + seq.len() as f64
+        } else {
+            f64::INFINITY
+        };
+        let shape = shape.with_min_active_prefill_tokens(min_active_prefill_tokens(&inputs));
+        for k in 0..inputs.len() {
+            if inputs[k].active_requests != 0 && costs[k] <= bound {
+                // Bookings carry whole chains from block 0, so the rank's active blocks
+                // are prefix-closed and the chain form (log n lookups) is exact.
+                inputs[k].new_blocks_not_active =
+                    loads.new_blocks_not_active_chain(eligible[k], &seq);
+                costs[k] = cost(&cfg, &shape, &inputs[k]);
             }
-        }
-        if resolve.iter().any(|r| *r) {
-            for (k, e) in eligible.iter_mut().enumerate() {
-                if resolve[k] {
-                    // Bookings carry whole chains from block 0, so the rank's active blocks
-                    // are prefix-closed and the chain form (log n lookups) is exact.
-                    e.1.new_blocks_not_active = loads.new_blocks_not_active_chain(e.0, &seq);
-                    inputs[k] = e.1;
-                }
-            }
-            fill_costs(&cfg, &shape, &inputs, &mut costs);
         }
         let i = choose(&costs, cfg.temperature, rng).expect("at least one eligible rank");
-        let (rank, c, device, _) = eligible[i];
+        let (rank, c) = (eligible[i], inputs[i]);
+        let device = c.device_blocks as u32;
         let cached_tokens = (device as u64 * self.block_size() as u64).min(prompt_tokens);
         let projected_prefill_tokens = hooks
             .prefill_estimator
