@@ -560,7 +560,19 @@ impl Partition {
         // in place).
         let mut eligible: SmallVec<[RankId; 64]> = SmallVec::new();
         let mut inputs: SmallVec<[CandidateLoad; 64]> = SmallVec::new();
+        // Candidates come in rank order (the worker set is ordered by id) and so do the
+        // overlaps: one merge walk instead of a search per candidate.
+        let overlaps = tiered.as_slice();
+        let (mut at, mut prev) = (0, None);
         for &rank in &ranks {
+            if prev.is_some_and(|p| rank < p) {
+                at = 0; // out of order (never with today's worker set): restart the walk
+            }
+            prev = Some(rank);
+            while at < overlaps.len() && overlaps[at].rank < rank {
+                at += 1;
+            }
+            let t = overlaps.get(at).filter(|o| o.rank == rank);
             if hooks.overload.as_ref().is_some_and(|f| f(rank)) {
                 continue;
             }
@@ -583,7 +595,6 @@ impl Partition {
             {
                 continue;
             }
-            let t = tiered.get(rank);
             let device = t.map_or(0, |o| o.device);
             eligible.push(rank);
             inputs.push(CandidateLoad {
