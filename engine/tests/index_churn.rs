@@ -38,6 +38,8 @@ const GROUP_ROUNDS: u64 = 16;
 const PREFIX: usize = 4;
 const TAIL: usize = 4;
 const TOLERANCE: f64 = 0.10;
+/// Absolute RSS slack (4 KiB pages): 1 MiB.
+const RSS_SLACK_PAGES: u64 = 256;
 
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -380,9 +382,13 @@ fn churn_memory_tracks_live_blocks() {
             (max_later as f64 / ref_rss as f64 - 1.0) * 100.0
         );
         // Only growth is a leak; the allocator may keep freed pages, and RSS never falls
-        // below what the live set needs, so no lower bound is asserted.
+        // below what the live set needs, so no lower bound is asserted. The process is
+        // small (~10 MB), and allocator fragmentation after warm-up measured +5 to +8 %
+        // whether the run was 5 M or 20 M events long (so not a leak, which would grow
+        // with the events); the bound is 10 % or 1 MiB, whichever is larger.
+        let allowed = (ref_rss as f64 * TOLERANCE).max(RSS_SLACK_PAGES as f64);
         assert!(
-            (max_later as f64) <= ref_rss as f64 * (1.0 + TOLERANCE),
+            (max_later as f64) <= ref_rss as f64 + allowed,
             "process RSS grew under churn: warm-up max {ref_rss} pages, later max {max_later} \
              pages (last {:?})",
             last.rss_pages
