@@ -10,7 +10,9 @@ use crate::cost::SelectionRng;
 use crate::idmap::IdMap;
 use crate::index::RankId;
 use crate::partition::{Partition, PartitionConfig, PartitionKey};
-use crate::reservation::{BookingRequest, FreeOutcome, ReservationError, SelectionId};
+use crate::reservation::{
+    BookingRequest, BookingStatus, ForgetListener, FreeOutcome, ReservationError, SelectionId,
+};
 use crate::select::{Decision, Outcome, SelectError, SelectRequest};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Mutex, ShardedMap, Snapshot};
@@ -77,8 +79,20 @@ impl From<SelectError> for EngineError {
 }
 
 std::thread_local! {
-    static RNG: RefCell<Option<SelectionRng>> = const { RefCell::new(None) };
+    /// Each thread's tie-break RNG per engine (by engine uid), most recent last; a few
+    /// entries, since a thread rarely serves more than one or two engines.
+    static RNGS: RefCell<Vec<(u64, SelectionRng)>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Engines remembered per thread by [`RNGS`].
+const RNGS_PER_THREAD: usize = 8;
+
+/// Distinguishes engines in [`RNGS`].
+static ENGINE_UIDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// How often a booking with a minted id is retried when the minted id is taken (a caller
+/// chose it, or it is remembered as freed recently).
+const MINT_ATTEMPTS: usize = 8;
 
 /// The selection engine.
 pub struct Engine {
@@ -89,10 +103,11 @@ pub struct Engine {
     numbering: Mutex<()>,
     /// Selection id → number of the partition holding the booking this engine made.
     /// Lock-free reads; replica bookings are found by scanning the partitions.
-    by_selection: IdMap,
+    by_selection: StdArc<IdMap>,
     next_id: AtomicU64,
     seed: u64,
     threads: AtomicU64,
+    uid: u64,
 }
 
 impl Default for Engine {
@@ -117,10 +132,11 @@ impl Engine {
             partitions: ShardedMap::new(),
             numbered: Snapshot::new(vec![None]),
             numbering: Mutex::new(()),
-            by_selection: IdMap::new(if cfg!(loom) { 1 } else { 64 }),
+            by_selection: StdArc::new(IdMap::new(if cfg!(loom) { 1 } else { 64 })),
             next_id: AtomicU64::new(1),
             seed,
             threads: AtomicU64::new(0),
+            uid: ENGINE_UIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -135,7 +151,15 @@ impl Engine {
         let number = numbered.len() as u64;
         let p = self.partitions.get_or_insert_with(key.clone(), || {
             created = true;
-            StdArc::new(Partition::new(key.clone(), config).with_number(number))
+            // Bookings the partition frees on its own (expiry, a rank leaving) leave the
+            // id index with them.
+            let ids = self.by_selection.clone();
+            let forget: ForgetListener = StdArc::new(move |id| {
+                ids.remove(id);
+            });
+            StdArc::new(
+                Partition::with_forget_listener(key.clone(), config, forget).with_number(number),
+            )
         });
         if !created {
             return Err(EngineError::PartitionExists(key));
@@ -160,6 +184,11 @@ impl Engine {
         let mut next = (*self.numbered.load()).clone();
         next[p.number() as usize] = None;
         self.numbered.store(next);
+        // Its bookings go with it: their ids leave the index (a booking racing in through
+        // a handle is caught lazily by `owner_of`/`claim_id`).
+        for id in p.bookings().live_ids() {
+            self.by_selection.remove(id);
+        }
         true
     }
 
@@ -168,15 +197,28 @@ impl Engine {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Runs `f` with this thread's RNG for this engine, taken out of the thread-local list
+    /// for the call (so a host hook that selects again from inside a selection gets its
+    /// own RNG instead of a borrow conflict).
     fn with_rng<R>(&self, f: impl FnOnce(&mut SelectionRng) -> R) -> R {
-        RNG.with(|cell| {
-            let mut slot = cell.borrow_mut();
-            let rng = slot.get_or_insert_with(|| {
-                let n = self.threads.fetch_add(1, Ordering::Relaxed);
-                SelectionRng::from_seed(self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-            });
-            f(rng)
-        })
+        let taken = RNGS.with(|cell| {
+            let mut list = cell.borrow_mut();
+            let at = list.iter().position(|(uid, _)| *uid == self.uid)?;
+            Some(list.remove(at).1)
+        });
+        let mut rng = taken.unwrap_or_else(|| {
+            let n = self.threads.fetch_add(1, Ordering::Relaxed);
+            SelectionRng::from_seed(self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        });
+        let r = f(&mut rng);
+        RNGS.with(|cell| {
+            let mut list = cell.borrow_mut();
+            if list.len() >= RNGS_PER_THREAD {
+                list.remove(0);
+            }
+            list.push((self.uid, rng));
+        });
+        r
     }
 
     /// Advisory selection: decision and projected load, nothing booked.
@@ -215,10 +257,20 @@ impl Engine {
         req: &SelectRequest<'_>,
     ) -> Result<Outcome, EngineError> {
         self.check_owns(p)?;
-        let id = self.claim_id(p, req.selection_id)?;
-        let r = self.with_rng(|rng| p.select_and_reserve(req, id, Instant::now(), rng));
-        self.settle_claim(p, id, r.as_ref().ok())?;
-        Ok(r?)
+        let mut attempts = 0;
+        loop {
+            let id = self.claim_id(p, req.selection_id)?;
+            let r = self.with_rng(|rng| p.select_and_reserve(req, id, Instant::now(), rng));
+            self.settle_claim(p, id, r.as_ref().ok())?;
+            match r {
+                Err(SelectError::Reservation(ReservationError::DuplicateSelectionId(_)))
+                    if req.selection_id.is_none() && attempts < MINT_ATTEMPTS =>
+                {
+                    attempts += 1; // a minted id the table still remembers: mint again
+                }
+                r => return Ok(r?),
+            }
+        }
     }
 
     /// Books a request on a rank the caller chose.
@@ -249,11 +301,21 @@ impl Engine {
         selection_id: Option<SelectionId>,
     ) -> Result<Decision, EngineError> {
         self.check_owns(p)?;
-        let id = self.claim_id(p, selection_id)?;
-        let r = p.reserve(rank, prompt, prefill_tokens, id, Instant::now());
-        let outcome = r.as_ref().ok().map(|d| Outcome::Selected(d.clone()));
-        self.settle_claim(p, id, outcome.as_ref())?;
-        Ok(r?)
+        let mut attempts = 0;
+        loop {
+            let id = self.claim_id(p, selection_id)?;
+            let r = p.reserve(rank, prompt, prefill_tokens, id, Instant::now());
+            let outcome = r.as_ref().ok().map(|d| Outcome::Selected(d.clone()));
+            self.settle_claim(p, id, outcome.as_ref())?;
+            match r {
+                Err(SelectError::Reservation(ReservationError::DuplicateSelectionId(_)))
+                    if selection_id.is_none() && attempts < MINT_ATTEMPTS =>
+                {
+                    attempts += 1;
+                }
+                r => return Ok(r?),
+            }
+        }
     }
 
     /// `p` is a live partition of this engine (not removed, not another engine's): one
@@ -283,6 +345,17 @@ impl Engine {
         booking: BookingRequest,
     ) -> Result<(), EngineError> {
         self.check_owns(p)?;
+        // Selection ids are unique across the engine (DESIGN.md §2): not a booking of this
+        // engine's, nor one live in another partition.
+        let id = booking.selection_id;
+        let live_elsewhere = self.by_selection.get(id).is_some()
+            || self.partitions.entries().into_iter().any(|(_, q)| {
+                !std::ptr::eq(StdArc::as_ptr(&q), p)
+                    && matches!(q.bookings.status(id), Some(BookingStatus::Live(_)))
+            });
+        if live_elsewhere {
+            return Err(EngineError::DuplicateSelectionId(id));
+        }
         p.bookings
             .install_replica_booking(booking, Instant::now())?;
         p.bookings.ensure_sweeper(SWEEP_INTERVAL);
@@ -290,12 +363,38 @@ impl Engine {
     }
 
     /// Reserves `id` (minted or the caller's) in the id → partition index.
+    ///
+    /// A minted id that a caller already took is skipped (minting again). A caller's id
+    /// whose entry names a removed partition is a leftover of that partition and is
+    /// reclaimed; any other entry makes it a duplicate.
     fn claim_id(&self, p: &Partition, id: Option<SelectionId>) -> Result<SelectionId, EngineError> {
-        let id = id.unwrap_or_else(|| self.mint_selection_id());
-        self.by_selection
-            .insert_new(id, p.number())
-            .map_err(|_| EngineError::DuplicateSelectionId(id))?;
-        Ok(id)
+        let Some(id) = id else {
+            loop {
+                let id = self.mint_selection_id();
+                if self.by_selection.insert_new(id, p.number()).is_ok() {
+                    return Ok(id);
+                }
+            }
+        };
+        match self.by_selection.insert_new(id, p.number()) {
+            Ok(()) => Ok(id),
+            Err(number) if self.partition_numbered(number).is_none() => {
+                self.by_selection.remove(id);
+                self.by_selection
+                    .insert_new(id, p.number())
+                    .map_err(|_| EngineError::DuplicateSelectionId(id))?;
+                Ok(id)
+            }
+            Err(_) => Err(EngineError::DuplicateSelectionId(id)),
+        }
+    }
+
+    /// The live partition with this number, if any.
+    fn partition_numbered(&self, number: u64) -> Option<StdArc<Partition>> {
+        self.numbered
+            .guard()
+            .get(number as usize)
+            .and_then(|p| p.clone())
     }
 
     /// Keeps the id claimed only if a booking was made; starts the partition's sweep.
@@ -321,10 +420,12 @@ impl Engine {
     /// by the table that remembers it, idempotently).
     fn owner_of(&self, id: SelectionId) -> Result<StdArc<Partition>, EngineError> {
         if let Some(number) = self.by_selection.get(id) {
-            let numbered = self.numbered.load();
-            if let Some(Some(p)) = numbered.get(number as usize) {
-                if p.bookings.status(id).is_some() {
-                    return Ok(p.clone());
+            match self.partition_numbered(number) {
+                Some(p) if p.bookings.status(id).is_some() => return Ok(p),
+                Some(_) => {}
+                // The partition was removed after the booking was indexed: a leftover.
+                None => {
+                    self.by_selection.remove(id);
                 }
             }
         }

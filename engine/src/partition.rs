@@ -12,7 +12,7 @@ use crate::cost::CostConfig;
 use crate::hash::{BlockHasher, HashSalt};
 use crate::index::{DpRank, Index, IndexConfig, RankId, WorkerId};
 use crate::load::LoadView;
-use crate::reservation::{ReservationConfig, ReservationTable};
+use crate::reservation::{ForgetListener, ReservationConfig, ReservationTable};
 use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
 /// A routing domain: requests of one model (and routing group) go to its workers only.
@@ -200,15 +200,33 @@ pub struct Partition {
 
 impl Partition {
     pub fn new(key: PartitionKey, config: PartitionConfig) -> Self {
+        Self::build(key, config, None)
+    }
+
+    /// As [`Partition::new`], with a listener told the id of every booking the partition's
+    /// table frees on its own ([`ReservationTable::with_forget_listener`]).
+    pub fn with_forget_listener(
+        key: PartitionKey,
+        config: PartitionConfig,
+        forget: ForgetListener,
+    ) -> Self {
+        Self::build(key, config, Some(forget))
+    }
+
+    fn build(key: PartitionKey, config: PartitionConfig, forget: Option<ForgetListener>) -> Self {
         let bs = config.block_size.max(1);
         let salt = HashSalt::new(None, config.cache_namespace.as_deref());
-        let bookings = ReservationTable::new(ReservationConfig {
+        let table_config = ReservationConfig {
             // Loom models keep every structure minimal.
             shards: if cfg!(loom) { 1 } else { 64 },
             block_size: bs,
             default_ttl: config.booking_ttl,
             ..ReservationConfig::default()
-        });
+        };
+        let bookings = match forget {
+            Some(f) => ReservationTable::with_forget_listener(table_config, f),
+            None => ReservationTable::new(table_config),
+        };
         Partition {
             key,
             number: 0,

@@ -467,7 +467,13 @@ struct Inner {
     /// Raised by the table's `Drop` so the sweep thread exits at once.
     #[cfg(not(loom))]
     shutdown: AtomicBool,
+    /// Told the id of every booking freed by the table itself (expiry, rank removal), so
+    /// an index of ids kept outside the table (the engine's) can drop it too.
+    on_forget: Option<ForgetListener>,
 }
+
+/// See [`ReservationTable::with_forget_listener`].
+pub type ForgetListener = std::sync::Arc<dyn Fn(SelectionId) + Send + Sync>;
 
 /// Adds to a counter (an atomic read-modify-write; see the module docs, point 4).
 #[inline]
@@ -500,6 +506,7 @@ impl Inner {
             underflows: AtomicU64::new(0),
             #[cfg(not(loom))]
             shutdown: AtomicBool::new(false),
+            on_forget: None,
             config,
         }
     }
@@ -786,6 +793,16 @@ impl Inner {
         Ok(())
     }
 
+    /// Tells the listener (if any) about bookings the table freed on its own. Called with
+    /// no lock held.
+    fn forget(&self, ids: &[SelectionId]) {
+        if let Some(f) = &self.on_forget {
+            for &id in ids {
+                f(id);
+            }
+        }
+    }
+
     fn sweep_expired(&self, now: Instant) -> usize {
         let mut expired: Vec<Booking> = Vec::new();
         let mut ids: Vec<SelectionId> = Vec::new();
@@ -816,6 +833,7 @@ impl Inner {
             for b in expired.drain(..) {
                 self.release(&b);
             }
+            self.forget(&ids);
         }
         if total > 0 {
             self.expired_total
@@ -865,6 +883,7 @@ impl Inner {
             for b in taken.drain(..) {
                 self.release(&b);
             }
+            self.forget(&ids);
         }
         freed
     }
@@ -1002,8 +1021,21 @@ impl fmt::Debug for ReservationTable {
 impl ReservationTable {
     /// A table with no bookings. Spawns nothing and allocates only the shards.
     pub fn new(config: ReservationConfig) -> Self {
+        Self::with_listener(config, None)
+    }
+
+    /// A table that calls `f(id)` for every booking it frees on its own (expiry sweep,
+    /// [`ReservationTable::remove_rank`]), after releasing it and with no lock held; the
+    /// engine uses it to drop such ids from its selection-id index.
+    pub fn with_forget_listener(config: ReservationConfig, f: ForgetListener) -> Self {
+        Self::with_listener(config, Some(f))
+    }
+
+    fn with_listener(config: ReservationConfig, f: Option<ForgetListener>) -> Self {
+        let mut inner = Inner::new(config);
+        inner.on_forget = f;
         Self {
-            inner: Arc::new(Inner::new(config)),
+            inner: Arc::new(inner),
             #[cfg(not(loom))]
             sweeper: SweeperSlot::default(),
         }
@@ -1070,6 +1102,15 @@ impl ReservationTable {
     /// long forgotten is `Err(ReservationError::UnknownSelectionId(id))`.
     pub fn free(&self, id: SelectionId) -> Result<FreeOutcome, ReservationError> {
         self.inner.free(id)
+    }
+
+    /// Ids of the live bookings (a moment's view; for bulk clean-up, not the hot path).
+    pub fn live_ids(&self) -> Vec<SelectionId> {
+        let mut ids = Vec::new();
+        for shard in self.inner.shards.iter() {
+            ids.extend(shard.lock().live.keys().copied());
+        }
+        ids
     }
 
     /// Whether a booking with this id is live.

@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kvr::cost::CostOverrides;
+use std::time::{Duration, Instant};
+
 use kvr::engine::{Engine, EngineError};
 use kvr::partition::{HostHooks, PartitionConfig, PartitionKey, WorkerInfo};
+use kvr::reservation::{FreeOutcome, FreedBy};
 use kvr::select::{Outcome, SelectRequest, SessionContext};
 use kvr::{RankId, StoredBlock, Tier};
 
@@ -567,4 +570,197 @@ fn prompt_blocks_already_active_on_a_rank_add_no_decode_load_there() {
         assert_eq!(d.projected_decode_blocks, 16);
         assert!((d.cost - 32.0).abs() < 1e-9, "cost {}", d.cost);
     }
+}
+
+#[test]
+fn a_minted_selection_id_skips_ids_callers_have_taken() {
+    let e = engine(2);
+    let t = prompt(4);
+    let next = e.mint_selection_id() + 1;
+    let mut mine = SelectRequest::tokens(&t);
+    mine.selection_id = Some(next);
+    chosen(e.select_and_reserve(&key(), &mine).unwrap());
+    // The next minted id would be `next`: the engine skips it instead of failing.
+    let d = chosen(
+        e.select_and_reserve(&key(), &SelectRequest::tokens(&t))
+            .unwrap(),
+    );
+    assert_ne!(d.selection_id, Some(next));
+    let r = e
+        .reserve(&key(), RankId::new(0, 0), None, Some(1), None)
+        .unwrap();
+    assert_ne!(r.selection_id, Some(next));
+    // A caller's own id stays a duplicate.
+    assert_eq!(
+        e.select_and_reserve(&key(), &mine),
+        Err(EngineError::DuplicateSelectionId(next))
+    );
+}
+
+#[test]
+fn selection_ids_are_unique_across_the_engine_for_replica_bookings_too() {
+    let e = engine(2);
+    let other = PartitionKey::new("other", "default");
+    let q = e
+        .create_partition(other.clone(), PartitionConfig::new(BS))
+        .unwrap();
+    q.upsert_worker(WorkerInfo::new(9, 1));
+    let t = prompt(4);
+    let local = chosen(
+        e.select_and_reserve(&key(), &SelectRequest::tokens(&t))
+            .unwrap(),
+    )
+    .selection_id
+    .unwrap();
+    let replica = |id| kvr::reservation::BookingRequest {
+        selection_id: id,
+        rank: RankId::new(9, 0),
+        prompt_blocks: vec![1, 2],
+        prefill_tokens: 8,
+        expected_output_tokens: 0,
+        ttl: None,
+    };
+    assert_eq!(
+        e.install_replica_booking(&other, replica(local)),
+        Err(EngineError::DuplicateSelectionId(local)),
+        "an id live as a local booking elsewhere"
+    );
+    e.install_replica_booking(&other, replica(5_000)).unwrap();
+    assert_eq!(
+        e.install_replica_booking(&key(), replica(5_000)),
+        Err(EngineError::DuplicateSelectionId(5_000)),
+        "an id live as a replica booking in another partition"
+    );
+    assert!(matches!(e.free(5_000), Ok(FreeOutcome::Freed(_))));
+    assert!(matches!(e.free(local), Ok(FreeOutcome::Freed(_))));
+}
+
+#[test]
+fn a_hook_may_select_again_from_inside_a_selection() {
+    let e = Arc::new(engine(2));
+    let inner = Arc::downgrade(&e);
+    let nested = Arc::new(AtomicUsize::new(0));
+    let seen = nested.clone();
+    let p = e.partition(&key()).unwrap();
+    p.set_hooks(HostHooks {
+        availability: Some(Arc::new(move |_: RankId| {
+            if let Some(e) = inner.upgrade() {
+                if seen.fetch_add(1, Ordering::Relaxed) == 0 {
+                    let t = prompt(2);
+                    chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap());
+                }
+            }
+            true
+        })),
+        ..HostHooks::default()
+    });
+    let t = prompt(4);
+    chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap());
+    assert!(
+        nested.load(Ordering::Relaxed) >= 2,
+        "the hook ran, and again inside"
+    );
+    p.set_hooks(HostHooks::default());
+}
+
+#[test]
+fn each_engine_keeps_its_own_seeded_tie_breaks_on_a_shared_thread() {
+    let picks = |e: &Engine| -> Vec<u64> {
+        let t = prompt(4);
+        (0..64)
+            .map(|_| {
+                chosen(e.select(&key(), &SelectRequest::tokens(&t)).unwrap())
+                    .rank
+                    .worker_id
+            })
+            .collect()
+    };
+    let alone = std::thread::spawn(move || {
+        let b = Engine::with_seed(99);
+        let p = b.create_partition(key(), PartitionConfig::new(BS)).unwrap();
+        for w in 0..8 {
+            p.upsert_worker(WorkerInfo::new(w, 1));
+        }
+        picks(&b)
+    })
+    .join()
+    .unwrap();
+    let shared = std::thread::spawn(move || {
+        let a = engine(8); // seed 7, selects first on this thread
+        picks(&a);
+        let b = Engine::with_seed(99);
+        let p = b.create_partition(key(), PartitionConfig::new(BS)).unwrap();
+        for w in 0..8 {
+            p.upsert_worker(WorkerInfo::new(w, 1));
+        }
+        picks(&b)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        alone, shared,
+        "engine 99's choices depend on another engine"
+    );
+}
+
+/// Books and frees enough other (minted) ids that every shard of the partition's table
+/// forgets what it freed before (its recently-freed memory is bounded).
+fn churn_recently_freed(e: &Engine) {
+    for _ in 0..40_000 {
+        let d = e
+            .reserve(&key(), RankId::new(0, 0), None, Some(1), None)
+            .unwrap();
+        e.free(d.selection_id.unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn ids_of_bookings_that_vanish_without_a_free_can_be_used_again() {
+    let e = engine(2);
+    let t = prompt(4);
+    let p = e.partition(&key()).unwrap();
+    // 1. The booking's rank leaves the partition.
+    let mut r77 = SelectRequest::tokens(&t);
+    r77.selection_id = Some(77);
+    r77.pinned_worker = Some(1);
+    chosen(e.select_and_reserve(&key(), &r77).unwrap());
+    assert!(p.remove_worker(1));
+    p.upsert_worker(WorkerInfo::new(1, 1));
+    assert!(matches!(
+        e.free(77),
+        Ok(FreeOutcome::AlreadyFreed(FreedBy::RankRemoved))
+    ));
+    // 2. It expires and the sweep frees it.
+    let mut r78 = SelectRequest::tokens(&t);
+    r78.selection_id = Some(78);
+    r78.ttl = Some(Duration::from_millis(1));
+    chosen(e.select_and_reserve(&key(), &r78).unwrap());
+    assert_eq!(
+        p.bookings()
+            .sweep_expired(Instant::now() + Duration::from_secs(1)),
+        1
+    );
+    assert_eq!(
+        e.select_and_reserve(&key(), &r78),
+        Err(EngineError::DuplicateSelectionId(78)),
+        "while the table remembers 78 as freed, it stays taken (idempotent frees)"
+    );
+    // Once the table has forgotten them, the ids are unknown and free to book again.
+    churn_recently_freed(&e);
+    for (id, r) in [(77, &r77), (78, &r78)] {
+        assert_eq!(e.free(id), Err(EngineError::UnknownSelectionId(id)));
+        let d = chosen(e.select_and_reserve(&key(), r).unwrap());
+        assert_eq!(d.selection_id, Some(id));
+        assert!(matches!(e.free(id), Ok(FreeOutcome::Freed(_))));
+    }
+    // 3. Its partition is removed: the id is unknown at once and free in a new partition.
+    let mut r79 = SelectRequest::tokens(&t);
+    r79.selection_id = Some(79);
+    chosen(e.select_and_reserve(&key(), &r79).unwrap());
+    assert!(e.remove_partition(&key()));
+    assert_eq!(e.free(79), Err(EngineError::UnknownSelectionId(79)));
+    let p2 = e.create_partition(key(), PartitionConfig::new(BS)).unwrap();
+    p2.upsert_worker(WorkerInfo::new(0, 1));
+    chosen(e.select_and_reserve(&key(), &r79).unwrap());
+    assert!(matches!(e.free(79), Ok(FreeOutcome::Freed(_))));
 }
