@@ -187,8 +187,8 @@ typedef struct kvr_block_range {
  * Block ranges of the prompt (given by sequence hashes) present in the host's shared KV
  * cache: write up to `cap` ranges to `out`, their number to `*out_len`, return 0. If more
  * than `cap` exist, write the number needed to `*out_len` and return 0: kvr calls again
- * with room for them. Non-zero = the lookup failed: counted, and the selection goes on
- * without shared-cache hits.
+ * with room for them (up to 65,536 ranges; more counts as a failed lookup). Non-zero =
+ * the lookup failed: counted, and the selection goes on without shared-cache hits.
  */
 typedef int32_t (*kvr_shared_cache_fn)(void *user_data,
                                        const uint64_t *seq_hashes,
@@ -390,6 +390,9 @@ typedef struct kvr_index_stats {
    * All index memory in bytes.
    */
   uint64_t bytes;
+  /**
+   * Stored events received, including those refused (`parent_not_found`).
+   */
   uint64_t stored_events;
   uint64_t removed_events;
   uint64_t cleared_events;
@@ -849,8 +852,13 @@ kvr_status kvr_partition_block_size(const struct kvr_partition *partition,
 /**
  * Replaces the partition's host hooks (`hooks` NULL = remove them all). The struct is
  * copied; `user_data` must stay valid until `release` is called (or, without `release`,
- * until the hooks are replaced and the partition handle freed). Selections already
- * running finish with the hooks they started with.
+ * until the hooks are replaced and the partition is gone). Selections already running
+ * finish with the hooks they started with.
+ *
+ * `release` is called exactly once per accepted `kvr_hooks`: when no selection can use
+ * them any more. With no hook function set that is at once, before this returns. If the
+ * call fails with `KVR_ERR_NULL` it was not accepted (no release); after `KVR_ERR_PANIC`
+ * it has been released.
  *
  * # Safety
  * `partition` is NULL or live; `hooks` is NULL or readable, its functions callable from
@@ -1076,7 +1084,8 @@ kvr_status kvr_request_set_overrides(struct kvr_request *req,
                                      double shared_cache_multiplier);
 
 /**
- * Output tokens the request is expected to produce (booked into decode load).
+ * Output tokens the request is expected to produce, recorded on the booking (as
+ * Dynamo, decode load grows as output is reported: `kvr_engine_add_output_blocks`).
  *
  * # Safety
  * `req` is NULL or live and not shared during the call.
@@ -1374,4 +1383,4 @@ kvr_status kvr_partition_publish_load(const struct kvr_partition *partition,
 #endif  /* KVR_H */
 
 /* References the library's ABI-generation symbol, so a mismatched library fails to link. */
-#define KVR_ABI_CHECK() ((void)kvr_abi_1)
+#define KVR_ABI_CHECK() ((void)*(const volatile uint32_t *)&kvr_abi_1)

@@ -51,8 +51,8 @@ pub type kvr_available_fn =
 /// Block ranges of the prompt (given by sequence hashes) present in the host's shared KV
 /// cache: write up to `cap` ranges to `out`, their number to `*out_len`, return 0. If more
 /// than `cap` exist, write the number needed to `*out_len` and return 0: kvr calls again
-/// with room for them. Non-zero = the lookup failed: counted, and the selection goes on
-/// without shared-cache hits.
+/// with room for them (up to 65,536 ranges; more counts as a failed lookup). Non-zero =
+/// the lookup failed: counted, and the selection goes on without shared-cache hits.
 #[allow(non_camel_case_types)]
 pub type kvr_shared_cache_fn = Option<
     unsafe extern "C" fn(
@@ -219,8 +219,13 @@ fn host_hooks(h: kvr_hooks) -> HostHooks {
 
 /// Replaces the partition's host hooks (`hooks` NULL = remove them all). The struct is
 /// copied; `user_data` must stay valid until `release` is called (or, without `release`,
-/// until the hooks are replaced and the partition handle freed). Selections already
-/// running finish with the hooks they started with.
+/// until the hooks are replaced and the partition is gone). Selections already running
+/// finish with the hooks they started with.
+///
+/// `release` is called exactly once per accepted `kvr_hooks`: when no selection can use
+/// them any more. With no hook function set that is at once, before this returns. If the
+/// call fails with `KVR_ERR_NULL` it was not accepted (no release); after `KVR_ERR_PANIC`
+/// it has been released.
 ///
 /// # Safety
 /// `partition` is NULL or live; `hooks` is NULL or readable, its functions callable from

@@ -361,7 +361,8 @@ pub unsafe extern "C" fn kvr_request_set_overrides(
     }
 }
 
-/// Output tokens the request is expected to produce (booked into decode load).
+/// Output tokens the request is expected to produce, recorded on the booking (as
+/// Dynamo, decode load grows as output is reported: `kvr_engine_add_output_blocks`).
 ///
 /// # Safety
 /// `req` is NULL or live and not shared during the call.

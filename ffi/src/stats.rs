@@ -19,6 +19,7 @@ pub struct kvr_index_stats {
     pub tier_blocks: [u64; 3],
     /// All index memory in bytes.
     pub bytes: u64,
+    /// Stored events received, including those refused (`parent_not_found`).
     pub stored_events: u64,
     pub removed_events: u64,
     pub cleared_events: u64,

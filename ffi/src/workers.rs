@@ -124,13 +124,9 @@ pub unsafe extern "C" fn kvr_worker_set_control_endpoint(
     len: usize,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    let ep = match unsafe { str_arg(endpoint, len) } {
-        Ok(s) => s,
-        Err(s) => return guard(|| Err(s)),
-    };
-    // SAFETY: forwarded caller contract.
     unsafe {
         with_worker(worker, |w| {
+            let ep = str_arg(endpoint, len)?;
             let slot = w
                 .control_endpoints
                 .get_mut(dp_rank as usize)
@@ -188,14 +184,12 @@ pub unsafe extern "C" fn kvr_worker_add_lora_adapter(
     len: usize,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    let name = match unsafe { str_arg(name, len) } {
-        Ok(s) if !s.is_empty() => s,
-        Ok(_) => return guard(|| Err(KVR_ERR_INVALID_ARGUMENT)),
-        Err(s) => return guard(|| Err(s)),
-    };
-    // SAFETY: forwarded caller contract.
     unsafe {
         with_worker(worker, |w| {
+            let name = str_arg(name, len)?;
+            if name.is_empty() {
+                return Err(KVR_ERR_INVALID_ARGUMENT);
+            }
             if !w.lora_adapters.iter().any(|a| a == name) {
                 w.lora_adapters.push(name.to_owned());
             }
@@ -217,14 +211,9 @@ pub unsafe extern "C" fn kvr_worker_set_label(
     value_len: usize,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    let kv = unsafe { str_arg(key, key_len).and_then(|k| Ok((k, str_arg(value, value_len)?))) };
-    let (k, v) = match kv {
-        Ok(kv) => kv,
-        Err(s) => return guard(|| Err(s)),
-    };
-    // SAFETY: forwarded caller contract.
     unsafe {
         with_worker(worker, |w| {
+            let (k, v) = (str_arg(key, key_len)?, str_arg(value, value_len)?);
             w.labels.insert(k.to_owned(), v.to_owned());
             Ok(())
         })
