@@ -1,0 +1,1222 @@
+/*
+ * kvr.hpp: a header-only C++17 wrapper over kvr.h (namespace kvr).
+ *
+ * Error model: EXCEPTIONS. Every C call whose status is not KVR_OK throws kvr::Error
+ * (a std::runtime_error) carrying the kvr_status (Error::status()) and the message of
+ * kvr_status_str(), prefixed with the C function that failed. The exceptions to the
+ * rule are outcomes a correct caller meets in normal operation:
+ *   - KVR_BUSY and KVR_NO_WORKER from select / select_and_reserve are returned as a
+ *     kvr::Selection (outcome Selected, Busy or NoWorker, plus the kvr_decision);
+ *   - KVR_BUFFER_TOO_SMALL never reaches the caller: lookups and hashing write into a
+ *     caller std::vector, growing it and retrying;
+ *   - a batch of KV events of which the index refused some (KVR_ERR_PARENT_NOT_FOUND,
+ *     KVR_ERR_TOO_MANY_RANKS: the other events were applied) is returned as an
+ *     ApplyResult with `refusal` set, so the counts are not lost; a malformed batch
+ *     (nothing applied) throws.
+ * Using an empty (moved-from) handle throws kvr::Error with KVR_ERR_NULL; destroying it
+ * is a no-op. ABI: Engine's constructors call check_abi() (AbiMismatch, a
+ * std::runtime_error, if the linked library is of another generation) and so reference
+ * kvr_abi_1, which makes linking against a library of another generation fail.
+ *
+ * Ownership: Engine, EngineOptions, Partition, PartitionOptions, Worker and Request own
+ * one C handle each; they are move-only and free it in their destructors. A Partition
+ * keeps its engine alive (the C rule), so they may be destroyed in any order. get()
+ * lends the C handle, release() gives it up, X::adopt(ptr) takes one over.
+ *
+ * Threads (the C rule): member functions marked `const` wrap functions taking a
+ * `const kvr_x *` and may be called on one object from many threads at once; non-const
+ * ones (option and worker setters, Request setters) need the object exclusively.
+ *
+ * Borrowing: Request::set_tokens and Request::set_local_hashes BORROW the array (kvr
+ * does not copy the prompt): it must stay valid and unchanged until the request is
+ * reset, given another prompt, or destroyed, and during every selection using it.
+ * Overloads taking temporaries (rvalue vectors/arrays, braced lists) are deleted to
+ * catch the obvious dangling cases. kvr_event values built by stored_event() /
+ * removed_event() borrow their arrays too, until apply_events returns.
+ *
+ * Spans: C++17 has no std::span, so kvr::Span<T> is a (pointer, size) view
+ * constructible from std::vector, std::array, C arrays, any contiguous container with
+ * data()/size() (temporaries only for Span<const T>), or (pointer, length). It has no
+ * std::initializer_list constructor on purpose (a view of a braced list dangles at the
+ * end of the full expression); set_allowed_workers also takes a braced list (copied).
+ * Strings are std::string_view (UTF-8, not NUL-terminated).
+ *
+ * Hooks: kvr::Hooks holds std::function members; Partition::set_hooks moves them to a
+ * heap-allocated box passed to kvr as user_data, whose kvr `release` callback runs
+ * Hooks::on_release (if set) and deletes the box, exactly once. The bridges are
+ * noexcept and catch every exception (reported to Hooks::on_error if set) and answer
+ * as if that hook were absent: no estimate, not overloaded, available, shared-cache
+ * lookup failed, LoRA filter failed. Hooks are called from any selecting thread,
+ * concurrently, with no kvr lock held: the std::function targets must be thread-safe.
+ *
+ * Everything here is inline: the header may be included from any number of
+ * translation units of one program.
+ */
+
+#ifndef KVR_HPP
+#define KVR_HPP
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <initializer_list>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kvr.h"
+
+namespace kvr {
+
+// ---------------------------------------------------------------------------------------
+// Versions, statuses, errors
+// ---------------------------------------------------------------------------------------
+
+inline constexpr uint32_t version_major = KVR_VERSION_MAJOR;
+inline constexpr uint32_t version_minor = KVR_VERSION_MINOR;
+inline constexpr uint32_t version_patch = KVR_VERSION_PATCH;
+/// The ABI generation this header was generated for.
+inline constexpr uint32_t header_abi_version = KVR_ABI_VERSION;
+
+/// The static message kvr has for `status` (never NULL).
+inline const char *status_str(kvr_status status) noexcept { return kvr_status_str(status); }
+
+/// How many C calls in this process returned `status` (KVR_OK reads 0).
+inline uint64_t status_count(kvr_status status) noexcept { return kvr_status_count(status); }
+
+/// The ABI generation of the linked library.
+inline uint32_t abi_version() noexcept { return kvr_abi_version(); }
+
+/// The library's ABI-generation symbol, read through a volatile so that the reference
+/// (and so the link-time check of KVR_ABI_CHECK) cannot be optimised away.
+inline uint32_t linked_abi_symbol() noexcept {
+    return *static_cast<const volatile uint32_t *>(&kvr_abi_1);
+}
+
+/// Whether the linked library is of this header's ABI generation.
+inline bool abi_compatible() noexcept {
+    return abi_version() == KVR_ABI_VERSION && linked_abi_symbol() == KVR_ABI_VERSION;
+}
+
+/// Thrown by check_abi() when the linked library is of another ABI generation.
+class AbiMismatch : public std::runtime_error {
+public:
+    explicit AbiMismatch(uint32_t library)
+        : std::runtime_error("kvr: linked library has ABI generation " +
+                             std::to_string(library) + ", this header " +
+                             std::to_string(KVR_ABI_VERSION)),
+          library_(library) {}
+    uint32_t library_abi() const noexcept { return library_; }
+
+private:
+    uint32_t library_;
+};
+
+/// Throws AbiMismatch unless abi_compatible().
+inline void check_abi() {
+    if (!abi_compatible()) throw AbiMismatch(abi_version());
+}
+
+/// A failed kvr call: its status and kvr_status_str's message.
+class Error : public std::runtime_error {
+public:
+    explicit Error(kvr_status status, const char *function = nullptr)
+        : std::runtime_error(message(status, function)), status_(status) {}
+
+    kvr_status status() const noexcept { return status_; }
+
+private:
+    static std::string message(kvr_status status, const char *function) {
+        std::string m = "kvr: ";
+        if (function != nullptr) {
+            m += function;
+            m += ": ";
+        }
+        m += kvr_status_str(status);
+        m += " (status ";
+        m += std::to_string(status);
+        m += ")";
+        return m;
+    }
+
+    kvr_status status_;
+};
+
+namespace detail {
+inline void check(kvr_status status, const char *function) {
+    if (status != KVR_OK) throw Error(status, function);
+}
+[[noreturn]] inline void throw_null(const char *function) { throw Error(KVR_ERR_NULL, function); }
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// Span
+// ---------------------------------------------------------------------------------------
+
+/// A minimal non-owning (pointer, size) view (C++17 has no std::span).
+template <class T>
+class Span {
+    template <class C>
+    using elem_of = std::remove_pointer_t<decltype(std::data(std::declval<C &>()))>;
+
+public:
+    using element_type = T;
+    using value_type = std::remove_cv_t<T>;
+    using pointer = T *;
+    using iterator = T *;
+
+    constexpr Span() noexcept = default;
+    constexpr Span(T *data, std::size_t size) noexcept : data_(data), size_(size) {}
+
+    /// Any contiguous container or array with std::data/std::size whose elements convert
+    /// to T (qualification conversions only). Temporaries only for Span<const T>.
+    template <class C,
+              class E = elem_of<std::remove_reference_t<C>>,
+              std::enable_if_t<std::is_convertible<E (*)[], T (*)[]>::value &&
+                                   (std::is_lvalue_reference<C>::value || std::is_const<T>::value),
+                               int> = 0>
+    constexpr Span(C &&c) noexcept
+        : data_(std::data(c)), size_(static_cast<std::size_t>(std::size(c))) {}
+
+    constexpr T *data() const noexcept { return data_; }
+    constexpr std::size_t size() const noexcept { return size_; }
+    constexpr bool empty() const noexcept { return size_ == 0; }
+    constexpr T *begin() const noexcept { return data_; }
+    constexpr T *end() const noexcept { return data_ + size_; }
+    constexpr T &operator[](std::size_t i) const noexcept { return data_[i]; }
+    constexpr Span subspan(std::size_t offset, std::size_t count) const noexcept {
+        return Span(data_ + offset, count);
+    }
+
+private:
+    T *data_ = nullptr;
+    std::size_t size_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// Plain values
+// ---------------------------------------------------------------------------------------
+
+using Decision = kvr_decision;
+using Overlap = kvr_overlap;
+using RankLoad = kvr_rank_load;
+using StoredBlock = kvr_stored_block;
+using Event = kvr_event;
+using BlockRange = kvr_block_range;
+using IndexStats = kvr_index_stats;
+using SelectionStats = kvr_selection_stats;
+using BookingStats = kvr_booking_stats;
+using ActiveLoad = kvr_active_load;
+
+enum class Tier : uint32_t {
+    Device = KVR_TIER_DEVICE,
+    Host = KVR_TIER_HOST,
+    Disk = KVR_TIER_DISK,
+};
+
+enum class Role : uint32_t {
+    Aggregated = KVR_ROLE_AGGREGATED,
+    Prefill = KVR_ROLE_PREFILL,
+    Decode = KVR_ROLE_DECODE,
+};
+
+/// How free_booking found the booking (KVR_FREED_*).
+enum class FreedBy : uint32_t {
+    Now = KVR_FREED_NOW,
+    ByCaller = KVR_FREED_BY_CALLER,
+    Expired = KVR_FREED_EXPIRED,
+    RankRemoved = KVR_FREED_RANK_REMOVED,
+};
+
+/// The outcome of a selection: KVR_OK, KVR_BUSY or KVR_NO_WORKER.
+enum class Outcome { Selected, Busy, NoWorker };
+
+/// A selection's result: the outcome, and the decision when Selected (zeros otherwise).
+struct Selection {
+    Outcome outcome = Outcome::NoWorker;
+    kvr_decision decision{};
+
+    bool selected() const noexcept { return outcome == Outcome::Selected; }
+    explicit operator bool() const noexcept { return selected(); }
+    const kvr_decision *operator->() const noexcept { return &decision; }
+    const kvr_decision &operator*() const noexcept { return decision; }
+    /// The status the C call returned (KVR_OK, KVR_BUSY or KVR_NO_WORKER).
+    kvr_status status() const noexcept {
+        return outcome == Outcome::Selected ? KVR_OK
+               : outcome == Outcome::Busy   ? KVR_BUSY
+                                            : KVR_NO_WORKER;
+    }
+    /// The decision, or kvr::Error with KVR_BUSY / KVR_NO_WORKER.
+    const kvr_decision &value() const {
+        if (!selected()) throw Error(status(), "kvr::Selection::value");
+        return decision;
+    }
+};
+
+/// What one apply_events call did. `refusal` is KVR_OK, or the first refusal
+/// (KVR_ERR_PARENT_NOT_FOUND, KVR_ERR_TOO_MANY_RANKS) when the index skipped some events
+/// of the batch (the others were applied; events_rejected counts the skipped).
+struct ApplyResult : kvr_apply_result {
+    ApplyResult() noexcept : kvr_apply_result{} {}
+    kvr_status refusal = KVR_OK;
+    bool all_applied() const noexcept { return refusal == KVR_OK; }
+    /// Throws kvr::Error with the refusal, if any.
+    void throw_if_refused() const {
+        if (refusal != KVR_OK) throw Error(refusal, "kvr_partition_apply_events");
+    }
+};
+
+/// Both hash outputs of a prompt: local block hashes and chained sequence hashes.
+struct BlockHashes {
+    std::vector<uint64_t> local;
+    std::vector<uint64_t> seq;
+};
+
+/// Per-request cost overrides; unset = the partition's value (NaN in C).
+struct Overrides {
+    std::optional<double> overlap_score_credit;
+    std::optional<double> prefill_load_scale;
+    std::optional<double> temperature;
+    std::optional<double> shared_cache_multiplier;
+};
+
+/// A replica peer's booking (see kvr_replica_booking); prompt_blocks is read during the
+/// call only.
+struct ReplicaBooking {
+    uint64_t selection_id = 0;
+    uint64_t worker_id = 0;
+    uint32_t dp_rank = 0;
+    Span<const uint64_t> prompt_blocks;
+    uint64_t prefill_tokens = 0;
+    uint64_t expected_output_tokens = 0;
+    uint64_t ttl_ms = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// KV events
+// ---------------------------------------------------------------------------------------
+
+/// A stored event: `blocks` in chain order, extending `parent` if given. Borrows
+/// `blocks` (keep it alive until apply_events returns).
+inline kvr_event stored_event(Span<const kvr_stored_block> blocks,
+                              std::optional<uint64_t> parent = std::nullopt,
+                              Tier tier = Tier::Device) noexcept {
+    kvr_event e{};
+    e.kind = KVR_EVENT_STORED;
+    e.tier = static_cast<uint32_t>(tier);
+    e.has_parent = parent.has_value() ? 1u : 0u;
+    e.parent = parent.value_or(0);
+    e.blocks = blocks.data();
+    e.n_blocks = blocks.size();
+    return e;
+}
+
+// A braced list would dangle as soon as the event outlives the full expression.
+kvr_event stored_event(std::initializer_list<kvr_stored_block>, std::optional<uint64_t> = std::nullopt,
+                       Tier = Tier::Device) = delete;
+
+/// A removed event of engine block hashes. Borrows `external_hashes`.
+inline kvr_event removed_event(Span<const uint64_t> external_hashes,
+                               Tier tier = Tier::Device) noexcept {
+    kvr_event e{};
+    e.kind = KVR_EVENT_REMOVED;
+    e.tier = static_cast<uint32_t>(tier);
+    e.removed = external_hashes.data();
+    e.n_removed = external_hashes.size();
+    return e;
+}
+
+kvr_event removed_event(std::initializer_list<uint64_t>, Tier = Tier::Device) = delete;
+
+/// The rank dropped its whole cache.
+inline kvr_event cleared_event() noexcept {
+    kvr_event e{};
+    e.kind = KVR_EVENT_CLEARED;
+    return e;
+}
+
+/// Zips engine hashes and kvr local hashes into stored blocks (appended to `out`).
+inline void stored_blocks(Span<const uint64_t> external, Span<const uint64_t> local,
+                          std::vector<kvr_stored_block> &out) {
+    if (external.size() != local.size()) throw Error(KVR_ERR_INVALID_ARGUMENT, "kvr::stored_blocks");
+    out.reserve(out.size() + external.size());
+    for (std::size_t i = 0; i < external.size(); ++i) out.push_back({external[i], local[i]});
+}
+
+inline std::vector<kvr_stored_block> stored_blocks(Span<const uint64_t> external,
+                                                   Span<const uint64_t> local) {
+    std::vector<kvr_stored_block> out;
+    stored_blocks(external, local, out);
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Handles
+// ---------------------------------------------------------------------------------------
+
+namespace detail {
+template <class T>
+struct Free;
+template <>
+struct Free<kvr_engine> {
+    void operator()(kvr_engine *p) const noexcept { kvr_engine_free(p); }
+};
+template <>
+struct Free<kvr_engine_options> {
+    void operator()(kvr_engine_options *p) const noexcept { kvr_engine_options_free(p); }
+};
+template <>
+struct Free<kvr_partition> {
+    void operator()(kvr_partition *p) const noexcept { kvr_partition_free(p); }
+};
+template <>
+struct Free<kvr_partition_options> {
+    void operator()(kvr_partition_options *p) const noexcept { kvr_partition_options_free(p); }
+};
+template <>
+struct Free<kvr_worker> {
+    void operator()(kvr_worker *p) const noexcept { kvr_worker_free(p); }
+};
+template <>
+struct Free<kvr_request> {
+    void operator()(kvr_request *p) const noexcept { kvr_request_free(p); }
+};
+
+/// A move-only owner of one C handle (empty after a move; freeing empty is a no-op).
+template <class T>
+class Handle {
+public:
+    Handle(Handle &&) noexcept = default;
+    Handle &operator=(Handle &&) noexcept = default;
+    Handle(const Handle &) = delete;
+    Handle &operator=(const Handle &) = delete;
+    ~Handle() = default;
+
+    /// The C handle (NULL if empty); still owned by this object.
+    T *get() const noexcept { return p_.get(); }
+    /// Gives up ownership of the C handle (the caller frees it); leaves this empty.
+    T *release() noexcept { return p_.release(); }
+    explicit operator bool() const noexcept { return p_ != nullptr; }
+
+protected:
+    Handle() noexcept = default;
+    explicit Handle(T *owned) noexcept : p_(owned) {}
+    /// The handle, or kvr::Error(KVR_ERR_NULL) if empty.
+    T *live(const char *function) const {
+        if (!p_) throw_null(function);
+        return p_.get();
+    }
+
+    std::unique_ptr<T, Free<T>> p_;
+};
+
+/// Tag of the constructors adopting a C handle (see the classes' adopt()).
+struct Adopt {};
+
+template <class T, class F>
+T *make_handle(F &&create, const char *function) {
+    T *out = nullptr;
+    check(create(&out), function);
+    return out;
+}
+}  // namespace detail
+
+class Engine;
+class Partition;
+class Request;
+
+/// Engine options (kvr_engine_options).
+class EngineOptions : public detail::Handle<kvr_engine_options> {
+public:
+    /// New options, every value at its default.
+    EngineOptions()
+        : Handle(detail::make_handle<kvr_engine_options>(
+              [](kvr_engine_options **o) { return kvr_engine_options_new(o); },
+              "kvr_engine_options_new")) {}
+    /// Takes ownership of a C handle (NULL = an empty object).
+    static EngineOptions adopt(kvr_engine_options *owned) noexcept { return EngineOptions(detail::Adopt{}, owned); }
+    EngineOptions(detail::Adopt, kvr_engine_options *owned) noexcept : Handle(owned) {}
+
+    /// Seeds the engine's random tie-breaks (reproducible runs).
+    EngineOptions &set_seed(uint64_t seed) {
+        detail::check(kvr_engine_options_set_seed(live("kvr_engine_options_set_seed"), seed),
+                      "kvr_engine_options_set_seed");
+        return *this;
+    }
+};
+
+/// Partition options (kvr_partition_options): block size plus optional knobs.
+class PartitionOptions : public detail::Handle<kvr_partition_options> {
+public:
+    /// New options for blocks of `block_size` tokens (≥ 1).
+    explicit PartitionOptions(uint32_t block_size)
+        : Handle(detail::make_handle<kvr_partition_options>(
+              [block_size](kvr_partition_options **o) {
+                  return kvr_partition_options_new(block_size, o);
+              },
+              "kvr_partition_options_new")) {}
+    /// Takes ownership of a C handle (NULL = an empty object).
+    static PartitionOptions adopt(kvr_partition_options *owned) noexcept { return PartitionOptions(detail::Adopt{}, owned); }
+    PartitionOptions(detail::Adopt, kvr_partition_options *owned) noexcept : Handle(owned) {}
+
+    PartitionOptions &set_cache_namespace(std::string_view ns) {
+        const char *fn = "kvr_partition_options_set_cache_namespace";
+        detail::check(kvr_partition_options_set_cache_namespace(live(fn), ns.data(), ns.size()), fn);
+        return *this;
+    }
+    PartitionOptions &set_booking_ttl_ms(uint64_t ttl_ms) {
+        const char *fn = "kvr_partition_options_set_booking_ttl_ms";
+        detail::check(kvr_partition_options_set_booking_ttl_ms(live(fn), ttl_ms), fn);
+        return *this;
+    }
+    PartitionOptions &set_overlap_score_credit(double v) {
+        const char *fn = "kvr_partition_options_set_overlap_score_credit";
+        detail::check(kvr_partition_options_set_overlap_score_credit(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_prefill_load_scale(double v) {
+        const char *fn = "kvr_partition_options_set_prefill_load_scale";
+        detail::check(kvr_partition_options_set_prefill_load_scale(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_host_cache_hit_weight(double v) {
+        const char *fn = "kvr_partition_options_set_host_cache_hit_weight";
+        detail::check(kvr_partition_options_set_host_cache_hit_weight(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_disk_cache_hit_weight(double v) {
+        const char *fn = "kvr_partition_options_set_disk_cache_hit_weight";
+        detail::check(kvr_partition_options_set_disk_cache_hit_weight(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_shared_cache_multiplier(double v) {
+        const char *fn = "kvr_partition_options_set_shared_cache_multiplier";
+        detail::check(kvr_partition_options_set_shared_cache_multiplier(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_temperature(double v) {
+        const char *fn = "kvr_partition_options_set_temperature";
+        detail::check(kvr_partition_options_set_temperature(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_decode_active_request_weight(double v) {
+        const char *fn = "kvr_partition_options_set_decode_active_request_weight";
+        detail::check(kvr_partition_options_set_decode_active_request_weight(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_credit_decay(double v) {
+        const char *fn = "kvr_partition_options_set_credit_decay";
+        detail::check(kvr_partition_options_set_credit_decay(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_busy_decode_blocks_fraction(double v) {
+        const char *fn = "kvr_partition_options_set_busy_decode_blocks_fraction";
+        detail::check(kvr_partition_options_set_busy_decode_blocks_fraction(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_busy_prefill_tokens_fraction(double v) {
+        const char *fn = "kvr_partition_options_set_busy_prefill_tokens_fraction";
+        detail::check(kvr_partition_options_set_busy_prefill_tokens_fraction(live(fn), v), fn);
+        return *this;
+    }
+    PartitionOptions &set_busy_prefill_tokens(uint64_t tokens) {
+        const char *fn = "kvr_partition_options_set_busy_prefill_tokens";
+        detail::check(kvr_partition_options_set_busy_prefill_tokens(live(fn), tokens), fn);
+        return *this;
+    }
+};
+
+/// A worker's metadata under construction (kvr_worker); upsert_worker copies it.
+class Worker : public detail::Handle<kvr_worker> {
+public:
+    /// Worker `worker_id` with `dp_size` (≥ 1) data-parallel ranks, role aggregated.
+    explicit Worker(uint64_t worker_id, uint32_t dp_size = 1)
+        : Handle(detail::make_handle<kvr_worker>(
+              [&](kvr_worker **w) { return kvr_worker_new(worker_id, dp_size, w); },
+              "kvr_worker_new")) {}
+    /// Takes ownership of a C handle (NULL = an empty object).
+    static Worker adopt(kvr_worker *owned) noexcept { return Worker(detail::Adopt{}, owned); }
+    Worker(detail::Adopt, kvr_worker *owned) noexcept : Handle(owned) {}
+
+    Worker &set_role(Role role) {
+        const char *fn = "kvr_worker_set_role";
+        detail::check(kvr_worker_set_role(live(fn), static_cast<uint32_t>(role)), fn);
+        return *this;
+    }
+    /// The endpoint peers pull KV blocks of rank `dp_rank` from (empty = clear).
+    Worker &set_control_endpoint(uint32_t dp_rank, std::string_view endpoint) {
+        const char *fn = "kvr_worker_set_control_endpoint";
+        detail::check(
+            kvr_worker_set_control_endpoint(live(fn), dp_rank, endpoint.data(), endpoint.size()), fn);
+        return *this;
+    }
+    Worker &set_total_kv_blocks(uint64_t blocks) {
+        const char *fn = "kvr_worker_set_total_kv_blocks";
+        detail::check(kvr_worker_set_total_kv_blocks(live(fn), blocks), fn);
+        return *this;
+    }
+    Worker &set_max_batched_tokens(uint64_t tokens) {
+        const char *fn = "kvr_worker_set_max_batched_tokens";
+        detail::check(kvr_worker_set_max_batched_tokens(live(fn), tokens), fn);
+        return *this;
+    }
+    Worker &add_lora_adapter(std::string_view name) {
+        const char *fn = "kvr_worker_add_lora_adapter";
+        detail::check(kvr_worker_add_lora_adapter(live(fn), name.data(), name.size()), fn);
+        return *this;
+    }
+    Worker &set_label(std::string_view key, std::string_view value) {
+        const char *fn = "kvr_worker_set_label";
+        detail::check(
+            kvr_worker_set_label(live(fn), key.data(), key.size(), value.data(), value.size()), fn);
+        return *this;
+    }
+};
+
+/// A reusable selection request (kvr_request). Setters need it exclusively; selections
+/// only read it (one Request may serve concurrent selections if nobody sets it then).
+class Request : public detail::Handle<kvr_request> {
+public:
+    /// A new, empty request.
+    Request()
+        : Handle(detail::make_handle<kvr_request>(
+              [](kvr_request **r) { return kvr_request_new(r); }, "kvr_request_new")) {}
+    /// Takes ownership of a C handle (NULL = an empty object).
+    static Request adopt(kvr_request *owned) noexcept { return Request(detail::Adopt{}, owned); }
+    Request(detail::Adopt, kvr_request *owned) noexcept : Handle(owned) {}
+
+    /// Clears every field (keeps the request's buffers for reuse).
+    Request &reset() {
+        detail::check(kvr_request_reset(live("kvr_request_reset")), "kvr_request_reset");
+        return *this;
+    }
+
+    /// The prompt as token ids. BORROWED, not copied: `tokens` must stay valid and
+    /// unchanged until reset / another prompt / destruction, and during every selection.
+    Request &set_tokens(Span<const uint32_t> tokens) {
+        const char *fn = "kvr_request_set_tokens";
+        detail::check(kvr_request_set_tokens(live(fn), tokens.data(), tokens.size()), fn);
+        return *this;
+    }
+    // Temporaries would dangle: refused at compile time.
+    template <class A>
+    Request &set_tokens(std::vector<uint32_t, A> &&) = delete;
+    template <std::size_t N>
+    Request &set_tokens(std::array<uint32_t, N> &&) = delete;
+    Request &set_tokens(std::initializer_list<uint32_t>) = delete;
+
+    /// The prompt as local block hashes plus its length in tokens. BORROWED, as
+    /// set_tokens.
+    Request &set_local_hashes(Span<const uint64_t> hashes, uint64_t prompt_tokens) {
+        const char *fn = "kvr_request_set_local_hashes";
+        detail::check(
+            kvr_request_set_local_hashes(live(fn), hashes.data(), hashes.size(), prompt_tokens), fn);
+        return *this;
+    }
+    template <class A>
+    Request &set_local_hashes(std::vector<uint64_t, A> &&, uint64_t) = delete;
+    template <std::size_t N>
+    Request &set_local_hashes(std::array<uint64_t, N> &&, uint64_t) = delete;
+    Request &set_local_hashes(std::initializer_list<uint64_t>, uint64_t) = delete;
+
+    /// The LoRA adapter (copied; empty = none).
+    Request &set_lora(std::string_view name) {
+        const char *fn = "kvr_request_set_lora";
+        detail::check(kvr_request_set_lora(live(fn), name.data(), name.size()), fn);
+        return *this;
+    }
+    /// The allow-set (copied). Empty = no worker allowed (NoWorker); to allow every
+    /// worker, do not set it (or reset()).
+    Request &set_allowed_workers(Span<const uint64_t> workers) {
+        const char *fn = "kvr_request_set_allowed_workers";
+        detail::check(kvr_request_set_allowed_workers(live(fn), workers.data(), workers.size()), fn);
+        return *this;
+    }
+    Request &set_allowed_workers(std::initializer_list<uint64_t> workers) {
+        return set_allowed_workers(Span<const uint64_t>(workers.begin(), workers.size()));
+    }
+    Request &set_pinned_worker(uint64_t worker_id) {
+        const char *fn = "kvr_request_set_pinned_worker";
+        detail::check(kvr_request_set_pinned_worker(live(fn), worker_id), fn);
+        return *this;
+    }
+    /// The structured session context (copied; `session_id` must not be empty; empty
+    /// parent / trigger = none).
+    Request &set_session(std::string_view session_id, std::string_view parent_session_id = {},
+                         bool session_final = false, std::string_view input_trigger = {}) {
+        const char *fn = "kvr_request_set_session";
+        detail::check(kvr_request_set_session(live(fn), session_id.data(), session_id.size(),
+                                              parent_session_id.data(), parent_session_id.size(),
+                                              session_final ? 1u : 0u, input_trigger.data(),
+                                              input_trigger.size()),
+                      fn);
+        return *this;
+    }
+    /// A legacy flat session id (copied; empty = none).
+    Request &set_legacy_session_id(std::string_view id) {
+        const char *fn = "kvr_request_set_legacy_session_id";
+        detail::check(kvr_request_set_legacy_session_id(live(fn), id.data(), id.size()), fn);
+        return *this;
+    }
+    /// Per-request cost overrides (unset = the partition's value; infinities refused).
+    Request &set_overrides(const Overrides &o) {
+        const char *fn = "kvr_request_set_overrides";
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        detail::check(kvr_request_set_overrides(live(fn), o.overlap_score_credit.value_or(nan),
+                                                o.prefill_load_scale.value_or(nan),
+                                                o.temperature.value_or(nan),
+                                                o.shared_cache_multiplier.value_or(nan)),
+                      fn);
+        return *this;
+    }
+    Request &set_expected_output_tokens(uint64_t tokens) {
+        const char *fn = "kvr_request_set_expected_output_tokens";
+        detail::check(kvr_request_set_expected_output_tokens(live(fn), tokens), fn);
+        return *this;
+    }
+    /// Booked modes: the caller's own selection id (0 = let the engine mint one).
+    Request &set_selection_id(uint64_t id) {
+        const char *fn = "kvr_request_set_selection_id";
+        detail::check(kvr_request_set_selection_id(live(fn), id), fn);
+        return *this;
+    }
+    /// Booked modes: the booking's lifetime (0 = the partition's default).
+    Request &set_ttl_ms(uint64_t ttl_ms) {
+        const char *fn = "kvr_request_set_ttl_ms";
+        detail::check(kvr_request_set_ttl_ms(live(fn), ttl_ms), fn);
+        return *this;
+    }
+
+private:
+    friend class Partition;
+    const kvr_request *checked(const char *fn) const { return live(fn); }
+};
+
+// ---------------------------------------------------------------------------------------
+// Hooks
+// ---------------------------------------------------------------------------------------
+
+/// A partition's host hooks; an empty std::function = that hook absent. Called from any
+/// selecting thread, concurrently: targets must be thread-safe.
+struct Hooks {
+    /// Projected prefill tokens on a rank, or nullopt for "no estimate".
+    std::function<std::optional<uint64_t>(uint64_t worker_id, uint32_t dp_rank,
+                                          uint64_t prompt_tokens, uint64_t cached_tokens)>
+        prefill_estimate;
+    /// true = the rank is overloaded now (not chosen; all overloaded = Busy).
+    std::function<bool(uint64_t worker_id, uint32_t dp_rank)> overloaded;
+    /// false = the rank cannot take requests (not a candidate).
+    std::function<bool(uint64_t worker_id, uint32_t dp_rank)> available;
+    /// Block ranges of the prompt (sequence hashes) in the host's shared cache: append
+    /// them to `ranges` (given empty) and return true; false = the lookup failed. If more
+    /// ranges are found than kvr offered room for, kvr asks again (a second call).
+    std::function<bool(Span<const uint64_t> seq_hashes, std::vector<kvr_block_range> &ranges)>
+        shared_cache;
+    /// Which of `workers` serve `lora`: set serves[i] non-zero, return true; false = no
+    /// narrowing.
+    std::function<bool(std::string_view lora, Span<const uint64_t> workers, Span<uint8_t> serves)>
+        lora_filter;
+    /// Called once when kvr drops these hooks (replaced, cleared, or partition gone).
+    /// Note: kvr drops hooks that set no hook function at all immediately, inside
+    /// set_hooks (libkvr 0.1.0 behaviour).
+    std::function<void()> on_release;
+    /// Called (from the hook's thread) when a hook threw; `hook` names it.
+    std::function<void(const char *hook, std::exception_ptr error)> on_error;
+};
+
+namespace detail {
+struct HookBox {
+    explicit HookBox(Hooks h) : hooks(std::move(h)) {}
+    Hooks hooks;
+
+    void report(const char *hook) const noexcept {
+        if (!hooks.on_error) return;
+        try {
+            hooks.on_error(hook, std::current_exception());
+        } catch (...) {
+        }
+    }
+};
+
+inline void hook_release(void *ud) noexcept {
+    auto *box = static_cast<HookBox *>(ud);
+    if (box->hooks.on_release) {
+        try {
+            box->hooks.on_release();
+        } catch (...) {
+            box->report("on_release");
+        }
+    }
+    delete box;
+}
+
+inline int32_t hook_prefill_estimate(void *ud, uint64_t worker_id, uint32_t dp_rank,
+                                     uint64_t prompt_tokens, uint64_t cached_tokens,
+                                     uint64_t *out_tokens) noexcept {
+    const auto *box = static_cast<const HookBox *>(ud);
+    try {
+        std::optional<uint64_t> v =
+            box->hooks.prefill_estimate(worker_id, dp_rank, prompt_tokens, cached_tokens);
+        if (!v) return 1;
+        *out_tokens = *v;
+        return 0;
+    } catch (...) {
+        box->report("prefill_estimate");
+        return 1;
+    }
+}
+
+inline int32_t hook_overloaded(void *ud, uint64_t worker_id, uint32_t dp_rank) noexcept {
+    const auto *box = static_cast<const HookBox *>(ud);
+    try {
+        return box->hooks.overloaded(worker_id, dp_rank) ? 1 : 0;
+    } catch (...) {
+        box->report("overloaded");
+        return 0;
+    }
+}
+
+inline int32_t hook_available(void *ud, uint64_t worker_id, uint32_t dp_rank) noexcept {
+    const auto *box = static_cast<const HookBox *>(ud);
+    try {
+        return box->hooks.available(worker_id, dp_rank) ? 1 : 0;
+    } catch (...) {
+        box->report("available");
+        return 1;
+    }
+}
+
+inline int32_t hook_shared_cache(void *ud, const uint64_t *seq_hashes, std::size_t n,
+                                 kvr_block_range *out, std::size_t cap,
+                                 std::size_t *out_len) noexcept {
+    const auto *box = static_cast<const HookBox *>(ud);
+    try {
+        // Reused per thread: no allocation per selection once warmed up.
+        static thread_local std::vector<kvr_block_range> ranges;
+        ranges.clear();
+        if (!box->hooks.shared_cache(Span<const uint64_t>(seq_hashes, n), ranges)) return 1;
+        *out_len = ranges.size();
+        if (ranges.size() <= cap) std::copy(ranges.begin(), ranges.end(), out);
+        return 0;
+    } catch (...) {
+        box->report("shared_cache");
+        return 1;
+    }
+}
+
+inline int32_t hook_lora_filter(void *ud, const char *lora, std::size_t lora_len,
+                                const uint64_t *workers, std::size_t n,
+                                uint8_t *out_serves) noexcept {
+    const auto *box = static_cast<const HookBox *>(ud);
+    try {
+        return box->hooks.lora_filter(std::string_view(lora, lora_len),
+                                      Span<const uint64_t>(workers, n), Span<uint8_t>(out_serves, n))
+                   ? 0
+                   : 1;
+    } catch (...) {
+        box->report("lora_filter");
+        return 1;
+    }
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// Partition
+// ---------------------------------------------------------------------------------------
+
+/// A handle to one partition (model, routing group) of an engine. Obtained from
+/// Engine::create_partition / get_partition; default-constructed = empty.
+class Partition : public detail::Handle<kvr_partition> {
+public:
+    Partition() noexcept = default;
+    /// Takes ownership of a C handle (NULL = an empty object).
+    static Partition adopt(kvr_partition *owned) noexcept { return Partition(detail::Adopt{}, owned); }
+    Partition(detail::Adopt, kvr_partition *owned) noexcept : Handle(owned) {}
+
+    uint32_t block_size() const {
+        const char *fn = "kvr_partition_block_size";
+        uint32_t out = 0;
+        detail::check(kvr_partition_block_size(live(fn), &out), fn);
+        return out;
+    }
+
+    /// Replaces the partition's hooks with `hooks` (see Hooks). The previous hooks are
+    /// released once no selection uses them any more.
+    void set_hooks(Hooks hooks) const {
+        const char *fn = "kvr_partition_set_hooks";
+        const kvr_partition *p = live(fn);
+        auto box = std::make_unique<detail::HookBox>(std::move(hooks));
+        const Hooks &h = box->hooks;
+        kvr_hooks c{};
+        c.user_data = box.get();
+        c.release = &detail::hook_release;
+        c.prefill_estimate = h.prefill_estimate ? &detail::hook_prefill_estimate : nullptr;
+        c.overloaded = h.overloaded ? &detail::hook_overloaded : nullptr;
+        c.available = h.available ? &detail::hook_available : nullptr;
+        c.shared_cache = h.shared_cache ? &detail::hook_shared_cache : nullptr;
+        c.lora_filter = h.lora_filter ? &detail::hook_lora_filter : nullptr;
+        const kvr_status s = kvr_partition_set_hooks(p, &c);
+        // OK: kvr owns the box (release deletes it). After a caught panic we cannot tell
+        // whether kvr already released it: leak it rather than risk a double delete.
+        if (s == KVR_OK || s == KVR_ERR_PANIC) (void)box.release();
+        detail::check(s, fn);
+    }
+
+    /// Removes every hook (the previous ones are released as set_hooks says).
+    void clear_hooks() const {
+        const char *fn = "kvr_partition_set_hooks";
+        detail::check(kvr_partition_set_hooks(live(fn), nullptr), fn);
+    }
+
+    /// Adds the worker or replaces its metadata (copied).
+    void upsert_worker(const Worker &worker) const {
+        const char *fn = "kvr_partition_upsert_worker";
+        if (!worker) detail::throw_null(fn);
+        detail::check(kvr_partition_upsert_worker(live(fn), worker.get()), fn);
+    }
+
+    /// Removes a worker (its index entries, load and bookings); Error KVR_ERR_UNKNOWN_WORKER
+    /// if it was not a member.
+    void remove_worker(uint64_t worker_id) const {
+        const char *fn = "kvr_partition_remove_worker";
+        detail::check(kvr_partition_remove_worker(live(fn), worker_id), fn);
+    }
+
+    /// Publishes one batch of load reports atomically; returns the load view's version.
+    uint64_t publish_load(Span<const kvr_rank_load> loads) const {
+        const char *fn = "kvr_partition_publish_load";
+        uint64_t version = 0;
+        detail::check(kvr_partition_publish_load(live(fn), loads.data(), loads.size(), &version), fn);
+        return version;
+    }
+
+    /// Applies one rank's batch of events in order. Throws if the batch is malformed
+    /// (nothing applied); refusals of single events are reported in the result.
+    ApplyResult apply_events(uint64_t worker_id, uint32_t dp_rank,
+                             Span<const kvr_event> events) const {
+        const char *fn = "kvr_partition_apply_events";
+        ApplyResult r;
+        const kvr_status s =
+            kvr_partition_apply_events(live(fn), worker_id, dp_rank, events.data(), events.size(), &r);
+        if (s == KVR_ERR_PARENT_NOT_FOUND || s == KVR_ERR_TOO_MANY_RANKS) {
+            r.refusal = s;
+            return r;
+        }
+        detail::check(s, fn);
+        return r;
+    }
+
+    ApplyResult apply_event(uint64_t worker_id, uint32_t dp_rank, const kvr_event &event) const {
+        return apply_events(worker_id, dp_rank, Span<const kvr_event>(&event, 1));
+    }
+
+    /// Device overlap per rank of a prompt (local hashes) into `out` (resized to the
+    /// answer; its capacity is reused, grown as needed). Returns the number of entries.
+    std::size_t find_matches(Span<const uint64_t> local_hashes, std::vector<kvr_overlap> &out) const {
+        return lookup(&kvr_partition_find_matches, "kvr_partition_find_matches", local_hashes, out);
+    }
+    std::vector<kvr_overlap> find_matches(Span<const uint64_t> local_hashes) const {
+        std::vector<kvr_overlap> out;
+        find_matches(local_hashes, out);
+        return out;
+    }
+
+    /// Tiered overlap per rank (device, host, disk), as find_matches.
+    std::size_t find_matches_tiered(Span<const uint64_t> local_hashes,
+                                    std::vector<kvr_overlap> &out) const {
+        return lookup(&kvr_partition_find_matches_tiered, "kvr_partition_find_matches_tiered",
+                      local_hashes, out);
+    }
+    std::vector<kvr_overlap> find_matches_tiered(Span<const uint64_t> local_hashes) const {
+        std::vector<kvr_overlap> out;
+        find_matches_tiered(local_hashes, out);
+        return out;
+    }
+
+    /// Block hashes of `tokens` with the partition's block size and namespace into
+    /// `local` and/or `seq` (either may be NULL; resized to the number of complete
+    /// blocks, which is returned).
+    std::size_t hash_tokens(Span<const uint32_t> tokens, std::vector<uint64_t> *local,
+                            std::vector<uint64_t> *seq, std::string_view lora = {}) const;
+    BlockHashes hash_tokens(Span<const uint32_t> tokens, std::string_view lora = {}) const {
+        BlockHashes h;
+        hash_tokens(tokens, &h.local, &h.seq, lora);
+        return h;
+    }
+
+    /// Advisory selection: books nothing.
+    Selection select(const Request &req) const {
+        return selection(&kvr_partition_select, "kvr_partition_select", req);
+    }
+
+    /// Booked selection: decision.selection_id names the booking (Engine::free_booking).
+    Selection select_and_reserve(const Request &req) const {
+        return selection(&kvr_partition_select_and_reserve, "kvr_partition_select_and_reserve", req);
+    }
+
+    /// Books a request on a rank the caller chose (no scoring); `req` may be NULL.
+    /// `prefill_tokens` overrides the prefill booked; `selection_id` 0 = the request's,
+    /// else minted.
+    kvr_decision reserve(uint64_t worker_id, uint32_t dp_rank, const Request *req = nullptr,
+                         std::optional<uint64_t> prefill_tokens = std::nullopt,
+                         uint64_t selection_id = 0) const {
+        const char *fn = "kvr_partition_reserve";
+        const kvr_partition *p = live(fn);
+        const kvr_request *r = req != nullptr ? req->checked(fn) : nullptr;
+        const uint64_t prefill = prefill_tokens.value_or(0);
+        kvr_decision d{};
+        detail::check(kvr_partition_reserve(p, worker_id, dp_rank, r,
+                                            prefill_tokens ? &prefill : nullptr, selection_id, &d),
+                      fn);
+        return d;
+    }
+    kvr_decision reserve(uint64_t worker_id, uint32_t dp_rank, const Request &req,
+                         std::optional<uint64_t> prefill_tokens = std::nullopt,
+                         uint64_t selection_id = 0) const {
+        return reserve(worker_id, dp_rank, &req, prefill_tokens, selection_id);
+    }
+
+    /// Installs a replica peer's booking.
+    void install_replica_booking(const kvr_replica_booking &booking) const {
+        const char *fn = "kvr_partition_install_replica_booking";
+        detail::check(kvr_partition_install_replica_booking(live(fn), &booking), fn);
+    }
+    void install_replica_booking(const ReplicaBooking &b) const {
+        kvr_replica_booking c{};
+        c.selection_id = b.selection_id;
+        c.worker_id = b.worker_id;
+        c.dp_rank = b.dp_rank;
+        c.prompt_blocks = b.prompt_blocks.data();
+        c.n_prompt_blocks = b.prompt_blocks.size();
+        c.prefill_tokens = b.prefill_tokens;
+        c.expected_output_tokens = b.expected_output_tokens;
+        c.ttl_ms = b.ttl_ms;
+        install_replica_booking(c);
+    }
+
+    kvr_index_stats index_stats() const {
+        return read<kvr_index_stats>(&kvr_partition_index_stats, "kvr_partition_index_stats");
+    }
+    kvr_selection_stats selection_stats() const {
+        return read<kvr_selection_stats>(&kvr_partition_selection_stats,
+                                         "kvr_partition_selection_stats");
+    }
+    kvr_booking_stats booking_stats() const {
+        return read<kvr_booking_stats>(&kvr_partition_booking_stats, "kvr_partition_booking_stats");
+    }
+    /// The engine's live bookings on rank (worker_id, dp_rank).
+    kvr_active_load active_load(uint64_t worker_id, uint32_t dp_rank) const {
+        const char *fn = "kvr_partition_active_load";
+        kvr_active_load out{};
+        detail::check(kvr_partition_active_load(live(fn), worker_id, dp_rank, &out), fn);
+        return out;
+    }
+
+private:
+    using LookupFn = kvr_status (*)(const kvr_partition *, const uint64_t *, std::size_t,
+                                    kvr_overlap *, std::size_t, std::size_t *);
+    using SelectFn = kvr_status (*)(const kvr_partition *, const kvr_request *, kvr_decision *);
+
+    std::size_t lookup(LookupFn f, const char *fn, Span<const uint64_t> hashes,
+                       std::vector<kvr_overlap> &out) const {
+        const kvr_partition *p = live(fn);
+        for (;;) {
+            if (out.size() < out.capacity()) out.resize(out.capacity());
+            std::size_t n = 0;
+            const kvr_status s = f(p, hashes.data(), hashes.size(), out.data(), out.size(), &n);
+            if (s == KVR_BUFFER_TOO_SMALL) {  // the index may grow again meanwhile: loop
+                out.resize(n);
+                continue;
+            }
+            detail::check(s, fn);
+            out.resize(n);
+            return n;
+        }
+    }
+
+    Selection selection(SelectFn f, const char *fn, const Request &req) const {
+        Selection sel;
+        const kvr_status s = f(live(fn), req.checked(fn), &sel.decision);
+        switch (s) {
+            case KVR_OK: sel.outcome = Outcome::Selected; break;
+            case KVR_BUSY: sel.outcome = Outcome::Busy; break;
+            case KVR_NO_WORKER: sel.outcome = Outcome::NoWorker; break;
+            default: throw Error(s, fn);
+        }
+        return sel;
+    }
+
+    template <class T>
+    T read(kvr_status (*f)(const kvr_partition *, T *), const char *fn) const {
+        T out{};
+        detail::check(f(live(fn), &out), fn);
+        return out;
+    }
+};
+
+namespace detail {
+/// Hashing into caller vectors with kvr's buffer protocol: offer each vector's
+/// capacity (at least 1, so a wanted output is never passed as NULL), grow on
+/// KVR_BUFFER_TOO_SMALL, and trim to the number of blocks.
+template <class Call>
+std::size_t hash_into(Call call, const char *fn, std::vector<uint64_t> *local,
+                      std::vector<uint64_t> *seq) {
+    for (;;) {
+        std::size_t cap = SIZE_MAX;
+        for (std::vector<uint64_t> *v : {local, seq}) {
+            if (v == nullptr) continue;
+            v->resize(std::max<std::size_t>(v->capacity(), 1));
+            cap = std::min(cap, v->size());
+        }
+        if (local == nullptr && seq == nullptr) cap = 0;
+        std::size_t n = 0;
+        const kvr_status s = call(local != nullptr ? local->data() : nullptr,
+                                  seq != nullptr ? seq->data() : nullptr, cap, &n);
+        if (s == KVR_BUFFER_TOO_SMALL) {
+            for (std::vector<uint64_t> *v : {local, seq})
+                if (v != nullptr) v->resize(n);
+            continue;
+        }
+        check(s, fn);
+        for (std::vector<uint64_t> *v : {local, seq})
+            if (v != nullptr) v->resize(n);
+        return n;
+    }
+}
+}  // namespace detail
+
+inline std::size_t Partition::hash_tokens(Span<const uint32_t> tokens, std::vector<uint64_t> *local,
+                                          std::vector<uint64_t> *seq, std::string_view lora) const {
+    const char *fn = "kvr_partition_hash_tokens";
+    const kvr_partition *p = live(fn);
+    return detail::hash_into(
+        [&](uint64_t *l, uint64_t *s, std::size_t cap, std::size_t *n) {
+            return kvr_partition_hash_tokens(p, lora.data(), lora.size(), tokens.data(), tokens.size(),
+                                             l, s, cap, n);
+        },
+        fn, local, seq);
+}
+
+/// Block hashes of `tokens` for blocks of `block_size` tokens (Dynamo's), salted by
+/// `lora` and `cache_namespace` (empty = none), into `local` and/or `seq` (either may be
+/// NULL; resized to the number of complete blocks, which is returned).
+inline std::size_t hash_tokens(uint32_t block_size, Span<const uint32_t> tokens,
+                               std::vector<uint64_t> *local, std::vector<uint64_t> *seq,
+                               std::string_view lora = {}, std::string_view cache_namespace = {}) {
+    return detail::hash_into(
+        [&](uint64_t *l, uint64_t *s, std::size_t cap, std::size_t *n) {
+            return kvr_hash_tokens(block_size, lora.data(), lora.size(), cache_namespace.data(),
+                                   cache_namespace.size(), tokens.data(), tokens.size(), l, s, cap, n);
+        },
+        "kvr_hash_tokens", local, seq);
+}
+
+inline BlockHashes hash_tokens(uint32_t block_size, Span<const uint32_t> tokens,
+                               std::string_view lora = {}, std::string_view cache_namespace = {}) {
+    BlockHashes h;
+    hash_tokens(block_size, tokens, &h.local, &h.seq, lora, cache_namespace);
+    return h;
+}
+
+// ---------------------------------------------------------------------------------------
+// Engine
+// ---------------------------------------------------------------------------------------
+
+/// The selection engine (kvr_engine): partitions and the booking lifecycle.
+class Engine : public detail::Handle<kvr_engine> {
+public:
+    /// A new engine with default options.
+    Engine() : Engine(WithOptions{}, nullptr) {}
+    /// A new engine with `opts` (only read; may be destroyed afterwards).
+    explicit Engine(const EngineOptions &opts) : Engine(WithOptions{}, options_of(opts)) {}
+    /// Takes ownership of a C handle (NULL = an empty object).
+    static Engine adopt(kvr_engine *owned) noexcept { return Engine(detail::Adopt{}, owned); }
+    Engine(detail::Adopt, kvr_engine *owned) noexcept : Handle(owned) {}
+
+    /// A fresh engine-unique selection id (never 0).
+    uint64_t mint_selection_id() const {
+        const char *fn = "kvr_engine_mint_selection_id";
+        uint64_t id = 0;
+        detail::check(kvr_engine_mint_selection_id(live(fn), &id), fn);
+        return id;
+    }
+
+    /// Creates partition (model, group); Error KVR_ERR_PARTITION_EXISTS if it exists.
+    Partition create_partition(std::string_view model, std::string_view group,
+                               const PartitionOptions &opts) const {
+        const char *fn = "kvr_engine_create_partition";
+        const kvr_engine *e = live(fn);
+        if (!opts) detail::throw_null(fn);
+        kvr_partition *out = nullptr;
+        detail::check(kvr_engine_create_partition(e, model.data(), model.size(), group.data(),
+                                                  group.size(), opts.get(), &out),
+                      fn);
+        return Partition::adopt(out);
+    }
+
+    /// A new handle to partition (model, group); Error KVR_ERR_UNKNOWN_PARTITION if none.
+    Partition get_partition(std::string_view model, std::string_view group) const {
+        const char *fn = "kvr_engine_get_partition";
+        kvr_partition *out = nullptr;
+        detail::check(kvr_engine_get_partition(live(fn), model.data(), model.size(), group.data(),
+                                               group.size(), &out),
+                      fn);
+        return Partition::adopt(out);
+    }
+
+    /// Removes partition (model, group); its handles stay valid to read and free.
+    void remove_partition(std::string_view model, std::string_view group) const {
+        const char *fn = "kvr_engine_remove_partition";
+        detail::check(
+            kvr_engine_remove_partition(live(fn), model.data(), model.size(), group.data(), group.size()),
+            fn);
+    }
+
+    /// The booking's prefill is done (idempotent).
+    void mark_prefill_complete(uint64_t selection_id) const {
+        const char *fn = "kvr_engine_mark_prefill_complete";
+        detail::check(kvr_engine_mark_prefill_complete(live(fn), selection_id), fn);
+    }
+
+    /// The booking produced `n` more output blocks.
+    void add_output_blocks(uint64_t selection_id, uint64_t n) const {
+        const char *fn = "kvr_engine_add_output_blocks";
+        detail::check(kvr_engine_add_output_blocks(live(fn), selection_id, n), fn);
+    }
+
+    /// Frees the booking (idempotent); says how it found it.
+    FreedBy free_booking(uint64_t selection_id) const {
+        const char *fn = "kvr_engine_free_booking";
+        uint32_t how = 0;
+        detail::check(kvr_engine_free_booking(live(fn), selection_id, &how), fn);
+        return static_cast<FreedBy>(how);
+    }
+
+private:
+    struct WithOptions {};
+    static const kvr_engine_options *options_of(const EngineOptions &opts) {
+        if (!opts) detail::throw_null("kvr_engine_new");
+        return opts.get();
+    }
+    Engine(WithOptions, const kvr_engine_options *opts)
+        : Handle(detail::make_handle<kvr_engine>(
+              [opts](kvr_engine **e) {
+                  check_abi();
+                  return kvr_engine_new(opts, e);
+              },
+              "kvr_engine_new")) {}
+};
+
+}  // namespace kvr
+
+#endif  // KVR_HPP
