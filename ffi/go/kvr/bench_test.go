@@ -1,0 +1,139 @@
+package kvr
+
+import (
+	"testing"
+)
+
+// benchPartition: 64 workers, block size 16, a 256-token prompt (16 blocks) of which
+// worker w holds the first w % 17 blocks (so overlaps from 0 to 16 blocks).
+func benchPartition(b *testing.B) (*Engine, *Partition, []uint32, []uint64) {
+	b.Helper()
+	e := newEngine(b)
+	p := testPartition(b, e, "bench", 64)
+	tokens := promptTokens(256, 1234)
+	local, seq, err := p.HashTokens("", tokens, nil, nil)
+	must(b, err)
+	blocks := StoredBlocks(seq, local)
+	for w := 1; w <= 64; w++ {
+		if n := w % 17; n > 0 {
+			if _, err := p.ApplyEvents(uint64(w), 0, []Event{StoredEvent(TierDevice, blocks[:n])}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return e, p, tokens, local
+}
+
+// BenchmarkSelect: one advisory selection through cgo (one cgo call: the C helper sets
+// the borrowed prompt, selects and clears the prompt).
+func BenchmarkSelect(b *testing.B) {
+	_, p, tokens, _ := benchPartition(b)
+	req, err := NewRequest()
+	must(b, err)
+	defer req.Close()
+	prompt := Tokens(tokens)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d, err := p.Select(req, prompt)
+		if err != nil || d.Outcome != Selected {
+			b.Fatal(d, err)
+		}
+	}
+}
+
+// BenchmarkSelectParallel: Select from GOMAXPROCS goroutines, one Request each.
+func BenchmarkSelectParallel(b *testing.B) {
+	_, p, tokens, _ := benchPartition(b)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req, err := NewRequest()
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer req.Close()
+		for pb.Next() {
+			if d, err := p.Select(req, Tokens(tokens)); err != nil || d.Outcome != Selected {
+				b.Error(d, err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkSelectAndReserveFree: a booked selection and its FreeBooking (two cgo calls).
+func BenchmarkSelectAndReserveFree(b *testing.B) {
+	e, p, tokens, _ := benchPartition(b)
+	req, err := NewRequest()
+	must(b, err)
+	defer req.Close()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d, err := p.SelectAndReserve(req, Tokens(tokens))
+		if err != nil || d.Outcome != Selected {
+			b.Fatal(d, err)
+		}
+		if _, err := e.FreeBooking(d.SelectionID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFindMatches: the index lookup alone, into a reused buffer.
+func BenchmarkFindMatches(b *testing.B) {
+	_, p, _, local := benchPartition(b)
+	out := make([]Overlap, 0, 64)
+	var err error
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if out, err = p.FindMatches(local, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkNoopCgo: the cheapest cgo call (kvr_abi_version), to subtract from the
+// others: the Go↔C transition cost per call.
+func BenchmarkNoopCgo(b *testing.B) {
+	var sum uint32
+	for i := 0; i < b.N; i++ {
+		sum += ABIVersion()
+	}
+	if sum == 0 && b.N > 0 {
+		b.Fatal("ABIVersion returned 0")
+	}
+}
+
+// BenchmarkSelectC: BenchmarkSelect's selections in a C loop (one cgo call in all):
+// BenchmarkSelect − BenchmarkSelectC is the binding's overhead per selection.
+func BenchmarkSelectC(b *testing.B) {
+	_, p, tokens, _ := benchPartition(b)
+	req, err := NewRequest()
+	must(b, err)
+	defer req.Close()
+	b.ResetTimer()
+	if err := benchSelectLoop(p, req, tokens, uint64(b.N)); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkSelectWithHook: Select with an Overloaded hook, a C→Go callback per
+// candidate rank (64 per selection); minus BenchmarkSelect, over 64, is one callback.
+func BenchmarkSelectWithHook(b *testing.B) {
+	_, p, tokens, _ := benchPartition(b)
+	must(b, p.SetHooks(&Hooks{Overloaded: func(Rank) bool { return false }}))
+	req, err := NewRequest()
+	must(b, err)
+	defer req.Close()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if d, err := p.Select(req, Tokens(tokens)); err != nil || d.Outcome != Selected {
+			b.Fatal(d, err)
+		}
+	}
+}

@@ -1,0 +1,23 @@
+package kvr
+
+// #include "shim.h"
+import "C"
+
+import (
+	"runtime"
+	"unsafe"
+)
+
+// benchSelectLoop runs iters advisory selections of tokens in one C loop (no Go→C
+// transition per selection): BenchmarkSelectC's baseline for the binding's overhead.
+func benchSelectLoop(p *Partition, req *Request, tokens []uint32, iters uint64) error {
+	if p.ptr == nil || req.ptr == nil {
+		return ErrClosed
+	}
+	tp, tn := cu32(tokens)
+	st := C.kvrgo_bench_select_loop(uptr(unsafe.Pointer(p.ptr)), uptr(unsafe.Pointer(req.ptr)), tp, tn, C.uint64_t(iters))
+	runtime.KeepAlive(p)
+	runtime.KeepAlive(req)
+	runtime.KeepAlive(tokens)
+	return check(st, "kvr_partition_select")
+}

@@ -1,0 +1,3 @@
+module github.com/kvr-dev/kvr/ffi/go/kvr
+
+go 1.19

@@ -1,0 +1,205 @@
+package kvr
+
+// #include "shim.h"
+import "C"
+
+import (
+	"math"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Request is a reusable selection request: everything but the prompt, which each
+// selection call takes (Prompt) and borrows for that call only. Every setter copies its
+// input. Use a Request from one goroutine at a time (including while a selection uses
+// it); Reset it between requests. A Request that is reused allocates nothing per
+// selection.
+type Request struct {
+	ptr *C.kvr_request
+	// out receives the decision of the selections that use this request (Go memory
+	// without pointers, reused: no allocation per call).
+	out C.kvr_decision
+}
+
+// NewRequest returns an empty request.
+func NewRequest() (*Request, error) {
+	var ptr *C.kvr_request
+	gc()
+	st := C.kvr_request_new(&ptr)
+	gc()
+	if err := check(st, "kvr_request_new"); err != nil {
+		return nil, err
+	}
+	r := &Request{ptr: ptr}
+	runtime.SetFinalizer(r, (*Request).finalize)
+	return r, nil
+}
+
+func (r *Request) finalize() {
+	finalized.Add(1)
+	r.Close()
+}
+
+// Close frees the request. Idempotent.
+func (r *Request) Close() {
+	if r.ptr == nil {
+		return
+	}
+	gc()
+	C.kvr_request_free(r.ptr)
+	gc()
+	r.ptr = nil
+	runtime.SetFinalizer(r, nil)
+}
+
+// requestPool lends empty requests to selections called with a nil *Request.
+var requestPool = sync.Pool{}
+
+func pooledRequest() (*Request, error) {
+	if r, ok := requestPool.Get().(*Request); ok {
+		return r, nil
+	}
+	return NewRequest()
+}
+
+func (r *Request) do(op string, f func(*C.kvr_request) C.kvr_status) error {
+	if r.ptr == nil {
+		return ErrClosed
+	}
+	gc()
+	st := f(r.ptr)
+	gc()
+	runtime.KeepAlive(r)
+	return check(st, op)
+}
+
+// Reset clears every field (keeping the request's buffers).
+func (r *Request) Reset() error {
+	return r.do("kvr_request_reset", func(p *C.kvr_request) C.kvr_status {
+		return C.kvr_request_reset(p)
+	})
+}
+
+// SetLora sets the LoRA adapter ("" = none): it salts the hashes and narrows the
+// candidates to workers serving it (never to nothing).
+func (r *Request) SetLora(name string) error {
+	return r.do("kvr_request_set_lora", func(p *C.kvr_request) C.kvr_status {
+		np, nn := cstr(name)
+		st := C.kvr_request_set_lora(p, np, nn)
+		runtime.KeepAlive(name)
+		return st
+	})
+}
+
+// SetAllowedWorkers sets the caller's allow-set. An empty set allows no worker (the
+// selection's outcome is NoWorker); to allow every worker, do not set it (or Reset).
+func (r *Request) SetAllowedWorkers(workers []uint64) error {
+	return r.do("kvr_request_set_allowed_workers", func(p *C.kvr_request) C.kvr_status {
+		wp, wn := cu64(workers)
+		st := C.kvr_request_set_allowed_workers(p, wp, wn)
+		runtime.KeepAlive(workers)
+		return st
+	})
+}
+
+// SetPinnedWorker routes to workerID if it is allowed (LoRA narrowing never removes an
+// allowed pin).
+func (r *Request) SetPinnedWorker(workerID uint64) error {
+	return r.do("kvr_request_set_pinned_worker", func(p *C.kvr_request) C.kvr_status {
+		return C.kvr_request_set_pinned_worker(p, C.uint64_t(workerID))
+	})
+}
+
+// Session is a structured session context.
+type Session struct {
+	// ID must not be empty.
+	ID string
+	// ParentID ("" = none) lets a child session inherit its parent's binding.
+	ParentID string
+	// Final: this turn ends the session (its binding goes once its leases end).
+	Final        bool
+	InputTrigger string
+}
+
+// SetSession sets the structured session context; it takes precedence over a legacy
+// session id.
+func (r *Request) SetSession(s Session) error {
+	return r.do("kvr_request_set_session", func(p *C.kvr_request) C.kvr_status {
+		ip, in := cstr(s.ID)
+		pp, pn := cstr(s.ParentID)
+		tp, tn := cstr(s.InputTrigger)
+		var final C.uint32_t
+		if s.Final {
+			final = 1
+		}
+		st := C.kvr_request_set_session(p, ip, in, pp, pn, final, tp, tn)
+		runtime.KeepAlive(s.ID)
+		runtime.KeepAlive(s.ParentID)
+		runtime.KeepAlive(s.InputTrigger)
+		return st
+	})
+}
+
+// SetLegacySessionID sets a flat session id ("" = none), used only without a structured
+// session context.
+func (r *Request) SetLegacySessionID(id string) error {
+	return r.do("kvr_request_set_legacy_session_id", func(p *C.kvr_request) C.kvr_status {
+		ip, in := cstr(id)
+		st := C.kvr_request_set_legacy_session_id(p, ip, in)
+		runtime.KeepAlive(id)
+		return st
+	})
+}
+
+// Overrides are per-request cost overrides (Dynamo's four); nil keeps the partition's
+// value.
+type Overrides struct {
+	OverlapScoreCredit    *float64
+	PrefillLoadScale      *float64
+	Temperature           *float64
+	SharedCacheMultiplier *float64
+}
+
+// Float64 returns a pointer to v (for Overrides).
+func Float64(v float64) *float64 { return &v }
+
+func orNaN(v *float64) C.double {
+	if v == nil {
+		return C.double(math.NaN())
+	}
+	return C.double(*v)
+}
+
+// SetOverrides sets the per-request cost overrides (infinite values are refused).
+func (r *Request) SetOverrides(o Overrides) error {
+	return r.do("kvr_request_set_overrides", func(p *C.kvr_request) C.kvr_status {
+		return C.kvr_request_set_overrides(p, orNaN(o.OverlapScoreCredit), orNaN(o.PrefillLoadScale),
+			orNaN(o.Temperature), orNaN(o.SharedCacheMultiplier))
+	})
+}
+
+// SetExpectedOutputTokens sets the output tokens the request is expected to produce
+// (booked into decode load).
+func (r *Request) SetExpectedOutputTokens(tokens uint64) error {
+	return r.do("kvr_request_set_expected_output_tokens", func(p *C.kvr_request) C.kvr_status {
+		return C.kvr_request_set_expected_output_tokens(p, C.uint64_t(tokens))
+	})
+}
+
+// SetSelectionID sets the caller's own selection id for booked modes (0 = let the
+// engine mint one). A live or recently freed id is refused with
+// ErrDuplicateSelectionID when booking.
+func (r *Request) SetSelectionID(id uint64) error {
+	return r.do("kvr_request_set_selection_id", func(p *C.kvr_request) C.kvr_status {
+		return C.kvr_request_set_selection_id(p, C.uint64_t(id))
+	})
+}
+
+// SetTTL sets the booking's lifetime in booked modes, in whole milliseconds (0 = the
+// partition's default).
+func (r *Request) SetTTL(d time.Duration) error {
+	return r.do("kvr_request_set_ttl_ms", func(p *C.kvr_request) C.kvr_status {
+		return C.kvr_request_set_ttl_ms(p, C.uint64_t(d/time.Millisecond))
+	})
+}
