@@ -6,9 +6,12 @@
 //! tokens, cycled; both paths hash the tokens and run the same selection.
 //!
 //! - Criterion: `ffi_overhead/rust_select` and `ffi_overhead/c_abi_select`.
-//! - Then a paired harness: `KVR_FFI_ROUNDS` rounds (default 31), each timing
-//!   `KVR_FFI_CALLS` calls (default 20,000) of one path and then the other (order
-//!   alternating by round), as mean ns per call. It prints the median of each path, the
+//! - Then a paired harness: `KVR_FFI_ROUNDS` rounds (default 1,001), each timing
+//!   `KVR_FFI_CALLS` calls (default 1,000) of one path and then the other (order
+//!   alternating by round), as mean ns per call. Short rounds keep the two paths of a
+//!   pair within a few milliseconds of each other, so the machine's drift cancels out
+//!   (rounds of 20,000 calls gave differences from +8 to +99 ns across runs; rounds of
+//!   1,000 gave +38 to +60 ns). It prints the median of each path, the
 //!   median of the per-round differences (C ABI − Rust) and of the per-round ratios, and
 //!   writes them as JSON to `KVR_FFI_JSON` (default `<target>/kvr-bench/ffi.json`).
 //!
@@ -163,8 +166,8 @@ fn main() {
     });
     g.finish();
 
-    let rounds = env_usize("KVR_FFI_ROUNDS", 31);
-    let calls = env_usize("KVR_FFI_CALLS", 20_000);
+    let rounds = env_usize("KVR_FFI_ROUNDS", 1_001);
+    let calls = env_usize("KVR_FFI_CALLS", 1_000);
     let (mut rust, mut cabi, mut diff, mut ratio) = (vec![], vec![], vec![], vec![]);
     s.time(false, calls, 0);
     s.time(true, calls, 0);

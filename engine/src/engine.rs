@@ -84,7 +84,15 @@ std::thread_local! {
     static RNGS: RefCell<Vec<(u64, SelectionRng)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Engines remembered per thread by [`RNGS`].
+std::thread_local! {
+    /// Each thread's block of selection ids per engine: (engine uid, next, end).
+    static IDS: RefCell<Vec<(u64, u64, u64)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Selection ids a thread takes from the engine's counter at a time.
+const ID_BLOCK: u64 = 1024;
+
+/// Engines remembered per thread by [`RNGS`] and [`IDS`].
 const RNGS_PER_THREAD: usize = 8;
 
 /// Distinguishes engines in [`RNGS`].
@@ -192,9 +200,30 @@ impl Engine {
         true
     }
 
-    /// A fresh engine-unique selection id.
+    /// A fresh engine-unique selection id (never 0). Each thread takes ids from the
+    /// engine's counter a block at a time and hands them out itself, so threads booking
+    /// at once do not all write one cache line; ids are unique, not globally ordered.
     pub fn mint_selection_id(&self) -> SelectionId {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        IDS.with(|cell| {
+            let mut list = cell.borrow_mut();
+            let at = match list.iter().position(|b| b.0 == self.uid) {
+                Some(at) => at,
+                None => {
+                    if list.len() >= RNGS_PER_THREAD {
+                        list.remove(0);
+                    }
+                    list.push((self.uid, 0, 0));
+                    list.len() - 1
+                }
+            };
+            let block = &mut list[at];
+            if block.1 == block.2 {
+                let start = self.next_id.fetch_add(ID_BLOCK, Ordering::Relaxed);
+                *block = (self.uid, start, start + ID_BLOCK);
+            }
+            block.1 += 1;
+            block.1 - 1
+        })
     }
 
     /// Runs `f` with this thread's RNG for this engine, taken out of the thread-local list

@@ -9,6 +9,7 @@
 //! invariants and memory orderings are argued in [`docs`].
 
 pub mod cost;
+pub(crate) mod counter;
 pub mod docs;
 pub mod engine;
 pub mod hash;

@@ -91,7 +91,7 @@ use crate::sync::atomic::AtomicBool;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 use crate::sync::faults;
-use crate::sync::{Arc, Mutex, Snapshot};
+use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
 /// A selection's id: unique across the engine (DESIGN.md §2).
 pub type SelectionId = u64;
@@ -461,7 +461,6 @@ struct Inner {
     ranks: Snapshot<RankMap>,
     /// Serializes registry writers (copy, insert/remove, swap). Never held with another lock.
     ranks_write: Mutex<()>,
-    live: AtomicUsize,
     expired_total: AtomicU64,
     underflows: AtomicU64,
     /// Raised by the table's `Drop` so the sweep thread exits at once.
@@ -501,7 +500,6 @@ impl Inner {
                 .collect(),
             ranks: Snapshot::new(RankMap::default()),
             ranks_write: Mutex::new(()),
-            live: AtomicUsize::new(0),
             expired_total: AtomicU64::new(0),
             underflows: AtomicU64::new(0),
             #[cfg(not(loom))]
@@ -552,7 +550,7 @@ impl Inner {
     /// The rank's counter set, created (and published in a new registry snapshot) on the
     /// rank's first booking.
     fn rank_state(&self, rank: RankId) -> Arc<RankState> {
-        if let Some(s) = self.ranks.load().get(&rank) {
+        if let Some(s) = self.ranks.guard().get(&rank) {
             return s.clone();
         }
         let _w = self.ranks_write.lock();
@@ -615,7 +613,6 @@ impl Inner {
             };
             add(&state.counters.prefill_tokens, req.prefill_tokens);
             add(&state.counters.requests, 1);
-            self.live.fetch_add(1, Ordering::Relaxed);
             let booking = Booking {
                 rank: state,
                 origin,
@@ -704,7 +701,6 @@ impl Inner {
     fn take(&self, g: &mut Shard, id: SelectionId, by: FreedBy) -> Option<Booking> {
         let b = g.live.remove(&id)?;
         g.freed.record(id, by, self.config.recently_freed_per_shard);
-        self.live.fetch_sub(1, Ordering::Relaxed);
         Some(b)
     }
 
@@ -904,9 +900,7 @@ impl Inner {
                 refs: MixMap::default(),
             })
             .collect();
-        let mut live = 0usize;
         for g in &guards {
-            live += g.live.len();
             for b in g.live.values() {
                 let i = match expect.iter().position(|e| Arc::ptr_eq(&e.state, &b.rank)) {
                     Some(i) => i,
@@ -929,10 +923,6 @@ impl Inner {
                     *e.refs.entry(h).or_insert(0) += 1;
                 }
             }
-        }
-        let counted = self.live.load(Ordering::Relaxed);
-        if counted != live {
-            return Err(format!("len counter {counted} != {live} live bookings"));
         }
         for e in &mut expect {
             e.load.active_decode_blocks += e.refs.len() as u64;
@@ -1146,7 +1136,7 @@ impl ReservationTable {
     /// of ranks without touching the shared registry again.
     pub fn loads(&self) -> ActiveLoads {
         ActiveLoads {
-            ranks: self.inner.ranks.load(),
+            ranks: self.inner.ranks.guard(),
         }
     }
 
@@ -1171,9 +1161,10 @@ impl ReservationTable {
         self.inner.remove_rank(rank)
     }
 
-    /// Live bookings.
+    /// Live bookings: the shards' sizes, each read under its lock (no table-wide counter
+    /// that every booking and free would write: that line would bounce between threads).
     pub fn len(&self) -> usize {
-        self.inner.live.load(Ordering::Relaxed)
+        self.inner.shards.iter().map(|s| s.lock().live.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -1274,7 +1265,9 @@ impl Drop for ReservationTable {
 
 /// One selection's view of the per-rank counters ([`ReservationTable::loads`]).
 pub struct ActiveLoads {
-    ranks: Arc<RankMap>,
+    /// A read guard, not a cloned `Arc`: every selection takes one, and a reference-count
+    /// increment on the one registry would be a cache line all selecting threads write.
+    ranks: SnapshotGuard<RankMap>,
 }
 
 impl ActiveLoads {

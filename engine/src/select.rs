@@ -169,7 +169,8 @@ impl From<ReservationError> for SelectError {
 /// Selection counters of one partition.
 #[derive(Default)]
 pub(crate) struct SelectionCounters {
-    pub(crate) selections: AtomicU64,
+    /// Bumped by every selection: striped, so threads do not share its cache line.
+    pub(crate) selections: crate::counter::StripedCounter,
     pub(crate) busy: AtomicU64,
     pub(crate) no_worker: AtomicU64,
     pub(crate) shared_cache_failures: AtomicU64,
@@ -188,7 +189,7 @@ pub struct SelectionStats {
 impl SelectionCounters {
     pub(crate) fn snapshot(&self) -> SelectionStats {
         SelectionStats {
-            selections: self.selections.load(Ordering::Relaxed),
+            selections: self.selections.get(),
             busy: self.busy.load(Ordering::Relaxed),
             no_worker: self.no_worker.load(Ordering::Relaxed),
             shared_cache_failures: self.shared_cache_failures.load(Ordering::Relaxed),
@@ -518,7 +519,7 @@ impl Partition {
         req: &SelectRequest<'_>,
         rng: &mut impl RandomSource,
     ) -> Result<Prepared, Box<Outcome>> {
-        self.counters.selections.fetch_add(1, Ordering::Relaxed);
+        self.counters.selections.add(1);
         // 1. hashes.
         let (seq, prompt_tokens) = self.sequence_of(req);
         // 2. overlap: the index, and the host's shared cache alongside it.

@@ -80,6 +80,7 @@ impl kvr_request {
     ///
     /// # Safety
     /// The prompt array set on the request is valid for `'a` (the caller's contract).
+    #[inline(always)]
     unsafe fn view(&self) -> Result<SelectRequest<'_>, kvr_status> {
         let prompt = match self.hashes {
             Some(((p, n), prompt_tokens)) => Prompt::LocalHashes {
@@ -442,6 +443,7 @@ pub struct kvr_decision {
     pub cost: f64,
 }
 
+#[inline(always)]
 fn decision(d: &Decision) -> kvr_decision {
     kvr_decision {
         worker_id: d.rank.worker_id,
@@ -463,6 +465,7 @@ fn decision(d: &Decision) -> kvr_decision {
 ///
 /// # Safety
 /// As the exported selections.
+#[inline(always)]
 unsafe fn selection(
     partition: *const kvr_partition,
     req: *const kvr_request,
@@ -477,11 +480,16 @@ unsafe fn selection(
         }
         // SAFETY: forwarded caller contract (the prompt array is valid during the call).
         let view = unsafe { r.view() }?;
-        match f(p, &view).map_err(|e| engine_status(&e))? {
-            // SAFETY: forwarded caller contract.
-            Outcome::Selected(d) => unsafe { write_out(out, decision(&d)) },
-            Outcome::Busy => Err(KVR_BUSY),
-            Outcome::NoWorker => Err(KVR_NO_WORKER),
+        // One match on the result, no intermediate moves of the decision.
+        match &f(p, &view) {
+            Ok(Outcome::Selected(d)) => {
+                // SAFETY: checked non-NULL above; writable by the caller's contract.
+                unsafe { out.write(decision(d)) };
+                Ok(())
+            }
+            Ok(Outcome::Busy) => Err(KVR_BUSY),
+            Ok(Outcome::NoWorker) => Err(KVR_NO_WORKER),
+            Err(e) => Err(engine_status(e)),
         }
     })
 }
