@@ -15,6 +15,7 @@ pub mod engine;
 pub mod hash;
 pub(crate) mod idmap;
 pub mod index;
+pub mod ingress;
 pub mod load;
 pub mod partition;
 pub mod reservation;

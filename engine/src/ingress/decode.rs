@@ -1,0 +1,1 @@
+//! vLLM / SGLang `KVEventBatch` msgpack payloads (REFERENCE.md §2). (Being written.)

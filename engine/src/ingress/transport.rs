@@ -1,0 +1,1 @@
+//! ZMQ SUB (+ DEALER replay) transport. (Being written.)
