@@ -7,5 +7,6 @@
 //! worker counters.
 
 pub mod decode;
+pub mod sequence;
 #[cfg(feature = "zmq")]
 pub mod transport;
