@@ -196,6 +196,8 @@ pub struct Partition {
     /// Serializes membership changes (copy-on-write of the worker set).
     membership: Mutex<()>,
     pub(crate) counters: crate::select::SelectionCounters,
+    /// Counters and sequence state of the event streams feeding this partition.
+    ingress: crate::ingress::ingest::IngressRegistry,
 }
 
 impl Partition {
@@ -246,6 +248,7 @@ impl Partition {
             hooks: Snapshot::new(HostHooks::default()),
             membership: Mutex::new(()),
             counters: Default::default(),
+            ingress: Default::default(),
         }
     }
 
@@ -256,6 +259,10 @@ impl Partition {
     pub(crate) fn with_number(mut self, number: u64) -> Self {
         self.number = number;
         self
+    }
+
+    pub(crate) fn ingress(&self) -> &crate::ingress::ingest::IngressRegistry {
+        &self.ingress
     }
 
     pub(crate) fn number(&self) -> u64 {

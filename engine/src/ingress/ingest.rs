@@ -1,0 +1,333 @@
+//! Raw engine messages into a partition's index: sequence tracking, decoding, local
+//! hashes from the tokens, counters per worker.
+//!
+//! A *stream* is one publisher's sequence of batches: one engine process (one DP rank's
+//! PUB socket in vLLM, which numbers each socket's batches from 0). Hosts that read the
+//! sockets themselves hand kvr each message with [`Partition::ingest`], naming the
+//! worker and the stream (e.g. the DP rank the socket belongs to); kvr's own subscriber
+//! does the same through [`IngressStream`], with replay.
+//!
+//! Decisions (where REFERENCE.md is silent): a batch's events apply to rank
+//! `(worker, data_parallel_rank)`, or `(worker, stream)` when the batch names no rank;
+//! `extra_keys` are not folded into the local hash (multimodal content hashes are not
+//! part of vLLM's event and LoRA comes as `lora_name`); a store whose `block_size`
+//! differs from the partition's is refused and counted, the rest of the batch applies; a
+//! batch that fails to decode applies nothing and is counted by cause.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::hash::{local_block_hash, HashSalt};
+use crate::index::{IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
+use crate::partition::Partition;
+use crate::sync::{Arc, Mutex};
+
+use super::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
+use super::sequence::{Action, ClearCause, ReplayResult, SequenceStats, SequenceTracker};
+
+/// One stream's counters (readable through [`Partition::ingress_stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    pub worker_id: WorkerId,
+    pub stream: u32,
+    /// Messages received (live and replayed).
+    pub messages: u64,
+    pub bytes: u64,
+    /// Batches decoded and applied.
+    pub batches: u64,
+    pub events: u64,
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    /// Events the index refused (unknown parent, rank limit).
+    pub events_rejected: u64,
+    /// Stores refused because their block size is not the partition's.
+    pub block_size_mismatches: u64,
+    /// Batches that failed to decode, by cause (`DecodeErrorKind::name`, count).
+    pub decode_errors: Vec<(&'static str, u64)>,
+    /// Messages whose frames were malformed (reported by the transport).
+    pub bad_frames: u64,
+    pub sequence: SequenceStats,
+    /// Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
+    pub last_batch_unix_ms: u64,
+}
+
+/// The counters of every stream of a partition, by (worker, stream).
+#[derive(Default)]
+pub(crate) struct IngressRegistry {
+    streams: Mutex<Vec<Arc<Mutex<StreamStats>>>>,
+    /// Streams fed through [`Partition::ingest`] (no replay: kvr does not own the socket).
+    raw: Mutex<Vec<(WorkerId, u32, Arc<Mutex<IngressStream>>)>>,
+}
+
+impl IngressRegistry {
+    fn register(&self, worker_id: WorkerId, stream: u32) -> Arc<Mutex<StreamStats>> {
+        let s = Arc::new(Mutex::new(StreamStats {
+            worker_id,
+            stream,
+            decode_errors: DecodeErrorKind::ALL.iter().map(|k| (k.name(), 0)).collect(),
+            ..StreamStats::default()
+        }));
+        self.streams.lock().push(s.clone());
+        s
+    }
+
+    pub(crate) fn stats(&self) -> Vec<StreamStats> {
+        self.streams
+            .lock()
+            .iter()
+            .map(|s| s.lock().clone())
+            .collect()
+    }
+}
+
+/// What one message did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IngestOutcome {
+    /// Batches applied (0 if held for a replay or dropped as a duplicate; several when a
+    /// replay ends).
+    pub batches_applied: u32,
+    /// Times the worker's ranks were cleared (a gap that could not be filled, a restart).
+    pub clears: u32,
+    /// A replay should be requested from this sequence number (subscriber only).
+    pub replay_from: Option<u64>,
+    /// Batches that failed to decode.
+    pub decode_errors: u32,
+}
+
+/// The state of one stream: its sequence tracker, reusable decode buffers, its counters.
+pub struct IngressStream {
+    worker_id: WorkerId,
+    stream: u32,
+    tracker: SequenceTracker,
+    batch: DecodedBatch,
+    blocks: Vec<StoredBlock>,
+    actions: Vec<Action>,
+    /// DP ranks this stream's batches named (a clear clears these).
+    ranks_seen: Vec<u32>,
+    stats: Arc<Mutex<StreamStats>>,
+}
+
+impl IngressStream {
+    /// A stream of `worker_id`'s batches into `partition` (registered for its stats).
+    pub fn new(partition: &Partition, worker_id: WorkerId, stream: u32, replay: bool) -> Self {
+        IngressStream {
+            worker_id,
+            stream,
+            tracker: SequenceTracker::new(replay),
+            batch: DecodedBatch::default(),
+            blocks: Vec::new(),
+            actions: Vec::new(),
+            ranks_seen: Vec::new(),
+            stats: partition.ingress().register(worker_id, stream),
+        }
+    }
+
+    /// A live message.
+    pub fn on_live(&mut self, p: &Partition, seq: u64, payload: &[u8]) -> IngestOutcome {
+        self.note_message(payload.len());
+        let mut actions = std::mem::take(&mut self.actions);
+        self.tracker.on_live(seq, payload, &mut actions);
+        let out = self.perform(p, &mut actions);
+        self.actions = actions;
+        out
+    }
+
+    /// A replayed message (of the replay requested last).
+    pub fn on_replayed(&mut self, p: &Partition, seq: u64, payload: &[u8]) -> IngestOutcome {
+        self.note_message(payload.len());
+        let mut actions = std::mem::take(&mut self.actions);
+        self.tracker.on_replayed(seq, payload, &mut actions);
+        let out = self.perform(p, &mut actions);
+        self.actions = actions;
+        out
+    }
+
+    /// The replay ended.
+    pub fn on_replay_end(&mut self, p: &Partition, result: ReplayResult) -> IngestOutcome {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.tracker.on_replay_end(result, &mut actions);
+        let out = self.perform(p, &mut actions);
+        self.actions = actions;
+        out
+    }
+
+    /// A message the transport could not parse into frames.
+    pub fn on_bad_frame(&mut self) {
+        self.stats.lock().bad_frames += 1;
+    }
+
+    fn note_message(&self, bytes: usize) {
+        let mut s = self.stats.lock();
+        s.messages += 1;
+        s.bytes += bytes as u64;
+    }
+
+    fn perform(&mut self, p: &Partition, actions: &mut Vec<Action>) -> IngestOutcome {
+        let mut out = IngestOutcome::default();
+        for a in actions.drain(..) {
+            match a {
+                Action::Apply { payload, .. } => {
+                    if self.apply(p, &payload) {
+                        out.batches_applied += 1;
+                    } else {
+                        out.decode_errors += 1;
+                    }
+                }
+                Action::Clear(cause) => {
+                    self.clear(p, cause);
+                    out.clears += 1;
+                }
+                Action::RequestReplay { from_seq } => out.replay_from = Some(from_seq),
+            }
+        }
+        self.stats.lock().sequence = self.tracker.stats();
+        out
+    }
+
+    /// Clears the ranks this stream feeds (every rank of the worker if it named none).
+    fn clear(&mut self, p: &Partition, _cause: ClearCause) {
+        let index = p.index();
+        for rank in index.ranks() {
+            if rank.worker_id == self.worker_id
+                && (self.ranks_seen.is_empty() || self.ranks_seen.contains(&rank.dp_rank))
+            {
+                index.clear(rank);
+            }
+        }
+    }
+
+    /// Decodes and applies one batch; `false` if it did not decode (nothing applied).
+    fn apply(&mut self, p: &Partition, payload: &[u8]) -> bool {
+        if let Err(e) = decode_batch(payload, &mut self.batch) {
+            let mut s = self.stats.lock();
+            if let Some(c) = s.decode_errors.iter_mut().find(|c| c.0 == e.kind.name()) {
+                c.1 += 1;
+            }
+            return false;
+        }
+        let dp = self.batch.data_parallel_rank.unwrap_or(self.stream);
+        if !self.ranks_seen.contains(&dp) {
+            self.ranks_seen.push(dp);
+        }
+        let rank = RankId::new(self.worker_id, dp);
+        let index = p.index();
+        let bs = p.block_size();
+        let namespace = p.config().cache_namespace.as_deref();
+        let (mut stored, mut removed, mut rejected, mut mismatched) = (0u64, 0u64, 0u64, 0u64);
+        let b = &self.batch;
+        for ev in &b.events {
+            let r = match ev {
+                DecodedEvent::Stored {
+                    hashes,
+                    parent,
+                    tokens,
+                    block_size,
+                    lora_name,
+                    medium,
+                } => {
+                    if *block_size != bs {
+                        mismatched += 1;
+                        continue;
+                    }
+                    let lora = lora_name.clone().map(|r| &b.text[r]);
+                    let salt = HashSalt::new(lora, namespace);
+                    self.blocks.clear();
+                    let toks = &b.tokens[tokens.clone()];
+                    for (h, chunk) in b.hashes[hashes.clone()]
+                        .iter()
+                        .zip(toks.chunks_exact(bs as usize))
+                    {
+                        self.blocks.push(StoredBlock {
+                            external_hash: *h,
+                            local_hash: local_block_hash(chunk, salt),
+                        });
+                    }
+                    index.apply(
+                        rank,
+                        &KvEvent::Stored {
+                            tier: tier(*medium),
+                            parent: *parent,
+                            blocks: &self.blocks,
+                        },
+                    )
+                }
+                DecodedEvent::Removed { hashes, medium } => index.apply(
+                    rank,
+                    &KvEvent::Removed {
+                        tier: tier(*medium),
+                        external_hashes: &b.hashes[hashes.clone()],
+                    },
+                ),
+                DecodedEvent::Cleared => index.apply(rank, &KvEvent::Cleared),
+            };
+            match r {
+                Ok(o) => {
+                    stored += o.stored as u64;
+                    removed += o.removed as u64;
+                }
+                Err(IndexError::ParentNotFound { .. }) | Err(IndexError::TooManyRanks) => {
+                    rejected += 1;
+                }
+            }
+        }
+        let mut s = self.stats.lock();
+        s.batches += 1;
+        s.events += b.events.len() as u64;
+        s.blocks_stored += stored;
+        s.blocks_removed += removed;
+        s.events_rejected += rejected;
+        s.block_size_mismatches += mismatched;
+        s.last_batch_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        true
+    }
+}
+
+fn tier(m: Medium) -> Tier {
+    match m {
+        Medium::Gpu => Tier::Device,
+        Medium::Cpu => Tier::Host,
+        Medium::Storage => Tier::Disk,
+    }
+}
+
+impl Partition {
+    /// Hands kvr one engine message (its frames: topic, sequence number, msgpack payload)
+    /// of `worker_id`'s stream `stream` (e.g. the DP rank of the socket it came from):
+    /// it is sequence-checked, decoded and applied. Without replay (the host owns the
+    /// socket), a gap or a restart clears the stream's ranks. Messages of one stream must
+    /// be handed in order from one thread at a time (the stream is locked meanwhile);
+    /// other streams proceed in parallel.
+    pub fn ingest(
+        &self,
+        worker_id: WorkerId,
+        stream: u32,
+        _topic: &[u8],
+        seq: u64,
+        payload: &[u8],
+    ) -> IngestOutcome {
+        let s = {
+            let mut raw = self.ingress().raw.lock();
+            match raw
+                .iter()
+                .find(|(w, st, _)| *w == worker_id && *st == stream)
+            {
+                Some((_, _, s)) => s.clone(),
+                None => {
+                    let s = Arc::new(Mutex::new(IngressStream::new(
+                        self, worker_id, stream, false,
+                    )));
+                    raw.push((worker_id, stream, s.clone()));
+                    s
+                }
+            }
+        };
+        let mut s = s.lock();
+        s.on_live(self, seq, payload)
+    }
+
+    /// Counters of every ingress stream of this partition.
+    pub fn ingress_stats(&self) -> Vec<StreamStats> {
+        self.ingress().stats()
+    }
+}

@@ -1,0 +1,224 @@
+//! Raw engine messages through `Partition::ingest`: decoded, hashed from their tokens,
+//! applied to the rank they name, sequence-checked, counted.
+
+use kvr::ingress::ingest::StreamStats;
+use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::{BlockHasher, HashSalt, RankId};
+use rmp::encode as enc;
+
+const BS: u32 = 4;
+
+fn partition() -> Partition {
+    Partition::new(PartitionKey::new("m", "g"), PartitionConfig::new(BS))
+}
+
+/// A vLLM 0.33-style batch `[ts, [events...], dp_rank]` with tagged-map events.
+struct Batch {
+    buf: Vec<u8>,
+    events: u32,
+    body: Vec<u8>,
+}
+
+impl Batch {
+    fn new() -> Self {
+        Batch {
+            buf: Vec::new(),
+            events: 0,
+            body: Vec::new(),
+        }
+    }
+
+    fn stored(mut self, hashes: &[u64], parent: Option<u64>, tokens: &[u32], medium: &str) -> Self {
+        let b = &mut self.body;
+        enc::write_map_len(b, 6).unwrap();
+        enc::write_str(b, "type").unwrap();
+        enc::write_str(b, "BlockStored").unwrap();
+        enc::write_str(b, "block_hashes").unwrap();
+        enc::write_array_len(b, hashes.len() as u32).unwrap();
+        for h in hashes {
+            enc::write_uint(b, *h).unwrap();
+        }
+        enc::write_str(b, "parent_block_hash").unwrap();
+        match parent {
+            Some(p) => {
+                enc::write_uint(b, p).unwrap();
+            }
+            None => enc::write_nil(b).unwrap(),
+        }
+        enc::write_str(b, "token_ids").unwrap();
+        enc::write_array_len(b, tokens.len() as u32).unwrap();
+        for t in tokens {
+            enc::write_uint(b, *t as u64).unwrap();
+        }
+        enc::write_str(b, "block_size").unwrap();
+        enc::write_uint(b, BS as u64).unwrap();
+        enc::write_str(b, "medium").unwrap();
+        enc::write_str(b, medium).unwrap();
+        self.events += 1;
+        self
+    }
+
+    fn removed(mut self, hashes: &[u64]) -> Self {
+        let b = &mut self.body;
+        enc::write_map_len(b, 2).unwrap();
+        enc::write_str(b, "type").unwrap();
+        enc::write_str(b, "BlockRemoved").unwrap();
+        enc::write_str(b, "block_hashes").unwrap();
+        enc::write_array_len(b, hashes.len() as u32).unwrap();
+        for h in hashes {
+            enc::write_uint(b, *h).unwrap();
+        }
+        self.events += 1;
+        self
+    }
+
+    fn finish(mut self, dp_rank: Option<u32>) -> Vec<u8> {
+        enc::write_array_len(&mut self.buf, 3).unwrap();
+        enc::write_f64(&mut self.buf, 1.0).unwrap();
+        enc::write_array_len(&mut self.buf, self.events).unwrap();
+        self.buf.extend_from_slice(&self.body);
+        match dp_rank {
+            Some(r) => {
+                enc::write_uint(&mut self.buf, r as u64).unwrap();
+            }
+            None => enc::write_nil(&mut self.buf).unwrap(),
+        }
+        self.buf
+    }
+}
+
+fn device_overlap(p: &Partition, tokens: &[u32], rank: RankId) -> u32 {
+    let h = BlockHasher::new(BS as usize, HashSalt::new(None, None)).unwrap();
+    let mut local = Vec::new();
+    h.local_hashes(tokens, &mut local);
+    p.index().find_matches(&local).get(rank)
+}
+
+fn stats_of(p: &Partition, worker: u64) -> StreamStats {
+    p.ingress_stats()
+        .into_iter()
+        .find(|s| s.worker_id == worker)
+        .expect("a stream for the worker")
+}
+
+#[test]
+fn a_stored_batch_lands_on_the_rank_it_names_hashed_from_its_tokens() {
+    let p = partition();
+    let tokens: Vec<u32> = (0..12).collect();
+    let msg = Batch::new()
+        .stored(&[11, 12, 13], None, &tokens, "GPU")
+        .finish(Some(1));
+    let o = p.ingest(7, 0, b"", 0, &msg);
+    assert_eq!((o.batches_applied, o.clears, o.decode_errors), (1, 0, 0));
+    assert_eq!(device_overlap(&p, &tokens, RankId::new(7, 1)), 3);
+    // Removal by the engine's own hashes.
+    let msg = Batch::new().removed(&[13]).finish(Some(1));
+    p.ingest(7, 0, b"", 1, &msg);
+    assert_eq!(device_overlap(&p, &tokens, RankId::new(7, 1)), 2);
+    let s = stats_of(&p, 7);
+    assert_eq!(
+        (s.batches, s.events, s.blocks_stored, s.blocks_removed),
+        (2, 2, 3, 1)
+    );
+    assert_eq!(s.sequence.last_seq, Some(1));
+}
+
+#[test]
+fn a_cpu_store_goes_to_the_host_tier() {
+    let p = partition();
+    let tokens: Vec<u32> = (100..108).collect();
+    let msg = Batch::new()
+        .stored(&[1, 2], None, &tokens, "CPU")
+        .finish(None);
+    p.ingest(3, 0, b"", 0, &msg);
+    let h = BlockHasher::new(BS as usize, HashSalt::new(None, None)).unwrap();
+    let mut local = Vec::new();
+    h.local_hashes(&tokens, &mut local);
+    let t = p.index().find_matches_tiered(&local);
+    let o = t.get(RankId::new(3, 0)).expect("rank 3/0 holds the prompt");
+    assert_eq!((o.device, o.host), (0, 2));
+}
+
+#[test]
+fn a_malformed_payload_is_counted_and_applies_nothing() {
+    let p = partition();
+    let o = p.ingest(5, 0, b"", 0, b"\x93\x01garbage");
+    assert_eq!((o.batches_applied, o.decode_errors), (0, 1));
+    let s = stats_of(&p, 5);
+    let total: u64 = s.decode_errors.iter().map(|c| c.1).sum();
+    assert_eq!(total, 1);
+    assert_eq!(p.index().stats().holder_blocks, 0);
+}
+
+#[test]
+fn a_store_with_another_block_size_is_refused_and_counted() {
+    let p = Partition::new(PartitionKey::new("m", "g"), PartitionConfig::new(16));
+    let tokens: Vec<u32> = (0..8).collect();
+    let msg = Batch::new()
+        .stored(&[1, 2], None, &tokens, "GPU")
+        .finish(None);
+    let o = p.ingest(9, 0, b"", 0, &msg);
+    assert_eq!(o.batches_applied, 1);
+    assert_eq!(stats_of(&p, 9).block_size_mismatches, 1);
+    assert_eq!(p.index().stats().holder_blocks, 0);
+}
+
+#[test]
+fn a_gap_on_a_raw_stream_clears_the_ranks_it_fed() {
+    let p = partition();
+    let a: Vec<u32> = (0..8).collect();
+    let b: Vec<u32> = (50..58).collect();
+    p.ingest(
+        4,
+        0,
+        b"",
+        0,
+        &Batch::new()
+            .stored(&[1, 2], None, &a, "GPU")
+            .finish(Some(0)),
+    );
+    assert_eq!(device_overlap(&p, &a, RankId::new(4, 0)), 2);
+    // Batch 1 is lost; batch 2 shows the gap: what 4/0 held may be stale.
+    let o = p.ingest(
+        4,
+        0,
+        b"",
+        2,
+        &Batch::new()
+            .stored(&[3, 4], None, &b, "GPU")
+            .finish(Some(0)),
+    );
+    assert_eq!((o.clears, o.batches_applied), (1, 1));
+    assert_eq!(device_overlap(&p, &a, RankId::new(4, 0)), 0, "cleared");
+    assert_eq!(
+        device_overlap(&p, &b, RankId::new(4, 0)),
+        2,
+        "the new batch applied"
+    );
+    let s = stats_of(&p, 4);
+    assert_eq!(
+        (s.sequence.gaps, s.sequence.clears, s.sequence.batches_lost),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn a_restart_clears_and_a_duplicate_is_dropped() {
+    let p = partition();
+    let a: Vec<u32> = (0..4).collect();
+    let msg = Batch::new().stored(&[1], None, &a, "GPU").finish(None);
+    p.ingest(6, 0, b"", 0, &msg);
+    p.ingest(6, 0, b"", 1, &Batch::new().removed(&[999]).finish(None));
+    let dup = p.ingest(6, 0, b"", 1, &Batch::new().removed(&[1]).finish(None));
+    assert_eq!(dup.batches_applied, 0);
+    assert_eq!(
+        device_overlap(&p, &a, RankId::new(6, 0)),
+        1,
+        "the duplicate did not apply"
+    );
+    let o = p.ingest(6, 0, b"", 0, &Batch::new().finish(None));
+    assert_eq!(o.clears, 1);
+    assert_eq!(device_overlap(&p, &a, RankId::new(6, 0)), 0);
+    let s = stats_of(&p, 6);
+    assert_eq!((s.sequence.duplicates, s.sequence.restarts), (1, 1));
+}
