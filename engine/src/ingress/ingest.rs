@@ -55,8 +55,11 @@ pub struct StreamStats {
 pub(crate) struct IngressRegistry {
     streams: Mutex<Vec<Arc<Mutex<StreamStats>>>>,
     /// Streams fed through [`Partition::ingest`] (no replay: kvr does not own the socket).
-    raw: Mutex<Vec<(WorkerId, u32, Arc<Mutex<IngressStream>>)>>,
+    raw: Mutex<Vec<RawStream>>,
 }
+
+/// A stream fed through [`Partition::ingest`]: (worker, stream, its state).
+type RawStream = (WorkerId, u32, Arc<Mutex<IngressStream>>);
 
 impl IngressRegistry {
     fn register(&self, worker_id: WorkerId, stream: u32) -> Arc<Mutex<StreamStats>> {
