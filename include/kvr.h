@@ -56,6 +56,12 @@
 #define KVR_EVENT_CLEARED 2
 
 /**
+ * Slots of `kvr_stream_stats.decode_errors` (one per decode-error kind; more than kvr
+ * has today, so kinds can be added without changing the struct).
+ */
+#define KVR_DECODE_ERROR_KINDS 16
+
+/**
  * This call freed the booking.
  */
 #define KVR_FREED_NOW 0
@@ -295,6 +301,63 @@ typedef struct kvr_overlap {
   uint32_t host_blocks;
   uint32_t disk_blocks;
 } kvr_overlap;
+
+/**
+ * What one `kvr_partition_ingest` call did.
+ */
+typedef struct kvr_ingest_result {
+  /**
+   * Batches applied (0 for a duplicate; a gap may first clear the stream's ranks).
+   */
+  uint32_t batches_applied;
+  /**
+   * Times the stream's ranks were cleared (a gap or a restart).
+   */
+  uint32_t clears;
+  /**
+   * Batches that failed to decode (nothing of them applied).
+   */
+  uint32_t decode_errors;
+  uint32_t reserved;
+} kvr_ingest_result;
+
+/**
+ * One stream's counters.
+ */
+typedef struct kvr_stream_stats {
+  uint64_t worker_id;
+  uint32_t stream;
+  uint32_t reserved;
+  uint64_t messages;
+  uint64_t bytes;
+  uint64_t batches;
+  uint64_t events;
+  uint64_t blocks_stored;
+  uint64_t blocks_removed;
+  uint64_t events_rejected;
+  uint64_t block_size_mismatches;
+  /**
+   * Decode failures by kind (`kvr_decode_error_name(i)` names slot i).
+   */
+  uint64_t decode_errors[KVR_DECODE_ERROR_KINDS];
+  uint64_t bad_frames;
+  uint64_t gaps;
+  uint64_t restarts;
+  uint64_t duplicates;
+  uint64_t replays_requested;
+  uint64_t replays_filled;
+  uint64_t replays_incomplete;
+  uint64_t clears;
+  uint64_t batches_lost;
+  /**
+   * The last sequence number seen (`UINT64_MAX` = none yet).
+   */
+  uint64_t last_seq;
+  /**
+   * Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
+   */
+  uint64_t last_batch_unix_ms;
+} kvr_stream_stats;
 
 /**
  * A selection's answer.
@@ -577,6 +640,12 @@ typedef struct kvr_rank_load {
  * The index holds the maximum number of ranks; the event was not applied.
  */
 #define KVR_ERR_TOO_MANY_RANKS 111
+
+/**
+ * A raw engine message did not decode (`kvr_partition_ingest`): nothing of it was
+ * applied; counted by cause in the stream's stats.
+ */
+#define KVR_ERR_DECODE 112
 
 /**
  * A Rust panic was caught at the boundary (a bug in kvr); the call had no effect it
@@ -963,6 +1032,59 @@ kvr_status kvr_partition_hash_tokens(const struct kvr_partition *partition,
                                      uint64_t *seq_out,
                                      size_t cap,
                                      size_t *out_len);
+
+/**
+ * Hands kvr one message of an engine's KV-event stream (vLLM/SGLang ZMQ frames: topic,
+ * sequence number, msgpack payload; REFERENCE.md §2) from `worker_id`'s stream `stream`
+ * (one per publisher socket, e.g. its DP rank). The batch is sequence-checked (a gap
+ * or a restart clears the stream's ranks: the host owns the socket, so kvr cannot ask
+ * for a replay), decoded, and applied to rank `(worker_id, data_parallel_rank)` (or
+ * `(worker_id, stream)` if the batch names none), with local hashes computed from the
+ * token ids. A payload that does not decode applies nothing, is counted by cause, and
+ * returns `KVR_ERR_DECODE`. `out` (may be NULL) gets what happened either way.
+ *
+ * Messages of one stream must be handed in order, one at a time; different streams may
+ * be ingested from different threads at once.
+ *
+ * # Safety
+ * `partition` is NULL or live; `topic` and `payload` point to their lengths in bytes;
+ * `out` is NULL or writable.
+ */
+kvr_status kvr_partition_ingest(const struct kvr_partition *partition,
+                                uint64_t worker_id,
+                                uint32_t stream,
+                                const uint8_t *topic,
+                                size_t topic_len,
+                                uint64_t seq,
+                                const uint8_t *payload,
+                                size_t payload_len,
+                                struct kvr_ingest_result *out);
+
+/**
+ * Counters of every event stream of the partition (ingested or subscribed), into `out`
+ * (`cap` entries; `*out_len` = the number of streams; `KVR_BUFFER_TOO_SMALL` and nothing
+ * written if they do not fit).
+ *
+ * # Safety
+ * `partition` is NULL or live; `out` points to `cap` writable entries; `out_len` is NULL
+ * or writable.
+ */
+kvr_status kvr_partition_ingress_stats(const struct kvr_partition *partition,
+                                       struct kvr_stream_stats *out,
+                                       size_t cap,
+                                       size_t *out_len);
+
+/**
+ * The name of decode-error slot `kind` of `kvr_stream_stats.decode_errors` (e.g.
+ * "truncated"), as a static string of `*len` bytes (not NUL-terminated);
+ * `KVR_ERR_INVALID_ARGUMENT` for a slot kvr does not use.
+ *
+ * # Safety
+ * `name` and `len` are NULL or writable.
+ */
+kvr_status kvr_decode_error_name(uint32_t kind,
+                                 const char **name,
+                                 size_t *len);
 
 /**
  * A new, empty request (an empty prompt). Free with `kvr_request_free`.

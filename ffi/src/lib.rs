@@ -29,6 +29,7 @@
 pub mod handles;
 pub mod hooks;
 pub mod index;
+pub mod ingress;
 pub mod select;
 pub mod stats;
 pub mod status;
@@ -37,6 +38,7 @@ pub mod workers;
 pub use handles::*;
 pub use hooks::*;
 pub use index::*;
+pub use ingress::*;
 pub use select::*;
 pub use stats::*;
 pub use status::*;

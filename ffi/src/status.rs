@@ -46,6 +46,9 @@ pub const KVR_ERR_TOO_LARGE: kvr_status = 109;
 pub const KVR_ERR_PARENT_NOT_FOUND: kvr_status = 110;
 /// The index holds the maximum number of ranks; the event was not applied.
 pub const KVR_ERR_TOO_MANY_RANKS: kvr_status = 111;
+/// A raw engine message did not decode (`kvr_partition_ingest`): nothing of it was
+/// applied; counted by cause in the stream's stats.
+pub const KVR_ERR_DECODE: kvr_status = 112;
 /// A Rust panic was caught at the boundary (a bug in kvr); the call had no effect it
 /// reports, and the engine keeps serving.
 pub const KVR_ERR_PANIC: kvr_status = 199;
@@ -95,6 +98,7 @@ pub extern "C" fn kvr_status_str(status: kvr_status) -> *const std::os::raw::c_c
         KVR_ERR_TOO_LARGE => b"count too large for one booking\0",
         KVR_ERR_PARENT_NOT_FOUND => b"stored event's parent block is unknown\0",
         KVR_ERR_TOO_MANY_RANKS => b"too many ranks in the index\0",
+        KVR_ERR_DECODE => b"engine message did not decode\0",
         KVR_ERR_PANIC => b"internal error (panic caught)\0",
         _ => b"unknown status\0",
     };
@@ -303,6 +307,7 @@ mod tests {
             KVR_ERR_TOO_LARGE,
             KVR_ERR_PARENT_NOT_FOUND,
             KVR_ERR_TOO_MANY_RANKS,
+            KVR_ERR_DECODE,
             KVR_ERR_PANIC,
         ];
         let mut seen = std::collections::HashSet::new();

@@ -2516,6 +2516,75 @@ static void test_too_many_ranks(void)
     kvr_engine_free(e);
 }
 
+/* ---- raw engine messages: kvr_partition_ingest ------------------------------------- */
+
+/* [1.0, [{"type":"BlockStored","block_hashes":[1],"parent_block_hash":nil,
+           "token_ids":[0,1,2,3],"block_size":4}], 0]  (vLLM 0.33's tagged-map encoding) */
+static const uint8_t STORED_0123[] =
+    "\x93\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\x91\x85\xa4\x74\x79\x70\x65\xab\x42\x6c\x6f"
+    "\x63\x6b\x53\x74\x6f\x72\x65\x64\xac\x62\x6c\x6f\x63\x6b\x5f\x68\x61\x73\x68\x65\x73"
+    "\x91\x01\xb1\x70\x61\x72\x65\x6e\x74\x5f\x62\x6c\x6f\x63\x6b\x5f\x68\x61\x73\x68\xc0"
+    "\xa9\x74\x6f\x6b\x65\x6e\x5f\x69\x64\x73\x94\x00\x01\x02\x03\xaa\x62\x6c\x6f\x63\x6b"
+    "\x5f\x73\x69\x7a\x65\x04\x00";
+
+static void test_ingest(void)
+{
+    g_section = "ingest";
+    kvr_engine *e = new_engine(5);
+    kvr_partition *p = new_partition(e, "ingest"); /* block size BS */
+    const size_t n = sizeof STORED_0123 - 1;
+    kvr_ingest_result r;
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_ingest(NULL, 1, 0, NULL, 0, 0, STORED_0123, n, &r));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_ingest(p, 1, 0, NULL, 3, 0, STORED_0123, n, &r));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_ingest(p, 1, 0, NULL, 0, 0, NULL, n, &r));
+    OK(kvr_partition_ingest(p, 1, 0, NULL, 0, 0, STORED_0123, n, &r)); /* block size 4 = BS */
+    CHECK_EQ(r.batches_applied, 1);
+    /* The block is on rank 1/0, hashed from its tokens. */
+    uint32_t toks[4] = {0, 1, 2, 3};
+    uint64_t local[1];
+    size_t nb = 0;
+    OK(kvr_partition_hash_tokens(p, NULL, 0, toks, 4, local, NULL, 1, &nb));
+    kvr_overlap ov[4];
+    size_t no = 0;
+    OK(kvr_partition_find_matches(p, local, 1, ov, 4, &no));
+    CHECK(no == 1 && ov[0].worker_id == 1 && ov[0].dp_rank == 0 && ov[0].device_blocks == 1);
+    /* A duplicate applies nothing; garbage is a decode error and applies nothing. */
+    OK(kvr_partition_ingest(p, 1, 0, (const uint8_t *)"t", 1, 0, STORED_0123, n, &r));
+    CHECK_EQ(r.batches_applied, 0);
+    CHECK_ST(KVR_ERR_DECODE, kvr_partition_ingest(p, 1, 0, NULL, 0, 1, (const uint8_t *)"\x93\x01", 2, &r));
+    CHECK_EQ(r.decode_errors, 1);
+    /* A restart (seq back to 0) clears the stream's ranks. */
+    OK(kvr_partition_ingest(p, 1, 0, NULL, 0, 0, STORED_0123, n, NULL));
+
+    kvr_stream_stats st[2];
+    size_t ns = 0;
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_ingress_stats(p, st, 2, NULL));
+    CHECK_ST(KVR_BUFFER_TOO_SMALL, kvr_partition_ingress_stats(p, st, 0, &ns));
+    CHECK_EQ(ns, 1);
+    OK(kvr_partition_ingress_stats(p, st, 2, &ns));
+    CHECK_EQ(ns, 1);
+    CHECK_EQ(st[0].worker_id, 1);
+    CHECK_EQ(st[0].messages, 4);
+    CHECK_EQ(st[0].duplicates, 1);
+    CHECK_EQ(st[0].restarts, 1);
+    CHECK_EQ(st[0].last_seq, 0);
+    uint64_t decode_total = 0;
+    for (size_t i = 0; i < KVR_DECODE_ERROR_KINDS; i++) {
+        decode_total += st[0].decode_errors[i];
+    }
+    CHECK_EQ(decode_total, 1);
+
+    const char *name = NULL;
+    size_t len = 0;
+    OK(kvr_decode_error_name(0, &name, &len));
+    CHECK(len == strlen("truncated") && memcmp(name, "truncated", len) == 0);
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_decode_error_name(KVR_DECODE_ERROR_KINDS, &name, &len));
+    CHECK_ST(KVR_ERR_NULL, kvr_decode_error_name(0, NULL, &len));
+
+    kvr_partition_free(p);
+    kvr_engine_free(e);
+}
+
 int main(void)
 {
     for (uint32_t i = 0; i < NT; i++) {
@@ -2549,6 +2618,7 @@ int main(void)
     test_misaligned();
     test_known_id_leak();
     test_free_null();
+    test_ingest();
     const char *slow = getenv("KVR_C_TEST_SLOW");
     if (slow != NULL && strcmp(slow, "1") == 0) {
         test_too_many_ranks();

@@ -1,0 +1,215 @@
+//! Raw engine messages through C: hand kvr one ZMQ message's frames and it decodes,
+//! sequence-checks and applies them; per-stream counters.
+
+use std::os::raw::c_char;
+
+use kvr::ingress::decode::DecodeErrorKind;
+use kvr::ingress::ingest::StreamStats;
+
+use crate::handles::kvr_partition;
+use crate::status::*;
+
+/// Slots of `kvr_stream_stats.decode_errors` (one per decode-error kind; more than kvr
+/// has today, so kinds can be added without changing the struct).
+pub const KVR_DECODE_ERROR_KINDS: usize = 16;
+
+const _: () = assert!(DecodeErrorKind::ALL.len() <= KVR_DECODE_ERROR_KINDS);
+
+/// What one `kvr_partition_ingest` call did.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct kvr_ingest_result {
+    /// Batches applied (0 for a duplicate; a gap may first clear the stream's ranks).
+    pub batches_applied: u32,
+    /// Times the stream's ranks were cleared (a gap or a restart).
+    pub clears: u32,
+    /// Batches that failed to decode (nothing of them applied).
+    pub decode_errors: u32,
+    pub reserved: u32,
+}
+
+/// One stream's counters.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct kvr_stream_stats {
+    pub worker_id: u64,
+    pub stream: u32,
+    pub reserved: u32,
+    pub messages: u64,
+    pub bytes: u64,
+    pub batches: u64,
+    pub events: u64,
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    pub events_rejected: u64,
+    pub block_size_mismatches: u64,
+    /// Decode failures by kind (`kvr_decode_error_name(i)` names slot i).
+    pub decode_errors: [u64; KVR_DECODE_ERROR_KINDS],
+    pub bad_frames: u64,
+    pub gaps: u64,
+    pub restarts: u64,
+    pub duplicates: u64,
+    pub replays_requested: u64,
+    pub replays_filled: u64,
+    pub replays_incomplete: u64,
+    pub clears: u64,
+    pub batches_lost: u64,
+    /// The last sequence number seen (`UINT64_MAX` = none yet).
+    pub last_seq: u64,
+    /// Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
+    pub last_batch_unix_ms: u64,
+}
+
+fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
+    let mut decode_errors = [0u64; KVR_DECODE_ERROR_KINDS];
+    for (slot, kind) in decode_errors.iter_mut().zip(DecodeErrorKind::ALL) {
+        *slot = s
+            .decode_errors
+            .iter()
+            .find(|c| c.0 == kind.name())
+            .map_or(0, |c| c.1);
+    }
+    let q = &s.sequence;
+    kvr_stream_stats {
+        worker_id: s.worker_id,
+        stream: s.stream,
+        reserved: 0,
+        messages: s.messages,
+        bytes: s.bytes,
+        batches: s.batches,
+        events: s.events,
+        blocks_stored: s.blocks_stored,
+        blocks_removed: s.blocks_removed,
+        events_rejected: s.events_rejected,
+        block_size_mismatches: s.block_size_mismatches,
+        decode_errors,
+        bad_frames: s.bad_frames,
+        gaps: q.gaps,
+        restarts: q.restarts,
+        duplicates: q.duplicates,
+        replays_requested: q.replays_requested,
+        replays_filled: q.replays_filled,
+        replays_incomplete: q.replays_incomplete,
+        clears: q.clears,
+        batches_lost: q.batches_lost,
+        last_seq: q.last_seq.unwrap_or(u64::MAX),
+        last_batch_unix_ms: s.last_batch_unix_ms,
+    }
+}
+
+/// Hands kvr one message of an engine's KV-event stream (vLLM/SGLang ZMQ frames: topic,
+/// sequence number, msgpack payload; REFERENCE.md §2) from `worker_id`'s stream `stream`
+/// (one per publisher socket, e.g. its DP rank). The batch is sequence-checked (a gap
+/// or a restart clears the stream's ranks: the host owns the socket, so kvr cannot ask
+/// for a replay), decoded, and applied to rank `(worker_id, data_parallel_rank)` (or
+/// `(worker_id, stream)` if the batch names none), with local hashes computed from the
+/// token ids. A payload that does not decode applies nothing, is counted by cause, and
+/// returns `KVR_ERR_DECODE`. `out` (may be NULL) gets what happened either way.
+///
+/// Messages of one stream must be handed in order, one at a time; different streams may
+/// be ingested from different threads at once.
+///
+/// # Safety
+/// `partition` is NULL or live; `topic` and `payload` point to their lengths in bytes;
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_partition_ingest(
+    partition: *const kvr_partition,
+    worker_id: u64,
+    stream: u32,
+    topic: *const u8,
+    topic_len: usize,
+    seq: u64,
+    payload: *const u8,
+    payload_len: usize,
+    out: *mut kvr_ingest_result,
+) -> kvr_status {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (p, topic, payload) = unsafe {
+            (
+                handle(partition)?,
+                slice(topic, topic_len)?,
+                slice(payload, payload_len)?,
+            )
+        };
+        let o = p.partition.ingest(worker_id, stream, topic, seq, payload);
+        let r = kvr_ingest_result {
+            batches_applied: o.batches_applied,
+            clears: o.clears,
+            decode_errors: o.decode_errors,
+            reserved: 0,
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { write_opt(out, r) };
+        if o.decode_errors > 0 {
+            Err(KVR_ERR_DECODE)
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// Counters of every event stream of the partition (ingested or subscribed), into `out`
+/// (`cap` entries; `*out_len` = the number of streams; `KVR_BUFFER_TOO_SMALL` and nothing
+/// written if they do not fit).
+///
+/// # Safety
+/// `partition` is NULL or live; `out` points to `cap` writable entries; `out_len` is NULL
+/// or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_partition_ingress_stats(
+    partition: *const kvr_partition,
+    out: *mut kvr_stream_stats,
+    cap: usize,
+    out_len: *mut usize,
+) -> kvr_status {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (p, out) = unsafe { (handle(partition)?, slice_mut(out, cap)?) };
+        if out_len.is_null() {
+            return Err(KVR_ERR_NULL);
+        }
+        let all = p.partition.ingress_stats();
+        // SAFETY: checked non-NULL; writable by the caller's contract.
+        unsafe { out_len.write(all.len()) };
+        if all.len() > out.len() {
+            return Err(KVR_BUFFER_TOO_SMALL);
+        }
+        for (slot, s) in out.iter_mut().zip(&all) {
+            *slot = stream_stats(s);
+        }
+        Ok(())
+    })
+}
+
+/// The name of decode-error slot `kind` of `kvr_stream_stats.decode_errors` (e.g.
+/// "truncated"), as a static string of `*len` bytes (not NUL-terminated);
+/// `KVR_ERR_INVALID_ARGUMENT` for a slot kvr does not use.
+///
+/// # Safety
+/// `name` and `len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_decode_error_name(
+    kind: u32,
+    name: *mut *const c_char,
+    len: *mut usize,
+) -> kvr_status {
+    guard(|| {
+        if name.is_null() || len.is_null() {
+            return Err(KVR_ERR_NULL);
+        }
+        let k = DecodeErrorKind::ALL
+            .get(kind as usize)
+            .ok_or(KVR_ERR_INVALID_ARGUMENT)?;
+        let s = k.name();
+        // SAFETY: both checked non-NULL; writable by the caller's contract.
+        unsafe {
+            name.write(s.as_ptr().cast());
+            len.write(s.len());
+        }
+        Ok(())
+    })
+}
