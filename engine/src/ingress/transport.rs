@@ -1,1 +1,644 @@
-//! ZMQ SUB (+ DEALER replay) transport. (Being written.)
+//! The ZMQ transport of ingress: a SUB socket (plus a DEALER for replay) on its own thread,
+//! handing raw frames to a [`FrameSink`] (REFERENCE.md §2, DESIGN.md §10).
+//!
+//! It knows nothing about events: [`Subscriber`] receives `[topic, seq, payload]` messages
+//! from a vLLM/SGLang-style ZMQ PUB and calls [`FrameSink::on_message`]; when the sink
+//! answers [`SinkAction::Replay`], it asks the publisher's replay ROUTER for the batches
+//! from that sequence number on and feeds them to [`FrameSink::on_replayed`] until the end
+//! marker ([`FrameSink::on_replay_end`]).
+//!
+//! # Implementation
+//!
+//! ZMTP is spoken by the pure-Rust `zeromq` crate, driven by a current-thread tokio runtime
+//! that lives inside the subscriber's thread (no runtime is shared with, or required from,
+//! the host). Pure Rust, because libzmq is C++: linking it into `libkvr.a` would make every
+//! C and Go host add `-lstdc++`. It interoperates with libzmq 4.x peers (pyzmq in
+//! `engine/tests/zmq_transport.rs`): SUB connect, SUB bind with publishers connecting, and
+//! DEALER → ROUTER replay.
+//!
+//! # Connection handling
+//!
+//! - **Connect** (`bind == false`): the subscriber connects to the publisher's PUB. While
+//!   the publisher is unreachable, attempts are never more than `reconnect_interval`
+//!   apart (each socket retries from 50 ms with doubling gaps, and is replaced by a fresh
+//!   one every `reconnect_interval`); when an established connection drops (checked every
+//!   50 ms), the socket is dropped and reopened the same way. Messages sent meanwhile are
+//!   lost, as with libzmq: the sink finds the gap by `seq`.
+//! - **Bind** (`bind == true`): the subscriber binds and any number of publishers connect
+//!   (vLLM connects whenever its endpoint has no `*`); they reconnect by themselves. A
+//!   failed bind (say, the port is still taken) is retried every `reconnect_interval`.
+//!   `tcp://*:PORT` binds all IPv4 interfaces, as libzmq does.
+//! - **Replay**: each [`SinkAction::Replay`] opens a fresh DEALER to `replay_endpoint`,
+//!   sends `["", start_seq as 8-byte big-endian]` and reads `["", topic, seq, payload]`
+//!   replies until the end marker `["", "", ff×8, ""]`, then closes it. Live messages keep
+//!   flowing to [`FrameSink::on_message`] meanwhile (the sink deduplicates by `seq`). The
+//!   replay ends [`ReplayEnd::TimedOut`] when nothing arrives within `replay_timeout` of
+//!   the request or of the previous reply (a long replay that keeps answering is not cut
+//!   short). A `Replay` returned while another replay is in flight supersedes it: the
+//!   earlier one is abandoned without an `on_replay_end` of its own, so exactly one
+//!   `on_replay_end` follows the last `Replay`.
+//!
+//! # Threads and stopping
+//!
+//! All sink methods run on the subscriber's thread (named `kvr-sub-N`), one at a time.
+//! [`Subscriber::stop`] (also run on drop) raises a flag that wakes the thread at once, and
+//! joins it: when `stop` returns, no sink method runs any more and every socket is closed
+//! (a bound port is free again). A sink call in progress is not interrupted: `stop` waits
+//! for it to return.
+//!
+//! Not compiled under `--cfg loom` (the loom models do not involve it, and tokio has no
+//! networking there): code using this module needs `#[cfg(all(feature = "zmq", not(loom)))]`.
+#![cfg(not(loom))]
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use zeromq::{
+    DealerSocket, Endpoint, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket,
+    ZmqError, ZmqMessage,
+};
+
+/// Sequence number of the replay end marker (`-1` as a signed 8-byte big-endian integer).
+const END_MARKER_SEQ: u64 = u64::MAX;
+
+/// How often a connected SUB socket checks for a dropped connection.
+const LINK_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Floor for `reconnect_interval` (a zero interval would spin).
+const MIN_RECONNECT_INTERVAL: Duration = Duration::from_millis(10);
+
+/// What one subscription connects to. See the module documentation for the semantics.
+#[derive(Clone, Debug)]
+pub struct SubscriberConfig {
+    /// Endpoint to connect to (e.g. `"tcp://10.0.0.5:5557"`), or to bind when `bind` is
+    /// true (many publishers connect to it; vLLM connects when its endpoint has no `*`).
+    /// `tcp://HOST:PORT` (IPv4, `[IPv6]` or a host name) and `ipc://PATH`.
+    pub endpoint: String,
+    /// Bind `endpoint` instead of connecting to it.
+    pub bind: bool,
+    /// SUB topic prefix filter (`b""` = all).
+    pub topic: Vec<u8>,
+    /// The publisher's replay ROUTER endpoint (connect), if any.
+    pub replay_endpoint: Option<String>,
+    /// Longest delay between connection (or bind) attempts; values under 10 ms count as
+    /// 10 ms.
+    pub reconnect_interval: Duration,
+    /// How long a replay may go without a reply before it ends [`ReplayEnd::TimedOut`].
+    pub replay_timeout: Duration,
+}
+
+impl SubscriberConfig {
+    /// A configuration connecting to `endpoint`, all topics, no replay, reconnecting every
+    /// 500 ms, replay timeout 5 s.
+    pub fn connect(endpoint: impl Into<String>) -> SubscriberConfig {
+        SubscriberConfig {
+            endpoint: endpoint.into(),
+            bind: false,
+            topic: Vec::new(),
+            replay_endpoint: None,
+            reconnect_interval: Duration::from_millis(500),
+            replay_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Like [`SubscriberConfig::connect`], but binding `endpoint`.
+    pub fn bind(endpoint: impl Into<String>) -> SubscriberConfig {
+        SubscriberConfig {
+            bind: true,
+            ..SubscriberConfig::connect(endpoint)
+        }
+    }
+}
+
+/// The sink's answer to a live message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SinkAction {
+    /// Nothing to do.
+    Continue,
+    /// Ask the publisher to resend batches from this seq (only if a replay endpoint is
+    /// configured; otherwise [`FrameSink::on_replay_end`] is called at once with
+    /// [`ReplayEnd::NotConfigured`]).
+    Replay {
+        /// The first sequence number wanted.
+        from_seq: u64,
+    },
+}
+
+/// How a replay ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplayEnd {
+    /// The end marker was received: every batch the publisher still had was replayed.
+    Completed,
+    /// No reply within `replay_timeout` of the request or of the previous reply.
+    TimedOut,
+    /// The replay connection failed (the message says how).
+    Failed(String),
+    /// No `replay_endpoint` is configured.
+    NotConfigured,
+}
+
+impl fmt::Display for ReplayEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayEnd::Completed => f.write_str("completed"),
+            ReplayEnd::TimedOut => f.write_str("timed out"),
+            ReplayEnd::Failed(why) => write!(f, "failed: {why}"),
+            ReplayEnd::NotConfigured => f.write_str("no replay endpoint configured"),
+        }
+    }
+}
+
+/// Receives what a [`Subscriber`] reads. Every method runs on the subscriber's thread, one
+/// call at a time; none runs after [`Subscriber::stop`] has returned.
+pub trait FrameSink: Send + 'static {
+    /// One live message `[topic, seq, payload]` (malformed frame counts/sizes are reported
+    /// via [`FrameSink::on_bad_frame`] instead).
+    fn on_message(&mut self, topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction;
+    /// One replayed batch, in the publisher's order.
+    fn on_replayed(&mut self, topic: &[u8], seq: u64, payload: &[u8]);
+    /// The replay requested by the last [`SinkAction::Replay`] ended.
+    fn on_replay_end(&mut self, end: ReplayEnd);
+    /// A message without exactly 3 frames, or a seq frame not 8 bytes (live or replayed).
+    fn on_bad_frame(&mut self, why: &'static str);
+}
+
+/// [`FrameSink::on_bad_frame`] causes.
+pub mod bad_frame {
+    /// A live message without exactly 3 frames.
+    pub const FRAME_COUNT: &str = "message without exactly 3 frames";
+    /// A live message whose seq frame is not 8 bytes.
+    pub const SEQ_SIZE: &str = "sequence frame not 8 bytes";
+    /// A replay reply that is not `["", topic, seq, payload]`.
+    pub const REPLAY_FRAME_COUNT: &str = "replay reply without [\"\", topic, seq, payload]";
+    /// A replay reply whose seq frame is not 8 bytes.
+    pub const REPLAY_SEQ_SIZE: &str = "replay sequence frame not 8 bytes";
+}
+
+/// A running subscription: one thread, stopped by [`Subscriber::stop`] or on drop.
+pub struct Subscriber {
+    stop: Arc<StopSignal>,
+    thread: Option<JoinHandle<()>>,
+    name: String,
+}
+
+impl fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("thread", &self.name)
+            .field("running", &self.is_running())
+            .finish()
+    }
+}
+
+impl Subscriber {
+    /// Starts the subscription on its own thread (named `kvr-sub-N`). Connect failures
+    /// are retried every `reconnect_interval`; the thread keeps running until
+    /// [`Subscriber::stop`].
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` when `endpoint` or `replay_endpoint` is not a valid ZMQ endpoint
+    /// (`tcp://HOST:PORT`, `ipc://PATH`; `*` as host only when binding); any error from
+    /// creating the runtime or the thread.
+    pub fn start(cfg: SubscriberConfig, sink: Box<dyn FrameSink>) -> io::Result<Subscriber> {
+        let endpoint = checked_endpoint(&cfg.endpoint, cfg.bind)?;
+        if let Some(replay) = &cfg.replay_endpoint {
+            checked_endpoint(replay, false)?;
+        }
+        let cfg = SubscriberConfig {
+            endpoint,
+            reconnect_interval: cfg.reconnect_interval.max(MIN_RECONNECT_INTERVAL),
+            ..cfg
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        let name = format!("kvr-sub-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
+        let stop = Arc::new(StopSignal::default());
+        let thread_stop = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let mut sink = sink;
+                runtime.block_on(run(cfg, sink.as_mut(), &thread_stop));
+                // Dropping the runtime here ends the sockets' background tasks before the
+                // thread (and so `stop`'s join) finishes.
+                drop(runtime);
+            })?;
+        Ok(Subscriber {
+            stop,
+            thread: Some(thread),
+            name,
+        })
+    }
+
+    /// Stops and joins the thread: when it returns no sink method runs any more.
+    /// Idempotent; also run on drop. A panic of the sink (which ended the thread early) is
+    /// not propagated.
+    pub fn stop(&mut self) {
+        self.stop.raise();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Whether the thread is still running (false after [`Subscriber::stop`], or if a
+    /// sink method panicked).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// The thread's name (`kvr-sub-N`).
+    pub fn thread_name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Validates `endpoint` and returns it in the form handed to `zeromq` (`tcp://*:P` →
+/// `tcp://0.0.0.0:P` when binding).
+fn checked_endpoint(endpoint: &str, bind: bool) -> io::Result<String> {
+    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+    let endpoint = match endpoint.strip_prefix("tcp://*:") {
+        Some(port) if bind => format!("tcp://0.0.0.0:{port}"),
+        Some(_) => {
+            return Err(invalid(format!(
+                "ZMQ endpoint {endpoint:?}: `*` can only be bound, not connected to"
+            )))
+        }
+        None => endpoint.to_owned(),
+    };
+    endpoint
+        .parse::<Endpoint>()
+        .map_err(|e| invalid(format!("invalid ZMQ endpoint {endpoint:?}: {e}")))?;
+    Ok(endpoint)
+}
+
+/// The stop flag, and the waker of the thread's main loop so that raising it wakes the
+/// thread at once (no polling delay).
+#[derive(Default)]
+struct StopSignal {
+    raised: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl StopSignal {
+    fn raise(&self) {
+        self.raised.store(true, Ordering::SeqCst);
+        let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::SeqCst)
+    }
+
+    /// Completes once the flag is raised. The waker is registered before the flag is
+    /// re-checked, so a `raise` between the two cannot be missed.
+    fn raised(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.is_raised() {
+                return Poll::Ready(());
+            }
+            *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            if self.is_raised() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+}
+
+/// The thread's main loop: live messages, replay replies and the stop signal, until stop.
+async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal) {
+    let topic_filter = cfg.topic.clone();
+    let mut link = SubLink::new(&cfg);
+    let mut replay: Option<Replay> = None;
+    loop {
+        // Every branch is cancel-safe: state lives in `link` and `replay`, not in the
+        // futures dropped when another branch wins.
+        let step = tokio::select! {
+            biased;
+            () = stop.raised() => return,
+            event = next_replay_event(&mut replay) => Step::Replay(event),
+            msg = link.next_message() => Step::Live(msg),
+        };
+        if stop.is_raised() {
+            return;
+        }
+        match step {
+            Step::Live(msg) => {
+                let Some(action) = deliver_live(&msg, &topic_filter, sink) else {
+                    continue;
+                };
+                if let SinkAction::Replay { from_seq } = action {
+                    match &cfg.replay_endpoint {
+                        // Supersedes (drops) any replay in flight.
+                        Some(endpoint) => {
+                            replay = Some(Replay::start(endpoint, from_seq, cfg.replay_timeout))
+                        }
+                        None => sink.on_replay_end(ReplayEnd::NotConfigured),
+                    }
+                }
+            }
+            Step::Replay(ReplayEvent::Reply(msg)) => {
+                if let Some(end) = deliver_replayed(&msg, sink) {
+                    replay = None;
+                    sink.on_replay_end(end);
+                }
+            }
+            Step::Replay(ReplayEvent::Ended(end)) => {
+                replay = None;
+                sink.on_replay_end(end);
+            }
+        }
+    }
+}
+
+enum Step {
+    Live(ZmqMessage),
+    Replay(ReplayEvent),
+}
+
+/// Hands one live message to the sink; `None` when it was malformed or filtered out.
+fn deliver_live(
+    msg: &ZmqMessage,
+    topic_filter: &[u8],
+    sink: &mut dyn FrameSink,
+) -> Option<SinkAction> {
+    if msg.len() != 3 {
+        sink.on_bad_frame(bad_frame::FRAME_COUNT);
+        return None;
+    }
+    let (topic, seq, payload) = (msg.get(0)?, msg.get(1)?, msg.get(2)?);
+    // The publisher filters by the subscription already; this also covers a topic that is
+    // not UTF-8 (subscribed to as "" — see `subscription`).
+    if !topic.starts_with(topic_filter) {
+        return None;
+    }
+    let Ok(seq) = <[u8; 8]>::try_from(&seq[..]) else {
+        sink.on_bad_frame(bad_frame::SEQ_SIZE);
+        return None;
+    };
+    Some(sink.on_message(topic, u64::from_be_bytes(seq), payload))
+}
+
+/// Hands one replay reply to the sink; `Some(Completed)` for the end marker.
+fn deliver_replayed(msg: &ZmqMessage, sink: &mut dyn FrameSink) -> Option<ReplayEnd> {
+    let frames = (msg.get(0), msg.get(1), msg.get(2), msg.get(3));
+    let (Some(empty), Some(topic), Some(seq), Some(payload)) = frames else {
+        sink.on_bad_frame(bad_frame::REPLAY_FRAME_COUNT);
+        return None;
+    };
+    if msg.len() != 4 || !empty.is_empty() {
+        sink.on_bad_frame(bad_frame::REPLAY_FRAME_COUNT);
+        return None;
+    }
+    let Ok(seq) = <[u8; 8]>::try_from(&seq[..]) else {
+        sink.on_bad_frame(bad_frame::REPLAY_SEQ_SIZE);
+        return None;
+    };
+    let seq = u64::from_be_bytes(seq);
+    if seq == END_MARKER_SEQ {
+        return Some(ReplayEnd::Completed);
+    }
+    sink.on_replayed(topic, seq, payload);
+    None
+}
+
+/// The SUB subscription string: the topic filter if it is UTF-8 (the `zeromq` API takes
+/// `&str`), else everything (and [`deliver_live`] filters).
+fn subscription(topic: &[u8]) -> String {
+    std::str::from_utf8(topic).unwrap_or("").to_owned()
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+
+/// The SUB socket and its (re)connection state machine.
+struct SubLink {
+    endpoint: String,
+    bind: bool,
+    subscription: String,
+    reconnect_interval: Duration,
+    state: LinkState,
+}
+
+enum LinkState {
+    /// No socket: open one.
+    Closed,
+    /// Opening (connect or bind), started at the instant given.
+    Opening(BoxFuture<Result<OpenSub, ZmqError>>, Instant),
+    /// Waiting before the next attempt.
+    Backoff(Pin<Box<tokio::time::Sleep>>),
+    Open(OpenSub),
+}
+
+struct OpenSub {
+    socket: SubSocket,
+    /// Drains the socket's monitor (connect mode only): true if it reported a
+    /// `Disconnected`, which closes the link.
+    disconnected: Option<Box<dyn FnMut() -> bool>>,
+    check: tokio::time::Interval,
+}
+
+impl SubLink {
+    fn new(cfg: &SubscriberConfig) -> SubLink {
+        SubLink {
+            endpoint: cfg.endpoint.clone(),
+            bind: cfg.bind,
+            subscription: subscription(&cfg.topic),
+            reconnect_interval: cfg.reconnect_interval,
+            state: LinkState::Closed,
+        }
+    }
+
+    /// The next live message, (re)opening the socket as needed. Cancel-safe.
+    async fn next_message(&mut self) -> ZmqMessage {
+        loop {
+            match &mut self.state {
+                LinkState::Closed => {
+                    let open = open_sub(
+                        self.endpoint.clone(),
+                        self.bind,
+                        self.subscription.clone(),
+                        self.reconnect_interval,
+                    );
+                    self.state = LinkState::Opening(Box::pin(open), Instant::now());
+                }
+                LinkState::Opening(open, started) => {
+                    let started = *started;
+                    self.state = match open.as_mut().await {
+                        Ok(open) => LinkState::Open(open),
+                        Err(_) => {
+                            // A connect keeps retrying for up to `reconnect_interval` before it
+                            // fails; a bind fails at once. Either way the next attempt starts
+                            // `reconnect_interval` after this one did.
+                            let wait = self.reconnect_interval.saturating_sub(started.elapsed());
+                            LinkState::Backoff(Box::pin(tokio::time::sleep(wait)))
+                        }
+                    };
+                }
+                LinkState::Backoff(sleep) => {
+                    sleep.as_mut().await;
+                    self.state = LinkState::Closed;
+                }
+                LinkState::Open(open) => {
+                    let got = tokio::select! {
+                        msg = open.socket.recv() => Some(msg),
+                        _ = open.check.tick() => None,
+                    };
+                    match got {
+                        Some(Ok(msg)) => return msg,
+                        // A peer's error: the peer is dropped (in connect mode the monitor
+                        // reports it, below).
+                        Some(Err(_)) => {}
+                        None => {}
+                    }
+                    if open.disconnected() {
+                        self.state = LinkState::Closed;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl OpenSub {
+    /// Whether the monitor reported the (only) connection gone.
+    fn disconnected(&mut self) -> bool {
+        self.disconnected.as_mut().is_some_and(|drain| drain())
+    }
+}
+
+async fn open_sub(
+    endpoint: String,
+    bind: bool,
+    subscription: String,
+    connect_timeout: Duration,
+) -> Result<OpenSub, ZmqError> {
+    let mut options = SocketOptions::default();
+    options.connect_timeout(connect_timeout);
+    let mut socket = SubSocket::with_options(options);
+    let disconnected = if bind {
+        None
+    } else {
+        let mut monitor = socket.monitor();
+        let drain = move || {
+            let mut gone = false;
+            while let Ok(event) = monitor.try_recv() {
+                gone |= matches!(event, SocketEvent::Disconnected(_));
+            }
+            gone
+        };
+        Some(Box::new(drain) as Box<dyn FnMut() -> bool>)
+    };
+    // Remembered and sent to every peer as it connects.
+    socket.subscribe(&subscription).await?;
+    if bind {
+        socket.bind(&endpoint).await?;
+    } else {
+        socket.connect(&endpoint).await?;
+    }
+    let mut check = tokio::time::interval(LINK_CHECK_INTERVAL);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    Ok(OpenSub {
+        socket,
+        disconnected,
+        check,
+    })
+}
+
+/// One replay in flight.
+struct Replay {
+    phase: ReplayPhase,
+    timeout: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+enum ReplayPhase {
+    /// Connecting the DEALER and sending the request.
+    Requesting(BoxFuture<Result<DealerSocket, ZmqError>>),
+    Receiving(DealerSocket),
+}
+
+enum ReplayEvent {
+    Reply(ZmqMessage),
+    Ended(ReplayEnd),
+}
+
+impl Replay {
+    fn start(endpoint: &str, from_seq: u64, timeout: Duration) -> Replay {
+        let endpoint = endpoint.to_owned();
+        let request = async move {
+            // The replay's deadline bounds the connect (so that running out of time is
+            // always `TimedOut`); connect errors other than "not there yet" end it `Failed`.
+            let mut options = SocketOptions::default();
+            options.no_connect_timeout();
+            let mut dealer = DealerSocket::with_options(options);
+            dealer.connect(&endpoint).await?;
+            let mut request = ZmqMessage::from(Vec::<u8>::new());
+            request.push_back(from_seq.to_be_bytes().to_vec().into());
+            dealer.send(request).await?;
+            Ok(dealer)
+        };
+        Replay {
+            phase: ReplayPhase::Requesting(Box::pin(request)),
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+}
+
+/// The next event of the replay in flight (never completes when there is none).
+/// Cancel-safe.
+async fn next_replay_event(slot: &mut Option<Replay>) -> ReplayEvent {
+    let Some(replay) = slot.as_mut() else {
+        return std::future::pending().await;
+    };
+    loop {
+        let deadline = replay.deadline.as_mut();
+        match &mut replay.phase {
+            ReplayPhase::Requesting(request) => {
+                let dealer = tokio::select! {
+                    r = request.as_mut() => r,
+                    () = deadline => return ReplayEvent::Ended(ReplayEnd::TimedOut),
+                };
+                match dealer {
+                    Ok(dealer) => replay.phase = ReplayPhase::Receiving(dealer),
+                    Err(e) => return ReplayEvent::Ended(ReplayEnd::Failed(e.to_string())),
+                }
+            }
+            ReplayPhase::Receiving(dealer) => {
+                let reply = tokio::select! {
+                    r = dealer.recv() => r,
+                    () = deadline => return ReplayEvent::Ended(ReplayEnd::TimedOut),
+                };
+                return match reply {
+                    Ok(msg) => {
+                        let next = tokio::time::Instant::now() + replay.timeout;
+                        replay.deadline.as_mut().reset(next);
+                        ReplayEvent::Reply(msg)
+                    }
+                    Err(e) => ReplayEvent::Ended(ReplayEnd::Failed(e.to_string())),
+                };
+            }
+        }
+    }
+}
