@@ -10,4 +10,6 @@ pub mod decode;
 pub mod ingest;
 pub mod sequence;
 #[cfg(feature = "zmq")]
+pub mod subscribe;
+#[cfg(feature = "zmq")]
 pub mod transport;

@@ -118,7 +118,7 @@ impl SubscriberConfig {
 }
 
 /// The sink's answer to a live message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SinkAction {
     /// Nothing to do.
     Continue,
@@ -129,6 +129,9 @@ pub enum SinkAction {
         /// The first sequence number wanted.
         from_seq: u64,
     },
+    /// As `Replay`, from this replay endpoint instead of the configured one (a bound
+    /// subscription receives many publishers, each with its own replay ROUTER).
+    ReplayAt { from_seq: u64, endpoint: String },
 }
 
 /// How a replay ended.
@@ -348,13 +351,17 @@ async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal)
                 let Some(action) = deliver_live(&msg, &topic_filter, sink) else {
                     continue;
                 };
-                if let SinkAction::Replay { from_seq } = action {
-                    match &cfg.replay_endpoint {
+                match action {
+                    SinkAction::Continue => {}
+                    SinkAction::Replay { from_seq } => match &cfg.replay_endpoint {
                         // Supersedes (drops) any replay in flight.
                         Some(endpoint) => {
                             replay = Some(Replay::start(endpoint, from_seq, cfg.replay_timeout))
                         }
                         None => sink.on_replay_end(ReplayEnd::NotConfigured),
+                    },
+                    SinkAction::ReplayAt { from_seq, endpoint } => {
+                        replay = Some(Replay::start(&endpoint, from_seq, cfg.replay_timeout))
                     }
                 }
             }
