@@ -3,9 +3,14 @@
 # build: the churn test applies 5 M events; the header test checks include/kvr.h), the
 # loom models of the atomic protocols with their negative controls, then the host
 # harnesses over libkvr: C (also under valgrind), C++ (multi-threaded) and Go (vet, race,
-# cgocheck=2, kvrdebug), and the README's host examples.
+# cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples.
+# (The ingress end-to-end test against that publisher runs in cargo test; it needs python3
+# with pyzmq and msgspec, which .ci/run installs, and skips without them.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The e2e publisher's Python packages (ffi/go/run.sh likewise installs Go if missing).
+python3 -c "import zmq, msgspec" 2>/dev/null || python3 -m pip install -q pyzmq msgspec
 
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
@@ -22,6 +27,9 @@ bash tests/cpp/run.sh
 
 echo "== Go package (ffi/go)"
 bash ffi/go/run.sh
+
+echo "== ingress e2e publisher self-test (tests/e2e)"
+python3 tests/e2e/selftest.py
 
 echo "== README host examples"
 python3 tests/check-readme-examples.py
