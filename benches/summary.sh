@@ -10,7 +10,7 @@
 #   KVR_LAT_CALLS=n       calls per variant of the latency harness (default 200000)
 #   KVR_SEL_CALLS=n       calls of the selection harness's target case (default 100000)
 #   KVR_BENCH_SKIP_RUN=1  do not run anything; summarize the latest results on disk
-#   KVR_BENCH_SUITES="…"  suites to run (default: hashing index latency selection ffi)
+#   KVR_BENCH_SUITES="…"  suites to run (default: hashing index latency selection ffi ingest)
 #
 # Sources: criterion's <target>/criterion/**/new/{benchmark,estimates}.json (median of
 # the per-iteration time), and the latency harness (benches/benches/latency.rs: per-call
@@ -48,7 +48,7 @@ if [[ "${KVR_BENCH_SKIP_RUN:-0}" != 1 ]]; then
   touch "$stamp"
   rm -f "$lat_json" "$sel_json" "$ffi_json"
   cargo bench -p kvr-benches --no-run >&2
-  suites=" ${KVR_BENCH_SUITES:-hashing index latency selection ffi} "
+  suites=" ${KVR_BENCH_SUITES:-hashing index latency selection ffi ingest} "
   suites=${suites//,/ }
   if [[ "$suites" == *" hashing "* ]]; then
     echo "== hashing" >&2
@@ -71,6 +71,10 @@ if [[ "${KVR_BENCH_SKIP_RUN:-0}" != 1 ]]; then
     echo "== ffi" >&2
     KVR_FFI_JSON="$ffi_json" cargo bench -p kvr-benches --bench ffi_overhead -- \
       "${crit_args[@]}" >&2
+  fi
+  if [[ "$suites" == *" ingest "* ]]; then
+    echo "== ingest" >&2
+    cargo bench -p kvr-benches --bench ingest -- "${crit_args[@]}" >&2
   fi
 fi
 [[ -f "$stamp" ]] || touch -d @0 "$stamp"
@@ -240,6 +244,8 @@ for name in sorted(list(crit) + sel_only, key=order):
         if name.endswith("/128"):
             ok = lat[name]["p50_ns"] <= 1000
             target = f"p50 ≤ 1 µs: {'met' if ok else 'MISSED'} ({lat[name]['p50_ns'] / 1000:.2f}× target)"
+    if name == "ingest/decode_apply" and per_s:
+        target = f"≥ 2 M blocks/s: {'met' if per_s >= 2e6 else 'MISSED'} ({per_s / 2e6:.2f}× target)"
     if name.startswith("apply_") and "store_" in name and not name.endswith("pair") and per_s:
         ok = per_s >= 5e6
         target = f"≥ 5 M blocks/s: {'met' if ok else 'MISSED'} ({per_s / 5e6:.2f}× target)"
