@@ -1,0 +1,205 @@
+//! kvr's subscriber at sustained rate over loopback (issue 5 item 8): a Rust ZMQ PUB
+//! (the same `zeromq` crate) floods vLLM 0.33 batches at one kvr subscription; the
+//! figure is batches and blocks applied per second, from the first to the last batch
+//! applied, with lost batches (PUB high-water mark) reported.
+//!
+//! Each batch: 4 `BlockStored` events of 16 blocks (block size 16) and, after the first
+//! round, the removal of the previous batch's 64 blocks, so the index stays small. The
+//! publisher sends `KVR_SUB_BATCHES` batches (default 20,000) per run, three runs; the
+//! median run is reported. Run: `cargo bench -p kvr-benches --bench subscriber`
+//! (without `--bench`: a smoke run of 200 batches).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvr::ingress::subscribe::{subscribe, SubscribeConfig};
+use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use rmp::encode as enc;
+use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+
+const BS: usize = 16;
+
+fn batch(round: u64, prev: Option<&[u64]>, hashes: &mut Vec<u64>) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut events = 0;
+    hashes.clear();
+    for s in 0..4u64 {
+        let base = (round * 4 + s) * 16 + 1;
+        enc::write_map_len(&mut body, 5).unwrap();
+        enc::write_str(&mut body, "type").unwrap();
+        enc::write_str(&mut body, "BlockStored").unwrap();
+        enc::write_str(&mut body, "block_hashes").unwrap();
+        enc::write_array_len(&mut body, 16).unwrap();
+        for i in 0..16 {
+            enc::write_uint(&mut body, base + i).unwrap();
+            hashes.push(base + i);
+        }
+        enc::write_str(&mut body, "parent_block_hash").unwrap();
+        enc::write_nil(&mut body).unwrap();
+        enc::write_str(&mut body, "token_ids").unwrap();
+        enc::write_array_len(&mut body, (16 * BS) as u32).unwrap();
+        for t in 0..(16 * BS) as u64 {
+            enc::write_uint(&mut body, (base * 31 + t) & 0xffff).unwrap();
+        }
+        enc::write_str(&mut body, "block_size").unwrap();
+        enc::write_uint(&mut body, BS as u64).unwrap();
+        events += 1;
+    }
+    if let Some(prev) = prev {
+        enc::write_map_len(&mut body, 2).unwrap();
+        enc::write_str(&mut body, "type").unwrap();
+        enc::write_str(&mut body, "BlockRemoved").unwrap();
+        enc::write_str(&mut body, "block_hashes").unwrap();
+        enc::write_array_len(&mut body, prev.len() as u32).unwrap();
+        for h in prev {
+            enc::write_uint(&mut body, *h).unwrap();
+        }
+        events += 1;
+    }
+    let mut msg = Vec::new();
+    enc::write_array_len(&mut msg, 3).unwrap();
+    enc::write_f64(&mut msg, 1.0).unwrap();
+    enc::write_array_len(&mut msg, events).unwrap();
+    msg.extend_from_slice(&body);
+    enc::write_uint(&mut msg, 0).unwrap();
+    msg
+}
+
+fn message(seq: u64, payload: &[u8]) -> ZmqMessage {
+    let mut m = ZmqMessage::from(b"".to_vec());
+    m.push_back(seq.to_be_bytes().to_vec().into());
+    m.push_back(payload.to_vec().into());
+    m
+}
+
+struct Run {
+    batches_per_s: f64,
+    blocks_per_s: f64,
+    applied: u64,
+    lost: u64,
+}
+
+fn run(n: u64) -> Run {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut publisher, endpoint) = rt.block_on(async {
+        let mut s = PubSocket::new();
+        let ep = s.bind("tcp://127.0.0.1:0").await.expect("bind PUB");
+        (s, ep.to_string())
+    });
+    let p = Arc::new(Partition::new(
+        PartitionKey::new("bench", "g"),
+        PartitionConfig::new(BS as u32),
+    ));
+    let mut sub = subscribe(
+        p.clone(),
+        SubscribeConfig::Connect {
+            endpoint,
+            replay_endpoint: None,
+            topic: Vec::new(),
+            worker_id: 1,
+            stream: 0,
+        },
+    )
+    .expect("subscribe");
+    let stats = |p: &Partition| p.ingress_stats().into_iter().next().unwrap_or_default();
+    // Warm up: an empty batch as seq 0 until the subscription has it (slow joiner).
+    let empty = {
+        let mut m = Vec::new();
+        enc::write_array_len(&mut m, 3).unwrap();
+        enc::write_f64(&mut m, 0.0).unwrap();
+        enc::write_array_len(&mut m, 0).unwrap();
+        enc::write_uint(&mut m, 0).unwrap();
+        m
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stats(&p).batches == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the subscription never connected"
+        );
+        rt.block_on(publisher.send(message(0, &empty))).unwrap();
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
+    }
+    // Prebuild, then flood.
+    let mut payloads = Vec::with_capacity(n as usize);
+    let (mut prev, mut cur) = (Vec::new(), Vec::new());
+    for round in 0..n {
+        payloads.push(batch(
+            round,
+            (round > 0).then_some(prev.as_slice()),
+            &mut cur,
+        ));
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    let before = stats(&p);
+    let t = Instant::now();
+    for (i, pl) in payloads.iter().enumerate() {
+        rt.block_on(publisher.send(message(i as u64 + 1, pl)))
+            .unwrap();
+    }
+    // Wait until the last batch is applied (or nothing moves for a second).
+    let (mut last, mut last_change) = (before.batches, Instant::now());
+    loop {
+        let s = stats(&p);
+        if s.sequence.last_seq == Some(n) && s.batches >= last {
+            break;
+        }
+        if s.batches != last {
+            last = s.batches;
+            last_change = Instant::now();
+        } else if last_change.elapsed() > Duration::from_secs(1) {
+            break;
+        }
+        // Drive the runtime: the PUB socket's writes run on it.
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(2)).await });
+    }
+    let took = t.elapsed().as_secs_f64();
+    let s = stats(&p);
+    sub.stop();
+    let applied = s.batches - before.batches;
+    Run {
+        batches_per_s: applied as f64 / took,
+        blocks_per_s: (s.blocks_stored + s.blocks_removed
+            - before.blocks_stored
+            - before.blocks_removed) as f64
+            / took,
+        applied,
+        lost: s.sequence.batches_lost,
+    }
+}
+
+fn main() {
+    let bench_mode = std::env::args().any(|a| a == "--bench");
+    let n: u64 = if bench_mode {
+        std::env::var("KVR_SUB_BATCHES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000)
+    } else {
+        200
+    };
+    let runs = if bench_mode { 3 } else { 1 };
+    let mut results: Vec<Run> = (0..runs).map(|_| run(n)).collect();
+    results.sort_by(|a, b| a.blocks_per_s.total_cmp(&b.blocks_per_s));
+    for r in &results {
+        println!(
+            "subscriber run: {} of {n} batches applied ({} lost), {:.0} batches/s, {:.2} M blocks/s",
+            r.applied,
+            r.lost,
+            r.batches_per_s,
+            r.blocks_per_s / 1e6
+        );
+    }
+    let m = &results[results.len() / 2];
+    println!(
+        "subscriber (median of {runs}): {:.0} batches/s, {:.2} M blocks/s over loopback",
+        m.batches_per_s,
+        m.blocks_per_s / 1e6
+    );
+    if !bench_mode {
+        assert!(m.applied > 0, "nothing arrived");
+    }
+}
