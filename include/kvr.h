@@ -139,6 +139,18 @@ typedef struct kvr_partition_options kvr_partition_options;
 typedef struct kvr_request kvr_request;
 
 /**
+ * What to subscribe a partition to (opaque): one engine's PUB endpoint to connect to
+ * (`kvr_subscribe_options_new_connect`), or one endpoint kvr binds and many engines
+ * connect to (`kvr_subscribe_options_new_bind`, with topic routes).
+ */
+typedef struct kvr_subscribe_options kvr_subscribe_options;
+
+/**
+ * A running (or stopped) subscription of a partition to engine KV events (opaque).
+ */
+typedef struct kvr_subscription kvr_subscription;
+
+/**
  * A worker's metadata under construction (opaque; `kvr_worker_new`, setters, then
  * `kvr_partition_upsert_worker`, which copies it).
  */
@@ -646,6 +658,12 @@ typedef struct kvr_rank_load {
  * applied; counted by cause in the stream's stats.
  */
 #define KVR_ERR_DECODE 112
+
+/**
+ * An operating-system resource could not be had (`kvr_partition_subscribe`: the
+ * subscription's thread or its I/O runtime could not be created); nothing was started.
+ */
+#define KVR_ERR_IO 113
 
 /**
  * A Rust panic was caught at the boundary (a bug in kvr); the call had no effect it
@@ -1382,6 +1400,142 @@ const char *kvr_status_str(kvr_status status);
  * Thread-safe; never fails.
  */
 uint64_t kvr_status_count(kvr_status status);
+
+/**
+ * New options connecting to one engine's PUB endpoint `endpoint` (`tcp://HOST:PORT` or
+ * `ipc://PATH`, copied; checked by `kvr_partition_subscribe`), whose batches are
+ * `worker_id`'s stream `stream` (one per publisher socket, e.g. its DP rank). No replay
+ * endpoint, every topic. Free with `kvr_subscribe_options_free`.
+ *
+ * # Safety
+ * `endpoint` points to `endpoint_len` bytes; `out` is NULL or writable.
+ */
+kvr_status kvr_subscribe_options_new_connect(const char *endpoint,
+                                             size_t endpoint_len,
+                                             uint64_t worker_id,
+                                             uint32_t stream,
+                                             struct kvr_subscribe_options **out);
+
+/**
+ * New options binding `endpoint` (`tcp://HOST:PORT`, where a HOST of `*` means every
+ * IPv4 interface, or `ipc://PATH`; copied; checked by `kvr_partition_subscribe`), which any
+ * number of engines connect to (vLLM connects when its endpoint has no `*`). Each topic
+ * is its own stream: its worker comes from a route (`kvr_subscribe_options_add_route`),
+ * else from the digits that end the topic (`"kv-17"` → worker 17, stream 0); messages
+ * of a topic that names no worker are counted as bad frames. Free with
+ * `kvr_subscribe_options_free`.
+ *
+ * # Safety
+ * `endpoint` points to `endpoint_len` bytes; `out` is NULL or writable.
+ */
+kvr_status kvr_subscribe_options_new_bind(const char *endpoint,
+                                          size_t endpoint_len,
+                                          struct kvr_subscribe_options **out);
+
+/**
+ * Frees subscribe options; NULL is a no-op. Subscriptions made from them are not
+ * affected.
+ *
+ * # Safety
+ * `opts` is NULL or from `kvr_subscribe_options_new_*`, not freed before.
+ */
+void kvr_subscribe_options_free(struct kvr_subscribe_options *opts);
+
+/**
+ * Connect mode: the engine's replay ROUTER (`tcp://HOST:PORT` or `ipc://PATH`, copied;
+ * `(NULL, 0)` = none, the default). With one, a sequence gap is filled by a replay
+ * (REFERENCE.md §2) before newer batches apply; without one, or when the replay fails,
+ * the stream's ranks are cleared and rebuild. `KVR_ERR_INVALID_ARGUMENT` on bind-mode
+ * options (each route names its own replay endpoint).
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call; `endpoint` points to
+ * `endpoint_len` bytes.
+ */
+kvr_status kvr_subscribe_options_set_replay_endpoint(struct kvr_subscribe_options *opts,
+                                                     const char *endpoint,
+                                                     size_t endpoint_len);
+
+/**
+ * Connect mode: subscribe only to topics starting with these bytes (copied; `(NULL, 0)`
+ * = every topic, the default). `KVR_ERR_INVALID_ARGUMENT` on bind-mode options.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call; `topic` points to `topic_len`
+ * bytes.
+ */
+kvr_status kvr_subscribe_options_set_topic(struct kvr_subscribe_options *opts,
+                                           const uint8_t *topic,
+                                           size_t topic_len);
+
+/**
+ * Bind mode: messages whose topic is exactly `topic` (copied; may be empty) are
+ * `worker_id`'s stream `stream`, whose publisher serves replays at `replay_endpoint`
+ * (copied; `(NULL, 0)` = none; checked by `kvr_partition_subscribe`). A later route for
+ * the same topic replaces the earlier one. `KVR_ERR_INVALID_ARGUMENT` on connect-mode
+ * options. One replay runs at a time per subscription: a stream that needs one while
+ * another stream's is in flight is cleared instead.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call; `topic` and `replay_endpoint`
+ * point to their lengths in bytes.
+ */
+kvr_status kvr_subscribe_options_add_route(struct kvr_subscribe_options *opts,
+                                           const uint8_t *topic,
+                                           size_t topic_len,
+                                           uint64_t worker_id,
+                                           uint32_t stream,
+                                           const char *replay_endpoint,
+                                           size_t replay_endpoint_len);
+
+/**
+ * Subscribes the partition to engine KV events as `opts` says, on a thread of kvr's
+ * own: it connects (or binds), reconnects (or retries the bind) for as long as it runs,
+ * sequence-checks, replays or clears on gaps, decodes and applies every batch, and
+ * counts per stream (`kvr_partition_ingress_stats`). `opts` is only read (copied); it
+ * may be freed after the call.
+ *
+ * Fails with `KVR_ERR_INVALID_ARGUMENT` when an endpoint (the main one or a replay
+ * endpoint) is malformed, `KVR_ERR_IO` when the thread or its runtime cannot be
+ * created; nothing was started then. An endpoint that is well-formed but unreachable
+ * (or a port that is taken) is not an error: kvr keeps trying.
+ *
+ * # Safety
+ * `partition` and `opts` are NULL or live; `out` is NULL or writable.
+ */
+kvr_status kvr_partition_subscribe(const struct kvr_partition *partition,
+                                   const struct kvr_subscribe_options *opts,
+                                   struct kvr_subscription **out);
+
+/**
+ * Stops the subscription and joins its thread: when this returns, no event of it is
+ * applied any more and its sockets are closed (a bound port is free again). Idempotent;
+ * the handle stays valid (to free, or to ask `kvr_subscription_is_running`).
+ *
+ * # Safety
+ * `sub` is NULL or live and not used by another thread during the call.
+ */
+kvr_status kvr_subscription_stop(struct kvr_subscription *sub);
+
+/**
+ * `*out` = 1 while the subscription's thread runs, 0 after `kvr_subscription_stop` (or
+ * if the thread ended on an internal error).
+ *
+ * # Safety
+ * `sub` is NULL or live; `out` is NULL or writable.
+ */
+kvr_status kvr_subscription_is_running(const struct kvr_subscription *sub,
+                                       uint32_t *out);
+
+/**
+ * Stops the subscription if it is running (as `kvr_subscription_stop`: returns after its
+ * thread has joined) and frees the handle; NULL is a no-op.
+ *
+ * # Safety
+ * `sub` is NULL or from `kvr_partition_subscribe`, not freed before, and not used by
+ * another thread.
+ */
+void kvr_subscription_free(struct kvr_subscription *sub);
 
 /**
  * A new worker `worker_id` with `dp_size` data-parallel ranks (≥ 1), role aggregated,

@@ -4,7 +4,8 @@
 //! The path of data is the engine's: workers and load ([`workers`]) and KV events
 //! ([`index`]) go in; lookups ([`index`]) and selections ([`select`]) come out; bookings
 //! are freed through the engine ([`select`]); host hooks ([`hooks`]) and statistics
-//! ([`stats`]) hang off a partition ([`handles`]).
+//! ([`stats`]) hang off a partition ([`handles`]). Engines' own KV-event messages come in
+//! raw through the host ([`ingress`]) or through kvr's own ZMQ subscriber ([`subscribe`]).
 //!
 //! Conventions, everywhere:
 //! - every symbol starts with `kvr_`; handles are opaque; option and builder objects are
@@ -33,6 +34,7 @@ pub mod ingress;
 pub mod select;
 pub mod stats;
 pub mod status;
+pub mod subscribe;
 pub mod workers;
 
 pub use handles::*;
@@ -42,4 +44,5 @@ pub use ingress::*;
 pub use select::*;
 pub use stats::*;
 pub use status::*;
+pub use subscribe::*;
 pub use workers::*;

@@ -49,6 +49,9 @@ pub const KVR_ERR_TOO_MANY_RANKS: kvr_status = 111;
 /// A raw engine message did not decode (`kvr_partition_ingest`): nothing of it was
 /// applied; counted by cause in the stream's stats.
 pub const KVR_ERR_DECODE: kvr_status = 112;
+/// An operating-system resource could not be had (`kvr_partition_subscribe`: the
+/// subscription's thread or its I/O runtime could not be created); nothing was started.
+pub const KVR_ERR_IO: kvr_status = 113;
 /// A Rust panic was caught at the boundary (a bug in kvr); the call had no effect it
 /// reports, and the engine keeps serving.
 pub const KVR_ERR_PANIC: kvr_status = 199;
@@ -99,6 +102,7 @@ pub extern "C" fn kvr_status_str(status: kvr_status) -> *const std::os::raw::c_c
         KVR_ERR_PARENT_NOT_FOUND => b"stored event's parent block is unknown\0",
         KVR_ERR_TOO_MANY_RANKS => b"too many ranks in the index\0",
         KVR_ERR_DECODE => b"engine message did not decode\0",
+        KVR_ERR_IO => b"I/O error\0",
         KVR_ERR_PANIC => b"internal error (panic caught)\0",
         _ => b"unknown status\0",
     };
@@ -308,6 +312,7 @@ mod tests {
             KVR_ERR_PARENT_NOT_FOUND,
             KVR_ERR_TOO_MANY_RANKS,
             KVR_ERR_DECODE,
+            KVR_ERR_IO,
             KVR_ERR_PANIC,
         ];
         let mut seen = std::collections::HashSet::new();

@@ -15,16 +15,26 @@
  * and always under valgrind by run.sh, because it is slow there).
  */
 
+/* POSIX sockets and clocks, for the subscriber test (a raw ZMTP publisher). */
+#define _POSIX_C_SOURCE 200809L
+
 #include "kvr.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <threads.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------------------ */
 /* A tiny check framework                                                                */
@@ -441,7 +451,8 @@ static void test_version_and_status(void)
         KVR_ERR_INVALID_ARGUMENT, KVR_ERR_UNKNOWN_PARTITION, KVR_ERR_PARTITION_EXISTS,
         KVR_ERR_UNKNOWN_SELECTION_ID, KVR_ERR_DUPLICATE_SELECTION_ID, KVR_ERR_UNKNOWN_RANK,
         KVR_ERR_UNKNOWN_WORKER, KVR_ERR_ALREADY_FREED, KVR_ERR_TOO_LARGE,
-        KVR_ERR_PARENT_NOT_FOUND, KVR_ERR_TOO_MANY_RANKS, KVR_ERR_PANIC,
+        KVR_ERR_PARENT_NOT_FOUND, KVR_ERR_TOO_MANY_RANKS, KVR_ERR_DECODE, KVR_ERR_IO,
+        KVR_ERR_PANIC,
     };
     const size_t n = sizeof all / sizeof all[0];
     const char *unknown = kvr_status_str(12345);
@@ -2488,6 +2499,8 @@ static void test_free_null(void)
     kvr_partition_free(NULL);
     kvr_request_free(NULL);
     kvr_worker_free(NULL);
+    kvr_subscribe_options_free(NULL);
+    kvr_subscription_free(NULL);
     CHECK(true); /* reached */
 }
 
@@ -2585,6 +2598,397 @@ static void test_ingest(void)
     kvr_engine_free(e);
 }
 
+/* ---- kvr's own ZMQ subscriber: kvr_partition_subscribe ---------------------------- */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static struct sockaddr_in loopback(uint16_t port)
+{
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    return a;
+}
+
+/* A TCP port of 127.0.0.1 that was free a moment ago (bound as port 0, then released). */
+static uint16_t free_port(void)
+{
+    struct sockaddr_in a = loopback(0);
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        fprintf(stderr, "fatal: cannot find a free port: %s\n", strerror(errno));
+        exit(2);
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Whether a listening socket could be bound to 127.0.0.1:port now (SO_REUSEADDR, so
+   connections in TIME_WAIT do not count: only another listener does). */
+static bool port_bindable(uint16_t port)
+{
+    struct sockaddr_in a = loopback(port);
+    int one = 1;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+        return false;
+    }
+    bool ok = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+              bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0;
+    close(fd);
+    return ok;
+}
+
+/* A TCP connection to 127.0.0.1:port (5 s receive timeout), retried for up to
+   `timeout_ms` while refused; -1 if none. */
+static int tcp_connect(uint16_t port, unsigned timeout_ms)
+{
+    const uint64_t deadline = now_ms() + timeout_ms;
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0) {
+            return -1;
+        }
+        struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        struct sockaddr_in a = loopback(port);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            return fd;
+        }
+        close(fd);
+        if (now_ms() > deadline) {
+            return -1;
+        }
+        sleep_ms(20);
+    }
+}
+
+static bool send_all(int fd, const void *buf, size_t n)
+{
+    const unsigned char *b = buf;
+    while (n > 0) {
+        ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
+        if (k <= 0) {
+            return false;
+        }
+        b += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+static bool recv_all(int fd, void *buf, size_t n)
+{
+    unsigned char *b = buf;
+    while (n > 0) {
+        ssize_t k = recv(fd, b, n, 0);
+        if (k <= 0) {
+            return false;
+        }
+        b += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+/* One ZMTP 3 frame (flags: 1 = more, 4 = command; long sizes as needed). */
+static bool zmtp_frame(int fd, unsigned flags, const void *body, size_t n)
+{
+    unsigned char h[9];
+    size_t hn = 2;
+    if (n < 256) {
+        h[0] = (unsigned char)flags;
+        h[1] = (unsigned char)n;
+    } else {
+        h[0] = (unsigned char)(flags | 2u);
+        for (int i = 0; i < 8; i++) {
+            h[1 + i] = (unsigned char)((uint64_t)n >> (56 - 8 * i));
+        }
+        hn = 9;
+    }
+    return send_all(fd, h, hn) && send_all(fd, body, n);
+}
+
+/*
+ * A minimal ZMTP 3.0 PUB peer (NULL mechanism) connected to a SUB bound on
+ * 127.0.0.1:port, as a vLLM publisher connects to kvr's bound endpoint: greeting and
+ * READY both ways; it ignores what the SUB sends after that (its subscriptions) and
+ * filters nothing. -1 on failure.
+ */
+static int zmtp_pub_connect(uint16_t port)
+{
+    int fd = tcp_connect(port, 30000);
+    if (fd < 0) {
+        return -1;
+    }
+    unsigned char greeting[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0, 'N', 'U', 'L', 'L'};
+    unsigned char peer[64];
+    static const unsigned char ready[] = {5,   'R', 'E', 'A', 'D', 'Y', 11,  'S', 'o',
+                                          'c', 'k', 'e', 't', '-', 'T', 'y', 'p', 'e',
+                                          0,   0,   0,   3,   'P', 'U', 'B'};
+    unsigned char flags = 0, size = 0, body[255];
+    bool ok = send_all(fd, greeting, sizeof greeting) && recv_all(fd, peer, sizeof peer) &&
+              peer[0] == 0xff && peer[9] == 0x7f && peer[10] >= 3 &&
+              zmtp_frame(fd, 4, ready, sizeof ready) && recv_all(fd, &flags, 1) &&
+              flags == 4 /* a short command */ && recv_all(fd, &size, 1) &&
+              recv_all(fd, body, size) && size >= 6 && memcmp(body, "\x05READY", 6) == 0;
+    if (!ok) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Publishes one vLLM message [topic, seq (8 bytes big-endian), payload]. */
+static bool zmtp_publish(int fd, const char *topic, uint64_t seq, const uint8_t *payload, size_t n)
+{
+    unsigned char be[8];
+    for (int i = 0; i < 8; i++) {
+        be[i] = (unsigned char)(seq >> (56 - 8 * i));
+    }
+    return zmtp_frame(fd, 1, topic, strlen(topic)) && zmtp_frame(fd, 1, be, 8) &&
+           zmtp_frame(fd, 0, payload, n);
+}
+
+/* The counters of worker `worker`'s stream, or all zeros if it has none yet. */
+static kvr_stream_stats stream_of(const kvr_partition *p, uint64_t worker)
+{
+    kvr_stream_stats st[16], none;
+    memset(&none, 0, sizeof none);
+    size_t n = 0;
+    if (kvr_partition_ingress_stats(p, st, 16, &n) != KVR_OK) {
+        return none;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (st[i].worker_id == worker) {
+            return st[i];
+        }
+    }
+    return none;
+}
+
+/* Waits up to 30 s until worker's stream has taken `messages` messages. */
+static bool wait_messages(const kvr_partition *p, uint64_t worker, uint64_t messages)
+{
+    const uint64_t deadline = now_ms() + 30000;
+    while (stream_of(p, worker).messages < messages) {
+        if (now_ms() > deadline) {
+            return false;
+        }
+        sleep_ms(10);
+    }
+    return true;
+}
+
+static uint32_t running(const kvr_subscription *s)
+{
+    uint32_t r = 99;
+    OK(kvr_subscription_is_running(s, &r));
+    return r;
+}
+
+/* Subscribes p with `o` (freed here); NULL if that failed. */
+static kvr_subscription *subscribe_with(const kvr_partition *p, kvr_subscribe_options *o)
+{
+    kvr_subscription *s = NULL;
+    OK(kvr_partition_subscribe(p, o, &s));
+    kvr_subscribe_options_free(o);
+    return s;
+}
+
+static void test_subscribe(void)
+{
+    g_section = "subscribe";
+    kvr_engine *e = new_engine(16);
+    kvr_partition *p = new_partition(e, "subscribe"); /* block size BS */
+    kvr_subscribe_options *o = NULL, *ob = NULL;
+    kvr_subscription *s = NULL;
+    char ep[64];
+
+    /* Options: NULL out-parameters and handles, (NULL, n) strings, invalid UTF-8, the
+       mode each setter belongs to. */
+    const char *any = "tcp://127.0.0.1:1";
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_new_connect(any, strlen(any), 1, 0, NULL));
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_new_connect(NULL, 5, 1, 0, &o));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+             kvr_subscribe_options_new_connect(BAD_UTF8, BAD_UTF8_LEN, 1, 0, &o));
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_new_bind(any, strlen(any), NULL));
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_new_bind(NULL, 5, &ob));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_new_bind(BAD_UTF8, BAD_UTF8_LEN, &ob));
+    CHECK(o == NULL && ob == NULL);
+    OK(kvr_subscribe_options_new_connect(any, strlen(any), 1, 0, &o));
+    OK(kvr_subscribe_options_new_bind(any, strlen(any), &ob));
+    CHECK(o != NULL && ob != NULL);
+
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_set_replay_endpoint(NULL, any, strlen(any)));
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_set_replay_endpoint(o, NULL, 3));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+             kvr_subscribe_options_set_replay_endpoint(o, BAD_UTF8, BAD_UTF8_LEN));
+    OK(kvr_subscribe_options_set_replay_endpoint(o, any, strlen(any)));
+    OK(kvr_subscribe_options_set_replay_endpoint(o, NULL, 0)); /* none again */
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_set_replay_endpoint(ob, any, strlen(any)));
+
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_set_topic(NULL, (const uint8_t *)"kv", 2));
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_set_topic(o, NULL, 2));
+    OK(kvr_subscribe_options_set_topic(o, (const uint8_t *)"kv", 2));
+    OK(kvr_subscribe_options_set_topic(o, (const uint8_t *)"\xff", 1)); /* bytes, not UTF-8 */
+    OK(kvr_subscribe_options_set_topic(o, NULL, 0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_set_topic(ob, (const uint8_t *)"kv", 2));
+
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_add_route(NULL, (const uint8_t *)"kv", 2, 9, 0, NULL, 0));
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_add_route(ob, NULL, 2, 9, 0, NULL, 0));
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_add_route(ob, (const uint8_t *)"kv", 2, 9, 0, NULL, 4));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+             kvr_subscribe_options_add_route(ob, (const uint8_t *)"kv", 2, 9, 0, BAD_UTF8, BAD_UTF8_LEN));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+             kvr_subscribe_options_add_route(o, (const uint8_t *)"kv", 2, 9, 0, NULL, 0));
+    OK(kvr_subscribe_options_add_route(ob, NULL, 0, 8, 0, NULL, 0)); /* the empty topic */
+
+    /* kvr_partition_subscribe: NULL handles and out-parameter. */
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_subscribe(NULL, o, &s));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_subscribe(p, NULL, &s));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_subscribe(p, o, NULL));
+    CHECK(s == NULL);
+    kvr_subscribe_options_free(o);
+    kvr_subscribe_options_free(ob);
+
+    /* Invalid endpoints: nothing starts. */
+    static const char *const bad_connect[] = {
+        "", "tcp://127.0.0.1", "127.0.0.1:5557", "tcp://127.0.0.1:65536", "udp://127.0.0.1:1",
+        "tcp://*:5557", /* `*` can only be bound */
+    };
+    for (size_t i = 0; i < sizeof bad_connect / sizeof bad_connect[0]; i++) {
+        o = NULL;
+        OK(kvr_subscribe_options_new_connect(bad_connect[i], strlen(bad_connect[i]), 1, 0, &o));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_subscribe(p, o, &s));
+        kvr_subscribe_options_free(o);
+    }
+    static const char *const bad_bind[] = {"", "tcp://127.0.0.1", "tcp://127.0.0.1:70000", "zmq"};
+    for (size_t i = 0; i < sizeof bad_bind / sizeof bad_bind[0]; i++) {
+        ob = NULL;
+        OK(kvr_subscribe_options_new_bind(bad_bind[i], strlen(bad_bind[i]), &ob));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_subscribe(p, ob, &s));
+        kvr_subscribe_options_free(ob);
+    }
+    /* A malformed replay endpoint, of the connect options or of a route. */
+    OK(kvr_subscribe_options_new_connect(any, strlen(any), 1, 0, &o));
+    OK(kvr_subscribe_options_set_replay_endpoint(o, "tcp://x", 7));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_subscribe(p, o, &s));
+    kvr_subscribe_options_free(o);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%u", (unsigned)free_port());
+    OK(kvr_subscribe_options_new_bind(ep, strlen(ep), &ob));
+    OK(kvr_subscribe_options_add_route(ob, (const uint8_t *)"kv", 2, 9, 0, "tcp://*:5558", 12));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_subscribe(p, ob, &s));
+    OK(kvr_subscribe_options_add_route(ob, (const uint8_t *)"kv", 2, 9, 0, "tcp://127.0.0.1:5558", 20));
+    size_t nstreams = 99;
+    OK(kvr_partition_ingress_stats(p, NULL, 0, &nstreams));
+    CHECK_EQ(nstreams, 0); /* a refused subscription leaves no stream behind */
+    s = subscribe_with(p, ob); /* the later route replaced the bad one */
+    CHECK(s != NULL);
+    kvr_subscription_free(s);
+    s = NULL;
+
+    /* Stop / is_running: NULL handles and out-parameters. */
+    CHECK_ST(KVR_ERR_NULL, kvr_subscription_stop(NULL));
+    uint32_t r = 0;
+    CHECK_ST(KVR_ERR_NULL, kvr_subscription_is_running(NULL, &r));
+
+    /* Connect mode to an engine that is not there: kvr keeps trying until stopped. */
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%u", (unsigned)free_port());
+    OK(kvr_subscribe_options_new_connect(ep, strlen(ep), 3, 0, &o));
+    OK(kvr_subscribe_options_set_replay_endpoint(o, ep, strlen(ep)));
+    OK(kvr_subscribe_options_set_topic(o, (const uint8_t *)"kv", 2));
+    s = subscribe_with(p, o);
+    CHECK_ST(KVR_ERR_NULL, kvr_subscription_is_running(s, NULL));
+    CHECK_EQ(running(s), 1);
+    OK(kvr_subscription_stop(s));
+    CHECK_EQ(running(s), 0);
+    OK(kvr_subscription_stop(s)); /* idempotent */
+    CHECK_EQ(running(s), 0);
+    kvr_subscription_free(s);
+
+    /* Bind mode on a free port of 127.0.0.1, with a publisher speaking ZMTP: topic "kv"
+       is routed to worker 9; its batches are applied until the stop, none after. */
+    const uint16_t port = free_port();
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%u", (unsigned)port);
+    OK(kvr_subscribe_options_new_bind(ep, strlen(ep), &ob));
+    OK(kvr_subscribe_options_add_route(ob, (const uint8_t *)"kv", 2, 9, 0, NULL, 0));
+    s = subscribe_with(p, ob);
+    CHECK_EQ(running(s), 1);
+    int pub = zmtp_pub_connect(port); /* retried until kvr's bind is up */
+    CHECK(pub >= 0);
+    CHECK(!port_bindable(port)); /* kvr listens on it */
+    const size_t n = sizeof STORED_0123 - 1;
+    CHECK(pub >= 0 && zmtp_publish(pub, "kv", 0, STORED_0123, n));
+    CHECK(wait_messages(p, 9, 1));
+    uint32_t toks[4] = {0, 1, 2, 3};
+    uint64_t local[1];
+    size_t nb = 0;
+    OK(kvr_partition_hash_tokens(p, NULL, 0, toks, 4, local, NULL, 1, &nb));
+    kvr_overlap ov[4];
+    size_t no = 0;
+    OK(kvr_partition_find_matches(p, local, 1, ov, 4, &no));
+    CHECK(no == 1 && ov[0].worker_id == 9 && ov[0].dp_rank == 0 && ov[0].device_blocks == 1);
+    CHECK(pub >= 0 && zmtp_publish(pub, "kv", 1, STORED_0123, n));
+    CHECK(wait_messages(p, 9, 2));
+    kvr_stream_stats st = stream_of(p, 9);
+    CHECK_EQ(st.batches, 2);
+    CHECK_EQ(st.last_seq, 1);
+    CHECK_EQ(st.gaps, 0);
+    OK(kvr_subscription_stop(s));
+    CHECK_EQ(running(s), 0);
+    CHECK(port_bindable(port)); /* the listener is closed */
+    /* After the stop, nothing more is applied (the send may fail: the peer is gone). */
+    if (pub >= 0) {
+        (void)zmtp_publish(pub, "kv", 2, STORED_0123, n);
+        (void)zmtp_publish(pub, "kv", 3, (const uint8_t *)"\x93\x01", 2);
+    }
+    sleep_ms(200);
+    st = stream_of(p, 9);
+    CHECK_EQ(st.messages, 2);
+    CHECK_EQ(st.last_seq, 1);
+    OK(kvr_subscription_stop(s)); /* double stop */
+    kvr_subscription_free(s);
+    if (pub >= 0) {
+        close(pub);
+    }
+
+    /* Free without stop, after the partition and engine handles: the subscription holds
+       the partition, and kvr_subscription_free stops it (the port is released). */
+    const uint16_t port2 = free_port();
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%u", (unsigned)port2);
+    OK(kvr_subscribe_options_new_bind(ep, strlen(ep), &ob));
+    s = subscribe_with(p, ob);
+    kvr_partition_free(p);
+    kvr_engine_free(e);
+    pub = zmtp_pub_connect(port2);
+    CHECK(pub >= 0);
+    /* Topic "kv-4" names worker 4 (no route): applied to the partition nobody else holds. */
+    CHECK(pub >= 0 && zmtp_publish(pub, "kv-4", 0, STORED_0123, n));
+    sleep_ms(100);
+    CHECK_EQ(running(s), 1);
+    kvr_subscription_free(s);
+    CHECK(port_bindable(port2));
+    if (pub >= 0) {
+        close(pub);
+    }
+}
+
 int main(void)
 {
     for (uint32_t i = 0; i < NT; i++) {
@@ -2619,6 +3023,7 @@ int main(void)
     test_known_id_leak();
     test_free_null();
     test_ingest();
+    test_subscribe();
     const char *slow = getenv("KVR_C_TEST_SLOW");
     if (slow != NULL && strcmp(slow, "1") == 0) {
         test_too_many_ranks();

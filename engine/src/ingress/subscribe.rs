@@ -170,8 +170,35 @@ impl FrameSink for PartitionSink {
     }
 }
 
+/// Checks every endpoint of `cfg` (the subscription's own and every replay endpoint):
+/// `InvalidInput` names the first malformed one. [`subscribe`] does this before anything
+/// else, so a refused subscription leaves no trace (no stream in the ingress stats).
+pub fn validate(cfg: &SubscribeConfig) -> std::io::Result<()> {
+    use super::transport::checked_endpoint;
+    match cfg {
+        SubscribeConfig::Connect {
+            endpoint,
+            replay_endpoint,
+            ..
+        } => {
+            checked_endpoint(endpoint, false)?;
+            if let Some(r) = replay_endpoint {
+                checked_endpoint(r, false)?;
+            }
+        }
+        SubscribeConfig::Bind { endpoint, routes } => {
+            checked_endpoint(endpoint, true)?;
+            for r in routes.iter().filter_map(|r| r.replay_endpoint.as_deref()) {
+                checked_endpoint(r, false)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Subscribes `partition` to engine events as `cfg` says, on a thread of its own.
 pub fn subscribe(partition: Arc<Partition>, cfg: SubscribeConfig) -> std::io::Result<Subscription> {
+    validate(&cfg)?;
     let (transport, sink) = match cfg {
         SubscribeConfig::Connect {
             endpoint,

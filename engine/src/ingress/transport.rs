@@ -274,7 +274,7 @@ impl Drop for Subscriber {
 
 /// Validates `endpoint` and returns it in the form handed to `zeromq` (`tcp://*:P` →
 /// `tcp://0.0.0.0:P` when binding).
-fn checked_endpoint(endpoint: &str, bind: bool) -> io::Result<String> {
+pub(crate) fn checked_endpoint(endpoint: &str, bind: bool) -> io::Result<String> {
     let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
     let endpoint = match endpoint.strip_prefix("tcp://*:") {
         Some(port) if bind => format!("tcp://0.0.0.0:{port}"),

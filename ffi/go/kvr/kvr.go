@@ -10,14 +10,17 @@
 // engine's own bookings. [Partition.Select] answers which rank should serve a prompt;
 // [Partition.SelectAndReserve] also books it, and the booking is then driven by its
 // selection id through [Engine.MarkPrefillComplete], [Engine.AddOutputBlocks] and
-// [Engine.FreeBooking].
+// [Engine.FreeBooking]. Engines' own KV-event messages (vLLM/SGLang ZMQ) reach the index
+// through [Partition.Subscribe] (kvr's own subscriber thread) or [Partition.Ingest] (the
+// host reads the sockets); [Partition.IngressStats] counts them per stream.
 //
 // # Handles
 //
-// Engine, Partition, Request and Worker wrap C handles. Close releases one (Close is
-// idempotent); a finalizer releases a handle that is dropped without Close, as a safety
-// net only. A method on a closed handle returns [ErrClosed]. Close must not run
-// concurrently with another method on the same handle.
+// Engine, Partition, Request, Worker and Subscription wrap C handles. Close releases one
+// (Close is idempotent); a finalizer releases a handle that is dropped without Close, as
+// a safety net only. A method on a closed handle returns [ErrClosed]. Close must not run
+// concurrently with another method on the same handle (a [Subscription] excepted: all
+// its methods may run concurrently, and its finalizer stops it, so keep it reachable).
 //
 // Engine and Partition methods may be called from many goroutines at once. A Request
 // and a Worker are builders: use each from one goroutine at a time (keep one Request per

@@ -30,6 +30,8 @@ const (
 	StatusTooLarge             Status = C.KVR_ERR_TOO_LARGE
 	StatusParentNotFound       Status = C.KVR_ERR_PARENT_NOT_FOUND
 	StatusTooManyRanks         Status = C.KVR_ERR_TOO_MANY_RANKS
+	StatusDecode               Status = C.KVR_ERR_DECODE
+	StatusIO                   Status = C.KVR_ERR_IO
 	StatusPanic                Status = C.KVR_ERR_PANIC
 
 	// statusNoMem and statusRange come from the binding's C helpers, never from kvr.
@@ -102,7 +104,11 @@ var (
 	ErrTooLarge             = &Error{Status: StatusTooLarge}
 	ErrParentNotFound       = &Error{Status: StatusParentNotFound}
 	ErrTooManyRanks         = &Error{Status: StatusTooManyRanks}
-	ErrPanic                = &Error{Status: StatusPanic}
+	// ErrDecode: an engine message handed to Partition.Ingest did not decode.
+	ErrDecode = &Error{Status: StatusDecode}
+	// ErrIO: Partition.Subscribe could not create its thread or I/O runtime.
+	ErrIO    = &Error{Status: StatusIO}
+	ErrPanic = &Error{Status: StatusPanic}
 )
 
 // ErrClosed is returned by a method of a handle after its Close (no C call is made).

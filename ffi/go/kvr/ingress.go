@@ -1,0 +1,192 @@
+package kvr
+
+// #include "shim.h"
+import "C"
+
+import (
+	"runtime"
+	"time"
+	"unsafe"
+)
+
+// DecodeErrorKinds is the number of slots of StreamStats.DecodeErrors (more than kvr uses
+// today, so kinds can be added; DecodeErrorName names the used ones).
+const DecodeErrorKinds = C.KVR_DECODE_ERROR_KINDS
+
+// IngestResult is what one Ingest call did (kvr_ingest_result).
+type IngestResult struct {
+	// BatchesApplied: 0 for a duplicate.
+	BatchesApplied uint32
+	// Clears: times the stream's ranks were cleared (a gap or a restart).
+	Clears uint32
+	// DecodeErrors: batches that failed to decode (nothing of them was applied).
+	DecodeErrors uint32
+}
+
+// StreamStats are the counters of one event stream of a partition: one publisher
+// socket of an engine, fed through Ingest or a Subscription (kvr_stream_stats).
+type StreamStats struct {
+	WorkerID uint64
+	Stream   uint32
+	// Messages received (live and replayed) and their payload bytes.
+	Messages uint64
+	Bytes    uint64
+	// Batches decoded and applied, their events, the blocks they stored and removed.
+	Batches       uint64
+	Events        uint64
+	BlocksStored  uint64
+	BlocksRemoved uint64
+	// EventsRejected: events the index refused (unknown parent, rank limit).
+	EventsRejected uint64
+	// BlockSizeMismatches: stores refused because their block size is not the
+	// partition's.
+	BlockSizeMismatches uint64
+	// DecodeErrors: batches that failed to decode, by kind (DecodeErrorName(i) names
+	// slot i).
+	DecodeErrors [DecodeErrorKinds]uint64
+	// BadFrames: messages whose frames were malformed (subscriptions only).
+	BadFrames uint64
+	// Sequence tracking: gaps, restarts (seq going back), duplicates, replays requested,
+	// filled and incomplete, clears of the stream's ranks, and batches lost for good.
+	Gaps              uint64
+	Restarts          uint64
+	Duplicates        uint64
+	ReplaysRequested  uint64
+	ReplaysFilled     uint64
+	ReplaysIncomplete uint64
+	Clears            uint64
+	BatchesLost       uint64
+	// LastSeq is the last sequence number seen, if HasLastSeq.
+	LastSeq    uint64
+	HasLastSeq bool
+	// LastBatch: wall-clock time of the last applied batch (zero: never).
+	LastBatch time.Time
+}
+
+// DecodeErrorTotal is the sum of DecodeErrors.
+func (s *StreamStats) DecodeErrorTotal() uint64 {
+	var n uint64
+	for _, v := range s.DecodeErrors {
+		n += v
+	}
+	return n
+}
+
+func streamStatsOf(c *C.kvr_stream_stats) StreamStats {
+	s := StreamStats{
+		WorkerID:            uint64(c.worker_id),
+		Stream:              uint32(c.stream),
+		Messages:            uint64(c.messages),
+		Bytes:               uint64(c.bytes),
+		Batches:             uint64(c.batches),
+		Events:              uint64(c.events),
+		BlocksStored:        uint64(c.blocks_stored),
+		BlocksRemoved:       uint64(c.blocks_removed),
+		EventsRejected:      uint64(c.events_rejected),
+		BlockSizeMismatches: uint64(c.block_size_mismatches),
+		BadFrames:           uint64(c.bad_frames),
+		Gaps:                uint64(c.gaps),
+		Restarts:            uint64(c.restarts),
+		Duplicates:          uint64(c.duplicates),
+		ReplaysRequested:    uint64(c.replays_requested),
+		ReplaysFilled:       uint64(c.replays_filled),
+		ReplaysIncomplete:   uint64(c.replays_incomplete),
+		Clears:              uint64(c.clears),
+		BatchesLost:         uint64(c.batches_lost),
+	}
+	for i := range s.DecodeErrors {
+		s.DecodeErrors[i] = uint64(c.decode_errors[i])
+	}
+	if last := uint64(c.last_seq); last != ^uint64(0) {
+		s.LastSeq, s.HasLastSeq = last, true
+	}
+	if ms := int64(c.last_batch_unix_ms); ms != 0 {
+		s.LastBatch = time.UnixMilli(ms)
+	}
+	return s
+}
+
+// Ingest hands kvr one message of an engine's KV-event stream (the frames of a vLLM or
+// SGLang ZMQ message: topic, sequence number, msgpack payload) from workerID's stream
+// (one per publisher socket, e.g. its DP rank), for hosts that read the sockets
+// themselves (else see Subscribe). The batch is sequence-checked (a gap or a restart
+// clears the stream's ranks: kvr does not own the socket, so it cannot ask for a
+// replay), decoded and applied to rank (workerID, the batch's data_parallel_rank), or
+// (workerID, stream) if the batch names none. A payload that does not decode applies
+// nothing, is counted by cause, and returns ErrDecode with the result.
+//
+// Messages of one stream must be handed in order, one at a time; different streams may
+// be ingested from different goroutines at once. topic and payload are passed to C in
+// place.
+func (p *Partition) Ingest(workerID uint64, stream uint32, topic []byte, seq uint64, payload []byte) (IngestResult, error) {
+	if p.ptr == nil {
+		return IngestResult{}, ErrClosed
+	}
+	var tp, pp *C.uint8_t
+	if len(topic) > 0 {
+		tp = (*C.uint8_t)(unsafe.Pointer(&topic[0]))
+	}
+	if len(payload) > 0 {
+		pp = (*C.uint8_t)(unsafe.Pointer(&payload[0]))
+	}
+	var c C.kvr_ingest_result
+	gc()
+	st := C.kvr_partition_ingest(p.ptr, C.uint64_t(workerID), C.uint32_t(stream), tp, C.size_t(len(topic)),
+		C.uint64_t(seq), pp, C.size_t(len(payload)), &c)
+	gc()
+	runtime.KeepAlive(p)
+	runtime.KeepAlive(topic)
+	runtime.KeepAlive(payload)
+	res := IngestResult{
+		BatchesApplied: uint32(c.batches_applied),
+		Clears:         uint32(c.clears),
+		DecodeErrors:   uint32(c.decode_errors),
+	}
+	return res, check(st, "kvr_partition_ingest")
+}
+
+// IngressStats returns the counters of every event stream of the partition (ingested or
+// subscribed; a stream's counters stay after its subscription stops).
+func (p *Partition) IngressStats() ([]StreamStats, error) {
+	if p.ptr == nil {
+		return nil, ErrClosed
+	}
+	buf := make([]C.kvr_stream_stats, 4)
+	for {
+		var n C.size_t
+		gc()
+		st := C.kvr_partition_ingress_stats(p.ptr, &buf[0], C.size_t(len(buf)), &n)
+		gc()
+		runtime.KeepAlive(p)
+		switch st {
+		case C.KVR_OK:
+			out := make([]StreamStats, int(n))
+			for i := range out {
+				out[i] = streamStatsOf(&buf[i])
+			}
+			return out, nil
+		case C.KVR_BUFFER_TOO_SMALL:
+			// Room for what was needed plus slack: streams may be added meanwhile.
+			buf = make([]C.kvr_stream_stats, int(n)+int(n)/4+4)
+		default:
+			return nil, check(st, "kvr_partition_ingress_stats")
+		}
+	}
+}
+
+// DecodeErrorName names slot kind of StreamStats.DecodeErrors (e.g. "truncated");
+// ErrInvalidArgument for a slot kvr does not use.
+func DecodeErrorName(kind int) (string, error) {
+	if kind < 0 || kind >= DecodeErrorKinds {
+		return "", &Error{Status: StatusInvalidArgument, Op: "kvr_decode_error_name"}
+	}
+	var name *C.char
+	var n C.size_t
+	gc()
+	st := C.kvr_decode_error_name(C.uint32_t(kind), &name, &n)
+	gc()
+	if err := check(st, "kvr_decode_error_name"); err != nil {
+		return "", err
+	}
+	return C.GoStringN(name, C.int(n)), nil
+}
