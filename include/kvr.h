@@ -82,11 +82,12 @@
 #define KVR_FREED_RANK_REMOVED 3
 
 /**
- * Version of this library (semantic versioning of the C ABI's source).
+ * Version of this library (semantic versioning of the C ABI's source). 0.2 added raw
+ * ingest, ingress stats and subscriptions (issue 5); nothing of 0.1 changed.
  */
 #define KVR_VERSION_MAJOR 0
 
-#define KVR_VERSION_MINOR 1
+#define KVR_VERSION_MINOR 2
 
 #define KVR_VERSION_PATCH 0
 

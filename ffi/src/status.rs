@@ -56,9 +56,10 @@ pub const KVR_ERR_IO: kvr_status = 113;
 /// reports, and the engine keeps serving.
 pub const KVR_ERR_PANIC: kvr_status = 199;
 
-/// Version of this library (semantic versioning of the C ABI's source).
+/// Version of this library (semantic versioning of the C ABI's source). 0.2 added raw
+/// ingest, ingress stats and subscriptions (issue 5); nothing of 0.1 changed.
 pub const KVR_VERSION_MAJOR: u32 = 0;
-pub const KVR_VERSION_MINOR: u32 = 1;
+pub const KVR_VERSION_MINOR: u32 = 2;
 pub const KVR_VERSION_PATCH: u32 = 0;
 /// The ABI generation: bumped on every incompatible change of a type or signature.
 /// `kvr_abi_version()` returns the library's; a host compares it with this macro.
