@@ -5,7 +5,9 @@
 # the committed fuzz/seeds/<target>; fuzz/regressions/<target> (kept crashers) is replayed
 # as a read-only second corpus. A crash fails the script: libFuzzer writes the input to
 # fuzz/artifacts/<target>/; fix it, then keep the input under fuzz/regressions/<target>/
-# (engine/tests/decode_regressions.rs replays those on stable).
+# (`cargo test --manifest-path fuzz/Cargo.toml` replays every seed and regression of every
+# target on stable; engine/tests/decode_regressions.rs also replays the decoder's).
+# The targets' logic lives in fuzz/src/<target>.rs (crate kvr_fuzz).
 #
 # Needs rustup's nightly toolchain; installs cargo-fuzz if missing. Works from any cwd.
 set -euo pipefail

@@ -15,6 +15,9 @@ python3 -c "import zmq, msgspec" 2>/dev/null || python3 -m pip install -q pyzmq 
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
+echo "== fuzz replay (fuzz/: every seed and kept crasher through its target, on stable)"
+cargo test --manifest-path fuzz/Cargo.toml  # debug: overflow checks on
+
 echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
     cargo test -p kvr --release --lib --target-dir target/loom loom_models

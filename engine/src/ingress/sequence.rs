@@ -172,7 +172,8 @@ impl SequenceTracker {
                 if self.replay_enabled {
                     self.start_replay(last + 1, seq, payload, out);
                 } else {
-                    self.stats.batches_lost += seq - last - 1;
+                    self.stats.batches_lost =
+                        self.stats.batches_lost.saturating_add(seq - last - 1);
                     self.clear(ClearCause::GapWithoutReplay, out);
                     out.push(Action::Apply {
                         seq,
@@ -215,7 +216,7 @@ impl SequenceTracker {
         if seq > r.next {
             // The publisher no longer holds [next, seq): lost for good. Clear now (before
             // applying anything newer), then continue from here.
-            self.stats.batches_lost += seq - r.next;
+            self.stats.batches_lost = self.stats.batches_lost.saturating_add(seq - r.next);
             r.next = seq;
             self.stats.clears += 1;
             out.push(Action::Clear(ClearCause::ReplayIncomplete));
@@ -241,7 +242,7 @@ impl SequenceTracker {
             self.stats.replays_filled += 1;
         } else if !filled {
             self.stats.replays_incomplete += 1;
-            self.stats.batches_lost += r.target - r.next;
+            self.stats.batches_lost = self.stats.batches_lost.saturating_add(r.target - r.next);
             self.stats.clears += 1;
             out.push(Action::Clear(ClearCause::ReplayIncomplete));
         } else {
@@ -253,14 +254,15 @@ impl SequenceTracker {
             if seq != expect {
                 // A gap among the held live batches: the replay covered only the first.
                 self.stats.gaps += 1;
-                self.stats.batches_lost += seq - expect;
+                self.stats.batches_lost = self.stats.batches_lost.saturating_add(seq - expect);
                 self.stats.clears += 1;
                 out.push(Action::Clear(ClearCause::GapWithoutReplay));
             }
-            expect = seq + 1;
+            // Wrapping: a held batch may carry seq u64::MAX (the next expected is 0).
+            expect = seq.wrapping_add(1);
             out.push(Action::Apply { seq, payload });
         }
-        self.last = Some(expect - 1);
+        self.last = Some(expect.wrapping_sub(1));
     }
 }
 
@@ -367,6 +369,26 @@ mod tests {
         assert_eq!(out[0], Action::Clear(ClearCause::ReplayIncomplete));
         assert_eq!(applied(&out), vec![2, 3]);
         assert_eq!(applied(&live(&mut t, 4)), vec![4]);
+    }
+
+    #[test]
+    fn huge_sequence_jumps_saturate_the_lost_counter_instead_of_overflowing() {
+        // Found by fuzz target ingest_frames (fuzz/regressions/ingest_frames/).
+        let mut t = SequenceTracker::new(false);
+        live(&mut t, 0);
+        live(&mut t, u64::MAX);
+        live(&mut t, 0);
+        live(&mut t, 3);
+        assert_eq!(t.stats().batches_lost, u64::MAX);
+        // And a held batch at u64::MAX ends a replay without overflowing.
+        let mut t = SequenceTracker::new(true);
+        live(&mut t, 0);
+        live(&mut t, 5);
+        live(&mut t, u64::MAX);
+        let mut out = Vec::new();
+        t.on_replay_end(ReplayResult::Failed, &mut out);
+        assert_eq!(applied(&out), vec![5, u64::MAX]);
+        assert_eq!(t.stats().last_seq, Some(u64::MAX));
     }
 
     #[test]

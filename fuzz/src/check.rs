@@ -1,0 +1,218 @@
+//! Checks shared by the differential targets: the index against the naive model, by
+//! stats and by prefix queries over chains the run has stored.
+
+use std::collections::HashMap;
+
+use kvr::hash::chain_hash;
+use kvr::{Index, OverlapScores, RankId, StoredBlock, TieredScores};
+
+use crate::model::{assert_rank_stats_equal, assert_stats_equal, Model};
+
+/// Every block the model ever stored, as a link of its chain: sequence hash → (the
+/// sequence hash before it, its local hash). Walking links back from any stored block
+/// gives a query prefix that ends exactly there.
+#[derive(Default)]
+pub struct Links {
+    links: HashMap<u64, (Option<u64>, u64)>,
+    /// Sequence hashes in the order first stored (deterministic picks).
+    order: Vec<u64>,
+}
+
+/// The longest chain a query walks back.
+const MAX_CHAIN: usize = 256;
+
+impl Links {
+    /// The sequence hashes `blocks` get when stored on `rank` after `parent`, as the model
+    /// computes them (`None` if the model refuses the store: unknown parent). Call before
+    /// the model applies the store (the store may move the parent's name).
+    pub fn record(
+        &mut self,
+        model: &Model,
+        rank: RankId,
+        parent: Option<u64>,
+        blocks: &[StoredBlock],
+        touched: &mut Vec<u64>,
+    ) {
+        let mut prev = match parent {
+            None => None,
+            Some(p) => match model.rank(rank).and_then(|rm| rm.resolve(p)) {
+                Some(s) => Some(s),
+                None => return,
+            },
+        };
+        for b in blocks {
+            let seq = match prev {
+                None => b.local_hash,
+                Some(p) => chain_hash(p, b.local_hash),
+            };
+            if let std::collections::hash_map::Entry::Vacant(e) = self.links.entry(seq) {
+                e.insert((prev, b.local_hash));
+                self.order.push(seq);
+            }
+            touched.push(seq);
+            prev = Some(seq);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The `k`-th sequence hash first stored (modulo the number stored).
+    pub fn nth(&self, k: usize) -> Option<u64> {
+        (!self.order.is_empty()).then(|| self.order[k % self.order.len()])
+    }
+
+    /// The chain ending at `seq`: (sequence hashes, local hashes), root first. The locals
+    /// are `Some` only if the walk reached a root (a block stored without a parent).
+    pub fn chain(&self, seq: u64) -> (Vec<u64>, Option<Vec<u64>>) {
+        let mut seqs = vec![seq];
+        let mut locals = Vec::new();
+        let mut cur = seq;
+        let mut complete = false;
+        while seqs.len() <= MAX_CHAIN {
+            let Some(&(prev, local)) = self.links.get(&cur) else {
+                break;
+            };
+            locals.push(local);
+            match prev {
+                None => {
+                    complete = true;
+                    break;
+                }
+                Some(p) => {
+                    seqs.push(p);
+                    cur = p;
+                }
+            }
+        }
+        if !complete {
+            // A cut walk: the last pushed sequence hash has no local.
+            seqs.truncate(locals.len().max(1));
+        }
+        seqs.reverse();
+        locals.reverse();
+        (seqs, complete.then_some(locals))
+    }
+}
+
+/// Reusable query outputs, and what the queries found so far.
+#[derive(Default)]
+pub struct Scratch {
+    scores: OverlapScores,
+    tiered: TieredScores,
+    /// Queries run.
+    pub queries: u64,
+    /// Queries some rank scored on the device.
+    pub device_hits: u64,
+    /// Queries some rank scored on host or disk.
+    pub lower_tier_hits: u64,
+}
+
+/// Index vs model on one query: device scores by sequence hashes, tiered scores by
+/// sequence hashes, and (when the locals are known) both by local hashes.
+pub fn check_query(
+    index: &Index,
+    model: &Model,
+    seqs: &[u64],
+    locals: Option<&[u64]>,
+    scratch: &mut Scratch,
+    ctx: &dyn Fn() -> String,
+) {
+    let want = model.find_matches_by_sequence(seqs);
+    index.find_matches_by_sequence(seqs, &mut scratch.scores);
+    assert_eq!(
+        scratch.scores.as_slice(),
+        want.as_slice(),
+        "find_matches_by_sequence (index vs model); query {seqs:x?}; {}",
+        ctx()
+    );
+    scratch.queries += 1;
+    scratch.device_hits += u64::from(!want.is_empty());
+    let want_t = model.find_matches_tiered_by_sequence(seqs);
+    scratch.lower_tier_hits += u64::from(want_t.iter().any(|t| t.host + t.disk > 0));
+    index.find_matches_tiered_by_sequence(seqs, &mut scratch.tiered);
+    assert_eq!(
+        scratch.tiered.as_slice(),
+        want_t.as_slice(),
+        "find_matches_tiered_by_sequence (index vs model); query {seqs:x?}; {}",
+        ctx()
+    );
+    if let Some(l) = locals {
+        let got = index.find_matches(l);
+        assert_eq!(
+            got.as_slice(),
+            want.as_slice(),
+            "find_matches by local hashes (index vs model); locals {l:x?}; {}",
+            ctx()
+        );
+        let got_t = index.find_matches_tiered(l);
+        assert_eq!(
+            got_t.as_slice(),
+            want_t.as_slice(),
+            "find_matches_tiered by local hashes (index vs model); locals {l:x?}; {}",
+            ctx()
+        );
+    }
+}
+
+/// The whole comparison after one step: stats, exact — all of them (total and every rank)
+/// if `full`, else the rank list and the stats of `ranks` (the ranks the step touched; the
+/// model derives its stats naively, so the full check is the costly part) — then queries
+/// for the chains ending at the first and the last `touched` block and at two blocks
+/// stored earlier picked by `pick`; the first of those also extended by a block nobody
+/// stored and cut in half.
+#[allow(clippy::too_many_arguments)]
+pub fn check_all(
+    index: &Index,
+    model: &Model,
+    links: &Links,
+    touched: &[u64],
+    pick: usize,
+    full: bool,
+    ranks: &[RankId],
+    scratch: &mut Scratch,
+    ctx: &dyn Fn() -> String,
+) {
+    if full {
+        assert_stats_equal(index, model, ctx);
+    } else {
+        assert_eq!(index.ranks(), model.ranks(), "ranks differ; {}", ctx());
+        for r in ranks {
+            assert_rank_stats_equal(index, model, *r, ctx);
+        }
+    }
+    // The chain through the last block touched covers the ones before it in that store;
+    // the first block touched starts another chain when the step stored several.
+    let mut ends: Vec<u64> = Vec::with_capacity(4);
+    ends.extend(touched.last());
+    if let Some(&f) = touched.first() {
+        if ends.first() != Some(&f) {
+            ends.push(f);
+        }
+    }
+    if let Some(s) = links.nth(pick) {
+        ends.push(s);
+    }
+    if let Some(s) = links.nth(pick.wrapping_mul(7).wrapping_add(3)) {
+        ends.push(s);
+    }
+    for (k, end) in ends.into_iter().enumerate() {
+        let (mut seqs, locals) = links.chain(end);
+        check_query(index, model, &seqs, locals.as_deref(), scratch, ctx);
+        if k == 0 {
+            // One step past the end, and a prefix cut in the middle.
+            let last = *seqs.last().unwrap();
+            seqs.push(chain_hash(last, 0x5eed));
+            check_query(index, model, &seqs, None, scratch, ctx);
+            seqs.truncate(seqs.len() / 2);
+            if !seqs.is_empty() {
+                check_query(index, model, &seqs, None, scratch, ctx);
+            }
+        }
+    }
+}

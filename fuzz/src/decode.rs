@@ -1,0 +1,223 @@
+//! Target (a): arbitrary bytes → `kvr::ingress::decode::decode_batch`.
+//!
+//! Must never panic (overflow checks are on in cargo-fuzz builds). On every input: decoding
+//! into a fresh batch and into a reused one agree. On a successful decode: every range is
+//! in bounds, every store's tokens are `blocks × block_size`, and re-encoding the decoded
+//! batch (tagged maps or positional arrays, hashes as uint64 / int64 / bin) decodes to the
+//! same events.
+
+use std::cell::RefCell;
+
+use kvr::ingress::decode::{decode_batch, DecodedBatch, DecodedEvent, Medium};
+
+thread_local! {
+    static REUSED: RefCell<DecodedBatch> = RefCell::new(DecodedBatch::default());
+}
+
+/// Runs one input; panics on a finding.
+pub fn run(data: &[u8]) {
+    let mut fresh = DecodedBatch::default();
+    let res = decode_batch(data, &mut fresh);
+    let reused_res = REUSED.with(|b| {
+        let mut b = b.borrow_mut();
+        let r = decode_batch(data, &mut b);
+        if r.is_ok() {
+            assert_eq!(
+                resolve(&b),
+                resolve(&fresh),
+                "reused batch decodes differently"
+            );
+        }
+        r
+    });
+    assert_eq!(res, reused_res, "reused batch fails differently");
+    if let Err(e) = res {
+        assert!(!e.kind.name().is_empty());
+        let _ = e.to_string();
+        return;
+    }
+    check_invariants(&fresh);
+    let want = resolve(&fresh);
+    for (i, style) in [Style::Tagged, Style::Positional].into_iter().enumerate() {
+        let bytes = encode(&fresh, style, data.len() + i);
+        let mut again = DecodedBatch::default();
+        decode_batch(&bytes, &mut again).expect("re-encoded batch must decode");
+        assert_eq!(
+            resolve(&again),
+            want,
+            "re-encoded batch decodes differently ({style:?})"
+        );
+    }
+}
+
+fn check_invariants(b: &DecodedBatch) {
+    for ev in &b.events {
+        match ev {
+            DecodedEvent::Stored {
+                hashes,
+                tokens,
+                block_size,
+                lora_name,
+                ..
+            } => {
+                assert!(hashes.start <= hashes.end && hashes.end <= b.hashes.len());
+                assert!(tokens.start <= tokens.end && tokens.end <= b.tokens.len());
+                if !hashes.is_empty() {
+                    assert!(*block_size >= 1);
+                }
+                assert_eq!(tokens.len(), hashes.len() * *block_size as usize);
+                if let Some(r) = lora_name {
+                    assert!(!r.is_empty());
+                    assert!(
+                        b.text.get(r.clone()).is_some(),
+                        "lora range not on char boundaries"
+                    );
+                }
+            }
+            DecodedEvent::Removed { hashes, .. } => {
+                assert!(hashes.start <= hashes.end && hashes.end <= b.hashes.len());
+            }
+            DecodedEvent::Cleared => {}
+        }
+    }
+}
+
+/// An event with its ranges resolved, for comparing batches decoded from different bytes.
+#[derive(Debug, PartialEq)]
+enum Owned {
+    Stored(Vec<u64>, Option<u64>, Vec<u32>, u32, Option<String>, Medium),
+    Removed(Vec<u64>, Medium),
+    Cleared,
+}
+
+fn resolve(b: &DecodedBatch) -> (u64, Option<u32>, Vec<Owned>) {
+    let events = b
+        .events
+        .iter()
+        .map(|ev| match ev {
+            DecodedEvent::Stored {
+                hashes,
+                parent,
+                tokens,
+                block_size,
+                lora_name,
+                medium,
+            } => Owned::Stored(
+                b.hashes[hashes.clone()].to_vec(),
+                *parent,
+                b.tokens[tokens.clone()].to_vec(),
+                *block_size,
+                lora_name.clone().map(|r| b.text[r].to_owned()),
+                *medium,
+            ),
+            DecodedEvent::Removed { hashes, medium } => {
+                Owned::Removed(b.hashes[hashes.clone()].to_vec(), *medium)
+            }
+            DecodedEvent::Cleared => Owned::Cleared,
+        })
+        .collect();
+    (b.ts.to_bits(), b.data_parallel_rank, events)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Style {
+    Tagged,
+    Positional,
+}
+
+fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
+    use rmp::encode as en;
+    let mut w = Vec::new();
+    let hash = |w: &mut Vec<u8>, h: u64, k: usize| match (salt + k) % 3 {
+        0 => en::write_uint(w, h).map(|_| ()).unwrap(),
+        1 => en::write_sint(w, h as i64).map(|_| ()).unwrap(),
+        _ => {
+            // 32-byte digest form: the hash is its last 8 bytes.
+            let mut d = [0xa5u8; 32];
+            d[24..].copy_from_slice(&h.to_be_bytes());
+            en::write_bin(w, &d).unwrap()
+        }
+    };
+    let medium = |m: Medium| match m {
+        Medium::Gpu => "GPU",
+        Medium::Cpu => "CPU",
+        Medium::Storage => "STORAGE",
+    };
+    let key = |w: &mut Vec<u8>, k: &str| {
+        if let Style::Tagged = style {
+            en::write_str(w, k).unwrap();
+        }
+    };
+    en::write_array_len(&mut w, 3).unwrap();
+    en::write_f64(&mut w, b.ts).unwrap();
+    en::write_array_len(&mut w, b.events.len() as u32).unwrap();
+    for ev in &b.events {
+        let (tag, n) = match ev {
+            DecodedEvent::Stored { .. } => ("BlockStored", 7),
+            DecodedEvent::Removed { .. } => ("BlockRemoved", 2),
+            DecodedEvent::Cleared => ("AllBlocksCleared", 0),
+        };
+        match style {
+            Style::Tagged => {
+                en::write_map_len(&mut w, n + 1).unwrap();
+                en::write_str(&mut w, "type").unwrap();
+            }
+            Style::Positional => {
+                en::write_array_len(&mut w, n + 1).unwrap();
+            }
+        }
+        en::write_str(&mut w, tag).unwrap();
+        match ev {
+            DecodedEvent::Stored {
+                hashes,
+                parent,
+                tokens,
+                block_size,
+                lora_name,
+                medium: m,
+            } => {
+                key(&mut w, "block_hashes");
+                en::write_array_len(&mut w, hashes.len() as u32).unwrap();
+                for (k, &h) in b.hashes[hashes.clone()].iter().enumerate() {
+                    hash(&mut w, h, k);
+                }
+                key(&mut w, "parent_block_hash");
+                match parent {
+                    Some(p) => hash(&mut w, *p, 1),
+                    None => en::write_nil(&mut w).unwrap(),
+                }
+                key(&mut w, "token_ids");
+                en::write_array_len(&mut w, tokens.len() as u32).unwrap();
+                for &t in &b.tokens[tokens.clone()] {
+                    en::write_uint(&mut w, u64::from(t)).unwrap();
+                }
+                key(&mut w, "block_size");
+                en::write_uint(&mut w, u64::from(*block_size)).unwrap();
+                key(&mut w, "lora_id");
+                en::write_nil(&mut w).unwrap();
+                key(&mut w, "medium");
+                en::write_str(&mut w, medium(*m)).unwrap();
+                key(&mut w, "lora_name");
+                match lora_name {
+                    Some(r) => en::write_str(&mut w, &b.text[r.clone()]).unwrap(),
+                    None => en::write_nil(&mut w).unwrap(),
+                }
+            }
+            DecodedEvent::Removed { hashes, medium: m } => {
+                key(&mut w, "block_hashes");
+                en::write_array_len(&mut w, hashes.len() as u32).unwrap();
+                for (k, &h) in b.hashes[hashes.clone()].iter().enumerate() {
+                    hash(&mut w, h, k);
+                }
+                key(&mut w, "medium");
+                en::write_str(&mut w, medium(*m)).unwrap();
+            }
+            DecodedEvent::Cleared => {}
+        }
+    }
+    match b.data_parallel_rank {
+        Some(r) => en::write_uint(&mut w, u64::from(r)).map(|_| ()).unwrap(),
+        None => en::write_nil(&mut w).unwrap(),
+    }
+    w
+}

@@ -1,0 +1,23 @@
+//! The logic of kvr's fuzz targets, one module per target; `fuzz_targets/<name>.rs` is a
+//! thin libFuzzer wrapper around `<name>::run`, and `tests/replay.rs` runs every committed
+//! seed (`seeds/<name>/`) and kept crasher (`regressions/<name>/`) through the same
+//! function on stable: `cargo test --manifest-path fuzz/Cargo.toml`.
+//!
+//! - [`decode`]: arbitrary bytes → the msgpack payload decoder (no panic, invariants,
+//!   re-encoding round trip).
+//! - [`ingest_frames`]: a sequence of raw engine messages (worker, stream, seq, payload)
+//!   → `Partition::ingest` → index, differential against the naive model.
+//! - [`event_sequence`]: a structured sequence of typed index operations → `Index`,
+//!   differential against the naive model.
+//!
+//! Every target panics on a finding; a panic is the only way they report one.
+
+pub mod check;
+pub mod decode;
+pub mod event_sequence;
+pub mod ingest_frames;
+
+/// The naive reference model of the index, shared with the engine's differential test.
+#[allow(dead_code)]
+#[path = "../../engine/tests/common/model.rs"]
+pub mod model;
