@@ -18,9 +18,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
-use kvr::ingress::decode::{decode_batch, DecodedBatch};
+use kvr::ingress::decode::{decode_batch, DecodedBatch, Medium};
+use kvr::ingress::encode::BatchEncoder;
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
-use rmp::encode as enc;
 
 const BS: usize = 16;
 const RANKS: u64 = 64;
@@ -39,46 +39,6 @@ impl Rng {
     }
 }
 
-fn stored(b: &mut Vec<u8>, hashes: &[u64], parent: Option<u64>, tokens: &[u32]) {
-    enc::write_map_len(b, 6).unwrap();
-    enc::write_str(b, "type").unwrap();
-    enc::write_str(b, "BlockStored").unwrap();
-    enc::write_str(b, "block_hashes").unwrap();
-    enc::write_array_len(b, hashes.len() as u32).unwrap();
-    for h in hashes {
-        enc::write_uint(b, *h).unwrap();
-    }
-    enc::write_str(b, "parent_block_hash").unwrap();
-    match parent {
-        Some(p) => {
-            enc::write_uint(b, p).unwrap();
-        }
-        None => enc::write_nil(b).unwrap(),
-    }
-    enc::write_str(b, "token_ids").unwrap();
-    enc::write_array_len(b, tokens.len() as u32).unwrap();
-    for t in tokens {
-        enc::write_uint(b, *t as u64).unwrap();
-    }
-    enc::write_str(b, "block_size").unwrap();
-    enc::write_uint(b, BS as u64).unwrap();
-    enc::write_str(b, "medium").unwrap();
-    enc::write_str(b, "GPU").unwrap();
-}
-
-fn removed(b: &mut Vec<u8>, hashes: &[u64]) {
-    enc::write_map_len(b, 3).unwrap();
-    enc::write_str(b, "type").unwrap();
-    enc::write_str(b, "BlockRemoved").unwrap();
-    enc::write_str(b, "block_hashes").unwrap();
-    enc::write_array_len(b, hashes.len() as u32).unwrap();
-    for h in hashes {
-        enc::write_uint(b, *h).unwrap();
-    }
-    enc::write_str(b, "medium").unwrap();
-    enc::write_str(b, "GPU").unwrap();
-}
-
 /// (worker, seq, payload, blocks in it) for `rounds` rounds over every rank.
 fn messages(rounds: usize) -> Vec<(u64, u64, Vec<u8>, u64)> {
     let mut rng = Rng(7);
@@ -87,8 +47,7 @@ fn messages(rounds: usize) -> Vec<(u64, u64, Vec<u8>, u64)> {
     let mut next_hash = 1u64;
     for round in 0..rounds {
         for w in 0..RANKS {
-            let mut body = Vec::new();
-            let mut events = 0;
+            let mut batch = BatchEncoder::new();
             let mut this = Vec::new();
             for _ in 0..STORES {
                 let tokens: Vec<u32> = (0..CHAIN * BS).map(|_| (rng.next() >> 40) as u32).collect();
@@ -98,23 +57,16 @@ fn messages(rounds: usize) -> Vec<(u64, u64, Vec<u8>, u64)> {
                         next_hash
                     })
                     .collect();
-                stored(&mut body, &hashes, None, &tokens);
+                batch.stored(&hashes, None, &tokens, BS as u32, Medium::Gpu, None);
                 this.extend_from_slice(&hashes);
-                events += 1;
             }
             let mut blocks = this.len() as u64;
             let old = std::mem::replace(&mut prev[w as usize], this);
             if !old.is_empty() {
-                removed(&mut body, &old);
-                events += 1;
+                batch.removed(&old, Medium::Gpu);
                 blocks += old.len() as u64;
             }
-            let mut msg = Vec::new();
-            enc::write_array_len(&mut msg, 3).unwrap();
-            enc::write_f64(&mut msg, 1.0).unwrap();
-            enc::write_array_len(&mut msg, events).unwrap();
-            msg.extend_from_slice(&body);
-            enc::write_uint(&mut msg, 0).unwrap();
+            let msg = batch.finish(1.0, Some(0));
             out.push((w, round as u64, msg, blocks));
         }
     }

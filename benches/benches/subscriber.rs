@@ -12,57 +12,30 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvr::ingress::decode::Medium;
+use kvr::ingress::encode::BatchEncoder;
 use kvr::ingress::subscribe::{subscribe, SubscribeConfig};
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
-use rmp::encode as enc;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 const BS: usize = 16;
 
 fn batch(round: u64, prev: Option<&[u64]>, hashes: &mut Vec<u64>) -> Vec<u8> {
-    let mut body = Vec::new();
-    let mut events = 0;
+    let mut b = BatchEncoder::new();
     hashes.clear();
     for s in 0..4u64 {
         let base = (round * 4 + s) * 16 + 1;
-        enc::write_map_len(&mut body, 5).unwrap();
-        enc::write_str(&mut body, "type").unwrap();
-        enc::write_str(&mut body, "BlockStored").unwrap();
-        enc::write_str(&mut body, "block_hashes").unwrap();
-        enc::write_array_len(&mut body, 16).unwrap();
-        for i in 0..16 {
-            enc::write_uint(&mut body, base + i).unwrap();
-            hashes.push(base + i);
-        }
-        enc::write_str(&mut body, "parent_block_hash").unwrap();
-        enc::write_nil(&mut body).unwrap();
-        enc::write_str(&mut body, "token_ids").unwrap();
-        enc::write_array_len(&mut body, (16 * BS) as u32).unwrap();
-        for t in 0..(16 * BS) as u64 {
-            enc::write_uint(&mut body, (base * 31 + t) & 0xffff).unwrap();
-        }
-        enc::write_str(&mut body, "block_size").unwrap();
-        enc::write_uint(&mut body, BS as u64).unwrap();
-        events += 1;
+        let ids: Vec<u64> = (base..base + 16).collect();
+        let tokens: Vec<u32> = (0..(16 * BS) as u64)
+            .map(|t| ((base * 31 + t) & 0xffff) as u32)
+            .collect();
+        b.stored(&ids, None, &tokens, BS as u32, Medium::Gpu, None);
+        hashes.extend_from_slice(&ids);
     }
     if let Some(prev) = prev {
-        enc::write_map_len(&mut body, 2).unwrap();
-        enc::write_str(&mut body, "type").unwrap();
-        enc::write_str(&mut body, "BlockRemoved").unwrap();
-        enc::write_str(&mut body, "block_hashes").unwrap();
-        enc::write_array_len(&mut body, prev.len() as u32).unwrap();
-        for h in prev {
-            enc::write_uint(&mut body, *h).unwrap();
-        }
-        events += 1;
+        b.removed(prev, Medium::Gpu);
     }
-    let mut msg = Vec::new();
-    enc::write_array_len(&mut msg, 3).unwrap();
-    enc::write_f64(&mut msg, 1.0).unwrap();
-    enc::write_array_len(&mut msg, events).unwrap();
-    msg.extend_from_slice(&body);
-    enc::write_uint(&mut msg, 0).unwrap();
-    msg
+    b.finish(1.0, Some(0))
 }
 
 fn message(seq: u64, payload: &[u8]) -> ZmqMessage {
@@ -106,14 +79,7 @@ fn run(n: u64) -> Run {
     .expect("subscribe");
     let stats = |p: &Partition| p.ingress_stats().into_iter().next().unwrap_or_default();
     // Warm up: an empty batch as seq 0 until the subscription has it (slow joiner).
-    let empty = {
-        let mut m = Vec::new();
-        enc::write_array_len(&mut m, 3).unwrap();
-        enc::write_f64(&mut m, 0.0).unwrap();
-        enc::write_array_len(&mut m, 0).unwrap();
-        enc::write_uint(&mut m, 0).unwrap();
-        m
-    };
+    let empty = BatchEncoder::new().finish(0.0, Some(0));
     let deadline = Instant::now() + Duration::from_secs(20);
     while stats(&p).batches == 0 {
         assert!(

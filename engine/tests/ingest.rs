@@ -1,10 +1,11 @@
 //! Raw engine messages through `Partition::ingest`: decoded, hashed from their tokens,
 //! applied to the rank they name, sequence-checked, counted.
 
+use kvr::ingress::decode::Medium;
+use kvr::ingress::encode::BatchEncoder;
 use kvr::ingress::ingest::StreamStats;
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
 use kvr::{BlockHasher, HashSalt, RankId};
-use rmp::encode as enc;
 
 const BS: u32 = 4;
 
@@ -12,78 +13,31 @@ fn partition() -> Partition {
     Partition::new(PartitionKey::new("m", "g"), PartitionConfig::new(BS))
 }
 
-/// A vLLM 0.33-style batch `[ts, [events...], dp_rank]` with tagged-map events.
-struct Batch {
-    buf: Vec<u8>,
-    events: u32,
-    body: Vec<u8>,
-}
+/// A vLLM 0.33-style batch (tagged-map events), through kvr's own encoder.
+struct Batch(BatchEncoder);
 
 impl Batch {
     fn new() -> Self {
-        Batch {
-            buf: Vec::new(),
-            events: 0,
-            body: Vec::new(),
-        }
+        Batch(BatchEncoder::new())
     }
 
     fn stored(mut self, hashes: &[u64], parent: Option<u64>, tokens: &[u32], medium: &str) -> Self {
-        let b = &mut self.body;
-        enc::write_map_len(b, 6).unwrap();
-        enc::write_str(b, "type").unwrap();
-        enc::write_str(b, "BlockStored").unwrap();
-        enc::write_str(b, "block_hashes").unwrap();
-        enc::write_array_len(b, hashes.len() as u32).unwrap();
-        for h in hashes {
-            enc::write_uint(b, *h).unwrap();
-        }
-        enc::write_str(b, "parent_block_hash").unwrap();
-        match parent {
-            Some(p) => {
-                enc::write_uint(b, p).unwrap();
-            }
-            None => enc::write_nil(b).unwrap(),
-        }
-        enc::write_str(b, "token_ids").unwrap();
-        enc::write_array_len(b, tokens.len() as u32).unwrap();
-        for t in tokens {
-            enc::write_uint(b, *t as u64).unwrap();
-        }
-        enc::write_str(b, "block_size").unwrap();
-        enc::write_uint(b, BS as u64).unwrap();
-        enc::write_str(b, "medium").unwrap();
-        enc::write_str(b, medium).unwrap();
-        self.events += 1;
+        let m = if medium == "CPU" {
+            Medium::Cpu
+        } else {
+            Medium::Gpu
+        };
+        self.0.stored(hashes, parent, tokens, BS, m, None);
         self
     }
 
     fn removed(mut self, hashes: &[u64]) -> Self {
-        let b = &mut self.body;
-        enc::write_map_len(b, 2).unwrap();
-        enc::write_str(b, "type").unwrap();
-        enc::write_str(b, "BlockRemoved").unwrap();
-        enc::write_str(b, "block_hashes").unwrap();
-        enc::write_array_len(b, hashes.len() as u32).unwrap();
-        for h in hashes {
-            enc::write_uint(b, *h).unwrap();
-        }
-        self.events += 1;
+        self.0.removed(hashes, Medium::Gpu);
         self
     }
 
     fn finish(mut self, dp_rank: Option<u32>) -> Vec<u8> {
-        enc::write_array_len(&mut self.buf, 3).unwrap();
-        enc::write_f64(&mut self.buf, 1.0).unwrap();
-        enc::write_array_len(&mut self.buf, self.events).unwrap();
-        self.buf.extend_from_slice(&self.body);
-        match dp_rank {
-            Some(r) => {
-                enc::write_uint(&mut self.buf, r as u64).unwrap();
-            }
-            None => enc::write_nil(&mut self.buf).unwrap(),
-        }
-        self.buf
+        self.0.finish(1.0, dp_rank)
     }
 }
 

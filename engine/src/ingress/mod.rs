@@ -7,6 +7,7 @@
 //! worker counters.
 
 pub mod decode;
+pub mod encode;
 pub mod ingest;
 pub mod sequence;
 #[cfg(feature = "zmq")]

@@ -1,0 +1,172 @@
+//! Writes KV-event batches the way vLLM 0.33 publishes them (REFERENCE.md §2: a msgpack
+//! array `[ts, [events...], data_parallel_rank]`, events as tagged maps), the inverse of
+//! [`super::decode`] for its common case. For whatever plays an engine against kvr's real
+//! ingress path: tests, benchmarks, the trace simulator.
+
+use rmp::encode as enc;
+
+use super::decode::Medium;
+
+/// One batch under construction.
+#[derive(Default)]
+pub struct BatchEncoder {
+    events: u32,
+    body: Vec<u8>,
+}
+
+// Writing into a Vec<u8> cannot fail: the `expect`s below never fire.
+const INFALLIBLE: &str = "msgpack into a Vec";
+
+fn medium_name(m: Medium) -> &'static str {
+    match m {
+        Medium::Gpu => "GPU",
+        Medium::Cpu => "CPU",
+        Medium::Storage => "STORAGE",
+    }
+}
+
+impl BatchEncoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn key(&mut self, k: &str) {
+        enc::write_str(&mut self.body, k).expect(INFALLIBLE);
+    }
+
+    fn hashes(&mut self, hashes: &[u64]) {
+        enc::write_array_len(&mut self.body, hashes.len() as u32).expect(INFALLIBLE);
+        for h in hashes {
+            enc::write_uint(&mut self.body, *h).expect(INFALLIBLE);
+        }
+    }
+
+    /// A `BlockStored` of `hashes` (the engine's block ids) extending `parent`, with the
+    /// blocks' `tokens` (`hashes.len() * block_size` of them).
+    pub fn stored(
+        &mut self,
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        block_size: u32,
+        medium: Medium,
+        lora_name: Option<&str>,
+    ) -> &mut Self {
+        let fields = 6 + u32::from(lora_name.is_some());
+        enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
+        self.key("type");
+        self.key("BlockStored");
+        self.key("block_hashes");
+        self.hashes(hashes);
+        self.key("parent_block_hash");
+        match parent {
+            Some(p) => {
+                enc::write_uint(&mut self.body, p).expect(INFALLIBLE);
+            }
+            None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
+        }
+        self.key("token_ids");
+        enc::write_array_len(&mut self.body, tokens.len() as u32).expect(INFALLIBLE);
+        for t in tokens {
+            enc::write_uint(&mut self.body, u64::from(*t)).expect(INFALLIBLE);
+        }
+        self.key("block_size");
+        enc::write_uint(&mut self.body, u64::from(block_size)).expect(INFALLIBLE);
+        self.key("medium");
+        self.key(medium_name(medium));
+        if let Some(l) = lora_name {
+            self.key("lora_name");
+            self.key(l);
+        }
+        self.events += 1;
+        self
+    }
+
+    /// A `BlockRemoved` of `hashes` from `medium`.
+    pub fn removed(&mut self, hashes: &[u64], medium: Medium) -> &mut Self {
+        enc::write_map_len(&mut self.body, 3).expect(INFALLIBLE);
+        self.key("type");
+        self.key("BlockRemoved");
+        self.key("block_hashes");
+        self.hashes(hashes);
+        self.key("medium");
+        self.key(medium_name(medium));
+        self.events += 1;
+        self
+    }
+
+    /// An `AllBlocksCleared`.
+    pub fn cleared(&mut self) -> &mut Self {
+        enc::write_map_len(&mut self.body, 1).expect(INFALLIBLE);
+        self.key("type");
+        self.key("AllBlocksCleared");
+        self.events += 1;
+        self
+    }
+
+    /// The payload: `[ts, [events...], data_parallel_rank]`; the encoder is emptied.
+    pub fn finish(&mut self, ts: f64, data_parallel_rank: Option<u32>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.body.len() + 16);
+        enc::write_array_len(&mut out, 3).expect(INFALLIBLE);
+        enc::write_f64(&mut out, ts).expect(INFALLIBLE);
+        enc::write_array_len(&mut out, self.events).expect(INFALLIBLE);
+        out.extend_from_slice(&self.body);
+        match data_parallel_rank {
+            Some(r) => {
+                enc::write_uint(&mut out, u64::from(r)).expect(INFALLIBLE);
+            }
+            None => enc::write_nil(&mut out).expect(INFALLIBLE),
+        }
+        self.body.clear();
+        self.events = 0;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingress::decode::{decode_batch, DecodedBatch, DecodedEvent};
+
+    #[test]
+    fn what_it_writes_decodes_to_the_same_events() {
+        let mut e = BatchEncoder::new();
+        let tokens: Vec<u32> = (0..8).collect();
+        e.stored(&[1, 2], Some(9), &tokens, 4, Medium::Cpu, Some("adapter"))
+            .removed(&[7], Medium::Gpu)
+            .cleared();
+        let payload = e.finish(2.5, Some(3));
+        let mut b = DecodedBatch::default();
+        decode_batch(&payload, &mut b).unwrap();
+        assert_eq!(
+            (b.ts, b.data_parallel_rank, b.events.len()),
+            (2.5, Some(3), 3)
+        );
+        match &b.events[0] {
+            DecodedEvent::Stored {
+                hashes,
+                parent,
+                tokens: t,
+                block_size,
+                lora_name,
+                medium,
+            } => {
+                assert_eq!(&b.hashes[hashes.clone()], &[1, 2]);
+                assert_eq!(*parent, Some(9));
+                assert_eq!(&b.tokens[t.clone()], &tokens[..]);
+                assert_eq!((*block_size, *medium), (4, Medium::Cpu));
+                assert_eq!(lora_name.clone().map(|r| &b.text[r]), Some("adapter"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            &b.events[1],
+            DecodedEvent::Removed {
+                medium: Medium::Gpu,
+                ..
+            }
+        ));
+        assert!(matches!(&b.events[2], DecodedEvent::Cleared));
+        assert!(e.finish(0.0, None).len() < 16, "finish empties the encoder");
+    }
+}
