@@ -5,7 +5,7 @@
 //!
 //! Needs `python3` with `pyzmq` and `msgspec`; skipped (with a notice) without them
 //! unless `KVR_REQUIRE_PYZMQ=1` (CI), where their absence fails.
-#![cfg(feature = "zmq")]
+#![cfg(all(feature = "zmq", not(loom)))]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};

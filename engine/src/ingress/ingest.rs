@@ -19,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::hash::{local_block_hash, HashSalt};
 use crate::index::{IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
 use crate::partition::Partition;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, ShardedMap};
 
 use super::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
 use super::sequence::{Action, ClearCause, ReplayResult, SequenceStats, SequenceTracker};
@@ -51,15 +51,21 @@ pub struct StreamStats {
 }
 
 /// The counters of every stream of a partition, by (worker, stream).
-#[derive(Default)]
 pub(crate) struct IngressRegistry {
     streams: Mutex<Vec<Arc<Mutex<StreamStats>>>>,
-    /// Streams fed through [`Partition::ingest`] (no replay: kvr does not own the socket).
-    raw: Mutex<Vec<RawStream>>,
+    /// Streams fed through [`Partition::ingest`] (no replay: kvr does not own the socket),
+    /// sharded so messages of different streams never wait on one lock to find theirs.
+    raw: ShardedMap<(WorkerId, u32), Arc<Mutex<IngressStream>>>,
 }
 
-/// A stream fed through [`Partition::ingest`]: (worker, stream, its state).
-type RawStream = (WorkerId, u32, Arc<Mutex<IngressStream>>);
+impl Default for IngressRegistry {
+    fn default() -> Self {
+        IngressRegistry {
+            streams: Mutex::new(Vec::new()),
+            raw: ShardedMap::new(),
+        }
+    }
+}
 
 impl IngressRegistry {
     fn register(&self, worker_id: WorkerId, stream: u32) -> Arc<Mutex<StreamStats>> {
@@ -309,22 +315,14 @@ impl Partition {
         seq: u64,
         payload: &[u8],
     ) -> IngestOutcome {
-        let s = {
-            let mut raw = self.ingress().raw.lock();
-            match raw
-                .iter()
-                .find(|(w, st, _)| *w == worker_id && *st == stream)
-            {
-                Some((_, _, s)) => s.clone(),
-                None => {
-                    let s = Arc::new(Mutex::new(IngressStream::new(
-                        self, worker_id, stream, false,
-                    )));
-                    raw.push((worker_id, stream, s.clone()));
-                    s
-                }
-            }
-        };
+        let s = self
+            .ingress()
+            .raw
+            .get_or_insert_with((worker_id, stream), || {
+                Arc::new(Mutex::new(IngressStream::new(
+                    self, worker_id, stream, false,
+                )))
+            });
         let mut s = s.lock();
         s.on_live(self, seq, payload)
     }
