@@ -27,6 +27,7 @@ mod loom_models;
 
 pub use hash::{BlockHasher, HashSalt, LocalHash, SequenceHash};
 pub use index::{
-    ApplyOutcome, DpRank, Index, IndexConfig, IndexError, IndexStats, KvEvent, OverlapScores,
-    RankId, RankStats, StoredBlock, Tier, TieredOverlap, TieredScores, WorkerId,
+    ApplyOutcome, ApproxConfig, ApproxRecorder, ApproxStats, DpRank, Index, IndexConfig,
+    IndexError, IndexStats, KvEvent, OverlapScores, RankId, RankStats, RecordOutcome, StoredBlock,
+    Tier, TieredOverlap, TieredScores, WorkerId,
 };

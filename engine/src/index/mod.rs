@@ -9,6 +9,7 @@
 //! contiguous from block 0; the index never overcounts; a hole left by a mid-chain removal
 //! may cut a score short. Nodes no rank holds are dropped, so memory follows live blocks.
 
+pub mod approx;
 mod event;
 mod holders;
 mod query;
@@ -19,6 +20,7 @@ pub(crate) mod table;
 #[cfg(loom)]
 pub(crate) mod testing;
 
+pub use approx::{ApproxConfig, ApproxRecorder, ApproxStats, RecordOutcome};
 pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
 pub use stats::{IndexStats, RankStats};
