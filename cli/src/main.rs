@@ -1,6 +1,7 @@
-//! The `kvr` binary. Subcommands live one per file; `serve` and `replay` join later.
+//! The `kvr` binary. Subcommands live one per file (or directory); `serve` joins later.
 
 mod hash_cmd;
+mod replay;
 mod tokens;
 
 use std::process::ExitCode;
@@ -19,12 +20,16 @@ struct Cli {
 enum Command {
     /// Hash a token sequence into Dynamo-compatible local and sequence block hashes.
     Hash(hash_cmd::HashArgs),
+    /// Simulate a routed cluster on a workload (built-in, or a Mooncake trace) and compare
+    /// routing policies: cache hits, time to first token, balance.
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Hash(args) => hash_cmd::run(&args),
+        Command::Replay(args) => replay::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

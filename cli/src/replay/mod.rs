@@ -1,0 +1,402 @@
+//! `kvr replay`: a trace-driven simulation of a routed cluster — how routing quality is
+//! measured. The path: workload ([`workload`]) → router under test ([`policy`], kvr's
+//! host API) → simulated ranks ([`sim`], [`kv_cache`]) emitting KV events back through
+//! kvr's ingress → report ([`report`], [`plot`]).
+//!
+//! Every policy sees the same arrivals on an identical, freshly built cluster, so their
+//! figures compare directly. Defaults follow what Dynamo and llm-d use for such replays
+//! (16 workers × 16,384 KV blocks, LRU, Mooncake ids split into finer blocks); the time
+//! model's defaults (10k prefill tokens/s per rank, 20 ms per output token) are a mid-size
+//! model on one GPU, chosen so prefill dominates TTFT as it does in practice.
+
+pub mod kv_cache;
+pub mod plot;
+pub mod policy;
+pub mod report;
+pub mod sim;
+#[cfg(test)]
+mod tests;
+pub mod workload;
+
+use std::collections::HashSet;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvr::cost::CostConfig;
+use kvr::engine::Engine;
+use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
+
+use policy::{PolicyKind, Router};
+use report::PolicyReport;
+use sim::SimConfig;
+use workload::{GeneratorConfig, Workload};
+
+/// Ranks a replay may simulate (workers × dp size).
+const MAX_RANKS: u64 = 4_096;
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// A Mooncake JSONL trace (`timestamp` ms, `input_length`, `output_length`,
+    /// `hash_ids` of 512 tokens). Without one, the built-in workload is generated.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Policies to compare, comma-separated, or `all`: kvr, kvr-approx, round-robin,
+    /// random, least-loaded, sglang, dynamo-classic.
+    #[arg(long, default_value = "all", value_name = "LIST")]
+    pub policy: String,
+    #[arg(long, default_value_t = 16)]
+    pub workers: u32,
+    /// Data-parallel ranks per worker.
+    #[arg(long, default_value_t = 1)]
+    pub dp_size: u32,
+    /// KV-cache blocks per rank.
+    #[arg(long, default_value_t = 16_384)]
+    pub kv_blocks: u32,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 64)]
+    pub block_size: u32,
+    /// Prefill throughput per rank, tokens/s.
+    #[arg(long, default_value_t = 10_000.0)]
+    pub prefill_rate: f64,
+    /// Fixed cost of a prefill, ms.
+    #[arg(long, default_value_t = 5.0)]
+    pub prefill_overhead_ms: f64,
+    /// Time per output token of a lone request, ms.
+    #[arg(long, default_value_t = 20.0)]
+    pub tpot_ms: f64,
+    /// Extra time per output token per other decoding request on the rank (fraction).
+    #[arg(long, default_value_t = 0.01)]
+    pub batch_slowdown: f64,
+    /// Requests a rank runs at once (vLLM's max_num_seqs).
+    #[arg(long, default_value_t = 256)]
+    pub max_running: u32,
+    /// Delay from a rank emitting KV events to the router applying them, ms.
+    #[arg(long, default_value_t = 20.0)]
+    pub event_delay_ms: f64,
+    /// Arrival-time compression: 2 replays the trace twice as fast.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// Seed of the built-in workload and of the policies' random choices.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Built-in workload: conversations.
+    #[arg(long, default_value_t = GeneratorConfig::default().sessions)]
+    pub sessions: u32,
+    /// Built-in workload: conversations started per second.
+    #[arg(long, default_value_t = GeneratorConfig::default().session_rate)]
+    pub session_rate: f64,
+    /// kvr's cost: multiplier on the credited prefill term (Dynamo's
+    /// `prefill_load_scale`; > 1 weighs cache hits and prefill balance over decode load).
+    #[arg(long, default_value_t = 1.0)]
+    pub prefill_load_scale: f64,
+    /// kvr's cost: credit per cached device block (Dynamo's `overlap_score_credit`).
+    #[arg(long, default_value_t = 1.0)]
+    pub overlap_credit: f64,
+    /// Replay only the first N requests.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also draw TTFT CDFs and hit rates per policy into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// No progress bar (it is drawn only when stderr is a terminal anyway).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl ReplayArgs {
+    fn sim_config(&self) -> Result<SimConfig, String> {
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("--{name} must be a positive number (got {v})"))
+            }
+        };
+        let non_negative = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("--{name} must be zero or more (got {v})"))
+            }
+        };
+        for (name, v) in [
+            ("workers", self.workers),
+            ("dp-size", self.dp_size),
+            ("kv-blocks", self.kv_blocks),
+            ("block-size", self.block_size),
+            ("max-running", self.max_running),
+        ] {
+            if v == 0 {
+                return Err(format!("--{name} must be at least 1"));
+            }
+        }
+        if u64::from(self.workers) * u64::from(self.dp_size) > MAX_RANKS {
+            return Err(format!(
+                "--workers × --dp-size must be at most {MAX_RANKS} ranks"
+            ));
+        }
+        positive("prefill-rate", self.prefill_rate)?;
+        positive("speed", self.speed)?;
+        non_negative("prefill-overhead-ms", self.prefill_overhead_ms)?;
+        non_negative("tpot-ms", self.tpot_ms)?;
+        non_negative("batch-slowdown", self.batch_slowdown)?;
+        non_negative("event-delay-ms", self.event_delay_ms)?;
+        non_negative("prefill-load-scale", self.prefill_load_scale)?;
+        non_negative("overlap-credit", self.overlap_credit)?;
+        let cost = CostConfig {
+            prefill_load_scale: self.prefill_load_scale,
+            overlap_score_credit: self.overlap_credit,
+            ..CostConfig::default()
+        };
+        Ok(SimConfig {
+            workers: self.workers,
+            dp_size: self.dp_size,
+            kv_blocks: self.kv_blocks,
+            block_size: self.block_size,
+            prefill_rate: self.prefill_rate,
+            prefill_overhead_ms: self.prefill_overhead_ms,
+            tpot_ms: self.tpot_ms,
+            batch_slowdown: self.batch_slowdown,
+            max_running: self.max_running,
+            event_delay_ms: self.event_delay_ms,
+            speed: self.speed,
+            seed: self.seed,
+            cost,
+        })
+    }
+
+    fn policies(&self) -> Result<Vec<PolicyKind>, String> {
+        let mut out = Vec::new();
+        for name in self
+            .policy
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            if name == "all" {
+                out.extend(PolicyKind::ALL);
+            } else {
+                out.push(PolicyKind::parse(name)?);
+            }
+        }
+        out.dedup();
+        if out.is_empty() {
+            return Err("--policy names no policy".into());
+        }
+        Ok(out)
+    }
+
+    fn workload(&self) -> Result<Workload, String> {
+        let mut w = match &self.trace {
+            Some(path) => workload::load_mooncake(path)?,
+            None => {
+                if self.sessions == 0 {
+                    return Err("--sessions must be at least 1".into());
+                }
+                if !(self.session_rate.is_finite() && self.session_rate > 0.0) {
+                    return Err("--session-rate must be a positive number".into());
+                }
+                workload::generate(&GeneratorConfig {
+                    seed: self.seed,
+                    sessions: self.sessions,
+                    session_rate: self.session_rate,
+                    ..GeneratorConfig::default()
+                })
+            }
+        };
+        if let Some(n) = self.limit {
+            if n == 0 {
+                return Err("--limit must be at least 1".into());
+            }
+            w.requests.truncate(n);
+        }
+        Ok(w)
+    }
+}
+
+/// Share of prompt tokens an infinite cache shared by all ranks would serve: each
+/// request's leading complete blocks that any earlier request already computed.
+pub fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
+    let hasher = policy::hasher(block_size);
+    let (mut local, mut seq, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seen = HashSet::new();
+    let mut cached = 0u64;
+    for r in &w.requests {
+        r.tokens_into(&mut tokens);
+        hasher.hash_tokens(&tokens, &mut local, &mut seq);
+        let hits = seq.iter().take_while(|h| seen.contains(*h)).count();
+        cached += hits as u64 * u64::from(block_size);
+        seen.extend(seq.iter().copied());
+    }
+    let prompt = w.prompt_tokens();
+    if prompt == 0 {
+        0.0
+    } else {
+        cached as f64 / prompt as f64
+    }
+}
+
+/// A fresh engine with one partition holding the cluster's workers, and its router.
+pub fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
+    let engine = Engine::with_seed(cfg.seed);
+    let key = PartitionKey::new("replay", "default");
+    let partition = engine
+        .create_partition(
+            key,
+            PartitionConfig {
+                cost: cfg.cost,
+                ..PartitionConfig::new(cfg.block_size)
+            },
+        )
+        .expect("a new engine has no partitions");
+    for w in 0..cfg.workers {
+        let mut info = WorkerInfo::new(u64::from(w), cfg.dp_size);
+        info.total_kv_blocks = u64::from(cfg.kv_blocks);
+        partition.upsert_worker(info);
+    }
+    Router::new(kind, engine, partition, cfg.ranks(), cfg.seed)
+}
+
+/// Runs every policy; returns the workload and the per-policy results.
+pub fn replay(
+    cfg: &SimConfig,
+    w: &Workload,
+    policies: &[PolicyKind],
+    bar: &ProgressBar,
+) -> Vec<sim::RunResult> {
+    policies
+        .iter()
+        .map(|&kind| {
+            bar.set_message(kind.name());
+            let mut router = router_for(kind, cfg);
+            sim::run(cfg, w, &mut router, || bar.inc(1))
+        })
+        .collect()
+}
+
+fn workload_json(w: &Workload, cfg: &SimConfig) -> serde_json::Value {
+    let mut params = serde_json::Map::new();
+    for (k, v) in &w.params {
+        params.insert((*k).into(), (*v).into());
+    }
+    serde_json::json!({
+        "name": w.name,
+        "requests": w.requests.len(),
+        "prompt_tokens": w.prompt_tokens(),
+        "duration_s": w.duration_ms() / 1e3,
+        "generator": params,
+        "workers": cfg.workers,
+        "dp_size": cfg.dp_size,
+        "kv_blocks": cfg.kv_blocks,
+        "block_size": cfg.block_size,
+        "prefill_rate": cfg.prefill_rate,
+        "prefill_overhead_ms": cfg.prefill_overhead_ms,
+        "tpot_ms": cfg.tpot_ms,
+        "batch_slowdown": cfg.batch_slowdown,
+        "max_running": cfg.max_running,
+        "event_delay_ms": cfg.event_delay_ms,
+        "speed": cfg.speed,
+        "seed": cfg.seed,
+        "prefill_load_scale": cfg.cost.prefill_load_scale,
+        "overlap_credit": cfg.cost.overlap_score_credit,
+    })
+}
+
+pub fn run(args: &ReplayArgs) -> Result<(), String> {
+    let cfg = args.sim_config()?;
+    let policies = args.policies()?;
+    let w = args.workload()?;
+    for (i, r) in w.requests.iter().enumerate() {
+        let need = cfg.blocks_needed(r.input_tokens, r.output_tokens);
+        if need > cfg.kv_blocks {
+            return Err(format!(
+                "request {} ({} prompt + {} output tokens) needs {need} KV blocks, more than \
+                 --kv-blocks {}",
+                i + 1,
+                r.input_tokens,
+                r.output_tokens,
+                cfg.kv_blocks
+            ));
+        }
+    }
+    let oracle = oracle_hit_rate(&w, cfg.block_size);
+    let total = (w.requests.len() * policies.len()) as u64;
+    let bar = if args.quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>14} [{bar:40}] {pos}/{len} requests, {eta} left")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    let results = replay(&cfg, &w, &policies, &bar);
+    bar.finish_and_clear();
+
+    let reports: Vec<PolicyReport> = results
+        .iter()
+        .map(|r| PolicyReport::new(r, oracle))
+        .collect();
+    if let Some(path) = &args.plot {
+        let series: Vec<plot::PlotSeries<'_>> = results
+            .iter()
+            .zip(&reports)
+            .map(|(r, p)| plot::PlotSeries {
+                policy: r.policy,
+                hit_rate: p.hit_rate,
+                oracle_hit_rate: oracle,
+                ttft_ms: &r.ttft_ms,
+            })
+            .collect();
+        let title = format!(
+            "{}: {} requests, {} workers × {} KV blocks",
+            w.name,
+            w.requests.len(),
+            cfg.workers * cfg.dp_size,
+            cfg.kv_blocks
+        );
+        plot::write_svg(path, &title, &series)?;
+    }
+    if args.json {
+        let out = serde_json::json!({
+            "workload": workload_json(&w, &cfg),
+            "policies": reports,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "workload {}: {} requests over {:.0} s, {} prompt tokens; {} ranks × {} KV blocks of {} tokens",
+            w.name,
+            w.requests.len(),
+            w.duration_ms() / 1e3 / cfg.speed,
+            w.prompt_tokens(),
+            cfg.workers * cfg.dp_size,
+            cfg.kv_blocks,
+            cfg.block_size
+        );
+        println!(
+            "oracle hit rate (one infinite cache): {:.1} %\n",
+            oracle * 100.0
+        );
+        print!("{}", report::table(&reports));
+        let wall: f64 = results.iter().map(|r| r.wall_secs).sum();
+        println!("\n(simulated in {wall:.1} s of wall time)");
+    }
+    let problems: Vec<String> = results
+        .iter()
+        .flat_map(|r| r.problems.iter().map(move |p| format!("{}: {p}", r.policy)))
+        .collect();
+    if !problems.is_empty() {
+        return Err(format!(
+            "the simulation broke its invariants:\n  {}",
+            problems.join("\n  ")
+        ));
+    }
+    Ok(())
+}

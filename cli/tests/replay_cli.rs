@@ -1,0 +1,216 @@
+//! Runs the built `kvr` binary's `replay` subcommand: the `--json` schema, the plot, and
+//! every kind of bad input refused with a message and a non-zero exit.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kvr(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvr"))
+        .arg("replay")
+        .args(args)
+        .output()
+        .expect("run kvr")
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("kvr-replay-cli-{}-{name}", std::process::id()))
+}
+
+/// A small, fast built-in workload.
+const SMALL: &[&str] = &["--sessions", "40", "--workers", "4", "--kv-blocks", "4096"];
+
+fn keys(v: &serde_json::Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    k.sort_unstable();
+    k
+}
+
+#[test]
+fn json_output_is_one_object_of_the_documented_schema() {
+    let out = kvr(&[SMALL, &["--json"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(keys(&v), ["policies", "workload"]);
+    assert_eq!(v["workload"]["name"], "built-in");
+    let policies = v["policies"].as_array().unwrap();
+    let names: Vec<_> = policies
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "kvr",
+            "kvr-approx",
+            "round-robin",
+            "random",
+            "least-loaded",
+            "sglang",
+            "dynamo-classic"
+        ]
+    );
+    for p in policies {
+        assert_eq!(
+            keys(p),
+            [
+                "block_ops_per_s",
+                "bytes_per_holder_block",
+                "cached_tokens",
+                "events_applied",
+                "hit_rate",
+                "load_imbalance",
+                "oracle_hit_rate",
+                "policy",
+                "prompt_tokens",
+                "requests",
+                "select_ns",
+                "ttft_ms"
+            ]
+        );
+        assert_eq!(keys(&p["ttft_ms"]), ["p50", "p90", "p99"]);
+        assert_eq!(keys(&p["select_ns"]), ["p50", "p99"]);
+        let f = |k: &str| p[k].as_f64().unwrap();
+        let hit = f("hit_rate");
+        assert!(
+            (0.0..=1.0).contains(&hit) && hit <= f("oracle_hit_rate") + 1e-9,
+            "{p}"
+        );
+        assert!((hit - f("cached_tokens") / f("prompt_tokens")).abs() < 1e-9);
+        assert!(p["ttft_ms"]["p50"].as_f64().unwrap() <= p["ttft_ms"]["p99"].as_f64().unwrap());
+        assert!(f("load_imbalance") >= 1.0);
+        assert!(p["requests"].as_u64().unwrap() > 0);
+    }
+    assert!(policies[0]["events_applied"].as_u64().unwrap() > 0);
+    assert_eq!(policies[2]["events_applied"].as_u64().unwrap(), 0);
+}
+
+#[test]
+fn table_and_plot() {
+    let svg = temp("plot.svg");
+    let out = kvr(&[
+        SMALL,
+        &[
+            "--policy",
+            "kvr,round-robin",
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    ]
+    .concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("oracle hit rate"), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("kvr ")), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("round-robin ")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("sglang"));
+    let body = std::fs::read_to_string(&svg).unwrap();
+    assert!(body.contains("<svg") && body.contains("round-robin"));
+    std::fs::remove_file(svg).ok();
+}
+
+#[test]
+fn mooncake_trace_runs() {
+    let trace = temp("ok.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 20, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 100, \"input_length\": 1500, \"output_length\": 20, \"hash_ids\": [1, 2, 3]}\n\
+         {\"timestamp\": 200, \"input_length\": 600, \"output_length\": 20, \"hash_ids\": [4, 5]}\n",
+    )
+    .unwrap();
+    let out = kvr(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--workers",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["workload"]["requests"], 3);
+    // The second request's first 1000 tokens were the first one's: 15 blocks of 64.
+    let oracle = v["policies"][0]["oracle_hit_rate"].as_f64().unwrap();
+    assert!((oracle - 960.0 / 3100.0).abs() < 1e-9, "{oracle}");
+    std::fs::remove_file(trace).ok();
+}
+
+fn refused(args: &[&str], want: &str) {
+    let out = kvr(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(
+        stderr.contains(want),
+        "{args:?}: {stderr:?} should contain {want:?}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{args:?} printed {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn bad_input_is_refused_with_a_message() {
+    refused(&["--workers", "0"], "--workers must be at least 1");
+    refused(&["--kv-blocks", "0"], "--kv-blocks must be at least 1");
+    refused(&["--block-size", "0"], "--block-size must be at least 1");
+    refused(&["--dp-size", "0"], "--dp-size must be at least 1");
+    refused(&["--speed", "0"], "--speed must be a positive number");
+    refused(
+        &["--prefill-rate=-5"],
+        "--prefill-rate must be a positive number",
+    );
+    refused(&["--speed", "nan"], "--speed must be a positive number");
+    refused(&["--workers", "5000"], "at most 4096 ranks");
+    refused(&["--policy", "fastest"], "unknown policy \"fastest\"");
+    refused(&["--policy", ","], "names no policy");
+    refused(&["--sessions", "0"], "--sessions must be at least 1");
+    refused(&["--limit", "0"], "--limit must be at least 1");
+    refused(&["--workers", "many"], "invalid value");
+    refused(&["--kv-blocks", "10"], "needs");
+
+    let bad = temp("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": \"x\"}\n",
+    )
+    .unwrap();
+    refused(
+        &["--trace", bad.to_str().unwrap()],
+        "bad.jsonl:2: not a trace record",
+    );
+    std::fs::write(&bad, "").unwrap();
+    refused(
+        &["--trace", bad.to_str().unwrap()],
+        "the trace holds no requests",
+    );
+    std::fs::remove_file(&bad).ok();
+    refused(&["--trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl");
+    refused(
+        &[SMALL, &["--plot", "/nonexistent/dir/p.svg"]].concat(),
+        "/nonexistent/dir/p.svg",
+    );
+}
