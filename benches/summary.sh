@@ -9,8 +9,22 @@
 #   KVR_BENCH_FILTER=re   criterion filter passed to the hashing, index and selection suites
 #   KVR_LAT_CALLS=n       calls per variant of the latency harness (default 200000)
 #   KVR_SEL_CALLS=n       calls of the selection harness's target case (default 100000)
-#   KVR_BENCH_SKIP_RUN=1  do not run anything; summarize the latest results on disk
-#   KVR_BENCH_SUITES="…"  suites to run (default: hashing index latency selection ffi ingest)
+#   KVR_BENCH_SKIP_RUN=1  do not run anything; summarize the results on disk of the latest
+#                         run (those written since it started, whichever suites it ran)
+#   KVR_BENCH_SUITES="…"  suites to run, space- or comma-separated (default: all of
+#                         hashing index latency selection ffi ingest subscriber replay)
+#       hashing     criterion: block hashing and sequence chaining        (benches/benches/hashing.rs)
+#       index       criterion: find_matches and apply on the 1M index      (benches/benches/index.rs)
+#       latency     per-call p50/p99 harness and bytes per holder-block    (benches/benches/latency.rs)
+#       selection   criterion + per-call harness of select/reserve/free    (benches/benches/selection.rs)
+#       ffi         C ABI overhead against the Rust call                   (benches/benches/ffi_overhead.rs)
+#       ingest      criterion: decode and apply of vLLM batches            (benches/benches/ingest.rs)
+#       subscriber  ZMQ PUB → kvr subscription over loopback, 3 runs       (benches/benches/subscriber.rs)
+#       replay      `kvr replay` trace simulator (release build of kvr-cli), KVR_REPLAY_RUNS runs
+#   KVR_SUB_BATCHES=n     batches per run of the subscriber bench (default 20000)
+#   KVR_REPLAY_TRACE=f    trace of the replay suite (default ../shared/traces/mooncake_conversation.jsonl
+#                         relative to the repo root; if missing, the built-in workload)
+#   KVR_REPLAY_RUNS=n     runs of the replay suite (default 3; the median is reported)
 #
 # Sources: criterion's <target>/criterion/**/new/{benchmark,estimates}.json (median of
 # the per-iteration time), and the latency harness (benches/benches/latency.rs: per-call
@@ -19,7 +33,13 @@
 # (benches/benches/selection.rs: per-call p50/p99 of select_and_reserve, free and select,
 # and one- against two-thread throughput), which writes <target>/kvr-bench/selection.json,
 # and the C ABI overhead harness (benches/benches/ffi_overhead.rs: paired rounds of
-# kvr_partition_select against Engine::select_in), which writes <target>/kvr-bench/ffi.json.
+# kvr_partition_select against Engine::select_in), which writes <target>/kvr-bench/ffi.json,
+# and the subscriber bench (benches/benches/subscriber.rs: batches and blocks applied per
+# second and lost batches per run, median of 3), which writes <target>/kvr-bench/subscriber.json,
+# and `kvr replay --json` (policies kvr and dynamo-classic; per-call wall time of the routing
+# call, event-ingest block ops/s, index bytes per holder-block, hit rate, TTFT), one file per
+# run in <target>/kvr-bench/replay/run-<i>.json; the table shows the kvr policy's median over
+# the runs (the simulator is deterministic except for its wall-time figures).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -33,6 +53,8 @@ lat_json="$target_dir/kvr-bench/latency.json"
 lat_txt="$target_dir/kvr-bench/latency.txt"
 sel_json="$target_dir/kvr-bench/selection.json"
 ffi_json="$target_dir/kvr-bench/ffi.json"
+sub_json="$target_dir/kvr-bench/subscriber.json"
+replay_dir="$target_dir/kvr-bench/replay"
 stamp="$target_dir/kvr-bench/run-start"
 
 crit_args=()
@@ -46,9 +68,10 @@ fi
 
 if [[ "${KVR_BENCH_SKIP_RUN:-0}" != 1 ]]; then
   touch "$stamp"
-  rm -f "$lat_json" "$sel_json" "$ffi_json"
+  rm -f "$lat_json" "$sel_json" "$ffi_json" "$sub_json"
+  rm -rf "$replay_dir"
   cargo bench -p kvr-benches --no-run >&2
-  suites=" ${KVR_BENCH_SUITES:-hashing index latency selection ffi ingest} "
+  suites=" ${KVR_BENCH_SUITES:-hashing index latency selection ffi ingest subscriber replay} "
   suites=${suites//,/ }
   if [[ "$suites" == *" hashing "* ]]; then
     echo "== hashing" >&2
@@ -76,6 +99,35 @@ if [[ "${KVR_BENCH_SKIP_RUN:-0}" != 1 ]]; then
     echo "== ingest" >&2
     cargo bench -p kvr-benches --bench ingest -- "${crit_args[@]}" >&2
   fi
+  if [[ "$suites" == *" subscriber "* ]]; then
+    echo "== subscriber" >&2
+    KVR_SUBSCRIBER_JSON="$sub_json" cargo bench -p kvr-benches --bench subscriber >&2
+  fi
+  if [[ "$suites" == *" replay "* ]]; then
+    echo "== replay" >&2
+    mkdir -p "$replay_dir"
+    replay_args=(replay --json --quiet --policy kvr,dynamo-classic)
+    trace="${KVR_REPLAY_TRACE:-../shared/traces/mooncake_conversation.jsonl}"
+    if [[ -f "$trace" ]]; then
+      replay_args+=(--trace "$trace")
+    else
+      echo "replay: no trace at $trace; using the built-in workload" >&2
+    fi
+    # `kvr replay` is young: a failed build or run is noted in the table, not fatal.
+    if cargo build --release -p kvr-cli >&2; then
+      for i in $(seq 1 "${KVR_REPLAY_RUNS:-3}"); do
+        echo "replay run $i: kvr ${replay_args[*]}" >&2
+        if ! "$target_dir/release/kvr" "${replay_args[@]}" >"$replay_dir/run-$i.json.tmp"; then
+          echo "replay run $i failed" | tee -a "$replay_dir/error" >&2
+          rm -f "$replay_dir/run-$i.json.tmp"
+          continue
+        fi
+        mv "$replay_dir/run-$i.json.tmp" "$replay_dir/run-$i.json"
+      done
+    else
+      echo "cargo build --release -p kvr-cli failed" | tee -a "$replay_dir/error" >&2
+    fi
+  fi
 fi
 [[ -f "$stamp" ]] || touch -d @0 "$stamp"
 
@@ -84,10 +136,11 @@ elapsed=$(($(date +%s) - start_epoch))
 
 export KVR_TARGET_DIR="$target_dir" KVR_LAT_JSON="$lat_json" KVR_STAMP="$stamp"
 export KVR_SEL_JSON="$sel_json" KVR_FFI_JSON="$ffi_json"
+export KVR_SUB_JSON="$sub_json" KVR_REPLAY_DIR="$replay_dir"
 export KVR_LOAD_BEFORE="$load_before" KVR_LOAD_AFTER="$load_after" KVR_ELAPSED="$elapsed"
 export KVR_QUICK="${KVR_BENCH_QUICK:-0}"
 python3 - <<'PY'
-import glob, json, os, platform, re, subprocess
+import glob, json, os, platform, re, statistics, subprocess
 
 target = os.environ["KVR_TARGET_DIR"]
 stamp = os.path.getmtime(os.environ["KVR_STAMP"])
@@ -282,6 +335,74 @@ try:
 except (OSError, ValueError, KeyError):
     pass
 
+try:
+    if os.path.getmtime(os.environ["KVR_SUB_JSON"]) >= stamp:
+        f = json.load(open(os.environ["KVR_SUB_JSON"]))
+        m, runs, n = f["median"], f["runs"], f["batches"]
+        per_run = ", ".join(f"{r['blocks_per_s'] / 1e6:.2f}" for r in runs)
+        lost = sum(r["lost"] for r in runs)
+        applied = ", ".join(f"{r['applied']:,}" for r in runs)
+        bps = m["blocks_per_s"]
+        row(f"`subscriber`: ZMQ PUB → one kvr subscription over loopback ({n:,} batches of "
+            f"4 × 16-block stores + 64 removals per run; median of {len(runs)} runs)", "", "", "",
+            f"{fmt_rate(bps, 'blocks/s')}, {m['batches_per_s']:,.0f} batches/s",
+            f"≥ 2 M blocks/s: {'met' if bps >= 2e6 else 'MISSED'} ({bps / 2e6:.2f}× target); "
+            f"runs {per_run} M blocks/s; applied {applied} of {n:,}; lost {lost:,}")
+except (OSError, ValueError, KeyError, IndexError, ZeroDivisionError):
+    pass
+
+# --- kvr replay (one JSON per run) ---
+replay_runs, replay_errors = [], []
+rdir = os.environ["KVR_REPLAY_DIR"]
+for fn in sorted(glob.glob(os.path.join(rdir, "run-*.json"))):
+    try:
+        if os.path.getmtime(fn) < stamp:
+            continue
+        d = json.load(open(fn))
+        pol = {p["policy"]: p for p in d["policies"]}
+        replay_runs.append((d["workload"], pol))
+    except (OSError, ValueError, KeyError, TypeError):
+        replay_errors.append(f"unreadable {os.path.basename(fn)}")
+try:
+    if os.path.getmtime(os.path.join(rdir, "error")) >= stamp:
+        replay_errors += open(os.path.join(rdir, "error")).read().split("\n")
+except OSError:
+    pass
+replay_errors = [e for e in replay_errors if e]
+replay_ok = [(w, pol) for w, pol in replay_runs if "kvr" in pol]
+if replay_ok:
+    w0 = replay_ok[0][0]
+    name = w0.get("name", "?")
+    workload = ("built-in workload" if name == "built-in"
+                else f"trace `{os.path.basename(name)}`")
+    med = lambda f: statistics.median(f(pol["kvr"]) for _, pol in replay_ok)
+    p50 = med(lambda p: p["select_ns"]["p50"])
+    p99 = med(lambda p: p["select_ns"]["p99"])
+    ops = med(lambda p: p["block_ops_per_s"])
+    bph = med(lambda p: p["bytes_per_holder_block"])
+    # deterministic figures: the same in every run; the first run's stand for all
+    k0 = replay_ok[0][1]["kvr"]
+    ctx = (f"{bph:.2f} B/holder-block (index, end of replay); context: hit rate "
+           f"{k0['hit_rate'] * 100:.1f} %, TTFT p90 {k0['ttft_ms']['p90']:,.0f} ms")
+    dc = replay_ok[0][1].get("dynamo-classic")
+    if dc:
+        ctx += (f" (dynamo-classic: hit rate {dc['hit_rate'] * 100:.1f} %, TTFT p90 "
+                f"{dc['ttft_ms']['p90']:,.0f} ms, select p50 "
+                f"{fmt_ns(statistics.median(pol['dynamo-classic']['select_ns']['p50'] for _, pol in replay_ok if 'dynamo-classic' in pol))})")
+    hits = sorted({pol["kvr"]["hit_rate"] for _, pol in replay_ok})
+    if len(hits) > 1:
+        ctx += f"; hit rate VARIED across runs ({hits[0] * 100:.2f}–{hits[-1] * 100:.2f} %)"
+    ctx += "; select p50 per run " + ", ".join(fmt_ns(pol["kvr"]["select_ns"]["p50"]) for _, pol in replay_ok)
+    if replay_errors:
+        ctx += f"; {len(replay_errors)} failed: {'; '.join(replay_errors)}"
+    row(f"`replay` kvr policy, {workload} ({w0.get('requests', 0):,} requests, "
+        f"{w0.get('workers', '?')} workers): routing call wall time; event ingest "
+        f"(median of {len(replay_ok)} runs)", "", fmt_ns(p50), fmt_ns(p99),
+        fmt_rate(ops, "block ops/s"), ctx)
+elif replay_errors or replay_runs:
+    row("`replay`: no result", "", "", "", "",
+        "; ".join(replay_errors) or "no kvr policy in the output")
+
 for shape, m in mem.items():
     hb = m["holder_blocks"]
     bph = m["bytes_per_holder_block"]
@@ -311,6 +432,14 @@ if sel or any(n.startswith("select") for n in crit):
           "`2threads` = the same on two threads (pinned to two CPUs) sharing one engine, median = wall time / selections; "
           "p50/p99 = per-call `Instant` timings of the selection harness"
           + (f" ({wl})" if wl else ""))
+if any(r[0].startswith("`subscriber`") for r in rows):
+    print("- subscriber: a Rust ZMQ PUB (`zeromq` crate) floods prebuilt vLLM batches at one kvr subscription over loopback; "
+          "blocks/s and batches/s applied from the first send to the last batch applied; lost = batches the PUB's high-water mark dropped")
+if replay_ok:
+    print(f"- replay: `kvr replay --json --quiet --policy kvr,dynamo-classic` ({w0.get('workers', '?')} workers × "
+          f"{w0.get('kv_blocks', 0):,} KV blocks, block size {w0.get('block_size', '?')}, {w0.get('requests', 0):,} requests); "
+          "p50/p99 = per-call wall time of the kvr policy's routing call, throughput = its event ingest, both median over the runs; "
+          "hit rate and TTFT are simulated (deterministic) figures")
 print()
 print("| bench | median | p50 (per call) | p99 (per call) | throughput | target |")
 print("|---|---|---|---|---|---|")

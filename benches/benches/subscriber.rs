@@ -7,7 +7,8 @@
 //! round, the removal of the previous batch's 64 blocks, so the index stays small. The
 //! publisher sends `KVR_SUB_BATCHES` batches (default 20,000) per run, three runs; the
 //! median run is reported. Run: `cargo bench -p kvr-benches --bench subscriber`
-//! (without `--bench`: a smoke run of 200 batches).
+//! (without `--bench`: a smoke run of 200 batches). With `KVR_SUBSCRIBER_JSON=path` it
+//! also writes the runs and the median run as JSON (`benches/summary.sh` reads it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +51,15 @@ struct Run {
     blocks_per_s: f64,
     applied: u64,
     lost: u64,
+}
+
+impl Run {
+    fn json(&self) -> String {
+        format!(
+            "{{\"applied\": {}, \"lost\": {}, \"batches_per_s\": {:.1}, \"blocks_per_s\": {:.1}}}",
+            self.applied, self.lost, self.batches_per_s, self.blocks_per_s
+        )
+    }
 }
 
 fn run(n: u64) -> Run {
@@ -165,6 +175,17 @@ fn main() {
         m.batches_per_s,
         m.blocks_per_s / 1e6
     );
+    if let Ok(path) = std::env::var("KVR_SUBSCRIBER_JSON") {
+        let runs_json: Vec<String> = results.iter().map(Run::json).collect();
+        let json = format!(
+            "{{\n  \"batches\": {n},\n  \"blocks_per_batch\": {},\n  \"runs\": [\n    {}\n  ],\n  \"median\": {}\n}}\n",
+            2 * 4 * 16,
+            runs_json.join(",\n    "),
+            m.json()
+        );
+        std::fs::write(&path, json).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        println!("subscriber: wrote {path}");
+    }
     if !bench_mode {
         assert!(m.applied > 0, "nothing arrived");
     }
