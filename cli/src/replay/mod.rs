@@ -220,7 +220,8 @@ impl ReplayArgs {
 }
 
 /// Share of prompt tokens an infinite cache shared by all ranks would serve: each
-/// request's leading complete blocks that any earlier request already computed.
+/// request's leading complete blocks that any earlier request already computed, short of
+/// the block holding its last token (always recomputed, as on the ranks).
 pub fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
     let hasher = policy::hasher(block_size);
     let (mut local, mut seq, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
@@ -229,7 +230,12 @@ pub fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
     for r in &w.requests {
         r.tokens_into(&mut tokens);
         hasher.hash_tokens(&tokens, &mut local, &mut seq);
-        let hits = seq.iter().take_while(|h| seen.contains(*h)).count();
+        let usable = tokens.len().saturating_sub(1) / block_size as usize;
+        let hits = seq
+            .iter()
+            .take_while(|h| seen.contains(*h))
+            .count()
+            .min(usable);
         cached += hits as u64 * u64::from(block_size);
         seen.extend(seq.iter().copied());
     }

@@ -197,6 +197,8 @@ struct Sim<'a> {
     evicted: Vec<u64>,
     bytes: Vec<u8>,
     enc: BatchEncoder,
+    /// The router reads the ranks' KV events.
+    events: bool,
     completed: u64,
 }
 
@@ -212,23 +214,22 @@ impl Sim<'_> {
         }
     }
 
-    /// Sends the batch in `self.enc` from `rank` (if the router listens to events).
+    /// Sends the batch in `self.enc` from `rank`; it reaches the router `event_delay`
+    /// later. (Without events, no batch is built at all.)
     fn emit(&mut self, rank: usize, now: f64) {
         let r = &mut self.ranks[rank];
         let payload = self.enc.finish(now / 1e3, Some(r.id.dp_rank));
-        if self.router.kind().uses_events() {
-            let seq = r.next_seq;
-            r.next_seq += 1;
-            let t = now + self.cfg.event_delay_ms;
-            self.at(
-                t,
-                Ev::Deliver {
-                    rank: rank as u32,
-                    seq,
-                    payload,
-                },
-            );
-        }
+        let seq = r.next_seq;
+        r.next_seq += 1;
+        let t = now + self.cfg.event_delay_ms;
+        self.at(
+            t,
+            Ev::Deliver {
+                rank: rank as u32,
+                seq,
+                payload,
+            },
+        );
     }
 
     fn try_admit(&mut self, rank: usize, now: f64) {
@@ -251,7 +252,10 @@ impl Sim<'_> {
             };
             r.waiting.pop_front();
             r.running += 1;
-            let cached = u64::from(adm.hit_blocks) * u64::from(b);
+            // As vLLM: the last prompt token is always computed (its logits start decode),
+            // so a fully cached prompt still recomputes its last block.
+            let usable = (f.tokens.len() as u32).saturating_sub(1) / b;
+            let cached = u64::from(adm.hit_blocks.min(usable)) * u64::from(b);
             let prefill = f.tokens.len() as u64 - cached;
             r.prefill_tokens += prefill;
             let start = r.prefill_free_at.max(now);
@@ -263,8 +267,10 @@ impl Sim<'_> {
             self.at(done, Ev::PrefillDone(i));
             if !self.evicted.is_empty() {
                 self.res.evictions += self.evicted.len() as u64;
-                self.enc.removed(&self.evicted, Medium::Gpu);
-                self.emit(rank, now);
+                if self.events {
+                    self.enc.removed(&self.evicted, Medium::Gpu);
+                    self.emit(rank, now);
+                }
             }
         }
     }
@@ -308,7 +314,8 @@ impl Sim<'_> {
                 let rank = f.rank;
                 let r = &mut self.ranks[rank];
                 let adm = f.admission.as_ref().expect("admitted");
-                for run in r.cache.commit(&f.hashes, adm) {
+                let runs = r.cache.commit(&f.hashes, adm);
+                for run in runs.iter().filter(|_| self.events) {
                     let parent = run.start.checked_sub(1).map(|p| f.hashes[p]);
                     self.enc.stored(
                         &f.hashes[run.start..run.end],
@@ -329,7 +336,9 @@ impl Sim<'_> {
                 f.block_ms = tpot * b as f64;
                 let has_blocks = f.out_blocks_left > 0;
                 let block_ms = f.block_ms;
-                self.emit(rank, now);
+                if self.events && !runs.is_empty() {
+                    self.emit(rank, now);
+                }
                 if let Err(e) = self.router.prefill_done(id) {
                     self.fail(format!("mark_prefill_complete({id}): {e}"));
                 }
@@ -410,6 +419,7 @@ pub fn run_keeping_caches(
             prefill_tokens: 0,
         })
         .collect();
+    let events = router.kind().uses_events();
     let mut sim = Sim {
         cfg,
         router,
@@ -427,6 +437,7 @@ pub fn run_keeping_caches(
         evicted: Vec::new(),
         bytes: Vec::new(),
         enc: BatchEncoder::new(),
+        events,
         completed: 0,
     };
     sim.res.policy = sim.router.kind().name();

@@ -211,4 +211,37 @@ fn oracle_counts_leading_blocks_seen_before() {
     };
     let got = oracle_hit_rate(&w, 32);
     assert!((got - 160.0 / 428.0).abs() < 1e-12, "{got}");
+    // A prompt seen before in full still recomputes the block of its last token.
+    let again = Workload {
+        requests: vec![req(vec![(5, 64)]), req(vec![(5, 64)])],
+        ..w
+    };
+    assert_eq!(oracle_hit_rate(&again, 32), 32.0 / 128.0);
+}
+
+#[test]
+fn a_fully_cached_prompt_still_computes_its_last_block() {
+    let one = Request {
+        arrival_ms: 0.0,
+        segments: vec![(9, 256)],
+        input_tokens: 256,
+        output_tokens: 4,
+        session: None,
+    };
+    let second = Request {
+        arrival_ms: 5_000.0,
+        ..one.clone()
+    };
+    let w = Workload {
+        name: "t".into(),
+        requests: vec![one, second],
+        params: Vec::new(),
+    };
+    let mut cfg = small_cluster(&w);
+    cfg.workers = 1;
+    cfg.dp_size = 1;
+    let r = sim::run(&cfg, &w, &mut router_for(PolicyKind::Kvr, &cfg), || {});
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    assert_eq!(r.cached_tokens, 256 - 32, "all but the last block");
+    assert_eq!(r.prefill_tokens_per_rank, vec![256 + 32]);
 }
