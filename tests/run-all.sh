@@ -14,6 +14,8 @@ python3 -c "import zmq, msgspec" 2>/dev/null || python3 -m pip install -q pyzmq 
 
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
+# The remote primary (feature `remote`): its HTTP client and selection against failing servers.
+cargo test -p kvr --release --features remote --test remote_index --test remote_primary
 
 echo "== fuzz replay (fuzz/: every seed and kept crasher through its target, on stable)"
 cargo test --manifest-path fuzz/Cargo.toml  # debug: overflow checks on

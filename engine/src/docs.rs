@@ -114,3 +114,24 @@
 //! and removed when the booking is freed or the selection booked nothing; partitions are
 //! found by number in an arc-swapped vector. A miss, or an id whose partition no longer
 //! knows it, falls back to scanning the partitions' tables (replica bookings).
+//!
+//! # Session affinity (`session`)
+//!
+//! Session id → entry (binding, revision, leases, idle clock, final request) in session
+//! shards, and lease (selection id) → session id in lease shards, each behind a mutex; no
+//! atomics of its own. **Lock order: session shard, then lease shard**; a lease shard is
+//! taken alone or nested in one session shard, never the reverse, and never two shards
+//! of a kind at once, so there is no deadlock. Everything about one entry — its leases,
+//! their index entries, and its removal — changes in one critical section of its session
+//! shard, so the index and the entries agree and no entry is ever left final without
+//! leases (which nothing would release). `release_lease` reads the lease's owner under
+//! the lease shard alone, then drops the lease and, if it was a final session's last
+//! one, the entry, in *one* critical section of the owner's shard; the next turn's `bind`
+//! runs wholly under that same lock, so it either adds its lease before the release (the
+//! entry survives with it) or after (it finds the entry lease-less, or gone and starts a
+//! fresh one): its lease is never lost. A lease released before its bind is remembered
+//! briefly under the lease shard's lock, which the bind also takes, so a late bind does
+//! not hold a lease that already ended. The full argument is in `session.rs`; loom models
+//! `session_release_races_next_turn` (negative control: "last lease" decided and the
+//! entry removed in two critical sections) and `session_early_release_vs_bind` (negative
+//! control: the bind ignores the memory).

@@ -30,6 +30,8 @@ pub enum EngineError {
     UnknownRank(RankId),
     /// Any other refusal of the partition's reservation table.
     Reservation(ReservationError),
+    /// A partition's configuration was refused (e.g. a remote index with events off).
+    InvalidConfig(String),
 }
 
 impl std::fmt::Display for EngineError {
@@ -53,6 +55,7 @@ impl std::fmt::Display for EngineError {
             EngineError::DuplicateSelectionId(id) => write!(f, "selection id {id} is in use"),
             EngineError::UnknownRank(r) => write!(f, "rank {r} is not in the partition"),
             EngineError::Reservation(e) => write!(f, "{e}"),
+            EngineError::InvalidConfig(m) => write!(f, "invalid configuration: {m}"),
         }
     }
 }
@@ -157,17 +160,20 @@ impl Engine {
         let mut created = false;
         let numbered = self.numbered.load();
         let number = numbered.len() as u64;
+        if self.partitions.get(&key).is_some() {
+            return Err(EngineError::PartitionExists(key));
+        }
+        // Bookings the partition frees on its own (expiry, a rank leaving) leave the id
+        // index with them.
+        let ids = self.by_selection.clone();
+        let forget: ForgetListener = StdArc::new(move |id| {
+            ids.remove(id);
+        });
+        let partition = Partition::with_forget_listener(key.clone(), config, forget)
+            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
         let p = self.partitions.get_or_insert_with(key.clone(), || {
             created = true;
-            // Bookings the partition frees on its own (expiry, a rank leaving) leave the
-            // id index with them.
-            let ids = self.by_selection.clone();
-            let forget: ForgetListener = StdArc::new(move |id| {
-                ids.remove(id);
-            });
-            StdArc::new(
-                Partition::with_forget_listener(key.clone(), config, forget).with_number(number),
-            )
+            StdArc::new(partition.with_number(number))
         });
         if !created {
             return Err(EngineError::PartitionExists(key));
@@ -385,9 +391,19 @@ impl Engine {
         if live_elsewhere {
             return Err(EngineError::DuplicateSelectionId(id));
         }
-        p.bookings
-            .install_replica_booking(booking, Instant::now())?;
+        let now = Instant::now();
+        let rank = booking.rank;
+        let blocks = p
+            .indexing
+            .recorder
+            .is_some()
+            .then(|| booking.prompt_blocks.clone());
+        p.bookings.install_replica_booking(booking, now)?;
         p.bookings.ensure_sweeper(SWEEP_INTERVAL);
+        // A cached booking replayed from a peer is a booking too: recorded after it stands.
+        if let Some(blocks) = blocks {
+            p.indexing.record_booking(&p.index, rank, &blocks, now);
+        }
         Ok(())
     }
 

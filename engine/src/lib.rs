@@ -15,19 +15,24 @@ pub mod engine;
 pub mod hash;
 pub(crate) mod idmap;
 pub mod index;
+pub mod indexer;
 pub mod ingress;
 pub mod load;
 pub mod partition;
 pub mod reservation;
 pub mod select;
+pub mod session;
 pub(crate) mod sync;
 
 #[cfg(all(test, loom))]
 mod loom_models;
 
 pub use hash::{BlockHasher, HashSalt, LocalHash, SequenceHash};
+#[cfg(all(feature = "remote", not(loom)))]
+pub use index::RemoteIndexClient;
 pub use index::{
     ApplyOutcome, ApproxConfig, ApproxRecorder, ApproxStats, DpRank, Index, IndexConfig,
-    IndexError, IndexStats, KvEvent, OverlapScores, RankId, RankStats, RecordOutcome, StoredBlock,
-    Tier, TieredOverlap, TieredScores, WorkerId,
+    IndexError, IndexStats, KvEvent, OverlapScores, RankId, RankStats, RecordOutcome, RemoteConfig,
+    RemoteError, RemoteIndex, RemoteStats, StoredBlock, Tier, TieredOverlap, TieredScores,
+    WorkerId,
 };

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::cost::CostConfig;
 use crate::hash::{BlockHasher, HashSalt};
 use crate::index::{DpRank, Index, IndexConfig, RankId, WorkerId};
+use crate::indexer::{IndexState, IndexerConfig, IndexerConfigError, IndexerStats};
 use crate::load::LoadView;
 use crate::reservation::{ForgetListener, ReservationConfig, ReservationTable};
 use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
@@ -85,6 +86,31 @@ pub struct BusyThresholds {
     pub prefill_tokens_fraction: Option<f64>,
 }
 
+/// When a booked selection may carry a `kv_hint` (DESIGN.md §7): a peer rank that holds
+/// a longer device prefix than the chosen one and can serve it over its control endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HintConfig {
+    /// The source's device prefix must exceed the chosen rank's by at least this many
+    /// blocks (a short transfer is not worth a round trip).
+    pub min_advantage_blocks: u32,
+    /// Most blocks one hint asks to move.
+    pub max_transfer_blocks: u32,
+    /// Roles whose ranks may serve transfers.
+    pub source_roles: Vec<BackendRole>,
+}
+
+impl Default for HintConfig {
+    fn default() -> Self {
+        HintConfig {
+            min_advantage_blocks: 4,
+            max_transfer_blocks: 4_096,
+            // A decode worker's cache is busy serving its own sequences; prefill and
+            // aggregated workers hand theirs out.
+            source_roles: vec![BackendRole::Prefill, BackendRole::Aggregated],
+        }
+    }
+}
+
 /// How a partition hashes, scores and books.
 #[derive(Clone, Debug)]
 pub struct PartitionConfig {
@@ -95,6 +121,11 @@ pub struct PartitionConfig {
     pub busy: BusyThresholds,
     /// Lifetime of a booking nobody frees (Dynamo current: 3,600 s).
     pub booking_ttl: Duration,
+    /// Which index answers overlap queries and which bookings feed one (DESIGN.md §5).
+    pub indexer: IndexerConfig,
+    /// Transfer hints on booked responses; `None` (the default) = the partition consumes
+    /// none, and selection keeps no per-rank overlaps beyond the choice.
+    pub hints: Option<HintConfig>,
 }
 
 impl PartitionConfig {
@@ -105,6 +136,8 @@ impl PartitionConfig {
             cost: CostConfig::default(),
             busy: BusyThresholds::default(),
             booking_ttl: Duration::from_secs(3_600),
+            indexer: IndexerConfig::default(),
+            hints: None,
         }
     }
 }
@@ -193,6 +226,8 @@ pub struct Partition {
     pub(crate) bookings: StdArc<ReservationTable>,
     workers: Snapshot<WorkerSet>,
     hooks: Snapshot<HostHooks>,
+    /// The indexer policy and its approximate / side index.
+    pub(crate) indexing: IndexState,
     /// Serializes membership changes (copy-on-write of the worker set).
     membership: Mutex<()>,
     pub(crate) counters: crate::select::SelectionCounters,
@@ -201,21 +236,37 @@ pub struct Partition {
 }
 
 impl Partition {
+    /// A partition of `config`.
+    ///
+    /// # Panics
+    ///
+    /// If `config.indexer` is refused ([`IndexerConfig::resolve`]); [`Partition::try_new`]
+    /// and `Engine::create_partition` return the refusal instead.
     pub fn new(key: PartitionKey, config: PartitionConfig) -> Self {
+        Self::try_new(key, config).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A partition of `config`, or why its indexer configuration is refused.
+    pub fn try_new(key: PartitionKey, config: PartitionConfig) -> Result<Self, IndexerConfigError> {
         Self::build(key, config, None)
     }
 
-    /// As [`Partition::new`], with a listener told the id of every booking the partition's
-    /// table frees on its own ([`ReservationTable::with_forget_listener`]).
+    /// As [`Partition::try_new`], with a listener told the id of every booking the
+    /// partition's table frees on its own ([`ReservationTable::with_forget_listener`]).
     pub fn with_forget_listener(
         key: PartitionKey,
         config: PartitionConfig,
         forget: ForgetListener,
-    ) -> Self {
+    ) -> Result<Self, IndexerConfigError> {
         Self::build(key, config, Some(forget))
     }
 
-    fn build(key: PartitionKey, config: PartitionConfig, forget: Option<ForgetListener>) -> Self {
+    fn build(
+        key: PartitionKey,
+        config: PartitionConfig,
+        forget: Option<ForgetListener>,
+    ) -> Result<Self, IndexerConfigError> {
+        let indexing = IndexState::new(&config.indexer.resolve()?, &config.indexer)?;
         let bs = config.block_size.max(1);
         let salt = HashSalt::new(None, config.cache_namespace.as_deref());
         let table_config = ReservationConfig {
@@ -229,7 +280,7 @@ impl Partition {
             Some(f) => ReservationTable::with_forget_listener(table_config, f),
             None => ReservationTable::new(table_config),
         };
-        Partition {
+        Ok(Partition {
             key,
             number: 0,
             hasher: BlockHasher::new(bs as usize, salt).expect("block size is at least 1"),
@@ -246,10 +297,16 @@ impl Partition {
             bookings: StdArc::new(bookings),
             workers: Snapshot::new(WorkerSet::default()),
             hooks: Snapshot::new(HostHooks::default()),
+            indexing,
             membership: Mutex::new(()),
             counters: Default::default(),
             ingress: Default::default(),
-        }
+        })
+    }
+
+    /// The indexer policy in force and its counters.
+    pub fn indexer_stats(&self) -> IndexerStats {
+        self.indexing.stats()
     }
 
     pub fn key(&self) -> &PartitionKey {

@@ -129,9 +129,25 @@ pub struct Decision {
     pub projected_decode_blocks: u64,
     pub cost: f64,
     pub session: Option<SessionContext>,
+    /// Booked responses only: a peer rank that holds more of the prompt and can send it.
+    pub kv_hint: Option<KvHint>,
+}
+
+/// A transfer hint (DESIGN.md §7): the chosen rank may pull blocks `block_range` of the
+/// prompt from `source` through its control endpoint instead of computing them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvHint {
+    pub source: RankId,
+    pub control_endpoint: String,
+    /// `[start, end)` in prompt blocks: from the chosen rank's device prefix to the
+    /// source's, at most `max_transfer_blocks` long.
+    pub block_range: (u32, u32),
 }
 
 /// What a selection answers.
+// `Selected` is the common case and is returned by value: boxing the decision would put
+// an allocation on every selection (the routing path allocates nothing once warm).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
     Selected(Decision),
@@ -271,7 +287,7 @@ fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
 impl Partition {
     /// Advisory selection: the decision and the projected load; books nothing.
     pub fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
-        match self.decide(req, rng) {
+        match self.decide(req, false, rng) {
             Ok(p) => {
                 Scratch::give_back_seq(p.seq);
                 Outcome::Selected(p.decision)
@@ -288,11 +304,12 @@ impl Partition {
         now: Instant,
         rng: &mut impl RandomSource,
     ) -> Result<Outcome, SelectError> {
-        let p = match self.decide(req, rng) {
+        let p = match self.decide(req, true, rng) {
             Ok(p) => p,
             Err(o) => return Ok(*o),
         };
         let mut d = p.decision;
+        let to_record = self.indexing.recorder.is_some().then(|| p.seq.clone());
         self.bookings.book(
             BookingRequest {
                 selection_id,
@@ -304,6 +321,10 @@ impl Partition {
             },
             now,
         )?;
+        // After the booking stands: a recording failure is logged, never the booking's.
+        if let Some(seq) = to_record {
+            self.indexing.record_booking(&self.index, d.rank, &seq, now);
+        }
         d.selection_id = Some(selection_id);
         Ok(Outcome::Selected(d))
     }
@@ -343,6 +364,7 @@ impl Partition {
         let prefill = prefill_tokens.unwrap_or(prompt_tokens - cached);
         let active = self.bookings.rank_load(rank);
         let new_blocks = self.bookings.new_blocks_not_active(rank, &seq);
+        let to_record = (self.indexing.recorder.is_some() && !seq.is_empty()).then(|| seq.clone());
         self.bookings.book(
             BookingRequest {
                 selection_id,
@@ -354,6 +376,10 @@ impl Partition {
             },
             now,
         )?;
+        // A reservation that carries the prompt records it (DESIGN.md §5).
+        if let Some(seq) = to_record {
+            self.indexing.record_booking(&self.index, rank, &seq, now);
+        }
         Ok(Decision {
             rank,
             selection_id: Some(selection_id),
@@ -366,6 +392,7 @@ impl Partition {
             projected_decode_blocks: active.active_decode_blocks + new_blocks,
             cost: f64::NAN,
             session: prompt.and_then(|r| r.effective_session()),
+            kv_hint: None,
         })
     }
 
@@ -517,6 +544,7 @@ impl Partition {
     pub(crate) fn decide(
         &self,
         req: &SelectRequest<'_>,
+        booked: bool,
         rng: &mut impl RandomSource,
     ) -> Result<Prepared, Box<Outcome>> {
         self.counters.selections.add(1);
@@ -525,7 +553,33 @@ impl Partition {
         // 2. overlap: the index, and the host's shared cache alongside it.
         let mut scratch = Scratch::take();
         let tiered = &mut scratch.tiered;
-        self.index.find_matches_tiered_by_sequence(&seq, tiered);
+        match &self.indexing.remote {
+            // A remote primary takes the prompt's local hashes (it chains them itself).
+            Some(remote) => {
+                let local = &mut scratch.local;
+                let hashes: &[u64] = match req.prompt {
+                    Prompt::LocalHashes { hashes, .. } => hashes,
+                    Prompt::Tokens(tokens) => {
+                        let salt =
+                            HashSalt::new(req.lora_name, self.config().cache_namespace.as_deref());
+                        BlockHasher::new(self.block_size() as usize, salt)
+                            .expect("block size >= 1")
+                            .local_hashes(tokens, local);
+                        local
+                    }
+                };
+                self.indexing.query_remote(
+                    &**remote,
+                    self.key(),
+                    self.block_size(),
+                    hashes,
+                    &mut scratch.tiered,
+                );
+            }
+            None => self.index.find_matches_tiered_by_sequence(&seq, tiered),
+        }
+        // Prediction (DESIGN.md §5): what was booked but not yet announced counts too.
+        self.indexing.merge_prediction(&seq, &mut scratch.tiered);
         let scratch = PutBack(Some(scratch));
         let tiered = &scratch.0.as_ref().expect("held until drop").tiered;
         let hooks = self.hooks_now();
@@ -660,6 +714,11 @@ impl Partition {
             })
             .unwrap_or(prompt_tokens - cached_tokens);
         let t = tiered.get(rank);
+        let kv_hint = if booked {
+            self.kv_hint(rank, device, tiered, &workers, &hooks, &loads, &reported)
+        } else {
+            None
+        };
         Ok(Prepared {
             decision: Decision {
                 rank,
@@ -675,8 +734,71 @@ impl Partition {
                 projected_decode_blocks: c.active_decode_blocks + c.new_blocks_not_active,
                 cost: costs[i],
                 session: req.effective_session(),
+                kv_hint,
             },
             seq,
+        })
+    }
+
+    /// The transfer hint for a booking on `chosen` (holding `chosen_device` blocks): the
+    /// eligible rank with the longest device prefix, if it beats the chosen one by the
+    /// configured minimum. Eligible: a role allowed to serve transfers, a control endpoint
+    /// for that rank, not overloaded (host hook) and not over a busy threshold.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_hint(
+        &self,
+        chosen: RankId,
+        chosen_device: u32,
+        tiered: &TieredScores,
+        workers: &WorkerSet,
+        hooks: &HostHooks,
+        loads: &crate::reservation::ActiveLoads,
+        reported: &LoadSnapshot,
+    ) -> Option<KvHint> {
+        let cfg = self.config().hints.as_ref()?;
+        let mut best: Option<(u32, RankId, &str)> = None;
+        for o in tiered.iter() {
+            if o.rank == chosen
+                || o.device < chosen_device.saturating_add(cfg.min_advantage_blocks.max(1))
+                || best.is_some_and(|(d, _, _)| o.device <= d)
+            {
+                continue;
+            }
+            let Some(info) = workers.get(o.rank.worker_id) else {
+                continue;
+            };
+            if !cfg.source_roles.contains(&info.role) {
+                continue;
+            }
+            let Some(endpoint) = info
+                .control_endpoints
+                .get(o.rank.dp_rank as usize)
+                .and_then(|e| e.as_deref())
+                .filter(|e| !e.is_empty())
+            else {
+                continue;
+            };
+            if hooks.overload.as_ref().is_some_and(|f| f(o.rank)) {
+                continue;
+            }
+            let active = loads.get(o.rank);
+            if self.is_busy(
+                o.rank,
+                Some(info),
+                reported,
+                active.active_decode_blocks,
+                active.active_prefill_tokens,
+            ) {
+                continue;
+            }
+            best = Some((o.device, o.rank, endpoint));
+        }
+        let (device, source, endpoint) = best?;
+        let end = device.min(chosen_device.saturating_add(cfg.max_transfer_blocks));
+        (end > chosen_device).then(|| KvHint {
+            source,
+            control_endpoint: endpoint.to_string(),
+            block_range: (chosen_device, end),
         })
     }
 

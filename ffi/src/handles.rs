@@ -59,6 +59,9 @@ pub(crate) fn engine_status(e: &EngineError) -> kvr_status {
             ReservationError::AlreadyFreed(..) => KVR_ERR_ALREADY_FREED,
             ReservationError::TooLarge(..) => KVR_ERR_TOO_LARGE,
         },
+        // Not reachable from C yet (no indexer options in the C ABI); an invalid
+        // configuration is an invalid argument.
+        EngineError::InvalidConfig(_) => KVR_ERR_INVALID_ARGUMENT,
     }
 }
 

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use super::event::{IndexError, RankId, StoredBlock, Tier};
+use super::event::{IndexError, RankId, Tier};
 use super::ranks::HashMixMap;
 use super::Index;
 use crate::hash::next_sequence_hash;
@@ -124,13 +124,13 @@ struct Due {
 
 /// Where records are written: the [`Index`]; a seam so unit tests can make it refuse.
 trait Sink {
-    fn store(&self, rank: RankId, blocks: &[StoredBlock]) -> Result<usize, IndexError>;
+    fn store(&self, rank: RankId, seqs: &[u64]) -> Result<usize, IndexError>;
     fn remove(&self, rank: RankId, seqs: &[u64]);
 }
 
 impl Sink for Index {
-    fn store(&self, rank: RankId, blocks: &[StoredBlock]) -> Result<usize, IndexError> {
-        Index::store(self, rank, Tier::Device, None, blocks)
+    fn store(&self, rank: RankId, seqs: &[u64]) -> Result<usize, IndexError> {
+        Index::store_sequences(self, rank, Tier::Device, seqs)
     }
 
     fn remove(&self, rank: RankId, seqs: &[u64]) {
@@ -153,8 +153,7 @@ struct State {
     queue: VecDeque<Due>,
     next_gen: u64,
     stats: ApproxStats,
-    /// Reused buffers: blocks to store; (rank, depth, seq) to remove; seqs of one rank.
-    store_buf: Vec<StoredBlock>,
+    /// Reused buffers: (rank, depth, seq) to remove; seqs of one rank.
     removed: Vec<(RankId, u32, u64)>,
     remove_buf: Vec<u64>,
 }
@@ -349,25 +348,37 @@ impl ApproxRecorder {
         local_hashes: &[u64],
         now: Instant,
     ) -> Result<RecordOutcome, IndexError> {
-        self.record_into(index, rank, local_hashes, now)
-    }
-
-    fn record_into(
-        &self,
-        index: &impl Sink,
-        rank: RankId,
-        local_hashes: &[u64],
-        now: Instant,
-    ) -> Result<RecordOutcome, IndexError> {
-        if local_hashes.is_empty() {
-            return Ok(RecordOutcome::default());
-        }
         let mut seqs: SmallVec<[u64; 128]> = SmallVec::with_capacity(local_hashes.len());
         let mut prev = None;
         for &l in local_hashes {
             let s = next_sequence_hash(prev, l);
             seqs.push(s);
             prev = Some(s);
+        }
+        self.record_into(index, rank, &seqs, now)
+    }
+
+    /// [`ApproxRecorder::record`] of a prompt given by its sequence hashes (a booking's
+    /// prompt blocks), first block first.
+    pub fn record_sequence(
+        &self,
+        index: &Index,
+        rank: RankId,
+        seqs: &[u64],
+        now: Instant,
+    ) -> Result<RecordOutcome, IndexError> {
+        self.record_into(index, rank, seqs, now)
+    }
+
+    fn record_into(
+        &self,
+        index: &impl Sink,
+        rank: RankId,
+        seqs: &[u64],
+        now: Instant,
+    ) -> Result<RecordOutcome, IndexError> {
+        if seqs.is_empty() {
+            return Ok(RecordOutcome::default());
         }
         let deadline = match now.checked_add(self.config.ttl) {
             Some(t) => Deadline::At(t),
@@ -381,20 +392,7 @@ impl ApproxRecorder {
             .iter()
             .rposition(|s| !known.is_some_and(|m| m.contains_key(s)));
         if let Some(last) = last_new {
-            let mut blocks = std::mem::take(&mut st.store_buf);
-            blocks.clear();
-            blocks.extend(
-                seqs[..=last]
-                    .iter()
-                    .zip(local_hashes)
-                    .map(|(&seq, &local_hash)| StoredBlock {
-                        external_hash: seq,
-                        local_hash,
-                    }),
-            );
-            let r = index.store(rank, &blocks);
-            st.store_buf = blocks;
-            if let Err(e) = r {
+            if let Err(e) = index.store(rank, &seqs[..=last]) {
                 st.stats.record_errors += 1;
                 return Err(e);
             }
@@ -526,7 +524,7 @@ mod tests {
     struct Refusing<'a>(&'a Index);
 
     impl Sink for Refusing<'_> {
-        fn store(&self, _: RankId, _: &[StoredBlock]) -> Result<usize, IndexError> {
+        fn store(&self, _: RankId, _: &[u64]) -> Result<usize, IndexError> {
             Err(IndexError::TooManyRanks)
         }
         fn remove(&self, rank: RankId, seqs: &[u64]) {

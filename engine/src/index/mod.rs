@@ -15,6 +15,7 @@ mod holders;
 mod query;
 mod rank_map;
 mod ranks;
+pub mod remote;
 mod stats;
 pub(crate) mod table;
 #[cfg(loom)]
@@ -23,6 +24,9 @@ pub(crate) mod testing;
 pub use approx::{ApproxConfig, ApproxRecorder, ApproxStats, RecordOutcome};
 pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
+#[cfg(all(feature = "remote", not(loom)))]
+pub use remote::RemoteIndexClient;
+pub use remote::{RemoteConfig, RemoteError, RemoteIndex, RemoteStats};
 pub use stats::{IndexStats, RankStats};
 /// A fast hasher for already-random or small integer keys (ranks, hashes).
 pub type RankHasher = ranks::HashMix;
@@ -213,8 +217,6 @@ impl Index {
                     }
                 },
             };
-            let t = tier as usize;
-            let guard = epoch::pin();
             // The whole chain first, so the rank map's and the node table's slots of the
             // next few blocks can be prefetched while the current one is applied.
             let mut seqs: smallvec::SmallVec<[u64; 128]> = smallvec::SmallVec::new();
@@ -223,44 +225,70 @@ impl Index {
                 seqs.push(seq);
                 prev = Some(seq);
             }
-            let prefetch = |w: &RankWriter, i: usize| {
-                if let (Some(b), Some(&seq)) = (blocks.get(i), seqs.get(i)) {
-                    w.blocks[t].prefetch(b.external_hash);
-                    let key = table_key(seq);
-                    self.shard(key).table(&guard).probe(key).prefetch();
-                }
-            };
-            for i in 0..APPLY_PREFETCH_AHEAD {
-                prefetch(w, i);
-            }
-            let mut stored = 0;
-            for (i, (b, &seq)) in blocks.iter().zip(seqs.iter()).enumerate() {
-                prefetch(w, i + APPLY_PREFETCH_AHEAD);
-                match w.blocks[t].insert(b.external_hash, seq) {
-                    Some(old) if old == seq => continue,
-                    Some(old) => self.drop_name(entry, w, old, tier, &guard),
-                    None => {}
-                }
-                let key = table_key(seq);
-                let ch = self.shard(key).update(
-                    key,
-                    entry.slot,
-                    tier.bit(),
-                    true,
-                    &self.interner,
-                    &guard,
-                );
-                if ch.before & tier.bit() != 0 {
-                    // Another external hash of this rank already names this block.
-                    *w.aliases[t].entry(seq).or_insert(0) += 1;
-                    continue;
-                }
-                Self::account(&mut w.tally, ch, tier);
-                stored += 1;
-            }
-            Ok(stored)
+            Ok(self.store_chain(entry, w, tier, |i| blocks[i].external_hash, &seqs))
         })?
         .expect("created ranks always resolve")
+    }
+
+    /// Stores a chain given by its sequence hashes (first block first), each block named
+    /// by its sequence hash as its external hash: how kvr records what it booked (the
+    /// approximate index), where no engine names the blocks. Returns blocks newly stored.
+    pub fn store_sequences(
+        &self,
+        rank: RankId,
+        tier: Tier,
+        seqs: &[u64],
+    ) -> Result<usize, IndexError> {
+        self.with_writer(rank, true, |entry, w| {
+            entry.counters.stored_events.fetch_add(1, Ordering::Relaxed);
+            self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
+            self.store_chain(entry, w, tier, |i| seqs[i], seqs)
+        })?
+        .ok_or(IndexError::TooManyRanks)
+    }
+
+    /// Sets `tier` on each of `seqs` for the writer's rank, block `i` named `external(i)`.
+    fn store_chain(
+        &self,
+        entry: &RankEntry,
+        w: &mut RankWriter,
+        tier: Tier,
+        external: impl Fn(usize) -> u64,
+        seqs: &[u64],
+    ) -> usize {
+        let t = tier as usize;
+        let guard = epoch::pin();
+        let prefetch = |w: &RankWriter, i: usize| {
+            if let Some(&seq) = seqs.get(i) {
+                w.blocks[t].prefetch(external(i));
+                let key = table_key(seq);
+                self.shard(key).table(&guard).probe(key).prefetch();
+            }
+        };
+        for i in 0..APPLY_PREFETCH_AHEAD {
+            prefetch(w, i);
+        }
+        let mut stored = 0;
+        for (i, &seq) in seqs.iter().enumerate() {
+            prefetch(w, i + APPLY_PREFETCH_AHEAD);
+            match w.blocks[t].insert(external(i), seq) {
+                Some(old) if old == seq => continue,
+                Some(old) => self.drop_name(entry, w, old, tier, &guard),
+                None => {}
+            }
+            let key = table_key(seq);
+            let ch =
+                self.shard(key)
+                    .update(key, entry.slot, tier.bit(), true, &self.interner, &guard);
+            if ch.before & tier.bit() != 0 {
+                // Another external hash of this rank already names this block.
+                *w.aliases[t].entry(seq).or_insert(0) += 1;
+                continue;
+            }
+            Self::account(&mut w.tally, ch, tier);
+            stored += 1;
+        }
+        stored
     }
 
     /// Keeps the rank's and the index's counters in step with one holder change.

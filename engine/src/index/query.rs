@@ -141,6 +141,27 @@ impl TieredScores {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+
+    /// Replaces the contents with `entries` (in any order), keeping the buffers: how scores
+    /// that do not come from a local walk are built (a remote primary's answer, see
+    /// [`super::remote`], or a test fake). A rank listed twice (whatever its counts) is
+    /// refused: the scores are left empty and that rank is returned. Entries with nothing
+    /// on any tier are dropped, as a walk never lists them.
+    pub fn fill_from(
+        &mut self,
+        entries: impl IntoIterator<Item = TieredOverlap>,
+    ) -> Result<(), RankId> {
+        self.entries.clear();
+        self.entries.extend(entries);
+        self.entries.sort_unstable_by_key(|e| e.rank);
+        if let Some(w) = self.entries.windows(2).find(|w| w[0].rank == w[1].rank) {
+            let rank = w[0].rank;
+            self.entries.clear();
+            return Err(rank);
+        }
+        self.entries.retain(|e| (e.device | e.host | e.disk) != 0);
+        Ok(())
+    }
 }
 
 type SeqBuf = SmallVec<[u64; 256]>;

@@ -315,6 +315,11 @@ impl Partition {
         seq: u64,
         payload: &[u8],
     ) -> IngestOutcome {
+        // Events off or a remote primary: the local index takes no events (counted in
+        // `indexer_stats().events_ignored`).
+        if !self.indexing.accepts_events() {
+            return IngestOutcome::default();
+        }
         let s = self
             .ingress()
             .raw

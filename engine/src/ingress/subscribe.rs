@@ -197,7 +197,19 @@ pub fn validate(cfg: &SubscribeConfig) -> std::io::Result<()> {
 }
 
 /// Subscribes `partition` to engine events as `cfg` says, on a thread of its own.
+///
+/// A partition whose indexer policy applies no events (events off, or a remote primary:
+/// DESIGN.md §5) is refused: it starts no local subscription.
 pub fn subscribe(partition: Arc<Partition>, cfg: SubscribeConfig) -> std::io::Result<Subscription> {
+    if !partition.indexing.policy.applies_events() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "the partition's indexer policy ({:?}) applies no engine events: no subscription",
+                partition.indexing.policy
+            ),
+        ));
+    }
     validate(&cfg)?;
     let (transport, sink) = match cfg {
         SubscribeConfig::Connect {

@@ -1,0 +1,493 @@
+//! Indexer policy (DESIGN.md §5, seed 000): which index answers a selection's overlap
+//! query, and which bookings write into one.
+//!
+//! | configuration | primary | side index |
+//! |---|---|---|
+//! | events on | event-driven | — |
+//! | events on + prediction TTL | event-driven | approximate, short TTL; a query takes the per-rank max |
+//! | events off | approximate, fed by bookings | — |
+//! | remote URL (events on) | remote `POST /query_tiered_by_hash`; no local subscription | — |
+//! | remote URL + events off | **rejected**: the remote service has no write API | |
+//!
+//! A booking (`select_and_reserve`, a replica booking installed from a peer, an explicit
+//! reservation that carries tokens or hashes) records its decision into the approximate
+//! index — the primary when events are off, the side index when a prediction TTL is set —
+//! *after* the booking: a recording failure is logged and counted, never a failed
+//! booking. Advisory selection records nothing.
+
+use std::time::Duration;
+
+use std::sync::Arc;
+
+use crate::index::{
+    ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexConfig, RankId, RemoteConfig,
+    RemoteIndex, TieredOverlap, TieredScores,
+};
+use crate::partition::PartitionKey;
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// How the approximate index forgets what bookings recorded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Retention {
+    /// Records expire `ApproxConfig::ttl` after their last booking (Dynamo's default).
+    #[default]
+    Ttl,
+    /// At most a worker's KV capacity per rank, least recently used first. Accepted as
+    /// configuration; until request leases are shared (seed 000 defers it the same way)
+    /// it falls back to [`Retention::Ttl`] with a logged notice.
+    CapacityBounded,
+}
+
+/// A partition's indexing configuration, as a Dynamo router is configured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexerConfig {
+    /// The engines' KV events feed the index (Dynamo's `use_kv_events`, default on).
+    pub use_kv_events: bool,
+    /// With events on: also record bookings into a side index kept this long, so a
+    /// prefix just routed counts before its engine's events arrive. `None` = no side
+    /// index.
+    pub prediction_ttl: Option<Duration>,
+    /// A remote index service answers overlap queries (`POST {url}/query_tiered_by_hash`,
+    /// protocol in [`crate::index::remote`]).
+    pub remote_url: Option<String>,
+    /// Bounds on one remote query (connect, whole request). An unreachable or slow remote
+    /// gives that selection no overlap: counted and logged, never a failed selection.
+    pub remote_connect_timeout: Duration,
+    pub remote_request_timeout: Duration,
+    /// A host-supplied remote index (its own transport, or a test double) used instead of
+    /// the built-in HTTP client (feature `remote`) when the URL is set.
+    pub remote_client: Option<RemoteClient>,
+    /// Retention of the approximate index (primary with events off; the side index takes
+    /// its size bound, with `prediction_ttl` as TTL).
+    pub approx: ApproxConfig,
+    pub retention: Retention,
+}
+
+impl Default for IndexerConfig {
+    fn default() -> Self {
+        IndexerConfig {
+            use_kv_events: true,
+            prediction_ttl: None,
+            remote_url: None,
+            remote_connect_timeout: RemoteConfig::new("").connect_timeout,
+            remote_request_timeout: RemoteConfig::new("").request_timeout,
+            remote_client: None,
+            approx: ApproxConfig::default(),
+            retention: Retention::Ttl,
+        }
+    }
+}
+
+/// A remote index the host supplies (compared by identity).
+#[derive(Clone)]
+pub struct RemoteClient(pub Arc<dyn RemoteIndex>);
+
+impl std::fmt::Debug for RemoteClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RemoteClient(..)")
+    }
+}
+
+impl PartialEq for RemoteClient {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// The indexing a configuration resolves to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum IndexerPolicy {
+    /// Events feed the primary; bookings record nothing.
+    EventDriven,
+    /// Events feed the primary; bookings are recorded into a side index with this TTL.
+    EventDrivenWithPrediction { ttl: Duration },
+    /// No events: the primary holds what bookings recorded.
+    ApproximatePrimary,
+    /// A remote service is the primary; nothing is indexed locally.
+    RemotePrimary { url: String },
+}
+
+impl IndexerPolicy {
+    /// Whether engine events are applied to the local index.
+    pub fn applies_events(&self) -> bool {
+        matches!(
+            self,
+            IndexerPolicy::EventDriven | IndexerPolicy::EventDrivenWithPrediction { .. }
+        )
+    }
+}
+
+/// A resolved configuration: the policy, the approximate retention actually used, and
+/// notices for what was accepted but changed (logged when the partition is built).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedIndexer {
+    pub policy: IndexerPolicy,
+    /// Retention of the approximate index the policy records into, if any.
+    pub approx: Option<ApproxConfig>,
+    pub notices: Vec<String>,
+}
+
+/// Why a configuration was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexerConfigError(pub String);
+
+impl std::fmt::Display for IndexerConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for IndexerConfigError {}
+
+impl IndexerConfig {
+    /// DESIGN.md §5's table, row by row.
+    pub fn resolve(&self) -> Result<ResolvedIndexer, IndexerConfigError> {
+        let mut notices = Vec::new();
+        let bad = |m: String| Err(IndexerConfigError(m));
+        if self.approx.max_blocks == 0 {
+            return bad(
+                "the approximate index's size bound (max_blocks) must be at least 1".into(),
+            );
+        }
+        let mut approx = self.approx;
+        if self.retention == Retention::CapacityBounded {
+            notices.push(format!(
+                "capacity-bounded approximate retention is not supported yet; records expire \
+                 after the TTL ({} s) instead",
+                approx.ttl.as_secs_f64()
+            ));
+        }
+        if let Some(url) = &self.remote_url {
+            if !self.use_kv_events {
+                return bad(
+                    "a remote index primary cannot run with KV events off: the remote index \
+                     service has no write API for routing decisions, so nothing would ever \
+                     fill it (turn events on, or drop the remote URL to use the approximate \
+                     index)"
+                        .into(),
+                );
+            }
+            if url.trim().is_empty() {
+                return bad("the remote index URL is empty".into());
+            }
+            if self.prediction_ttl.is_some() {
+                notices.push(
+                    "the prediction TTL is ignored with a remote primary (no local index to \
+                     pair it with)"
+                        .into(),
+                );
+            }
+            return Ok(ResolvedIndexer {
+                policy: IndexerPolicy::RemotePrimary { url: url.clone() },
+                approx: None,
+                notices,
+            });
+        }
+        if !self.use_kv_events {
+            if self.prediction_ttl.is_some() {
+                notices.push(
+                    "the prediction TTL is ignored with events off (the primary is already \
+                     fed by bookings)"
+                        .into(),
+                );
+            }
+            return Ok(ResolvedIndexer {
+                policy: IndexerPolicy::ApproximatePrimary,
+                approx: Some(approx),
+                notices,
+            });
+        }
+        match self.prediction_ttl {
+            Some(ttl) if ttl.is_zero() => bad("the prediction TTL must be longer than 0".into()),
+            Some(ttl) => {
+                approx.ttl = ttl;
+                Ok(ResolvedIndexer {
+                    policy: IndexerPolicy::EventDrivenWithPrediction { ttl },
+                    approx: Some(approx),
+                    notices,
+                })
+            }
+            None => Ok(ResolvedIndexer {
+                policy: IndexerPolicy::EventDriven,
+                approx: None,
+                notices,
+            }),
+        }
+    }
+}
+
+/// A partition's live indexing state: the policy and what it needs.
+pub(crate) struct IndexState {
+    pub(crate) policy: IndexerPolicy,
+    /// Records bookings into the primary (events off) or into `side` (prediction).
+    pub(crate) recorder: Option<ApproxRecorder>,
+    /// The prediction side index.
+    pub(crate) side: Option<Index>,
+    /// The remote primary.
+    pub(crate) remote: Option<Arc<dyn RemoteIndex>>,
+    counters: IndexerCounters,
+}
+
+#[derive(Default)]
+struct IndexerCounters {
+    recorded: AtomicU64,
+    record_failures: AtomicU64,
+    remote_queries: AtomicU64,
+    remote_failures: AtomicU64,
+    events_ignored: AtomicU64,
+}
+
+/// A partition's indexing, as read at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexerStats {
+    pub policy: IndexerPolicy,
+    /// Bookings recorded into the approximate index.
+    pub bookings_recorded: u64,
+    /// Recordings that failed (logged; the bookings stood).
+    pub record_failures: u64,
+    /// The approximate index's own counters, if the policy keeps one.
+    pub approx: Option<ApproxStats>,
+    /// Overlap queries sent to the remote primary, and those that failed (the selection
+    /// went on without overlap).
+    pub remote_queries: u64,
+    pub remote_failures: u64,
+    /// Engine event messages handed to a partition whose policy applies none (events
+    /// off, or a remote primary): not applied.
+    pub events_ignored: u64,
+}
+
+impl IndexState {
+    pub(crate) fn new(
+        resolved: &ResolvedIndexer,
+        cfg: &IndexerConfig,
+    ) -> Result<Self, IndexerConfigError> {
+        for n in &resolved.notices {
+            log::warn!("kvr indexer: {n}");
+        }
+        let remote = match &resolved.policy {
+            IndexerPolicy::RemotePrimary { url } => Some(match &cfg.remote_client {
+                Some(c) => c.0.clone(),
+                None => Self::remote_client(url, cfg)?,
+            }),
+            _ => None,
+        };
+        let side = match resolved.policy {
+            IndexerPolicy::EventDrivenWithPrediction { .. } => Some(if cfg!(loom) {
+                Index::with_config(IndexConfig {
+                    shards: 1,
+                    min_shard_capacity: 8,
+                })
+            } else {
+                Index::new()
+            }),
+            _ => None,
+        };
+        Ok(IndexState {
+            policy: resolved.policy.clone(),
+            recorder: resolved.approx.map(ApproxRecorder::new),
+            side,
+            remote,
+            counters: IndexerCounters::default(),
+        })
+    }
+
+    #[cfg(all(feature = "remote", not(loom)))]
+    fn remote_client(
+        url: &str,
+        cfg: &IndexerConfig,
+    ) -> Result<Arc<dyn RemoteIndex>, IndexerConfigError> {
+        let rc = RemoteConfig {
+            base_url: url.to_string(),
+            connect_timeout: cfg.remote_connect_timeout,
+            request_timeout: cfg.remote_request_timeout,
+        };
+        crate::index::RemoteIndexClient::new(rc)
+            .map(|c| Arc::new(c) as Arc<dyn RemoteIndex>)
+            .map_err(|e| IndexerConfigError(format!("remote index {url:?}: {e}")))
+    }
+
+    #[cfg(not(all(feature = "remote", not(loom))))]
+    fn remote_client(
+        url: &str,
+        _cfg: &IndexerConfig,
+    ) -> Result<Arc<dyn RemoteIndex>, IndexerConfigError> {
+        Err(IndexerConfigError(format!(
+            "remote index {url:?}: this kvr was built without the `remote` feature (build with \
+             it, or supply a client in IndexerConfig::remote_client)"
+        )))
+    }
+
+    /// The remote primary's overlap for a prompt's local hashes into `out`; on failure
+    /// (refused, timed out, garbage) no overlap, counted and logged — the selection goes on.
+    pub(crate) fn query_remote(
+        &self,
+        remote: &dyn RemoteIndex,
+        key: &PartitionKey,
+        block_size: u32,
+        local_hashes: &[u64],
+        out: &mut TieredScores,
+    ) {
+        if local_hashes.is_empty() {
+            let _ = out.fill_from(std::iter::empty());
+            return;
+        }
+        self.counters.remote_queries.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = remote.query_tiered(key, block_size, local_hashes, out) {
+            let n = self
+                .counters
+                .remote_failures
+                .fetch_add(1, Ordering::Relaxed)
+                + 1;
+            // Logged at the 1st, 2nd, 4th, 8th... failure: visible, never a flood.
+            if n.is_power_of_two() {
+                log::warn!("kvr indexer: remote index query failed ({n} so far): {e}");
+            }
+            let _ = out.fill_from(std::iter::empty());
+        }
+    }
+
+    /// Records a booking of the prompt `seqs` (sequence hashes, first block first) on
+    /// `rank` into the approximate index (`primary` when it is the approximate one), if
+    /// the policy keeps one. Called after the booking; a failure is logged and counted.
+    pub(crate) fn record_booking(
+        &self,
+        primary: &Index,
+        rank: RankId,
+        seqs: &[u64],
+        now: std::time::Instant,
+    ) {
+        let Some(rec) = &self.recorder else { return };
+        if seqs.is_empty() {
+            return;
+        }
+        let index = self.side.as_ref().unwrap_or(primary);
+        match rec.record_sequence(index, rank, seqs, now) {
+            Ok(_) => {
+                self.counters.recorded.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.counters
+                    .record_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                log::warn!("kvr indexer: recording a booking on {rank} failed: {e}");
+            }
+        }
+    }
+
+    /// Raises `tiered` to the side index's device prefixes, per rank (prediction).
+    pub(crate) fn merge_prediction(&self, seqs: &[u64], tiered: &mut TieredScores) {
+        let Some(side) = &self.side else { return };
+        let mut predicted = TieredScores::new();
+        side.find_matches_tiered_by_sequence(seqs, &mut predicted);
+        if predicted.is_empty() {
+            return;
+        }
+        let merged = merge_device_max(tiered.as_slice(), predicted.as_slice());
+        tiered
+            .fill_from(merged)
+            .expect("a merge lists each rank once");
+    }
+
+    /// Whether engine events reach the local index; if not, counts one ignored message.
+    pub(crate) fn accepts_events(&self) -> bool {
+        let yes = self.policy.applies_events();
+        if !yes {
+            self.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
+        }
+        yes
+    }
+
+    pub(crate) fn stats(&self) -> IndexerStats {
+        IndexerStats {
+            policy: self.policy.clone(),
+            bookings_recorded: self.counters.recorded.load(Ordering::Relaxed),
+            record_failures: self.counters.record_failures.load(Ordering::Relaxed),
+            approx: self.recorder.as_ref().map(ApproxRecorder::stats),
+            remote_queries: self.counters.remote_queries.load(Ordering::Relaxed),
+            remote_failures: self.counters.remote_failures.load(Ordering::Relaxed),
+            events_ignored: self.counters.events_ignored.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Per rank, the larger device prefix of the two; the primary's blocks beyond it stay on
+/// their slower tiers. Both inputs sorted by rank; so is the result.
+pub(crate) fn merge_device_max(
+    primary: &[TieredOverlap],
+    side: &[TieredOverlap],
+) -> Vec<TieredOverlap> {
+    let mut out = Vec::with_capacity(primary.len() + side.len());
+    let (mut i, mut j) = (0, 0);
+    while i < primary.len() || j < side.len() {
+        let take_p = j >= side.len() || (i < primary.len() && primary[i].rank <= side[j].rank);
+        let take_s = i >= primary.len() || (j < side.len() && side[j].rank <= primary[i].rank);
+        match (take_p, take_s) {
+            (true, true) => {
+                let (p, s) = (primary[i], side[j]);
+                let device = p.device.max(s.device);
+                // What the primary covers beyond the new device prefix keeps its tiers.
+                let host = (p.device + p.host).saturating_sub(device);
+                let end = p.device + p.host + p.disk;
+                let disk = end.saturating_sub(device + host);
+                out.push(TieredOverlap {
+                    rank: p.rank,
+                    device,
+                    host,
+                    disk,
+                });
+                i += 1;
+                j += 1;
+            }
+            (true, false) => {
+                out.push(primary[i]);
+                i += 1;
+            }
+            _ => {
+                out.push(TieredOverlap {
+                    host: 0,
+                    disk: 0,
+                    ..side[j]
+                });
+                j += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn o(w: u64, device: u32, host: u32, disk: u32) -> TieredOverlap {
+        TieredOverlap {
+            rank: RankId::new(w, 0),
+            device,
+            host,
+            disk,
+        }
+    }
+
+    #[test]
+    fn merge_takes_the_larger_device_prefix_per_rank_and_keeps_slower_tiers_beyond_it() {
+        let primary = [o(1, 2, 3, 1), o(3, 5, 0, 0), o(4, 1, 0, 0)];
+        let side = [o(0, 4, 0, 0), o(1, 4, 0, 0), o(3, 2, 0, 0), o(4, 9, 0, 0)];
+        assert_eq!(
+            merge_device_max(&primary, &side),
+            vec![
+                o(0, 4, 0, 0),
+                // device 2 → 4: host blocks 3..5 (two of three) become device; 1 host + disk.
+                o(1, 4, 1, 1),
+                o(3, 5, 0, 0),
+                o(4, 9, 0, 0),
+            ]
+        );
+        // A side prefix past the primary's host and disk blocks covers them all.
+        assert_eq!(
+            merge_device_max(&[o(1, 1, 1, 1)], &[o(1, 6, 0, 0)]),
+            vec![o(1, 6, 0, 0)]
+        );
+        assert_eq!(merge_device_max(&[], &[]), vec![]);
+        assert_eq!(merge_device_max(&primary, &[]), primary.to_vec());
+    }
+}

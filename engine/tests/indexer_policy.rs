@@ -1,0 +1,351 @@
+//! DESIGN.md §5's indexer-policy table, row by row, and seed 000's recording rules: which
+//! configuration yields which primary, which bookings are recorded into the approximate
+//! index (after the booking), and that advisory selection records nothing.
+
+use std::time::{Duration, Instant};
+
+use kvr::cost::SelectionRng;
+use kvr::engine::{Engine, EngineError};
+use kvr::indexer::{IndexerConfig, IndexerPolicy, Retention};
+use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
+use kvr::reservation::BookingRequest;
+use kvr::select::{Outcome, SelectRequest};
+use kvr::{BlockHasher, HashSalt, RankId};
+
+const B: u32 = 4;
+
+fn config(indexer: IndexerConfig) -> PartitionConfig {
+    PartitionConfig {
+        indexer,
+        ..PartitionConfig::new(B)
+    }
+}
+
+fn partition(indexer: IndexerConfig) -> Partition {
+    let p = Partition::try_new(PartitionKey::new("m", "g"), config(indexer)).unwrap();
+    for w in 0..4 {
+        p.upsert_worker(WorkerInfo::new(w, 1));
+    }
+    p
+}
+
+fn events_off() -> IndexerConfig {
+    IndexerConfig {
+        use_kv_events: false,
+        ..IndexerConfig::default()
+    }
+}
+
+fn prediction(ttl: Duration) -> IndexerConfig {
+    IndexerConfig {
+        prediction_ttl: Some(ttl),
+        ..IndexerConfig::default()
+    }
+}
+
+fn prompt(seed: u32) -> Vec<u32> {
+    (0..8 * B).map(|i| seed * 1000 + i).collect()
+}
+
+fn seqs(tokens: &[u32]) -> Vec<u64> {
+    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
+    let (mut l, mut s) = (Vec::new(), Vec::new());
+    h.hash_tokens(tokens, &mut l, &mut s);
+    s
+}
+
+fn book(p: &Partition, tokens: &[u32], id: u64, now: Instant) -> RankId {
+    let mut rng = SelectionRng::from_seed(id);
+    match p
+        .select_and_reserve(&SelectRequest::tokens(tokens), id, now, &mut rng)
+        .unwrap()
+    {
+        Outcome::Selected(d) => d.rank,
+        o => panic!("{o:?}"),
+    }
+}
+
+fn device_overlap(p: &Partition, tokens: &[u32]) -> Vec<(RankId, u32)> {
+    let mut rng = SelectionRng::from_seed(0);
+    let _ = p.select(&SelectRequest::tokens(tokens), &mut rng);
+    let mut t = kvr::TieredScores::new();
+    p.index()
+        .find_matches_tiered_by_sequence(&seqs(tokens), &mut t);
+    t.iter().map(|o| (o.rank, o.device)).collect()
+}
+
+fn advised(p: &Partition, tokens: &[u32]) -> (RankId, u32) {
+    let mut rng = SelectionRng::from_seed(0);
+    match p.select(&SelectRequest::tokens(tokens), &mut rng) {
+        Outcome::Selected(d) => (d.rank, d.overlap.device_blocks),
+        o => panic!("{o:?}"),
+    }
+}
+
+#[test]
+fn row_events_on_is_an_event_driven_primary_and_bookings_record_nothing() {
+    let r = IndexerConfig::default().resolve().unwrap();
+    assert_eq!(r.policy, IndexerPolicy::EventDriven);
+    let p = partition(IndexerConfig::default());
+    let t = prompt(1);
+    book(&p, &t, 1, Instant::now());
+    assert!(
+        device_overlap(&p, &t).is_empty(),
+        "events feed the index, not bookings"
+    );
+    let s = p.indexer_stats();
+    assert_eq!(
+        (s.policy, s.bookings_recorded, s.approx),
+        (IndexerPolicy::EventDriven, 0, None)
+    );
+}
+
+#[test]
+fn row_events_off_is_an_approximate_primary_fed_by_bookings() {
+    let r = events_off().resolve().unwrap();
+    assert_eq!(r.policy, IndexerPolicy::ApproximatePrimary);
+    assert_eq!(r.approx.unwrap().ttl, Duration::from_secs(120));
+    let p = partition(events_off());
+    let t = prompt(2);
+    let rank = book(&p, &t, 1, Instant::now());
+    assert_eq!(device_overlap(&p, &t), vec![(rank, 8)]);
+    // Once that request ended, the next turn of the prompt goes where it was booked and
+    // sees the cached blocks.
+    p.bookings().free(1).unwrap();
+    assert_eq!(advised(&p, &t), (rank, 8));
+    assert_eq!(p.indexer_stats().bookings_recorded, 1);
+}
+
+#[test]
+fn approximate_records_expire_after_their_ttl() {
+    let cfg = IndexerConfig {
+        approx: kvr::ApproxConfig {
+            ttl: Duration::from_secs(10),
+            ..kvr::ApproxConfig::default()
+        },
+        ..events_off()
+    };
+    let p = partition(cfg);
+    let t0 = Instant::now();
+    let (a, b) = (prompt(3), prompt(4));
+    book(&p, &a, 1, t0);
+    // Expiry is lazy: the next booking, 11 s later, expires the first record.
+    book(&p, &b, 2, t0 + Duration::from_secs(11));
+    assert!(device_overlap(&p, &a).is_empty());
+    assert_eq!(device_overlap(&p, &b).len(), 1);
+}
+
+#[test]
+fn row_events_on_with_prediction_keeps_a_side_index_and_takes_the_per_rank_max() {
+    let ttl = Duration::from_secs(2);
+    let r = prediction(ttl).resolve().unwrap();
+    assert_eq!(r.policy, IndexerPolicy::EventDrivenWithPrediction { ttl });
+    assert_eq!(r.approx.unwrap().ttl, ttl);
+    let p = partition(prediction(ttl));
+    let t = prompt(5);
+    let now = Instant::now();
+    let rank = book(&p, &t, 1, now);
+    // The primary (events) knows nothing yet; the side index predicts the booked prefix.
+    assert!(
+        device_overlap(&p, &t).is_empty(),
+        "the primary is untouched"
+    );
+    p.bookings().free(1).unwrap();
+    assert_eq!(advised(&p, &t), (rank, 8));
+    // An event on another rank for half the prompt: each rank gets the larger of the two.
+    let other = RankId::new((rank.worker_id + 1) % 4, 0);
+    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
+    let mut local = Vec::new();
+    h.local_hashes(&t, &mut local);
+    let blocks: Vec<kvr::StoredBlock> = local[..4]
+        .iter()
+        .map(|&l| kvr::StoredBlock {
+            external_hash: l ^ 7,
+            local_hash: l,
+        })
+        .collect();
+    p.index()
+        .store(other, kvr::Tier::Device, None, &blocks)
+        .unwrap();
+    let mut rng = SelectionRng::from_seed(0);
+    let allowed = [other.worker_id];
+    let mut req = SelectRequest::tokens(&t);
+    req.allowed_workers = Some(&allowed);
+    match p.select(&req, &mut rng) {
+        Outcome::Selected(d) => assert_eq!((d.rank, d.overlap.device_blocks), (other, 4)),
+        o => panic!("{o:?}"),
+    }
+    // After the TTL, the next booking's recording expires the prediction.
+    book(&p, &prompt(6), 2, now + Duration::from_secs(3));
+    let allowed = [rank.worker_id];
+    let mut req = SelectRequest::tokens(&t);
+    req.allowed_workers = Some(&allowed);
+    let mut rng = SelectionRng::from_seed(0);
+    match p.select(&req, &mut rng) {
+        Outcome::Selected(d) => assert_eq!(d.overlap.device_blocks, 0),
+        o => panic!("{o:?}"),
+    }
+}
+
+#[test]
+fn row_remote_url_with_events_off_is_rejected_when_the_partition_is_configured() {
+    let cfg = IndexerConfig {
+        remote_url: Some("http://127.0.0.1:9/".into()),
+        use_kv_events: false,
+        ..IndexerConfig::default()
+    };
+    let err = cfg.resolve().unwrap_err().to_string();
+    assert!(err.contains("no write API"), "{err}");
+    let engine = Engine::new();
+    match engine.create_partition(PartitionKey::new("m", "g"), config(cfg.clone())) {
+        Err(EngineError::InvalidConfig(m)) => assert!(m.contains("no write API"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert!(Partition::try_new(PartitionKey::new("m", "g"), config(cfg)).is_err());
+    // Nothing was created: the key is free.
+    assert!(engine.partition(&PartitionKey::new("m", "g")).is_err());
+}
+
+#[test]
+fn row_remote_url_with_events_on_is_a_remote_primary() {
+    let cfg = IndexerConfig {
+        remote_url: Some("http://127.0.0.1:9/".into()),
+        ..IndexerConfig::default()
+    };
+    assert_eq!(
+        cfg.resolve().unwrap().policy,
+        IndexerPolicy::RemotePrimary {
+            url: "http://127.0.0.1:9/".into()
+        }
+    );
+    let empty = IndexerConfig {
+        remote_url: Some(" ".into()),
+        ..IndexerConfig::default()
+    };
+    assert!(empty.resolve().is_err());
+}
+
+#[test]
+fn capacity_bounded_retention_falls_back_to_ttl_with_a_notice() {
+    let cfg = IndexerConfig {
+        retention: Retention::CapacityBounded,
+        ..events_off()
+    };
+    let r = cfg.resolve().unwrap();
+    assert_eq!(r.policy, IndexerPolicy::ApproximatePrimary);
+    assert_eq!(r.approx.unwrap().ttl, Duration::from_secs(120));
+    assert!(
+        r.notices.iter().any(|n| n.contains("capacity-bounded")),
+        "{:?}",
+        r.notices
+    );
+    // And the partition works as a TTL one.
+    let p = partition(cfg);
+    let t = prompt(7);
+    let rank = book(&p, &t, 1, Instant::now());
+    assert_eq!(device_overlap(&p, &t), vec![(rank, 8)]);
+}
+
+#[test]
+fn zero_prediction_ttl_and_zero_size_bound_are_refused() {
+    assert!(prediction(Duration::ZERO).resolve().is_err());
+    let cfg = IndexerConfig {
+        approx: kvr::ApproxConfig {
+            max_blocks: 0,
+            ..kvr::ApproxConfig::default()
+        },
+        ..events_off()
+    };
+    assert!(cfg.resolve().is_err());
+}
+
+#[test]
+fn advisory_selection_records_nothing() {
+    let p = partition(events_off());
+    let t = prompt(8);
+    for _ in 0..3 {
+        advised(&p, &t);
+    }
+    assert!(device_overlap(&p, &t).is_empty());
+    assert_eq!(p.indexer_stats().bookings_recorded, 0);
+}
+
+#[test]
+fn explicit_reservation_with_tokens_records_it_and_without_a_prompt_records_nothing() {
+    let p = partition(events_off());
+    let t = prompt(9);
+    let rank = RankId::new(2, 0);
+    p.reserve(
+        rank,
+        Some(&SelectRequest::tokens(&t)),
+        None,
+        1,
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(device_overlap(&p, &t), vec![(rank, 8)]);
+    // By precomputed hashes too.
+    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
+    let u = prompt(10);
+    let mut local = Vec::new();
+    h.local_hashes(&u, &mut local);
+    p.reserve(
+        RankId::new(3, 0),
+        Some(&SelectRequest::local_hashes(&local, u.len() as u64)),
+        None,
+        2,
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(device_overlap(&p, &u), vec![(RankId::new(3, 0), 8)]);
+    // Prefill tokens only: nothing to record.
+    p.reserve(RankId::new(1, 0), None, Some(100), 3, Instant::now())
+        .unwrap();
+    assert_eq!(p.indexer_stats().bookings_recorded, 2);
+}
+
+#[test]
+fn replica_booking_replay_records_its_prompt() {
+    let engine = Engine::new();
+    let key = PartitionKey::new("m", "g");
+    let p = engine
+        .create_partition(key.clone(), config(events_off()))
+        .unwrap();
+    p.upsert_worker(WorkerInfo::new(0, 1));
+    let t = prompt(11);
+    engine
+        .install_replica_booking(
+            &key,
+            BookingRequest {
+                selection_id: 77,
+                rank: RankId::new(0, 0),
+                prompt_blocks: seqs(&t),
+                prefill_tokens: 10,
+                expected_output_tokens: 0,
+                ttl: None,
+            },
+        )
+        .unwrap();
+    assert_eq!(device_overlap(&p, &t), vec![(RankId::new(0, 0), 8)]);
+    assert_eq!(p.indexer_stats().bookings_recorded, 1);
+}
+
+#[test]
+fn engine_select_and_reserve_records_after_the_booking() {
+    let engine = Engine::new();
+    let key = PartitionKey::new("m", "g");
+    let p = engine
+        .create_partition(key.clone(), config(events_off()))
+        .unwrap();
+    p.upsert_worker(WorkerInfo::new(0, 1));
+    let t = prompt(12);
+    let id = match engine
+        .select_and_reserve(&key, &SelectRequest::tokens(&t))
+        .unwrap()
+    {
+        Outcome::Selected(d) => d.selection_id.unwrap(),
+        o => panic!("{o:?}"),
+    };
+    assert!(p.bookings().contains(id));
+    assert_eq!(device_overlap(&p, &t), vec![(RankId::new(0, 0), 8)]);
+}

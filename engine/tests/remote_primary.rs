@@ -1,0 +1,252 @@
+//! The remote primary (DESIGN.md §5, seed 000): a remote service answers the overlap
+//! query; a remote that is unreachable, hangs or answers garbage gives that selection no
+//! overlap — counted, never a failed selection; the partition starts no event
+//! subscription and applies no events.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kvr::cost::SelectionRng;
+use kvr::index::{RemoteError, RemoteIndex, TieredOverlap, TieredScores};
+use kvr::indexer::{IndexerConfig, IndexerPolicy, RemoteClient};
+use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
+use kvr::select::{Outcome, SelectRequest};
+use kvr::RankId;
+
+const B: u32 = 4;
+
+/// A remote double: rank (1, 0) holds `blocks` device blocks, or every query fails.
+struct Fake {
+    blocks: u32,
+    fail: bool,
+    calls: AtomicU64,
+}
+
+impl RemoteIndex for Fake {
+    fn query_tiered(
+        &self,
+        key: &PartitionKey,
+        block_size: u32,
+        local_hashes: &[u64],
+        out: &mut TieredScores,
+    ) -> Result<(), RemoteError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        assert_eq!((key.model.as_str(), block_size), ("m", B));
+        assert_eq!(local_hashes.len(), 8, "the prompt's local hashes");
+        if self.fail {
+            let _ = out.fill_from(std::iter::empty());
+            return Err(RemoteError::Timeout);
+        }
+        out.fill_from([TieredOverlap {
+            rank: RankId::new(1, 0),
+            device: self.blocks,
+            host: 0,
+            disk: 0,
+        }])
+        .unwrap();
+        Ok(())
+    }
+}
+
+fn remote_partition(client: Option<Arc<dyn RemoteIndex>>, url: &str) -> Partition {
+    let indexer = IndexerConfig {
+        remote_url: Some(url.into()),
+        remote_client: client.map(RemoteClient),
+        remote_connect_timeout: std::time::Duration::from_millis(100),
+        remote_request_timeout: std::time::Duration::from_millis(300),
+        ..IndexerConfig::default()
+    };
+    let p = Partition::try_new(
+        PartitionKey::new("m", "g"),
+        PartitionConfig {
+            indexer,
+            ..PartitionConfig::new(B)
+        },
+    )
+    .unwrap();
+    for w in 0..3 {
+        p.upsert_worker(WorkerInfo::new(w, 1));
+    }
+    p
+}
+
+fn select(p: &Partition) -> (RankId, u32) {
+    let tokens: Vec<u32> = (0..8 * B).collect();
+    let mut rng = SelectionRng::from_seed(3);
+    match p.select(&SelectRequest::tokens(&tokens), &mut rng) {
+        Outcome::Selected(d) => (d.rank, d.overlap.device_blocks),
+        o => panic!("{o:?}"),
+    }
+}
+
+#[test]
+fn remote_primary_answers_the_overlap_query() {
+    let fake = Arc::new(Fake {
+        blocks: 6,
+        fail: false,
+        calls: AtomicU64::new(0),
+    });
+    let p = remote_partition(Some(fake.clone()), "http://index.invalid:1");
+    assert!(matches!(
+        p.indexer_stats().policy,
+        IndexerPolicy::RemotePrimary { .. }
+    ));
+    assert_eq!(select(&p), (RankId::new(1, 0), 6));
+    assert_eq!(fake.calls.load(Ordering::Relaxed), 1);
+    let s = p.indexer_stats();
+    assert_eq!((s.remote_queries, s.remote_failures), (1, 0));
+}
+
+#[test]
+fn remote_failure_yields_no_overlap_counted_never_a_failed_selection() {
+    let fake = Arc::new(Fake {
+        blocks: 6,
+        fail: true,
+        calls: AtomicU64::new(0),
+    });
+    let p = remote_partition(Some(fake), "http://index.invalid:1");
+    for _ in 0..3 {
+        assert_eq!(select(&p).1, 0);
+    }
+    let s = p.indexer_stats();
+    assert_eq!((s.remote_queries, s.remote_failures), (3, 3));
+}
+
+#[test]
+fn remote_primary_applies_no_events_and_starts_no_subscription() {
+    let fake = Arc::new(Fake {
+        blocks: 0,
+        fail: false,
+        calls: AtomicU64::new(0),
+    });
+    let p = Arc::new(remote_partition(Some(fake), "http://index.invalid:1"));
+    let payload = kvr::ingress::encode::BatchEncoder::new()
+        .stored(
+            &[1, 2],
+            None,
+            &[0; 8],
+            B,
+            kvr::ingress::decode::Medium::Gpu,
+            None,
+        )
+        .finish(0.0, None);
+    let out = p.ingest(1, 0, b"t", 0, &payload);
+    assert_eq!(out.batches_applied, 0);
+    assert_eq!(p.indexer_stats().events_ignored, 1);
+    assert_eq!(p.index().stats().holder_blocks, 0);
+    #[cfg(feature = "zmq")]
+    {
+        let err = kvr::ingress::subscribe::subscribe(
+            p.clone(),
+            kvr::ingress::subscribe::SubscribeConfig::Connect {
+                endpoint: "tcp://127.0.0.1:5557".into(),
+                replay_endpoint: None,
+                topic: Vec::new(),
+                worker_id: 1,
+                stream: 0,
+            },
+        )
+        .err()
+        .expect("refused");
+        assert!(err.to_string().contains("no subscription"), "{err}");
+    }
+}
+
+#[cfg(not(feature = "remote"))]
+#[test]
+fn remote_url_without_the_feature_and_without_a_client_is_refused() {
+    let r = Partition::try_new(
+        PartitionKey::new("m", "g"),
+        PartitionConfig {
+            indexer: IndexerConfig {
+                remote_url: Some("http://127.0.0.1:1".into()),
+                ..IndexerConfig::default()
+            },
+            ..PartitionConfig::new(B)
+        },
+    );
+    assert!(r.err().unwrap().to_string().contains("`remote` feature"));
+}
+
+/// The built-in HTTP client against servers that fail in each way.
+#[cfg(all(feature = "remote", not(loom)))]
+mod http {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn serve(reply: Option<&'static [u8]>) -> String {
+        serve_owned(reply.map(<[u8]>::to_vec))
+    }
+
+    fn serve_owned(reply: Option<Vec<u8>>) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(mut c) = conn else { return };
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                match &reply {
+                    Some(r) => {
+                        let _ = c.write_all(r);
+                    }
+                    // Hang: hold the connection open, answer nothing.
+                    None => std::thread::sleep(Duration::from_secs(5)),
+                }
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    fn check_selection_survives(url: &str) {
+        let p = remote_partition(None, url);
+        let t0 = Instant::now();
+        assert_eq!(select(&p).1, 0, "no overlap from a failed remote");
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "bounded by the timeouts"
+        );
+        let s = p.indexer_stats();
+        assert_eq!((s.remote_queries, s.remote_failures), (1, 1), "{url}");
+    }
+
+    #[test]
+    fn refused_remote_leaves_selection_working_counted() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        drop(l);
+        check_selection_survives(&url);
+    }
+
+    #[test]
+    fn hanging_remote_leaves_selection_working_counted() {
+        check_selection_survives(&serve(None));
+    }
+
+    #[test]
+    fn garbage_remote_leaves_selection_working_counted() {
+        check_selection_survives(&serve(Some(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+        )));
+        check_selection_survives(&serve(Some(b"not http at all\r\n\r\n")));
+    }
+
+    #[test]
+    fn a_correct_remote_is_used() {
+        let body = r#"{"ranks":[{"worker_id":2,"dp_rank":0,"device":5,"host":0,"disk":0}]}"#;
+        let url = serve_owned(Some(
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes(),
+        ));
+        let p = remote_partition(None, &url);
+        assert_eq!(select(&p), (RankId::new(2, 0), 5));
+        assert_eq!(p.indexer_stats().remote_failures, 0);
+    }
+}
