@@ -21,6 +21,7 @@ pub mod workload;
 use std::collections::HashSet;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -42,8 +43,8 @@ pub struct ReplayArgs {
     /// `hash_ids` of 512 tokens). Without one, the built-in workload is generated.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Policies to compare, comma-separated, or `all`: kvr, kvr-approx, round-robin,
-    /// random, least-loaded, sglang, dynamo-classic.
+    /// Policies to compare, comma-separated, or `all`: kvr, kvr-approx, kvr-predict,
+    /// round-robin, random, least-loaded, sglang, dynamo-classic.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub policy: String,
     #[arg(long, default_value_t = 16)]
@@ -91,6 +92,10 @@ pub struct ReplayArgs {
     /// `prefill_load_scale`; > 1 weighs cache hits and prefill balance over decode load).
     #[arg(long, default_value_t = 1.0)]
     pub prefill_load_scale: f64,
+    /// `kvr-predict`: how long a booked prompt counts as cached on its rank before the
+    /// engine's events confirm it, ms.
+    #[arg(long, default_value_t = 2_000.0)]
+    pub prediction_ttl_ms: f64,
     /// kvr's cost: credit per cached device block (Dynamo's `overlap_score_credit`).
     #[arg(long, default_value_t = 1.0)]
     pub overlap_credit: f64,
@@ -148,6 +153,7 @@ impl ReplayArgs {
         non_negative("event-delay-ms", self.event_delay_ms)?;
         non_negative("prefill-load-scale", self.prefill_load_scale)?;
         non_negative("overlap-credit", self.overlap_credit)?;
+        positive("prediction-ttl-ms", self.prediction_ttl_ms)?;
         let cost = CostConfig {
             prefill_load_scale: self.prefill_load_scale,
             overlap_score_credit: self.overlap_credit,
@@ -167,6 +173,7 @@ impl ReplayArgs {
             speed: self.speed,
             seed: self.seed,
             cost,
+            prediction_ttl_ms: self.prediction_ttl_ms,
         })
     }
 
@@ -256,10 +263,11 @@ pub fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
             key,
             PartitionConfig {
                 cost: cfg.cost,
+                indexer: kind.indexer(Duration::from_secs_f64(cfg.prediction_ttl_ms / 1e3)),
                 ..PartitionConfig::new(cfg.block_size)
             },
         )
-        .expect("a new engine has no partitions");
+        .expect("a new engine has no partitions, and the indexer configurations are valid");
     for w in 0..cfg.workers {
         let mut info = WorkerInfo::new(u64::from(w), cfg.dp_size);
         info.total_kv_blocks = u64::from(cfg.kv_blocks);
@@ -310,6 +318,7 @@ fn workload_json(w: &Workload, cfg: &SimConfig) -> serde_json::Value {
         "seed": cfg.seed,
         "prefill_load_scale": cfg.cost.prefill_load_scale,
         "overlap_credit": cfg.cost.overlap_score_credit,
+        "prediction_ttl_ms": cfg.prediction_ttl_ms,
     })
 }
 

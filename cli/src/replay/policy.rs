@@ -1,19 +1,22 @@
-//! The routers under test. Every policy books through kvr's host API, so the simulated
-//! cluster drives the same lifecycle a host does (`select_and_reserve` or `reserve` at
-//! arrival, `mark_prefill_complete`, `add_output_blocks`, `free`): the policies differ
-//! only in how they pick the rank.
+//! The routers under test. Every policy books through kvr's host API on its partition, so
+//! the simulated cluster drives the same lifecycle a host does (`select_and_reserve` or
+//! `reserve` at arrival, `mark_prefill_complete`, `add_output_blocks`, `free`): the
+//! policies differ only in how they pick the rank. Calls take the simulated time, so
+//! booking expiry and the approximate index's TTL run on the trace's clock.
 //!
-//! * `kvr` — [`Engine::select_and_reserve_in`] with Dynamo's default cost, on the index
+//! * `kvr` — [`Partition::select_and_reserve`] with Dynamo's default cost, on the index
 //!   fed by the simulated engines' KV events.
-//! * `kvr-approx` — the same selection with events off: the index holds what kvr itself
-//!   booked, recorded after each booking with a TTL ([`ApproxRecorder`], DESIGN.md §5).
+//! * `kvr-approx` — the same selection with events off: the partition's indexer policy is
+//!   the approximate primary, which holds what kvr itself booked for 120 s (DESIGN.md §5).
+//! * `kvr-predict` — events on plus the prediction side index: what kvr booked counts
+//!   for `--prediction-ttl-ms` until the engine's events say what was cached.
 //! * `round-robin`, `random`.
 //! * `least-loaded` — fewest active tokens by kvr's bookings: prefill tokens not yet
 //!   computed plus `block_size` × active decode blocks (prompt blocks counted once per
 //!   rank, output blocks as they grow).
 //! * `sglang` — SGLang router's cache-aware rule on its own kind of state: a prefix tree
-//!   of the requests it routed (here: the same approximate recorder; SGLang's router has
-//!   no KV events) and running requests per worker. When `max - min > 64` and
+//!   of the requests it routed (here: the same approximate primary as `kvr-approx`;
+//!   SGLang's router has no KV events) and running requests per worker. When `max - min > 64` and
 //!   `max > 1.5 × min` it balances (fewest running requests); otherwise it takes the
 //!   worker with the longest prefix match if the match covers more than 30 % of the
 //!   prompt, else the least-loaded one. (SGLang sends that last case to the worker with
@@ -22,11 +25,11 @@
 //!   on the event-fed index and kvr's bookings, argmin with a random tie-break.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvr::cost::{choose, classic_logit, CandidateLoad, RequestShape, SelectionRng};
 use kvr::engine::Engine;
-use kvr::index::{ApproxConfig, ApproxRecorder};
+use kvr::indexer::IndexerConfig;
 use kvr::partition::Partition;
 use kvr::reservation::FreeOutcome;
 use kvr::select::{Outcome, SelectRequest};
@@ -37,6 +40,7 @@ use kvr::{BlockHasher, HashSalt, OverlapScores, RankId};
 pub enum PolicyKind {
     Kvr,
     KvrApprox,
+    KvrPredict,
     RoundRobin,
     Random,
     LeastLoaded,
@@ -45,9 +49,10 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 7] = [
+    pub const ALL: [PolicyKind; 8] = [
         PolicyKind::Kvr,
         PolicyKind::KvrApprox,
+        PolicyKind::KvrPredict,
         PolicyKind::RoundRobin,
         PolicyKind::Random,
         PolicyKind::LeastLoaded,
@@ -59,6 +64,7 @@ impl PolicyKind {
         match self {
             PolicyKind::Kvr => "kvr",
             PolicyKind::KvrApprox => "kvr-approx",
+            PolicyKind::KvrPredict => "kvr-predict",
             PolicyKind::RoundRobin => "round-robin",
             PolicyKind::Random => "random",
             PolicyKind::LeastLoaded => "least-loaded",
@@ -79,12 +85,27 @@ impl PolicyKind {
 
     /// Whether the router reads the engines' KV events.
     pub fn uses_events(self) -> bool {
-        matches!(self, PolicyKind::Kvr | PolicyKind::DynamoClassic)
+        matches!(
+            self,
+            PolicyKind::Kvr | PolicyKind::KvrPredict | PolicyKind::DynamoClassic
+        )
     }
 
-    /// Whether the router records its own bookings as approximate cache state.
-    fn records_bookings(self) -> bool {
-        matches!(self, PolicyKind::KvrApprox | PolicyKind::Sglang)
+    /// The partition's indexer policy: events off (the approximate primary, fed by the
+    /// bookings) for the policies without events, the prediction side index for
+    /// `kvr-predict`.
+    pub fn indexer(self, prediction_ttl: Duration) -> IndexerConfig {
+        match self {
+            PolicyKind::KvrApprox | PolicyKind::Sglang => IndexerConfig {
+                use_kv_events: false,
+                ..IndexerConfig::default()
+            },
+            PolicyKind::KvrPredict => IndexerConfig {
+                prediction_ttl: Some(prediction_ttl),
+                ..IndexerConfig::default()
+            },
+            _ => IndexerConfig::default(),
+        }
     }
 }
 
@@ -96,11 +117,12 @@ const SGLANG_CACHE_THRESHOLD: f64 = 0.3;
 /// A router: one policy over one partition of its own engine.
 pub struct Router {
     kind: PolicyKind,
-    engine: Engine,
+    /// Owns the partition (kept alive; the router calls the partition directly).
+    _engine: Engine,
     partition: Arc<Partition>,
     ranks: Vec<RankId>,
-    approx: Option<ApproxRecorder>,
     rng: SelectionRng,
+    next_id: u64,
     next_rr: usize,
     hasher: BlockHasher,
     local: Vec<u64>,
@@ -131,13 +153,11 @@ impl Router {
         let hasher = *partition.hasher();
         Router {
             kind,
-            engine,
+            _engine: engine,
             partition,
             ranks,
-            approx: kind
-                .records_bookings()
-                .then(|| ApproxRecorder::new(ApproxConfig::default())),
             rng: SelectionRng::from_seed(seed ^ 0x726f_7574_6572),
+            next_id: 1,
             next_rr: 0,
             hasher,
             local: Vec::new(),
@@ -159,12 +179,7 @@ impl Router {
         &self.partition
     }
 
-    pub fn approx(&self) -> Option<&ApproxRecorder> {
-        self.approx.as_ref()
-    }
-
-    /// Routes and books one request. `now` is the simulated time (approximate records
-    /// expire by it).
+    /// Routes and books one request at simulated time `now`.
     pub fn route(
         &mut self,
         tokens: &[u32],
@@ -175,31 +190,22 @@ impl Router {
         req.expected_output_tokens = u64::from(output_tokens);
         let partition = Arc::clone(&self.partition);
         let p = &*partition;
+        let id = self.next_id;
+        self.next_id += 1;
         let decision = match self.kind {
-            PolicyKind::Kvr | PolicyKind::KvrApprox => {
-                if let Some(a) = &self.approx {
-                    a.expire(p.index(), now);
-                }
-                match self.engine.select_and_reserve_in(p, &req) {
+            PolicyKind::Kvr | PolicyKind::KvrApprox | PolicyKind::KvrPredict => {
+                match p.select_and_reserve(&req, id, now, &mut self.rng) {
                     Ok(Outcome::Selected(d)) => d,
                     Ok(other) => return Err(format!("selection answered {other:?}")),
                     Err(e) => return Err(e.to_string()),
                 }
             }
             _ => {
-                let rank = self.pick(tokens, now);
-                self.engine
-                    .reserve_in(p, rank, Some(&req), None, None)
+                let rank = self.pick(tokens);
+                p.reserve(rank, Some(&req), None, id, now)
                     .map_err(|e| e.to_string())?
             }
         };
-        if let Some(a) = &self.approx {
-            // Recorded after the booking, as DESIGN.md §5 asks; a failure does not undo it.
-            self.hasher.local_hashes(tokens, &mut self.local);
-            if let Err(e) = a.record(p.index(), decision.rank, &self.local, now) {
-                eprintln!("kvr replay: recording a booking failed: {e}");
-            }
-        }
         self.booked += 1;
         Ok(Routed {
             rank: decision.rank,
@@ -231,7 +237,7 @@ impl Router {
         }
     }
 
-    fn pick(&mut self, tokens: &[u32], now: Instant) -> RankId {
+    fn pick(&mut self, tokens: &[u32]) -> RankId {
         let partition = Arc::clone(&self.partition);
         let p = &*partition;
         let b = p.block_size();
@@ -258,9 +264,6 @@ impl Router {
                 self.pick_tie()
             }
             PolicyKind::Sglang => {
-                if let Some(a) = &self.approx {
-                    a.expire(p.index(), now);
-                }
                 let loads = p.bookings().loads();
                 let running: Vec<f64> = self
                     .ranks
@@ -311,12 +314,15 @@ impl Router {
                 let i = choose(&self.costs, 0.0, &mut self.rng).unwrap_or(0);
                 self.ranks[i]
             }
-            PolicyKind::Kvr | PolicyKind::KvrApprox => unreachable!("selected by the engine"),
+            PolicyKind::Kvr | PolicyKind::KvrApprox | PolicyKind::KvrPredict => {
+                unreachable!("selected by the engine")
+            }
         }
     }
 
     pub fn prefill_done(&mut self, id: u64) -> Result<(), String> {
-        self.engine
+        self.partition
+            .bookings()
             .mark_prefill_complete(id)
             .map_err(|e| e.to_string())?;
         self.prefilled += 1;
@@ -324,13 +330,19 @@ impl Router {
     }
 
     pub fn output_block(&self, id: u64) -> Result<(), String> {
-        self.engine
+        self.partition
+            .bookings()
             .add_output_blocks(id, 1)
             .map_err(|e| e.to_string())
     }
 
     pub fn free(&mut self, id: u64) -> Result<(), String> {
-        match self.engine.free(id).map_err(|e| e.to_string())? {
+        match self
+            .partition
+            .bookings()
+            .free(id)
+            .map_err(|e| e.to_string())?
+        {
             FreeOutcome::Freed(_) => {
                 self.freed += 1;
                 Ok(())

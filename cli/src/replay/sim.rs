@@ -61,8 +61,10 @@ pub struct SimConfig {
     /// Arrival times are divided by this.
     pub speed: f64,
     pub seed: u64,
-    /// The cost knobs of kvr's own selection (policies `kvr`, `kvr-approx`).
+    /// The cost knobs of kvr's own selection (policies `kvr`, `kvr-approx`, `kvr-predict`).
     pub cost: kvr::cost::CostConfig,
+    /// How long `kvr-predict`'s side index believes a booking, ms.
+    pub prediction_ttl_ms: f64,
 }
 
 impl SimConfig {
@@ -496,11 +498,9 @@ pub fn router_problems(router: &Router, caches: &[(RankId, &KvCache)]) -> Vec<St
             router.booked, router.prefilled, router.freed
         ));
     }
-    if let Some(a) = router.approx() {
-        let s = a.stats();
-        if s.record_errors > 0 {
-            problems.push(format!("recording bookings failed: {s:?}"));
-        }
+    let indexer = p.indexer_stats();
+    if indexer.record_failures > 0 {
+        problems.push(format!("recording bookings failed: {indexer:?}"));
     }
     let bookings = p.bookings();
     let stats = bookings.stats();

@@ -25,6 +25,7 @@ fn small_cluster(w: &Workload) -> SimConfig {
         speed: 4.0,
         seed: 9,
         cost: kvr::cost::CostConfig::default(),
+        prediction_ttl_ms: 500.0,
     };
     let biggest = w
         .requests
@@ -134,7 +135,11 @@ fn the_checks_catch_a_booking_never_freed() {
     let mut tokens = Vec::new();
     w.requests[0].tokens_into(&mut tokens);
     router
-        .route(&tokens, 10, std::time::Instant::now())
+        .route(
+            &tokens,
+            10,
+            std::time::Instant::now() + std::time::Duration::from_secs(3_600),
+        )
         .unwrap();
     let refs: Vec<_> = caches.iter().map(|(id, c)| (*id, c)).collect();
     let p = router_problems(&router, &refs);
