@@ -304,14 +304,20 @@ fn explicit_reservation_with_tokens_records_it_and_without_a_prompt_records_noth
     assert_eq!(p.indexer_stats().bookings_recorded, 2);
 }
 
-#[test]
-fn replica_booking_replay_records_its_prompt() {
+/// An engine with one events-off partition of one worker.
+fn engine_events_off() -> (Engine, PartitionKey, std::sync::Arc<Partition>) {
     let engine = Engine::new();
     let key = PartitionKey::new("m", "g");
     let p = engine
         .create_partition(key.clone(), config(events_off()))
         .unwrap();
     p.upsert_worker(WorkerInfo::new(0, 1));
+    (engine, key, p)
+}
+
+#[test]
+fn replica_booking_replay_records_its_prompt() {
+    let (engine, key, p) = engine_events_off();
     let t = prompt(11);
     engine
         .install_replica_booking(
@@ -332,12 +338,7 @@ fn replica_booking_replay_records_its_prompt() {
 
 #[test]
 fn engine_select_and_reserve_records_after_the_booking() {
-    let engine = Engine::new();
-    let key = PartitionKey::new("m", "g");
-    let p = engine
-        .create_partition(key.clone(), config(events_off()))
-        .unwrap();
-    p.upsert_worker(WorkerInfo::new(0, 1));
+    let (engine, key, p) = engine_events_off();
     let t = prompt(12);
     let id = match engine
         .select_and_reserve(&key, &SelectRequest::tokens(&t))

@@ -149,26 +149,32 @@ fn the_checks_catch_a_booking_never_freed() {
     );
 }
 
-#[test]
-fn the_checks_catch_an_index_that_drifted_from_the_caches() {
+/// Runs kvr on the small workload, then hands its partition one `Cleared` batch of
+/// (`worker`, `stream`) numbered `skip` past the stream's last, and returns what the
+/// end-of-run checks say.
+fn problems_after_a_stray_batch(worker: u64, stream: u32, skip: u64) -> Vec<String> {
     let w = small_workload();
     let cfg = small_cluster(&w);
     let mut router = router_for(PolicyKind::Kvr, &cfg);
-    let (_, caches) = sim::run_keeping_caches(&cfg, &w, &mut router, || {});
-    // An engine restart the simulator did not model: rank (0, 1) is cleared.
-    let payload = BatchEncoder::new().cleared().finish(0.0, Some(1));
-    let last = router
-        .partition()
+    let (r, caches) = sim::run_keeping_caches(&cfg, &w, &mut router, || {});
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    let payload = BatchEncoder::new().cleared().finish(0.0, Some(stream));
+    let p = router.partition();
+    let last = p
         .ingress_stats()
         .iter()
-        .find(|s| s.worker_id == 0 && s.stream == 1)
+        .find(|s| s.worker_id == worker && s.stream == stream)
         .and_then(|s| s.sequence.last_seq)
         .unwrap();
-    router
-        .partition()
-        .ingest(0, 1, b"kv-events", last + 1, &payload);
+    p.ingest(worker, stream, b"kv-events", last + skip, &payload);
     let refs: Vec<_> = caches.iter().map(|(id, c)| (*id, c)).collect();
-    let p = router_problems(&router, &refs);
+    router_problems(&router, &refs)
+}
+
+#[test]
+fn the_checks_catch_an_index_that_drifted_from_the_caches() {
+    // An engine restart the simulator did not model: rank (0, 1) is cleared.
+    let p = problems_after_a_stray_batch(0, 1, 1);
     assert!(
         p.iter().any(|m| m.contains("index holds 0 blocks")),
         "{p:?}"
@@ -177,24 +183,8 @@ fn the_checks_catch_an_index_that_drifted_from_the_caches() {
 
 #[test]
 fn the_checks_catch_a_lost_event_batch() {
-    let w = small_workload();
-    let cfg = small_cluster(&w);
-    let mut router = router_for(PolicyKind::Kvr, &cfg);
-    let (_, caches) = sim::run_keeping_caches(&cfg, &w, &mut router, || {});
-    let payload = BatchEncoder::new().cleared().finish(0.0, Some(0));
-    let last = router
-        .partition()
-        .ingress_stats()
-        .iter()
-        .find(|s| s.worker_id == 1 && s.stream == 0)
-        .and_then(|s| s.sequence.last_seq)
-        .unwrap();
     // Seq last + 3: two batches went missing.
-    router
-        .partition()
-        .ingest(1, 0, b"kv-events", last + 3, &payload);
-    let refs: Vec<_> = caches.iter().map(|(id, c)| (*id, c)).collect();
-    let p = router_problems(&router, &refs);
+    let p = problems_after_a_stray_batch(1, 0, 3);
     assert!(p.iter().any(|m| m.contains("stream 1/0")), "{p:?}");
 }
 
