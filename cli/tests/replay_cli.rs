@@ -195,6 +195,11 @@ fn bad_input_is_refused_with_a_message() {
     refused(&["--limit", "0"], "--limit must be at least 1");
     refused(&["--workers", "many"], "invalid value");
     refused(&["--kv-blocks", "10"], "needs");
+    refused(
+        &["--affinity", "sticky"],
+        "--affinity must be `hard` or `soft:N`",
+    );
+    refused(&["--affinity", "soft:-1"], "--affinity must be");
 
     let bad = temp("bad.jsonl");
     std::fs::write(

@@ -14,6 +14,7 @@ use crate::index::{DpRank, Index, IndexConfig, RankId, WorkerId};
 use crate::indexer::{IndexState, IndexerConfig, IndexerConfigError, IndexerStats};
 use crate::load::LoadView;
 use crate::reservation::{ForgetListener, ReservationConfig, ReservationTable};
+use crate::session::{SessionConfig, SessionStats, SessionTable};
 use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
 /// A routing domain: requests of one model (and routing group) go to its workers only.
@@ -126,6 +127,9 @@ pub struct PartitionConfig {
     /// Transfer hints on booked responses; `None` (the default) = the partition consumes
     /// none, and selection keeps no per-rank overlaps beyond the choice.
     pub hints: Option<HintConfig>,
+    /// Session affinity (DESIGN.md §9); `None` (the default) = sessions are carried
+    /// through to the decision but steer nothing.
+    pub sessions: Option<SessionConfig>,
 }
 
 impl PartitionConfig {
@@ -138,6 +142,7 @@ impl PartitionConfig {
             booking_ttl: Duration::from_secs(3_600),
             indexer: IndexerConfig::default(),
             hints: None,
+            sessions: None,
         }
     }
 }
@@ -228,6 +233,8 @@ pub struct Partition {
     hooks: Snapshot<HostHooks>,
     /// The indexer policy and its approximate / side index.
     pub(crate) indexing: IndexState,
+    /// Session affinity; its leases end with their bookings (the table's end listener).
+    pub(crate) sessions: Option<StdArc<SessionTable>>,
     /// Serializes membership changes (copy-on-write of the worker set).
     membership: Mutex<()>,
     pub(crate) counters: crate::select::SelectionCounters,
@@ -276,10 +283,17 @@ impl Partition {
             default_ttl: config.booking_ttl,
             ..ReservationConfig::default()
         };
-        let bookings = match forget {
-            Some(f) => ReservationTable::with_forget_listener(table_config, f),
-            None => ReservationTable::new(table_config),
-        };
+        let sessions = config
+            .sessions
+            .clone()
+            .map(|c| StdArc::new(SessionTable::new(c)));
+        // A session's lease ends with its booking, however the booking ends.
+        let end: Option<ForgetListener> = sessions.clone().map(|t| {
+            StdArc::new(move |id| {
+                t.release_lease(id, std::time::Instant::now());
+            }) as ForgetListener
+        });
+        let bookings = ReservationTable::with_listeners(table_config, forget, end);
         Ok(Partition {
             key,
             number: 0,
@@ -298,10 +312,16 @@ impl Partition {
             workers: Snapshot::new(WorkerSet::default()),
             hooks: Snapshot::new(HostHooks::default()),
             indexing,
+            sessions,
             membership: Mutex::new(()),
             counters: Default::default(),
             ingress: Default::default(),
         })
+    }
+
+    /// The session-affinity table's counters, if the partition keeps one.
+    pub fn session_stats(&self) -> Option<SessionStats> {
+        self.sessions.as_ref().map(|t| t.stats())
     }
 
     /// The indexer policy in force and its counters.
@@ -405,6 +425,10 @@ impl Partition {
         self.load.remove_worker(id);
         for rank in info.ranks() {
             self.bookings.remove_rank(rank);
+            if let Some(t) = &self.sessions {
+                // The next turn of a session bound here rebinds (counted as forced).
+                t.forget_rank(rank);
+            }
         }
         true
     }

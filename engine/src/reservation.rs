@@ -469,6 +469,9 @@ struct Inner {
     /// Told the id of every booking freed by the table itself (expiry, rank removal), so
     /// an index of ids kept outside the table (the engine's) can drop it too.
     on_forget: Option<ForgetListener>,
+    /// Told the id of every booking that ends, however (free, expiry, rank removal):
+    /// what a booking owns outside the table (a session lease) is released with it.
+    on_end: Option<ForgetListener>,
 }
 
 /// See [`ReservationTable::with_forget_listener`].
@@ -505,6 +508,7 @@ impl Inner {
             #[cfg(not(loom))]
             shutdown: AtomicBool::new(false),
             on_forget: None,
+            on_end: None,
             config,
         }
     }
@@ -797,6 +801,15 @@ impl Inner {
                 f(id);
             }
         }
+        self.ended(ids);
+    }
+
+    fn ended(&self, ids: &[SelectionId]) {
+        if let Some(f) = &self.on_end {
+            for &id in ids {
+                f(id);
+            }
+        }
     }
 
     fn sweep_expired(&self, now: Instant) -> usize {
@@ -1011,19 +1024,28 @@ impl fmt::Debug for ReservationTable {
 impl ReservationTable {
     /// A table with no bookings. Spawns nothing and allocates only the shards.
     pub fn new(config: ReservationConfig) -> Self {
-        Self::with_listener(config, None)
+        Self::with_listeners(config, None, None)
     }
 
     /// A table that calls `f(id)` for every booking it frees on its own (expiry sweep,
     /// [`ReservationTable::remove_rank`]), after releasing it and with no lock held; the
     /// engine uses it to drop such ids from its selection-id index.
     pub fn with_forget_listener(config: ReservationConfig, f: ForgetListener) -> Self {
-        Self::with_listener(config, Some(f))
+        Self::with_listeners(config, Some(f), None)
     }
 
-    fn with_listener(config: ReservationConfig, f: Option<ForgetListener>) -> Self {
+    /// A table with an optional forget listener (see
+    /// [`ReservationTable::with_forget_listener`]) and an optional end listener, told
+    /// `id` whenever a booking ends however it ends (a free by anyone, expiry, rank
+    /// removal), after releasing it and with no lock of the table held.
+    pub fn with_listeners(
+        config: ReservationConfig,
+        forget: Option<ForgetListener>,
+        end: Option<ForgetListener>,
+    ) -> Self {
         let mut inner = Inner::new(config);
-        inner.on_forget = f;
+        inner.on_forget = forget;
+        inner.on_end = end;
         Self {
             inner: Arc::new(inner),
             #[cfg(not(loom))]
@@ -1091,7 +1113,11 @@ impl ReservationTable {
     /// warning and does nothing; kvr tells the caller who freed it). An id never booked or
     /// long forgotten is `Err(ReservationError::UnknownSelectionId(id))`.
     pub fn free(&self, id: SelectionId) -> Result<FreeOutcome, ReservationError> {
-        self.inner.free(id)
+        let r = self.inner.free(id);
+        if let Ok(FreeOutcome::Freed(_)) = &r {
+            self.inner.ended(&[id]);
+        }
+        r
     }
 
     /// Ids of the live bookings (a moment's view; for bulk clean-up, not the hot path).

@@ -18,6 +18,7 @@ use crate::index::{RankId, TieredScores, WorkerId};
 use crate::load::LoadSnapshot;
 use crate::partition::{BlockRange, HostHooks, Partition, PrefillQuery, WorkerInfo, WorkerSet};
 use crate::reservation::{BookingRequest, ReservationError, SelectionId};
+use crate::session::Steer;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// A prompt, as tokens (kvr hashes them) or as precomputed local block hashes.
@@ -266,6 +267,8 @@ impl Drop for PutBack {
 pub(crate) struct Prepared {
     pub(crate) decision: Decision,
     pub(crate) seq: Vec<u64>,
+    /// The session's bound rank could not take the turn: the booking rebinds it (counted).
+    pub(crate) forced_rebind: bool,
 }
 
 /// Blocks of `[from, n)` covered contiguously from `from` by the shared-cache ranges.
@@ -287,7 +290,7 @@ fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
 impl Partition {
     /// Advisory selection: the decision and the projected load; books nothing.
     pub fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
-        match self.decide(req, false, rng) {
+        match self.decide(req, false, None, rng) {
             Ok(p) => {
                 Scratch::give_back_seq(p.seq);
                 Outcome::Selected(p.decision)
@@ -304,7 +307,7 @@ impl Partition {
         now: Instant,
         rng: &mut impl RandomSource,
     ) -> Result<Outcome, SelectError> {
-        let p = match self.decide(req, true, rng) {
+        let p = match self.decide(req, true, Some(now), rng) {
             Ok(p) => p,
             Err(o) => return Ok(*o),
         };
@@ -324,6 +327,12 @@ impl Partition {
         // After the booking stands: a recording failure is logged, never the booking's.
         if let Some(seq) = to_record {
             self.indexing.record_booking(&self.index, d.rank, &seq, now);
+        }
+        // The session follows its turn: bound (or rebound) to the rank, with this booking
+        // as a lease that ends when the booking does. A refusal (table full of live
+        // sessions) is counted by the table; the booking stands.
+        if let (Some(t), Some(ctx)) = (&self.sessions, &d.session) {
+            t.bind(ctx, d.rank, selection_id, p.forced_rebind, now);
         }
         d.selection_id = Some(selection_id);
         Ok(Outcome::Selected(d))
@@ -545,6 +554,7 @@ impl Partition {
         &self,
         req: &SelectRequest<'_>,
         booked: bool,
+        now: Option<Instant>,
         rng: &mut impl RandomSource,
     ) -> Result<Prepared, Box<Outcome>> {
         self.counters.selections.add(1);
@@ -682,7 +692,18 @@ impl Partition {
         // ranks' costs are recomputed.
         let mut costs: SmallVec<[f64; 64]> = SmallVec::from_elem(0.0, inputs.len());
         fill_costs(&cfg, &shape, &inputs, &mut costs);
-        let bound = if cfg.temperature <= 0.0 {
+        // 4. session context (DESIGN.md §9): a bound session pins (hard) or prefers (soft)
+        // its rank while that rank is eligible; otherwise it is rebound by this choice.
+        let session = req.effective_session();
+        let mut steer = Steer::Free;
+        if let (Some(t), Some(ctx)) = (&self.sessions, &session) {
+            let binding = t.lookup(ctx, now.unwrap_or_else(Instant::now));
+            steer = t.steer(binding, |r| eligible.contains(&r));
+        }
+        let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
+        let bound = if steered {
+            f64::INFINITY // resolve every cost: the steering below compares them exactly
+        } else if cfg.temperature <= 0.0 {
             let min_upper = costs.iter().copied().fold(f64::INFINITY, f64::min);
             min_upper + seq.len() as f64
         } else {
@@ -698,7 +719,23 @@ impl Partition {
                 costs[k] = cost(&cfg, &shape, &inputs[k]);
             }
         }
-        let i = choose(&costs, cfg.temperature, rng).expect("at least one eligible rank");
+        let pinned = match steer {
+            Steer::Pin(r) => eligible.iter().position(|&e| e == r),
+            Steer::Prefer {
+                rank,
+                penalty_blocks,
+            } => {
+                if let Some(k) = eligible.iter().position(|&e| e == rank) {
+                    costs[k] -= penalty_blocks;
+                }
+                None
+            }
+            _ => None,
+        };
+        let i = match pinned {
+            Some(k) => k,
+            None => choose(&costs, cfg.temperature, rng).expect("at least one eligible rank"),
+        };
         let (rank, c) = (eligible[i], inputs[i]);
         let device = c.device_blocks as u32;
         let cached_tokens = (device as u64 * self.block_size() as u64).min(prompt_tokens);
@@ -733,10 +770,11 @@ impl Partition {
                 projected_prefill_tokens,
                 projected_decode_blocks: c.active_decode_blocks + c.new_blocks_not_active,
                 cost: costs[i],
-                session: req.effective_session(),
+                session,
                 kv_hint,
             },
             seq,
+            forced_rebind: matches!(steer, Steer::Rebind { .. }),
         })
     }
 

@@ -28,6 +28,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvr::cost::CostConfig;
 use kvr::engine::Engine;
 use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
+use kvr::session::{AffinityMode, SessionConfig};
 
 use policy::{PolicyKind, Router};
 use report::PolicyReport;
@@ -96,6 +97,11 @@ pub struct ReplayArgs {
     /// engine's events confirm it, ms.
     #[arg(long, default_value_t = 2_000.0)]
     pub prediction_ttl_ms: f64,
+    /// Session affinity for kvr, kvr-approx and kvr-predict on the built-in workload's
+    /// conversations: `hard` (a conversation stays on its rank while it is eligible) or
+    /// `soft:N` (its rank's cost lowered by N blocks). Off by default.
+    #[arg(long, value_name = "hard|soft:N")]
+    pub affinity: Option<String>,
     /// kvr's cost: credit per cached device block (Dynamo's `overlap_score_credit`).
     #[arg(long, default_value_t = 1.0)]
     pub overlap_credit: f64,
@@ -159,6 +165,20 @@ impl ReplayArgs {
             overlap_score_credit: self.overlap_credit,
             ..CostConfig::default()
         };
+        let affinity = match self.affinity.as_deref() {
+            None => None,
+            Some("hard") => Some(AffinityMode::Hard),
+            Some(s) => match s.strip_prefix("soft:").map(str::parse::<f64>) {
+                Some(Ok(n)) if n.is_finite() && n >= 0.0 => {
+                    Some(AffinityMode::Soft { penalty_blocks: n })
+                }
+                _ => {
+                    return Err(format!(
+                        "--affinity must be `hard` or `soft:N` with N ≥ 0 blocks (got {s:?})"
+                    ))
+                }
+            },
+        };
         Ok(SimConfig {
             workers: self.workers,
             dp_size: self.dp_size,
@@ -174,6 +194,7 @@ impl ReplayArgs {
             seed: self.seed,
             cost,
             prediction_ttl_ms: self.prediction_ttl_ms,
+            affinity,
         })
     }
 
@@ -264,6 +285,13 @@ pub fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
             PartitionConfig {
                 cost: cfg.cost,
                 indexer: kind.indexer(Duration::from_secs_f64(cfg.prediction_ttl_ms / 1e3)),
+                sessions: cfg
+                    .affinity
+                    .filter(|_| kind.selects_in_engine())
+                    .map(|mode| SessionConfig {
+                        mode,
+                        ..SessionConfig::default()
+                    }),
                 ..PartitionConfig::new(cfg.block_size)
             },
         )
@@ -319,6 +347,7 @@ fn workload_json(w: &Workload, cfg: &SimConfig) -> serde_json::Value {
         "prefill_load_scale": cfg.cost.prefill_load_scale,
         "overlap_credit": cfg.cost.overlap_score_credit,
         "prediction_ttl_ms": cfg.prediction_ttl_ms,
+        "affinity": cfg.affinity.map(|a| format!("{a:?}")),
     })
 }
 

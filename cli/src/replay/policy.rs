@@ -32,7 +32,7 @@ use kvr::engine::Engine;
 use kvr::indexer::IndexerConfig;
 use kvr::partition::Partition;
 use kvr::reservation::FreeOutcome;
-use kvr::select::{Outcome, SelectRequest};
+use kvr::select::{Outcome, SelectRequest, SessionContext};
 use kvr::{BlockHasher, HashSalt, OverlapScores, RankId};
 
 /// A routing policy of `kvr replay`.
@@ -88,6 +88,14 @@ impl PolicyKind {
         matches!(
             self,
             PolicyKind::Kvr | PolicyKind::KvrPredict | PolicyKind::DynamoClassic
+        )
+    }
+
+    /// Whether kvr's own selection picks the rank (so session affinity can steer it).
+    pub fn selects_in_engine(self) -> bool {
+        matches!(
+            self,
+            PolicyKind::Kvr | PolicyKind::KvrApprox | PolicyKind::KvrPredict
         )
     }
 
@@ -184,10 +192,17 @@ impl Router {
         &mut self,
         tokens: &[u32],
         output_tokens: u32,
+        session: Option<u64>,
         now: Instant,
     ) -> Result<Routed, String> {
         let mut req = SelectRequest::tokens(tokens);
         req.expected_output_tokens = u64::from(output_tokens);
+        // The conversation a turn belongs to (built-in workload); it steers only where the
+        // partition keeps a session table (`--affinity`).
+        req.session = session.map(|s| SessionContext {
+            session_id: s.to_string(),
+            ..SessionContext::default()
+        });
         let partition = Arc::clone(&self.partition);
         let p = &*partition;
         let id = self.next_id;

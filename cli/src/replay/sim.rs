@@ -65,6 +65,8 @@ pub struct SimConfig {
     pub cost: kvr::cost::CostConfig,
     /// How long `kvr-predict`'s side index believes a booking, ms.
     pub prediction_ttl_ms: f64,
+    /// Session affinity for the kvr-family policies (`None` = off).
+    pub affinity: Option<kvr::session::AffinityMode>,
 }
 
 impl SimConfig {
@@ -285,7 +287,9 @@ impl Sim<'_> {
                 req.tokens_into(tokens);
                 let sim_now = self.base + Duration::from_secs_f64(now.max(0.0) / 1e3);
                 let t0 = Instant::now();
-                let routed = self.router.route(tokens, req.output_tokens, sim_now);
+                let routed = self
+                    .router
+                    .route(tokens, req.output_tokens, req.session, sim_now);
                 self.res.select_ns.push(t0.elapsed().as_nanos() as u64);
                 let routed = match routed {
                     Ok(r) => r,
@@ -497,6 +501,11 @@ pub fn router_problems(router: &Router, caches: &[(RankId, &KvCache)]) -> Vec<St
             "{} booked, {} marked prefill-complete, {} freed",
             router.booked, router.prefilled, router.freed
         ));
+    }
+    if let Some(s) = p.session_stats() {
+        if s.leases > 0 || s.unknown_lease_releases > 0 {
+            problems.push(format!("session leases outlived their bookings: {s:?}"));
+        }
     }
     let indexer = p.indexer_stats();
     if indexer.record_failures > 0 {

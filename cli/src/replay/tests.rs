@@ -26,6 +26,7 @@ fn small_cluster(w: &Workload) -> SimConfig {
         seed: 9,
         cost: kvr::cost::CostConfig::default(),
         prediction_ttl_ms: 500.0,
+        affinity: None,
     };
     let biggest = w
         .requests
@@ -95,6 +96,31 @@ fn every_policy_books_and_frees_every_request_and_keeps_the_index_exact() {
 }
 
 #[test]
+fn session_affinity_keeps_every_invariant_and_steers_conversations_home() {
+    let w = small_workload();
+    let mut cfg = small_cluster(&w);
+    let plain = sim::run(&cfg, &w, &mut router_for(PolicyKind::Kvr, &cfg), || {});
+    for mode in [
+        kvr::session::AffinityMode::Hard,
+        kvr::session::AffinityMode::Soft {
+            penalty_blocks: 1e6,
+        },
+    ] {
+        cfg.affinity = Some(mode);
+        let mut router = router_for(PolicyKind::Kvr, &cfg);
+        let (r, caches) = sim::run_keeping_caches(&cfg, &w, &mut router, || {});
+        assert!(r.problems.is_empty(), "{mode:?}: {:?}", r.problems);
+        let s = router.partition().session_stats().expect("a session table");
+        assert_eq!(s.leases, 0, "{mode:?}");
+        assert!(s.bindings_created > 0, "{mode:?}");
+        let refs: Vec<_> = caches.iter().map(|(id, c)| (*id, c)).collect();
+        assert!(router_problems(&router, &refs).is_empty());
+        // Conversations kept on their rank find more of their context cached.
+        assert!(r.cached_tokens > plain.cached_tokens, "{mode:?}");
+    }
+}
+
+#[test]
 fn cache_aware_policies_hit_more_than_cache_blind_ones() {
     let w = small_workload();
     let cfg = small_cluster(&w);
@@ -138,6 +164,7 @@ fn the_checks_catch_a_booking_never_freed() {
         .route(
             &tokens,
             10,
+            None,
             std::time::Instant::now() + std::time::Duration::from_secs(3_600),
         )
         .unwrap();
