@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use crate::index::remote::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 use crate::index::{
-    ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexConfig, RankId, RemoteConfig,
-    RemoteIndex, TieredOverlap, TieredScores,
+    ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexConfig, RankId, RemoteIndex,
+    TieredOverlap, TieredScores,
 };
 use crate::partition::PartitionKey;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -69,8 +70,8 @@ impl Default for IndexerConfig {
             use_kv_events: true,
             prediction_ttl: None,
             remote_url: None,
-            remote_connect_timeout: RemoteConfig::new("").connect_timeout,
-            remote_request_timeout: RemoteConfig::new("").request_timeout,
+            remote_connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            remote_request_timeout: DEFAULT_REQUEST_TIMEOUT,
             remote_client: None,
             approx: ApproxConfig::default(),
             retention: Retention::Ttl,
@@ -296,7 +297,7 @@ impl IndexState {
         url: &str,
         cfg: &IndexerConfig,
     ) -> Result<Arc<dyn RemoteIndex>, IndexerConfigError> {
-        let rc = RemoteConfig {
+        let rc = crate::index::RemoteConfig {
             base_url: url.to_string(),
             connect_timeout: cfg.remote_connect_timeout,
             request_timeout: cfg.remote_request_timeout,
@@ -375,16 +376,22 @@ impl IndexState {
     }
 
     /// Raises `tiered` to the side index's device prefixes, per rank (prediction).
-    pub(crate) fn merge_prediction(&self, seqs: &[u64], tiered: &mut TieredScores) {
+    /// `predicted` and `merged` are the caller's reused buffers (no allocation once warm).
+    pub(crate) fn merge_prediction(
+        &self,
+        seqs: &[u64],
+        tiered: &mut TieredScores,
+        predicted: &mut TieredScores,
+        merged: &mut Vec<TieredOverlap>,
+    ) {
         let Some(side) = &self.side else { return };
-        let mut predicted = TieredScores::new();
-        side.find_matches_tiered_by_sequence(seqs, &mut predicted);
+        side.find_matches_tiered_by_sequence(seqs, predicted);
         if predicted.is_empty() {
             return;
         }
-        let merged = merge_device_max(tiered.as_slice(), predicted.as_slice());
+        merge_device_max(tiered.as_slice(), predicted.as_slice(), merged);
         tiered
-            .fill_from(merged)
+            .fill_from(merged.drain(..))
             .expect("a merge lists each rank once");
     }
 
@@ -415,8 +422,9 @@ impl IndexState {
 pub(crate) fn merge_device_max(
     primary: &[TieredOverlap],
     side: &[TieredOverlap],
-) -> Vec<TieredOverlap> {
-    let mut out = Vec::with_capacity(primary.len() + side.len());
+    out: &mut Vec<TieredOverlap>,
+) {
+    out.clear();
     let (mut i, mut j) = (0, 0);
     while i < primary.len() || j < side.len() {
         let take_p = j >= side.len() || (i < primary.len() && primary[i].rank <= side[j].rank);
@@ -452,12 +460,17 @@ pub(crate) fn merge_device_max(
             }
         }
     }
-    out
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    fn merge_device_max(p: &[TieredOverlap], s: &[TieredOverlap]) -> Vec<TieredOverlap> {
+        let mut out = vec![o(9, 9, 9, 9)]; // stale contents are cleared
+        super::merge_device_max(p, s, &mut out);
+        out
+    }
 
     fn o(w: u64, device: u32, host: u32, disk: u32) -> TieredOverlap {
         TieredOverlap {

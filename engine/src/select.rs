@@ -14,7 +14,7 @@ use crate::cost::{
     RandomSource, RequestShape,
 };
 use crate::hash::{extend_sequence_hashes, BlockHasher, HashSalt};
-use crate::index::{RankId, TieredScores, WorkerId};
+use crate::index::{RankId, TieredOverlap, TieredScores, WorkerId};
 use crate::load::LoadSnapshot;
 use crate::partition::{BlockRange, HostHooks, Partition, PrefillQuery, WorkerInfo, WorkerSet};
 use crate::reservation::{BookingRequest, ReservationError, SelectionId};
@@ -225,6 +225,9 @@ struct Scratch {
     /// one moves it into the booking.
     seq: Vec<u64>,
     tiered: TieredScores,
+    /// The prediction side index's overlaps and the merge of both (prediction mode).
+    predicted: TieredScores,
+    merged: Vec<TieredOverlap>,
 }
 
 std::thread_local! {
@@ -589,7 +592,14 @@ impl Partition {
             None => self.index.find_matches_tiered_by_sequence(&seq, tiered),
         }
         // Prediction (DESIGN.md §5): what was booked but not yet announced counts too.
-        self.indexing.merge_prediction(&seq, &mut scratch.tiered);
+        let Scratch {
+            tiered,
+            predicted,
+            merged,
+            ..
+        } = &mut *scratch;
+        self.indexing
+            .merge_prediction(&seq, tiered, predicted, merged);
         let scratch = PutBack(Some(scratch));
         let tiered = &scratch.0.as_ref().expect("held until drop").tiered;
         let hooks = self.hooks_now();

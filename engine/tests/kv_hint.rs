@@ -24,13 +24,18 @@ fn tokens() -> Vec<u32> {
 /// Worker 0 (decode, the pin) holds 2 blocks; the others as given: (role, endpoint,
 /// blocks held).
 fn setup(hints: Option<HintConfig>, peers: &[(BackendRole, Option<&str>, usize)]) -> Partition {
-    let p = Partition::new(
-        PartitionKey::new("m", "g"),
+    setup_with(
         PartitionConfig {
             hints,
             ..PartitionConfig::new(B)
         },
-    );
+        peers,
+    )
+}
+
+/// [`setup`] on a partition of `config`.
+fn setup_with(config: PartitionConfig, peers: &[(BackendRole, Option<&str>, usize)]) -> Partition {
+    let p = Partition::new(PartitionKey::new("m", "g"), config);
     let mut w0 = WorkerInfo::new(0, 1);
     w0.role = BackendRole::Decode;
     p.upsert_worker(w0);
@@ -174,8 +179,7 @@ fn no_hint_from_an_overloaded_source() {
 
 #[test]
 fn no_hint_from_a_source_over_a_busy_threshold() {
-    let p = Partition::new(
-        PartitionKey::new("m", "g"),
+    let p = setup_with(
         PartitionConfig {
             hints: Some(HintConfig::default()),
             busy: BusyThresholds {
@@ -184,26 +188,8 @@ fn no_hint_from_a_source_over_a_busy_threshold() {
             },
             ..PartitionConfig::new(B)
         },
+        &[(PREFILL, EP, 12)],
     );
-    // Same shape as `setup`, built by hand to set the threshold.
-    let q = setup(Some(HintConfig::default()), &[(PREFILL, EP, 12)]);
-    for w in q.workers().iter() {
-        p.upsert_worker(w.clone());
-    }
-    let t = tokens();
-    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
-    let mut local = Vec::new();
-    h.local_hashes(&t, &mut local);
-    for (rank, n) in [(RankId::new(0, 0), 2), (RankId::new(1, 0), 12)] {
-        let blocks: Vec<StoredBlock> = local[..n]
-            .iter()
-            .map(|&l| StoredBlock {
-                external_hash: l ^ rank.worker_id,
-                local_hash: l,
-            })
-            .collect();
-        p.index().store(rank, Tier::Device, None, &blocks).unwrap();
-    }
     assert_eq!(
         booked_hint(&p),
         hint(1, (2, 12)),
