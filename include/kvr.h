@@ -26,6 +26,26 @@
 #include <stdint.h>
 
 /**
+ * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
+ * plus scheme, port and path).
+ */
+#define KVR_CONTROL_ENDPOINT_MAX_LEN 511
+
+/**
+ * Size of `kvr_kv_hint.control_endpoint`: the longest endpoint and its NUL.
+ */
+#define KVR_CONTROL_ENDPOINT_CAP 512
+
+/**
+ * Bit of a role in a role mask (`1 << KVR_ROLE_*`).
+ */
+#define KVR_ROLE_MASK_AGGREGATED (1 << KVR_ROLE_AGGREGATED)
+
+#define KVR_ROLE_MASK_PREFILL (1 << KVR_ROLE_PREFILL)
+
+#define KVR_ROLE_MASK_DECODE (1 << KVR_ROLE_DECODE)
+
+/**
  * A block in GPU memory (vLLM medium "GPU"), the primary tier.
  */
 #define KVR_TIER_DEVICE 0
@@ -56,10 +76,70 @@
 #define KVR_EVENT_CLEARED 2
 
 /**
+ * Approximate records expire a TTL after their last booking (the default).
+ */
+#define KVR_RETENTION_TTL 0
+
+/**
+ * At most a worker's KV capacity per rank, least recently used first. Accepted; until it
+ * is fully supported it falls back to `KVR_RETENTION_TTL` (`kvr_partition_options_check`
+ * reports the notice).
+ */
+#define KVR_RETENTION_CAPACITY_BOUNDED 1
+
+/**
+ * Policy: the engines' KV events feed the index (the default).
+ */
+#define KVR_INDEXER_EVENT_DRIVEN 0
+
+/**
+ * Policy: events feed the index, and bookings a short-lived side index; a query takes the
+ * per-rank maximum of both.
+ */
+#define KVR_INDEXER_EVENT_DRIVEN_WITH_PREDICTION 1
+
+/**
+ * Policy: KV events are off; the index holds what bookings recorded, for a TTL.
+ */
+#define KVR_INDEXER_APPROXIMATE_PRIMARY 2
+
+/**
+ * Policy: a remote index service answers overlap queries; nothing is indexed locally.
+ */
+#define KVR_INDEXER_REMOTE_PRIMARY 3
+
+/**
  * Slots of `kvr_stream_stats.decode_errors` (one per decode-error kind; more than kvr
  * has today, so kinds can be added without changing the struct).
  */
 #define KVR_DECODE_ERROR_KINDS 16
+
+/**
+ * `kvr_decision.flags`: a transfer hint was attached to the booking
+ * (`kvr_partition_select_and_reserve_with_hint` wrote it).
+ */
+#define KVR_DECISION_KV_HINT (1 << 0)
+
+/**
+ * The request's session had no binding: chosen by cost (a booking binds it).
+ */
+#define KVR_DECISION_SESSION_UNBOUND (1 << 1)
+
+/**
+ * Hard affinity: sent to the session's bound rank.
+ */
+#define KVR_DECISION_SESSION_PINNED (1 << 2)
+
+/**
+ * Soft affinity: chosen by cost with the session's rank preferred (it may not have won).
+ */
+#define KVR_DECISION_SESSION_PREFERRED (1 << 3)
+
+/**
+ * The session's rank could not take the turn (left, unavailable, overloaded, not
+ * allowed): chosen by cost, and a booking rebinds the session (counted as forced).
+ */
+#define KVR_DECISION_SESSION_REBOUND (1 << 4)
 
 /**
  * This call freed the booking.
@@ -82,12 +162,30 @@
 #define KVR_FREED_RANK_REMOVED 3
 
 /**
+ * No session affinity (the default): session fields only travel with the booking.
+ */
+#define KVR_AFFINITY_OFF 0
+
+/**
+ * Hard affinity (Dynamo's default when on): a turn goes to its session's rank unless that
+ * rank left or cannot take it (then it rebinds, counted).
+ */
+#define KVR_AFFINITY_HARD 1
+
+/**
+ * Soft affinity: the session's rank has its cost lowered by a penalty, in blocks.
+ */
+#define KVR_AFFINITY_SOFT 2
+
+/**
  * Version of this library (semantic versioning of the C ABI's source). 0.2 added raw
- * ingest, ingress stats and subscriptions (issue 5); nothing of 0.1 changed.
+ * ingest, ingress stats and subscriptions (issue 5); 0.3 added indexer policies, transfer
+ * hints and session affinity (issue 7) and renamed `kvr_decision.reserved` (always 0
+ * until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning.
  */
 #define KVR_VERSION_MAJOR 0
 
-#define KVR_VERSION_MINOR 2
+#define KVR_VERSION_MINOR 3
 
 #define KVR_VERSION_PATCH 0
 
@@ -316,6 +414,47 @@ typedef struct kvr_overlap {
 } kvr_overlap;
 
 /**
+ * A partition's indexer: its policy and what it recorded or asked (totals since the
+ * partition was created).
+ */
+typedef struct kvr_indexer_stats {
+  /**
+   * `KVR_INDEXER_*`.
+   */
+  uint32_t policy;
+  /**
+   * Always 0.
+   */
+  uint32_t reserved;
+  /**
+   * Bookings recorded into the approximate index (primary or side).
+   */
+  uint64_t bookings_recorded;
+  /**
+   * Recordings that failed (the bookings stood).
+   */
+  uint64_t record_failures;
+  /**
+   * Overlap queries sent to the remote primary, and those that failed (the selection
+   * went on without overlap).
+   */
+  uint64_t remote_queries;
+  uint64_t remote_failures;
+  /**
+   * Engine event messages handed to a partition whose policy applies none.
+   */
+  uint64_t events_ignored;
+  /**
+   * The approximate index's (rank, block) records: created, refreshed by a later
+   * booking, expired, pruned by the size bound. 0 without an approximate index.
+   */
+  uint64_t approx_blocks_recorded;
+  uint64_t approx_blocks_refreshed;
+  uint64_t approx_blocks_expired;
+  uint64_t approx_blocks_pruned;
+} kvr_indexer_stats;
+
+/**
  * What one `kvr_partition_ingest` call did.
  */
 typedef struct kvr_ingest_result {
@@ -392,9 +531,10 @@ typedef struct kvr_decision {
    */
   uint32_t shared_blocks;
   /**
-   * Always 0.
+   * `KVR_DECISION_*` bits: whether a transfer hint came with the booking, and how
+   * session affinity steered the choice (at most one `KVR_DECISION_SESSION_*` bit).
    */
-  uint32_t reserved;
+  uint32_t flags;
   /**
    * The booking's id (booked modes); 0 for advisory selection.
    */
@@ -416,6 +556,26 @@ typedef struct kvr_decision {
    */
   double cost;
 } kvr_decision;
+
+/**
+ * A transfer hint: the chosen rank may pull prompt blocks `[block_start, block_end)`
+ * from rank `(source_worker_id, source_dp_rank)` through `control_endpoint` instead of
+ * computing them.
+ */
+typedef struct kvr_kv_hint {
+  uint64_t source_worker_id;
+  uint32_t source_dp_rank;
+  uint32_t block_start;
+  uint32_t block_end;
+  /**
+   * Bytes of `control_endpoint` (≤ `KVR_CONTROL_ENDPOINT_MAX_LEN`).
+   */
+  uint32_t control_endpoint_len;
+  /**
+   * The source rank's control endpoint, UTF-8 and NUL-terminated.
+   */
+  char control_endpoint[KVR_CONTROL_ENDPOINT_CAP];
+} kvr_kv_hint;
 
 /**
  * A booking received from a replica peer (another router instance over the same
@@ -444,6 +604,58 @@ typedef struct kvr_replica_booking {
    */
   uint64_t ttl_ms;
 } kvr_replica_booking;
+
+/**
+ * The session table's figures (counters are totals since the partition was created).
+ */
+typedef struct kvr_session_stats {
+  /**
+   * 1 if the partition has session affinity on; every other field is 0 if not.
+   */
+  uint32_t enabled;
+  /**
+   * Always 0.
+   */
+  uint32_t reserved;
+  /**
+   * Sessions held now (including idle-expired ones not yet reaped), and their live
+   * leases (bookings).
+   */
+  uint64_t entries;
+  uint64_t leases;
+  /**
+   * Sessions bound by a first booking.
+   */
+  uint64_t bindings_created;
+  /**
+   * Bindings moved to another rank, and of those the ones forced because the bound
+   * rank left or could not take the turn.
+   */
+  uint64_t rebinds;
+  uint64_t forced_rebinds;
+  /**
+   * Bindings dropped because their rank left.
+   */
+  uint64_t bindings_dropped;
+  /**
+   * Sessions released because a final turn's last booking ended.
+   */
+  uint64_t finals_released;
+  /**
+   * Idle sessions evicted to make room, and new sessions refused because the table was
+   * full of sessions with live bookings.
+   */
+  uint64_t evicted;
+  uint64_t refused;
+  /**
+   * Idle-expired sessions removed.
+   */
+  uint64_t reaped;
+  /**
+   * Session ids refused (empty, or longer than 256 bytes).
+   */
+  uint64_t invalid_session_ids;
+} kvr_session_stats;
 
 /**
  * Index-wide figures (event and refusal counters are totals since creation).
@@ -667,6 +879,13 @@ typedef struct kvr_rank_load {
 #define KVR_ERR_IO 113
 
 /**
+ * The partition options contradict each other (e.g. a remote indexer with KV events
+ * off) or name something kvr cannot use (a remote URL that is not `http://host[:port]`);
+ * nothing was created. `kvr_partition_options_check` writes the reason.
+ */
+#define KVR_ERR_INVALID_CONFIG 114
+
+/**
  * A Rust panic was caught at the boundary (a bug in kvr); the call had no effect it
  * reports, and the engine keeps serving.
  */
@@ -878,7 +1097,8 @@ kvr_status kvr_partition_options_set_busy_prefill_tokens(struct kvr_partition_op
 /**
  * Creates partition `(model, group)` and hands out a handle to it. `opts` is only read
  * (NULL is not allowed: the block size has no default). Fails with
- * `KVR_ERR_PARTITION_EXISTS` if it exists.
+ * `KVR_ERR_PARTITION_EXISTS` if it exists, and with `KVR_ERR_INVALID_CONFIG` if the
+ * options contradict each other (`kvr_partition_options_check` says why).
  *
  * # Safety
  * `engine` and `opts` are NULL or live; the strings point to their lengths in bytes;
@@ -936,6 +1156,21 @@ void kvr_partition_free(struct kvr_partition *partition);
  */
 kvr_status kvr_partition_block_size(const struct kvr_partition *partition,
                                     uint32_t *out);
+
+/**
+ * Transfer hints on booked selections. A hint is attached when an eligible rank holds a
+ * device prefix at least `min_advantage_blocks` longer than the chosen rank's; it asks for
+ * at most `max_transfer_blocks` blocks (0 turns hints off, the default). Eligible: a role
+ * in `source_roles` (a mask of `KVR_ROLE_MASK_*`, not 0), a control endpoint for that
+ * rank, and not overloaded or busy. Defaults as Dynamo: 4, 4,096, prefill | aggregated.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_kv_hints(struct kvr_partition_options *opts,
+                                              uint32_t min_advantage_blocks,
+                                              uint32_t max_transfer_blocks,
+                                              uint32_t source_roles);
 
 /**
  * Replaces the partition's host hooks (`hooks` NULL = remove them all). The struct is
@@ -1051,6 +1286,93 @@ kvr_status kvr_partition_hash_tokens(const struct kvr_partition *partition,
                                      uint64_t *seq_out,
                                      size_t cap,
                                      size_t *out_len);
+
+/**
+ * Whether the engines' KV events feed the partition's index (Dynamo's `use_kv_events`;
+ * default 1). With 0 the index is approximate: bookings record their prompts for the
+ * approximate TTL, and `kvr_partition_ingest` / `kvr_partition_subscribe` apply nothing.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_use_kv_events(struct kvr_partition_options *opts,
+                                                   uint32_t on);
+
+/**
+ * With events on: also record every booking into a side index kept `ttl_ms` (0 = no side
+ * index, the default), so a prefix just routed counts before its engine's events arrive.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_prediction_ttl_ms(struct kvr_partition_options *opts,
+                                                       uint64_t ttl_ms);
+
+/**
+ * A remote index service as the primary (`POST {url}/query_tiered_by_hash`; protocol in
+ * DESIGN.md §5), copied; `(NULL, 0)` = none (the default). Needs KV events on (the remote
+ * service has no write API for routing decisions): with them off, creating the partition
+ * fails with `KVR_ERR_INVALID_CONFIG`. The timeouts bound one query (0 = the defaults,
+ * 50 ms to connect and 200 ms in all); a remote that is down or slow gives that selection
+ * no overlap, counted in `kvr_indexer_stats.remote_failures`, never a failed selection.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared; `url` points to `len` bytes.
+ */
+kvr_status kvr_partition_options_set_remote_indexer(struct kvr_partition_options *opts,
+                                                    const char *url,
+                                                    size_t len,
+                                                    uint64_t connect_timeout_ms,
+                                                    uint64_t request_timeout_ms);
+
+/**
+ * Retention of the approximate index (the primary with events off; the side index takes
+ * the size bound and the prediction TTL): records live `ttl_ms` after their last booking
+ * (default 120,000) and at most `max_blocks` (rank, block) records are kept (default
+ * 2^20; above it the deepest are pruned to 80 %). Both must be ≥ 1.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_approx_index(struct kvr_partition_options *opts,
+                                                  uint64_t ttl_ms,
+                                                  uint64_t max_blocks);
+
+/**
+ * The approximate index's retention: `KVR_RETENTION_TTL` (default) or
+ * `KVR_RETENTION_CAPACITY_BOUNDED`.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_approx_retention(struct kvr_partition_options *opts,
+                                                      uint32_t retention);
+
+/**
+ * Checks the options as `kvr_engine_create_partition` would, without creating anything.
+ * `KVR_OK` if a partition can be made from them: `why` then gets kvr's notices about them,
+ * joined by "; " (empty if none — e.g. capacity-bounded retention falling back to TTL).
+ * `KVR_ERR_INVALID_CONFIG` if not: `why` gets the reason. `why` receives the first
+ * `min(*why_len, why_cap)` bytes of the text (UTF-8, not NUL-terminated; `(NULL, 0)` to
+ * only learn the length); `*why_len` is the text's full length.
+ *
+ * # Safety
+ * `opts` is NULL or live; `why` is NULL or has `why_cap` writable bytes; `why_len` is NULL
+ * or writable.
+ */
+kvr_status kvr_partition_options_check(const struct kvr_partition_options *opts,
+                                       char *why,
+                                       size_t why_cap,
+                                       size_t *why_len);
+
+/**
+ * The partition's indexer statistics.
+ *
+ * # Safety
+ * `partition` is NULL or live; `out` is NULL or writable.
+ */
+kvr_status kvr_partition_indexer_stats(const struct kvr_partition *partition,
+                                       struct kvr_indexer_stats *out);
 
 /**
  * Hands kvr one message of an engine's KV-event stream (vLLM/SGLang ZMQ frames: topic,
@@ -1279,6 +1601,20 @@ kvr_status kvr_partition_select_and_reserve(const struct kvr_partition *partitio
                                             struct kvr_decision *out);
 
 /**
+ * As `kvr_partition_select_and_reserve`, and when the booking comes with a transfer hint
+ * (partition options `kvr_partition_options_set_kv_hints`; `out->flags` has
+ * `KVR_DECISION_KV_HINT`) it is written to `*hint`; otherwise `*hint` is untouched.
+ * `hint` may be NULL (the hint is dropped).
+ *
+ * # Safety
+ * As `kvr_partition_select`; `hint` is NULL or writable.
+ */
+kvr_status kvr_partition_select_and_reserve_with_hint(const struct kvr_partition *partition,
+                                                      const struct kvr_request *req,
+                                                      struct kvr_decision *out,
+                                                      struct kvr_kv_hint *hint);
+
+/**
  * Books a request on a rank the caller chose (no scoring). With `req` (may be NULL),
  * its prompt's blocks join the rank's active blocks and its selection id, TTL and
  * expected output are used; `prefill_tokens` (may be NULL) overrides the prefill booked
@@ -1339,6 +1675,30 @@ kvr_status kvr_engine_add_output_blocks(const struct kvr_engine *engine,
 kvr_status kvr_engine_free_booking(const struct kvr_engine *engine,
                                    uint64_t selection_id,
                                    uint32_t *out_freed);
+
+/**
+ * Session affinity for the partition. `mode` is `KVR_AFFINITY_*`; `soft_penalty_blocks`
+ * (finite, ≥ 0) is used by soft mode only; `max_entries` bounds the sessions held (0 =
+ * 65,536); `idle_ttl_ms` drops a session with no live booking that long after its last
+ * turn (0 = 600,000). Unknown modes and a bad penalty are `KVR_ERR_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_session_affinity(struct kvr_partition_options *opts,
+                                                      uint32_t mode,
+                                                      double soft_penalty_blocks,
+                                                      uint64_t max_entries,
+                                                      uint64_t idle_ttl_ms);
+
+/**
+ * The partition's session-affinity statistics (all 0, `enabled` 0, without affinity).
+ *
+ * # Safety
+ * `partition` is NULL or live; `out` is NULL or writable.
+ */
+kvr_status kvr_partition_session_stats(const struct kvr_partition *partition,
+                                       struct kvr_session_stats *out);
 
 /**
  * The partition's index statistics. O(shards); fine for a metrics scrape.
@@ -1568,7 +1928,8 @@ kvr_status kvr_worker_set_role(struct kvr_worker *worker,
 
 /**
  * The endpoint a peer uses to pull KV blocks from rank `dp_rank` (< dp size), copied;
- * `(NULL, 0)` clears it.
+ * `(NULL, 0)` clears it. At most `KVR_CONTROL_ENDPOINT_MAX_LEN` bytes (it travels inline
+ * in `kvr_kv_hint`).
  *
  * # Safety
  * `worker` is NULL or live and not shared; `endpoint` points to `len` bytes.

@@ -141,6 +141,16 @@ impl std::fmt::Display for IndexerConfigError {
 impl std::error::Error for IndexerConfigError {}
 
 impl IndexerConfig {
+    /// Whether a partition can be built with this configuration, checked as building it
+    /// would (the table, then the remote client, e.g. its URL), without building one and
+    /// without logging: hosts validate configuration up front and show the reason
+    /// (the C ABI's `kvr_partition_options_check`).
+    pub fn check(&self) -> Result<ResolvedIndexer, IndexerConfigError> {
+        let resolved = self.resolve()?;
+        IndexState::remote_primary(&resolved, self)?;
+        Ok(resolved)
+    }
+
     /// DESIGN.md §5's table, row by row.
     pub fn resolve(&self) -> Result<ResolvedIndexer, IndexerConfigError> {
         let mut notices = Vec::new();
@@ -265,13 +275,7 @@ impl IndexState {
         for n in &resolved.notices {
             log::warn!("kvr indexer: {n}");
         }
-        let remote = match &resolved.policy {
-            IndexerPolicy::RemotePrimary { url } => Some(match &cfg.remote_client {
-                Some(c) => c.0.clone(),
-                None => Self::remote_client(url, cfg)?,
-            }),
-            _ => None,
-        };
+        let remote = Self::remote_primary(resolved, cfg)?;
         let side = match resolved.policy {
             IndexerPolicy::EventDrivenWithPrediction { .. } => Some(if cfg!(loom) {
                 Index::with_config(IndexConfig {
@@ -289,6 +293,20 @@ impl IndexState {
             side,
             remote,
             counters: IndexerCounters::default(),
+        })
+    }
+
+    /// The remote primary the policy names: the host's client, else the built-in one.
+    fn remote_primary(
+        resolved: &ResolvedIndexer,
+        cfg: &IndexerConfig,
+    ) -> Result<Option<Arc<dyn RemoteIndex>>, IndexerConfigError> {
+        Ok(match &resolved.policy {
+            IndexerPolicy::RemotePrimary { url } => Some(match &cfg.remote_client {
+                Some(c) => c.0.clone(),
+                None => Self::remote_client(url, cfg)?,
+            }),
+            _ => None,
         })
     }
 

@@ -130,8 +130,37 @@ pub struct Decision {
     pub projected_decode_blocks: u64,
     pub cost: f64,
     pub session: Option<SessionContext>,
+    /// How session affinity steered this decision: `None` without a session table or a
+    /// session context (and for explicit reservations, which are not steered).
+    pub session_route: Option<SessionRoute>,
     /// Booked responses only: a peer rank that holds more of the prompt and can send it.
     pub kv_hint: Option<KvHint>,
+}
+
+/// How session affinity took part in a selection (DESIGN.md §9), reported so a gateway
+/// can log or count it per request as Dynamo's router does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionRoute {
+    /// The session had no binding: chosen by cost (booking binds it).
+    Unbound,
+    /// Hard mode: sent to the session's bound rank.
+    Pinned,
+    /// Soft mode: chosen by cost with the bound rank preferred (it may or may not win).
+    Preferred,
+    /// The bound rank could not take the turn (left, unavailable, overloaded, not
+    /// allowed): chosen by cost; booking rebinds the session (a forced rebind).
+    Rebound,
+}
+
+impl SessionRoute {
+    fn of(steer: &Steer) -> Self {
+        match steer {
+            Steer::Free => SessionRoute::Unbound,
+            Steer::Pin(_) => SessionRoute::Pinned,
+            Steer::Prefer { .. } => SessionRoute::Preferred,
+            Steer::Rebind { .. } => SessionRoute::Rebound,
+        }
+    }
 }
 
 /// A transfer hint (DESIGN.md §7): the chosen rank may pull blocks `block_range` of the
@@ -404,6 +433,7 @@ impl Partition {
             projected_decode_blocks: active.active_decode_blocks + new_blocks,
             cost: f64::NAN,
             session: prompt.and_then(|r| r.effective_session()),
+            session_route: None,
             kv_hint: None,
         })
     }
@@ -706,9 +736,11 @@ impl Partition {
         // its rank while that rank is eligible; otherwise it is rebound by this choice.
         let session = req.effective_session();
         let mut steer = Steer::Free;
+        let mut session_route = None;
         if let (Some(t), Some(ctx)) = (&self.sessions, &session) {
             let binding = t.lookup(ctx, now.unwrap_or_else(Instant::now));
             steer = t.steer(binding, |r| eligible.contains(&r));
+            session_route = Some(SessionRoute::of(&steer));
         }
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
         let bound = if steered {
@@ -781,6 +813,7 @@ impl Partition {
                 projected_decode_blocks: c.active_decode_blocks + c.new_blocks_not_active,
                 cost: costs[i],
                 session,
+                session_route,
                 kv_hint,
             },
             seq,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvr::cost::SelectionRng;
 use kvr::partition::{HostHooks, Partition, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::select::{Decision, Outcome, SelectRequest, SessionContext};
+use kvr::select::{Decision, Outcome, SelectRequest, SessionContext, SessionRoute};
 use kvr::session::{AffinityMode, SessionConfig};
 use kvr::{BlockHasher, HashSalt, RankId, StoredBlock, Tier};
 
@@ -75,11 +75,14 @@ fn turn(p: &Partition, tokens: &[u32], session: SessionContext, id: u64) -> Deci
 fn hard_mode_pins_the_session_to_its_rank_over_a_better_cached_one() {
     let p = partition(AffinityMode::Hard);
     let first = turn(&p, &prompt(1), ctx("s"), 1);
+    assert_eq!(first.session_route, Some(SessionRoute::Unbound));
     p.bookings().free(1).unwrap();
     // Another rank now holds the whole next prompt; the session still goes home.
     let other = RankId::new((first.rank.worker_id + 1) % 4, 0);
     cache(&p, other, &prompt(2));
-    assert_eq!(turn(&p, &prompt(2), ctx("s"), 2).rank, first.rank);
+    let second = turn(&p, &prompt(2), ctx("s"), 2);
+    assert_eq!(second.rank, first.rank);
+    assert_eq!(second.session_route, Some(SessionRoute::Pinned));
     // Without a session the cached rank wins.
     let mut rng = SelectionRng::from_seed(0);
     match p.select(&SelectRequest::tokens(&prompt(2)), &mut rng) {
@@ -102,6 +105,7 @@ fn hard_mode_rebinds_when_the_rank_is_unavailable_and_counts_it() {
     });
     let second = turn(&p, &prompt(1), ctx("s"), 2);
     assert_ne!(second.rank, first.rank);
+    assert_eq!(second.session_route, Some(SessionRoute::Rebound));
     let s = p.session_stats().unwrap();
     assert_eq!((s.rebinds, s.forced_rebinds), (1, 1));
     // The session now follows its new rank even when the old one is back.
@@ -128,9 +132,10 @@ fn soft_mode_prefers_the_bound_rank_by_its_penalty_only() {
     p.bookings().free(1).unwrap();
     // Equal costs elsewhere: the preference decides.
     for id in 2..6 {
+        let d = turn(&p, &prompt(10 + id as u32), ctx("s"), id);
         assert_eq!(
-            turn(&p, &prompt(10 + id as u32), ctx("s"), id).rank,
-            first.rank
+            (d.rank, d.session_route),
+            (first.rank, Some(SessionRoute::Preferred))
         );
         p.bookings().free(id).unwrap();
     }
@@ -233,6 +238,7 @@ fn without_a_session_table_sessions_steer_nothing() {
     let first = turn(&p, &prompt(1), ctx("s"), 1);
     let other = RankId::new((first.rank.worker_id + 1) % 4, 0);
     cache(&p, other, &prompt(2));
-    assert_eq!(turn(&p, &prompt(2), ctx("s"), 2).rank, other);
+    let second = turn(&p, &prompt(2), ctx("s"), 2);
+    assert_eq!((second.rank, second.session_route), (other, None));
     assert!(p.session_stats().is_none());
 }

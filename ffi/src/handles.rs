@@ -42,7 +42,7 @@ pub struct kvr_engine_options {
 /// `kvr_partition_options_set_*`). Unset values are Dynamo's defaults.
 #[allow(non_camel_case_types)]
 pub struct kvr_partition_options {
-    config: PartitionConfig,
+    pub(crate) config: PartitionConfig,
 }
 
 /// The status of an engine refusal.
@@ -59,9 +59,7 @@ pub(crate) fn engine_status(e: &EngineError) -> kvr_status {
             ReservationError::AlreadyFreed(..) => KVR_ERR_ALREADY_FREED,
             ReservationError::TooLarge(..) => KVR_ERR_TOO_LARGE,
         },
-        // Not reachable from C yet (no indexer options in the C ABI); an invalid
-        // configuration is an invalid argument.
-        EngineError::InvalidConfig(_) => KVR_ERR_INVALID_ARGUMENT,
+        EngineError::InvalidConfig(_) => KVR_ERR_INVALID_CONFIG,
     }
 }
 
@@ -429,7 +427,8 @@ unsafe fn key(
 
 /// Creates partition `(model, group)` and hands out a handle to it. `opts` is only read
 /// (NULL is not allowed: the block size has no default). Fails with
-/// `KVR_ERR_PARTITION_EXISTS` if it exists.
+/// `KVR_ERR_PARTITION_EXISTS` if it exists, and with `KVR_ERR_INVALID_CONFIG` if the
+/// options contradict each other (`kvr_partition_options_check` says why).
 ///
 /// # Safety
 /// `engine` and `opts` are NULL or live; the strings point to their lengths in bytes;

@@ -2,9 +2,11 @@
 //! declares and `ffi/libkvr` builds into `libkvr.a` / `libkvr.so`.
 //!
 //! The path of data is the engine's: workers and load ([`workers`]) and KV events
-//! ([`index`]) go in; lookups ([`index`]) and selections ([`select`]) come out; bookings
-//! are freed through the engine ([`select`]); host hooks ([`hooks`]) and statistics
-//! ([`stats`]) hang off a partition ([`handles`]). Engines' own KV-event messages come in
+//! ([`index`]) go in, under the partition's indexer policy ([`indexer`]); lookups
+//! ([`index`]) and selections ([`select`]) come out, steered by session affinity
+//! ([`session`]) and carrying transfer hints ([`hint`]); bookings are freed through the
+//! engine ([`select`]); host hooks ([`hooks`]) and statistics ([`stats`]) hang off a
+//! partition ([`handles`]). Engines' own KV-event messages come in
 //! raw through the host ([`ingress`]) or through kvr's own ZMQ subscriber ([`subscribe`]).
 //!
 //! Conventions, everywhere:
@@ -28,20 +30,26 @@
 #![allow(clippy::missing_safety_doc)] // each export's `# Safety` is in its doc comment
 
 pub mod handles;
+pub mod hint;
 pub mod hooks;
 pub mod index;
+pub mod indexer;
 pub mod ingress;
 pub mod select;
+pub mod session;
 pub mod stats;
 pub mod status;
 pub mod subscribe;
 pub mod workers;
 
 pub use handles::*;
+pub use hint::*;
 pub use hooks::*;
 pub use index::*;
+pub use indexer::*;
 pub use ingress::*;
 pub use select::*;
+pub use session::*;
 pub use stats::*;
 pub use status::*;
 pub use subscribe::*;

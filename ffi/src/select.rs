@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use kvr::cost::CostOverrides;
 use kvr::reservation::{BookingRequest, FreeOutcome, FreedBy};
-use kvr::select::{Decision, Outcome, Prompt, SelectRequest, SessionContext};
+use kvr::select::{Decision, Outcome, Prompt, SelectRequest, SessionContext, SessionRoute};
 use kvr::{RankId, WorkerId};
 
 use crate::handles::{engine_status, kvr_engine, kvr_partition};
+use crate::hint::kvr_kv_hint;
 use crate::status::*;
 
 /// A selection request (opaque; reuse it: `kvr_request_reset` between requests).
@@ -429,8 +430,9 @@ pub struct kvr_decision {
     pub disk_blocks: u32,
     /// Blocks the host's shared cache holds beyond the device prefix.
     pub shared_blocks: u32,
-    /// Always 0.
-    pub reserved: u32,
+    /// `KVR_DECISION_*` bits: whether a transfer hint came with the booking, and how
+    /// session affinity steered the choice (at most one `KVR_DECISION_SESSION_*` bit).
+    pub flags: u32,
     /// The booking's id (booked modes); 0 for advisory selection.
     pub selection_id: u64,
     /// Prompt tokens cached on the chosen rank's device.
@@ -443,6 +445,36 @@ pub struct kvr_decision {
     pub cost: f64,
 }
 
+/// `kvr_decision.flags`: a transfer hint was attached to the booking
+/// (`kvr_partition_select_and_reserve_with_hint` wrote it).
+pub const KVR_DECISION_KV_HINT: u32 = 1 << 0;
+/// The request's session had no binding: chosen by cost (a booking binds it).
+pub const KVR_DECISION_SESSION_UNBOUND: u32 = 1 << 1;
+/// Hard affinity: sent to the session's bound rank.
+pub const KVR_DECISION_SESSION_PINNED: u32 = 1 << 2;
+/// Soft affinity: chosen by cost with the session's rank preferred (it may not have won).
+pub const KVR_DECISION_SESSION_PREFERRED: u32 = 1 << 3;
+/// The session's rank could not take the turn (left, unavailable, overloaded, not
+/// allowed): chosen by cost, and a booking rebinds the session (counted as forced).
+pub const KVR_DECISION_SESSION_REBOUND: u32 = 1 << 4;
+
+#[inline(always)]
+fn flags(d: &Decision) -> u32 {
+    let hint = if d.kv_hint.is_some() {
+        KVR_DECISION_KV_HINT
+    } else {
+        0
+    };
+    let session = match d.session_route {
+        None => 0,
+        Some(SessionRoute::Unbound) => KVR_DECISION_SESSION_UNBOUND,
+        Some(SessionRoute::Pinned) => KVR_DECISION_SESSION_PINNED,
+        Some(SessionRoute::Preferred) => KVR_DECISION_SESSION_PREFERRED,
+        Some(SessionRoute::Rebound) => KVR_DECISION_SESSION_REBOUND,
+    };
+    hint | session
+}
+
 #[inline(always)]
 fn decision(d: &Decision) -> kvr_decision {
     kvr_decision {
@@ -452,7 +484,7 @@ fn decision(d: &Decision) -> kvr_decision {
         host_blocks: d.overlap.host_blocks,
         disk_blocks: d.overlap.disk_blocks,
         shared_blocks: d.overlap.shared_blocks,
-        reserved: 0,
+        flags: flags(d),
         selection_id: d.selection_id.unwrap_or(0),
         cached_tokens: d.cached_tokens,
         projected_prefill_tokens: d.projected_prefill_tokens,
@@ -470,6 +502,7 @@ unsafe fn selection(
     partition: *const kvr_partition,
     req: *const kvr_request,
     out: *mut kvr_decision,
+    hint: *mut kvr_kv_hint,
     f: impl FnOnce(&kvr_partition, &SelectRequest<'_>) -> Result<Outcome, kvr::engine::EngineError>,
 ) -> kvr_status {
     guard(|| {
@@ -485,6 +518,10 @@ unsafe fn selection(
             Ok(Outcome::Selected(d)) => {
                 // SAFETY: checked non-NULL above; writable by the caller's contract.
                 unsafe { out.write(decision(d)) };
+                if let (Some(h), false) = (&d.kv_hint, hint.is_null()) {
+                    // SAFETY: non-NULL; writable by the caller's contract.
+                    unsafe { hint.write(kvr_kv_hint::of(h)) };
+                }
                 Ok(())
             }
             Ok(Outcome::Busy) => Err(KVR_BUSY),
@@ -510,7 +547,7 @@ pub unsafe extern "C" fn kvr_partition_select(
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
     unsafe {
-        selection(partition, req, out, |p, r| {
+        selection(partition, req, out, std::ptr::null_mut(), |p, r| {
             p.engine.select_in(&p.partition, r)
         })
     }
@@ -528,8 +565,26 @@ pub unsafe extern "C" fn kvr_partition_select_and_reserve(
     out: *mut kvr_decision,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
+    unsafe { kvr_partition_select_and_reserve_with_hint(partition, req, out, std::ptr::null_mut()) }
+}
+
+/// As `kvr_partition_select_and_reserve`, and when the booking comes with a transfer hint
+/// (partition options `kvr_partition_options_set_kv_hints`; `out->flags` has
+/// `KVR_DECISION_KV_HINT`) it is written to `*hint`; otherwise `*hint` is untouched.
+/// `hint` may be NULL (the hint is dropped).
+///
+/// # Safety
+/// As `kvr_partition_select`; `hint` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_partition_select_and_reserve_with_hint(
+    partition: *const kvr_partition,
+    req: *const kvr_request,
+    out: *mut kvr_decision,
+    hint: *mut kvr_kv_hint,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
     unsafe {
-        selection(partition, req, out, |p, r| {
+        selection(partition, req, out, hint, |p, r| {
             p.engine.select_and_reserve_in(&p.partition, r)
         })
     }

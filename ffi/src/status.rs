@@ -52,14 +52,20 @@ pub const KVR_ERR_DECODE: kvr_status = 112;
 /// An operating-system resource could not be had (`kvr_partition_subscribe`: the
 /// subscription's thread or its I/O runtime could not be created); nothing was started.
 pub const KVR_ERR_IO: kvr_status = 113;
+/// The partition options contradict each other (e.g. a remote indexer with KV events
+/// off) or name something kvr cannot use (a remote URL that is not `http://host[:port]`);
+/// nothing was created. `kvr_partition_options_check` writes the reason.
+pub const KVR_ERR_INVALID_CONFIG: kvr_status = 114;
 /// A Rust panic was caught at the boundary (a bug in kvr); the call had no effect it
 /// reports, and the engine keeps serving.
 pub const KVR_ERR_PANIC: kvr_status = 199;
 
 /// Version of this library (semantic versioning of the C ABI's source). 0.2 added raw
-/// ingest, ingress stats and subscriptions (issue 5); nothing of 0.1 changed.
+/// ingest, ingress stats and subscriptions (issue 5); 0.3 added indexer policies, transfer
+/// hints and session affinity (issue 7) and renamed `kvr_decision.reserved` (always 0
+/// until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning.
 pub const KVR_VERSION_MAJOR: u32 = 0;
-pub const KVR_VERSION_MINOR: u32 = 2;
+pub const KVR_VERSION_MINOR: u32 = 3;
 pub const KVR_VERSION_PATCH: u32 = 0;
 /// The ABI generation: bumped on every incompatible change of a type or signature.
 /// `kvr_abi_version()` returns the library's; a host compares it with this macro.
@@ -104,6 +110,7 @@ pub extern "C" fn kvr_status_str(status: kvr_status) -> *const std::os::raw::c_c
         KVR_ERR_TOO_MANY_RANKS => b"too many ranks in the index\0",
         KVR_ERR_DECODE => b"engine message did not decode\0",
         KVR_ERR_IO => b"I/O error\0",
+        KVR_ERR_INVALID_CONFIG => b"invalid partition configuration\0",
         KVR_ERR_PANIC => b"internal error (panic caught)\0",
         _ => b"unknown status\0",
     };

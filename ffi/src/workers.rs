@@ -112,7 +112,8 @@ pub unsafe extern "C" fn kvr_worker_set_role(worker: *mut kvr_worker, role: u32)
 }
 
 /// The endpoint a peer uses to pull KV blocks from rank `dp_rank` (< dp size), copied;
-/// `(NULL, 0)` clears it.
+/// `(NULL, 0)` clears it. At most `KVR_CONTROL_ENDPOINT_MAX_LEN` bytes (it travels inline
+/// in `kvr_kv_hint`).
 ///
 /// # Safety
 /// `worker` is NULL or live and not shared; `endpoint` points to `len` bytes.
@@ -127,6 +128,9 @@ pub unsafe extern "C" fn kvr_worker_set_control_endpoint(
     unsafe {
         with_worker(worker, |w| {
             let ep = str_arg(endpoint, len)?;
+            if ep.len() > crate::hint::KVR_CONTROL_ENDPOINT_MAX_LEN {
+                return Err(KVR_ERR_INVALID_ARGUMENT);
+            }
             let slot = w
                 .control_endpoints
                 .get_mut(dp_rank as usize)
