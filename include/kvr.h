@@ -1202,6 +1202,10 @@ kvr_status kvr_partition_set_hooks(const struct kvr_partition *partition,
  * The rank need not be a registered worker: engines may publish before the host
  * registers them. Writers to one rank serialize; other ranks and all lookups proceed.
  *
+ * A partition whose indexer policy applies no engine events (KV events off, or a remote
+ * primary) ignores a well-formed batch, as `kvr_partition_ingest` does: `KVR_OK`, nothing
+ * applied, one batch counted in `kvr_indexer_stats.events_ignored`.
+ *
  * # Safety
  * `partition` is NULL or live; `events` points to `n` events whose arrays point to their
  * lengths; `out` is NULL or writable.

@@ -324,6 +324,14 @@ impl Partition {
         self.sessions.as_ref().map(|t| t.stats())
     }
 
+    /// Whether the indexer policy applies engine events to [`Partition::index`] (not with
+    /// KV events off or a remote primary). `false` also counts one ignored message
+    /// (`indexer_stats().events_ignored`): hosts that apply events themselves ask this
+    /// before each batch, as [`Partition::ingest`] does.
+    pub fn accepts_events(&self) -> bool {
+        self.indexing.accepts_events()
+    }
+
     /// The indexer policy in force and its counters.
     pub fn indexer_stats(&self) -> IndexerStats {
         self.indexing.stats()

@@ -738,9 +738,13 @@ impl Partition {
         let mut steer = Steer::Free;
         let mut session_route = None;
         if let (Some(t), Some(ctx)) = (&self.sessions, &session) {
-            let binding = t.lookup(ctx, now.unwrap_or_else(Instant::now));
+            let (binding, dropped) = t.lookup_or_dropped(ctx, now.unwrap_or_else(Instant::now));
             steer = t.steer(binding, |r| eligible.contains(&r));
-            session_route = Some(SessionRoute::of(&steer));
+            session_route = Some(if dropped {
+                SessionRoute::Rebound
+            } else {
+                SessionRoute::of(&steer)
+            });
         }
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
         let bound = if steered {

@@ -687,19 +687,30 @@ impl SessionTable {
     /// consulted. An entry whose binding `forget_rank` dropped answers `None` (no parent
     /// fallback: the session rebinds). Read-only: it neither refreshes nor reaps.
     pub fn lookup(&self, ctx: &SessionContext, now: Instant) -> Option<Binding> {
+        self.lookup_or_dropped(ctx, now).0
+    }
+
+    /// As [`SessionTable::lookup`], and whether the session's own binding was dropped by
+    /// `forget_rank` (its rank left): such a turn is chosen by cost like an unbound one,
+    /// but it is a forced rebind, and the decision reports it so.
+    pub fn lookup_or_dropped(&self, ctx: &SessionContext, now: Instant) -> (Option<Binding>, bool) {
         if self.valid_id(&ctx.session_id) {
             if let Some(own) = self.own_binding(&ctx.session_id, now) {
-                return own;
+                let dropped = own.is_none();
+                return (own, dropped);
             }
         }
-        let parent = ctx.parent_session_id.as_deref()?;
+        let Some(parent) = ctx.parent_session_id.as_deref() else {
+            return (None, false);
+        };
         if !self.valid_id(parent) || parent == ctx.session_id {
-            return None;
+            return (None, false);
         }
-        self.own_binding(parent, now).flatten().map(|b| Binding {
+        let inherited = self.own_binding(parent, now).flatten().map(|b| Binding {
             inherited: true,
             ..b
-        })
+        });
+        (inherited, false)
     }
 
     /// What `binding` means for a selection whose eligible candidates are those for

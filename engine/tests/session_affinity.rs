@@ -582,7 +582,11 @@ fn differential(seed: u64, n_ops: usize, cap: usize, mode: AffinityMode) {
     }
     compare_all(&t, &m, &ids, &|| format!("at the end, seed {seed:#x}"));
     let st = t.stats();
-    // The workload must have reached every path.
+    // The workload must have reached every path: checked at the full length (release
+    // builds; a debug build runs a tenth of the steps, too few to reach eviction).
+    if cfg!(debug_assertions) {
+        return;
+    }
     for (what, n) in [
         ("created", st.bindings_created),
         ("rebinds", st.rebinds),

@@ -120,6 +120,7 @@ fn a_rank_that_left_is_rebound_and_counted() {
     assert!(p.remove_worker(first.rank.worker_id));
     let second = turn(&p, &prompt(1), ctx("s"), 2);
     assert_ne!(second.rank, first.rank);
+    assert_eq!(second.session_route, Some(SessionRoute::Rebound));
     assert_eq!(p.session_stats().unwrap().forced_rebinds, 1);
 }
 

@@ -152,6 +152,10 @@ const _: () = {
 /// The rank need not be a registered worker: engines may publish before the host
 /// registers them. Writers to one rank serialize; other ranks and all lookups proceed.
 ///
+/// A partition whose indexer policy applies no engine events (KV events off, or a remote
+/// primary) ignores a well-formed batch, as `kvr_partition_ingest` does: `KVR_OK`, nothing
+/// applied, one batch counted in `kvr_indexer_stats.events_ignored`.
+///
 /// # Safety
 /// `partition` is NULL or live; `events` points to `n` events whose arrays point to their
 /// lengths; `out` is NULL or writable.
@@ -171,9 +175,14 @@ pub unsafe extern "C" fn kvr_partition_apply_events(
             // SAFETY: forwarded caller contract.
             unsafe { check(e) }?;
         }
+        let mut r = kvr_apply_result::default();
+        if !p.partition.accepts_events() {
+            // SAFETY: forwarded caller contract.
+            unsafe { write_opt(out, r) };
+            return Ok(());
+        }
         let index = p.partition.index();
         let rank = RankId::new(worker_id, dp_rank);
-        let mut r = kvr_apply_result::default();
         let mut first_refusal = None;
         for e in events {
             // SAFETY: checked above; the contract holds for the whole call.

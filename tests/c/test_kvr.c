@@ -444,7 +444,7 @@ static void test_version_and_status(void)
     KVR_ABI_CHECK();
     CHECK_EQ(kvr_abi_version(), KVR_ABI_VERSION);
     CHECK_EQ(kvr_abi_1, KVR_ABI_VERSION);
-    CHECK(KVR_VERSION_MAJOR == 0 && KVR_VERSION_MINOR >= 1);
+    CHECK(KVR_VERSION_MAJOR == 0 && KVR_VERSION_MINOR >= 3);
 
     const kvr_status all[] = {
         KVR_OK, KVR_BUSY, KVR_NO_WORKER, KVR_BUFFER_TOO_SMALL, KVR_ERR_NULL,
@@ -452,7 +452,7 @@ static void test_version_and_status(void)
         KVR_ERR_UNKNOWN_SELECTION_ID, KVR_ERR_DUPLICATE_SELECTION_ID, KVR_ERR_UNKNOWN_RANK,
         KVR_ERR_UNKNOWN_WORKER, KVR_ERR_ALREADY_FREED, KVR_ERR_TOO_LARGE,
         KVR_ERR_PARENT_NOT_FOUND, KVR_ERR_TOO_MANY_RANKS, KVR_ERR_DECODE, KVR_ERR_IO,
-        KVR_ERR_PANIC,
+        KVR_ERR_INVALID_CONFIG, KVR_ERR_PANIC,
     };
     const size_t n = sizeof all / sizeof all[0];
     const char *unknown = kvr_status_str(12345);
@@ -1089,7 +1089,7 @@ static void test_selection_cost(void)
     CHECK_EQ(d.host_blocks, 0);
     CHECK_EQ(d.disk_blocks, 0);
     CHECK_EQ(d.shared_blocks, 0);
-    CHECK_EQ(d.reserved, 0);
+    CHECK_EQ(d.flags, 0);
     CHECK_EQ(d.selection_id, 0); /* advisory */
     CHECK_EQ(d.cached_tokens, NT);
     CHECK_EQ(d.projected_prefill_tokens, 0);
@@ -2989,6 +2989,585 @@ static void test_subscribe(void)
     }
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* Indexer policies, the remote primary, transfer hints, session affinity (issue 7)      */
+/* ------------------------------------------------------------------------------------ */
+
+static kvr_indexer_stats indexer_stats(const kvr_partition *p)
+{
+    kvr_indexer_stats s;
+    memset(&s, SENTINEL, sizeof s);
+    OK(kvr_partition_indexer_stats(p, &s));
+    return s;
+}
+
+static kvr_session_stats session_stats(const kvr_partition *p)
+{
+    kvr_session_stats s;
+    memset(&s, SENTINEL, sizeof s);
+    OK(kvr_partition_session_stats(p, &s));
+    return s;
+}
+
+/* kvr_partition_options_check's text into `why` (NUL-terminated); returns its status. */
+static kvr_status check_opts(const kvr_partition_options *o, char *why, size_t cap)
+{
+    size_t len = 0;
+    kvr_status st = kvr_partition_options_check(o, why, cap - 1, &len);
+    why[len < cap - 1 ? len : cap - 1] = '\0';
+    return st;
+}
+
+static void test_indexer_options(void)
+{
+    g_section = "indexer options";
+    kvr_engine *e = new_engine(21);
+    kvr_partition_options *o = new_opts(BS);
+    char why[512];
+    size_t len = 7;
+
+    /* Setters: NULL handles, bad strings, out-of-range values. */
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_use_kv_events(NULL, 0));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_prediction_ttl_ms(NULL, 1));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_remote_indexer(NULL, "http://h", 8, 0, 0));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_remote_indexer(o, NULL, 8, 0, 0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+             kvr_partition_options_set_remote_indexer(o, BAD_UTF8, BAD_UTF8_LEN, 0, 0));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_approx_index(NULL, 1, 1));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_approx_index(o, 0, 1));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_approx_index(o, 1, 0));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_approx_retention(NULL, KVR_RETENTION_TTL));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_approx_retention(o, 2));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_check(NULL, why, sizeof why, &len));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_check(o, why, sizeof why, NULL));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_check(o, NULL, 4, &len));
+
+    /* Defaults: valid, no notices; the event-driven policy. */
+    OK(kvr_partition_options_check(o, NULL, 0, &len));
+    CHECK_EQ(len, 0);
+
+    /* DESIGN.md §5's rejected row: a remote primary with events off. The check and the
+       creation both refuse, with the reason; nothing is created; the status is counted. */
+    const char *url = "http://127.0.0.1:9";
+    OK(kvr_partition_options_set_remote_indexer(o, url, strlen(url), 0, 0));
+    OK(kvr_partition_options_set_use_kv_events(o, 0));
+    CHECK_ST(KVR_ERR_INVALID_CONFIG, check_opts(o, why, sizeof why));
+    CHECK(strstr(why, "KV events off") != NULL);
+    CHECK_ST(KVR_ERR_INVALID_CONFIG, kvr_partition_options_check(o, NULL, 0, &len));
+    CHECK_EQ(len, strlen(why)); /* the full length, with no buffer */
+    char small[8];
+    memset(small, SENTINEL, sizeof small);
+    CHECK_ST(KVR_ERR_INVALID_CONFIG, kvr_partition_options_check(o, small, 4, &len));
+    CHECK(memcmp(small, why, 4) == 0 && all_bytes(small + 4, 4, SENTINEL)); /* truncated */
+    uint64_t refused = kvr_status_count(KVR_ERR_INVALID_CONFIG);
+    kvr_partition *p = NULL;
+    CHECK_ST(KVR_ERR_INVALID_CONFIG, kvr_engine_create_partition(e, "r", 1, "g", 1, o, &p));
+    CHECK(p == NULL);
+    CHECK_ST(KVR_ERR_UNKNOWN_PARTITION, kvr_engine_get_partition(e, "r", 1, "g", 1, &p));
+    CHECK_EQ(kvr_status_count(KVR_ERR_INVALID_CONFIG), refused + 1);
+    CHECK(strcmp(kvr_status_str(KVR_ERR_INVALID_CONFIG), "invalid partition configuration") == 0);
+
+    /* A URL kvr cannot use (TLS is not supported): refused with the URL named. */
+    OK(kvr_partition_options_set_use_kv_events(o, 1));
+    const char *tls = "https://index:443";
+    OK(kvr_partition_options_set_remote_indexer(o, tls, strlen(tls), 0, 0));
+    CHECK_ST(KVR_ERR_INVALID_CONFIG, check_opts(o, why, sizeof why));
+    CHECK(strstr(why, "https://index:443") != NULL);
+    OK(kvr_partition_options_set_remote_indexer(o, url, strlen(url), 0, 0));
+    OK(check_opts(o, why, sizeof why)); /* remote primary, events on: valid */
+    OK(kvr_partition_options_set_remote_indexer(o, NULL, 0, 0, 0)); /* none again */
+
+    /* Capacity-bounded retention is accepted with a notice (it falls back to TTL). */
+    OK(kvr_partition_options_set_use_kv_events(o, 0));
+    OK(kvr_partition_options_set_approx_retention(o, KVR_RETENTION_CAPACITY_BOUNDED));
+    OK(check_opts(o, why, sizeof why));
+    CHECK(strstr(why, "capacity-bounded") != NULL);
+    OK(kvr_partition_options_set_approx_retention(o, KVR_RETENTION_TTL));
+    OK(check_opts(o, why, sizeof why));
+    CHECK_EQ(strlen(why), 0);
+    kvr_partition_options_free(o);
+    kvr_engine_free(e);
+}
+
+/* Events off: the approximate primary holds what bookings recorded; advisory selection
+   records nothing; engine events are ignored and counted. */
+static void test_approximate_primary(void)
+{
+    g_section = "approximate primary";
+    kvr_engine *e = new_engine(22);
+    kvr_partition_options *o = new_opts(BS);
+    OK(kvr_partition_options_set_use_kv_events(o, 0));
+    OK(kvr_partition_options_set_approx_index(o, 60000, 1024));
+    kvr_partition *p = new_partition_with(e, "approx", o);
+    add_worker(p, 1);
+    add_worker(p, 2);
+    add_worker(p, 3);
+    kvr_indexer_stats s = indexer_stats(p);
+    CHECK_EQ(s.policy, KVR_INDEXER_APPROXIMATE_PRIMARY);
+    CHECK_EQ(s.reserved, 0);
+    CHECK_EQ(s.bookings_recorded, 0);
+
+    /* Advisory selection records nothing. */
+    kvr_request *r = new_request(T, NT);
+    kvr_decision d;
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.device_blocks, 0);
+    CHECK_EQ(indexer_stats(p).bookings_recorded, 0);
+
+    /* A booking records its prompt on its rank: the same prompt now finds it there. */
+    OK(kvr_partition_select_and_reserve(p, r, &d));
+    const uint64_t first = d.worker_id;
+    CHECK_EQ(d.device_blocks, 0);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.worker_id, first);
+    CHECK_EQ(d.device_blocks, NB);
+    s = indexer_stats(p);
+    CHECK_EQ(s.bookings_recorded, 1);
+    CHECK_EQ(s.approx_blocks_recorded, NB);
+    CHECK_EQ(s.record_failures, 0);
+
+    /* An explicit reservation carrying the prompt records it too (a refresh here). */
+    OK(kvr_partition_reserve(p, first, 0, r, NULL, 0, &d));
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    s = indexer_stats(p);
+    CHECK_EQ(s.bookings_recorded, 2);
+    CHECK_EQ(s.approx_blocks_refreshed, NB);
+
+    /* Engine events are not applied to an approximate primary: ignored, counted. */
+    kvr_apply_result res;
+    memset(&res, SENTINEL, sizeof res);
+    OK(store(p, 2, 0, KVR_TIER_DEVICE, false, 0, 201, L, NB, &res));
+    CHECK_EQ(res.events_applied, 0);
+    CHECK_EQ(res.blocks_stored, 0);
+    CHECK_EQ(indexer_stats(p).events_ignored, 1);
+    kvr_overlap ov[4];
+    size_t n = 0;
+    OK(kvr_partition_find_matches(p, L, NB, ov, 4, &n));
+    CHECK(n == 1 && ov[0].worker_id == first); /* only the recorded booking */
+
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_indexer_stats(NULL, &s));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_indexer_stats(p, NULL));
+    kvr_request_free(r);
+    kvr_partition_free(p);
+    kvr_engine_free(e);
+}
+
+/* Events on plus a prediction side index: a booking counts before its engine's events. */
+static void test_prediction_index(void)
+{
+    g_section = "prediction index";
+    kvr_engine *e = new_engine(23);
+    kvr_partition_options *o = new_opts(BS);
+    OK(kvr_partition_options_set_prediction_ttl_ms(o, 60000));
+    kvr_partition *p = new_partition_with(e, "predict", o);
+    add_worker(p, 1);
+    add_worker(p, 2);
+    CHECK_EQ(indexer_stats(p).policy, KVR_INDEXER_EVENT_DRIVEN_WITH_PREDICTION);
+    kvr_request *r = new_request(T, NT);
+    kvr_decision d;
+    OK(kvr_partition_select_and_reserve(p, r, &d));
+    const uint64_t booked = d.worker_id;
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.worker_id, booked);
+    CHECK_EQ(d.device_blocks, NB); /* from the side index: no event arrived */
+    /* Events still feed the primary. */
+    OK(store(p, 2, 0, KVR_TIER_DEVICE, false, 0, 201, L, 2, NULL));
+    CHECK_EQ(indexer_stats(p).events_ignored, 0);
+    kvr_request_free(r);
+    kvr_partition_free(p);
+
+    /* Without a prediction TTL: the plain event-driven policy, bookings record nothing. */
+    p = new_partition(e, "events");
+    add_worker(p, 1);
+    r = new_request(T, NT);
+    OK(kvr_partition_select_and_reserve(p, r, &d));
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.device_blocks, 0);
+    kvr_indexer_stats s = indexer_stats(p);
+    CHECK_EQ(s.policy, KVR_INDEXER_EVENT_DRIVEN);
+    CHECK_EQ(s.bookings_recorded, 0);
+    kvr_request_free(r);
+    kvr_partition_free(p);
+    kvr_engine_free(e);
+}
+
+/* A one-connection HTTP server for the remote primary: answers per `mode`. */
+enum { HTTP_ANSWER, HTTP_GARBAGE, HTTP_HANG };
+typedef struct {
+    int listen_fd;
+    int mode;
+    char request[8192];
+} http_server;
+
+static int http_serve(void *arg)
+{
+    http_server *s = arg;
+    int fd = accept(s->listen_fd, NULL, NULL);
+    if (fd < 0) {
+        return 1;
+    }
+    struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t n = 0;
+    /* The request ends with its JSON body's closing brace. */
+    while (n < sizeof s->request - 1) {
+        ssize_t k = recv(fd, s->request + n, sizeof s->request - 1 - n, 0);
+        if (k <= 0) {
+            break;
+        }
+        n += (size_t)k;
+        s->request[n] = '\0';
+        if (strstr(s->request, "\r\n\r\n") != NULL && s->request[n - 1] == '}') {
+            break;
+        }
+    }
+    char reply[512];
+    if (s->mode == HTTP_ANSWER) {
+        /* Worker 2 holds all six blocks on its device. */
+        const char *body = "{\"ranks\":[{\"worker_id\":2,\"dp_rank\":0,\"device\":6,\"host\":0,"
+                           "\"disk\":0}]}";
+        snprintf(reply, sizeof reply,
+                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                 "%zu\r\nConnection: close\r\n\r\n%s",
+                 strlen(body), body);
+        send_all(fd, reply, strlen(reply));
+    } else if (s->mode == HTTP_GARBAGE) {
+        snprintf(reply, sizeof reply,
+                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                 "9\r\nConnection: close\r\n\r\nnot json!");
+        send_all(fd, reply, strlen(reply));
+    } else {
+        sleep_ms(600); /* past the client's request timeout */
+    }
+    close(fd);
+    return 0;
+}
+
+/* Listens on an ephemeral loopback port; returns it (0 on failure). */
+static uint16_t http_listen(http_server *s, int mode)
+{
+    memset(s, 0, sizeof *s);
+    s->mode = mode;
+    s->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = loopback(0);
+    socklen_t al = sizeof a;
+    if (s->listen_fd < 0 || bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        listen(s->listen_fd, 4) != 0 ||
+        getsockname(s->listen_fd, (struct sockaddr *)&a, &al) != 0) {
+        return 0;
+    }
+    return ntohs(a.sin_port);
+}
+
+/* A remote-primary partition `model` on `url` with workers 1-3. */
+static kvr_partition *remote_partition(kvr_engine *e, const char *model, const char *url,
+                                       uint64_t request_timeout_ms)
+{
+    kvr_partition_options *o = new_opts(BS);
+    OK(kvr_partition_options_set_remote_indexer(o, url, strlen(url), 1000, request_timeout_ms));
+    kvr_partition *p = new_partition_with(e, model, o);
+    add_worker(p, 1);
+    add_worker(p, 2);
+    add_worker(p, 3);
+    return p;
+}
+
+static void test_remote_primary(void)
+{
+    g_section = "remote primary";
+    kvr_engine *e = new_engine(24);
+    kvr_request *r = new_request(T, NT);
+    kvr_decision d;
+    char url[64];
+
+    /* A remote that answers: its overlap decides the selection; kvr sent the partition,
+       the block size and the prompt's local hashes. */
+    http_server s;
+    uint16_t port = http_listen(&s, HTTP_ANSWER);
+    CHECK(port != 0);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", (unsigned)port);
+    kvr_partition *p = remote_partition(e, "remote", url, 5000);
+    CHECK_EQ(indexer_stats(p).policy, KVR_INDEXER_REMOTE_PRIMARY);
+    thrd_t t;
+    CHECK(thrd_create(&t, http_serve, &s) == thrd_success);
+    OK(kvr_partition_select(p, r, &d));
+    thrd_join(t, NULL);
+    close(s.listen_fd);
+    CHECK_EQ(d.worker_id, 2);
+    CHECK_EQ(d.device_blocks, NB);
+    CHECK(strncmp(s.request, "POST /query_tiered_by_hash ", 27) == 0);
+    CHECK(strstr(s.request, "\"model\":\"remote\"") != NULL);
+    CHECK(strstr(s.request, "\"block_size\":4") != NULL);
+    char first_hash[32];
+    snprintf(first_hash, sizeof first_hash, "[%" PRIu64 ",", L[0]);
+    CHECK(strstr(s.request, first_hash) != NULL);
+    kvr_indexer_stats st = indexer_stats(p);
+    CHECK_EQ(st.remote_queries, 1);
+    CHECK_EQ(st.remote_failures, 0);
+    /* A remote primary applies no engine events: ignored, counted. */
+    kvr_apply_result res;
+    OK(store(p, 3, 0, KVR_TIER_DEVICE, false, 0, 301, L, NB, &res));
+    CHECK_EQ(res.events_applied, 0);
+    CHECK_EQ(indexer_stats(p).events_ignored, 1);
+    kvr_partition_free(p);
+
+    /* Refused (nothing listens), garbage, hang: each selection still succeeds without
+       overlap, and each failure is counted. */
+    port = http_listen(&s, HTTP_GARBAGE);
+    close(s.listen_fd); /* nothing listens on `port` now */
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", (unsigned)port);
+    p = remote_partition(e, "refused", url, 5000);
+    OK(kvr_partition_select_and_reserve(p, r, &d));
+    CHECK_EQ(d.device_blocks, 0);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    st = indexer_stats(p);
+    CHECK(st.remote_queries == 1 && st.remote_failures == 1);
+    kvr_partition_free(p);
+
+    const int modes[] = {HTTP_GARBAGE, HTTP_HANG};
+    const char *names[] = {"garbage", "hang"};
+    for (int i = 0; i < 2; i++) {
+        port = http_listen(&s, modes[i]);
+        CHECK(port != 0);
+        snprintf(url, sizeof url, "http://127.0.0.1:%u", (unsigned)port);
+        p = remote_partition(e, names[i], url, modes[i] == HTTP_HANG ? 100 : 5000);
+        CHECK(thrd_create(&t, http_serve, &s) == thrd_success);
+        const uint64_t t0 = now_ms();
+        OK(kvr_partition_select(p, r, &d));
+        const uint64_t took = now_ms() - t0;
+        thrd_join(t, NULL);
+        close(s.listen_fd);
+        CHECK_EQ(d.device_blocks, 0);
+        st = indexer_stats(p);
+        CHECK(st.remote_queries == 1 && st.remote_failures == 1);
+        if (modes[i] == HTTP_HANG) {
+            CHECK(took < 550); /* the request timeout (100 ms) ended it, not the server */
+        }
+        kvr_partition_free(p);
+    }
+    kvr_request_free(r);
+    kvr_engine_free(e);
+}
+
+/* Transfer hints (DESIGN.md §7): worker 1 (decode, the pin) holds 1 block; worker 2
+   (prefill, with a control endpoint) all 6; worker 3 (decode, with an endpoint) all 6. */
+static kvr_partition *hint_partition(kvr_engine *e, const char *model, uint32_t w1_blocks,
+                                     bool hints)
+{
+    kvr_partition_options *o = new_opts(BS);
+    if (hints) {
+        OK(kvr_partition_options_set_kv_hints(o, 2, 3, KVR_ROLE_MASK_PREFILL | KVR_ROLE_MASK_AGGREGATED));
+    }
+    kvr_partition *p = new_partition_with(e, model, o);
+    const uint32_t roles[] = {KVR_ROLE_DECODE, KVR_ROLE_PREFILL, KVR_ROLE_DECODE};
+    const char *eps[] = {NULL, "tcp://peer:7000", "tcp://decode:7000"};
+    for (uint64_t w = 1; w <= 3; w++) {
+        kvr_worker *k = NULL;
+        OK(kvr_worker_new(w, 1, &k));
+        OK(kvr_worker_set_role(k, roles[w - 1]));
+        if (eps[w - 1] != NULL) {
+            OK(kvr_worker_set_control_endpoint(k, 0, eps[w - 1], strlen(eps[w - 1])));
+        }
+        OK(kvr_partition_upsert_worker(p, k));
+        kvr_worker_free(k);
+    }
+    OK(store(p, 1, 0, KVR_TIER_DEVICE, false, 0, 101, L, w1_blocks, NULL));
+    OK(store(p, 2, 0, KVR_TIER_DEVICE, false, 0, 201, L, NB, NULL));
+    OK(store(p, 3, 0, KVR_TIER_DEVICE, false, 0, 301, L, NB, NULL));
+    return p;
+}
+
+static void test_kv_hints(void)
+{
+    g_section = "kv hints";
+    kvr_engine *e = new_engine(25);
+    kvr_partition_options *o = new_opts(BS);
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_kv_hints(NULL, 4, 4096, KVR_ROLE_MASK_PREFILL));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_kv_hints(o, 4, 4096, 0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_kv_hints(o, 4, 4096, 1u << 3));
+    OK(kvr_partition_options_set_kv_hints(o, 4, 0, 0)); /* off */
+    kvr_partition_options_free(o);
+
+    /* A control endpoint travels inline in the hint: at most 511 bytes. */
+    kvr_worker *w = NULL;
+    OK(kvr_worker_new(9, 1, &w));
+    char long_ep[KVR_CONTROL_ENDPOINT_CAP + 1];
+    memset(long_ep, 'a', sizeof long_ep);
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+             kvr_worker_set_control_endpoint(w, 0, long_ep, KVR_CONTROL_ENDPOINT_MAX_LEN + 1));
+    OK(kvr_worker_set_control_endpoint(w, 0, long_ep, KVR_CONTROL_ENDPOINT_MAX_LEN));
+    kvr_worker_free(w);
+
+    kvr_partition *p = hint_partition(e, "hints", 1, true);
+    kvr_request *r = new_request(T, NT);
+    OK(kvr_request_set_pinned_worker(r, 1));
+    kvr_decision d;
+    kvr_kv_hint h;
+
+    /* Booked: a hint from worker 2 (worker 3's role may not serve), blocks [1, 4): from
+       the chosen rank's prefix, capped at 3 blocks. */
+    memset(&h, SENTINEL, sizeof h);
+    OK(kvr_partition_select_and_reserve_with_hint(p, r, &d, &h));
+    CHECK_EQ(d.worker_id, 1);
+    CHECK_EQ(d.flags, KVR_DECISION_KV_HINT);
+    CHECK_EQ(h.source_worker_id, 2);
+    CHECK_EQ(h.source_dp_rank, 0);
+    CHECK_EQ(h.block_start, 1);
+    CHECK_EQ(h.block_end, 4);
+    CHECK_EQ(h.control_endpoint_len, strlen("tcp://peer:7000"));
+    CHECK(strcmp(h.control_endpoint, "tcp://peer:7000") == 0);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    /* Without a hint buffer, and through the plain call: the flag says one was dropped. */
+    OK(kvr_partition_select_and_reserve_with_hint(p, r, &d, NULL));
+    CHECK_EQ(d.flags, KVR_DECISION_KV_HINT);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    OK(kvr_partition_select_and_reserve(p, r, &d));
+    CHECK_EQ(d.flags, KVR_DECISION_KV_HINT);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    /* Advisory selection never carries one. */
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.flags, 0);
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_select_and_reserve_with_hint(p, r, NULL, &h));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_select_and_reserve_with_hint(NULL, r, &d, &h));
+    kvr_partition_free(p);
+
+    /* Below the minimum advantage (5 of 6 blocks held already): no hint, *hint untouched. */
+    p = hint_partition(e, "close", 5, true);
+    memset(&h, SENTINEL, sizeof h);
+    OK(kvr_partition_select_and_reserve_with_hint(p, r, &d, &h));
+    CHECK_EQ(d.flags, 0);
+    CHECK(all_bytes(&h, sizeof h, SENTINEL));
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    kvr_partition_free(p);
+
+    /* A partition that consumes no hints gets none. */
+    p = hint_partition(e, "off", 1, false);
+    OK(kvr_partition_select_and_reserve_with_hint(p, r, &d, &h));
+    CHECK_EQ(d.flags, 0);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    kvr_partition_free(p);
+    kvr_request_free(r);
+    kvr_engine_free(e);
+}
+
+/* One booked turn of session `id` on prompt `tokens`. */
+static kvr_decision session_turn(const kvr_partition *p, const uint32_t *tokens, const char *id,
+                                 bool final)
+{
+    kvr_request *r = new_request(tokens, NT);
+    OK(kvr_request_set_session(r, id, strlen(id), NULL, 0, final ? 1u : 0u, NULL, 0));
+    kvr_decision d;
+    memset(&d, 0, sizeof d);
+    OK(kvr_partition_select_and_reserve(p, r, &d));
+    kvr_request_free(r);
+    return d;
+}
+
+static void test_session_affinity(void)
+{
+    g_section = "session affinity";
+    kvr_engine *e = new_engine(26);
+    kvr_partition_options *o = new_opts(BS);
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_session_affinity(NULL, KVR_AFFINITY_HARD, 0, 0, 0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_session_affinity(o, 9, 0, 0, 0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+             kvr_partition_options_set_session_affinity(o, KVR_AFFINITY_SOFT, -1.0, 0, 0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+             kvr_partition_options_set_session_affinity(o, KVR_AFFINITY_SOFT, NAN, 0, 0));
+    OK(kvr_partition_options_set_session_affinity(o, KVR_AFFINITY_OFF, 0, 0, 0));
+
+    /* Off: sessions steer nothing, the stats say so. */
+    kvr_partition *p = new_partition_with(e, "nosessions", o);
+    add_worker(p, 1);
+    kvr_decision d = session_turn(p, T, "s", false);
+    CHECK_EQ(d.flags, 0);
+    kvr_session_stats ss = session_stats(p);
+    CHECK(ss.enabled == 0 && ss.entries == 0 && ss.bindings_created == 0);
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_session_stats(NULL, &ss));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_session_stats(p, NULL));
+    kvr_partition_free(p);
+
+    /* Hard: the first turn binds; the next goes home over a rank holding its prompt. */
+    o = new_opts(BS);
+    OK(kvr_partition_options_set_session_affinity(o, KVR_AFFINITY_HARD, 0, 16, 60000));
+    p = new_partition_with(e, "hard", o);
+    add_worker(p, 1);
+    add_worker(p, 2);
+    add_worker(p, 3);
+    d = session_turn(p, U, "s", false);
+    CHECK_EQ(d.flags, KVR_DECISION_SESSION_UNBOUND);
+    const uint64_t home = d.worker_id;
+    ss = session_stats(p);
+    CHECK(ss.enabled == 1 && ss.reserved == 0);
+    CHECK_EQ(ss.entries, 1);
+    CHECK_EQ(ss.leases, 1);
+    CHECK_EQ(ss.bindings_created, 1);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    CHECK_EQ(session_stats(p).leases, 0); /* the lease ended with its booking */
+    const uint64_t other = home % 3 + 1;
+    OK(store(p, other, 0, KVR_TIER_DEVICE, false, 0, 900, L, NB, NULL));
+    d = session_turn(p, T, "s", false);
+    CHECK_EQ(d.worker_id, home);
+    CHECK_EQ(d.flags, KVR_DECISION_SESSION_PINNED);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    /* Without a session the cached rank wins; no session bit. */
+    kvr_request *r = new_request(T, NT);
+    OK(kvr_partition_select(p, r, &d));
+    CHECK(d.worker_id == other && d.flags == 0);
+    kvr_request_free(r);
+
+    /* The bound worker leaves: the next turn is rebound (forced) and counted. */
+    OK(kvr_partition_remove_worker(p, home));
+    d = session_turn(p, T, "s", false);
+    CHECK(d.worker_id != home);
+    CHECK_EQ(d.flags, KVR_DECISION_SESSION_REBOUND);
+    ss = session_stats(p);
+    CHECK_EQ(ss.forced_rebinds, 1);
+    CHECK_EQ(ss.bindings_dropped, 1);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+
+    /* A final turn releases the session when its booking ends. */
+    d = session_turn(p, T, "s", true);
+    CHECK_EQ(d.flags, KVR_DECISION_SESSION_PINNED);
+    CHECK_EQ(session_stats(p).entries, 1);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    ss = session_stats(p);
+    CHECK_EQ(ss.entries, 0);
+    CHECK_EQ(ss.finals_released, 1);
+
+    /* A child session starts from its parent's binding. */
+    d = session_turn(p, U, "parent", false);
+    const uint64_t parent_home = d.worker_id;
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    r = new_request(T, NT);
+    OK(kvr_request_set_session(r, "child", 5, "parent", 6, 0, NULL, 0));
+    OK(kvr_partition_select_and_reserve(p, r, &d));
+    CHECK_EQ(d.worker_id, parent_home);
+    CHECK_EQ(d.flags, KVR_DECISION_SESSION_PINNED);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    kvr_request_free(r);
+    kvr_partition_free(p);
+
+    /* Soft: the bound rank is preferred by its penalty. */
+    o = new_opts(BS);
+    OK(kvr_partition_options_set_session_affinity(o, KVR_AFFINITY_SOFT, 4.0, 0, 0));
+    p = new_partition_with(e, "soft", o);
+    add_worker(p, 1);
+    add_worker(p, 2);
+    d = session_turn(p, U, "s", false);
+    CHECK_EQ(d.flags, KVR_DECISION_SESSION_UNBOUND);
+    const uint64_t bound = d.worker_id;
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    d = session_turn(p, U, "s", false);
+    CHECK_EQ(d.worker_id, bound);
+    CHECK_EQ(d.flags, KVR_DECISION_SESSION_PREFERRED);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    kvr_partition_free(p);
+    kvr_engine_free(e);
+}
+
 int main(void)
 {
     for (uint32_t i = 0; i < NT; i++) {
@@ -3024,6 +3603,12 @@ int main(void)
     test_free_null();
     test_ingest();
     test_subscribe();
+    test_indexer_options();
+    test_approximate_primary();
+    test_prediction_index();
+    test_remote_primary();
+    test_kv_hints();
+    test_session_affinity();
     const char *slow = getenv("KVR_C_TEST_SLOW");
     if (slow != NULL && strcmp(slow, "1") == 0) {
         test_too_many_ranks();
