@@ -38,3 +38,6 @@ python3 tests/e2e/selftest.py
 
 echo "== README host examples"
 python3 tests/check-readme-examples.py
+
+echo "== seed 000's statements each name existing tests (docs/seed-000.md)"
+python3 tests/check-seed-map.py

@@ -246,6 +246,8 @@ struct IndexerCounters {
     remote_queries: AtomicU64,
     remote_failures: AtomicU64,
     events_ignored: AtomicU64,
+    /// Recordings still to fail on purpose ([`IndexState::fail_next_records`]).
+    injected_failures: AtomicU64,
 }
 
 /// A partition's indexing, as read at one moment.
@@ -380,7 +382,18 @@ impl IndexState {
             return;
         }
         let index = self.side.as_ref().unwrap_or(primary);
-        match rec.record_sequence(index, rank, seqs, now) {
+        let injected = self.counters.injected_failures.load(Ordering::Relaxed) != 0
+            && self
+                .counters
+                .injected_failures
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok();
+        let result = if injected {
+            Err(crate::index::IndexError::TooManyRanks)
+        } else {
+            rec.record_sequence(index, rank, seqs, now).map(|_| ())
+        };
+        match result {
             Ok(_) => {
                 self.counters.recorded.fetch_add(1, Ordering::Relaxed);
             }
@@ -411,6 +424,12 @@ impl IndexState {
         tiered
             .fill_from(merged.drain(..))
             .expect("a merge lists each rank once");
+    }
+
+    /// Makes the next `n` recordings fail as a full index would (`TooManyRanks`): the only
+    /// other way to reach that path is 2^18 ranks. For tests of what a failure does.
+    pub(crate) fn fail_next_records(&self, n: u64) {
+        self.counters.injected_failures.store(n, Ordering::Relaxed);
     }
 
     /// Whether engine events reach the local index; if not, counts one ignored message.

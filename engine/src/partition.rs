@@ -332,6 +332,13 @@ impl Partition {
         self.indexing.accepts_events()
     }
 
+    /// Fault injection for tests: the next `n` recordings of bookings into the approximate
+    /// index fail as a full index would. Not part of the API.
+    #[doc(hidden)]
+    pub fn fail_next_records_for_test(&self, n: u64) {
+        self.indexing.fail_next_records(n);
+    }
+
     /// The indexer policy in force and its counters.
     pub fn indexer_stats(&self) -> IndexerStats {
         self.indexing.stats()

@@ -271,7 +271,7 @@ fn advisory_selection_records_nothing() {
 }
 
 #[test]
-fn explicit_reservation_with_tokens_records_it_and_without_a_prompt_records_nothing() {
+fn explicit_reservation_with_tokens_or_hashes_records_it_and_without_a_prompt_records_nothing() {
     let p = partition(events_off());
     let t = prompt(9);
     let rank = RankId::new(2, 0);
@@ -349,4 +349,62 @@ fn engine_select_and_reserve_records_after_the_booking() {
     };
     assert!(p.bookings().contains(id));
     assert_eq!(device_overlap(&p, &t), vec![(RankId::new(0, 0), 8)]);
+}
+
+/// Collects kvr's log lines (the `log` crate) so a test can see what was logged.
+struct CaptureLog;
+
+static LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+impl log::Log for CaptureLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        LOGGED
+            .lock()
+            .unwrap()
+            .push(format!("{} {}", record.level(), record.args()));
+    }
+    fn flush(&self) {}
+}
+
+fn capture_log() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&CaptureLog).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Warn);
+    });
+}
+
+#[test]
+fn recording_error_is_logged_and_the_booking_stands() {
+    capture_log();
+    for indexer in [events_off(), prediction(Duration::from_secs(60))] {
+        let p = partition(indexer);
+        p.fail_next_records_for_test(1);
+        let t = prompt(9);
+        // The recording fails; the booking is made and reported as made.
+        book(&p, &t, 1, Instant::now());
+        assert_eq!(p.bookings().len(), 1);
+        let s = p.indexer_stats();
+        assert_eq!((s.record_failures, s.bookings_recorded), (1, 0));
+        assert!(
+            LOGGED
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.starts_with("WARN") && l.contains("recording a booking on")),
+            "the failure is logged"
+        );
+        assert_eq!(
+            advised(&p, &t).1,
+            0,
+            "nothing was recorded for the failed booking"
+        );
+        // The next booking records again.
+        p.bookings().free(1).unwrap();
+        book(&p, &t, 2, Instant::now());
+        assert_eq!(p.indexer_stats().bookings_recorded, 1);
+    }
 }
