@@ -399,7 +399,8 @@ impl Engine {
             .is_some()
             .then(|| booking.prompt_blocks.clone());
         p.bookings.install_replica_booking(booking, now)?;
-        p.bookings.ensure_sweeper(SWEEP_INTERVAL);
+        p.bookings
+            .ensure_sweeper(p.bookings.config().sweep_interval.unwrap_or(SWEEP_INTERVAL));
         // A cached booking replayed from a peer is a booking too: recorded after it stands.
         if let Some(blocks) = blocks {
             p.indexing.record_booking(&p.index, rank, &blocks, now);
@@ -451,7 +452,8 @@ impl Engine {
     ) -> Result<(), EngineError> {
         match outcome {
             Some(Outcome::Selected(_)) => {
-                p.bookings.ensure_sweeper(SWEEP_INTERVAL);
+                p.bookings
+                    .ensure_sweeper(p.bookings.config().sweep_interval.unwrap_or(SWEEP_INTERVAL));
             }
             _ => {
                 self.by_selection.remove(id);

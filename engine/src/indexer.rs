@@ -25,6 +25,7 @@ use crate::index::{
     TieredOverlap, TieredScores,
 };
 use crate::partition::PartitionKey;
+use crate::reservation::SweepListener;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// How the approximate index forgets what bookings recorded.
@@ -231,9 +232,9 @@ impl IndexerConfig {
 pub(crate) struct IndexState {
     pub(crate) policy: IndexerPolicy,
     /// Records bookings into the primary (events off) or into `side` (prediction).
-    pub(crate) recorder: Option<ApproxRecorder>,
+    pub(crate) recorder: Option<Arc<ApproxRecorder>>,
     /// The prediction side index.
-    pub(crate) side: Option<Index>,
+    pub(crate) side: Option<Arc<Index>>,
     /// The remote primary.
     pub(crate) remote: Option<Arc<dyn RemoteIndex>>,
     counters: IndexerCounters,
@@ -279,19 +280,19 @@ impl IndexState {
         }
         let remote = Self::remote_primary(resolved, cfg)?;
         let side = match resolved.policy {
-            IndexerPolicy::EventDrivenWithPrediction { .. } => Some(if cfg!(loom) {
+            IndexerPolicy::EventDrivenWithPrediction { .. } => Some(Arc::new(if cfg!(loom) {
                 Index::with_config(IndexConfig {
                     shards: 1,
                     min_shard_capacity: 8,
                 })
             } else {
                 Index::new()
-            }),
+            })),
             _ => None,
         };
         Ok(IndexState {
             policy: resolved.policy.clone(),
-            recorder: resolved.approx.map(ApproxRecorder::new),
+            recorder: resolved.approx.map(|c| Arc::new(ApproxRecorder::new(c))),
             side,
             remote,
             counters: IndexerCounters::default(),
@@ -381,7 +382,7 @@ impl IndexState {
         if seqs.is_empty() {
             return;
         }
-        let index = self.side.as_ref().unwrap_or(primary);
+        let index = self.side.as_deref().unwrap_or(primary);
         let injected = self.counters.injected_failures.load(Ordering::Relaxed) != 0
             && self
                 .counters
@@ -426,6 +427,26 @@ impl IndexState {
             .expect("a merge lists each rank once");
     }
 
+    /// How the approximate index's records expire between bookings: on the booking
+    /// table's sweep (a booking's own recording expires them lazily too). `None` without
+    /// an approximate index. The sweep must run at least every half TTL for a record to
+    /// be gone within 1.5 TTL of its last booking: [`IndexState::sweep_interval`].
+    pub(crate) fn sweep_listener(&self, primary: &Arc<Index>) -> Option<SweepListener> {
+        let rec = self.recorder.clone()?;
+        let index = self.side.clone().unwrap_or_else(|| primary.clone());
+        Some(Arc::new(move |now| {
+            rec.expire(&index, now);
+        }))
+    }
+
+    /// The booking-table sweep interval this policy needs: half the approximate TTL
+    /// (at least 100 ms), at most `default`.
+    pub(crate) fn sweep_interval(&self, default: Option<Duration>) -> Option<Duration> {
+        let ttl = self.recorder.as_ref()?.config().ttl;
+        let half = (ttl / 2).max(Duration::from_millis(100));
+        Some(default.map_or(half, |d| d.min(half)))
+    }
+
     /// Makes the next `n` recordings fail as a full index would (`TooManyRanks`): the only
     /// other way to reach that path is 2^18 ranks. For tests of what a failure does.
     pub(crate) fn fail_next_records(&self, n: u64) {
@@ -446,7 +467,7 @@ impl IndexState {
             policy: self.policy.clone(),
             bookings_recorded: self.counters.recorded.load(Ordering::Relaxed),
             record_failures: self.counters.record_failures.load(Ordering::Relaxed),
-            approx: self.recorder.as_ref().map(ApproxRecorder::stats),
+            approx: self.recorder.as_ref().map(|r| r.stats()),
             remote_queries: self.counters.remote_queries.load(Ordering::Relaxed),
             remote_failures: self.counters.remote_failures.load(Ordering::Relaxed),
             events_ignored: self.counters.events_ignored.load(Ordering::Relaxed),

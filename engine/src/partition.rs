@@ -13,7 +13,7 @@ use crate::hash::{BlockHasher, HashSalt};
 use crate::index::{DpRank, Index, IndexConfig, RankId, WorkerId};
 use crate::indexer::{IndexState, IndexerConfig, IndexerConfigError, IndexerStats};
 use crate::load::LoadView;
-use crate::reservation::{ForgetListener, ReservationConfig, ReservationTable};
+use crate::reservation::{ForgetListener, Listeners, ReservationConfig, ReservationTable};
 use crate::session::{SessionConfig, SessionStats, SessionTable};
 use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
@@ -226,7 +226,8 @@ pub struct Partition {
     number: u64,
     config: PartitionConfig,
     hasher: BlockHasher,
-    pub(crate) index: Index,
+    /// Shared with the booking table's sweep listener when bookings feed it (events off).
+    pub(crate) index: StdArc<Index>,
     pub(crate) load: LoadView,
     pub(crate) bookings: StdArc<ReservationTable>,
     workers: Snapshot<WorkerSet>,
@@ -276,12 +277,25 @@ impl Partition {
         let indexing = IndexState::new(&config.indexer.resolve()?, &config.indexer)?;
         let bs = config.block_size.max(1);
         let salt = HashSalt::new(None, config.cache_namespace.as_deref());
+        let index = StdArc::new(if cfg!(loom) {
+            Index::with_config(IndexConfig {
+                shards: 1,
+                min_shard_capacity: 8,
+            })
+        } else {
+            Index::new()
+        });
+        let defaults = ReservationConfig::default();
         let table_config = ReservationConfig {
             // Loom models keep every structure minimal.
             shards: if cfg!(loom) { 1 } else { 64 },
             block_size: bs,
             default_ttl: config.booking_ttl,
-            ..ReservationConfig::default()
+            // Approximate records expire on the table's sweep: often enough for their TTL.
+            sweep_interval: indexing
+                .sweep_interval(defaults.sweep_interval)
+                .or(defaults.sweep_interval),
+            ..defaults
         };
         let sessions = config
             .sessions
@@ -293,20 +307,18 @@ impl Partition {
                 t.release_lease(id, std::time::Instant::now());
             }) as ForgetListener
         });
-        let bookings = ReservationTable::with_listeners(table_config, forget, end);
+        let listeners = Listeners {
+            forget,
+            end,
+            sweep: indexing.sweep_listener(&index),
+        };
+        let bookings = ReservationTable::with_listeners(table_config, listeners);
         Ok(Partition {
             key,
             number: 0,
             hasher: BlockHasher::new(bs as usize, salt).expect("block size is at least 1"),
             config,
-            index: if cfg!(loom) {
-                Index::with_config(IndexConfig {
-                    shards: 1,
-                    min_shard_capacity: 8,
-                })
-            } else {
-                Index::new()
-            },
+            index,
             load: LoadView::new(),
             bookings: StdArc::new(bookings),
             workers: Snapshot::new(WorkerSet::default()),

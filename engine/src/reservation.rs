@@ -472,10 +472,29 @@ struct Inner {
     /// Told the id of every booking that ends, however (free, expiry, rank removal):
     /// what a booking owns outside the table (a session lease) is released with it.
     on_end: Option<ForgetListener>,
+    /// Called with `now` at the end of every expiry sweep, with no lock of the table
+    /// held: what else expires on the table's clock (an approximate index's records)
+    /// rides on its sweep instead of needing a thread of its own.
+    on_sweep: Option<SweepListener>,
 }
 
 /// See [`ReservationTable::with_forget_listener`].
 pub type ForgetListener = std::sync::Arc<dyn Fn(SelectionId) + Send + Sync>;
+
+/// See [`Listeners::sweep`].
+pub type SweepListener = std::sync::Arc<dyn Fn(Instant) + Send + Sync>;
+
+/// What a table tells its owner (see [`ReservationTable::with_listeners`]).
+#[derive(Clone, Default)]
+pub struct Listeners {
+    /// Told the id of every booking the table frees on its own (expiry, rank removal).
+    pub forget: Option<ForgetListener>,
+    /// Told the id of every booking that ends, however it ends.
+    pub end: Option<ForgetListener>,
+    /// Called with the sweep's `now` after every expiry sweep (the background one and
+    /// [`ReservationTable::sweep_expired`]).
+    pub sweep: Option<SweepListener>,
+}
 
 /// Adds to a counter (an atomic read-modify-write; see the module docs, point 4).
 #[inline]
@@ -509,6 +528,7 @@ impl Inner {
             shutdown: AtomicBool::new(false),
             on_forget: None,
             on_end: None,
+            on_sweep: None,
             config,
         }
     }
@@ -848,6 +868,9 @@ impl Inner {
             self.expired_total
                 .fetch_add(total as u64, Ordering::Relaxed);
         }
+        if let Some(f) = &self.on_sweep {
+            f(now);
+        }
         total
     }
 
@@ -1024,28 +1047,31 @@ impl fmt::Debug for ReservationTable {
 impl ReservationTable {
     /// A table with no bookings. Spawns nothing and allocates only the shards.
     pub fn new(config: ReservationConfig) -> Self {
-        Self::with_listeners(config, None, None)
+        Self::with_listeners(config, Listeners::default())
     }
 
     /// A table that calls `f(id)` for every booking it frees on its own (expiry sweep,
     /// [`ReservationTable::remove_rank`]), after releasing it and with no lock held; the
     /// engine uses it to drop such ids from its selection-id index.
     pub fn with_forget_listener(config: ReservationConfig, f: ForgetListener) -> Self {
-        Self::with_listeners(config, Some(f), None)
+        Self::with_listeners(
+            config,
+            Listeners {
+                forget: Some(f),
+                ..Listeners::default()
+            },
+        )
     }
 
-    /// A table with an optional forget listener (see
-    /// [`ReservationTable::with_forget_listener`]) and an optional end listener, told
-    /// `id` whenever a booking ends however it ends (a free by anyone, expiry, rank
-    /// removal), after releasing it and with no lock of the table held.
-    pub fn with_listeners(
-        config: ReservationConfig,
-        forget: Option<ForgetListener>,
-        end: Option<ForgetListener>,
-    ) -> Self {
+    /// A table with listeners: a forget listener (see
+    /// [`ReservationTable::with_forget_listener`]), an end listener, told `id` whenever a
+    /// booking ends however it ends (a free by anyone, expiry, rank removal), and a sweep
+    /// listener; each is called after the table's work and with no lock of it held.
+    pub fn with_listeners(config: ReservationConfig, listeners: Listeners) -> Self {
         let mut inner = Inner::new(config);
-        inner.on_forget = forget;
-        inner.on_end = end;
+        inner.on_forget = listeners.forget;
+        inner.on_end = listeners.end;
+        inner.on_sweep = listeners.sweep;
         Self {
             inner: Arc::new(inner),
             #[cfg(not(loom))]

@@ -136,6 +136,43 @@ fn approximate_records_expire_after_their_ttl() {
 }
 
 #[test]
+fn records_expire_on_the_booking_sweep_without_another_booking() {
+    for cfg in [
+        IndexerConfig {
+            approx: kvr::ApproxConfig {
+                ttl: Duration::from_secs(10),
+                ..kvr::ApproxConfig::default()
+            },
+            ..events_off()
+        },
+        prediction(Duration::from_secs(10)),
+    ] {
+        let p = partition(cfg);
+        // The sweep runs at least every half TTL, so a record is gone within 1.5 TTL.
+        assert_eq!(
+            p.bookings().config().sweep_interval,
+            Some(Duration::from_secs(5))
+        );
+        let t0 = Instant::now();
+        let t = prompt(11);
+        let rank = book(&p, &t, 1, t0);
+        p.bookings().free(1).unwrap();
+        p.bookings().sweep_expired(t0 + Duration::from_secs(9));
+        assert_eq!(advised(&p, &t), (rank, 8), "still within its TTL");
+        // No booking since: the table's sweep expires the record.
+        p.bookings().sweep_expired(t0 + Duration::from_secs(11));
+        assert_eq!(advised(&p, &t).1, 0);
+        assert_eq!(p.indexer_stats().approx.unwrap().blocks_expired, 8);
+    }
+    // Without an approximate index the table keeps its own interval.
+    let p = partition(IndexerConfig::default());
+    assert_eq!(
+        p.bookings().config().sweep_interval,
+        Some(Duration::from_secs(30))
+    );
+}
+
+#[test]
 fn row_events_on_with_prediction_keeps_a_side_index_and_takes_the_per_rank_max() {
     let ttl = Duration::from_secs(2);
     let r = prediction(ttl).resolve().unwrap();
