@@ -13,6 +13,10 @@
  *     KVR_ERR_TOO_MANY_RANKS: the other events were applied) is returned as an
  *     ApplyResult with `refusal` set, so the counts are not lost; a malformed batch
  *     (nothing applied) throws.
+ * KVR_ERR_INVALID_CONFIG from Engine::create_partition (options that contradict each
+ * other) carries kvr_partition_options_check's reason in what() and Error::reason();
+ * PartitionOptions::check() throws the same before anything is created, and otherwise
+ * returns kvr's notices about the options.
  * Using an empty (moved-from) handle throws kvr::Error with KVR_ERR_NULL; destroying it
  * is a no-op. ABI: Engine's constructors call check_abi() (AbiMismatch, a
  * std::runtime_error, if the linked library is of another generation) and so reference
@@ -48,6 +52,11 @@
  * as if that hook were absent: no estimate, not overloaded, available, shared-cache
  * lookup failed, LoRA filter failed. Hooks are called from any selecting thread,
  * concurrently, with no kvr lock held: the std::function targets must be thread-safe.
+ *
+ * Decisions (kvr::Decision = kvr_decision) carry KVR_DECISION_* flags: session_route()
+ * says how session affinity steered the choice; with transfer hints on, a booked
+ * selection's hint is copied into Selection::hint (endpoint as a std::string, so a hinted
+ * booking with an endpoint longer than the string's small buffer allocates).
  *
  * Everything here is inline: the header may be included from any number of
  * translation units of one program.
@@ -127,16 +136,26 @@ inline void check_abi() {
     if (!abi_compatible()) throw AbiMismatch(abi_version());
 }
 
-/// A failed kvr call: its status and kvr_status_str's message.
+/// A failed kvr call: its status and kvr_status_str's message, and kvr's explanation
+/// when the call has one (KVR_ERR_INVALID_CONFIG: kvr_partition_options_check's reason).
 class Error : public std::runtime_error {
 public:
     explicit Error(kvr_status status, const char *function = nullptr)
-        : std::runtime_error(message(status, function)), status_(status) {}
+        : std::runtime_error(message(status, function, {})), status_(status) {}
+    /// With an explanation: appended to what() after ": ", and kept in reason().
+    Error(kvr_status status, const char *function, std::string_view reason)
+        : std::runtime_error(message(status, function, reason)),
+          status_(status),
+          reason_(reason.empty() ? nullptr : std::make_shared<const std::string>(reason)) {}
 
     kvr_status status() const noexcept { return status_; }
+    /// kvr's explanation of the failure, or empty if the call gave none.
+    std::string_view reason() const noexcept {
+        return reason_ ? std::string_view(*reason_) : std::string_view();
+    }
 
 private:
-    static std::string message(kvr_status status, const char *function) {
+    static std::string message(kvr_status status, const char *function, std::string_view reason) {
         std::string m = "kvr: ";
         if (function != nullptr) {
             m += function;
@@ -146,10 +165,16 @@ private:
         m += " (status ";
         m += std::to_string(status);
         m += ")";
+        if (!reason.empty()) {
+            m += ": ";
+            m += reason;
+        }
         return m;
     }
 
     kvr_status status_;
+    // Shared, so that copying the exception cannot throw.
+    std::shared_ptr<const std::string> reason_;
 };
 
 namespace detail {
@@ -217,6 +242,8 @@ using IndexStats = kvr_index_stats;
 using SelectionStats = kvr_selection_stats;
 using BookingStats = kvr_booking_stats;
 using ActiveLoad = kvr_active_load;
+using IndexerStats = kvr_indexer_stats;
+using SessionStats = kvr_session_stats;
 
 enum class Tier : uint32_t {
     Device = KVR_TIER_DEVICE,
@@ -230,6 +257,109 @@ enum class Role : uint32_t {
     Decode = KVR_ROLE_DECODE,
 };
 
+/// A role mask's bit for `role` (KVR_ROLE_MASK_*).
+inline constexpr uint32_t role_bit(Role role) noexcept {
+    return uint32_t{1} << static_cast<uint32_t>(role);
+}
+/// The mask of `roles` (for PartitionOptions::set_kv_hints).
+inline constexpr uint32_t role_mask(std::initializer_list<Role> roles) noexcept {
+    uint32_t m = 0;
+    for (Role r : roles) m |= role_bit(r);
+    return m;
+}
+/// Dynamo's transfer sources: prefill and aggregated ranks.
+inline constexpr uint32_t default_hint_source_roles =
+    static_cast<uint32_t>(KVR_ROLE_MASK_PREFILL | KVR_ROLE_MASK_AGGREGATED);
+
+/// Which index answers a partition's overlap (KVR_INDEXER_*; IndexerStats::policy).
+enum class IndexerPolicy : uint32_t {
+    EventDriven = KVR_INDEXER_EVENT_DRIVEN,
+    EventDrivenWithPrediction = KVR_INDEXER_EVENT_DRIVEN_WITH_PREDICTION,
+    ApproximatePrimary = KVR_INDEXER_APPROXIMATE_PRIMARY,
+    RemotePrimary = KVR_INDEXER_REMOTE_PRIMARY,
+};
+
+/// The policy an IndexerStats reports.
+inline IndexerPolicy policy_of(const kvr_indexer_stats &stats) noexcept {
+    return static_cast<IndexerPolicy>(stats.policy);
+}
+
+/// How the approximate index forgets (KVR_RETENTION_*).
+enum class Retention : uint32_t {
+    Ttl = KVR_RETENTION_TTL,
+    /// Accepted; falls back to Ttl for now (PartitionOptions::check() says so).
+    CapacityBounded = KVR_RETENTION_CAPACITY_BOUNDED,
+};
+
+/// Session affinity mode (KVR_AFFINITY_*).
+enum class Affinity : uint32_t {
+    Off = KVR_AFFINITY_OFF,
+    Hard = KVR_AFFINITY_HARD,
+    Soft = KVR_AFFINITY_SOFT,
+};
+
+/// kvr_decision.flags bits (KVR_DECISION_*).
+inline constexpr uint32_t decision_kv_hint = static_cast<uint32_t>(KVR_DECISION_KV_HINT);
+inline constexpr uint32_t decision_session_unbound = static_cast<uint32_t>(KVR_DECISION_SESSION_UNBOUND);
+inline constexpr uint32_t decision_session_pinned = static_cast<uint32_t>(KVR_DECISION_SESSION_PINNED);
+inline constexpr uint32_t decision_session_preferred =
+    static_cast<uint32_t>(KVR_DECISION_SESSION_PREFERRED);
+inline constexpr uint32_t decision_session_rebound = static_cast<uint32_t>(KVR_DECISION_SESSION_REBOUND);
+/// Every KVR_DECISION_SESSION_* bit (a decision has at most one).
+inline constexpr uint32_t decision_session_mask = decision_session_unbound | decision_session_pinned |
+                                                  decision_session_preferred | decision_session_rebound;
+
+/// How session affinity steered a decision (its KVR_DECISION_SESSION_* bit; None: no
+/// session on the request, or no affinity on the partition).
+enum class SessionRoute : uint32_t {
+    None = 0,
+    /// The session had no binding: chosen by cost (a booking binds it).
+    Unbound = decision_session_unbound,
+    /// Hard affinity: sent to the session's bound rank.
+    Pinned = decision_session_pinned,
+    /// Soft affinity: chosen by cost with the session's rank preferred (it may not win).
+    Preferred = decision_session_preferred,
+    /// The bound rank could not take the turn: chosen by cost; a booking rebinds it.
+    Rebound = decision_session_rebound,
+};
+
+/// The session route of a decision.
+inline SessionRoute session_route(const kvr_decision &d) noexcept {
+    return static_cast<SessionRoute>(d.flags & decision_session_mask);
+}
+
+/// Whether a transfer hint came with the decision's booking.
+inline bool has_kv_hint(const kvr_decision &d) noexcept { return (d.flags & decision_kv_hint) != 0; }
+
+/// A transfer hint (kvr_kv_hint, with the endpoint as a std::string): the chosen rank may
+/// pull prompt blocks [block_start, block_end) from rank (source_worker_id,
+/// source_dp_rank) through `endpoint` instead of computing them.
+struct KvHint {
+    uint64_t source_worker_id = 0;
+    uint32_t source_dp_rank = 0;
+    uint32_t block_start = 0;
+    uint32_t block_end = 0;
+    /// The source rank's control endpoint (UTF-8).
+    std::string endpoint;
+
+    /// Blocks the hint covers.
+    uint32_t blocks() const noexcept { return block_end - block_start; }
+
+    /// Copies a C hint (its endpoint: control_endpoint_len bytes, at most
+    /// KVR_CONTROL_ENDPOINT_MAX_LEN).
+    static KvHint of(const kvr_kv_hint &h) {
+        KvHint out;
+        out.source_worker_id = h.source_worker_id;
+        out.source_dp_rank = h.source_dp_rank;
+        out.block_start = h.block_start;
+        out.block_end = h.block_end;
+        const std::size_t n =
+            std::min<std::size_t>(h.control_endpoint_len, std::size_t{KVR_CONTROL_ENDPOINT_MAX_LEN});
+        out.endpoint.assign(h.control_endpoint, n);
+        return out;
+    }
+};
+
 /// How free_booking found the booking (KVR_FREED_*).
 enum class FreedBy : uint32_t {
     Now = KVR_FREED_NOW,
@@ -241,10 +371,13 @@ enum class FreedBy : uint32_t {
 /// The outcome of a selection: KVR_OK, KVR_BUSY or KVR_NO_WORKER.
 enum class Outcome { Selected, Busy, NoWorker };
 
-/// A selection's result: the outcome, and the decision when Selected (zeros otherwise).
+/// A selection's result: the outcome, the decision when Selected (zeros otherwise), and
+/// the transfer hint booked with it (select_and_reserve only, when decision.flags has
+/// KVR_DECISION_KV_HINT).
 struct Selection {
     Outcome outcome = Outcome::NoWorker;
     kvr_decision decision{};
+    std::optional<KvHint> hint;
 
     bool selected() const noexcept { return outcome == Outcome::Selected; }
     explicit operator bool() const noexcept { return selected(); }
@@ -261,6 +394,10 @@ struct Selection {
         if (!selected()) throw Error(status(), "kvr::Selection::value");
         return decision;
     }
+    /// decision.flags (KVR_DECISION_*).
+    uint32_t flags() const noexcept { return decision.flags; }
+    /// How session affinity steered the decision.
+    SessionRoute session_route() const noexcept { return kvr::session_route(decision); }
 };
 
 /// What one apply_events call did. `refusal` is KVR_OK, or the first refusal
@@ -533,6 +670,103 @@ public:
         const char *fn = "kvr_partition_options_set_busy_prefill_tokens";
         detail::check(kvr_partition_options_set_busy_prefill_tokens(live(fn), tokens), fn);
         return *this;
+    }
+
+    // -- indexer policy (the policy follows from these; check() validates them) ----------
+
+    /// Whether the engines' KV events feed the index (default true). false: the index is
+    /// approximate, fed by bookings (Retention and set_approx_index).
+    PartitionOptions &set_use_kv_events(bool on) {
+        const char *fn = "kvr_partition_options_set_use_kv_events";
+        detail::check(kvr_partition_options_set_use_kv_events(live(fn), on ? 1u : 0u), fn);
+        return *this;
+    }
+    /// With events on: also record bookings into a side index kept `ttl_ms` (0 = none,
+    /// the default).
+    PartitionOptions &set_prediction_ttl_ms(uint64_t ttl_ms) {
+        const char *fn = "kvr_partition_options_set_prediction_ttl_ms";
+        detail::check(kvr_partition_options_set_prediction_ttl_ms(live(fn), ttl_ms), fn);
+        return *this;
+    }
+    /// A remote index service as the primary (copied; empty = none). Needs KV events on
+    /// (else creating the partition fails with KVR_ERR_INVALID_CONFIG). Timeouts 0 = the
+    /// defaults (50 ms to connect, 200 ms in all).
+    PartitionOptions &set_remote_indexer(std::string_view url, uint64_t connect_timeout_ms = 0,
+                                         uint64_t request_timeout_ms = 0) {
+        const char *fn = "kvr_partition_options_set_remote_indexer";
+        detail::check(kvr_partition_options_set_remote_indexer(live(fn), url.data(), url.size(),
+                                                               connect_timeout_ms, request_timeout_ms),
+                      fn);
+        return *this;
+    }
+    /// The approximate index's TTL after a record's last booking and its size bound in
+    /// (rank, block) records (both ≥ 1; defaults 120,000 ms and 2^20).
+    PartitionOptions &set_approx_index(uint64_t ttl_ms, uint64_t max_blocks) {
+        const char *fn = "kvr_partition_options_set_approx_index";
+        detail::check(kvr_partition_options_set_approx_index(live(fn), ttl_ms, max_blocks), fn);
+        return *this;
+    }
+    PartitionOptions &set_approx_retention(Retention retention) {
+        const char *fn = "kvr_partition_options_set_approx_retention";
+        detail::check(
+            kvr_partition_options_set_approx_retention(live(fn), static_cast<uint32_t>(retention)), fn);
+        return *this;
+    }
+
+    // -- transfer hints and session affinity ----------------------------------------------
+
+    /// Transfer hints on booked selections (see Selection::hint): from a rank of a role in
+    /// `source_roles` (a role_mask(), not 0) with a control endpoint, holding a device
+    /// prefix at least `min_advantage_blocks` longer than the chosen rank's; at most
+    /// `max_transfer_blocks` blocks (0 = hints off, the default).
+    PartitionOptions &set_kv_hints(uint32_t min_advantage_blocks, uint32_t max_transfer_blocks,
+                                   uint32_t source_roles = default_hint_source_roles) {
+        const char *fn = "kvr_partition_options_set_kv_hints";
+        detail::check(kvr_partition_options_set_kv_hints(live(fn), min_advantage_blocks,
+                                                         max_transfer_blocks, source_roles),
+                      fn);
+        return *this;
+    }
+    /// Session affinity (requests carry their session with Request::set_session; how it
+    /// steered comes back as Selection::session_route()). `soft_penalty_blocks` (finite,
+    /// ≥ 0) is for Soft only; `max_entries` 0 = 65,536; `idle_ttl_ms` 0 = 600,000.
+    PartitionOptions &set_session_affinity(Affinity mode, double soft_penalty_blocks = 0.0,
+                                           uint64_t max_entries = 0, uint64_t idle_ttl_ms = 0) {
+        const char *fn = "kvr_partition_options_set_session_affinity";
+        detail::check(kvr_partition_options_set_session_affinity(live(fn), static_cast<uint32_t>(mode),
+                                                                 soft_penalty_blocks, max_entries,
+                                                                 idle_ttl_ms),
+                      fn);
+        return *this;
+    }
+
+    /// Checks the options as Engine::create_partition would, creating nothing. Returns
+    /// kvr's notices about them joined by "; " (empty if none, e.g. capacity-bounded
+    /// retention falling back to TTL); throws kvr::Error KVR_ERR_INVALID_CONFIG with the
+    /// reason (Error::reason(), also in what()) if no partition can be made from them.
+    std::string check() const {
+        const char *fn = "kvr_partition_options_check";
+        std::string text;
+        const kvr_status s = check_into(live(fn), text, fn);
+        if (s != KVR_OK) throw Error(s, fn, text);
+        return text;
+    }
+
+private:
+    friend class Engine;
+    /// kvr_partition_options_check's text into `text`; returns KVR_OK or
+    /// KVR_ERR_INVALID_CONFIG, throws on any other status.
+    static kvr_status check_into(const kvr_partition_options *opts, std::string &text,
+                                 const char *fn) {
+        for (;;) {
+            std::size_t len = 0;
+            const kvr_status s = kvr_partition_options_check(opts, text.empty() ? nullptr : text.data(),
+                                                             text.size(), &len);
+            if (s != KVR_OK && s != KVR_ERR_INVALID_CONFIG) throw Error(s, fn);
+            const bool fits = len <= text.size();
+            text.resize(len);
+            if (fits) return s;
+        }
     }
 };
 
@@ -960,8 +1194,17 @@ public:
     }
 
     /// Booked selection: decision.selection_id names the booking (Engine::free_booking).
+    /// With transfer hints on (PartitionOptions::set_kv_hints), Selection::hint holds the
+    /// hint booked with it, if any (decision.flags then has KVR_DECISION_KV_HINT).
     Selection select_and_reserve(const Request &req) const {
-        return selection(&kvr_partition_select_and_reserve, "kvr_partition_select_and_reserve", req);
+        const char *fn = "kvr_partition_select_and_reserve_with_hint";
+        Selection sel;
+        kvr_kv_hint h;  // written by kvr only with KVR_DECISION_KV_HINT
+        outcome(sel, kvr_partition_select_and_reserve_with_hint(live(fn), req.checked(fn),
+                                                                 &sel.decision, &h),
+                fn);
+        if (sel.selected() && has_kv_hint(sel.decision)) sel.hint = KvHint::of(h);
+        return sel;
     }
 
     /// Books a request on a rank the caller chose (no scoring); `req` may be NULL.
@@ -1014,6 +1257,14 @@ public:
     kvr_booking_stats booking_stats() const {
         return read<kvr_booking_stats>(&kvr_partition_booking_stats, "kvr_partition_booking_stats");
     }
+    /// The indexer's policy (policy_of()) and what it recorded or asked.
+    kvr_indexer_stats indexer_stats() const {
+        return read<kvr_indexer_stats>(&kvr_partition_indexer_stats, "kvr_partition_indexer_stats");
+    }
+    /// The session table's figures (all 0, `enabled` 0, without session affinity).
+    kvr_session_stats session_stats() const {
+        return read<kvr_session_stats>(&kvr_partition_session_stats, "kvr_partition_session_stats");
+    }
     /// The engine's live bookings on rank (worker_id, dp_rank).
     kvr_active_load active_load(uint64_t worker_id, uint32_t dp_rank) const {
         const char *fn = "kvr_partition_active_load";
@@ -1046,14 +1297,17 @@ private:
 
     Selection selection(SelectFn f, const char *fn, const Request &req) const {
         Selection sel;
-        const kvr_status s = f(live(fn), req.checked(fn), &sel.decision);
+        outcome(sel, f(live(fn), req.checked(fn), &sel.decision), fn);
+        return sel;
+    }
+
+    static void outcome(Selection &sel, kvr_status s, const char *fn) {
         switch (s) {
             case KVR_OK: sel.outcome = Outcome::Selected; break;
             case KVR_BUSY: sel.outcome = Outcome::Busy; break;
             case KVR_NO_WORKER: sel.outcome = Outcome::NoWorker; break;
             default: throw Error(s, fn);
         }
-        return sel;
     }
 
     template <class T>
@@ -1158,9 +1412,10 @@ public:
         const kvr_engine *e = live(fn);
         if (!opts) detail::throw_null(fn);
         kvr_partition *out = nullptr;
-        detail::check(kvr_engine_create_partition(e, model.data(), model.size(), group.data(),
-                                                  group.size(), opts.get(), &out),
-                      fn);
+        const kvr_status s = kvr_engine_create_partition(e, model.data(), model.size(), group.data(),
+                                                         group.size(), opts.get(), &out);
+        if (s == KVR_ERR_INVALID_CONFIG) throw invalid_config(opts.get(), fn);
+        detail::check(s, fn);
         return Partition::adopt(out);
     }
 
@@ -1203,6 +1458,18 @@ public:
     }
 
 private:
+    /// KVR_ERR_INVALID_CONFIG from `fn`, with kvr_partition_options_check's reason (none
+    /// if the check cannot tell, or fails itself).
+    static Error invalid_config(const kvr_partition_options *opts, const char *fn) {
+        try {
+            std::string why;
+            if (PartitionOptions::check_into(opts, why, fn) == KVR_ERR_INVALID_CONFIG)
+                return Error(KVR_ERR_INVALID_CONFIG, fn, why);
+        } catch (...) {
+        }
+        return Error(KVR_ERR_INVALID_CONFIG, fn);
+    }
+
     struct WithOptions {};
     static const kvr_engine_options *options_of(const EngineOptions &opts) {
         if (!opts) detail::throw_null("kvr_engine_new");

@@ -1,4 +1,4 @@
-// A tiny test harness shared by the C++ wrapper tests (both translation units include it;
+// A tiny test harness shared by the C++ wrapper tests (every translation unit includes it;
 // its counters are inline variables, so there is one of each per program).
 #ifndef KVR_TEST_CHECK_HPP
 #define KVR_TEST_CHECK_HPP
@@ -72,5 +72,13 @@ void run(const char *name, F &&body) {
 
 // The multi-threaded workload (workload.cpp).
 void workload_test();
+
+// Indexer policy, transfer hints and session affinity (routing.cpp).
+void invalid_config_test();
+void indexer_policies_test();
+void approximate_primary_test();
+void kv_hint_test();
+void session_hard_test();
+void session_soft_test();
 
 #endif

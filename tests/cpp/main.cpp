@@ -1,5 +1,6 @@
-// Single-threaded checks of the C++ wrapper (kvr.hpp), then the multi-threaded workload
-// of workload.cpp (the second translation unit including kvr.hpp).
+// Single-threaded checks of the C++ wrapper (kvr.hpp), those of routing.cpp (indexer
+// policy, hints, session affinity), then the multi-threaded workload of workload.cpp
+// (the other translation units including kvr.hpp).
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -679,6 +680,12 @@ int main() {
     test::run("events and lookups", test_events_and_lookups);
     test::run("hooks", test_hooks);
     test::run("move semantics", test_move_semantics);
+    test::run("invalid config", invalid_config_test);
+    test::run("indexer policies", indexer_policies_test);
+    test::run("approximate primary", approximate_primary_test);
+    test::run("kv hints", kv_hint_test);
+    test::run("session affinity hard", session_hard_test);
+    test::run("session affinity soft", session_soft_test);
     test::run("threaded workload", workload_test);
     const int p = test::passed.load(), f = test::failed.load();
     std::printf("%d passed, %d failed\n", p, f);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds libkvr (release), compiles the C++ wrapper tests (two translation units
+# Builds libkvr (release), compiles the C++ wrapper tests (three translation units
 # including include/kvr.hpp) and the README example with -Wall -Wextra -Werror, links
-# them statically against libkvr.a, and runs them. Works from any directory.
+# them statically against libkvr.a, and runs them, then runs the tests again under valgrind
+# (0 errors, nothing definitely lost; skipped if valgrind is missing or KVR_CPP_VALGRIND=0).
+# Works from any directory.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -22,9 +24,9 @@ printf '#include "kvr.hpp"\n' >"$out/header_only.cpp"
 "$CXX" "${CXXFLAGS[@]}" -Wpedantic -Wshadow -Wconversion -Wsign-conversion -Wold-style-cast \
     -Wnon-virtual-dtor -Woverloaded-virtual -fsyntax-only "$out/header_only.cpp"
 
-echo "== compile tests (main.cpp + workload.cpp) and example.cpp"
+echo "== compile tests (main.cpp + routing.cpp + workload.cpp) and example.cpp"
 objs=()
-for src in main workload; do
+for src in main routing workload; do
     "$CXX" "${CXXFLAGS[@]}" -c "$here/$src.cpp" -o "$out/$src.o"
     objs+=("$out/$src.o")
 done
@@ -42,3 +44,21 @@ echo "== run example"
 
 echo "== run tests"
 "$out/kvr_cpp_tests"
+
+if [ "${KVR_CPP_VALGRIND:-1}" = 0 ]; then
+    echo "== valgrind: skipped (KVR_CPP_VALGRIND=0)"
+elif ! command -v valgrind >/dev/null; then
+    echo "== valgrind: skipped (not installed)"
+else
+    echo "== run tests under valgrind"
+    log="$out/valgrind.log"
+    rc=0
+    valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+        --log-file="$log" "$out/kvr_cpp_tests" >"$out/valgrind.out" 2>&1 || rc=$?
+    tail -n 1 "$out/valgrind.out"
+    grep -E 'definitely lost|indirectly lost|possibly lost|ERROR SUMMARY' "$log" | sed 's/^==[0-9]*== */  valgrind: /'
+    if [ "$rc" -ne 0 ] || ! grep -q 'ERROR SUMMARY: 0 errors' "$log" || grep -qE 'definitely lost: [1-9]' "$log"; then
+        echo "FAILED under valgrind (exit $rc); output: $out/valgrind.out, log: $log" >&2
+        exit 1
+    fi
+fi
