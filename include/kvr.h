@@ -881,7 +881,9 @@ typedef struct kvr_rank_load {
 /**
  * The partition options contradict each other (e.g. a remote indexer with KV events
  * off) or name something kvr cannot use (a remote URL that is not `http://host[:port]`);
- * nothing was created. `kvr_partition_options_check` writes the reason.
+ * nothing was created. `kvr_partition_options_check` writes the reason. Also: the
+ * partition's configuration does not allow the call (`kvr_partition_subscribe` on a
+ * partition that applies no engine events).
  */
 #define KVR_ERR_INVALID_CONFIG 114
 
@@ -1860,9 +1862,10 @@ kvr_status kvr_subscribe_options_add_route(struct kvr_subscribe_options *opts,
  * counts per stream (`kvr_partition_ingress_stats`). `opts` is only read (copied); it
  * may be freed after the call.
  *
- * Fails with `KVR_ERR_INVALID_ARGUMENT` when an endpoint (the main one or a replay
- * endpoint) is malformed, `KVR_ERR_IO` when the thread or its runtime cannot be
- * created; nothing was started then. An endpoint that is well-formed but unreachable
+ * Fails with `KVR_ERR_INVALID_CONFIG` when the partition's indexer policy applies no
+ * engine events (KV events off, or a remote primary), `KVR_ERR_INVALID_ARGUMENT` when an
+ * endpoint (the main one or a replay endpoint) is malformed, `KVR_ERR_IO` when the thread
+ * or its runtime cannot be created; nothing was started then. An endpoint that is well-formed but unreachable
  * (or a port that is taken) is not an error: kvr keeps trying.
  *
  * # Safety

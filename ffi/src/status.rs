@@ -54,7 +54,9 @@ pub const KVR_ERR_DECODE: kvr_status = 112;
 pub const KVR_ERR_IO: kvr_status = 113;
 /// The partition options contradict each other (e.g. a remote indexer with KV events
 /// off) or name something kvr cannot use (a remote URL that is not `http://host[:port]`);
-/// nothing was created. `kvr_partition_options_check` writes the reason.
+/// nothing was created. `kvr_partition_options_check` writes the reason. Also: the
+/// partition's configuration does not allow the call (`kvr_partition_subscribe` on a
+/// partition that applies no engine events).
 pub const KVR_ERR_INVALID_CONFIG: kvr_status = 114;
 /// A Rust panic was caught at the boundary (a bug in kvr); the call had no effect it
 /// reports, and the engine keeps serving.

@@ -221,9 +221,10 @@ pub unsafe extern "C" fn kvr_subscribe_options_add_route(
 /// counts per stream (`kvr_partition_ingress_stats`). `opts` is only read (copied); it
 /// may be freed after the call.
 ///
-/// Fails with `KVR_ERR_INVALID_ARGUMENT` when an endpoint (the main one or a replay
-/// endpoint) is malformed, `KVR_ERR_IO` when the thread or its runtime cannot be
-/// created; nothing was started then. An endpoint that is well-formed but unreachable
+/// Fails with `KVR_ERR_INVALID_CONFIG` when the partition's indexer policy applies no
+/// engine events (KV events off, or a remote primary), `KVR_ERR_INVALID_ARGUMENT` when an
+/// endpoint (the main one or a replay endpoint) is malformed, `KVR_ERR_IO` when the thread
+/// or its runtime cannot be created; nothing was started then. An endpoint that is well-formed but unreachable
 /// (or a port that is taken) is not an error: kvr keeps trying.
 ///
 /// # Safety
@@ -239,6 +240,9 @@ pub unsafe extern "C" fn kvr_partition_subscribe(
         let (p, o) = unsafe { (handle(partition)?, handle(opts)?) };
         if out.is_null() {
             return Err(KVR_ERR_NULL);
+        }
+        if !p.partition.indexer_stats().policy.applies_events() {
+            return Err(KVR_ERR_INVALID_CONFIG);
         }
         // The engine checks every endpoint (replay ones too) before anything else, so a
         // refused start leaves nothing behind.

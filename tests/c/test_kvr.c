@@ -3306,11 +3306,18 @@ static void test_remote_primary(void)
     kvr_indexer_stats st = indexer_stats(p);
     CHECK_EQ(st.remote_queries, 1);
     CHECK_EQ(st.remote_failures, 0);
-    /* A remote primary applies no engine events: ignored, counted. */
+    /* A remote primary applies no engine events (ignored, counted) and starts no
+       subscription. */
     kvr_apply_result res;
     OK(store(p, 3, 0, KVR_TIER_DEVICE, false, 0, 301, L, NB, &res));
     CHECK_EQ(res.events_applied, 0);
     CHECK_EQ(indexer_stats(p).events_ignored, 1);
+    kvr_subscribe_options *so = NULL;
+    kvr_subscription *sub = NULL;
+    OK(kvr_subscribe_options_new_connect("tcp://127.0.0.1:5557", 20, 3, 0, &so));
+    CHECK_ST(KVR_ERR_INVALID_CONFIG, kvr_partition_subscribe(p, so, &sub));
+    CHECK(sub == NULL);
+    kvr_subscribe_options_free(so);
     kvr_partition_free(p);
 
     /* Refused (nothing listens), garbage, hang: each selection still succeeds without
