@@ -114,11 +114,18 @@ func WithCacheNamespace(ns string) PartitionOption {
 }
 
 // WithBookingTTL sets the lifetime of a booking nobody frees (default 1 h; at least
-// 1 ms).
+// 1 ms: 0 and negative durations are refused).
 func WithBookingTTL(d time.Duration) PartitionOption {
 	return func(o *C.kvr_partition_options) error {
-		return check(C.kvr_partition_options_set_booking_ttl_ms(o, C.uint64_t(d/time.Millisecond)),
-			"kvr_partition_options_set_booking_ttl_ms")
+		const op = "kvr_partition_options_set_booking_ttl_ms"
+		if d <= 0 {
+			return &Error{Status: StatusInvalidArgument, Op: op}
+		}
+		ms, err := millis(d, op)
+		if err != nil {
+			return err
+		}
+		return check(C.kvr_partition_options_set_booking_ttl_ms(o, ms), op)
 	}
 }
 
@@ -207,11 +214,45 @@ func WithBusyPrefillTokens(tokens uint64) PartitionOption {
 }
 
 // CreatePartition creates partition (model, group) with blocks of blockSize tokens
-// (engines use 16 to 64) and returns a handle to it; ErrPartitionExists if it exists.
+// (engines use 16 to 64) and returns a handle to it; ErrPartitionExists if it exists,
+// ErrInvalidConfig (its Reason says why) if the options contradict each other, e.g. a
+// remote indexer with KV events off. CheckPartitionOptions checks options up front and
+// returns kvr's notices about them.
 func (e *Engine) CreatePartition(model, group string, blockSize uint32, opts ...PartitionOption) (*Partition, error) {
 	if e.ptr == nil {
 		return nil, ErrClosed
 	}
+	o, err := newPartitionOptions(blockSize, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer freePartitionOptions(o)
+	mp, mn := cstr(model)
+	gp, gn := cstr(group)
+	var ptr *C.kvr_partition
+	gc()
+	st := C.kvr_engine_create_partition(e.ptr, mp, mn, gp, gn, o, &ptr)
+	gc()
+	runtime.KeepAlive(e)
+	runtime.KeepAlive(model)
+	runtime.KeepAlive(group)
+	if st == C.KVR_ERR_INVALID_CONFIG {
+		// kvr_partition_options_check gives the reason the engine refused them.
+		err := &Error{Status: StatusInvalidConfig, Op: "kvr_engine_create_partition"}
+		if cst, reason := checkPartitionOptions(o); cst == C.KVR_ERR_INVALID_CONFIG {
+			err.Reason = reason
+		}
+		return nil, err
+	}
+	if err := check(st, "kvr_engine_create_partition"); err != nil {
+		return nil, err
+	}
+	return newPartition(ptr)
+}
+
+// newPartitionOptions makes C partition options and applies opts (the caller frees them
+// with freePartitionOptions).
+func newPartitionOptions(blockSize uint32, opts []PartitionOption) (*C.kvr_partition_options, error) {
 	var o *C.kvr_partition_options
 	gc()
 	st := C.kvr_partition_options_new(C.uint32_t(blockSize), &o)
@@ -219,28 +260,22 @@ func (e *Engine) CreatePartition(model, group string, blockSize uint32, opts ...
 	if err := check(st, "kvr_partition_options_new"); err != nil {
 		return nil, err
 	}
-	defer C.kvr_partition_options_free(o)
 	for _, opt := range opts {
 		gc()
 		err := opt(o)
 		gc()
 		if err != nil {
+			freePartitionOptions(o)
 			return nil, err
 		}
 	}
-	mp, mn := cstr(model)
-	gp, gn := cstr(group)
-	var ptr *C.kvr_partition
+	return o, nil
+}
+
+func freePartitionOptions(o *C.kvr_partition_options) {
 	gc()
-	st = C.kvr_engine_create_partition(e.ptr, mp, mn, gp, gn, o, &ptr)
+	C.kvr_partition_options_free(o)
 	gc()
-	runtime.KeepAlive(e)
-	runtime.KeepAlive(model)
-	runtime.KeepAlive(group)
-	if err := check(st, "kvr_engine_create_partition"); err != nil {
-		return nil, err
-	}
-	return newPartition(ptr)
 }
 
 // Partition returns a new handle to existing partition (model, group), or

@@ -14,6 +14,19 @@
 // through [Partition.Subscribe] (kvr's own subscriber thread) or [Partition.Ingest] (the
 // host reads the sockets); [Partition.IngressStats] counts them per stream.
 //
+// # Indexer policy, transfer hints, session affinity
+//
+// Partition options choose the index that answers overlap queries ([IndexerPolicy]):
+// the engines' KV events (the default), those plus a prediction side index fed by
+// bookings ([WithPredictionTTL]), an approximate index fed by bookings alone
+// ([WithKVEvents](false), [WithApproxIndex]), or a remote index service
+// ([WithRemoteIndexer]); [Partition.IndexerStats] reports the policy and its counters.
+// Contradictory options fail CreatePartition with [ErrInvalidConfig], whose Reason says
+// why; [CheckPartitionOptions] checks options up front and returns kvr's notices.
+// [WithKVHints] attaches a transfer hint ([Decision.Hint]) to a booking when a peer rank
+// with a control endpoint holds a longer prefix. [WithSessionAffinity] keeps a session's
+// turns on its rank ([Decision.SessionRoute], [Partition.SessionStats]).
+//
 // # Handles
 //
 // Engine, Partition, Request, Worker and Subscription wrap C handles. Close releases one
@@ -42,7 +55,8 @@
 // inside one call). The one copy: an event batch of several events is flattened into
 // reused buffers (C's event structs hold pointers, which Go memory passed to C may not).
 // Outputs go into caller-supplied slices, grown when too small. Selections, lookups,
-// hashing and the booking lifecycle allocate nothing in Go.
+// hashing and the booking lifecycle allocate nothing in Go (a booking that carries a
+// transfer hint allocates its [KVHint]).
 //
 // # Hooks
 //

@@ -189,6 +189,9 @@ func TestBookingLifecycle(t *testing.T) {
 	must(t, err)
 	must(t, req.Reset())
 	must(t, req.SetSelectionID(id))
+	if err := req.SetTTL(-time.Second); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("negative TTL: %v", err)
+	}
 	must(t, req.SetTTL(time.Minute))
 	d, err = p.SelectAndReserve(req, Tokens(tokens))
 	must(t, err)
@@ -259,7 +262,7 @@ func TestPartitions(t *testing.T) {
 	if _, err := e.CreatePartition("m", "zero", 0); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("block size 0: %v", err)
 	}
-	for _, opt := range []PartitionOption{WithBookingTTL(0), WithTemperature(math.Inf(1)), WithOverlapScoreCredit(math.NaN())} {
+	for _, opt := range []PartitionOption{WithBookingTTL(0), WithBookingTTL(-time.Second), WithTemperature(math.Inf(1)), WithOverlapScoreCredit(math.NaN())} {
 		if _, err := e.CreatePartition("m", "badopt", 16, opt); !errors.Is(err, ErrInvalidArgument) {
 			t.Fatalf("bad option: %v", err)
 		}

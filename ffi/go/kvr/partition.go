@@ -124,7 +124,10 @@ var eventScratchPool = sync.Pool{New: func() interface{} { return new(eventScrat
 // kind or tier) fails the call with nothing applied (ErrInvalidArgument). An event the
 // index refuses (unknown parent, rank limit) is skipped and counted, the rest still
 // apply, and the first refusal is returned (ErrParentNotFound, ErrTooManyRanks) along
-// with a valid ApplyResult. The rank need not be a registered worker yet.
+// with a valid ApplyResult. The rank need not be a registered worker yet. A partition
+// whose indexer applies no engine events (WithKVEvents(false), WithRemoteIndexer)
+// ignores a well-formed batch: nil error, nothing applied, counted in
+// IndexerStats.EventsIgnored.
 func (p *Partition) ApplyEvents(workerID uint64, dpRank uint32, events []Event) (ApplyResult, error) {
 	var res ApplyResult
 	if p.ptr == nil {
@@ -344,7 +347,8 @@ func (p *Partition) Select(req *Request, prompt Prompt) (Decision, error) {
 // SelectAndReserve is a booked selection: as Select, and the chosen rank is booked
 // before it returns. Decision.SelectionID names the booking: call
 // Engine.MarkPrefillComplete after the prefill and Engine.FreeBooking when the request
-// finishes (a booking nobody frees expires after the partition's booking TTL).
+// finishes (a booking nobody frees expires after the partition's booking TTL). With
+// transfer hints on (WithKVHints), Decision.Hint is the booking's hint, if it has one.
 func (p *Partition) SelectAndReserve(req *Request, prompt Prompt) (Decision, error) {
 	return p.selection(req, prompt, 1)
 }
@@ -365,9 +369,13 @@ func (p *Partition) selection(req *Request, prompt Prompt, reserve C.int) (Decis
 	}
 	tp, tn := cu32(prompt.tokens)
 	hp, hn := cu64(prompt.hashes)
+	var hint *C.kvr_kv_hint
+	if reserve != 0 {
+		hint = &r.hint
+	}
 	gc()
 	st := C.kvrgo_select(uptr(unsafe.Pointer(p.ptr)), uptr(unsafe.Pointer(r.ptr)), reserve,
-		prompt.kind, tp, tn, hp, hn, C.uint64_t(prompt.promptTokens), &r.out)
+		prompt.kind, tp, tn, hp, hn, C.uint64_t(prompt.promptTokens), &r.out, hint)
 	gc()
 	runtime.KeepAlive(p)
 	runtime.KeepAlive(r)
@@ -375,7 +383,12 @@ func (p *Partition) selection(req *Request, prompt Prompt, reserve C.int) (Decis
 	runtime.KeepAlive(prompt.hashes)
 	switch st {
 	case C.KVR_OK:
-		return decisionOf(&r.out), nil
+		d := decisionOf(&r.out)
+		if hint != nil && d.Flags&FlagKVHint != 0 {
+			// The one allocation of a selection, and only when it carries a hint.
+			d.Hint = hintOf(hint)
+		}
+		return d, nil
 	case C.KVR_BUSY:
 		return Decision{Outcome: Busy}, nil
 	case C.KVR_NO_WORKER:

@@ -17,9 +17,11 @@ import (
 // selection.
 type Request struct {
 	ptr *C.kvr_request
-	// out receives the decision of the selections that use this request (Go memory
-	// without pointers, reused: no allocation per call).
-	out C.kvr_decision
+	// out receives the decision of the selections that use this request, and hint a
+	// booked selection's transfer hint (Go memory without pointers, reused: no
+	// allocation per call).
+	out  C.kvr_decision
+	hint C.kvr_kv_hint
 }
 
 // NewRequest returns an empty request.
@@ -197,9 +199,13 @@ func (r *Request) SetSelectionID(id uint64) error {
 }
 
 // SetTTL sets the booking's lifetime in booked modes, in whole milliseconds (0 = the
-// partition's default).
+// partition's default; a positive duration under 1 ms is 1 ms; negative is refused).
 func (r *Request) SetTTL(d time.Duration) error {
+	ms, err := millis(d, "kvr_request_set_ttl_ms")
+	if err != nil {
+		return err
+	}
 	return r.do("kvr_request_set_ttl_ms", func(p *C.kvr_request) C.kvr_status {
-		return C.kvr_request_set_ttl_ms(p, C.uint64_t(d/time.Millisecond))
+		return C.kvr_request_set_ttl_ms(p, ms)
 	})
 }

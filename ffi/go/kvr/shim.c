@@ -22,13 +22,13 @@ static kvr_status set_prompt(kvr_request *req, int kind, const uint32_t *tokens,
 kvr_status kvrgo_select(uintptr_t partition, uintptr_t request, int reserve,
                         int prompt_kind, const uint32_t *tokens, size_t n_tokens,
                         const uint64_t *hashes, size_t n_hashes, uint64_t prompt_tokens,
-                        kvr_decision *out) {
+                        kvr_decision *out, kvr_kv_hint *hint) {
   const kvr_partition *p = (const kvr_partition *)partition;
   kvr_request *req = (kvr_request *)request;
   kvr_status st = set_prompt(req, prompt_kind, tokens, n_tokens, hashes, n_hashes,
                              prompt_tokens);
   if (st == KVR_OK) {
-    st = reserve ? kvr_partition_select_and_reserve(p, req, out)
+    st = reserve ? kvr_partition_select_and_reserve_with_hint(p, req, out, hint)
                  : kvr_partition_select(p, req, out);
   }
   /* The Go prompt must not stay borrowed past this call. */
@@ -171,7 +171,7 @@ kvr_status kvrgo_bench_select_loop(uintptr_t p, uintptr_t req, const uint32_t *t
   kvr_decision d;
   for (uint64_t i = 0; i < iters; i++) {
     kvr_status st = kvrgo_select(p, req, 0, KVRGO_PROMPT_TOKENS, tokens, n_tokens, NULL, 0,
-                                 0, &d);
+                                 0, &d, NULL);
     if (st != KVR_OK) {
       return st;
     }

@@ -53,11 +53,12 @@ typedef struct kvrgo_event {
  */
 
 /* Sets the prompt (kind, tokens or hashes), runs kvr_partition_select (reserve == 0)
-   or kvr_partition_select_and_reserve, and clears the prompt before returning. */
+   or kvr_partition_select_and_reserve_with_hint (hint may be NULL; it is written only
+   when out->flags has KVR_DECISION_KV_HINT), and clears the prompt before returning. */
 kvr_status kvrgo_select(uintptr_t p, uintptr_t req, int reserve,
                         int prompt_kind, const uint32_t *tokens, size_t n_tokens,
                         const uint64_t *hashes, size_t n_hashes, uint64_t prompt_tokens,
-                        kvr_decision *out);
+                        kvr_decision *out, kvr_kv_hint *hint);
 
 /* kvr_partition_reserve with the same prompt handling; req may be NULL (then the
    prompt must be KVRGO_PROMPT_NONE). */

@@ -32,6 +32,7 @@ const (
 	StatusTooManyRanks         Status = C.KVR_ERR_TOO_MANY_RANKS
 	StatusDecode               Status = C.KVR_ERR_DECODE
 	StatusIO                   Status = C.KVR_ERR_IO
+	StatusInvalidConfig        Status = C.KVR_ERR_INVALID_CONFIG
 	StatusPanic                Status = C.KVR_ERR_PANIC
 
 	// statusNoMem and statusRange come from the binding's C helpers, never from kvr.
@@ -67,6 +68,9 @@ type Error struct {
 	Status Status
 	// Op is the C function (e.g. "kvr_engine_free_booking"); empty in the sentinels.
 	Op string
+	// Reason is kvr's explanation when it gives one (ErrInvalidConfig: why the partition
+	// options were refused, from kvr_partition_options_check); empty otherwise.
+	Reason string
 }
 
 func (e *Error) Error() string {
@@ -74,7 +78,11 @@ func (e *Error) Error() string {
 	if e.Op != "" {
 		msg += e.Op + ": "
 	}
-	return msg + e.Status.String() + " (status " + strconv.FormatUint(uint64(e.Status), 10) + ")"
+	msg += e.Status.String() + " (status " + strconv.FormatUint(uint64(e.Status), 10) + ")"
+	if e.Reason != "" {
+		msg += ": " + e.Reason
+	}
+	return msg
 }
 
 // Is reports whether target is an *Error with the same status (so errors.Is(err,
@@ -107,8 +115,12 @@ var (
 	// ErrDecode: an engine message handed to Partition.Ingest did not decode.
 	ErrDecode = &Error{Status: StatusDecode}
 	// ErrIO: Partition.Subscribe could not create its thread or I/O runtime.
-	ErrIO    = &Error{Status: StatusIO}
-	ErrPanic = &Error{Status: StatusPanic}
+	ErrIO = &Error{Status: StatusIO}
+	// ErrInvalidConfig: the partition options contradict each other or name something
+	// kvr cannot use (CreatePartition, CheckPartitionOptions); the error's Reason says
+	// why.
+	ErrInvalidConfig = &Error{Status: StatusInvalidConfig}
+	ErrPanic         = &Error{Status: StatusPanic}
 )
 
 // ErrClosed is returned by a method of a handle after its Close (no C call is made).

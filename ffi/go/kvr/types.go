@@ -187,6 +187,12 @@ type Decision struct {
 	ProjectedDecodeBlocks uint64
 	// Cost of the chosen rank in block equivalents (NaN for explicit reservations).
 	Cost float64
+	// Flags: whether a transfer hint came with the booking (HasHint) and how session
+	// affinity steered the choice (SessionRoute).
+	Flags DecisionFlags
+	// Hint is the booking's transfer hint (WithKVHints; SelectAndReserve only), nil
+	// without one. Only a decision with a hint allocates it.
+	Hint *KVHint
 }
 
 // Err is nil for Selected, ErrBusy or ErrNoWorker for those outcomes (for callers that
@@ -216,6 +222,7 @@ func decisionOf(c *C.kvr_decision) Decision {
 		ProjectedPrefillTokens: uint64(c.projected_prefill_tokens),
 		ProjectedDecodeBlocks:  uint64(c.projected_decode_blocks),
 		Cost:                   float64(c.cost),
+		Flags:                  DecisionFlags(c.flags),
 	}
 }
 
