@@ -1865,8 +1865,9 @@ kvr_status kvr_subscribe_options_add_route(struct kvr_subscribe_options *opts,
  * Fails with `KVR_ERR_INVALID_CONFIG` when the partition's indexer policy applies no
  * engine events (KV events off, or a remote primary), `KVR_ERR_INVALID_ARGUMENT` when an
  * endpoint (the main one or a replay endpoint) is malformed, `KVR_ERR_IO` when the thread
- * or its runtime cannot be created; nothing was started then. An endpoint that is well-formed but unreachable
- * (or a port that is taken) is not an error: kvr keeps trying.
+ * or its runtime cannot be created; nothing was started then. An endpoint that is
+ * well-formed but unreachable (or a port that is taken) is not an error: kvr keeps
+ * trying.
  *
  * # Safety
  * `partition` and `opts` are NULL or live; `out` is NULL or writable.

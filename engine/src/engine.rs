@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc as StdArc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::cost::SelectionRng;
 use crate::idmap::IdMap;
@@ -16,9 +16,6 @@ use crate::reservation::{
 use crate::select::{Decision, Outcome, SelectError, SelectRequest};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Mutex, ShardedMap, Snapshot};
-
-/// How often a partition's sweep looks for expired bookings.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Why an engine call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -296,7 +293,7 @@ impl Engine {
         loop {
             let id = self.claim_id(p, req.selection_id)?;
             let r = self.with_rng(|rng| p.select_and_reserve(req, id, Instant::now(), rng));
-            self.settle_claim(p, id, r.as_ref().ok())?;
+            self.settle_claim(id, r.as_ref().ok());
             match r {
                 Err(SelectError::Reservation(ReservationError::DuplicateSelectionId(_)))
                     if req.selection_id.is_none() && attempts < MINT_ATTEMPTS =>
@@ -341,7 +338,7 @@ impl Engine {
             let id = self.claim_id(p, selection_id)?;
             let r = p.reserve(rank, prompt, prefill_tokens, id, Instant::now());
             let outcome = r.as_ref().ok().map(|d| Outcome::Selected(d.clone()));
-            self.settle_claim(p, id, outcome.as_ref())?;
+            self.settle_claim(id, outcome.as_ref());
             match r {
                 Err(SelectError::Reservation(ReservationError::DuplicateSelectionId(_)))
                     if selection_id.is_none() && attempts < MINT_ATTEMPTS =>
@@ -398,9 +395,8 @@ impl Engine {
             .recorder
             .is_some()
             .then(|| booking.prompt_blocks.clone());
+        // The table starts its configured sweep on its first booking, replicas included.
         p.bookings.install_replica_booking(booking, now)?;
-        p.bookings
-            .ensure_sweeper(p.bookings.config().sweep_interval.unwrap_or(SWEEP_INTERVAL));
         // A cached booking replayed from a peer is a booking too: recorded after it stands.
         if let Some(blocks) = blocks {
             p.indexing.record_booking(&p.index, rank, &blocks, now);
@@ -443,23 +439,12 @@ impl Engine {
             .and_then(|p| p.clone())
     }
 
-    /// Keeps the id claimed only if a booking was made; starts the partition's sweep.
-    fn settle_claim(
-        &self,
-        p: &Partition,
-        id: SelectionId,
-        outcome: Option<&Outcome>,
-    ) -> Result<(), EngineError> {
-        match outcome {
-            Some(Outcome::Selected(_)) => {
-                p.bookings
-                    .ensure_sweeper(p.bookings.config().sweep_interval.unwrap_or(SWEEP_INTERVAL));
-            }
-            _ => {
-                self.by_selection.remove(id);
-            }
+    /// Keeps the id claimed only if a booking was made (which also started the
+    /// partition's sweep: the table does on its first booking).
+    fn settle_claim(&self, id: SelectionId, outcome: Option<&Outcome>) {
+        if !matches!(outcome, Some(Outcome::Selected(_))) {
+            self.by_selection.remove(id);
         }
-        Ok(())
     }
 
     /// The partition holding booking `id`: the id index first, then a scan of the

@@ -439,11 +439,13 @@ impl IndexState {
         }))
     }
 
-    /// The booking-table sweep interval this policy needs: half the approximate TTL
-    /// (at least 100 ms), at most `default`.
+    /// The booking-table sweep interval this policy needs: `default`, or with an
+    /// approximate index at most half its TTL (at least 100 ms).
     pub(crate) fn sweep_interval(&self, default: Option<Duration>) -> Option<Duration> {
-        let ttl = self.recorder.as_ref()?.config().ttl;
-        let half = (ttl / 2).max(Duration::from_millis(100));
+        let Some(rec) = &self.recorder else {
+            return default;
+        };
+        let half = (rec.config().ttl / 2).max(Duration::from_millis(100));
         Some(default.map_or(half, |d| d.min(half)))
     }
 

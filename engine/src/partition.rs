@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::cost::CostConfig;
 use crate::hash::{BlockHasher, HashSalt};
 use crate::index::{DpRank, Index, IndexConfig, RankId, WorkerId};
-use crate::indexer::{IndexState, IndexerConfig, IndexerConfigError, IndexerStats};
+use crate::indexer::{IndexState, IndexerConfig, IndexerConfigError, IndexerPolicy, IndexerStats};
 use crate::load::LoadView;
 use crate::reservation::{ForgetListener, Listeners, ReservationConfig, ReservationTable};
 use crate::session::{SessionConfig, SessionStats, SessionTable};
@@ -292,9 +292,7 @@ impl Partition {
             block_size: bs,
             default_ttl: config.booking_ttl,
             // Approximate records expire on the table's sweep: often enough for their TTL.
-            sweep_interval: indexing
-                .sweep_interval(defaults.sweep_interval)
-                .or(defaults.sweep_interval),
+            sweep_interval: indexing.sweep_interval(defaults.sweep_interval),
             ..defaults
         };
         let sessions = config
@@ -349,6 +347,11 @@ impl Partition {
     #[doc(hidden)]
     pub fn fail_next_records_for_test(&self, n: u64) {
         self.indexing.fail_next_records(n);
+    }
+
+    /// The indexer policy in force (DESIGN.md §5).
+    pub fn indexer_policy(&self) -> &IndexerPolicy {
+        &self.indexing.policy
     }
 
     /// The indexer policy in force and its counters.

@@ -224,8 +224,9 @@ pub unsafe extern "C" fn kvr_subscribe_options_add_route(
 /// Fails with `KVR_ERR_INVALID_CONFIG` when the partition's indexer policy applies no
 /// engine events (KV events off, or a remote primary), `KVR_ERR_INVALID_ARGUMENT` when an
 /// endpoint (the main one or a replay endpoint) is malformed, `KVR_ERR_IO` when the thread
-/// or its runtime cannot be created; nothing was started then. An endpoint that is well-formed but unreachable
-/// (or a port that is taken) is not an error: kvr keeps trying.
+/// or its runtime cannot be created; nothing was started then. An endpoint that is
+/// well-formed but unreachable (or a port that is taken) is not an error: kvr keeps
+/// trying.
 ///
 /// # Safety
 /// `partition` and `opts` are NULL or live; `out` is NULL or writable.
@@ -241,7 +242,7 @@ pub unsafe extern "C" fn kvr_partition_subscribe(
         if out.is_null() {
             return Err(KVR_ERR_NULL);
         }
-        if !p.partition.indexer_stats().policy.applies_events() {
+        if !p.partition.indexer_policy().applies_events() {
             return Err(KVR_ERR_INVALID_CONFIG);
         }
         // The engine checks every endpoint (replay ones too) before anything else, so a

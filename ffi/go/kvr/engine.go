@@ -118,10 +118,7 @@ func WithCacheNamespace(ns string) PartitionOption {
 func WithBookingTTL(d time.Duration) PartitionOption {
 	return func(o *C.kvr_partition_options) error {
 		const op = "kvr_partition_options_set_booking_ttl_ms"
-		if d <= 0 {
-			return &Error{Status: StatusInvalidArgument, Op: op}
-		}
-		ms, err := millis(d, op)
+		ms, err := millis(d, op) // 0 is refused by kvr itself
 		if err != nil {
 			return err
 		}
