@@ -588,7 +588,7 @@ fn load_snapshot_negative_reload_per_rank() {
 // `sync::faults`, so the negative controls pass `Faults::default()` to `must_fail`.
 // ---------------------------------------------------------------------------------------
 
-use crate::select::SessionContext;
+use crate::session::SessionContext;
 use crate::session::{BindOutcome, LeaseRelease, SessionConfig, SessionFaults, SessionTable};
 
 /// Two session shards and two lease shards (leases 1, 2 and 7 need not share a lock).

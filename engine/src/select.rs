@@ -18,6 +18,7 @@ use crate::index::{RankId, TieredOverlap, TieredScores, WorkerId};
 use crate::load::LoadSnapshot;
 use crate::partition::{BlockRange, HostHooks, Partition, PrefillQuery, WorkerInfo, WorkerSet};
 use crate::reservation::{BookingRequest, ReservationError, SelectionId};
+pub use crate::session::SessionContext;
 use crate::session::Steer;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
@@ -30,18 +31,6 @@ pub enum Prompt<'a> {
         hashes: &'a [u64],
         prompt_tokens: u64,
     },
-}
-
-/// Structured session context (seed 001); it takes precedence over a legacy flat session
-/// id. Carried through to the decision; the affinity table comes with DESIGN.md §9.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SessionContext {
-    pub session_id: String,
-    pub parent_session_id: Option<String>,
-    /// This is the session's last turn: release its binding once its leases end.
-    pub session_final: bool,
-    /// What started this turn (the typed selector's trigger), passed through.
-    pub input_trigger: Option<String>,
 }
 
 /// One selection request.

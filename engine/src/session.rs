@@ -153,8 +153,19 @@ use smallvec::SmallVec;
 
 use crate::index::RankId;
 use crate::reservation::SelectionId;
-use crate::select::SessionContext;
 use crate::sync::{Arc, Mutex};
+
+/// Structured session context (seed 001); it takes precedence over a legacy flat session
+/// id. Carried through to the decision; the affinity table comes with DESIGN.md §9.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionContext {
+    pub session_id: String,
+    pub parent_session_id: Option<String>,
+    /// This is the session's last turn: release its binding once its leases end.
+    pub session_final: bool,
+    /// What started this turn (the typed selector's trigger), passed through.
+    pub input_trigger: Option<String>,
+}
 
 /// How long a lease released before its bind is remembered (see the module docs). Far
 /// longer than the gap between a booking and its bind, which is microseconds.
