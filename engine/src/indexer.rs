@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use crate::ids::PartitionKey;
 use crate::index::remote::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 use crate::index::{
     ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexConfig, RankId, RemoteIndex,
     TieredOverlap, TieredScores,
 };
-use crate::partition::PartitionKey;
 use crate::reservation::SweepListener;
 use crate::sync::atomic::{AtomicU64, Ordering};
 

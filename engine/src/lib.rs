@@ -14,6 +14,7 @@ pub mod docs;
 pub mod engine;
 pub mod hash;
 pub(crate) mod idmap;
+pub mod ids;
 pub mod index;
 pub mod indexer;
 pub mod ingress;

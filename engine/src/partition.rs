@@ -17,21 +17,7 @@ use crate::reservation::{ForgetListener, Listeners, ReservationConfig, Reservati
 use crate::session::{SessionConfig, SessionStats, SessionTable};
 use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
-/// A routing domain: requests of one model (and routing group) go to its workers only.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PartitionKey {
-    pub model: String,
-    pub routing_group: String,
-}
-
-impl PartitionKey {
-    pub fn new(model: impl Into<String>, routing_group: impl Into<String>) -> Self {
-        Self {
-            model: model.into(),
-            routing_group: routing_group.into(),
-        }
-    }
-}
+pub use crate::ids::PartitionKey;
 
 /// What a worker does in a (possibly disaggregated) deployment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

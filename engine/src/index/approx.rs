@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use super::event::{IndexError, RankId, Tier};
-use super::ranks::HashMixMap;
 use super::Index;
+use crate::hash::mix::HashMixMap;
 use crate::hash::next_sequence_hash;
 use crate::sync::Mutex;
 

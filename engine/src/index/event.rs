@@ -1,46 +1,6 @@
 //! What an index is told: ranks, storage tiers and the three KV events.
 
-/// An inference worker (engine process or pod).
-pub type WorkerId = u64;
-/// A data-parallel rank inside a worker.
-pub type DpRank = u32;
-
-/// The unit every index entry, load figure and booking is keyed by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RankId {
-    pub worker_id: WorkerId,
-    pub dp_rank: DpRank,
-}
-
-impl RankId {
-    pub const fn new(worker_id: WorkerId, dp_rank: DpRank) -> Self {
-        Self { worker_id, dp_rank }
-    }
-}
-
-impl std::fmt::Display for RankId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.worker_id, self.dp_rank)
-    }
-}
-
-/// Where a rank keeps a block: GPU memory (the primary tier), host memory or disk
-/// (vLLM's `medium` = "GPU" | "CPU" | "STORAGE").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Tier {
-    Device = 0,
-    Host = 1,
-    Disk = 2,
-}
-
-impl Tier {
-    pub const ALL: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
-
-    pub(crate) const fn bit(self) -> u8 {
-        1 << self as u8
-    }
-}
+pub use crate::ids::{DpRank, RankId, Tier, WorkerId};
 
 /// One block of a `Stored` event: the engine's own opaque hash (used only to resolve
 /// parents and removals for that rank) and kvr's local hash of the block's tokens.

@@ -13,7 +13,7 @@
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 
-use super::ranks::HashMixMap;
+use crate::hash::mix::HashMixMap;
 use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::{Mutex, UnsafeCell};
 

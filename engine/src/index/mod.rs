@@ -29,7 +29,7 @@ pub use remote::RemoteIndexClient;
 pub use remote::{RemoteConfig, RemoteError, RemoteIndex, RemoteStats};
 pub use stats::{IndexStats, RankStats};
 /// A fast hasher for already-random or small integer keys (ranks, hashes).
-pub type RankHasher = ranks::HashMix;
+pub type RankHasher = crate::hash::mix::HashMix;
 
 use crate::hash::next_sequence_hash;
 use crate::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -104,7 +104,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{RankId, TieredOverlap, TieredScores};
-use crate::partition::PartitionKey;
+use crate::ids::PartitionKey;
 
 /// The path of the tiered query, appended to a [`RemoteConfig::base_url`].
 pub const QUERY_TIERED_BY_HASH_PATH: &str = "/query_tiered_by_hash";
@@ -333,8 +333,8 @@ mod client {
         QueryTieredByHashResponse, RemoteConfig, RemoteError, RemoteIndex, RemoteStats,
         QUERY_TIERED_BY_HASH_PATH,
     };
+    use crate::ids::PartitionKey;
     use crate::index::TieredScores;
-    use crate::partition::PartitionKey;
     use crate::sync::atomic::{AtomicU64, Ordering};
 
     /// The largest answer read (a full index of `MAX_RANKS` ranks is about 24 MiB).

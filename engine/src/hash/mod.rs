@@ -8,6 +8,8 @@
 
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
+pub(crate) mod mix;
+
 /// Hash of one block's content (and salt), independent of its position.
 pub type LocalHash = u64;
 /// Hash of a whole prefix ending at a block: the chain of local hashes.
