@@ -8,11 +8,13 @@
 //! semantics of Dynamo's radix index with a flat, lock-free-read layout ([`index`]); the
 //! invariants and memory orderings are argued in [`docs`].
 
+pub mod config;
 pub mod cost;
 pub(crate) mod counter;
 pub mod docs;
 pub mod engine;
 pub mod hash;
+pub mod hooks;
 pub(crate) mod idmap;
 pub mod ids;
 pub mod index;
@@ -24,6 +26,7 @@ pub mod reservation;
 pub mod select;
 pub mod session;
 pub(crate) mod sync;
+pub mod workers;
 
 #[cfg(all(test, loom))]
 mod loom_models;

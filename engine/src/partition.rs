@@ -4,206 +4,22 @@
 //! Workers come and go while selections run: the worker set is an immutable snapshot
 //! swapped whole (arc-swap), so a selection sees one consistent membership.
 
-use std::collections::BTreeMap;
 use std::sync::Arc as StdArc;
-use std::time::Duration;
 
-use crate::cost::CostConfig;
 use crate::hash::{BlockHasher, HashSalt};
-use crate::index::{DpRank, Index, IndexConfig, RankId, WorkerId};
-use crate::indexer::{IndexState, IndexerConfig, IndexerConfigError, IndexerPolicy, IndexerStats};
+use crate::index::{Index, IndexConfig, WorkerId};
+use crate::indexer::{IndexState, IndexerConfigError, IndexerPolicy, IndexerStats};
 use crate::load::LoadView;
 use crate::reservation::{ForgetListener, Listeners, ReservationConfig, ReservationTable};
-use crate::session::{SessionConfig, SessionStats, SessionTable};
+use crate::session::{SessionStats, SessionTable};
 use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
+pub use crate::config::{BusyThresholds, HintConfig, PartitionConfig};
+pub use crate::hooks::{
+    BlockRange, HostHooks, LoraFilter, PrefillEstimator, PrefillQuery, SharedCacheLookup,
+};
 pub use crate::ids::PartitionKey;
-
-/// What a worker does in a (possibly disaggregated) deployment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum BackendRole {
-    /// Prefill and decode on the same worker.
-    #[default]
-    Aggregated,
-    Prefill,
-    Decode,
-}
-
-/// A worker's metadata, as the host registers it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WorkerInfo {
-    pub worker_id: WorkerId,
-    /// Data-parallel ranks (at least 1): ranks are `(worker_id, 0..dp_size)`.
-    pub dp_size: u32,
-    pub role: BackendRole,
-    /// Per rank, the endpoint a peer uses to pull KV blocks from it (for transfer hints).
-    pub control_endpoints: Vec<Option<String>>,
-    /// Device KV blocks per rank (0 = unknown; busy thresholds on decode blocks need it).
-    pub total_kv_blocks: u64,
-    /// Largest prefill batch per rank in tokens (0 = unknown).
-    pub max_batched_tokens: u64,
-    /// LoRA adapters loaded on the worker.
-    pub lora_adapters: Vec<String>,
-    pub labels: BTreeMap<String, String>,
-}
-
-impl WorkerInfo {
-    pub fn new(worker_id: WorkerId, dp_size: u32) -> Self {
-        Self {
-            worker_id,
-            dp_size: dp_size.max(1),
-            ..Self::default()
-        }
-    }
-
-    pub fn ranks(&self) -> impl Iterator<Item = RankId> + '_ {
-        (0..self.dp_size.max(1)).map(move |d| RankId::new(self.worker_id, d as DpRank))
-    }
-}
-
-/// Per-partition busy thresholds (Dynamo's): a rank over any set threshold is busy and is
-/// not chosen; if every candidate is busy the selection answers `Busy`.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct BusyThresholds {
-    /// Busy when active decode blocks exceed this fraction of the rank's total KV blocks.
-    pub decode_blocks_fraction: Option<f64>,
-    /// Busy when active prefill tokens exceed this many.
-    pub prefill_tokens: Option<u64>,
-    /// Busy when active prefill tokens exceed this fraction of max batched tokens.
-    pub prefill_tokens_fraction: Option<f64>,
-}
-
-/// When a booked selection may carry a `kv_hint` (DESIGN.md §7): a peer rank that holds
-/// a longer device prefix than the chosen one and can serve it over its control endpoint.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HintConfig {
-    /// The source's device prefix must exceed the chosen rank's by at least this many
-    /// blocks (a short transfer is not worth a round trip).
-    pub min_advantage_blocks: u32,
-    /// Most blocks one hint asks to move.
-    pub max_transfer_blocks: u32,
-    /// Roles whose ranks may serve transfers.
-    pub source_roles: Vec<BackendRole>,
-}
-
-impl Default for HintConfig {
-    fn default() -> Self {
-        HintConfig {
-            min_advantage_blocks: 4,
-            max_transfer_blocks: 4_096,
-            // A decode worker's cache is busy serving its own sequences; prefill and
-            // aggregated workers hand theirs out.
-            source_roles: vec![BackendRole::Prefill, BackendRole::Aggregated],
-        }
-    }
-}
-
-/// How a partition hashes, scores and books.
-#[derive(Clone, Debug)]
-pub struct PartitionConfig {
-    pub block_size: u32,
-    /// Cache namespace salt of every local hash (LoRA salts come per request).
-    pub cache_namespace: Option<String>,
-    pub cost: CostConfig,
-    pub busy: BusyThresholds,
-    /// Lifetime of a booking nobody frees (Dynamo current: 3,600 s).
-    pub booking_ttl: Duration,
-    /// Which index answers overlap queries and which bookings feed one (DESIGN.md §5).
-    pub indexer: IndexerConfig,
-    /// Transfer hints on booked responses; `None` (the default) = the partition consumes
-    /// none, and selection keeps no per-rank overlaps beyond the choice.
-    pub hints: Option<HintConfig>,
-    /// Session affinity (DESIGN.md §9); `None` (the default) = sessions are carried
-    /// through to the decision but steer nothing.
-    pub sessions: Option<SessionConfig>,
-}
-
-impl PartitionConfig {
-    pub fn new(block_size: u32) -> Self {
-        Self {
-            block_size,
-            cache_namespace: None,
-            cost: CostConfig::default(),
-            busy: BusyThresholds::default(),
-            booking_ttl: Duration::from_secs(3_600),
-            indexer: IndexerConfig::default(),
-            hints: None,
-            sessions: None,
-        }
-    }
-}
-
-/// A block range `[start, end)` of the prompt that the host's shared KV cache holds.
-pub type BlockRange = (u32, u32);
-
-/// What the prefill estimator is asked.
-#[derive(Clone, Copy, Debug)]
-pub struct PrefillQuery {
-    pub rank: RankId,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
-}
-
-type Hook<F> = Option<StdArc<F>>;
-/// Projected prefill tokens of a request on a rank, or `None` for the default.
-pub type PrefillEstimator = dyn Fn(&PrefillQuery) -> Option<u64> + Send + Sync;
-/// Prompt block ranges in the host's shared cache, or why the lookup failed.
-pub type SharedCacheLookup = dyn Fn(&[u64]) -> Result<Vec<BlockRange>, String> + Send + Sync;
-/// The workers (of those given) that serve a LoRA adapter.
-pub type LoraFilter = dyn Fn(&str, &[WorkerId]) -> Vec<WorkerId> + Send + Sync;
-
-/// Inputs the host supplies (seed 001), each optional: an absent hook leaves the input
-/// it would change as it was. Hooks are called with no engine lock held.
-#[derive(Clone, Default)]
-pub struct HostHooks {
-    /// Projected prefill tokens of the request on a rank (default: prompt − cached).
-    pub prefill_estimator: Hook<PrefillEstimator>,
-    /// `true` = the rank is overloaded now (not chosen; all overloaded → `Busy`).
-    pub overload: Hook<dyn Fn(RankId) -> bool + Send + Sync>,
-    /// `false` = the rank cannot take requests (not a candidate at all).
-    pub availability: Hook<dyn Fn(RankId) -> bool + Send + Sync>,
-    /// Block ranges of the prompt (by sequence hashes) present in the host's shared KV
-    /// cache; an error is logged and counted, and selection goes on without it.
-    pub shared_cache: Hook<SharedCacheLookup>,
-    /// The workers (of those given) that can serve a LoRA adapter.
-    pub lora_filter: Hook<LoraFilter>,
-}
-
-impl std::fmt::Debug for HostHooks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostHooks")
-            .field("prefill_estimator", &self.prefill_estimator.is_some())
-            .field("overload", &self.overload.is_some())
-            .field("availability", &self.availability.is_some())
-            .field("shared_cache", &self.shared_cache.is_some())
-            .field("lora_filter", &self.lora_filter.is_some())
-            .finish()
-    }
-}
-
-/// The partition's workers, as one immutable version.
-#[derive(Clone, Debug, Default)]
-pub struct WorkerSet {
-    workers: BTreeMap<WorkerId, WorkerInfo>,
-}
-
-impl WorkerSet {
-    pub fn get(&self, id: WorkerId) -> Option<&WorkerInfo> {
-        self.workers.get(&id)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &WorkerInfo> + '_ {
-        self.workers.values()
-    }
-
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
-    }
-}
+pub use crate::workers::{BackendRole, WorkerInfo, WorkerSet};
 
 /// One partition.
 pub struct Partition {
