@@ -27,6 +27,9 @@ pub(crate) use loom::sync::Arc;
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::Arc;
+/// The standard `Arc` even under loom: for shared ownership that no model checks (host
+/// hooks and listeners as `dyn` callbacks, a partition shared with its subscriptions).
+pub(crate) use std::sync::Arc as StdArc;
 
 /// Epoch-based reclamation (crossbeam-epoch; loom-aware under `crossbeam_loom`).
 pub(crate) use crossbeam_epoch as epoch;

@@ -3,7 +3,7 @@
 //!
 //! A *stream* is one publisher's sequence of batches: one engine process (one DP rank's
 //! PUB socket in vLLM, which numbers each socket's batches from 0). Hosts that read the
-//! sockets themselves hand kvr each message with [`Partition::ingest`], naming the
+//! sockets themselves hand kvr each message with [`Partition::ingest`](crate::partition::Partition::ingest), naming the
 //! worker and the stream (e.g. the DP rank the socket belongs to); kvr's own subscriber
 //! does the same through [`IngressStream`], with replay.
 //!
@@ -17,14 +17,13 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::hash::{local_block_hash, HashSalt};
-use crate::index::{IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
-use crate::partition::Partition;
-use crate::sync::{Arc, Mutex, ShardedMap};
+use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
+use crate::sync::{Arc, Mutex, ShardedMap, StdArc};
 
 use super::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
 use super::sequence::{Action, ClearCause, ReplayResult, SequenceStats, SequenceTracker};
 
-/// One stream's counters (readable through [`Partition::ingress_stats`]).
+/// One stream's counters (readable through [`Partition::ingress_stats`](crate::partition::Partition::ingress_stats)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StreamStats {
     pub worker_id: WorkerId,
@@ -50,10 +49,11 @@ pub struct StreamStats {
     pub last_batch_unix_ms: u64,
 }
 
-/// The counters of every stream of a partition, by (worker, stream).
-pub(crate) struct IngressRegistry {
+/// The counters of every stream of a partition, by (worker, stream). Opaque: a sink
+/// owns one and hands it to ingress.
+pub struct IngressRegistry {
     streams: Mutex<Vec<Arc<Mutex<StreamStats>>>>,
-    /// Streams fed through [`Partition::ingest`] (no replay: kvr does not own the socket),
+    /// Streams fed through [`Partition::ingest`](crate::partition::Partition::ingest) (no replay: kvr does not own the socket),
     /// sharded so messages of different streams never wait on one lock to find theirs.
     raw: ShardedMap<(WorkerId, u32), Arc<Mutex<IngressStream>>>,
 }
@@ -79,6 +79,26 @@ impl IngressRegistry {
         s
     }
 
+    /// Sequence-checks, decodes and applies one message of `worker_id`'s stream `stream`
+    /// handed in by the host (no replay: kvr does not own the socket). Messages of one
+    /// stream are serialized on that stream's lock; other streams proceed in parallel.
+    pub(crate) fn ingest_raw(
+        &self,
+        sink: &impl EventSink,
+        worker_id: WorkerId,
+        stream: u32,
+        seq: u64,
+        payload: &[u8],
+    ) -> IngestOutcome {
+        let s = self.raw.get_or_insert_with((worker_id, stream), || {
+            Arc::new(Mutex::new(IngressStream::new(
+                sink, worker_id, stream, false,
+            )))
+        });
+        let mut s = s.lock();
+        s.on_live(sink, seq, payload)
+    }
+
     pub(crate) fn stats(&self) -> Vec<StreamStats> {
         self.streams
             .lock()
@@ -102,6 +122,42 @@ pub struct IngestOutcome {
     pub decode_errors: u32,
 }
 
+/// What ingress writes into, implemented by the partition, so that this layer never
+/// names it: a sink applies one rank's events to the index its policy feeds, clears a
+/// worker's ranks, and keeps the counters of the streams feeding it.
+pub trait EventSink {
+    /// The block size every stored block must have (others are refused and counted).
+    fn block_size(&self) -> u32;
+    /// The cache namespace that salts every local hash (with each event's LoRA name).
+    fn cache_namespace(&self) -> Option<&str>;
+    /// Applies one event of `rank`.
+    fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError>;
+    /// Drops everything `worker` holds on the DP ranks `dp_ranks` (all of its ranks when
+    /// empty), as after a gap in its stream.
+    fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]);
+    /// The counters and sequence state of the streams feeding this sink.
+    fn streams(&self) -> &IngressRegistry;
+}
+
+/// A shared sink is a sink (a subscription holds its partition by `Arc`).
+impl<S: EventSink + ?Sized> EventSink for StdArc<S> {
+    fn block_size(&self) -> u32 {
+        (**self).block_size()
+    }
+    fn cache_namespace(&self) -> Option<&str> {
+        (**self).cache_namespace()
+    }
+    fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
+        (**self).apply_event(rank, event)
+    }
+    fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
+        (**self).clear_ranks(worker, dp_ranks)
+    }
+    fn streams(&self) -> &IngressRegistry {
+        (**self).streams()
+    }
+}
+
 /// The state of one stream: its sequence tracker, reusable decode buffers, its counters.
 pub struct IngressStream {
     worker_id: WorkerId,
@@ -117,7 +173,7 @@ pub struct IngressStream {
 
 impl IngressStream {
     /// A stream of `worker_id`'s batches into `partition` (registered for its stats).
-    pub fn new(partition: &Partition, worker_id: WorkerId, stream: u32, replay: bool) -> Self {
+    pub fn new(partition: &impl EventSink, worker_id: WorkerId, stream: u32, replay: bool) -> Self {
         IngressStream {
             worker_id,
             stream,
@@ -126,12 +182,12 @@ impl IngressStream {
             blocks: Vec::new(),
             actions: Vec::new(),
             ranks_seen: Vec::new(),
-            stats: partition.ingress().register(worker_id, stream),
+            stats: partition.streams().register(worker_id, stream),
         }
     }
 
     /// A live message.
-    pub fn on_live(&mut self, p: &Partition, seq: u64, payload: &[u8]) -> IngestOutcome {
+    pub fn on_live(&mut self, p: &impl EventSink, seq: u64, payload: &[u8]) -> IngestOutcome {
         self.note_message(payload.len());
         let mut actions = std::mem::take(&mut self.actions);
         self.tracker.on_live(seq, payload, &mut actions);
@@ -141,7 +197,7 @@ impl IngressStream {
     }
 
     /// A replayed message (of the replay requested last).
-    pub fn on_replayed(&mut self, p: &Partition, seq: u64, payload: &[u8]) -> IngestOutcome {
+    pub fn on_replayed(&mut self, p: &impl EventSink, seq: u64, payload: &[u8]) -> IngestOutcome {
         self.note_message(payload.len());
         let mut actions = std::mem::take(&mut self.actions);
         self.tracker.on_replayed(seq, payload, &mut actions);
@@ -151,7 +207,7 @@ impl IngressStream {
     }
 
     /// The replay ended.
-    pub fn on_replay_end(&mut self, p: &Partition, result: ReplayResult) -> IngestOutcome {
+    pub fn on_replay_end(&mut self, p: &impl EventSink, result: ReplayResult) -> IngestOutcome {
         let mut actions = std::mem::take(&mut self.actions);
         self.tracker.on_replay_end(result, &mut actions);
         let out = self.perform(p, &mut actions);
@@ -170,7 +226,7 @@ impl IngressStream {
         s.bytes += bytes as u64;
     }
 
-    fn perform(&mut self, p: &Partition, actions: &mut Vec<Action>) -> IngestOutcome {
+    fn perform(&mut self, p: &impl EventSink, actions: &mut Vec<Action>) -> IngestOutcome {
         let mut out = IngestOutcome::default();
         for a in actions.drain(..) {
             match a {
@@ -193,19 +249,12 @@ impl IngressStream {
     }
 
     /// Clears the ranks this stream feeds (every rank of the worker if it named none).
-    fn clear(&mut self, p: &Partition, _cause: ClearCause) {
-        let index = p.index();
-        for rank in index.ranks() {
-            if rank.worker_id == self.worker_id
-                && (self.ranks_seen.is_empty() || self.ranks_seen.contains(&rank.dp_rank))
-            {
-                index.clear(rank);
-            }
-        }
+    fn clear(&mut self, p: &impl EventSink, _cause: ClearCause) {
+        p.clear_ranks(self.worker_id, &self.ranks_seen);
     }
 
     /// Decodes and applies one batch; `false` if it did not decode (nothing applied).
-    fn apply(&mut self, p: &Partition, payload: &[u8]) -> bool {
+    fn apply(&mut self, p: &impl EventSink, payload: &[u8]) -> bool {
         if let Err(e) = decode_batch(payload, &mut self.batch) {
             let mut s = self.stats.lock();
             if let Some(c) = s.decode_errors.iter_mut().find(|c| c.0 == e.kind.name()) {
@@ -218,9 +267,8 @@ impl IngressStream {
             self.ranks_seen.push(dp);
         }
         let rank = RankId::new(self.worker_id, dp);
-        let index = p.index();
         let bs = p.block_size();
-        let namespace = p.config().cache_namespace.as_deref();
+        let namespace = p.cache_namespace();
         let (mut stored, mut removed, mut rejected, mut mismatched) = (0u64, 0u64, 0u64, 0u64);
         let b = &self.batch;
         for ev in &b.events {
@@ -250,7 +298,7 @@ impl IngressStream {
                             local_hash: local_block_hash(chunk, salt),
                         });
                     }
-                    index.apply(
+                    p.apply_event(
                         rank,
                         &KvEvent::Stored {
                             tier: tier(*medium),
@@ -259,14 +307,14 @@ impl IngressStream {
                         },
                     )
                 }
-                DecodedEvent::Removed { hashes, medium } => index.apply(
+                DecodedEvent::Removed { hashes, medium } => p.apply_event(
                     rank,
                     &KvEvent::Removed {
                         tier: tier(*medium),
                         external_hashes: &b.hashes[hashes.clone()],
                     },
                 ),
-                DecodedEvent::Cleared => index.apply(rank, &KvEvent::Cleared),
+                DecodedEvent::Cleared => p.apply_event(rank, &KvEvent::Cleared),
             };
             match r {
                 Ok(o) => {
@@ -297,43 +345,5 @@ fn tier(m: Medium) -> Tier {
         Medium::Gpu => Tier::Device,
         Medium::Cpu => Tier::Host,
         Medium::Storage => Tier::Disk,
-    }
-}
-
-impl Partition {
-    /// Hands kvr one engine message (its frames: topic, sequence number, msgpack payload)
-    /// of `worker_id`'s stream `stream` (e.g. the DP rank of the socket it came from):
-    /// it is sequence-checked, decoded and applied. Without replay (the host owns the
-    /// socket), a gap or a restart clears the stream's ranks. Messages of one stream must
-    /// be handed in order from one thread at a time (the stream is locked meanwhile);
-    /// other streams proceed in parallel.
-    pub fn ingest(
-        &self,
-        worker_id: WorkerId,
-        stream: u32,
-        _topic: &[u8],
-        seq: u64,
-        payload: &[u8],
-    ) -> IngestOutcome {
-        // Events off or a remote primary: the local index takes no events (counted in
-        // `indexer_stats().events_ignored`).
-        if !self.indexing.accepts_events() {
-            return IngestOutcome::default();
-        }
-        let s = self
-            .ingress()
-            .raw
-            .get_or_insert_with((worker_id, stream), || {
-                Arc::new(Mutex::new(IngressStream::new(
-                    self, worker_id, stream, false,
-                )))
-            });
-        let mut s = s.lock();
-        s.on_live(self, seq, payload)
-    }
-
-    /// Counters of every ingress stream of this partition.
-    pub fn ingress_stats(&self) -> Vec<StreamStats> {
-        self.ingress().stats()
     }
 }

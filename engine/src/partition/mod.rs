@@ -9,10 +9,15 @@ use std::sync::Arc as StdArc;
 use crate::hash::{BlockHasher, HashSalt};
 use crate::index::{Index, IndexConfig, WorkerId};
 use crate::indexer::{IndexState, IndexerConfigError, IndexerPolicy, IndexerStats};
+use crate::ingress::ingest::IngressRegistry;
 use crate::load::LoadView;
 use crate::reservation::{ForgetListener, Listeners, ReservationConfig, ReservationTable};
+use crate::select::SelectionCounters;
 use crate::session::{SessionStats, SessionTable};
-use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
+use crate::sync::{Arc, Mutex, Snapshot};
+
+mod ingest;
+mod routing;
 
 pub use crate::config::{BusyThresholds, HintConfig, PartitionConfig};
 pub use crate::hooks::{
@@ -40,9 +45,9 @@ pub struct Partition {
     pub(crate) sessions: Option<StdArc<SessionTable>>,
     /// Serializes membership changes (copy-on-write of the worker set).
     membership: Mutex<()>,
-    pub(crate) counters: crate::select::SelectionCounters,
+    pub(crate) counters: SelectionCounters,
     /// Counters and sequence state of the event streams feeding this partition.
-    ingress: crate::ingress::ingest::IngressRegistry,
+    ingress: IngressRegistry,
 }
 
 impl Partition {
@@ -170,10 +175,6 @@ impl Partition {
         self
     }
 
-    pub(crate) fn ingress(&self) -> &crate::ingress::ingest::IngressRegistry {
-        &self.ingress
-    }
-
     pub(crate) fn number(&self) -> u64 {
         self.number
     }
@@ -213,16 +214,6 @@ impl Partition {
 
     pub fn hooks(&self) -> Arc<HostHooks> {
         self.hooks.load()
-    }
-
-    /// The worker set for reads within one call (no reference-count traffic).
-    pub(crate) fn workers_now(&self) -> SnapshotGuard<WorkerSet> {
-        self.workers.guard()
-    }
-
-    /// The hooks for calls within one selection.
-    pub(crate) fn hooks_now(&self) -> SnapshotGuard<HostHooks> {
-        self.hooks.guard()
     }
 
     pub fn set_hooks(&self, hooks: HostHooks) {

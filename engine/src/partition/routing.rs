@@ -1,0 +1,65 @@
+//! Selection and booking on a partition: each call borrows the partition's parts as a
+//! [`Selector`] and runs the selection layer over them.
+
+use std::time::Instant;
+
+use super::Partition;
+use crate::cost::RandomSource;
+use crate::ids::RankId;
+use crate::reservation::SelectionId;
+use crate::select::{Decision, Outcome, SelectError, SelectRequest, SelectionStats, Selector};
+
+impl Partition {
+    /// The parts a selection reads and books into, borrowed for one call.
+    pub(crate) fn selector(&self) -> Selector<'_> {
+        Selector {
+            key: &self.key,
+            config: &self.config,
+            hasher: &self.hasher,
+            index: &self.index,
+            indexing: &self.indexing,
+            load: &self.load,
+            bookings: &self.bookings,
+            workers: &self.workers,
+            hooks: &self.hooks,
+            sessions: self.sessions.as_deref(),
+            counters: &self.counters,
+        }
+    }
+
+    /// Advisory selection: the decision and the projected load; books nothing.
+    pub fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
+        self.selector().select(req, rng)
+    }
+
+    /// Booked selection: decides, then books the chosen rank before returning.
+    pub fn select_and_reserve(
+        &self,
+        req: &SelectRequest<'_>,
+        selection_id: SelectionId,
+        now: Instant,
+        rng: &mut impl RandomSource,
+    ) -> Result<Outcome, SelectError> {
+        self.selector()
+            .select_and_reserve(req, selection_id, now, rng)
+    }
+
+    /// Books a request on a rank the caller chose (no scoring). With a prompt, its blocks
+    /// join the rank's active blocks; without, only the given prefill tokens are booked.
+    pub fn reserve(
+        &self,
+        rank: RankId,
+        prompt: Option<&SelectRequest<'_>>,
+        prefill_tokens: Option<u64>,
+        selection_id: SelectionId,
+        now: Instant,
+    ) -> Result<Decision, SelectError> {
+        self.selector()
+            .reserve(rank, prompt, prefill_tokens, selection_id, now)
+    }
+
+    /// Selection counters of this partition.
+    pub fn selection_stats(&self) -> SelectionStats {
+        self.counters.snapshot()
+    }
+}

@@ -1,0 +1,80 @@
+//! What a selection is asked: the prompt and the caller's constraints.
+
+use std::time::Duration;
+
+use crate::cost::CostOverrides;
+use crate::ids::WorkerId;
+use crate::reservation::SelectionId;
+use crate::session::SessionContext;
+
+/// A prompt, as tokens (kvr hashes them) or as precomputed local block hashes.
+#[derive(Clone, Copy, Debug)]
+pub enum Prompt<'a> {
+    Tokens(&'a [u32]),
+    /// Local hashes of the prompt's complete blocks, and the prompt's length in tokens.
+    LocalHashes {
+        hashes: &'a [u64],
+        prompt_tokens: u64,
+    },
+}
+
+/// One selection request.
+#[derive(Clone, Debug)]
+pub struct SelectRequest<'a> {
+    pub prompt: Prompt<'a>,
+    /// LoRA adapter: salts the hashes and narrows the candidates to workers serving it.
+    pub lora_name: Option<&'a str>,
+    /// The caller's allow-set of workers (`None` = every worker of the partition).
+    pub allowed_workers: Option<&'a [WorkerId]>,
+    /// Route to this worker (if allowed); LoRA narrowing never removes an allowed pin.
+    pub pinned_worker: Option<WorkerId>,
+    pub session: Option<SessionContext>,
+    /// Legacy flat session id, used only when `session` is absent.
+    pub legacy_session_id: Option<&'a str>,
+    pub overrides: CostOverrides,
+    /// Expected output tokens (booked into the decode load as output blocks grow).
+    pub expected_output_tokens: u64,
+    /// Booked mode: the caller's own selection id (a duplicate is an error); `None` = minted.
+    pub selection_id: Option<SelectionId>,
+    /// Booked mode: booking lifetime (`None` = the partition's default).
+    pub ttl: Option<Duration>,
+}
+
+impl<'a> SelectRequest<'a> {
+    pub fn tokens(tokens: &'a [u32]) -> Self {
+        Self::with_prompt(Prompt::Tokens(tokens))
+    }
+
+    pub fn local_hashes(hashes: &'a [u64], prompt_tokens: u64) -> Self {
+        Self::with_prompt(Prompt::LocalHashes {
+            hashes,
+            prompt_tokens,
+        })
+    }
+
+    fn with_prompt(prompt: Prompt<'a>) -> Self {
+        SelectRequest {
+            prompt,
+            lora_name: None,
+            allowed_workers: None,
+            pinned_worker: None,
+            session: None,
+            legacy_session_id: None,
+            overrides: CostOverrides::NONE,
+            expected_output_tokens: 0,
+            selection_id: None,
+            ttl: None,
+        }
+    }
+
+    /// The session context the decision carries: the structured one, else one built from
+    /// the legacy flat id.
+    pub fn effective_session(&self) -> Option<SessionContext> {
+        self.session.clone().or_else(|| {
+            self.legacy_session_id.map(|id| SessionContext {
+                session_id: id.to_string(),
+                ..SessionContext::default()
+            })
+        })
+    }
+}

@@ -1,0 +1,55 @@
+//! Per-thread buffers a selection reuses.
+
+use crate::index::{TieredOverlap, TieredScores};
+
+/// Per-thread buffers a selection reuses, so an advisory selection allocates nothing once
+/// a thread has warmed up (the C ABI's "no allocation on the routing path"). Taken out of
+/// the thread-local slot and put back, never borrowed across a call: a host hook that
+/// selects again from inside a selection just gets fresh (empty) buffers.
+#[derive(Default)]
+pub(super) struct Scratch {
+    pub(super) local: Vec<u64>,
+    /// A spare sequence vector: an advisory selection gives its prompt's back; a booked
+    /// one moves it into the booking.
+    pub(super) seq: Vec<u64>,
+    pub(super) tiered: TieredScores,
+    /// The prediction side index's overlaps and the merge of both (prediction mode).
+    pub(super) predicted: TieredScores,
+    pub(super) merged: Vec<TieredOverlap>,
+}
+
+std::thread_local! {
+    static SCRATCH: std::cell::Cell<Option<Box<Scratch>>> = const { std::cell::Cell::new(None) };
+}
+
+impl Scratch {
+    pub(super) fn take() -> Box<Scratch> {
+        SCRATCH.with(|c| c.take()).unwrap_or_default()
+    }
+
+    pub(super) fn put(s: Box<Scratch>) {
+        SCRATCH.with(|c| c.set(Some(s)));
+    }
+
+    pub(super) fn give_back_seq(seq: Vec<u64>) {
+        SCRATCH.with(|c| {
+            if let Some(mut s) = c.take() {
+                if s.seq.capacity() < seq.capacity() {
+                    s.seq = seq;
+                }
+                c.set(Some(s));
+            }
+        });
+    }
+}
+
+/// Puts the scratch back when a decision ends, on every return path.
+pub(super) struct PutBack(pub(super) Option<Box<Scratch>>);
+
+impl Drop for PutBack {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            Scratch::put(s);
+        }
+    }
+}
