@@ -395,6 +395,9 @@ impl Engine {
             .recorder
             .is_some()
             .then(|| booking.prompt_blocks.clone());
+        // Marked before the booking is installed, so a claim that checks after its own
+        // insert looks at this partition's table.
+        p.note_replica_booking();
         // The table starts its configured sweep on its first booking, replicas included.
         p.bookings.install_replica_booking(booking, now)?;
         // A cached booking replayed from a peer is a booking too: recorded after it stands.
@@ -414,21 +417,46 @@ impl Engine {
             loop {
                 let id = self.mint_selection_id();
                 if self.by_selection.insert_new(id, p.number()).is_ok() {
+                    if self.live_replica_elsewhere(p, id) {
+                        self.by_selection.remove(id);
+                        continue;
+                    }
                     return Ok(id);
                 }
             }
         };
         match self.by_selection.insert_new(id, p.number()) {
-            Ok(()) => Ok(id),
+            Ok(()) => {}
             Err(number) if self.partition_numbered(number).is_none() => {
                 self.by_selection.remove(id);
                 self.by_selection
                     .insert_new(id, p.number())
                     .map_err(|_| EngineError::DuplicateSelectionId(id))?;
-                Ok(id)
             }
-            Err(_) => Err(EngineError::DuplicateSelectionId(id)),
+            Err(_) => return Err(EngineError::DuplicateSelectionId(id)),
         }
+        // Replica bookings are not in the id index: an id live as one in another partition
+        // is taken too (DESIGN.md §2: ids are unique across the engine). Claimed first and
+        // checked after, so a replica installed meanwhile is seen by one side or the other
+        // except in the window between its check and its insert (see
+        // `install_replica_booking_in`).
+        if self.live_replica_elsewhere(p, id) {
+            self.by_selection.remove(id);
+            return Err(EngineError::DuplicateSelectionId(id));
+        }
+        Ok(id)
+    }
+
+    /// Whether `id` is a live booking of a partition other than `p` that holds replica
+    /// bookings (the only bookings the id index does not name). No allocation: one
+    /// lock-free load of the numbered list, and a table lookup per such partition.
+    fn live_replica_elsewhere(&self, p: &Partition, id: SelectionId) -> bool {
+        let numbered = self.numbered.guard();
+        numbered.iter().flatten().any(|q| {
+            !std::ptr::eq(StdArc::as_ptr(q), p)
+                && q.holds_replica_bookings()
+                && matches!(q.bookings.status(id), Some(BookingStatus::Live(_)))
+        })
     }
 
     /// The live partition with this number, if any.

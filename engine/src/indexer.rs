@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use crate::ids::PartitionKey;
+use crate::ids::{PartitionKey, WorkerId};
 use crate::index::remote::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 use crate::index::{
     ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexConfig, RankId, RemoteIndex,
@@ -404,6 +404,19 @@ impl IndexState {
                     .fetch_add(1, Ordering::Relaxed);
                 log::warn!("kvr indexer: recording a booking on {rank} failed: {e}");
             }
+        }
+    }
+
+    /// Forgets a removed worker: the approximate recorder's records of its ranks and its
+    /// entries in the prediction side index (the caller removed it from the primary).
+    pub(crate) fn forget_worker(&self, worker: WorkerId, ranks: impl Iterator<Item = RankId>) {
+        if let Some(rec) = &self.recorder {
+            for rank in ranks {
+                rec.forget_rank(rank);
+            }
+        }
+        if let Some(side) = &self.side {
+            side.remove_worker(worker);
         }
     }
 

@@ -99,6 +99,19 @@ impl IngressRegistry {
         s.on_live(sink, seq, payload)
     }
 
+    /// Drops a removed worker's streams: their sequence state (a rejoin starts fresh) and
+    /// their counters.
+    pub(crate) fn forget_worker(&self, worker_id: WorkerId) {
+        for ((w, stream), _) in self.raw.entries() {
+            if w == worker_id {
+                self.raw.remove(&(w, stream));
+            }
+        }
+        self.streams
+            .lock()
+            .retain(|s| s.lock().worker_id != worker_id);
+    }
+
     pub(crate) fn stats(&self) -> Vec<StreamStats> {
         self.streams
             .lock()

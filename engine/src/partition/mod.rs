@@ -14,6 +14,7 @@ use crate::load::LoadView;
 use crate::reservation::{ForgetListener, Listeners, ReservationConfig, ReservationTable};
 use crate::select::SelectionCounters;
 use crate::session::{SessionStats, SessionTable};
+use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, Mutex, Snapshot};
 
 mod ingest;
@@ -43,6 +44,9 @@ pub struct Partition {
     pub(crate) indexing: IndexState,
     /// Session affinity; its leases end with their bookings (the table's end listener).
     pub(crate) sessions: Option<StdArc<SessionTable>>,
+    /// Set once a replica booking was installed here: only such partitions are scanned for
+    /// a caller's selection id (replica bookings are not in the engine's id index).
+    replicas: AtomicBool,
     /// Serializes membership changes (copy-on-write of the worker set).
     membership: Mutex<()>,
     pub(crate) counters: SelectionCounters,
@@ -130,6 +134,7 @@ impl Partition {
             hooks: Snapshot::new(HostHooks::default()),
             indexing,
             sessions,
+            replicas: AtomicBool::new(false),
             membership: Mutex::new(()),
             counters: Default::default(),
             ingress: Default::default(),
@@ -164,6 +169,15 @@ impl Partition {
     /// The indexer policy in force and its counters.
     pub fn indexer_stats(&self) -> IndexerStats {
         self.indexing.stats()
+    }
+
+    /// Whether a replica booking was ever installed here.
+    pub(crate) fn holds_replica_bookings(&self) -> bool {
+        self.replicas.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn note_replica_booking(&self) {
+        self.replicas.store(true, Ordering::SeqCst);
     }
 
     pub fn key(&self) -> &PartitionKey {
@@ -230,8 +244,8 @@ impl Partition {
         new
     }
 
-    /// Removes a worker: from the membership first (no new selection picks it), then its
-    /// index entries, its reported load and its bookings.
+    /// Removes a worker: from the membership first (no new selection picks it), then
+    /// everything kept for its ranks ([`Partition::forget_worker_state`]).
     pub fn remove_worker(&self, id: WorkerId) -> bool {
         let removed = {
             let _m = self.membership.lock();
@@ -244,7 +258,20 @@ impl Partition {
         let Some(info) = removed else {
             return false;
         };
+        self.forget_worker_state(&info);
+        true
+    }
+
+    /// The one end of a worker's per-rank state, so a worker removed and added again
+    /// starts as new everywhere: its primary index entries, the approximate recorder's
+    /// records and the prediction side index (else a rejoined rank on an events-off
+    /// partition stays unindexed until the records' TTL, as the recorder would take its
+    /// bookings for repeats), its reported load, its bookings, its session bindings, and
+    /// the ingress streams of its engine messages (a rejoin starts a fresh sequence).
+    fn forget_worker_state(&self, info: &WorkerInfo) {
+        let id = info.worker_id;
         self.index.remove_worker(id);
+        self.indexing.forget_worker(id, info.ranks());
         self.load.remove_worker(id);
         for rank in info.ranks() {
             self.bookings.remove_rank(rank);
@@ -253,6 +280,6 @@ impl Partition {
                 t.forget_rank(rank);
             }
         }
-        true
+        self.ingress.forget_worker(id);
     }
 }
