@@ -1224,7 +1224,10 @@ kvr_status kvr_partition_apply_events(const struct kvr_partition *partition,
  * its first block, sorted by (worker, DP rank), `host_blocks`/`disk_blocks` 0. Writes at
  * most `cap` entries to `out` and their number to `*out_len`; if more are needed,
  * returns `KVR_BUFFER_TOO_SMALL` with the number needed in `*out_len` and writes
- * nothing else. Lock-free; allocates nothing once the thread has warmed up.
+ * nothing else. The overlap is the one selection scores: the indexer policy's primary
+ * (the local index, lock-free; or the remote primary, asked within its timeouts) raised
+ * to the prediction side index's per-rank maximum. Allocates nothing once the thread has
+ * warmed up (local primaries).
  *
  * # Safety
  * `partition` is NULL or live; `local_hashes` points to `n` values; `out` to `cap`

@@ -94,7 +94,6 @@ fn rejoin_with_a_prediction_index_predicts_again() {
         ..IndexerConfig::default()
     };
     let p = partition(prediction, 1);
-    let r = RankId::new(0, 0);
     let t = prompt(2);
     let now = Instant::now();
     let advised = |p: &Partition| {

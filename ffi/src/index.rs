@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::os::raw::c_char;
 
 use kvr::hash::{local_block_hash, next_sequence_hash};
-use kvr::{HashSalt, IndexError, KvEvent, OverlapScores, RankId, StoredBlock, Tier, TieredScores};
+use kvr::{HashSalt, IndexError, KvEvent, RankId, StoredBlock, Tier, TieredScores};
 
 use crate::handles::kvr_partition;
 use crate::status::*;
@@ -176,44 +176,34 @@ pub unsafe extern "C" fn kvr_partition_apply_events(
             unsafe { check(e) }?;
         }
         let mut r = kvr_apply_result::default();
-        if !p.partition.accepts_events() {
-            // SAFETY: forwarded caller contract.
-            unsafe { write_opt(out, r) };
-            return Ok(());
-        }
-        let index = p.partition.index();
         let rank = RankId::new(worker_id, dp_rank);
-        let mut first_refusal = None;
-        for e in events {
-            // SAFETY: checked above; the contract holds for the whole call.
-            let ev = match unsafe { check(e) }? {
-                Checked::Stored(tier, parent, blocks) => KvEvent::Stored {
-                    tier,
-                    parent,
-                    blocks,
-                },
-                Checked::Removed(tier, external_hashes) => KvEvent::Removed {
-                    tier,
-                    external_hashes,
-                },
-                Checked::Cleared => KvEvent::Cleared,
-            };
-            match index.apply(rank, &ev) {
-                Ok(o) => {
-                    r.events_applied += 1;
-                    r.blocks_stored += o.stored as u64;
-                    r.blocks_removed += o.removed as u64;
-                    r.blocks_not_found += o.not_found as u64;
-                }
-                Err(err) => {
-                    r.events_rejected += 1;
-                    first_refusal.get_or_insert(match err {
-                        IndexError::ParentNotFound { .. } => KVR_ERR_PARENT_NOT_FOUND,
-                        IndexError::TooManyRanks => KVR_ERR_TOO_MANY_RANKS,
-                    });
-                }
-            }
-        }
+        let applied = p.partition.apply_events(
+            rank,
+            events.iter().filter_map(|e| {
+                // SAFETY: checked above; the contract holds for the whole call.
+                Some(match unsafe { check(e) }.ok()? {
+                    Checked::Stored(tier, parent, blocks) => KvEvent::Stored {
+                        tier,
+                        parent,
+                        blocks,
+                    },
+                    Checked::Removed(tier, external_hashes) => KvEvent::Removed {
+                        tier,
+                        external_hashes,
+                    },
+                    Checked::Cleared => KvEvent::Cleared,
+                })
+            }),
+        );
+        r.events_applied = applied.applied;
+        r.events_rejected = applied.rejected;
+        r.blocks_stored = applied.blocks_stored;
+        r.blocks_removed = applied.blocks_removed;
+        r.blocks_not_found = applied.blocks_not_found;
+        let first_refusal = applied.first_refusal.map(|err| match err {
+            IndexError::ParentNotFound { .. } => KVR_ERR_PARENT_NOT_FOUND,
+            IndexError::TooManyRanks => KVR_ERR_TOO_MANY_RANKS,
+        });
         // SAFETY: forwarded caller contract.
         unsafe { write_opt(out, r) };
         first_refusal.map_or(Ok(()), Err)
@@ -221,17 +211,16 @@ pub unsafe extern "C" fn kvr_partition_apply_events(
 }
 
 std::thread_local! {
-    static DEVICE_SCRATCH: Cell<Option<Box<OverlapScores>>> = const { Cell::new(None) };
     static TIERED_SCRATCH: Cell<Option<Box<TieredScores>>> = const { Cell::new(None) };
 }
 
 /// Copies `entries` into the caller's buffer, or reports the size needed.
 fn deliver(
-    entries: impl ExactSizeIterator<Item = kvr_overlap>,
+    n: usize,
+    entries: impl Iterator<Item = kvr_overlap>,
     out: &mut [kvr_overlap],
     out_len: *mut usize,
 ) -> Ret {
-    let n = entries.len();
     // SAFETY: out_len was checked non-NULL by the caller of `deliver`.
     unsafe { out_len.write(n) };
     if n > out.len() {
@@ -277,7 +266,10 @@ unsafe fn lookup(
 /// its first block, sorted by (worker, DP rank), `host_blocks`/`disk_blocks` 0. Writes at
 /// most `cap` entries to `out` and their number to `*out_len`; if more are needed,
 /// returns `KVR_BUFFER_TOO_SMALL` with the number needed in `*out_len` and writes
-/// nothing else. Lock-free; allocates nothing once the thread has warmed up.
+/// nothing else. The overlap is the one selection scores: the indexer policy's primary
+/// (the local index, lock-free; or the remote primary, asked within its timeouts) raised
+/// to the prediction side index's per-rank maximum. Allocates nothing once the thread has
+/// warmed up (local primaries).
 ///
 /// # Safety
 /// `partition` is NULL or live; `local_hashes` points to `n` values; `out` to `cap`
@@ -301,20 +293,24 @@ pub unsafe extern "C" fn kvr_partition_find_matches(
             cap,
             out_len,
             |p, hashes, out| {
-                let mut scores = DEVICE_SCRATCH.with(|c| c.take()).unwrap_or_default();
-                p.partition.index().find_matches_into(hashes, &mut scores);
+                let mut scores = TIERED_SCRATCH.with(|c| c.take()).unwrap_or_default();
+                p.partition.overlap(hashes, &mut scores);
+                // Device overlap only: a rank whose prefix starts in host memory or on
+                // disk scores 0 here, and is absent.
+                let on_device = || scores.as_slice().iter().filter(|t| t.device > 0);
                 let r = deliver(
-                    scores.as_slice().iter().map(|&(rank, d)| kvr_overlap {
-                        worker_id: rank.worker_id,
-                        dp_rank: rank.dp_rank,
-                        device_blocks: d,
+                    on_device().count(),
+                    on_device().map(|t| kvr_overlap {
+                        worker_id: t.rank.worker_id,
+                        dp_rank: t.rank.dp_rank,
+                        device_blocks: t.device,
                         host_blocks: 0,
                         disk_blocks: 0,
                     }),
                     out,
                     out_len,
                 );
-                DEVICE_SCRATCH.with(|c| c.set(Some(scores)));
+                TIERED_SCRATCH.with(|c| c.set(Some(scores)));
                 r
             },
         )
@@ -346,10 +342,9 @@ pub unsafe extern "C" fn kvr_partition_find_matches_tiered(
             out_len,
             |p, hashes, out| {
                 let mut scores = TIERED_SCRATCH.with(|c| c.take()).unwrap_or_default();
-                p.partition
-                    .index()
-                    .find_matches_tiered_into(hashes, &mut scores);
+                p.partition.overlap(hashes, &mut scores);
                 let r = deliver(
+                    scores.len(),
                     scores.as_slice().iter().map(|t| kvr_overlap {
                         worker_id: t.rank.worker_id,
                         dp_rank: t.rank.dp_rank,

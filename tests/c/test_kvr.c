@@ -3172,6 +3172,14 @@ static void test_prediction_index(void)
     OK(kvr_partition_select(p, r, &d));
     CHECK_EQ(d.worker_id, booked);
     CHECK_EQ(d.device_blocks, NB); /* from the side index: no event arrived */
+    /* A host's lookup reads what selection scores: the side index's prediction too. */
+    kvr_overlap ov[4];
+    size_t nov = 0;
+    OK(kvr_partition_find_matches(p, L, NB, ov, 4, &nov));
+    CHECK_EQ(nov, 1);
+    CHECK(ov[0].worker_id == booked && ov[0].device_blocks == NB);
+    OK(kvr_partition_find_matches_tiered(p, L, NB, ov, 4, &nov));
+    CHECK(nov == 1 && ov[0].worker_id == booked && ov[0].device_blocks == NB);
     /* Events still feed the primary. */
     OK(store(p, 2, 0, KVR_TIER_DEVICE, false, 0, 201, L, 2, NULL));
     CHECK_EQ(indexer_stats(p).events_ignored, 0);
@@ -3294,7 +3302,6 @@ static void test_remote_primary(void)
     CHECK(thrd_create(&t, http_serve, &s) == thrd_success);
     OK(kvr_partition_select(p, r, &d));
     thrd_join(t, NULL);
-    close(s.listen_fd);
     CHECK_EQ(d.worker_id, 2);
     CHECK_EQ(d.device_blocks, NB);
     CHECK(strncmp(s.request, "POST /query_tiered_by_hash ", 27) == 0);
@@ -3306,6 +3313,18 @@ static void test_remote_primary(void)
     kvr_indexer_stats st = indexer_stats(p);
     CHECK_EQ(st.remote_queries, 1);
     CHECK_EQ(st.remote_failures, 0);
+    /* A host's lookup asks the remote too, and agrees with what selection scored (the
+       local index of a remote-primary partition is empty). */
+    CHECK(thrd_create(&t, http_serve, &s) == thrd_success);
+    kvr_overlap ov[4];
+    size_t nov = 0;
+    OK(kvr_partition_find_matches(p, L, NB, ov, 4, &nov));
+    thrd_join(t, NULL);
+    close(s.listen_fd);
+    CHECK_EQ(nov, 1);
+    CHECK(ov[0].worker_id == 2 && ov[0].dp_rank == 0 && ov[0].device_blocks == NB);
+    CHECK(strncmp(s.request, "POST /query_tiered_by_hash ", 27) == 0);
+    CHECK_EQ(indexer_stats(p).remote_queries, 2);
     /* A remote primary applies no engine events (ignored, counted) and starts no
        subscription. */
     kvr_apply_result res;

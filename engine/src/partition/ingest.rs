@@ -5,6 +5,24 @@ use super::Partition;
 use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, WorkerId};
 use crate::ingress::ingest::{EventSink, IngestOutcome, IngressRegistry, StreamStats};
 
+/// What [`Partition::apply_events`] did with a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventsOutcome {
+    /// The policy applies no engine events here: nothing was applied (counted).
+    pub ignored: bool,
+    /// Events applied.
+    pub applied: u64,
+    /// Events the index refused (skipped; counted per rank).
+    pub rejected: u64,
+    /// The first refusal's reason.
+    pub first_refusal: Option<IndexError>,
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    /// Removed hashes the rank did not hold on that tier.
+    pub blocks_not_found: u64,
+}
+
 impl EventSink for Partition {
     fn block_size(&self) -> u32 {
         Partition::block_size(self)
@@ -54,6 +72,39 @@ impl Partition {
         }
         self.ingress
             .ingest_raw(self, worker_id, stream, seq, payload)
+    }
+
+    /// Applies a batch of one rank's events in order, as the indexer policy says: a
+    /// partition that applies no engine events (KV events off, or a remote primary)
+    /// ignores the batch and counts it (`indexer_stats().events_ignored`). An event the
+    /// index refuses (unknown parent, too many ranks) is skipped and counted; the rest
+    /// still apply. The rank need not be a registered worker (engines may publish before
+    /// the host registers them).
+    pub fn apply_events<'e>(
+        &self,
+        rank: RankId,
+        events: impl IntoIterator<Item = KvEvent<'e>>,
+    ) -> EventsOutcome {
+        let mut out = EventsOutcome::default();
+        if !self.indexing.accepts_events() {
+            out.ignored = true;
+            return out;
+        }
+        for ev in events {
+            match self.index.apply(rank, &ev) {
+                Ok(o) => {
+                    out.applied += 1;
+                    out.blocks_stored += o.stored as u64;
+                    out.blocks_removed += o.removed as u64;
+                    out.blocks_not_found += o.not_found as u64;
+                }
+                Err(e) => {
+                    out.rejected += 1;
+                    out.first_refusal.get_or_insert(e);
+                }
+            }
+        }
+        out
     }
 
     /// Counters of every ingress stream of this partition.

@@ -20,6 +20,8 @@ use crate::sync::{Arc, Mutex, Snapshot};
 mod ingest;
 mod routing;
 
+pub use ingest::EventsOutcome;
+
 pub use crate::config::{BusyThresholds, HintConfig, PartitionConfig};
 pub use crate::hooks::{
     BlockRange, HostHooks, LoraFilter, PrefillEstimator, PrefillQuery, SharedCacheLookup,

@@ -6,6 +6,7 @@ use std::time::Instant;
 use super::Partition;
 use crate::cost::RandomSource;
 use crate::ids::RankId;
+use crate::index::TieredScores;
 use crate::reservation::SelectionId;
 use crate::select::{Decision, Outcome, SelectError, SelectRequest, SelectionStats, Selector};
 
@@ -56,6 +57,18 @@ impl Partition {
     ) -> Result<Decision, SelectError> {
         self.selector()
             .reserve(rank, prompt, prefill_tokens, selection_id, now)
+    }
+
+    /// Overlap per rank of a prompt given as local block hashes, from the index selection
+    /// reads: the indexer policy's primary (the event-fed or approximate local index, or
+    /// the remote primary, asked within its timeouts) raised to the prediction side
+    /// index's per-rank maximum. Ranks come sorted by (worker, DP rank); a rank holding
+    /// nothing of the prompt is absent. Reuse `out` to allocate nothing once warm.
+    ///
+    /// [`Partition::index`] is the local index alone: under a remote primary it is empty,
+    /// and it leaves out predictions.
+    pub fn overlap(&self, local_hashes: &[u64], out: &mut TieredScores) {
+        self.selector().overlap_of(local_hashes, out)
     }
 
     /// Selection counters of this partition.

@@ -4,12 +4,12 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
+use super::overlap::Local;
 use super::scratch::{PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
     choose, cost, fill_costs, min_active_prefill_tokens, CandidateLoad, RandomSource, RequestShape,
 };
-use crate::hash::{BlockHasher, HashSalt};
 use crate::hooks::{BlockRange, PrefillQuery};
 use crate::ids::RankId;
 use crate::session::Steer;
@@ -51,43 +51,13 @@ impl Selector<'_> {
         self.counters.selections.add(1);
         // 1. hashes.
         let (seq, prompt_tokens) = self.sequence_of(req);
-        // 2. overlap: the index, and the host's shared cache alongside it.
+        // 2. overlap: the index the policy names, and the host's shared cache alongside it.
         let mut scratch = Scratch::take();
-        let tiered = &mut scratch.tiered;
-        match &self.indexing.remote {
-            // A remote primary takes the prompt's local hashes (it chains them itself).
-            Some(remote) => {
-                let local = &mut scratch.local;
-                let hashes: &[u64] = match req.prompt {
-                    Prompt::LocalHashes { hashes, .. } => hashes,
-                    Prompt::Tokens(tokens) => {
-                        let salt =
-                            HashSalt::new(req.lora_name, self.config().cache_namespace.as_deref());
-                        BlockHasher::new(self.block_size() as usize, salt)
-                            .expect("block size >= 1")
-                            .local_hashes(tokens, local);
-                        local
-                    }
-                };
-                self.indexing.query_remote(
-                    &**remote,
-                    self.key(),
-                    self.block_size(),
-                    hashes,
-                    &mut scratch.tiered,
-                );
-            }
-            None => self.index.find_matches_tiered_by_sequence(&seq, tiered),
-        }
-        // Prediction (DESIGN.md §5): what was booked but not yet announced counts too.
-        let Scratch {
-            tiered,
-            predicted,
-            merged,
-            ..
-        } = &mut *scratch;
-        self.indexing
-            .merge_prediction(&seq, tiered, predicted, merged);
+        let local = match req.prompt {
+            Prompt::LocalHashes { hashes, .. } => Local::Given(hashes),
+            Prompt::Tokens(tokens) => Local::Tokens(tokens, req.lora_name),
+        };
+        self.overlap_into(local, &seq, &mut scratch);
         let scratch = PutBack(Some(scratch));
         let tiered = &scratch.0.as_ref().expect("held until drop").tiered;
         let hooks = self.hooks_now();

@@ -16,6 +16,7 @@ mod counters;
 mod decide;
 mod decision;
 mod hint;
+mod overlap;
 mod request;
 mod scratch;
 
