@@ -1,6 +1,8 @@
 //! "Nothing allocated on the routing path" (DESIGN.md §11): once a thread has warmed up,
-//! an advisory selection (tokens or local hashes in, decision out) and an index lookup
-//! allocate nothing. Counted by a global allocator that counts this thread's allocations.
+//! an advisory selection (tokens or local hashes in, decision out), a booked selection
+//! and its free, and an index lookup allocate nothing — at real sizes: 16, 65, 256 and
+//! 1,024 ranks, prompts of 1, 257 and 4,096 blocks (past every inline buffer). Counted by
+//! a global allocator that counts this thread's allocations.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -8,7 +10,7 @@ use std::cell::Cell;
 use kvr::engine::Engine;
 use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
 use kvr::select::{Outcome, SelectRequest};
-use kvr::{RankId, StoredBlock, Tier, TieredScores};
+use kvr::{OverlapScores, RankId, StoredBlock, Tier, TieredScores};
 
 struct Counting;
 
@@ -143,4 +145,102 @@ fn device_lookup_into_a_reused_buffer_allocates_nothing() {
     });
     assert_eq!(out.len(), 64);
     assert_eq!(n, 0, "100 lookups allocated {n} times");
+}
+
+/// An engine of `ranks` single-rank workers and a prompt of `blocks` blocks: rank 0 holds
+/// the whole prompt (so lookups walk all of it), every other rank a short prefix.
+fn engine_of(ranks: u64, blocks: usize) -> (Engine, PartitionKey, Vec<u32>) {
+    let e = Engine::with_seed(5);
+    let key = PartitionKey::new("m", "sizes");
+    let p = e
+        .create_partition(key.clone(), PartitionConfig::new(BS))
+        .unwrap();
+    for w in 0..ranks {
+        p.upsert_worker(WorkerInfo::new(w, 1));
+    }
+    let tokens: Vec<u32> = (0..(blocks as u32) * BS).collect();
+    let mut local = Vec::new();
+    p.hasher().local_hashes(&tokens, &mut local);
+    for w in 0..ranks {
+        let held = if w == 0 {
+            blocks
+        } else {
+            1 + (w as usize % 8).min(blocks - 1)
+        };
+        let stored: Vec<StoredBlock> = local[..held]
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| StoredBlock {
+                external_hash: 100_000 * w + i as u64,
+                local_hash: h,
+            })
+            .collect();
+        p.index()
+            .store(RankId::new(w, 0), Tier::Device, None, &stored)
+            .unwrap();
+    }
+    (e, key, tokens)
+}
+
+#[test]
+fn advisory_selection_and_lookups_allocate_nothing_at_real_sizes() {
+    let mut failures = Vec::new();
+    for ranks in [16u64, 65, 256, 1_024] {
+        for blocks in [1usize, 257, 4_096] {
+            let (e, key, tokens) = engine_of(ranks, blocks);
+            let p = e.partition(&key).unwrap();
+            let mut local = Vec::new();
+            p.hasher().local_hashes(&tokens, &mut local);
+            let req = SelectRequest::tokens(&tokens);
+            let by_hash = SelectRequest::local_hashes(&local, tokens.len() as u64);
+            let (mut device, mut tiered, mut overlap) = (
+                OverlapScores::new(),
+                TieredScores::new(),
+                TieredScores::new(),
+            );
+            // Allocations per step, over 20 rounds after the warm-up rounds. Warm includes
+            // the setup's epoch garbage being reclaimed: readers take part in reclamation
+            // (crossbeam-epoch), and retiring a queue node of that garbage can allocate
+            // the next one, so the first rounds after a big load may allocate a few times.
+            const WARM: usize = 200;
+            let mut counts = [0u64; 5];
+            for r in 0..WARM + 20 {
+                let mut step = |k: usize, f: &mut dyn FnMut()| {
+                    let n = allocations_in(f);
+                    if r >= WARM {
+                        counts[k] += n;
+                    }
+                };
+                step(0, &mut || {
+                    assert!(matches!(e.select_in(&p, &req), Ok(Outcome::Selected(_))));
+                });
+                step(1, &mut || {
+                    assert!(matches!(
+                        e.select_in(&p, &by_hash),
+                        Ok(Outcome::Selected(_))
+                    ));
+                });
+                step(2, &mut || p.index().find_matches_into(&local, &mut device));
+                step(3, &mut || {
+                    p.index().find_matches_tiered_into(&local, &mut tiered)
+                });
+                step(4, &mut || p.overlap(&local, &mut overlap));
+            }
+            let n: u64 = counts.iter().sum();
+            assert_eq!(device.len() as u64, ranks);
+            assert_eq!(device.get(RankId::new(0, 0)), blocks as u32);
+            assert_eq!(overlap.len() as u64, ranks);
+            if n != 0 {
+                failures.push(format!(
+                    "{ranks} ranks × {blocks} blocks: select {}, select by hashes {}, \
+                     find_matches {}, tiered {}, overlap {}",
+                    counts[0], counts[1], counts[2], counts[3], counts[4]
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "allocations in 20 rounds, per step: {failures:#?}"
+    );
 }

@@ -6,15 +6,13 @@
 //! once a single rank is left the walk only tests that rank's bit (the early exit: no
 //! more set intersection), and it stops as soon as no rank is left.
 
-use smallvec::SmallVec;
-
 use super::event::{RankId, Tier};
 use super::holders::{
     entry_slot_of, entry_tiers_of, inline_entries, sole_holder_word, HolderView, Holders,
 };
 use super::table::{table_key, Probe};
 use super::Index;
-use crate::hash::next_sequence_hash;
+use crate::hash::extend_sequence_hashes;
 use crate::sync::epoch;
 
 /// Blocks probed ahead of the one being examined.
@@ -29,6 +27,8 @@ pub struct OverlapScores {
     /// Walk state: slot-sorted ranks still matching, and ranks done with their score.
     active: Vec<u32>,
     done: Vec<(u32, u32)>,
+    /// The query's sequence hashes, when it came as local hashes.
+    seq: Vec<u64>,
 }
 
 impl PartialEq for OverlapScores {
@@ -96,6 +96,8 @@ pub struct TieredScores {
     entries: Vec<TieredOverlap>,
     live: Vec<Walk>,
     done: Vec<Walk>,
+    /// The query's sequence hashes, when it came as local hashes.
+    seq: Vec<u64>,
 }
 
 impl PartialEq for TieredScores {
@@ -164,19 +166,6 @@ impl TieredScores {
     }
 }
 
-type SeqBuf = SmallVec<[u64; 256]>;
-
-fn chain(local_hashes: &[u64]) -> SeqBuf {
-    let mut out = SeqBuf::with_capacity(local_hashes.len());
-    let mut prev = None;
-    for &l in local_hashes {
-        let s = next_sequence_hash(prev, l);
-        out.push(s);
-        prev = Some(s);
-    }
-    out
-}
-
 /// Feeds a walk its blocks' holder words in order, with the probes of the next
 /// [`PREFETCH_AHEAD`] blocks prepared and prefetched, so their cache misses overlap.
 struct ProbeStream<'a, 'g> {
@@ -237,8 +226,11 @@ impl Index {
 
     /// As [`Index::find_matches`], into a reused result.
     pub fn find_matches_into(&self, local_hashes: &[u64], out: &mut OverlapScores) {
-        let seq = chain(local_hashes);
+        let mut seq = std::mem::take(&mut out.seq);
+        seq.clear();
+        extend_sequence_hashes(None, local_hashes, &mut seq);
         self.find_matches_by_sequence(&seq, out);
+        out.seq = seq;
     }
 
     /// Device overlap of a prompt given as sequence hashes (see [`crate::hash`]): the
@@ -346,8 +338,11 @@ impl Index {
 
     /// As [`Index::find_matches_tiered`], into a reused result.
     pub fn find_matches_tiered_into(&self, local_hashes: &[u64], out: &mut TieredScores) {
-        let seq = chain(local_hashes);
+        let mut seq = std::mem::take(&mut out.seq);
+        seq.clear();
+        extend_sequence_hashes(None, local_hashes, &mut seq);
         self.find_matches_tiered_by_sequence(&seq, out);
+        out.seq = seq;
     }
 
     /// Tiered overlap by sequence hashes: per rank the device prefix `d`, then how many

@@ -1,19 +1,24 @@
-//! The decision path both modes share (DESIGN.md §7 steps 1–5).
+//! The decision path both modes share (DESIGN.md §7 steps 1–5), as one short function a
+//! stage: hashes → overlap → shared cache → eligible candidates → costs → session steer
+//! → choice → decision. Every buffer a stage fills is the thread's [`Scratch`], so a
+//! warmed-up thread allocates nothing however many ranks or blocks a selection has.
 
 use std::time::Instant;
 
-use smallvec::SmallVec;
-
 use super::overlap::Local;
-use super::scratch::{PutBack, Scratch};
+use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
     choose, cost, fill_costs, min_active_prefill_tokens, CandidateLoad, RandomSource, RequestShape,
+    ResolvedCost,
 };
-use crate::hooks::{BlockRange, PrefillQuery};
-use crate::ids::RankId;
-use crate::session::Steer;
+use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
+use crate::index::TieredScores;
+use crate::load::LoadSnapshot;
+use crate::reservation::ActiveLoads;
+use crate::session::{SessionContext, Steer};
 use crate::sync::atomic::Ordering;
+use crate::workers::WorkerSet;
 
 /// Everything a decision needed, kept for booking it.
 pub(crate) struct Prepared {
@@ -39,6 +44,22 @@ fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
     }
 }
 
+/// What one selection reads once and every stage shares: the worker set, the hooks, the
+/// booking registry and the reported load, each loaded once (one consistent view).
+struct View<'s> {
+    workers: &'s WorkerSet,
+    hooks: &'s HostHooks,
+    loads: &'s ActiveLoads,
+    reported: &'s LoadSnapshot,
+}
+
+/// How session affinity steers this choice (step 4).
+struct Steering {
+    session: Option<SessionContext>,
+    steer: Steer,
+    route: Option<SessionRoute>,
+}
+
 impl Selector<'_> {
     /// The decision path both modes share (steps 1–5 of DESIGN.md §7).
     pub(crate) fn decide(
@@ -51,53 +72,96 @@ impl Selector<'_> {
         self.counters.selections.add(1);
         // 1. hashes.
         let (seq, prompt_tokens) = self.sequence_of(req);
-        // 2. overlap: the index the policy names, and the host's shared cache alongside it.
-        let mut scratch = Scratch::take();
+        // 2. overlap: the index the policy names.
+        let mut held = PutBack(Some(Scratch::take()));
+        let scratch = held.0.as_mut().expect("held until drop");
         let local = match req.prompt {
             Prompt::LocalHashes { hashes, .. } => Local::Given(hashes),
             Prompt::Tokens(tokens) => Local::Tokens(tokens, req.lora_name),
         };
-        self.overlap_into(local, &seq, &mut scratch);
-        let scratch = PutBack(Some(scratch));
-        let tiered = &scratch.0.as_ref().expect("held until drop").tiered;
+        self.overlap_into(local, &seq, scratch);
+        let Scratch {
+            tiered, candidates, ..
+        } = &mut **scratch;
+        // ... and the host's shared cache alongside it.
         let hooks = self.hooks_now();
-        let shared: Vec<BlockRange> = match &hooks.shared_cache {
-            Some(f) if !seq.is_empty() => match f(&seq) {
-                Ok(r) => r,
-                Err(_) => {
-                    self.counters
-                        .shared_cache_failures
-                        .fetch_add(1, Ordering::Relaxed);
-                    Vec::new()
-                }
-            },
-            _ => Vec::new(),
-        };
-        // 3. candidates. One read of the booking registry, the worker set and the reported
-        // load for the whole selection; thresholds are checked only if the partition sets
-        // any.
+        let shared = self.shared_cache(&hooks, &seq);
+        // 3. candidates, read against one view of the partition.
         let workers = self.workers_now();
-        let ranks = self.candidates(req, &workers, &hooks);
-        if ranks.is_empty() {
+        let loads = self.bookings.loads();
+        let reported = self.load.snapshot_now();
+        let view = View {
+            workers: &*workers,
+            hooks: &*hooks,
+            loads: &loads,
+            reported: &*reported,
+        };
+        self.eligible(req, &view, tiered, &shared, seq.len(), candidates)?;
+        // 5. cost (4, the session, decides how far costs must be resolved).
+        let cfg = self.config().cost.resolve(&req.overrides);
+        let shape = RequestShape::new(prompt_tokens, self.block_size());
+        let steering = self.steering(req, now, &candidates.eligible);
+        self.resolve_costs(&cfg, shape, &steering.steer, &view, &seq, candidates);
+        let i = pick(candidates, &steering.steer, cfg.temperature, rng);
+        let decision = self.decision(
+            i,
+            prompt_tokens,
+            booked,
+            &view,
+            tiered,
+            candidates,
+            steering,
+        );
+        let forced_rebind = decision.1;
+        Ok(Prepared {
+            decision: decision.0,
+            seq,
+            forced_rebind,
+        })
+    }
+
+    /// The block ranges of the prompt in the host's shared cache; a failed lookup is
+    /// counted and the selection goes on without them.
+    fn shared_cache(&self, hooks: &HostHooks, seq: &[u64]) -> Vec<BlockRange> {
+        match &hooks.shared_cache {
+            Some(f) if !seq.is_empty() => f(seq).unwrap_or_else(|_| {
+                self.counters
+                    .shared_cache_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                Vec::new()
+            }),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Step 3: the eligible candidates and their inputs, as parallel arrays in
+    /// `c.eligible` / `c.inputs` (the cost function reads the inputs in place); thresholds
+    /// are checked only if the partition sets any. `NoWorker` / `Busy` when none is left.
+    fn eligible(
+        &self,
+        req: &SelectRequest<'_>,
+        view: &View<'_>,
+        tiered: &TieredScores,
+        shared: &[BlockRange],
+        n_blocks: usize,
+        c: &mut Candidates,
+    ) -> Result<(), Box<Outcome>> {
+        self.candidates(req, view.workers, view.hooks, c);
+        if c.ranks.is_empty() {
             self.counters.no_worker.fetch_add(1, Ordering::Relaxed);
             return Err(Box::new(Outcome::NoWorker));
         }
-        let n_blocks = seq.len() as u32;
-        let loads = self.bookings.loads();
-        let reported = self.load.snapshot_now();
         let busy = self.config().busy;
         let any_threshold = busy.decode_blocks_fraction.is_some()
             || busy.prefill_tokens.is_some()
             || busy.prefill_tokens_fraction.is_some();
-        // The eligible candidates, as parallel arrays (the cost function reads `inputs`
-        // in place).
-        let mut eligible: SmallVec<[RankId; 64]> = SmallVec::new();
-        let mut inputs: SmallVec<[CandidateLoad; 64]> = SmallVec::new();
+        c.eligible.clear();
+        c.inputs.clear();
         // Candidates come in rank order (the worker set is ordered by id) and so do the
         // overlaps: one merge walk instead of a search per candidate.
         let overlaps = tiered.as_slice();
         let (mut at, mut prev) = (0, None);
-        for &rank in &ranks {
+        for &rank in &c.ranks {
             if prev.is_some_and(|p| rank < p) {
                 at = 0; // out of order (never with today's worker set): restart the walk
             }
@@ -106,22 +170,24 @@ impl Selector<'_> {
                 at += 1;
             }
             let t = overlaps.get(at).filter(|o| o.rank == rank);
-            if hooks.overload.as_ref().is_some_and(|f| f(rank)) {
+            if view.hooks.overload.as_ref().is_some_and(|f| f(rank)) {
                 continue;
             }
-            let active = loads.get(rank);
+            let active = view.loads.get(rank);
             // Negative control of the load-snapshot model: one snapshot per candidate.
             #[cfg(loom)]
-            let reported = if crate::sync::faults::get().reload_load_per_rank {
-                self.load.snapshot_now()
-            } else {
-                reported.clone()
-            };
+            let reloaded = crate::sync::faults::get()
+                .reload_load_per_rank
+                .then(|| self.load.snapshot_now());
+            #[cfg(loom)]
+            let reported: &LoadSnapshot = reloaded.as_deref().unwrap_or(view.reported);
+            #[cfg(not(loom))]
+            let reported = view.reported;
             if any_threshold
                 && self.is_busy(
                     rank,
-                    workers.get(rank.worker_id),
-                    &reported,
+                    view.workers.get(rank.worker_id),
+                    reported,
                     active.active_decode_blocks,
                     active.active_prefill_tokens,
                 )
@@ -129,91 +195,112 @@ impl Selector<'_> {
                 continue;
             }
             let device = t.map_or(0, |o| o.device);
-            eligible.push(rank);
-            inputs.push(CandidateLoad {
+            c.eligible.push(rank);
+            c.inputs.push(CandidateLoad {
                 device_blocks: device as u64,
                 host_blocks: t.map_or(0, |o| o.host) as u64,
                 disk_blocks: t.map_or(0, |o| o.disk) as u64,
-                shared_blocks_beyond_device: shared_beyond(&shared, device, n_blocks) as u64,
+                shared_blocks_beyond_device: shared_beyond(shared, device, n_blocks as u32) as u64,
                 active_prefill_tokens: active.active_prefill_tokens,
                 active_decode_blocks: active.active_decode_blocks,
-                // Known exactly only for an idle rank; the others are resolved below,
-                // and only where they can change the choice.
-                new_blocks_not_active: seq.len() as u64,
+                // Known exactly only for an idle rank; the others are resolved by
+                // `resolve_costs`, and only where they can change the choice.
+                new_blocks_not_active: n_blocks as u64,
                 active_requests: active.active_requests,
             });
         }
-        if eligible.is_empty() {
+        if c.eligible.is_empty() {
             self.counters.busy.fetch_add(1, Ordering::Relaxed);
             return Err(Box::new(Outcome::Busy));
         }
-        // 5. cost and choice.
-        let cfg = self.config().cost.resolve(&req.overrides);
-        let shape = RequestShape::new(prompt_tokens, self.block_size());
-        // The decode term needs, per busy rank, how many prompt blocks are not active on
-        // it yet (a lock and a few lookups a rank). Cost rises by exactly one per such
-        // block, so with the term at its upper bound (the whole prompt) every cost is an
-        // upper bound; at temperature 0 a rank whose cost with the term at 0 exceeds the
-        // smallest upper bound can never win or tie, and keeps its bound. (At T > 0 every
-        // cost matters, so all are resolved.) Resolving changes no candidate's prefill
-        // tokens, so the credit decay's reference point stays and only the resolved
-        // ranks' costs are recomputed.
-        let mut costs: SmallVec<[f64; 64]> = SmallVec::from_elem(0.0, inputs.len());
-        fill_costs(&cfg, &shape, &inputs, &mut costs);
-        // 4. session context (DESIGN.md §9): a bound session pins (hard) or prefers (soft)
-        // its rank while that rank is eligible; otherwise it is rebound by this choice.
+        Ok(())
+    }
+
+    /// Step 4, session context (DESIGN.md §9): a bound session pins (hard) or prefers
+    /// (soft) its rank while that rank is eligible; otherwise this choice rebinds it.
+    fn steering(
+        &self,
+        req: &SelectRequest<'_>,
+        now: Option<Instant>,
+        eligible: &[crate::ids::RankId],
+    ) -> Steering {
         let session = req.effective_session();
         let mut steer = Steer::Free;
-        let mut session_route = None;
+        let mut route = None;
         if let (Some(t), Some(ctx)) = (&self.sessions, &session) {
             let (binding, dropped) = t.lookup_or_dropped(ctx, now.unwrap_or_else(Instant::now));
             steer = t.steer(binding, |r| eligible.contains(&r));
-            session_route = Some(if dropped {
+            route = Some(if dropped {
                 SessionRoute::Rebound
             } else {
                 SessionRoute::of(&steer)
             });
         }
+        Steering {
+            session,
+            steer,
+            route,
+        }
+    }
+
+    /// Step 5: every candidate's cost into `c.costs`.
+    ///
+    /// The decode term needs, per busy rank, how many prompt blocks are not active on it
+    /// yet (a lock and a few lookups a rank). Cost rises by exactly one per such block, so
+    /// with the term at its upper bound (the whole prompt) every cost is an upper bound;
+    /// at temperature 0 a rank whose cost with the term at 0 exceeds the smallest upper
+    /// bound can never win or tie, and keeps its bound. (At T > 0, or when a session
+    /// steers, every cost matters, so all are resolved.) Resolving changes no candidate's
+    /// prefill tokens, so the credit decay's reference point stays and only the resolved
+    /// ranks' costs are recomputed.
+    fn resolve_costs(
+        &self,
+        cfg: &ResolvedCost,
+        shape: RequestShape,
+        steer: &Steer,
+        view: &View<'_>,
+        seq: &[u64],
+        c: &mut Candidates,
+    ) {
+        c.costs.clear();
+        c.costs.resize(c.inputs.len(), 0.0);
+        fill_costs(cfg, &shape, &c.inputs, &mut c.costs);
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
-        let bound = if steered {
-            f64::INFINITY // resolve every cost: the steering below compares them exactly
-        } else if cfg.temperature <= 0.0 {
-            let min_upper = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        let bound = if !steered && cfg.temperature <= 0.0 {
+            let min_upper = c.costs.iter().copied().fold(f64::INFINITY, f64::min);
             min_upper + seq.len() as f64
         } else {
             f64::INFINITY
         };
-        let shape = shape.with_min_active_prefill_tokens(min_active_prefill_tokens(&inputs));
-        for k in 0..inputs.len() {
-            if inputs[k].active_requests != 0 && costs[k] <= bound {
+        let shape = shape.with_min_active_prefill_tokens(min_active_prefill_tokens(&c.inputs));
+        for k in 0..c.inputs.len() {
+            if c.inputs[k].active_requests != 0 && c.costs[k] <= bound {
                 // Bookings carry whole chains from block 0, so the rank's active blocks
                 // are prefix-closed and the chain form (log n lookups) is exact.
-                inputs[k].new_blocks_not_active =
-                    loads.new_blocks_not_active_chain(eligible[k], &seq);
-                costs[k] = cost(&cfg, &shape, &inputs[k]);
+                c.inputs[k].new_blocks_not_active =
+                    view.loads.new_blocks_not_active_chain(c.eligible[k], seq);
+                c.costs[k] = cost(cfg, &shape, &c.inputs[k]);
             }
         }
-        let pinned = match steer {
-            Steer::Pin(r) => eligible.iter().position(|&e| e == r),
-            Steer::Prefer {
-                rank,
-                penalty_blocks,
-            } => {
-                if let Some(k) = eligible.iter().position(|&e| e == rank) {
-                    costs[k] -= penalty_blocks;
-                }
-                None
-            }
-            _ => None,
-        };
-        let i = match pinned {
-            Some(k) => k,
-            None => choose(&costs, cfg.temperature, rng).expect("at least one eligible rank"),
-        };
-        let (rank, c) = (eligible[i], inputs[i]);
-        let device = c.device_blocks as u32;
+    }
+
+    /// The decision for candidate `i`, and whether booking it rebinds the session.
+    #[allow(clippy::too_many_arguments)]
+    fn decision(
+        &self,
+        i: usize,
+        prompt_tokens: u64,
+        booked: bool,
+        view: &View<'_>,
+        tiered: &TieredScores,
+        c: &Candidates,
+        steering: Steering,
+    ) -> (Decision, bool) {
+        let (rank, load) = (c.eligible[i], c.inputs[i]);
+        let device = load.device_blocks as u32;
         let cached_tokens = (device as u64 * self.block_size() as u64).min(prompt_tokens);
-        let projected_prefill_tokens = hooks
+        let projected_prefill_tokens = view
+            .hooks
             .prefill_estimator
             .as_ref()
             .and_then(|f| {
@@ -225,33 +312,59 @@ impl Selector<'_> {
             })
             .unwrap_or(prompt_tokens - cached_tokens);
         let t = tiered.get(rank);
+        // 6. (booked mode) the transfer hint.
         let kv_hint = if booked {
-            self.kv_hint(rank, device, tiered, &workers, &hooks, &loads, &reported)
+            self.kv_hint(
+                rank,
+                device,
+                tiered,
+                view.workers,
+                view.hooks,
+                view.loads,
+                view.reported,
+            )
         } else {
             None
         };
-        Ok(Prepared {
-            decision: Decision {
-                rank,
-                selection_id: None,
-                overlap: Overlap {
-                    device_blocks: device,
-                    host_blocks: t.map_or(0, |o| o.host),
-                    disk_blocks: t.map_or(0, |o| o.disk),
-                    shared_blocks: c.shared_blocks_beyond_device as u32,
-                },
-                cached_tokens,
-                projected_prefill_tokens,
-                projected_decode_blocks: c.active_decode_blocks + c.new_blocks_not_active,
-                cost: costs[i],
-                session,
-                session_route,
-                kv_hint,
+        let decision = Decision {
+            rank,
+            selection_id: None,
+            overlap: Overlap {
+                device_blocks: device,
+                host_blocks: t.map_or(0, |o| o.host),
+                disk_blocks: t.map_or(0, |o| o.disk),
+                shared_blocks: load.shared_blocks_beyond_device as u32,
             },
-            seq,
-            forced_rebind: matches!(steer, Steer::Rebind { .. }),
-        })
+            cached_tokens,
+            projected_prefill_tokens,
+            projected_decode_blocks: load.active_decode_blocks + load.new_blocks_not_active,
+            cost: c.costs[i],
+            session: steering.session,
+            session_route: steering.route,
+            kv_hint,
+        };
+        (decision, matches!(steering.steer, Steer::Rebind { .. }))
     }
+}
+
+/// The choice: the session's pinned rank if it is eligible; else the lowest cost (a
+/// preferred rank's cost lowered by its penalty first), softmax-sampled at T > 0.
+fn pick(c: &mut Candidates, steer: &Steer, temperature: f64, rng: &mut impl RandomSource) -> usize {
+    let pinned = match *steer {
+        Steer::Pin(r) => c.eligible.iter().position(|&e| e == r),
+        Steer::Prefer {
+            rank,
+            penalty_blocks,
+        } => {
+            if let Some(k) = c.eligible.iter().position(|&e| e == rank) {
+                c.costs[k] -= penalty_blocks;
+            }
+            None
+        }
+        _ => None,
+    };
+    pinned
+        .unwrap_or_else(|| choose(&c.costs, temperature, rng).expect("at least one eligible rank"))
 }
 
 #[cfg(test)]

@@ -63,7 +63,8 @@ impl Selector<'_> {
         seq.clear();
         extend_sequence_hashes(None, local_hashes, &mut seq);
         self.overlap_into(Local::Given(local_hashes), &seq, &mut scratch);
-        std::mem::swap(out, &mut scratch.tiered);
+        out.fill_from(scratch.tiered.iter())
+            .expect("an overlap lists each rank once");
         scratch.seq = seq;
         Scratch::put(scratch);
     }

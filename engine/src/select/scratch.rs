@@ -1,6 +1,22 @@
 //! Per-thread buffers a selection reuses.
 
+use crate::cost::CandidateLoad;
+use crate::ids::{RankId, WorkerId};
 use crate::index::{TieredOverlap, TieredScores};
+
+/// The candidate stage's buffers: every list a selection builds, whatever its size.
+#[derive(Default)]
+pub(super) struct Candidates {
+    /// Candidate ranks after the allow-set, the pin, LoRA narrowing and availability.
+    pub(super) ranks: Vec<RankId>,
+    /// The eligible ones (not overloaded, not busy), parallel to `inputs` and `costs`.
+    pub(super) eligible: Vec<RankId>,
+    pub(super) inputs: Vec<CandidateLoad>,
+    pub(super) costs: Vec<f64>,
+    /// Narrowing's worker pools (allowed, then serving the LoRA adapter).
+    pub(super) pool: Vec<WorkerId>,
+    pub(super) narrowed: Vec<WorkerId>,
+}
 
 /// Per-thread buffers a selection reuses, so an advisory selection allocates nothing once
 /// a thread has warmed up (the C ABI's "no allocation on the routing path"). Taken out of
@@ -16,6 +32,7 @@ pub(super) struct Scratch {
     /// The prediction side index's overlaps and the merge of both (prediction mode).
     pub(super) predicted: TieredScores,
     pub(super) merged: Vec<TieredOverlap>,
+    pub(super) candidates: Candidates,
 }
 
 std::thread_local! {
