@@ -50,7 +50,7 @@ impl Selector<'_> {
         )?;
         // After the booking stands: a recording failure is logged, never the booking's.
         if let Some(seq) = to_record {
-            self.indexing.record_booking(&self.index, d.rank, &seq, now);
+            self.indexing.record_booking(self.index, d.rank, &seq, now);
         }
         // The session follows its turn: bound (or rebound) to the rank, with this booking
         // as a lease that ends when the booking does. A refusal (table full of live
@@ -111,7 +111,7 @@ impl Selector<'_> {
         )?;
         // A reservation that carries the prompt records it (DESIGN.md §5).
         if let Some(seq) = to_record {
-            self.indexing.record_booking(&self.index, rank, &seq, now);
+            self.indexing.record_booking(self.index, rank, &seq, now);
         }
         Ok(Decision {
             rank,

@@ -91,10 +91,10 @@ impl Selector<'_> {
         let loads = self.bookings.loads();
         let reported = self.load.snapshot_now();
         let view = View {
-            workers: &*workers,
-            hooks: &*hooks,
+            workers: &workers,
+            hooks: &hooks,
             loads: &loads,
-            reported: &*reported,
+            reported: &reported,
         };
         self.eligible(req, &view, tiered, &shared, seq.len(), candidates)?;
         // 5. cost (4, the session, decides how far costs must be resolved).
