@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-#[cfg(loom)]
-use super::config::SessionFaults;
 use super::config::{AffinityMode, SessionConfig, SessionContext, MIN_ENTRIES_PER_SHARD};
 use super::entries::{SessionShard, ShardCounters, SidState};
 use super::leases::{lease_hash, LeaseShard};
 use super::outcome::{Binding, SessionStats, SessionView, Steer};
+#[cfg(loom)]
+use super::SessionFaults;
 use crate::index::RankId;
 use crate::reservation::SelectionId;
 use crate::sync::Mutex;
