@@ -25,11 +25,11 @@ use crate::sync::{Arc, Mutex, Snapshot};
 /// Everything but the sweeper handle; the sweep thread holds a weak reference to it.
 pub(super) struct Inner {
     pub(super) config: ReservationConfig,
-    pub(super) mask: usize,
+    mask: usize,
     pub(super) shards: Box<[CachePadded<Mutex<Shard>>]>,
     pub(super) ranks: Snapshot<RankMap>,
     /// Serializes registry writers (copy, insert/remove, swap). Never held with another lock.
-    pub(super) ranks_write: Mutex<()>,
+    ranks_write: Mutex<()>,
     pub(super) expired_total: AtomicU64,
     pub(super) underflows: AtomicU64,
     /// Raised by the table's `Drop` so the sweep thread exits at once.
@@ -109,7 +109,7 @@ impl Inner {
 
     /// The rank's counter set, created (and published in a new registry snapshot) on the
     /// rank's first booking.
-    pub(super) fn rank_state(&self, rank: RankId) -> Arc<RankState> {
+    fn rank_state(&self, rank: RankId) -> Arc<RankState> {
         if let Some(s) = self.ranks.guard().get(&rank) {
             return s.clone();
         }
@@ -285,7 +285,7 @@ impl Inner {
     /// The negative control of point 2: subtract a booking still in its shard, then
     /// remove it. A sweep in between takes and releases it too.
     #[cfg(loom)]
-    pub(super) fn free_releasing_before_remove(
+    fn free_releasing_before_remove(
         &self,
         id: SelectionId,
     ) -> Result<FreeOutcome, ReservationError> {

@@ -18,7 +18,7 @@ use crate::sync::{Arc, Mutex};
 /// Deterministic on purpose (loom replays executions and needs the same map layout); the
 /// index's one cheap hasher for 64-bit keys (selection ids may be sequential; block hashes
 /// are already random).
-pub(super) type Mix = crate::index::RankHasher;
+type Mix = crate::index::RankHasher;
 pub(super) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<Mix>>;
 pub(super) type RankMap = MixMap<RankId, Arc<RankState>>;
 

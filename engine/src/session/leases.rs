@@ -10,13 +10,13 @@ use super::config::EARLY_RELEASE_WINDOW;
 use super::entries::SessionKey;
 use crate::reservation::SelectionId;
 
-pub(super) type LeaseMap<V> = HashMap<SelectionId, V, BuildHasherDefault<crate::index::RankHasher>>;
+type LeaseMap<V> = HashMap<SelectionId, V, BuildHasherDefault<crate::index::RankHasher>>;
 
 #[derive(Default)]
 pub(super) struct LeaseShard {
     pub(super) owner: LeaseMap<SessionKey>,
     /// Leases released while no session held them, oldest first (module docs).
-    pub(super) ended: VecDeque<(SelectionId, Instant)>,
+    ended: VecDeque<(SelectionId, Instant)>,
     pub(super) unknown_releases: u64,
 }
 

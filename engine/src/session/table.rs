@@ -142,7 +142,7 @@ impl SessionTable {
 
     /// The binding of the entry `id`, if it has a live entry: `Some(None)` = an entry
     /// without binding (dropped by `forget_rank`); `None` = no entry, or an expired one.
-    pub(super) fn own_binding(&self, id: &str, now: Instant) -> Option<Option<Binding>> {
+    fn own_binding(&self, id: &str, now: Instant) -> Option<Option<Binding>> {
         let g = self.session_shard(id).lock();
         let e = g.entries.get(id)?;
         if e.expired(self.idle_ttl, now) {

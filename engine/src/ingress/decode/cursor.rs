@@ -15,11 +15,7 @@ pub(super) struct Cursor<'a> {
 }
 
 #[cold]
-pub(super) fn value_err(
-    e: ValueReadError<BytesReadError>,
-    kind: K,
-    detail: &'static str,
-) -> DecodeError {
+fn value_err(e: ValueReadError<BytesReadError>, kind: K, detail: &'static str) -> DecodeError {
     match e {
         ValueReadError::InvalidMarkerRead(_) | ValueReadError::InvalidDataRead(_) => {
             DecodeError::truncated()
@@ -29,11 +25,7 @@ pub(super) fn value_err(
 }
 
 #[cold]
-pub(super) fn num_err(
-    e: NumValueReadError<BytesReadError>,
-    kind: K,
-    detail: &'static str,
-) -> DecodeError {
+fn num_err(e: NumValueReadError<BytesReadError>, kind: K, detail: &'static str) -> DecodeError {
     match e {
         NumValueReadError::InvalidMarkerRead(_) | NumValueReadError::InvalidDataRead(_) => {
             DecodeError::truncated()
@@ -44,7 +36,7 @@ pub(super) fn num_err(
     }
 }
 
-pub(super) fn is_int(m: Marker) -> bool {
+fn is_int(m: Marker) -> bool {
     matches!(
         m,
         Marker::FixPos(_)
@@ -292,7 +284,7 @@ impl<'a> Cursor<'a> {
         Ok(())
     }
 
-    pub(super) fn len32(&mut self) -> Result<usize> {
+    fn len32(&mut self) -> Result<usize> {
         usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| DecodeError::truncated())
     }
 }
