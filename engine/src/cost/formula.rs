@@ -3,7 +3,7 @@
 //! default scorer ([`cost`], [`fill_costs`]) and the older `dynamo-classic` logit. Pure
 //! arithmetic on its arguments; choosing among the results is `choice.rs`.
 
-use super::config::ResolvedCost;
+use super::resolved::ResolvedCost;
 
 /// The request-side inputs of the cost: prompt length, block size, and the one
 /// selection-wide quantity the decay needs.

@@ -16,14 +16,16 @@
 mod choice;
 mod config;
 mod formula;
+mod resolved;
 mod rng;
 
 pub use choice::choose;
-pub use config::{CostConfig, CostOverrides, ResolvedCost};
+pub use config::{CostConfig, CostOverrides};
 pub use formula::{
     classic_logit, cost, cost_breakdown, fill_costs, min_active_prefill_tokens, CandidateLoad,
     CostBreakdown, RequestShape, CLASSIC_OVERLAP_SCORE_WEIGHT,
 };
+pub use resolved::ResolvedCost;
 pub use rng::{RandomSource, SelectionRng};
 
 #[cfg(all(test, not(loom)))]
