@@ -1,0 +1,237 @@
+//! The cost formula itself (REFERENCE.md §3): the request's and a candidate's inputs
+//! ([`RequestShape`], [`CandidateLoad`]), the term-by-term [`CostBreakdown`], the current
+//! default scorer ([`cost`], [`fill_costs`]) and the older `dynamo-classic` logit. Pure
+//! arithmetic on its arguments; choosing among the results is `choice.rs`.
+
+use super::resolved::ResolvedCost;
+
+/// The request-side inputs of the cost: prompt length, block size, and the one
+/// selection-wide quantity the decay needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestShape {
+    /// Prompt length in tokens (ISL).
+    pub isl_tokens: u64,
+    /// Tokens per KV block (B). 0 is treated as 1 so the functions stay total.
+    pub block_size: u32,
+    /// Minimum `active_prefill_tokens` over this selection's eligible candidates; only the
+    /// credit decay reads it (see [`CostConfig::credit_decay`]). [`fill_costs`] computes it
+    /// itself; callers of [`cost`] on single candidates must set it (0 is correct when
+    /// the decay is off, and makes the decay absolute rather than relative when it is on).
+    ///
+    /// [`CostConfig::credit_decay`]: super::CostConfig::credit_decay
+    pub min_active_prefill_tokens: u64,
+}
+
+impl RequestShape {
+    /// A request of `isl_tokens` prompt tokens with `block_size`-token blocks
+    /// (`min_active_prefill_tokens` = 0).
+    #[inline]
+    pub const fn new(isl_tokens: u64, block_size: u32) -> Self {
+        Self {
+            isl_tokens,
+            block_size,
+            min_active_prefill_tokens: 0,
+        }
+    }
+
+    /// The same request with the selection-wide prefill minimum set.
+    #[inline]
+    pub const fn with_min_active_prefill_tokens(mut self, min: u64) -> Self {
+        self.min_active_prefill_tokens = min;
+        self
+    }
+
+    /// B as a float, with 0 treated as 1.
+    #[inline]
+    fn block_size_f64(&self) -> f64 {
+        f64::from(self.block_size.max(1))
+    }
+
+    /// `ceil(ISL / B)`, at least 1 (the decay divides by it).
+    #[inline]
+    pub fn request_blocks(&self) -> u64 {
+        self.isl_tokens
+            .div_ceil(u64::from(self.block_size.max(1)))
+            .max(1)
+    }
+}
+
+/// One candidate rank's inputs to the cost: its cached prefix per tier (from the tiered
+/// index), the host's shared-cache hits beyond it, and the engine's live bookings on it.
+///
+/// The tier counts follow the index's `TieredOverlap`: `device` leading blocks on the
+/// device, then `host` further contiguous blocks in host memory, then `disk` further
+/// blocks on disk, so a block is credited once, at the tier it would be served from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CandidateLoad {
+    /// Leading prompt blocks cached on this rank's device.
+    pub device_blocks: u64,
+    /// Further prompt blocks cached in this rank's host memory.
+    pub host_blocks: u64,
+    /// Further prompt blocks cached on this rank's disk.
+    pub disk_blocks: u64,
+    /// Prompt blocks the host's shared KV cache holds beyond this rank's device prefix.
+    pub shared_blocks_beyond_device: u64,
+    /// Prefill tokens booked on this rank and not yet marked prefill-complete.
+    pub active_prefill_tokens: u64,
+    /// Decode blocks booked on this rank (shared prompt blocks counted once per rank,
+    /// REFERENCE.md §4).
+    pub active_decode_blocks: u64,
+    /// This request's blocks that are not already active on this rank, i.e. what booking
+    /// it here would add to `active_decode_blocks` (the caller dedups against the rank's
+    /// refcounted active prompt blocks).
+    pub new_blocks_not_active: u64,
+    /// Requests booked on this rank.
+    pub active_requests: u64,
+}
+
+/// The cost of one candidate, term by term (all in block equivalents). Useful for
+/// explaining a decision and for tests; [`cost`] is its `cost` field.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostBreakdown {
+    /// `(active_prefill_tokens + ISL) / B`.
+    pub raw_prefill_blocks: f64,
+    /// The device-credit decay factor in (0, 1] (1 when the decay is off).
+    pub decay: f64,
+    /// Total credit subtracted from the prefill term.
+    pub credit_blocks: f64,
+    /// `max(0, raw_prefill_blocks - credit_blocks)`.
+    pub adjusted_prefill_blocks: f64,
+    /// `active_decode_blocks + new_blocks_not_active`.
+    pub decode_blocks: f64,
+    /// `decode_active_request_weight * active_requests`.
+    pub active_request_blocks: f64,
+    /// `prefill_load_scale * adjusted_prefill_blocks + decode_blocks + active_request_blocks`.
+    pub cost: f64,
+}
+
+/// The device-credit decay factor for candidate `c` (see [`CostConfig::credit_decay`]).
+///
+/// [`CostConfig::credit_decay`]: super::CostConfig::credit_decay
+#[inline]
+fn credit_decay_factor(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
+    match cfg.credit_decay {
+        Some(d) if d > 0.0 => {
+            let excess_tokens = c
+                .active_prefill_tokens
+                .saturating_sub(req.min_active_prefill_tokens);
+            let excess_blocks = excess_tokens as f64 / req.block_size_f64();
+            let normalized = excess_blocks / req.request_blocks() as f64;
+            1.0 / (1.0 + d * normalized)
+        }
+        _ => 1.0,
+    }
+}
+
+/// The cost of placing the request on candidate `c`, with every term (REFERENCE.md §3).
+///
+/// ```text
+/// credit  = overlap_score_credit * decay * device
+///         + host_w * host + disk_w * disk + shared_mult * shared_beyond_device
+/// prefill = (active_prefill_tokens + ISL) / B
+/// decode  = active_decode_blocks + new_blocks_not_active
+/// cost    = prefill_load_scale * max(0, prefill - credit) + decode
+///         + decode_active_request_weight * active_requests
+/// ```
+///
+/// Dynamo uses `ISL / B` for a rank it has no load entry for; with no bookings
+/// `active_prefill_tokens` is 0 and the formula gives exactly that, so no special case is
+/// needed. The prefill term is fractional (no rounding), as in Dynamo. The clamp at 0
+/// keeps a rank whose cache covers more than the outstanding prefill from looking
+/// *cheaper* than free prefill, so among fully cached ranks decode load decides.
+#[inline]
+pub fn cost_breakdown(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> CostBreakdown {
+    let b = req.block_size_f64();
+    let decay = credit_decay_factor(cfg, req, c);
+    let credit_blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
+        + cfg.host_cache_hit_weight * c.host_blocks as f64
+        + cfg.disk_cache_hit_weight * c.disk_blocks as f64
+        + cfg.shared_cache_multiplier * c.shared_blocks_beyond_device as f64;
+    // Sum in f64: u64 + u64 could overflow on absurd inputs; f64 cannot.
+    let raw_prefill_blocks = (c.active_prefill_tokens as f64 + req.isl_tokens as f64) / b;
+    let adjusted_prefill_blocks = (raw_prefill_blocks - credit_blocks).max(0.0);
+    let decode_blocks = c.active_decode_blocks as f64 + c.new_blocks_not_active as f64;
+    let active_request_blocks = cfg.decode_active_request_weight * c.active_requests as f64;
+    let cost =
+        cfg.prefill_load_scale * adjusted_prefill_blocks + decode_blocks + active_request_blocks;
+    CostBreakdown {
+        raw_prefill_blocks,
+        decay,
+        credit_blocks,
+        adjusted_prefill_blocks,
+        decode_blocks,
+        active_request_blocks,
+        cost,
+    }
+}
+
+/// The cost of placing the request on candidate `c` (lower wins). REFERENCE.md §3; see
+/// [`cost_breakdown`] for the terms.
+#[inline]
+pub fn cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
+    cost_breakdown(cfg, req, c).cost
+}
+
+/// The minimum `active_prefill_tokens` over `candidates` (0 for an empty slice): the
+/// reference point of the credit decay.
+#[inline]
+pub fn min_active_prefill_tokens(candidates: &[CandidateLoad]) -> u64 {
+    candidates
+        .iter()
+        .map(|c| c.active_prefill_tokens)
+        .min()
+        .unwrap_or(0)
+}
+
+/// Costs of all `candidates` into `out` (same order), with the decay's selection-wide
+/// minimum computed from `candidates` (overriding `req.min_active_prefill_tokens`).
+/// `candidates` must be exactly the eligible set, as in Dynamo: the minimum is taken over
+/// the ranks that can actually be chosen.
+///
+/// # Panics
+/// If `out.len() != candidates.len()` (a caller bug; silently truncating would drop
+/// candidates from the choice).
+pub fn fill_costs(
+    cfg: &ResolvedCost,
+    req: &RequestShape,
+    candidates: &[CandidateLoad],
+    out: &mut [f64],
+) {
+    assert_eq!(
+        out.len(),
+        candidates.len(),
+        "fill_costs: output slice length must match the candidate count"
+    );
+    let req = req.with_min_active_prefill_tokens(min_active_prefill_tokens(candidates));
+    for (slot, c) in out.iter_mut().zip(candidates) {
+        *slot = cost(cfg, &req, c);
+    }
+}
+
+/// Dynamo's 2025 default for the classic formula's `overlap_score_weight`.
+pub const CLASSIC_OVERLAP_SCORE_WEIGHT: f64 = 1.0;
+
+/// The older (2025) Dynamo logit, kept for the `dynamo-classic` policy (REFERENCE.md §3):
+///
+/// ```text
+/// logit = overlap_score_weight * (active_prefill_tokens + ISL - overlap * B) / B
+///       + active_decode_blocks + new_blocks_not_active
+/// ```
+///
+/// `overlap` is the device prefix (`c.device_blocks`); the classic router knew no other
+/// tier, so host/disk/shared hits and the new knobs are ignored. As in Dynamo's
+/// `new_tokens`, `ISL - overlap * B` saturates at 0 (a cached prefix longer than the
+/// prompt, e.g. after a block-size mismatch, adds no prefill rather than subtracting).
+/// Lower is better; [`choose`] picks among these exactly as among [`cost`]s.
+///
+/// [`choose`]: super::choose
+#[inline]
+pub fn classic_logit(overlap_score_weight: f64, req: &RequestShape, c: &CandidateLoad) -> f64 {
+    let bs = u64::from(req.block_size.max(1));
+    let cached_tokens = c.device_blocks.saturating_mul(bs);
+    let new_tokens = req.isl_tokens.saturating_sub(cached_tokens);
+    let prefill_blocks = (c.active_prefill_tokens as f64 + new_tokens as f64) / bs as f64;
+    overlap_score_weight * prefill_blocks
+        + c.active_decode_blocks as f64
+        + c.new_blocks_not_active as f64
+}

@@ -1,0 +1,32 @@
+//! Cost → choice: Dynamo's per-rank cost function and the temperature-controlled pick.
+//!
+//! This is step 5 of selection (DESIGN.md §7): given, for every surviving candidate rank,
+//! its cached prefix (per tier), the host's shared-cache hits beyond it, and the engine's
+//! live bookings on it, compute a cost in *block equivalents* (lower wins), then choose.
+//! The formula is Dynamo's current default scorer, reproduced term for term from
+//! REFERENCE.md §3 so that kvr routes exactly as a Dynamo router configured the same way
+//! would; the booking terms it reads (active prefill tokens, active decode blocks with
+//! shared prompt blocks counted once per rank) are REFERENCE.md §4.
+//!
+//! Everything here is a pure function of its arguments: no I/O, no locks, no allocation.
+//! The caller owns any buffers ([`fill_costs`] writes into a slice it is given) and the
+//! random source ([`SelectionRng`], or anything implementing [`RandomSource`]), which is
+//! what makes selection reproducible in tests and replays.
+
+mod choice;
+mod config;
+mod formula;
+mod resolved;
+mod rng;
+
+pub use choice::choose;
+pub use config::{CostConfig, CostOverrides};
+pub use formula::{
+    classic_logit, cost, cost_breakdown, fill_costs, min_active_prefill_tokens, CandidateLoad,
+    CostBreakdown, RequestShape, CLASSIC_OVERLAP_SCORE_WEIGHT,
+};
+pub use resolved::ResolvedCost;
+pub use rng::{RandomSource, SelectionRng};
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,86 @@
+//! What a payload decodes into: the caller-owned, reusable [`DecodedBatch`] whose events
+//! ([`DecodedEvent`]) refer to ranges of its shared buffers, the block [`Medium`], and the
+//! payload size cap.
+
+use std::ops::Range;
+
+/// Payloads larger than this are rejected ([`DecodeErrorKind::TooLarge`]) before any
+/// decoding: decoded hashes can take up to 8× the payload's bytes, so the cap bounds the
+/// memory one hostile payload can make a [`DecodedBatch`] grow to. Real batches are far
+/// smaller (a 128k-token prefill is ~400 KiB of `token_ids`).
+///
+/// [`DecodeErrorKind::TooLarge`]: super::DecodeErrorKind::TooLarge
+pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
+
+/// Where a block lives (vLLM `medium`): absent/nil/`"GPU"` → [`Medium::Gpu`], `"CPU"` →
+/// [`Medium::Cpu`], `"STORAGE"`/`"DISK"` → [`Medium::Storage`] (ASCII case-insensitive);
+/// any other string is [`DecodeErrorKind::UnknownMedium`].
+///
+/// [`DecodeErrorKind::UnknownMedium`]: super::DecodeErrorKind::UnknownMedium
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Medium {
+    #[default]
+    Gpu,
+    Cpu,
+    Storage,
+}
+
+/// One decoded event. Ranges index the owning [`DecodedBatch`]'s buffers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodedEvent {
+    /// `BlockStored`: `hashes` are the engine's block hashes (`batch.hashes[hashes]`),
+    /// chained after `parent`; `tokens` (`batch.tokens[tokens]`) holds exactly
+    /// `hashes.len() * block_size` token ids; `block_size >= 1` whenever there are blocks
+    /// (it is whatever the engine sent, possibly 0, when `hashes` is empty).
+    /// `lora_name` (`&batch.text[range]`) is `None` for nil, absent or empty.
+    Stored {
+        hashes: Range<usize>,
+        parent: Option<u64>,
+        tokens: Range<usize>,
+        block_size: u32,
+        lora_name: Option<Range<usize>>,
+        medium: Medium,
+    },
+    /// `BlockRemoved`: the engine's hashes of the evicted blocks (`batch.hashes[hashes]`).
+    Removed {
+        hashes: Range<usize>,
+        medium: Medium,
+    },
+    /// `AllBlocksCleared`.
+    Cleared,
+}
+
+/// One decoded payload. Reuse one value across batches: [`decode_batch`] clears and
+/// refills its vectors, so after warm-up decoding allocates nothing.
+///
+/// After a failed decode the contents are unspecified but consistent in type (events
+/// decoded before the failure, plus partial buffers): callers must apply nothing from a
+/// batch whose decode failed.
+///
+/// [`decode_batch`]: super::decode_batch
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DecodedBatch {
+    /// The engine's wall-clock timestamp (seconds); ints and f32 are widened to f64.
+    pub ts: f64,
+    /// The batch's DP rank; `None` when nil or absent (older payloads have 2 elements).
+    pub data_parallel_rank: Option<u32>,
+    pub events: Vec<DecodedEvent>,
+    /// Engine block hashes of all events (uint64 as is, int64 as its bits, bin folded to
+    /// its last 8 bytes big-endian).
+    pub hashes: Vec<u64>,
+    /// Token ids of all `Stored` events.
+    pub tokens: Vec<u32>,
+    /// LoRA names of all `Stored` events.
+    pub text: String,
+}
+
+impl DecodedBatch {
+    pub(super) fn reset(&mut self) {
+        self.ts = 0.0;
+        self.data_parallel_rank = None;
+        self.events.clear();
+        self.hashes.clear();
+        self.tokens.clear();
+        self.text.clear();
+    }
+}

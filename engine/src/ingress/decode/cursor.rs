@@ -1,0 +1,290 @@
+//! The reader: a `Copy` position in the payload over `rmp`'s low-level reader, with the
+//! checked reads every decoder goes through (length prefixes checked against the bytes
+//! left, an iterative skipper for unknown values, checked arithmetic).
+
+use rmp::decode::bytes::BytesReadError;
+use rmp::decode::{self as rd, Bytes, NumValueReadError, RmpRead, ValueReadError};
+use rmp::Marker;
+
+use super::error::{DecodeError, DecodeErrorKind as K, Result};
+
+/// A position in the payload. `Copy`, so a probe can read ahead and be dropped.
+#[derive(Clone, Copy)]
+pub(super) struct Cursor<'a> {
+    rd: Bytes<'a>,
+}
+
+#[cold]
+fn value_err(e: ValueReadError<BytesReadError>, kind: K, detail: &'static str) -> DecodeError {
+    match e {
+        ValueReadError::InvalidMarkerRead(_) | ValueReadError::InvalidDataRead(_) => {
+            DecodeError::truncated()
+        }
+        ValueReadError::TypeMismatch(_) => DecodeError::new(kind, detail),
+    }
+}
+
+#[cold]
+fn num_err(e: NumValueReadError<BytesReadError>, kind: K, detail: &'static str) -> DecodeError {
+    match e {
+        NumValueReadError::InvalidMarkerRead(_) | NumValueReadError::InvalidDataRead(_) => {
+            DecodeError::truncated()
+        }
+        NumValueReadError::TypeMismatch(_) | NumValueReadError::OutOfRange => {
+            DecodeError::new(kind, detail)
+        }
+    }
+}
+
+fn is_int(m: Marker) -> bool {
+    matches!(
+        m,
+        Marker::FixPos(_)
+            | Marker::FixNeg(_)
+            | Marker::U8
+            | Marker::U16
+            | Marker::U32
+            | Marker::U64
+            | Marker::I8
+            | Marker::I16
+            | Marker::I32
+            | Marker::I64
+    )
+}
+
+impl<'a> Cursor<'a> {
+    pub(super) fn new(payload: &'a [u8]) -> Self {
+        Self {
+            rd: Bytes::new(payload),
+        }
+    }
+
+    pub(super) fn remaining(&self) -> usize {
+        self.rd.remaining_slice().len()
+    }
+
+    /// The next value's marker, not consumed.
+    pub(super) fn peek(&self) -> Result<Marker> {
+        match self.rd.remaining_slice().first() {
+            Some(&b) => Ok(Marker::from_u8(b)),
+            None => Err(DecodeError::truncated()),
+        }
+    }
+
+    pub(super) fn marker(&mut self) -> Result<Marker> {
+        rd::read_marker(&mut self.rd).map_err(|_| DecodeError::truncated())
+    }
+
+    /// Consumes `n` bytes.
+    pub(super) fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
+        let rest = self.rd.remaining_slice();
+        if n > rest.len() {
+            return Err(DecodeError::truncated());
+        }
+        let (head, tail) = rest.split_at(n);
+        self.rd = Bytes::new(tail);
+        Ok(head)
+    }
+
+    pub(super) fn be<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut buf = [0u8; N];
+        self.rd
+            .read_exact_buf(&mut buf)
+            .map_err(|_| DecodeError::truncated())?;
+        Ok(buf)
+    }
+
+    /// Consumes a nil if one is next.
+    pub(super) fn take_nil(&mut self) -> Result<bool> {
+        if self.peek()? == Marker::Null {
+            self.bytes(1)?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// An array header; its length is at most the bytes left (each element takes ≥ 1).
+    pub(super) fn array_len(&mut self, kind: K, detail: &'static str) -> Result<usize> {
+        let n = rd::read_array_len(&mut self.rd).map_err(|e| value_err(e, kind, detail))?;
+        let n = usize::try_from(n).map_err(|_| DecodeError::truncated())?;
+        if n > self.remaining() {
+            return Err(DecodeError::new(
+                K::Truncated,
+                "array length exceeds the remaining payload",
+            ));
+        }
+        Ok(n)
+    }
+
+    /// A map header; its 2·len keys and values fit in the bytes left.
+    pub(super) fn map_len(&mut self, kind: K, detail: &'static str) -> Result<usize> {
+        let n = rd::read_map_len(&mut self.rd).map_err(|e| value_err(e, kind, detail))?;
+        let n = usize::try_from(n).map_err(|_| DecodeError::truncated())?;
+        if n.saturating_mul(2) > self.remaining() {
+            return Err(DecodeError::new(
+                K::Truncated,
+                "map length exceeds the remaining payload",
+            ));
+        }
+        Ok(n)
+    }
+
+    /// A str's raw bytes (not UTF-8 checked).
+    pub(super) fn str_bytes(&mut self, kind: K, detail: &'static str) -> Result<&'a [u8]> {
+        let n = rd::read_str_len(&mut self.rd).map_err(|e| value_err(e, kind, detail))?;
+        let n = usize::try_from(n).map_err(|_| DecodeError::truncated())?;
+        self.bytes(n)
+    }
+
+    /// A map key: `Some(bytes)` if it is a str, `None` (consumed) otherwise.
+    pub(super) fn key(&mut self) -> Result<Option<&'a [u8]>> {
+        match self.peek()? {
+            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+                self.str_bytes(K::FieldType, "map key").map(Some)
+            }
+            _ => {
+                self.skip_values(1)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// `str|nil`, UTF-8 checked.
+    pub(super) fn opt_str(&mut self, detail: &'static str) -> Result<Option<&'a str>> {
+        if self.take_nil()? {
+            return Ok(None);
+        }
+        let b = self.str_bytes(K::FieldType, detail)?;
+        std::str::from_utf8(b)
+            .map(Some)
+            .map_err(|_| DecodeError::new(K::FieldType, detail))
+    }
+
+    /// `int|nil`, any width and sign.
+    pub(super) fn opt_int(&mut self, detail: &'static str) -> Result<()> {
+        let m = self.peek()?;
+        if m == Marker::Null || is_int(m) {
+            self.skip_values(1)
+        } else {
+            Err(DecodeError::new(K::FieldType, detail))
+        }
+    }
+
+    pub(super) fn u32(&mut self, kind: K, detail: &'static str) -> Result<u32> {
+        rd::read_int::<u32, _>(&mut self.rd).map_err(|e| num_err(e, kind, detail))
+    }
+
+    /// A number as f64: f64, f32 or any int.
+    pub(super) fn float(&mut self, kind: K, detail: &'static str) -> Result<f64> {
+        match self.peek()? {
+            Marker::F64 => rd::read_f64(&mut self.rd).map_err(|e| value_err(e, kind, detail)),
+            Marker::F32 => rd::read_f32(&mut self.rd)
+                .map(f64::from)
+                .map_err(|e| value_err(e, kind, detail)),
+            Marker::U64 => rd::read_int::<u64, _>(&mut self.rd)
+                .map(|v| v as f64)
+                .map_err(|e| num_err(e, kind, detail)),
+            m if is_int(m) => rd::read_int::<i64, _>(&mut self.rd)
+                .map(|v| v as f64)
+                .map_err(|e| num_err(e, kind, detail)),
+            _ => Err(DecodeError::new(kind, detail)),
+        }
+    }
+
+    /// An engine block hash: uint64 as is, int64 as its two's-complement bits, bin folded
+    /// to its last 8 bytes big-endian (shorter bins left-padded with zeros).
+    pub(super) fn hash(&mut self) -> Result<u64> {
+        const DETAIL: &str = "block hash is not uint64, int64 or bin";
+        match self.peek()? {
+            Marker::FixPos(_) | Marker::U8 | Marker::U16 | Marker::U32 | Marker::U64 => {
+                rd::read_int::<u64, _>(&mut self.rd).map_err(|e| num_err(e, K::HashType, DETAIL))
+            }
+            Marker::FixNeg(_) | Marker::I8 | Marker::I16 | Marker::I32 | Marker::I64 => {
+                rd::read_int::<i64, _>(&mut self.rd)
+                    .map(|v| v as u64)
+                    .map_err(|e| num_err(e, K::HashType, DETAIL))
+            }
+            Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
+                let n = rd::read_bin_len(&mut self.rd)
+                    .map_err(|e| value_err(e, K::HashType, DETAIL))?;
+                let n = usize::try_from(n).map_err(|_| DecodeError::truncated())?;
+                let bin = self.bytes(n)?;
+                let tail = &bin[n.saturating_sub(8)..];
+                let mut b = [0u8; 8];
+                b[8 - tail.len()..].copy_from_slice(tail);
+                Ok(u64::from_be_bytes(b))
+            }
+            _ => Err(DecodeError::new(K::HashType, DETAIL)),
+        }
+    }
+
+    /// An array of u32 token ids, appended to `dst`.
+    pub(super) fn tokens(&mut self, dst: &mut Vec<u32>, detail: &'static str) -> Result<()> {
+        let n = self.array_len(K::FieldType, detail)?;
+        for _ in 0..n {
+            let t = self.u32(K::FieldType, "token id is not a u32")?;
+            dst.push(t);
+        }
+        Ok(())
+    }
+
+    /// Skips `n` complete values of any type. Iterative: `pending` counts the values still
+    /// to skip (containers add their elements), so nesting depth costs no stack; `pending`
+    /// never exceeds the bytes left, as every value takes at least one byte.
+    pub(super) fn skip_values(&mut self, n: usize) -> Result<()> {
+        let mut pending = n;
+        while pending > 0 {
+            if pending > self.remaining() {
+                return Err(DecodeError::new(
+                    K::Truncated,
+                    "container length exceeds the remaining payload",
+                ));
+            }
+            pending -= 1;
+            let (data, children): (usize, usize) = match self.marker()? {
+                Marker::FixPos(_)
+                | Marker::FixNeg(_)
+                | Marker::Null
+                | Marker::True
+                | Marker::False => (0, 0),
+                Marker::U8 | Marker::I8 => (1, 0),
+                Marker::U16 | Marker::I16 => (2, 0),
+                Marker::U32 | Marker::I32 | Marker::F32 => (4, 0),
+                Marker::U64 | Marker::I64 | Marker::F64 => (8, 0),
+                Marker::FixStr(l) => (usize::from(l), 0),
+                Marker::Str8 | Marker::Bin8 => (usize::from(self.be::<1>()?[0]), 0),
+                Marker::Str16 | Marker::Bin16 => (usize::from(u16::from_be_bytes(self.be()?)), 0),
+                Marker::Str32 | Marker::Bin32 => (self.len32()?, 0),
+                Marker::FixArray(l) => (0, usize::from(l)),
+                Marker::Array16 => (0, usize::from(u16::from_be_bytes(self.be()?))),
+                Marker::Array32 => (0, self.len32()?),
+                Marker::FixMap(l) => (0, usize::from(l) * 2),
+                Marker::Map16 => (0, usize::from(u16::from_be_bytes(self.be()?)) * 2),
+                Marker::Map32 => (0, self.len32()?.saturating_mul(2)),
+                // Ext: a type byte, then the data.
+                Marker::FixExt1 => (2, 0),
+                Marker::FixExt2 => (3, 0),
+                Marker::FixExt4 => (5, 0),
+                Marker::FixExt8 => (9, 0),
+                Marker::FixExt16 => (17, 0),
+                Marker::Ext8 => (usize::from(self.be::<1>()?[0]) + 1, 0),
+                Marker::Ext16 => (usize::from(u16::from_be_bytes(self.be()?)) + 1, 0),
+                Marker::Ext32 => (self.len32()?.saturating_add(1), 0),
+                Marker::Reserved => {
+                    return Err(DecodeError::new(
+                        K::FieldType,
+                        "reserved msgpack marker 0xc1",
+                    ))
+                }
+            };
+            self.bytes(data)?;
+            pending = pending.saturating_add(children);
+        }
+        Ok(())
+    }
+
+    fn len32(&mut self) -> Result<usize> {
+        usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| DecodeError::truncated())
+    }
+}

@@ -1,0 +1,334 @@
+//! One event: its type, its known fields (tagged-map or positional encoding), each field
+//! decoded and type-checked, and the event appended to the batch.
+
+use std::ops::Range;
+
+use rmp::Marker;
+
+use super::batch::{DecodedBatch, DecodedEvent, Medium};
+use super::cursor::Cursor;
+use super::error::{DecodeError, DecodeErrorKind as K, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EventType {
+    Stored,
+    Removed,
+    Cleared,
+}
+
+impl EventType {
+    fn from_tag(tag: &[u8]) -> Result<Self> {
+        match tag {
+            b"BlockStored" => Ok(Self::Stored),
+            b"BlockRemoved" => Ok(Self::Removed),
+            b"AllBlocksCleared" => Ok(Self::Cleared),
+            _ => Err(DecodeError::new(
+                K::UnknownEventType,
+                "event type is not BlockStored, BlockRemoved or AllBlocksCleared",
+            )),
+        }
+    }
+
+    /// The event's fields in wire (positional) order, REFERENCE.md §2.
+    fn fields(self) -> &'static [Field] {
+        match self {
+            Self::Stored => &STORED_FIELDS,
+            Self::Removed => &REMOVED_FIELDS,
+            Self::Cleared => &[],
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Field {
+    BlockHashes,
+    ParentBlockHash,
+    TokenIds,
+    BlockSize,
+    LoraId,
+    Medium,
+    LoraName,
+    ExtraKeys,
+    GroupIdx,
+    KvCacheSpecKind,
+    KvCacheSpecSlidingWindow,
+    Locality,
+    Ownership,
+    SessionId,
+    LookaheadTokenIds,
+}
+
+const STORED_FIELDS: [Field; 15] = [
+    Field::BlockHashes,
+    Field::ParentBlockHash,
+    Field::TokenIds,
+    Field::BlockSize,
+    Field::LoraId,
+    Field::Medium,
+    Field::LoraName,
+    Field::ExtraKeys,
+    Field::GroupIdx,
+    Field::KvCacheSpecKind,
+    Field::KvCacheSpecSlidingWindow,
+    Field::Locality,
+    Field::Ownership,
+    Field::SessionId,
+    Field::LookaheadTokenIds,
+];
+
+const REMOVED_FIELDS: [Field; 5] = [
+    Field::BlockHashes,
+    Field::Medium,
+    Field::GroupIdx,
+    Field::Locality,
+    Field::Ownership,
+];
+
+impl Field {
+    fn from_key(key: &[u8]) -> Option<Self> {
+        Some(match key {
+            b"block_hashes" => Self::BlockHashes,
+            b"parent_block_hash" => Self::ParentBlockHash,
+            b"token_ids" => Self::TokenIds,
+            b"block_size" => Self::BlockSize,
+            b"lora_id" => Self::LoraId,
+            b"medium" => Self::Medium,
+            b"lora_name" => Self::LoraName,
+            b"extra_keys" => Self::ExtraKeys,
+            b"group_idx" => Self::GroupIdx,
+            b"kv_cache_spec_kind" => Self::KvCacheSpecKind,
+            b"kv_cache_spec_sliding_window" => Self::KvCacheSpecSlidingWindow,
+            b"locality" => Self::Locality,
+            b"ownership" => Self::Ownership,
+            b"session_id" => Self::SessionId,
+            b"lookahead_token_ids" => Self::LookaheadTokenIds,
+            _ => return None,
+        })
+    }
+}
+
+/// The kept fields of one event, at their defaults until read.
+#[derive(Default)]
+struct EventFields {
+    hashes: Range<usize>,
+    parent: Option<u64>,
+    tokens: Range<usize>,
+    block_size: u32,
+    lora_name: Option<Range<usize>>,
+    medium: Medium,
+}
+
+pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result<()> {
+    let mut f = EventFields::default();
+    let ty = match c.peek()? {
+        Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => decode_tagged(c, out, &mut f)?,
+        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+            decode_positional(c, out, &mut f)?
+        }
+        _ => {
+            return Err(DecodeError::new(
+                K::EventShape,
+                "event is neither a map nor an array",
+            ))
+        }
+    };
+    let event = match ty {
+        EventType::Stored => {
+            let n_blocks = f.hashes.len();
+            if n_blocks > 0 && f.block_size == 0 {
+                return Err(DecodeError::new(
+                    K::TokenCount,
+                    "block_size is 0 or absent for a store with blocks",
+                ));
+            }
+            // u32 → usize is lossless on every supported target (≥ 32-bit).
+            let expected = n_blocks.checked_mul(f.block_size as usize);
+            if expected != Some(f.tokens.len()) {
+                return Err(DecodeError::new(
+                    K::TokenCount,
+                    "len(token_ids) != len(block_hashes) * block_size",
+                ));
+            }
+            DecodedEvent::Stored {
+                hashes: f.hashes,
+                parent: f.parent,
+                tokens: f.tokens,
+                block_size: f.block_size,
+                lora_name: f.lora_name,
+                medium: f.medium,
+            }
+        }
+        EventType::Removed => DecodedEvent::Removed {
+            hashes: f.hashes,
+            medium: f.medium,
+        },
+        EventType::Cleared => DecodedEvent::Cleared,
+    };
+    out.events.push(event);
+    Ok(())
+}
+
+/// `{"type": tag, field: value, ...}`: keys in any order, any field absent, unknown keys
+/// (of any type, with values of any type) skipped.
+fn decode_tagged(
+    c: &mut Cursor<'_>,
+    out: &mut DecodedBatch,
+    f: &mut EventFields,
+) -> Result<EventType> {
+    let n = c.map_len(K::EventShape, "event is not a map")?;
+    // Find "type" first (msgspec writes it first, so the probe usually reads one key).
+    let ty = {
+        let mut probe = *c;
+        let mut found = None;
+        for _ in 0..n {
+            if probe.key()? == Some(&b"type"[..]) {
+                let tag = probe.str_bytes(K::EventShape, "event \"type\" is not a string")?;
+                found = Some(EventType::from_tag(tag)?);
+                break;
+            }
+            probe.skip_values(1)?;
+        }
+        found.ok_or_else(|| DecodeError::new(K::EventShape, "map event has no \"type\" key"))?
+    };
+    let fields = ty.fields();
+    for _ in 0..n {
+        match c.key()?.and_then(Field::from_key) {
+            Some(field) if fields.contains(&field) => decode_field(c, out, f, field)?,
+            // "type" (already read), unknown keys, and keys of the other event type.
+            _ => c.skip_values(1)?,
+        }
+    }
+    Ok(ty)
+}
+
+/// `[tag, field, field, ...]`: fields in REFERENCE.md §2 order, trailing defaults
+/// omitted, extra trailing fields skipped.
+fn decode_positional(
+    c: &mut Cursor<'_>,
+    out: &mut DecodedBatch,
+    f: &mut EventFields,
+) -> Result<EventType> {
+    let n = c.array_len(K::EventShape, "event is not an array")?;
+    if n == 0 {
+        return Err(DecodeError::new(
+            K::EventShape,
+            "positional event has no tag",
+        ));
+    }
+    let tag = c.str_bytes(K::EventShape, "positional event tag is not a string")?;
+    let ty = EventType::from_tag(tag)?;
+    let fields = ty.fields();
+    for i in 0..n - 1 {
+        match fields.get(i) {
+            Some(&field) => decode_field(c, out, f, field)?,
+            None => c.skip_values(1)?,
+        }
+    }
+    Ok(ty)
+}
+
+fn decode_field(
+    c: &mut Cursor<'_>,
+    out: &mut DecodedBatch,
+    f: &mut EventFields,
+    field: Field,
+) -> Result<()> {
+    match field {
+        Field::BlockHashes => {
+            let n = c.array_len(K::FieldType, "block_hashes is not an array")?;
+            let start = out.hashes.len();
+            for _ in 0..n {
+                let h = c.hash()?;
+                out.hashes.push(h);
+            }
+            f.hashes = start..out.hashes.len();
+        }
+        Field::ParentBlockHash => {
+            f.parent = if c.take_nil()? { None } else { Some(c.hash()?) };
+        }
+        Field::TokenIds => {
+            let start = out.tokens.len();
+            c.tokens(&mut out.tokens, "token_ids is not an array")?;
+            f.tokens = start..out.tokens.len();
+        }
+        Field::BlockSize => f.block_size = c.u32(K::FieldType, "block_size is not a u32")?,
+        Field::LoraId => c.opt_int("lora_id is not an int or nil")?,
+        Field::Medium => {
+            f.medium = match c.opt_str("medium is not a string or nil")? {
+                None => Medium::Gpu,
+                Some(s) if s.eq_ignore_ascii_case("GPU") => Medium::Gpu,
+                Some(s) if s.eq_ignore_ascii_case("CPU") => Medium::Cpu,
+                Some(s) if s.eq_ignore_ascii_case("STORAGE") || s.eq_ignore_ascii_case("DISK") => {
+                    Medium::Storage
+                }
+                Some(_) => {
+                    return Err(DecodeError::new(
+                        K::UnknownMedium,
+                        "medium is not GPU, CPU, STORAGE or DISK",
+                    ))
+                }
+            };
+        }
+        Field::LoraName => {
+            f.lora_name = match c.opt_str("lora_name is not a string or nil")? {
+                None | Some("") => None,
+                Some(name) => Some(intern(&mut out.text, name)),
+            };
+        }
+        Field::ExtraKeys => {
+            // [[any...]|nil ...]|nil — one entry per block (LoRA name, mm hashes, ...).
+            if !c.take_nil()? {
+                let n = c.array_len(K::FieldType, "extra_keys is not an array or nil")?;
+                for _ in 0..n {
+                    if !c.take_nil()? {
+                        let m =
+                            c.array_len(K::FieldType, "extra_keys entry is not an array or nil")?;
+                        c.skip_values(m)?;
+                    }
+                }
+            }
+        }
+        Field::GroupIdx => c.opt_int("group_idx is not an int or nil")?,
+        Field::KvCacheSpecKind => {
+            c.opt_str("kv_cache_spec_kind is not a string or nil")?;
+        }
+        Field::KvCacheSpecSlidingWindow => {
+            c.opt_int("kv_cache_spec_sliding_window is not an int or nil")?
+        }
+        Field::Locality => {
+            c.opt_str("locality is not a string or nil")?;
+        }
+        Field::Ownership => {
+            c.opt_str("ownership is not a string or nil")?;
+        }
+        Field::SessionId => {
+            c.opt_str("session_id is not a string or nil")?;
+        }
+        Field::LookaheadTokenIds => {
+            // [[int...]...]|nil — checked as token ids, not kept.
+            if !c.take_nil()? {
+                let n = c.array_len(K::FieldType, "lookahead_token_ids is not an array or nil")?;
+                // Reads into the shared token buffer, then drops what it read.
+                let mark = out.tokens.len();
+                for _ in 0..n {
+                    c.tokens(&mut out.tokens, "lookahead_token_ids entry is not an array")?;
+                    out.tokens.truncate(mark);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Appends `s` to `text` unless it equals the last name appended (one LoRA per batch is
+/// the common case); returns its range.
+fn intern(text: &mut String, s: &str) -> Range<usize> {
+    if let Some(start) = text.len().checked_sub(s.len()) {
+        if text.is_char_boundary(start) && &text[start..] == s {
+            return start..text.len();
+        }
+    }
+    let start = text.len();
+    text.push_str(s);
+    start..text.len()
+}

@@ -1,0 +1,85 @@
+//! The exact audit: recomputes every rank's counters and prompt-block refcounts from the
+//! live bookings and compares (point 5 of the module docs). For tests and diagnostics on
+//! a quiescent table.
+
+use super::inner::Inner;
+use super::rank::{MixMap, RankState};
+use super::types::ActiveLoad;
+use crate::sync::atomic::Ordering;
+use crate::sync::Arc;
+
+impl Inner {
+    pub(super) fn audit(&self) -> Result<(), String> {
+        struct Expect {
+            state: Arc<RankState>,
+            load: ActiveLoad,
+            refs: MixMap<u64, u64>,
+        }
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let registry = self.ranks.load();
+        let mut expect: Vec<Expect> = registry
+            .values()
+            .map(|s| Expect {
+                state: s.clone(),
+                load: ActiveLoad::default(),
+                refs: MixMap::default(),
+            })
+            .collect();
+        for g in &guards {
+            for b in g.live.values() {
+                let i = match expect.iter().position(|e| Arc::ptr_eq(&e.state, &b.rank)) {
+                    Some(i) => i,
+                    None => {
+                        expect.push(Expect {
+                            state: b.rank.clone(),
+                            load: ActiveLoad::default(),
+                            refs: MixMap::default(),
+                        });
+                        expect.len() - 1
+                    }
+                };
+                let e = &mut expect[i];
+                e.load.active_requests += 1;
+                if !b.prefill_done {
+                    e.load.active_prefill_tokens += b.prefill_tokens;
+                }
+                e.load.active_decode_blocks += b.output_blocks;
+                for &h in &b.prompt_blocks {
+                    *e.refs.entry(h).or_insert(0) += 1;
+                }
+            }
+        }
+        for e in &mut expect {
+            e.load.active_decode_blocks += e.refs.len() as u64;
+            let blocks = e.state.blocks.lock();
+            if blocks.refs != e.refs {
+                return Err(format!(
+                    "rank {}: prompt-block refcounts differ from the live bookings' ({} vs {} blocks)",
+                    e.state.rank,
+                    blocks.refs.len(),
+                    e.refs.len()
+                ));
+            }
+            let prompt = e.state.counters.prompt_blocks.load(Ordering::Relaxed);
+            if prompt != e.refs.len() as u64 {
+                return Err(format!(
+                    "rank {}: distinct prompt blocks counter {prompt} != {}",
+                    e.state.rank,
+                    e.refs.len()
+                ));
+            }
+            let have = e.state.load();
+            if have != e.load {
+                return Err(format!(
+                    "rank {}: counters {have:?} != recomputed {:?}",
+                    e.state.rank, e.load
+                ));
+            }
+        }
+        let under = self.underflows.load(Ordering::Relaxed);
+        if under != 0 {
+            return Err(format!("{under} counter underflows"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,30 @@
+//! What a table tells its owner: the ids it frees on its own, the ids of every booking
+//! that ends, and the end of each expiry sweep.
+
+use std::time::Instant;
+
+use super::types::SelectionId;
+
+/// See [`ReservationTable::with_forget_listener`].
+///
+/// [`ReservationTable::with_forget_listener`]: super::ReservationTable::with_forget_listener
+pub type ForgetListener = std::sync::Arc<dyn Fn(SelectionId) + Send + Sync>;
+
+/// See [`Listeners::sweep`].
+pub type SweepListener = std::sync::Arc<dyn Fn(Instant) + Send + Sync>;
+
+/// What a table tells its owner (see [`ReservationTable::with_listeners`]).
+///
+/// [`ReservationTable::with_listeners`]: super::ReservationTable::with_listeners
+#[derive(Clone, Default)]
+pub struct Listeners {
+    /// Told the id of every booking the table frees on its own (expiry, rank removal).
+    pub forget: Option<ForgetListener>,
+    /// Told the id of every booking that ends, however it ends.
+    pub end: Option<ForgetListener>,
+    /// Called with the sweep's `now` after every expiry sweep (the background one and
+    /// [`ReservationTable::sweep_expired`]).
+    ///
+    /// [`ReservationTable::sweep_expired`]: super::ReservationTable::sweep_expired
+    pub sweep: Option<SweepListener>,
+}

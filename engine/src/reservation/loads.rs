@@ -1,0 +1,56 @@
+//! [`ActiveLoads`]: one selection's lock-free view of the per-rank counters, a read guard
+//! on the rank registry's snapshot taken once per selection.
+
+use super::rank::RankMap;
+use super::types::ActiveLoad;
+use crate::index::RankId;
+use crate::sync::SnapshotGuard;
+
+/// One selection's view of the per-rank counters ([`ReservationTable::loads`]).
+///
+/// [`ReservationTable::loads`]: super::ReservationTable::loads
+pub struct ActiveLoads {
+    /// A read guard, not a cloned `Arc`: every selection takes one, and a reference-count
+    /// increment on the one registry would be a cache line all selecting threads write.
+    pub(super) ranks: SnapshotGuard<RankMap>,
+}
+
+impl ActiveLoads {
+    /// The rank's live counters (zero for a rank with no counter set). Lock-free.
+    pub fn get(&self, rank: RankId) -> ActiveLoad {
+        self.ranks
+            .get(&rank)
+            .map_or_else(ActiveLoad::default, |s| s.load())
+    }
+
+    /// How many of `prompt_blocks` are not active on `rank` (each element counted; the
+    /// sequence hashes of one prompt are distinct by construction). Takes the rank's
+    /// refcount lock for one lookup per block, or no lock if the rank has no active
+    /// prompt blocks.
+    pub fn new_blocks_not_active(&self, rank: RankId, prompt_blocks: &[u64]) -> u64 {
+        match self.ranks.get(&rank) {
+            Some(s) => s.new_blocks_not_active(prompt_blocks),
+            None => prompt_blocks.len() as u64,
+        }
+    }
+
+    /// As [`new_blocks_not_active`](Self::new_blocks_not_active) for a prompt given as its
+    /// hash chain from the first block, in O(log n) lookups instead of n.
+    ///
+    /// Why it is exact then: every booking's prompt blocks are such a chain, and a chain
+    /// hash names its whole prefix, so the blocks active on a rank are closed under
+    /// prefixes. Hence the active blocks of `chain` are a prefix of it, found by binary
+    /// search. (If bookings on the rank were made with lists that are not chains from the
+    /// first block, this can differ from the linear count.)
+    pub fn new_blocks_not_active_chain(&self, rank: RankId, chain: &[u64]) -> u64 {
+        match self.ranks.get(&rank) {
+            Some(s) => s.new_blocks_not_active_chain(chain),
+            None => chain.len() as u64,
+        }
+    }
+
+    /// Ranks with a counter set.
+    pub fn ranks(&self) -> impl Iterator<Item = (RankId, ActiveLoad)> + '_ {
+        self.ranks.iter().map(|(r, s)| (*r, s.load()))
+    }
+}

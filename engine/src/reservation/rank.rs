@@ -1,0 +1,124 @@
+//! Per-rank state: a rank's three live counters, read by selection without a lock, and
+//! behind the rank's mutex the refcount of each of its active prompt blocks (points 4 and
+//! 5 of the module docs), with the atomic add every counter increment goes through. Also
+//! the deterministic hasher of the table's maps.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use crossbeam_utils::CachePadded;
+
+use super::types::ActiveLoad;
+use crate::index::RankId;
+use crate::sync::atomic::{AtomicU64, Ordering};
+#[cfg(loom)]
+use crate::sync::faults;
+use crate::sync::{Arc, Mutex};
+
+/// Deterministic on purpose (loom replays executions and needs the same map layout); the
+/// index's one cheap hasher for 64-bit keys (selection ids may be sequential; block hashes
+/// are already random).
+type Mix = crate::index::RankHasher;
+pub(super) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<Mix>>;
+pub(super) type RankMap = MixMap<RankId, Arc<RankState>>;
+
+/// A rank's counters (lock-free reads) and prompt-block refcounts (behind its mutex).
+pub(super) struct RankState {
+    pub(super) rank: RankId,
+    pub(super) counters: CachePadded<Counters>,
+    pub(super) blocks: Mutex<RankBlocks>,
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) prefill_tokens: AtomicU64,
+    pub(super) decode_blocks: AtomicU64,
+    pub(super) requests: AtomicU64,
+    /// Distinct active prompt blocks (= the refcount map's length), so a rank with none
+    /// answers `new_blocks_not_active` without its lock.
+    pub(super) prompt_blocks: AtomicU64,
+}
+
+#[derive(Default)]
+pub(super) struct RankBlocks {
+    /// Active prompt block → number of live bookings on this rank that hold it (≥ 1;
+    /// an entry is removed when it reaches 0).
+    pub(super) refs: MixMap<u64, u64>,
+    /// Set (under this mutex) when the rank is removed: a booking that finds it set
+    /// retries with the rank's new state, so none is added to a dead counter set.
+    pub(super) retired: bool,
+}
+
+impl RankBlocks {
+    /// Gives memory back once the rank has gone (mostly) idle, so a burst does not pin
+    /// its high-water mark forever.
+    pub(super) fn maybe_shrink(&mut self) {
+        let cap = self.refs.capacity();
+        if self.refs.is_empty() {
+            if cap > 0 {
+                self.refs = MixMap::default();
+            }
+        } else if cap > 256 && self.refs.len() * 8 < cap {
+            self.refs.shrink_to(self.refs.len() * 2);
+        }
+    }
+}
+
+impl RankState {
+    pub(super) fn new(rank: RankId) -> Self {
+        Self {
+            rank,
+            counters: CachePadded::new(Counters::default()),
+            blocks: Mutex::new(RankBlocks::default()),
+        }
+    }
+
+    pub(super) fn load(&self) -> ActiveLoad {
+        ActiveLoad {
+            active_prefill_tokens: self.counters.prefill_tokens.load(Ordering::Relaxed),
+            active_decode_blocks: self.counters.decode_blocks.load(Ordering::Relaxed),
+            active_requests: self.counters.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(super) fn new_blocks_not_active(&self, blocks: &[u64]) -> u64 {
+        if blocks.is_empty() || self.counters.prompt_blocks.load(Ordering::Relaxed) == 0 {
+            return blocks.len() as u64;
+        }
+        let b = self.blocks.lock();
+        blocks.iter().filter(|h| !b.refs.contains_key(h)).count() as u64
+    }
+
+    pub(super) fn new_blocks_not_active_chain(&self, chain: &[u64]) -> u64 {
+        if chain.is_empty() || self.counters.prompt_blocks.load(Ordering::Relaxed) == 0 {
+            return chain.len() as u64;
+        }
+        let b = self.blocks.lock();
+        let active = |h: &u64| b.refs.contains_key(h);
+        // The common answers take one lookup each: the first block is not active (nothing
+        // of the chain is), or the last one is (all of it is).
+        let n = chain.len();
+        if !active(&chain[0]) {
+            return n as u64;
+        }
+        if active(&chain[n - 1]) {
+            return 0;
+        }
+        (n - 1 - chain[1..n - 1].partition_point(active)) as u64
+    }
+}
+
+/// Adds to a counter (an atomic read-modify-write; see the module docs, point 4).
+#[inline]
+pub(super) fn add(counter: &AtomicU64, n: u64) {
+    if n == 0 {
+        return;
+    }
+    #[cfg(loom)]
+    if faults::get().split_counter_rmw {
+        let v = counter.load(Ordering::Relaxed);
+        counter.store(v + n, Ordering::Relaxed);
+        return;
+    }
+    counter.fetch_add(n, Ordering::Relaxed);
+}
