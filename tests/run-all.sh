@@ -39,5 +39,9 @@ python3 tests/e2e/selftest.py
 echo "== README host examples"
 python3 tests/check-readme-examples.py
 
+echo "== no import cycle among the engine's modules (and the check's negative control)"
+python3 tests/check-module-cycles.py
+python3 tests/check-module-cycles.py --self-test
+
 echo "== seed 000's statements each name existing tests (docs/seed-000.md)"
 python3 tests/check-seed-map.py

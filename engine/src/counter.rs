@@ -8,15 +8,16 @@
 use crossbeam_utils::CachePadded;
 
 use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::std_atomic;
 
 const STRIPES: usize = 8;
 
 /// Hands each thread a stripe, round robin (which stripe a thread uses is not part of any
 /// protocol, so this is a plain std atomic, outside the loom facade).
-static NEXT_STRIPE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static NEXT_STRIPE: std_atomic::AtomicUsize = std_atomic::AtomicUsize::new(0);
 
 std::thread_local! {
-    static STRIPE: usize = NEXT_STRIPE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % STRIPES;
+    static STRIPE: usize = NEXT_STRIPE.fetch_add(1, std_atomic::Ordering::Relaxed) % STRIPES;
 }
 
 #[derive(Default)]
@@ -45,7 +46,7 @@ mod tests {
 
     #[test]
     fn sums_adds_from_many_threads() {
-        let c = std::sync::Arc::new(StripedCounter::default());
+        let c = crate::sync::StdArc::new(StripedCounter::default());
         let hs: Vec<_> = (0..8)
             .map(|_| {
                 let c = c.clone();

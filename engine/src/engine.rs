@@ -2,8 +2,8 @@
 //! partition (DESIGN.md §2, §8). Constructing an engine spawns nothing and needs no async
 //! runtime; a partition's expiry sweep starts with its first booking.
 
+use crate::sync::{std_atomic, StdArc};
 use std::cell::RefCell;
-use std::sync::Arc as StdArc;
 use std::time::Instant;
 
 use crate::cost::SelectionRng;
@@ -96,7 +96,7 @@ const ID_BLOCK: u64 = 1024;
 const RNGS_PER_THREAD: usize = 8;
 
 /// Distinguishes engines in [`RNGS`].
-static ENGINE_UIDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+static ENGINE_UIDS: std_atomic::AtomicU64 = std_atomic::AtomicU64::new(1);
 
 /// How often a booking with a minted id is retried when the minted id is taken (a caller
 /// chose it, or it is remembered as freed recently).
@@ -144,7 +144,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             seed,
             threads: AtomicU64::new(0),
-            uid: ENGINE_UIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            uid: ENGINE_UIDS.fetch_add(1, std_atomic::Ordering::Relaxed),
         }
     }
 

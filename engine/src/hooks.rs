@@ -1,7 +1,7 @@
 //! Inputs the host supplies to selection (seed 001): optional callbacks, each leaving
 //! the input it would change as it was when absent.
 
-use std::sync::Arc as StdArc;
+use crate::sync::StdArc;
 
 use crate::ids::{RankId, WorkerId};
 

@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use std::sync::Arc;
+use crate::sync::StdArc as Arc;
 
 use crate::ids::{PartitionKey, WorkerId};
 use crate::index::remote::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};

@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn readers_never_see_half_a_batch() {
-        let v = std::sync::Arc::new(LoadView::new());
+        let v = crate::sync::StdArc::new(LoadView::new());
         let ranks: Vec<RankId> = (0..32).map(|w| RankId::new(w, 0)).collect();
         let writer = {
             let v = v.clone();

@@ -4,8 +4,6 @@
 //! Workers come and go while selections run: the worker set is an immutable snapshot
 //! swapped whole (arc-swap), so a selection sees one consistent membership.
 
-use std::sync::Arc as StdArc;
-
 use crate::hash::{BlockHasher, HashSalt};
 use crate::index::{Index, IndexConfig, WorkerId};
 use crate::indexer::{IndexState, IndexerConfigError, IndexerPolicy, IndexerStats};
@@ -15,7 +13,7 @@ use crate::reservation::{ForgetListener, Listeners, ReservationConfig, Reservati
 use crate::select::SelectionCounters;
 use crate::session::{SessionStats, SessionTable};
 use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::{Arc, Mutex, Snapshot};
+use crate::sync::{Arc, Mutex, Snapshot, StdArc};
 
 mod ingest;
 mod routing;

@@ -8,10 +8,10 @@ use super::types::SelectionId;
 /// See [`ReservationTable::with_forget_listener`].
 ///
 /// [`ReservationTable::with_forget_listener`]: super::ReservationTable::with_forget_listener
-pub type ForgetListener = std::sync::Arc<dyn Fn(SelectionId) + Send + Sync>;
+pub type ForgetListener = crate::sync::StdArc<dyn Fn(SelectionId) + Send + Sync>;
 
 /// See [`Listeners::sweep`].
-pub type SweepListener = std::sync::Arc<dyn Fn(Instant) + Send + Sync>;
+pub type SweepListener = crate::sync::StdArc<dyn Fn(Instant) + Send + Sync>;
 
 /// What a table tells its owner (see [`ReservationTable::with_listeners`]).
 ///
