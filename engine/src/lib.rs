@@ -22,6 +22,7 @@ pub mod indexer;
 pub mod ingress;
 pub mod load;
 pub mod partition;
+pub(crate) mod recycle;
 pub mod reservation;
 pub mod select;
 pub mod session;

@@ -244,3 +244,65 @@ fn advisory_selection_and_lookups_allocate_nothing_at_real_sizes() {
         "allocations in 20 rounds, per step: {failures:#?}"
     );
 }
+
+/// A booked selection and its lifecycle (prefill complete, output blocks, free), at the
+/// same sizes. Warm is longer here: each of the booking table's 64 shards allocates its
+/// booking map and its bounded memory of freed ids at its first booking and first free,
+/// and minted ids reach every shard only after a few hundred bookings; and a rank's
+/// booking state is created at its first booking (so every rank is booked once first).
+#[test]
+fn booked_selection_and_its_lifecycle_allocate_nothing_at_real_sizes() {
+    let mut failures = Vec::new();
+    for ranks in [16u64, 65, 256, 1_024] {
+        for blocks in [1usize, 257, 4_096] {
+            let (e, key, tokens) = engine_of(ranks, blocks);
+            let p = e.partition(&key).unwrap();
+            let mut local = Vec::new();
+            p.hasher().local_hashes(&tokens, &mut local);
+            let req = SelectRequest::tokens(&tokens);
+            let mut overlap = TieredScores::new();
+            for w in 0..ranks {
+                let d = e
+                    .reserve_in(&p, RankId::new(w, 0), Some(&req), None, None)
+                    .unwrap();
+                e.free(d.selection_id.unwrap()).unwrap();
+            }
+            const WARM: usize = 1_000;
+            let mut counts = [0u64; 3];
+            for r in 0..WARM + 20 {
+                let mut step = |k: usize, f: &mut dyn FnMut()| {
+                    let n = allocations_in(f);
+                    if r >= WARM {
+                        counts[k] += n;
+                    }
+                };
+                let mut id = 0;
+                step(0, &mut || {
+                    id = match e.select_and_reserve_in(&p, &req) {
+                        Ok(Outcome::Selected(d)) => d.selection_id.unwrap(),
+                        o => panic!("{o:?}"),
+                    };
+                });
+                step(1, &mut || {
+                    e.mark_prefill_complete(id).unwrap();
+                    e.add_output_blocks(id, 2).unwrap();
+                    e.free(id).unwrap();
+                });
+                // A host's lookup between bookings (it shares the thread's buffers).
+                step(2, &mut || p.overlap(&local, &mut overlap));
+            }
+            assert_eq!(p.bookings().len(), 0);
+            if counts.iter().sum::<u64>() != 0 {
+                failures.push(format!(
+                    "{ranks} ranks × {blocks} blocks: select_and_reserve {}, \
+                     prefill/output/free {}, overlap {}",
+                    counts[0], counts[1], counts[2]
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "allocations in 20 booked rounds, per step: {failures:#?}"
+    );
+}

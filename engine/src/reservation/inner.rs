@@ -273,7 +273,10 @@ impl Inner {
         match self.take(&mut g, id, FreedBy::Caller) {
             Some(b) => {
                 drop(g);
-                Ok(FreeOutcome::Freed(self.release(&b)))
+                let released = self.release(&b);
+                // The prompt's hash buffer serves this thread's next selection.
+                crate::recycle::give_hashes(b.prompt_blocks);
+                Ok(FreeOutcome::Freed(released))
             }
             None => match g.freed.get(id) {
                 Some(by) => Ok(FreeOutcome::AlreadyFreed(by)),

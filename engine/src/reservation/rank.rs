@@ -39,6 +39,9 @@ pub(super) struct Counters {
     pub(super) prompt_blocks: AtomicU64,
 }
 
+/// The prompt-block map capacity an idle rank keeps (see [`RankBlocks::maybe_shrink`]).
+pub(super) const IDLE_KEPT_CAPACITY: usize = 8_192;
+
 #[derive(Default)]
 pub(super) struct RankBlocks {
     /// Active prompt block → number of live bookings on this rank that hold it (≥ 1;
@@ -51,11 +54,13 @@ pub(super) struct RankBlocks {
 
 impl RankBlocks {
     /// Gives memory back once the rank has gone (mostly) idle, so a burst does not pin
-    /// its high-water mark forever.
+    /// its high-water mark forever. An idle rank keeps a map of up to
+    /// [`IDLE_KEPT_CAPACITY`] entries (~140 KiB), so that booking and freeing one prompt
+    /// of up to 4,096 blocks at a time reuses it instead of regrowing it every booking.
     pub(super) fn maybe_shrink(&mut self) {
         let cap = self.refs.capacity();
         if self.refs.is_empty() {
-            if cap > 0 {
+            if cap > IDLE_KEPT_CAPACITY {
                 self.refs = MixMap::default();
             }
         } else if cap > 256 && self.refs.len() * 8 < cap {

@@ -48,6 +48,12 @@ impl RecentlyFreed {
         if cap == 0 {
             return;
         }
+        if self.order.capacity() == 0 {
+            // Once, at the shard's first free: the whole bounded memory, so freeing
+            // allocates nothing after it.
+            self.order.reserve_exact(cap + 1);
+            self.by.reserve(cap + 1);
+        }
         if self.by.insert(id, by).is_none() {
             self.order.push_back(id);
             if self.order.len() > cap {

@@ -16,7 +16,7 @@ impl Selector<'_> {
     pub fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
         match self.decide(req, false, None, rng) {
             Ok(p) => {
-                Scratch::give_back_seq(p.seq);
+                crate::recycle::give_hashes(p.seq);
                 Outcome::Selected(p.decision)
             }
             Err(o) => *o,
@@ -36,7 +36,7 @@ impl Selector<'_> {
             Err(o) => return Ok(*o),
         };
         let mut d = p.decision;
-        let to_record = self.indexing.recorder.is_some().then(|| p.seq.clone());
+        let to_record = self.indexing.recorder.is_some().then(|| copy_of(&p.seq));
         self.bookings.book(
             BookingRequest {
                 selection_id,
@@ -51,6 +51,7 @@ impl Selector<'_> {
         // After the booking stands: a recording failure is logged, never the booking's.
         if let Some(seq) = to_record {
             self.indexing.record_booking(self.index, d.rank, &seq, now);
+            crate::recycle::give_hashes(seq);
         }
         // The session follows its turn: bound (or rebound) to the rank, with this booking
         // as a lease that ends when the booking does. A refusal (table full of live
@@ -97,7 +98,8 @@ impl Selector<'_> {
         let prefill = prefill_tokens.unwrap_or(prompt_tokens - cached);
         let active = self.bookings.rank_load(rank);
         let new_blocks = self.bookings.new_blocks_not_active(rank, &seq);
-        let to_record = (self.indexing.recorder.is_some() && !seq.is_empty()).then(|| seq.clone());
+        let to_record =
+            (self.indexing.recorder.is_some() && !seq.is_empty()).then(|| copy_of(&seq));
         self.bookings.book(
             BookingRequest {
                 selection_id,
@@ -112,6 +114,7 @@ impl Selector<'_> {
         // A reservation that carries the prompt records it (DESIGN.md §5).
         if let Some(seq) = to_record {
             self.indexing.record_booking(self.index, rank, &seq, now);
+            crate::recycle::give_hashes(seq);
         }
         Ok(Decision {
             rank,
@@ -133,8 +136,7 @@ impl Selector<'_> {
     /// Sequence hashes of a request's prompt and its length in tokens.
     pub(super) fn sequence_of(&self, req: &SelectRequest<'_>) -> (Vec<u64>, u64) {
         let mut scratch = Scratch::take();
-        let mut seq = std::mem::take(&mut scratch.seq);
-        seq.clear();
+        let seq = crate::recycle::take_hashes();
         let r = self.sequence_into(req, &mut scratch.local, seq);
         Scratch::put(scratch);
         r
@@ -166,4 +168,12 @@ impl Selector<'_> {
             }
         }
     }
+}
+
+/// A copy of a booking's prompt hashes in a recycled buffer, recorded after the booking
+/// stands (the booking owns the original).
+fn copy_of(seq: &[u64]) -> Vec<u64> {
+    let mut v = crate::recycle::take_hashes();
+    v.extend_from_slice(seq);
+    v
 }

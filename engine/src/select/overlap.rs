@@ -59,13 +59,12 @@ impl Selector<'_> {
     /// The overlap of a prompt given as local hashes, into `out` (a host's lookup).
     pub(crate) fn overlap_of(&self, local_hashes: &[u64], out: &mut TieredScores) {
         let mut scratch = Scratch::take();
-        let mut seq = std::mem::take(&mut scratch.seq);
-        seq.clear();
+        let mut seq = crate::recycle::take_hashes();
         extend_sequence_hashes(None, local_hashes, &mut seq);
         self.overlap_into(Local::Given(local_hashes), &seq, &mut scratch);
         out.fill_from(scratch.tiered.iter())
             .expect("an overlap lists each rank once");
-        scratch.seq = seq;
         Scratch::put(scratch);
+        crate::recycle::give_hashes(seq);
     }
 }

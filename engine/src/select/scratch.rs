@@ -25,9 +25,6 @@ pub(super) struct Candidates {
 #[derive(Default)]
 pub(super) struct Scratch {
     pub(super) local: Vec<u64>,
-    /// A spare sequence vector: an advisory selection gives its prompt's back; a booked
-    /// one moves it into the booking.
-    pub(super) seq: Vec<u64>,
     pub(super) tiered: TieredScores,
     /// The prediction side index's overlaps and the merge of both (prediction mode).
     pub(super) predicted: TieredScores,
@@ -46,17 +43,6 @@ impl Scratch {
 
     pub(super) fn put(s: Box<Scratch>) {
         SCRATCH.with(|c| c.set(Some(s)));
-    }
-
-    pub(super) fn give_back_seq(seq: Vec<u64>) {
-        SCRATCH.with(|c| {
-            if let Some(mut s) = c.take() {
-                if s.seq.capacity() < seq.capacity() {
-                    s.seq = seq;
-                }
-                c.set(Some(s));
-            }
-        });
     }
 }
 
