@@ -5,8 +5,9 @@
 //! state takes short, sharded mutexes, and a few reads do too (a booked rank's
 //! prompt-block refcounts, a session's entry, a booking's shard). No path takes an
 //! engine-wide lock on the selection or event path; the locks that span a whole index,
-//! table or partition are taken only when ranks, workers or partitions come and go, or,
-//! with events off or a prediction index, to record a booking (one mutex per partition).
+//! table or partition are taken only when ranks, workers or partitions come and go, to
+//! publish load (one mutex per partition, never taken by readers), or, with events off or
+//! a prediction index, to record a booking (one mutex per partition).
 //!
 //! "Lock-free" below means: no mutex, no reader-writer lock, no spin on another thread's
 //! progress, no retry loop; the path completes in a bounded number of its own steps
@@ -57,7 +58,7 @@
 //! | [`Index::find_matches`], [`Index::find_matches_tiered`] and their `_into` / `_by_sequence` forms; C `kvr_partition_find_matches[_tiered]` | **yes** | none: one `epoch::pin()`, `Acquire` loads of each block's shard table and slots, one load of the slot directory ([`super::invariants`], [`super::ordering`]) | — |
 //! | [`Index::apply`] / [`Index::store`] / [`Index::remove`] / [`Index::clear`] (engine events) | no | rank registry shard lock (read; write on a rank's first event), the rank's writer mutex for the whole event, per block its node-table shard mutex (nested), the interner shard mutex (nested) when a heap holder set is built or released; a new rank also takes the index's slot-allocator and directory-writer mutexes | one writer per rank is the design; ranks contend only on one shard at one moment, for a few dozen ns; rank creation is rare; readers never take these |
 //! | [`Partition::ingest`] (C `kvr_partition_ingest`) | no | the partition's stream map (dashmap shard, write lock to find-or-create), the stream's mutex for the whole message (and its counters' mutex), then [`Index::apply`]'s locks | messages of one stream are ordered anyway; streams proceed in parallel |
-//! | ZMQ subscriber (`ingress::transport`) | no | its own thread waits on the socket (tokio, current-thread) and applies as [`Partition::ingest`] does | off every host thread |
+//! | ZMQ subscriber (`ingress::transport`, `ingress::subscribe`) | no | its own thread waits on the socket (tokio, current-thread) and applies each message through the stream it owns (its counters' mutex, then [`Index::apply`]'s locks); a waker mutex links the thread and its handle | off every host thread |
 //! | [`Index::remove_worker`] / [`Index::remove_rank`] | no | per rank: writer mutex, node-table and interner shard mutexes (clearing its bits), rank registry shard (write), directory-writer and slot-allocator mutexes; the slot's reuse is deferred through the epoch | membership changes are rare |
 //! | advisory [`Partition::select`] / [`Engine::select_in`] (C `kvr_partition_select`) | **no**; lock-free only when no candidate rank has active booked prompt blocks, the request names no session (or the partition keeps no session table) and the primary is not remote | the index query (lock-free), worker set, hooks, load snapshot, booking counters and the prediction index (lock-free: arc-swap loads, atomics, an index query); but, for each candidate with active booked prompt blocks whose cost can still win, **that rank's booking mutex** (prompt-block refcounts: how many of the prompt's blocks are not active there yet); with session affinity, **one or two session-shard mutexes** (the session's and its parent's entry); a remote primary: a blocking HTTP query (below) | the rank mutex is held for at most `log n` lookups and is contended only by bookings and frees of that rank; the session shard for one map lookup |
 //! | [`Engine::select`] (by key) | no | as above, plus the engine's partition map (dashmap shard, read lock) to find the partition | hosts on a hot path use the handle form ([`Engine::select_in`]) |
@@ -80,7 +81,7 @@
 //! | [`ApproxRecorder::record`] (events off, prediction) | no | the recorder's mutex (one per partition), nested in it [`Index::store`]'s locks (and [`Index::remove`]'s for expiry and pruning) | only booked paths record, after the booking stands |
 //! | prediction-index query (inside selection) | **yes** | an index query on the side index | — |
 //! | remote primary query ([`RemoteIndex`], feature `remote`) | no | a blocking HTTP request on the calling thread, bounded by the connect and request timeouts ([`super::limits`]); the client's connection pool | the policy is opt-in; a failure or timeout means no overlap, never a failed selection |
-//! | engine: [`Engine::create_partition`] / [`Engine::remove_partition`] | no | the engine's numbering mutex, the partition map (dashmap write lock); removal then the id-index shard mutex per live booking | rare |
+//! | engine: [`Engine::create_partition`] / [`Engine::remove_partition`] | no | the engine's numbering mutex, the partition map (dashmap write lock); removal then each booking shard in turn (its live ids) and the id-index shard mutex per live booking | rare |
 //! | C ABI wrappers | adds none | the wrapped call's locks; the ABI itself adds atomics (status counters), thread-local scratch and `catch_unwind` | — |
 //!
 //! # Why the read path is lock-free
