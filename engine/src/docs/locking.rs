@@ -2,7 +2,7 @@
 //!
 //! kvr is not lock-free as a whole. Its index lookups are: [`Index::find_matches`] and
 //! the tiered queries take no lock and never wait for a writer. Everything that changes
-//! state takes short, sharded mutexes, and a few reads do too (a booked rank's
+//! state takes mutexes (short and sharded on the frequent paths), and a few reads do too (a booked rank's
 //! prompt-block refcounts, a session's entry, a booking's shard). No path takes an
 //! engine-wide lock on the selection or event path; the locks that span a whole index,
 //! table or partition are taken only when ranks, workers or partitions come and go, to
@@ -21,8 +21,9 @@
 //! # The locks
 //!
 //! Every lock is a `sync::Mutex` (std's, poisoning ignored) or a dashmap shard's
-//! reader-writer lock (`sync::ShardedMap`); there is no other blocking primitive on the
-//! engine's paths. The mutexes, by owner:
+//! reader-writer lock (`sync::ShardedMap`); the ZMQ transport's stop signal also uses
+//! std's `Mutex` directly. There is no other blocking primitive on the engine's paths
+//! (the sweep thread sleeps in `park_timeout` between sweeps). The locks, by owner:
 //!
 //! | lock | scope | guards |
 //! |---|---|---|
