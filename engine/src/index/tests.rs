@@ -244,7 +244,9 @@ fn a_reader_races_a_churning_writer() {
     for _ in 0..12 {
         let m = idx.find_matches(&locals(0..8));
         assert_eq!(m.get(R1), 8, "the steady holder is always seen whole");
-        assert!(m.iter().all(|(r, s)| (r == R1 || churn.contains(&r)) && s <= 8));
+        assert!(m
+            .iter()
+            .all(|(r, s)| (r == R1 || churn.contains(&r)) && s <= 8));
     }
     writer.join().unwrap();
     assert_eq!(idx.find_matches(&locals(0..8)).as_slice(), &[(R1, 8)]);
