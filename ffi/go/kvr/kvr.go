@@ -5,13 +5,14 @@
 // # Locking
 //
 // Index lookups are lock-free: they take no lock and never wait for a writer. Applying
-// events takes the rank's mutex and per block its index shard's; booking, prefill
-// completion, output blocks and free take the booking's shard mutex and the rank's
-// booking mutex (with events off or a prediction index, booking also records under one
-// mutex per partition); advisory selection reads booked ranks' prompt blocks and a
-// session's binding under their mutexes (only when there are any); worker and load
-// updates take one mutex per partition. No kvr lock is held while a host hook runs.
-// The per-path table is kvr::docs::locking in the Rust crate's documentation.
+// events takes the rank's mutex and per block its index shard's; booking and free take
+// the booking's shard mutex and the rank's booking mutex, prefill completion and output
+// blocks the shard mutex only (with events off or a prediction index, booking also
+// records under one mutex per partition); advisory selection reads booked ranks'
+// prompt blocks and a session's binding under their mutexes (only when there are any);
+// worker and load updates take one mutex per partition. No kvr lock is held while a
+// host hook runs. The per-path table is kvr::docs::locking in the Rust crate's
+// documentation.
 //
 // # Shape
 //
