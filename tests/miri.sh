@@ -8,9 +8,9 @@
 # walks, ranks.rs's directory swaps and rank_map.rs's prefetch).
 #
 # Run time measured on the 2-core dev machine (2026-12-01, nightly 2026-05-19): 15 tests,
-# 65 s of interpretation; 2 min 58 s for the whole script with the Miri sysroot already
-# built (the rest is building kvr under Miri; a first run also builds the sysroot, about
-# 1 min more).
+# 65 s of interpretation; 1 min 56 s to 2 min 58 s for the whole script (two runs) with
+# the Miri sysroot already built (the rest is building kvr under Miri; a first run also
+# builds the sysroot, about 1 min more).
 #
 # Flags:
 # - `-Zmiri-tree-borrows`: crossbeam-epoch 0.9's intrusive list of thread records
