@@ -1,5 +1,16 @@
 /*
- * kvr: a lock-free, in-process selection engine for KV-cache-aware LLM inference routing.
+ * kvr: an in-process selection engine for KV-cache-aware LLM inference routing.
+ *
+ * Locking: the index lookups (kvr_partition_find_matches, _tiered) are lock-free: no
+ * lock, no wait for a writer. Applying events (kvr_partition_apply_events,
+ * kvr_partition_ingest) takes the rank's mutex and per block its index shard's.
+ * Booking (select_and_reserve, reserve) and free_booking take the booking's shard mutex
+ * and the rank's booking mutex, mark_prefill_complete and add_output_blocks the shard
+ * mutex only; with events off or a prediction index, booking also records under one
+ * mutex per partition. Advisory kvr_partition_select reads booked ranks' prompt blocks
+ * and a session's binding under their mutexes (only when there are any). Worker and
+ * load updates take one mutex per partition. No kvr lock is held while a hook runs.
+ * Per-path table: the Rust docs, kvr::docs::locking.
  *
  * Conventions (DESIGN.md §11):
  * - Every fallible function returns a kvr_status: KVR_OK (0) or one cause; numbers are

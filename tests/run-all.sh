@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: every crate's unit, integration and differential tests (release
 # build: the churn test applies 5 M events; the header test checks include/kvr.h), the
-# loom models of the atomic protocols with their negative controls, then the host
+# loom models of the atomic protocols with their negative controls, Miri over the unit
+# tests of the unsafe index modules (tests/miri.sh, nightly), then the host
 # harnesses over libkvr: C (also under valgrind), C++ (multi-threaded) and Go (vet, race,
 # cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples.
 # (The ingress end-to-end test against that publisher runs in cargo test; it needs python3
@@ -42,6 +43,9 @@ python3 tests/check-readme-examples.py
 echo "== no import cycle among the engine's modules (and the check's negative control)"
 python3 tests/check-module-cycles.py
 python3 tests/check-module-cycles.py --self-test
+
+echo "== miri (unit tests of the unsafe-heavy index modules, tests/miri.sh)"
+bash tests/miri.sh
 
 echo "== seed 000's statements each name existing tests (docs/seed-000.md)"
 python3 tests/check-seed-map.py

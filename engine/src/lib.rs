@@ -1,4 +1,11 @@
-//! kvr: a lock-free, in-process selection engine for KV-cache-aware LLM inference routing.
+//! kvr: an in-process selection engine for KV-cache-aware LLM inference routing, with
+//! lock-free index lookups: `find_matches` and the tiered queries take no lock and never
+//! wait for a writer. Everything that changes state takes mutexes, sharded where frequent (events:
+//! per rank and per index shard; bookings: per booking shard and per rank, plus one
+//! recorder mutex per partition with events off or a prediction index; membership and
+//! load publishing: one per partition), and selection itself reads a booked rank's
+//! prompt-block refcounts and a session's entry under their mutexes. The per-path table
+//! is [`docs::locking`].
 //!
 //! The path of data: engines' KV events → [`index`] (which rank holds which prompt block)
 //! → lookup (overlap per rank) → cost → booking. This crate is the engine only: no I/O,

@@ -4,7 +4,10 @@
 //! uses comes from here, so that under `RUSTFLAGS="--cfg loom --cfg crossbeam_loom"` the
 //! whole engine runs on loom's model-checked primitives (the pattern of crossbeam's
 //! `primitive` module and tokio's `loom` module). No other module imports
-//! `std::sync::atomic`, `crossbeam_epoch`, `arc_swap` or `dashmap` directly.
+//! `crossbeam_epoch`, `arc_swap` or `dashmap` directly, and only three use std's atomics
+//! outside this facade, none in a protocol a loom model checks: the engine-uid and stripe
+//! counters (`engine.rs`, `counter.rs`: plain unique-number dispensers) and the ZMQ
+//! transport (`ingress/transport.rs`, not built under loom; it also uses std's `Mutex`).
 //!
 //! Under loom:
 //! - atomics, `Arc`, `Mutex`, `UnsafeCell` are loom's;

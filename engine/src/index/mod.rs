@@ -74,7 +74,8 @@ struct Totals {
     holder_set_bytes: AtomicI64,
 }
 
-/// The lock-free, event-driven radix index (stored flat: one node per sequence hash).
+/// The event-driven radix index, lock-free for lookups (stored flat: one node per sequence
+/// hash). Writers take the rank's and the block shard's mutexes ([`crate::docs::locking`]).
 pub struct Index {
     shards: Box<[Shard]>,
     shard_mask: u64,

@@ -211,3 +211,43 @@ fn equal_holder_sets_are_shared_and_outlive_one_nodes_change() {
     }
     assert_eq!(idx.stats().holder_set_bytes, 0);
 }
+
+/// Small enough for Miri (tests/miri.sh), which checks it for data races and
+/// use-after-free: a reader walks a chain while a writer adds and drops four more holders
+/// under it (the word goes inline → heap → inline; heap sets and rebuilt tables are
+/// retired through the epoch; removed ranks' slots come back through it).
+#[test]
+fn a_reader_races_a_churning_writer() {
+    let idx = std::sync::Arc::new(Index::with_config(IndexConfig {
+        shards: 2,
+        min_shard_capacity: 8,
+    }));
+    idx.store(R1, Tier::Device, None, &blocks(0..8)).unwrap();
+    let churn = (10..14u64).map(|w| RankId::new(w, 0)).collect::<Vec<_>>();
+    let writer = {
+        let (idx, churn) = (idx.clone(), churn.clone());
+        std::thread::spawn(move || {
+            for round in 0..12u64 {
+                for &r in &churn {
+                    idx.store(r, Tier::Device, None, &blocks(0..8)).unwrap();
+                }
+                for &r in &churn {
+                    if round % 2 == 0 {
+                        idx.clear(r);
+                    } else {
+                        idx.remove_rank(r);
+                    }
+                }
+            }
+        })
+    };
+    for _ in 0..12 {
+        let m = idx.find_matches(&locals(0..8));
+        assert_eq!(m.get(R1), 8, "the steady holder is always seen whole");
+        assert!(m
+            .iter()
+            .all(|(r, s)| (r == R1 || churn.contains(&r)) && s <= 8));
+    }
+    writer.join().unwrap();
+    assert_eq!(idx.find_matches(&locals(0..8)).as_slice(), &[(R1, 8)]);
+}

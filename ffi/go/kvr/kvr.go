@@ -1,6 +1,18 @@
-// Package kvr is the Go binding of kvr, a lock-free, in-process selection engine for
+// Package kvr is the Go binding of kvr, an in-process selection engine for
 // KV-cache-aware LLM inference routing (include/kvr.h, DESIGN.md §11), for Go gateways
 // such as an llm-d endpoint picker (Gateway API inference extension EPP) scorer.
+//
+// # Locking
+//
+// Index lookups are lock-free: they take no lock and never wait for a writer. Applying
+// events takes the rank's mutex and per block its index shard's; booking and free take
+// the booking's shard mutex and the rank's booking mutex, prefill completion and output
+// blocks the shard mutex only (with events off or a prediction index, booking also
+// records under one mutex per partition); advisory selection reads booked ranks'
+// prompt blocks and a session's binding under their mutexes (only when there are any);
+// worker and load updates take one mutex per partition. No kvr lock is held while a
+// host hook runs. The per-path table is kvr::docs::locking in the Rust crate's
+// documentation.
 //
 // # Shape
 //

@@ -1,0 +1,98 @@
+//! The fixed limits, as constants in the code (each row names its constant).
+//!
+//! Configurable sizes (shard counts, TTLs, table bounds) are listed with their defaults;
+//! the rest are compiled in.
+//!
+//! # Index
+//!
+//! | limit | value | where |
+//! |---|---|---|
+//! | ranks per index (live, plus removed ones whose slot is still deferred) | 2^18 = 262,144; past it an event or recording of a new rank is refused (`IndexError::TooManyRanks`) | [`MAX_RANKS`] (`index::holders::SLOT_BITS` = 18) |
+//! | holders stored inline in a node's word | 3 `(slot, tiers)` entries of 21 bits; a 4th moves the set to the heap | `index::holders::INLINE_CAP` |
+//! | tiers | 3: device, host, disk (3 bits per entry) | [`Tier`] |
+//! | node-table shards | 256 by default, rounded up to a power of two | [`IndexConfig::shards`] |
+//! | smallest shard table | 64 slots by default | [`IndexConfig::min_shard_capacity`] |
+//! | table rebuild | when live + dead slots exceed 85 % of capacity; shrink below 1/8 live; a rebuilt table starts at ~62 % | `index::table::{MAX_LOAD_PCT, SHRINK_RATIO, TARGET_LOAD_PCT}` |
+//! | probe tail past the last home slot | `max(capacity / 64, 32)` slots, the last one an always-empty sentinel | `index::table::tail` |
+//! | table capacities | `(8 + m) << e` (steps of 1/8); the capacity code lives in the low 8 bits of the 256-byte-aligned table pointer | `index::table::TABLE_ALIGN` |
+//! | holder-interner shards | 64 per index | `index::holders::INTERN_SHARDS` |
+//! | sequence hash 0 | stored under `0x9e37_79b9_7f4a_7c15` instead, so the two share a node (probability 2^-64 per block, accepted) | `index::table::ZERO_ALIAS` |
+//! | blocks of a prompt chained without allocating | 256 (longer prompts allocate their sequence hashes) | `index::query::SeqBuf` |
+//!
+//! # Identifiers
+//!
+//! | limit | value | where |
+//! |---|---|---|
+//! | worker id | any `u64` | [`WorkerId`] |
+//! | DP rank | any `u32` (a worker's ranks are `0..dp_size`) | [`DpRank`] |
+//! | selection id | any `u64`; minted ids start at 1 and are never 0, handed to each thread 1,024 at a time | [`SelectionId`], `engine::ID_BLOCK` |
+//! | selection ids 0 and `0x9e37_79b9_7f4a_7c15` | share one node of the engine's id index (the same `ZERO_ALIAS`): a caller who supplies both sees the second refused as a duplicate while the first is live | `idmap` via `index::table::table_key` |
+//! | engine's id-index shards | 64 | `Engine::with_seed` |
+//! | retries of a booking whose minted id the table still remembers | 8 | `engine::MINT_ATTEMPTS` |
+//!
+//! # Bookings
+//!
+//! | limit | value | where |
+//! |---|---|---|
+//! | prefill tokens, expected output tokens, output blocks per booking | at most 2^40 each (`ReservationError::TooLarge` beyond) | [`MAX_PER_BOOKING`] |
+//! | booking shards | 64 by default, clamped to 1..=65,536 and rounded up to a power of two | [`ReservationConfig::shards`] |
+//! | default booking TTL | 3,600 s | [`ReservationConfig::default_ttl`] |
+//! | sweep interval | 30 s by default; with an approximate index at most half its TTL (at least 100 ms) | [`ReservationConfig::sweep_interval`] |
+//! | freed ids remembered per shard | 256 by default | [`ReservationConfig::recently_freed_per_shard`] |
+//!
+//! # Sessions
+//!
+//! | limit | value | where |
+//! |---|---|---|
+//! | sessions per table | 65,536 by default, enforced per shard | [`SessionConfig::max_entries`] |
+//! | session and lease shards | 64 by default, clamped to 1..=65,536; session shards halved while one would hold fewer than 16 entries | [`SessionConfig::shards`], [`MIN_ENTRIES_PER_SHARD`] |
+//! | session id length | 256 bytes by default (longer ids are refused) | [`SessionConfig::max_session_id_bytes`] |
+//! | idle TTL | 600 s by default | [`SessionConfig::idle_ttl`] |
+//! | leases released before their bind, remembered per lease shard | 64 by default, each for 60 s | [`SessionConfig::early_release_memory`], [`EARLY_RELEASE_WINDOW`] |
+//!
+//! # Ingress and the remote primary
+//!
+//! | limit | value | where |
+//! |---|---|---|
+//! | engine event payload | 64 MiB (larger is rejected before decoding) | [`MAX_PAYLOAD_BYTES`] |
+//! | live batches held while a replay is in flight | 100,000 (beyond, the replay is abandoned: clear and go on live) | `ingress::sequence::MAX_HELD` |
+//! | remote query timeouts | connect 50 ms, request 200 ms by default; at least 1 ms | [`DEFAULT_CONNECT_TIMEOUT`], [`DEFAULT_REQUEST_TIMEOUT`], `index::remote` `MIN_TIMEOUT` |
+//! | remote response body | 32 MiB; at most 32 idle connections kept | `index::remote` `MAX_RESPONSE_BYTES`, `MAX_IDLE_CONNECTIONS` |
+//!
+//! # C ABI (`kvr-ffi`)
+//!
+//! | limit | value | where |
+//! |---|---|---|
+//! | a worker's control endpoint | at most 511 bytes; `kvr_kv_hint.control_endpoint` is 512 bytes with its NUL | `KVR_CONTROL_ENDPOINT_MAX_LEN`, `KVR_CONTROL_ENDPOINT_CAP` |
+//! | ranges accepted from one shared-cache hook call | 65,536 (more = a failed lookup); 64 offered room first | `ffi/src/hooks.rs` `MAX_SHARED_RANGES`, `SHARED_RANGES` |
+//! | decode-error kinds reported per stream | 16 slots | `KVR_DECODE_ERROR_KINDS` |
+//!
+//! # Other
+//!
+//! | limit | value | where |
+//! |---|---|---|
+//! | stripes of the per-partition selection counter | 8 | `counter::STRIPES` |
+//! | per-thread RNGs and id blocks remembered | 8 engines per thread | `engine::RNGS_PER_THREAD` |
+//!
+//! [`MAX_RANKS`]: crate::index::MAX_RANKS
+//! [`Tier`]: crate::index::Tier
+//! [`IndexConfig::shards`]: crate::index::IndexConfig::shards
+//! [`IndexConfig::min_shard_capacity`]: crate::index::IndexConfig::min_shard_capacity
+//! [`WorkerId`]: crate::index::WorkerId
+//! [`DpRank`]: crate::index::DpRank
+//! [`SelectionId`]: crate::reservation::SelectionId
+//! [`MAX_PER_BOOKING`]: crate::reservation::MAX_PER_BOOKING
+//! [`ReservationConfig::shards`]: crate::reservation::ReservationConfig::shards
+//! [`ReservationConfig::default_ttl`]: crate::reservation::ReservationConfig::default_ttl
+//! [`ReservationConfig::sweep_interval`]: crate::reservation::ReservationConfig::sweep_interval
+//! [`ReservationConfig::recently_freed_per_shard`]: crate::reservation::ReservationConfig::recently_freed_per_shard
+//! [`SessionConfig::max_entries`]: crate::session::SessionConfig::max_entries
+//! [`SessionConfig::shards`]: crate::session::SessionConfig::shards
+//! [`SessionConfig::max_session_id_bytes`]: crate::session::SessionConfig::max_session_id_bytes
+//! [`SessionConfig::idle_ttl`]: crate::session::SessionConfig::idle_ttl
+//! [`SessionConfig::early_release_memory`]: crate::session::SessionConfig::early_release_memory
+//! [`MIN_ENTRIES_PER_SHARD`]: crate::session::MIN_ENTRIES_PER_SHARD
+//! [`EARLY_RELEASE_WINDOW`]: crate::session::EARLY_RELEASE_WINDOW
+//! [`MAX_PAYLOAD_BYTES`]: crate::ingress::decode::MAX_PAYLOAD_BYTES
+//! [`DEFAULT_CONNECT_TIMEOUT`]: crate::index::remote::DEFAULT_CONNECT_TIMEOUT
+//! [`DEFAULT_REQUEST_TIMEOUT`]: crate::index::remote::DEFAULT_REQUEST_TIMEOUT

@@ -1,0 +1,22 @@
+//! How kvr is built and why it is correct: layout, invariants, memory ordering, which
+//! paths take which locks, and the fixed limits.
+//!
+//! This module holds no code (the pattern of arc-swap's `docs`): each submodule is text
+//! only. Each atomic protocol argued here has a loom model in `loom_models.rs` and a
+//! negative control that must fail.
+//!
+//! - [`design`]: the layout of every concurrent structure (the index's node table, holder
+//!   words, rank state and slot directory; the load view; bookings; the selection-id
+//!   index; session affinity).
+//! - [`invariants`]: what the index's writers maintain, and what a concurrent reader may
+//!   therefore see.
+//! - [`ordering`]: the memory orderings of each publication step, and reclamation.
+//! - [`locking`]: per public path, whether it is lock-free and, if not, which locks it
+//!   takes and what it may wait for.
+//! - [`limits`]: the fixed limits (ranks, inline sizes, id ranges, endpoint lengths, …).
+
+pub mod design;
+pub mod invariants;
+pub mod limits;
+pub mod locking;
+pub mod ordering;

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Miri over the unit tests of kvr's unsafe-heavy modules: the holder words and their
+# interned heap sets (index/holders.rs), the node table's raw slot arrays, its rebuilds
+# and epoch-deferred frees (index/table.rs), and the index as a whole (index/tests.rs:
+# stores, removals, clears, worker removal with slot reuse through the epoch, inline ↔
+# heap holder sets, and `a_reader_races_a_churning_writer`: a reader thread against a
+# writer thread, for data races and use-after-free; these also run query.rs's unsafe
+# walks, ranks.rs's directory swaps and rank_map.rs's prefetch).
+#
+# Run time measured on the 2-core dev machine (2026-12-01, nightly 2026-05-19): 15 tests,
+# 65 s of interpretation; 1 min 56 s to 2 min 58 s for the whole script (two runs) with
+# the Miri sysroot already built (the rest is building kvr under Miri; a first run also
+# builds the sysroot, about 1 min more).
+#
+# Flags:
+# - `-Zmiri-tree-borrows`: crossbeam-epoch 0.9's intrusive list of thread records
+#   (`internal.rs`, `Local::element_of`) violates Stacked Borrows, not Tree Borrows; every
+#   `epoch::pin()` reaches it, so under Stacked Borrows the first test fails inside
+#   crossbeam before any kvr code is checked (crossbeam-rs/crossbeam#545; crossbeam runs
+#   its own Miri job under Tree Borrows since crossbeam-rs/crossbeam#996). Not a kvr
+#   finding.
+# - `-Zmiri-permissive-provenance`: holder words and the shard's table word are integers
+#   that carry pointers (a heap set's address; a table's address | capacity code).
+# - `-Zmiri-ignore-leaks`: crossbeam-epoch's collector is a static that is never dropped,
+#   so what is still queued in it when the process ends is never freed: crossbeam's own
+#   per-thread records and garbage-bag nodes, and the objects kvr retired through
+#   `defer_destroy` whose epoch had not yet come (in the measured run: superseded slot
+#   directories from index/ranks.rs `set_directory`). Miri reports these as leaks; they
+#   are the collector's design, not kvr's (crossbeam's own Miri job ignores leaks too).
+# - Isolation stays on: these tests read no clock, file or environment.
+#
+# Not run (each too slow under Miri for a ~5 minute budget, and its unsafe code is
+# covered by the tests above):
+# - index::table::tail_tests::keys_sharing_one_home_at_the_end_grow_the_table_until_they_fit
+#   (grows a table to ~13k slots: over 3 minutes alone);
+# - index::tests::memory_follows_live_blocks (25k stores and removals with rebuilds: over
+#   3 minutes alone; rebuilds are run by the tests above);
+# - idmap::tests::behaves_like_a_hash_map (200k operations with full scans; the id map is
+#   the node table's `Shard`, checked above);
+# - index::rank_map::tests::* (differential tests of 10^5 operations or 5,040
+#   permutations; the module's only unsafe is a prefetch hint, run by index::tests).
+#
+# Installs what it needs (rustup's nightly with miri and rust-src). If that fails it
+# skips with a message and exit 0, unless CI is set: then it fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLCHAIN="${MIRI_TOOLCHAIN:-nightly}"
+
+have_miri() { cargo "+$TOOLCHAIN" miri --version >/dev/null 2>&1; }
+
+cannot() {
+    if [ -n "${CI:-}" ]; then
+        echo "miri: $1, and CI is set: failing" >&2
+        exit 1
+    fi
+    echo "miri: SKIPPED: $1 (CI unset; set CI=1 to make this an error)"
+    exit 0
+}
+
+if ! have_miri; then
+    command -v rustup >/dev/null 2>&1 || cannot "rustup is not installed"
+    if rustup toolchain list | grep -q "^$TOOLCHAIN"; then
+        rustup component add --toolchain "$TOOLCHAIN" miri rust-src ||
+            cannot "cannot add miri to toolchain $TOOLCHAIN"
+    else
+        rustup toolchain install "$TOOLCHAIN" --profile minimal --component miri,rust-src ||
+            cannot "cannot install toolchain $TOOLCHAIN with miri"
+    fi
+    have_miri || cannot "miri still unavailable on $TOOLCHAIN"
+fi
+
+cargo "+$TOOLCHAIN" miri setup
+
+# Substring filters of libtest (see the list of what is left out above).
+TESTS=(
+    index::holders::tests::
+    index::table::tests::
+    index::table::rebuild_tests::
+    index::tests::
+)
+
+start=$(date +%s)
+# No default features: the ZMQ transport (tokio, zeromq) is not under test and would only
+# lengthen the build.
+MIRIFLAGS="${MIRIFLAGS:--Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks}" \
+    cargo "+$TOOLCHAIN" miri test -p kvr --no-default-features --lib -- "${TESTS[@]}" \
+    --skip index::tests::memory_follows_live_blocks
+echo "miri: passed in $(($(date +%s) - start)) s"
