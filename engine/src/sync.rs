@@ -27,6 +27,9 @@ pub(crate) use loom::sync::Arc;
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::Arc;
+/// std's `Arc` under loom too: for what the host shares with the engine (a remote index
+/// client in `IndexerConfig`), which the models need not see.
+pub(crate) use std::sync::Arc as StdArc;
 
 /// Epoch-based reclamation (crossbeam-epoch; loom-aware under `crossbeam_loom`).
 pub(crate) use crossbeam_epoch as epoch;
