@@ -11,7 +11,8 @@
 //! The engine does no I/O: the HTTP protocol (`POST /query_tiered_by_hash`), its serde wire
 //! types and its client (`kvr_remote::HttpRemoteIndex`) live in the `kvr-remote` crate
 //! (transport/http), whose documentation is the protocol's. The host builds the client and
-//! hands it to the partition in [`IndexerConfig::remote_client`](crate::indexer::IndexerConfig::remote_client).
+//! hands it to the partition in
+//! [`IndexerConfig::remote_client`](crate::indexer::IndexerConfig::remote_client).
 
 use std::fmt;
 use std::time::Duration;

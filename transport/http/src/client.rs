@@ -43,7 +43,7 @@ struct Counters {
     other: AtomicU64,
 }
 
-/// The HTTP client of a remote primary index (see the module documentation).
+/// The HTTP client of a remote primary index (see the crate documentation).
 /// `Send + Sync`: one client serves every selecting thread and pools their connections.
 pub struct HttpRemoteIndex {
     agent: ureq::Agent,

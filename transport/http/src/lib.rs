@@ -68,16 +68,16 @@
 //! One entry per rank that holds the prompt's first block on some tier: `device` leading
 //! blocks on the device tier, then `host` further contiguous blocks in host memory, then
 //! `disk` further contiguous blocks on disk (DESIGN.md §4, the tiered query;
-//! [`TieredOverlap`](kvr::TieredOverlap)). Ranks holding nothing are absent; the order is free (the client
-//! sorts). The client refuses the whole answer ([`RemoteError::BadBody`](kvr::RemoteError::BadBody)) when a rank is
-//! listed twice or when a rank's `device + host + disk` exceeds the number of hashes sent:
-//! such a server cannot be trusted not to overcount. An entry of all zeros is accepted and
-//! dropped.
+//! [`TieredOverlap`](kvr::TieredOverlap)). Ranks holding nothing are absent; the order is
+//! free (the client sorts). The client refuses the whole answer ([`RemoteError::BadBody`])
+//! when a rank is listed twice or when a rank's `device + host + disk` exceeds the number
+//! of hashes sent: such a server cannot be trusted not to overcount. An entry of all zeros
+//! is accepted and dropped.
 //!
 //! Other statuses: 400 for a malformed request or a block-size mismatch, 404 for a partition
 //! the server does not serve, 5xx for a server fault. The client reports any status other
-//! than 2xx as [`RemoteError::Status`](kvr::RemoteError::Status) and ignores that body. It follows no redirect (a 3xx
-//! is a `Status` error too).
+//! than 2xx as [`RemoteError::Status`] and ignores that body. It follows no redirect (a
+//! 3xx is a `Status` error too).
 //!
 //! ## JSON details
 //!

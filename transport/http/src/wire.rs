@@ -4,10 +4,11 @@
 use kvr::index::{RankId, RemoteError, TieredOverlap, TieredScores};
 use kvr::partition::PartitionKey;
 
-/// The path of the tiered query, appended to a [`RemoteConfig::base_url`](kvr::RemoteConfig::base_url).
+/// The path of the tiered query, appended to a
+/// [`RemoteConfig::base_url`](kvr::RemoteConfig::base_url).
 pub const QUERY_TIERED_BY_HASH_PATH: &str = "/query_tiered_by_hash";
 
-/// The body of `POST /query_tiered_by_hash` (see the module documentation).
+/// The body of `POST /query_tiered_by_hash` (see the crate documentation).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueryTieredByHashRequest {
     pub model: String,
