@@ -5,8 +5,8 @@
 # tests of the unsafe index modules (tests/miri.sh, nightly), then the host
 # harnesses over libkvr: C (also under valgrind), C++ (multi-threaded) and Go (vet, race,
 # cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples.
-# (The ingress end-to-end test against that publisher runs in cargo test; it needs python3
-# with pyzmq and msgspec, which .ci/run installs, and skips without them.)
+# (The ingress end-to-end test against that publisher runs in cargo test, in kvr-zmq; it
+# needs python3 with pyzmq and msgspec, which .ci/run installs, and skips without them.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,8 +15,10 @@ python3 -c "import zmq, msgspec" 2>/dev/null || python3 -m pip install -q pyzmq 
 
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
-# The remote primary (feature `remote`): its HTTP client and selection against failing servers.
-cargo test -p kvr --release --features remote --test remote_index --test remote_primary
+# The transports on their own (outside the workspace's unified features): kvr-zmq (the ZMQ
+# transport, pyzmq interop, the ingress e2e test) and kvr-remote (the HTTP client, and
+# selection on a remote primary against failing servers).
+cargo test -p kvr-zmq -p kvr-remote --release
 
 echo "== fuzz replay (fuzz/: every seed and kept crasher through its target, on stable)"
 cargo test --manifest-path fuzz/Cargo.toml  # debug: overflow checks on

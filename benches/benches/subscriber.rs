@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use kvr::ingress::decode::Medium;
 use kvr::ingress::encode::BatchEncoder;
-use kvr::ingress::subscribe::{subscribe, SubscribeConfig};
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr_zmq::subscribe::{subscribe, SubscribeConfig};
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 const BS: usize = 16;

@@ -14,10 +14,34 @@
 //! index — the primary when events are off, the side index when a prediction TTL is set —
 //! *after* the booking: a recording failure is logged and counted, never a failed
 //! booking. Advisory selection records nothing.
+//!
+//! # A remote primary: who builds the client
+//!
+//! The engine speaks no HTTP: it calls the remote primary through the [`RemoteIndex`]
+//! trait, and the host supplies the implementation in [`IndexerConfig::remote_client`]
+//! (the `kvr-remote` crate's `HttpRemoteIndex` for `POST /query_tiered_by_hash`, built from
+//! the URL and the timeouts by `kvr_remote::with_http_client`; libkvr does this for C, C++
+//! and Go hosts; a test double or another transport works the same way). `remote_url`
+//! still chooses the policy ([`IndexerPolicy::RemotePrimary`]): a URL with no client is
+//! refused by [`IndexerConfig::check`] and when the partition is built, with a reason that
+//! says what to supply. [`IndexerConfig::resolve`] stays the policy table alone, so a host
+//! can learn the policy before it builds a client.
+//!
+//! # No engine lock across the remote call
+//!
+//! A remote query blocks its thread for up to the client's request timeout.
+//! `Partition::decide` (select.rs) makes it first, through `IndexState::query_remote`,
+//! before it reads the worker set, the hooks, the booking table or the load, and with no
+//! guard alive: what it holds is its own thread-local scratch (taken out of its slot, not
+//! borrowed) and `&self`. No engine `Mutex` is held by the selection path above it either
+//! (`Engine::select_in` / `select_and_reserve_in` hold the partition by `Arc` and release
+//! the id claim's map entry before deciding). So a slow remote delays only its own
+//! selection: `engine/tests/remote_no_lock.rs` runs the other partition and engine
+//! operations (membership, hooks, ingest, statistics, selections of the same session,
+//! bookings, frees, partitions created and removed) from another thread while a remote
+//! query is in progress, and fails naming the first that waits for it.
 
 use std::time::Duration;
-
-use crate::sync::StdArc as Arc;
 
 use crate::ids::{PartitionKey, WorkerId};
 use crate::index::remote::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
@@ -27,6 +51,7 @@ use crate::index::{
 };
 use crate::reservation::SweepListener;
 use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::StdArc as Arc;
 
 /// How the approximate index forgets what bookings recorded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,14 +75,17 @@ pub struct IndexerConfig {
     /// index.
     pub prediction_ttl: Option<Duration>,
     /// A remote index service answers overlap queries (`POST {url}/query_tiered_by_hash`,
-    /// protocol in [`crate::index::remote`]).
+    /// protocol in the `kvr-remote` crate), through [`IndexerConfig::remote_client`].
     pub remote_url: Option<String>,
-    /// Bounds on one remote query (connect, whole request). An unreachable or slow remote
+    /// Bounds on one remote query (connect, whole request), for the host building the
+    /// client (`kvr_remote::with_http_client` uses them). An unreachable or slow remote
     /// gives that selection no overlap: counted and logged, never a failed selection.
     pub remote_connect_timeout: Duration,
     pub remote_request_timeout: Duration,
-    /// A host-supplied remote index (its own transport, or a test double) used instead of
-    /// the built-in HTTP client (feature `remote`) when the URL is set.
+    /// The remote primary's client, required with `remote_url` (the engine has no HTTP
+    /// client of its own: see the module documentation). `kvr_remote::with_http_client`
+    /// fills it with the HTTP client of `remote_url` and the timeouts above; a host may
+    /// pass any [`RemoteIndex`] (its own transport, a test double). Ignored without a URL.
     pub remote_client: Option<RemoteClient>,
     /// Retention of the approximate index (primary with events off; the side index takes
     /// its size bound, with `prediction_ttl` as TTL).
@@ -143,9 +171,10 @@ impl std::error::Error for IndexerConfigError {}
 
 impl IndexerConfig {
     /// Whether a partition can be built with this configuration, checked as building it
-    /// would (the table, then the remote client, e.g. its URL), without building one and
-    /// without logging: hosts validate configuration up front and show the reason
-    /// (the C ABI's `kvr_partition_options_check`).
+    /// would (the table, then that a remote primary has its client), without building one
+    /// and without logging: hosts validate configuration up front and show the reason
+    /// (the C ABI's `kvr_partition_options_check`, which first gives a remote URL its HTTP
+    /// client, so that a URL the client cannot use is reported too).
     pub fn check(&self) -> Result<ResolvedIndexer, IndexerConfigError> {
         let resolved = self.resolve()?;
         IndexState::remote_primary(&resolved, self)?;
@@ -299,44 +328,24 @@ impl IndexState {
         })
     }
 
-    /// The remote primary the policy names: the host's client, else the built-in one.
+    /// The remote primary the policy names: the client the host supplied. A remote URL
+    /// without one is refused (the engine cannot reach a URL by itself).
     fn remote_primary(
         resolved: &ResolvedIndexer,
         cfg: &IndexerConfig,
     ) -> Result<Option<Arc<dyn RemoteIndex>>, IndexerConfigError> {
-        Ok(match &resolved.policy {
-            IndexerPolicy::RemotePrimary { url } => Some(match &cfg.remote_client {
-                Some(c) => c.0.clone(),
-                None => Self::remote_client(url, cfg)?,
-            }),
-            _ => None,
-        })
-    }
-
-    #[cfg(all(feature = "remote", not(loom)))]
-    fn remote_client(
-        url: &str,
-        cfg: &IndexerConfig,
-    ) -> Result<Arc<dyn RemoteIndex>, IndexerConfigError> {
-        let rc = crate::index::RemoteConfig {
-            base_url: url.to_string(),
-            connect_timeout: cfg.remote_connect_timeout,
-            request_timeout: cfg.remote_request_timeout,
+        let IndexerPolicy::RemotePrimary { url } = &resolved.policy else {
+            return Ok(None);
         };
-        crate::index::RemoteIndexClient::new(rc)
-            .map(|c| Arc::new(c) as Arc<dyn RemoteIndex>)
-            .map_err(|e| IndexerConfigError(format!("remote index {url:?}: {e}")))
-    }
-
-    #[cfg(not(all(feature = "remote", not(loom))))]
-    fn remote_client(
-        url: &str,
-        _cfg: &IndexerConfig,
-    ) -> Result<Arc<dyn RemoteIndex>, IndexerConfigError> {
-        Err(IndexerConfigError(format!(
-            "remote index {url:?}: this kvr was built without the `remote` feature (build with \
-             it, or supply a client in IndexerConfig::remote_client)"
-        )))
+        match &cfg.remote_client {
+            Some(c) => Ok(Some(c.0.clone())),
+            None => Err(IndexerConfigError(format!(
+                "remote index {url:?}: no client to reach it (IndexerConfig::remote_client is \
+                 unset; the kvr engine has no HTTP client of its own: build one with the \
+                 kvr-remote crate, kvr_remote::with_http_client or HttpRemoteIndex, or supply \
+                 any RemoteIndex)"
+            ))),
+        }
     }
 
     /// The remote primary's overlap for a prompt's local hashes into `out`; on failure

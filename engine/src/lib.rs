@@ -9,7 +9,11 @@
 //!
 //! The path of data: engines' KV events → [`index`] (which rank holds which prompt block)
 //! → lookup (overlap per rank) → cost → booking. This crate is the engine only: no I/O,
-//! no C, no HTTP; `kvr-ffi` and `kvr-cli` wrap it.
+//! no C, no HTTP, no sockets; `kvr-ffi` and `kvr-cli` wrap it. The transports are crates
+//! of their own that use the engine's public API: `kvr-zmq` (transport/zmq: kvr's ZMQ
+//! subscriber, feeding a partition through [`ingress::ingest::IngressStream`]) and
+//! `kvr-remote` (transport/http: the HTTP client of a remote primary, implementing
+//! [`RemoteIndex`]).
 //!
 //! Block hashes follow NVIDIA Dynamo's scheme ([`hash`]); the index reproduces the
 //! semantics of Dynamo's radix index with a flat, lock-free-read layout ([`index`]); the
@@ -40,8 +44,6 @@ pub mod workers;
 mod loom_models;
 
 pub use hash::{BlockHasher, HashSalt, LocalHash, SequenceHash};
-#[cfg(all(feature = "remote", not(loom)))]
-pub use index::RemoteIndexClient;
 pub use index::{
     ApplyOutcome, ApproxConfig, ApproxRecorder, ApproxStats, DpRank, Index, IndexConfig,
     IndexError, IndexStats, KvEvent, OverlapScores, RankId, RankStats, RecordOutcome, RemoteConfig,

@@ -2,6 +2,10 @@
 //! configuration yields which primary, which bookings are recorded into the approximate
 //! index (after the booking), and that advisory selection records nothing.
 
+// A host of the engine, not engine code: the sync-facade rule (engine/clippy.toml) is
+// for engine/src.
+#![allow(clippy::disallowed_types)]
+
 use std::time::{Duration, Instant};
 
 use kvr::cost::SelectionRng;
@@ -260,6 +264,60 @@ fn row_remote_url_with_events_on_is_a_remote_primary() {
         ..IndexerConfig::default()
     };
     assert!(empty.resolve().is_err());
+}
+
+/// The engine builds no remote client (no HTTP in the engine crate): a remote URL without
+/// one chooses the policy, but no partition can be built from it, and the reason says what
+/// to supply. With a client (here a double answering nothing) it can.
+#[test]
+fn a_remote_url_without_a_client_is_refused_saying_what_to_supply() {
+    struct Nothing;
+    impl kvr::RemoteIndex for Nothing {
+        fn query_tiered(
+            &self,
+            _: &PartitionKey,
+            _: u32,
+            _: &[u64],
+            out: &mut kvr::TieredScores,
+        ) -> Result<(), kvr::RemoteError> {
+            let _ = out.fill_from(std::iter::empty());
+            Ok(())
+        }
+    }
+    let cfg = IndexerConfig {
+        remote_url: Some("http://127.0.0.1:9/".into()),
+        ..IndexerConfig::default()
+    };
+    assert!(matches!(
+        cfg.resolve().unwrap().policy,
+        IndexerPolicy::RemotePrimary { .. }
+    ));
+    let err = cfg.check().unwrap_err().to_string();
+    for needle in [
+        "remote index \"http://127.0.0.1:9/\"",
+        "no client",
+        "IndexerConfig::remote_client",
+        "kvr-remote",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err:?}");
+    }
+    let built = Partition::try_new(PartitionKey::new("m", "g"), config(cfg.clone()));
+    assert_eq!(built.err().unwrap().to_string(), err);
+    let engine = Engine::new();
+    assert!(matches!(
+        engine.create_partition(PartitionKey::new("m", "g"), config(cfg.clone())),
+        Err(EngineError::InvalidConfig(e)) if e == err
+    ));
+    let with = IndexerConfig {
+        remote_client: Some(kvr::indexer::RemoteClient(std::sync::Arc::new(Nothing))),
+        ..cfg
+    };
+    assert!(with.check().is_ok());
+    let p = partition(with);
+    assert!(matches!(
+        p.indexer_policy(),
+        IndexerPolicy::RemotePrimary { .. }
+    ));
 }
 
 #[test]

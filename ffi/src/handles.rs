@@ -451,9 +451,16 @@ pub unsafe extern "C" fn kvr_engine_create_partition(
         }
         // SAFETY: forwarded caller contract.
         let k = unsafe { key(model, model_len, group, group_len) }?;
+        // A remote URL gets its HTTP client here: the engine builds none. If it cannot
+        // (the policy or the URL is refused), the options go as they are and the engine
+        // refuses them itself, after its own checks (`KVR_ERR_PARTITION_EXISTS` first).
+        let mut config = o.config.clone();
+        if let Ok(indexer) = kvr_remote::with_http_client(&config.indexer) {
+            config.indexer = indexer;
+        }
         let p = e
             .engine
-            .create_partition(k, o.config.clone())
+            .create_partition(k, config)
             .map_err(|err| engine_status(&err))?;
         let h = kvr_partition {
             engine: e.engine.clone(),

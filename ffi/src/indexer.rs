@@ -195,7 +195,10 @@ pub unsafe extern "C" fn kvr_partition_options_check(
         }
         // SAFETY: forwarded caller contract.
         let buf = unsafe { slice_mut(why.cast::<u8>(), why_cap) }?;
-        let (text, status) = match o.config.indexer.check() {
+        // The remote URL gets its HTTP client first, as `kvr_engine_create_partition` gives
+        // it (the engine builds none), so a URL the client cannot use is reported here.
+        let checked = kvr_remote::with_http_client(&o.config.indexer).and_then(|c| c.check());
+        let (text, status) = match checked {
             Ok(r) => (r.notices.join("; "), Ok(())),
             Err(e) => (e.0, Err(KVR_ERR_INVALID_CONFIG)),
         };

@@ -17,7 +17,7 @@
 use std::io;
 use std::os::raw::c_char;
 
-use kvr::ingress::subscribe::{subscribe, SubscribeConfig, Subscription, TopicRoute};
+use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription, TopicRoute};
 
 use crate::handles::kvr_partition;
 use crate::status::*;

@@ -24,8 +24,6 @@ pub(crate) mod testing;
 pub use approx::{ApproxConfig, ApproxRecorder, ApproxStats, RecordOutcome};
 pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
-#[cfg(all(feature = "remote", not(loom)))]
-pub use remote::RemoteIndexClient;
 pub use remote::{RemoteConfig, RemoteError, RemoteIndex, RemoteStats};
 pub use stats::{IndexStats, RankStats};
 /// A fast hasher for already-random or small integer keys (ranks, hashes).

@@ -218,7 +218,7 @@ fn equal_holder_sets_are_shared_and_outlive_one_nodes_change() {
 /// retired through the epoch; removed ranks' slots come back through it).
 #[test]
 fn a_reader_races_a_churning_writer() {
-    let idx = std::sync::Arc::new(Index::with_config(IndexConfig {
+    let idx = crate::sync::StdArc::new(Index::with_config(IndexConfig {
         shards: 2,
         min_shard_capacity: 8,
     }));

@@ -653,7 +653,7 @@ fn an_idle_rank_keeps_a_bounded_refcount_map_and_gives_back_a_burst() {
     t.free(1).unwrap();
     let kept = capacity();
     assert!(
-        kept >= 1_000 && kept <= super::rank::IDLE_KEPT_CAPACITY,
+        (1_000..=super::rank::IDLE_KEPT_CAPACITY).contains(&kept),
         "{kept}"
     );
     // A burst past the bound: given back when the rank goes idle.

@@ -86,7 +86,7 @@
 //! # Concurrency
 //!
 //! - **Session shards** (64 by default): `session id → entry`, each behind a
-//!   [`crate::sync::Mutex`]; the shard is chosen by a seeded hash of the id. Everything
+//!   `sync::Mutex`; the shard is chosen by a seeded hash of the id. Everything
 //!   about one entry changes under its shard's lock.
 //! - **Lease shards** (as many): `selection id → session id` (the owner of each live
 //!   lease, so [`SessionTable::release_lease`], which only knows the selection id, finds

@@ -109,7 +109,7 @@ func WithPredictionTTL(ttl time.Duration) PartitionOption {
 
 // WithRemoteIndexer makes a remote index service the partition's primary index: each
 // selection POSTs the prompt's local block hashes to {url}/query_tiered_by_hash (JSON;
-// the protocol is in engine/src/index/remote.rs) and scores with the answer. url is
+// the protocol is in transport/http/src/lib.rs) and scores with the answer. url is
 // http://host[:port][/path] ("" = none, the default); connectTimeout bounds the TCP
 // connect and requestTimeout one whole query (0 = the defaults, 50 ms and 200 ms). A
 // remote that is down, slow or answers garbage gives that selection no overlap, counted

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// The wire types of POST {url}/query_tiered_by_hash (engine/src/index/remote.rs).
+// The wire types of POST {url}/query_tiered_by_hash (transport/http/src/lib.rs).
 type remoteQuery struct {
 	Model        string   `json:"model"`
 	RoutingGroup string   `json:"routing_group"`

@@ -1,4 +1,4 @@
-//! The remote primary index client (`kvr::index::remote`, feature `remote`) against
+//! The remote primary index client (`kvr_remote::HttpRemoteIndex`) against
 //! in-test HTTP/1.1 servers on 127.0.0.1 (std::net only).
 //!
 //! - a correct server answering from a real `Index` (the round trip must equal the local
@@ -14,9 +14,7 @@
 //! for the others) and bounds are loose (5 × the timeout): these are functional checks on a
 //! possibly busy machine, not benchmarks.
 //!
-//! Run: `cargo test -p kvr --release --features remote --test remote_index`. (The client is
-//! not compiled under `--cfg loom`, so neither is this file.)
-#![cfg(all(feature = "remote", not(loom)))]
+//! Run: `cargo test -p kvr-remote --release --test remote_index`.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -25,13 +23,14 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvr::index::remote::{
-    QueryTieredByHashRequest, QueryTieredByHashResponse, RankOverlap, QUERY_TIERED_BY_HASH_PATH,
-};
 use kvr::partition::PartitionKey;
 use kvr::{
-    Index, KvEvent, RankId, RemoteConfig, RemoteError, RemoteIndex, RemoteIndexClient, RemoteStats,
-    StoredBlock, Tier, TieredOverlap, TieredScores,
+    Index, KvEvent, RankId, RemoteConfig, RemoteError, RemoteIndex, RemoteStats, StoredBlock, Tier,
+    TieredOverlap, TieredScores,
+};
+use kvr_remote::{
+    HttpRemoteIndex, QueryTieredByHashRequest, QueryTieredByHashResponse, RankOverlap,
+    QUERY_TIERED_BY_HASH_PATH,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -338,8 +337,8 @@ fn index_server(index: Arc<Index>, path: &'static str) -> TestServer {
     })
 }
 
-fn client(url: &str, connect_ms: u64, request_ms: u64) -> RemoteIndexClient {
-    RemoteIndexClient::new(RemoteConfig {
+fn client(url: &str, connect_ms: u64, request_ms: u64) -> HttpRemoteIndex {
+    HttpRemoteIndex::new(RemoteConfig {
         base_url: url.to_string(),
         connect_timeout: Duration::from_millis(connect_ms),
         request_timeout: Duration::from_millis(request_ms),
@@ -348,7 +347,7 @@ fn client(url: &str, connect_ms: u64, request_ms: u64) -> RemoteIndexClient {
 }
 
 /// Generous timeouts for the tests that expect an answer.
-fn patient_client(url: &str) -> RemoteIndexClient {
+fn patient_client(url: &str) -> HttpRemoteIndex {
     client(url, 2_000, 5_000)
 }
 
@@ -380,7 +379,7 @@ fn stats(queries: u64, f: impl FnOnce(&mut RemoteStats)) -> RemoteStats {
 #[test]
 fn client_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
-    check::<RemoteIndexClient>();
+    check::<HttpRemoteIndex>();
     let _: Option<&dyn RemoteIndex> = None;
 }
 
@@ -751,18 +750,18 @@ fn invalid_urls_are_refused_at_construction() {
         "http://127.0.0.1:8080/?x=1",
         "http://user:secret@127.0.0.1:8080",
     ] {
-        match RemoteIndexClient::new(RemoteConfig::new(url)) {
+        match HttpRemoteIndex::new(RemoteConfig::new(url)) {
             Err(RemoteError::InvalidUrl(m)) => assert!(!m.is_empty()),
             other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
         }
     }
-    let e = RemoteIndexClient::new(RemoteConfig::new("https://index")).unwrap_err();
+    let e = HttpRemoteIndex::new(RemoteConfig::new("https://index")).unwrap_err();
     assert!(e.to_string().contains("https is not supported"), "{e}");
     // The defaults.
     let cfg = RemoteConfig::new("http://127.0.0.1:1");
     assert_eq!(cfg.connect_timeout, Duration::from_millis(50));
     assert_eq!(cfg.request_timeout, Duration::from_millis(200));
-    assert!(RemoteIndexClient::new(cfg).is_ok());
+    assert!(HttpRemoteIndex::new(cfg).is_ok());
 }
 
 // ---------------------------------------------------------------------------------------

@@ -5,8 +5,6 @@
 //!
 //! Needs `python3` with `pyzmq` and `msgspec`; skipped (with a notice) without them
 //! unless `KVR_REQUIRE_PYZMQ=1` (CI), where their absence fails.
-#![cfg(all(feature = "zmq", not(loom)))]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -14,9 +12,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvr::ingress::subscribe::{subscribe, SubscribeConfig, Subscription, TopicRoute};
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
 use kvr::{BlockHasher, HashSalt, RankId};
+use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription, TopicRoute};
 use serde_json::Value;
 
 fn python_ready() -> bool {
@@ -108,7 +106,7 @@ fn subscriber_index_equals_the_publishers_ground_truth_after_every_phase() {
         eprintln!("SKIPPED: python3 with pyzmq and msgspec not found");
         return;
     }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/scenario.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/scenario.py");
     let mut child = Command::new("python3")
         .arg(&script)
         .stdin(Stdio::piped())

@@ -2,6 +2,9 @@
 //! query; a remote that is unreachable, hangs or answers garbage gives that selection no
 //! overlap — counted, never a failed selection; the partition starts no event
 //! subscription and applies no events.
+//!
+//! The partitions with an HTTP remote get their client as a host gives it:
+//! `kvr_remote::with_http_client` (the engine cannot reach a URL by itself).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,6 +51,7 @@ impl RemoteIndex for Fake {
     }
 }
 
+/// A remote primary at `url`: `client` if given, else the HTTP client of `url`.
 fn remote_partition(client: Option<Arc<dyn RemoteIndex>>, url: &str) -> Partition {
     let indexer = IndexerConfig {
         remote_url: Some(url.into()),
@@ -56,6 +60,8 @@ fn remote_partition(client: Option<Arc<dyn RemoteIndex>>, url: &str) -> Partitio
         remote_request_timeout: std::time::Duration::from_millis(300),
         ..IndexerConfig::default()
     };
+    let indexer = kvr_remote::with_http_client(&indexer).unwrap();
+    assert!(indexer.remote_client.is_some());
     let p = Partition::try_new(
         PartitionKey::new("m", "g"),
         PartitionConfig {
@@ -134,11 +140,10 @@ fn remote_primary_applies_no_events_and_starts_no_subscription() {
     assert_eq!(out.batches_applied, 0);
     assert_eq!(p.indexer_stats().events_ignored, 1);
     assert_eq!(p.index().stats().holder_blocks, 0);
-    #[cfg(feature = "zmq")]
     {
-        let err = kvr::ingress::subscribe::subscribe(
+        let err = kvr_zmq::subscribe(
             p.clone(),
-            kvr::ingress::subscribe::SubscribeConfig::Connect {
+            kvr_zmq::SubscribeConfig::Connect {
                 endpoint: "tcp://127.0.0.1:5557".into(),
                 replay_endpoint: None,
                 topic: Vec::new(),
@@ -152,24 +157,55 @@ fn remote_primary_applies_no_events_and_starts_no_subscription() {
     }
 }
 
-#[cfg(not(feature = "remote"))]
+/// The engine builds no client: a remote URL without one is refused, saying what to supply
+/// (this was the engine built without its former `remote` feature; now it always is).
 #[test]
-fn remote_url_without_the_feature_and_without_a_client_is_refused() {
+fn remote_url_without_a_client_is_refused() {
+    let indexer = IndexerConfig {
+        remote_url: Some("http://127.0.0.1:1".into()),
+        ..IndexerConfig::default()
+    };
     let r = Partition::try_new(
         PartitionKey::new("m", "g"),
         PartitionConfig {
-            indexer: IndexerConfig {
-                remote_url: Some("http://127.0.0.1:1".into()),
-                ..IndexerConfig::default()
-            },
+            indexer: indexer.clone(),
             ..PartitionConfig::new(B)
         },
     );
-    assert!(r.err().unwrap().to_string().contains("`remote` feature"));
+    let err = r.err().unwrap().to_string();
+    assert!(
+        err.contains("no client") && err.contains("kvr-remote"),
+        "{err}"
+    );
+    assert_eq!(indexer.check().unwrap_err().to_string(), err);
+    // The host's part: the HTTP client of that URL makes it a remote primary.
+    let with = kvr_remote::with_http_client(&indexer).unwrap();
+    assert!(with.check().is_ok());
+    // A URL the client cannot use is refused there, naming the URL (as the engine did when
+    // it built the client itself); policy errors come first, as in the engine's own check.
+    let https = IndexerConfig {
+        remote_url: Some("https://index".into()),
+        ..IndexerConfig::default()
+    };
+    let e = kvr_remote::with_http_client(&https)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("remote index \"https://index\"") && e.contains("https"),
+        "{e}"
+    );
+    let off = IndexerConfig {
+        use_kv_events: false,
+        ..https
+    };
+    let e = kvr_remote::with_http_client(&off).unwrap_err().to_string();
+    assert_eq!(e, off.resolve().unwrap_err().to_string());
+    // No URL, or a client already there: unchanged.
+    let plain = IndexerConfig::default();
+    assert_eq!(kvr_remote::with_http_client(&plain).unwrap(), plain);
 }
 
-/// The built-in HTTP client against servers that fail in each way.
-#[cfg(all(feature = "remote", not(loom)))]
+/// The HTTP client against servers that fail in each way.
 mod http {
     use std::io::{Read, Write};
     use std::net::TcpListener;

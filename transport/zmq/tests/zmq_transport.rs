@@ -1,11 +1,9 @@
-//! The ZMQ transport (`kvr::ingress::transport`) over real TCP on 127.0.0.1: publishers
+//! The ZMQ transport (`kvr_zmq::transport`) over real TCP on 127.0.0.1: publishers
 //! and replay ROUTERs written here with the same `zeromq` crate, and a libzmq publisher
 //! (pyzmq, `tests/pyzmq_interop/publisher.py`) for interoperability.
 //!
 //! The pyzmq tests are skipped with a notice when `python3 -c "import zmq"` fails, unless
 //! `KVR_REQUIRE_PYZMQ=1` (CI), which makes them fail instead.
-#![cfg(all(feature = "zmq", not(loom)))]
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
@@ -16,7 +14,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvr::ingress::transport::{
+use kvr_zmq::transport::{
     bad_frame, FrameSink, ReplayEnd, SinkAction, Subscriber, SubscriberConfig,
 };
 use tokio::runtime::Runtime;

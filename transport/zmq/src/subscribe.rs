@@ -1,5 +1,6 @@
-//! kvr's own subscriber: a ZMQ subscription ([`super::transport`]) whose messages go
-//! through the ingress streams ([`super::ingest`]) into a partition, with replay.
+//! kvr's own subscriber: a ZMQ subscription ([`crate::transport`]) whose messages go
+//! through the engine's ingress streams ([`IngressStream`], `kvr::ingress::ingest`) into a
+//! partition, with replay.
 //!
 //! Two shapes, as vLLM deployments have them (REFERENCE.md §2):
 //! - **connect**: kvr connects to one engine's bound PUB socket (and its replay ROUTER);
@@ -11,16 +12,14 @@
 //!   subscription: a second stream that needs one meanwhile is treated as unreplayable
 //!   (its worker is cleared) rather than waiting.
 
-#![cfg(not(loom))]
-
 use std::sync::Arc;
 
-use crate::index::WorkerId;
-use crate::partition::Partition;
+use kvr::index::WorkerId;
+use kvr::ingress::ingest::IngressStream;
+use kvr::ingress::sequence::ReplayResult;
+use kvr::partition::Partition;
 
-use super::ingest::IngressStream;
-use super::sequence::ReplayResult;
-use super::transport::{FrameSink, ReplayEnd, SinkAction, Subscriber, SubscriberConfig};
+use crate::transport::{FrameSink, ReplayEnd, SinkAction, Subscriber, SubscriberConfig};
 
 /// Where a topic's messages come from (bind mode).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -174,7 +173,7 @@ impl FrameSink for PartitionSink {
 /// `InvalidInput` names the first malformed one. [`subscribe`] does this before anything
 /// else, so a refused subscription leaves no trace (no stream in the ingress stats).
 pub fn validate(cfg: &SubscribeConfig) -> std::io::Result<()> {
-    use super::transport::checked_endpoint;
+    use crate::transport::checked_endpoint;
     match cfg {
         SubscribeConfig::Connect {
             endpoint,
@@ -201,12 +200,12 @@ pub fn validate(cfg: &SubscribeConfig) -> std::io::Result<()> {
 /// A partition whose indexer policy applies no events (events off, or a remote primary:
 /// DESIGN.md §5) is refused: it starts no local subscription.
 pub fn subscribe(partition: Arc<Partition>, cfg: SubscribeConfig) -> std::io::Result<Subscription> {
-    if !partition.indexing.policy.applies_events() {
+    if !partition.indexer_policy().applies_events() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!(
                 "the partition's indexer policy ({:?}) applies no engine events: no subscription",
-                partition.indexing.policy
+                partition.indexer_policy()
             ),
         ));
     }

@@ -13,8 +13,8 @@
 //! that lives inside the subscriber's thread (no runtime is shared with, or required from,
 //! the host). Pure Rust, because libzmq is C++: linking it into `libkvr.a` would make every
 //! C and Go host add `-lstdc++`. It interoperates with libzmq 4.x peers (pyzmq in
-//! `engine/tests/zmq_transport.rs`): SUB connect, SUB bind with publishers connecting, and
-//! DEALER → ROUTER replay.
+//! `transport/zmq/tests/zmq_transport.rs`): SUB connect, SUB bind with publishers
+//! connecting, and DEALER → ROUTER replay.
 //!
 //! # Connection handling
 //!
@@ -45,10 +45,6 @@
 //! joins it: when `stop` returns, no sink method runs any more and every socket is closed
 //! (a bound port is free again). A sink call in progress is not interrupted: `stop` waits
 //! for it to return.
-//!
-//! Not compiled under `--cfg loom` (the loom models do not involve it, and tokio has no
-//! networking there): code using this module needs `#[cfg(all(feature = "zmq", not(loom)))]`.
-#![cfg(not(loom))]
 
 use std::fmt;
 use std::future::Future;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A libzmq publisher (pyzmq) for kvr's ZMQ transport interop test
-(engine/tests/zmq_transport.rs, `pyzmq_interop_*`).
+(transport/zmq/tests/zmq_transport.rs, `pyzmq_interop_*`).
 
 It behaves as vLLM's ZmqEventPublisher does on the wire (REFERENCE.md §2): PUB messages
 [topic, seq as 8-byte big-endian, payload]; a replay ROUTER, always bound, that takes
