@@ -273,6 +273,7 @@ impl EventGen {
 }
 
 /// A built index with everything needed to query it and to churn it.
+#[derive(Debug)]
 pub struct Workload {
     pub config: WorkloadConfig,
     pub index: Index,
@@ -452,6 +453,7 @@ impl SelectionConfig {
 }
 
 /// A built selection workload: an engine with one partition, ready to select on.
+#[derive(Debug)]
 pub struct SelectionWorkload {
     pub config: SelectionConfig,
     pub engine: std::sync::Arc<kvr::engine::Engine>,

@@ -6,6 +6,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 /// Percentiles of one variant's per-call times, in nanoseconds.
+#[derive(Debug)]
 pub struct Lat {
     pub name: String,
     pub calls: usize,

@@ -118,6 +118,15 @@ pub struct Engine {
     uid: u64,
 }
 
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("partitions", &self.partitions.len())
+            .field("seed", &self.seed)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for Engine {
     fn default() -> Self {
         Self::new()

@@ -86,6 +86,12 @@ pub struct LoadView {
     publish: Mutex<()>,
 }
 
+impl std::fmt::Debug for LoadView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadView").finish_non_exhaustive()
+    }
+}
+
 impl Default for LoadView {
     fn default() -> Self {
         Self::new()

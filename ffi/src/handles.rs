@@ -19,6 +19,7 @@ use crate::status::*;
 
 /// The selection engine: partitions, and the selection-id index of their bookings.
 #[allow(non_camel_case_types)]
+#[derive(Debug)]
 pub struct kvr_engine {
     pub(crate) engine: Arc<Engine>,
 }
@@ -26,6 +27,7 @@ pub struct kvr_engine {
 /// One partition `(model, routing group)` of an engine: its index, workers, load view,
 /// bookings and hooks.
 #[allow(non_camel_case_types)]
+#[derive(Debug)]
 pub struct kvr_partition {
     pub(crate) engine: Arc<Engine>,
     pub(crate) partition: Arc<Partition>,
@@ -33,7 +35,7 @@ pub struct kvr_partition {
 
 /// Engine options (opaque; set with `kvr_engine_options_set_*`).
 #[allow(non_camel_case_types)]
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct kvr_engine_options {
     seed: Option<u64>,
 }
@@ -41,6 +43,7 @@ pub struct kvr_engine_options {
 /// Partition options (opaque; created with a block size, set with
 /// `kvr_partition_options_set_*`). Unset values are Dynamo's defaults.
 #[allow(non_camel_case_types)]
+#[derive(Debug)]
 pub struct kvr_partition_options {
     pub(crate) config: PartitionConfig,
 }

@@ -22,6 +22,7 @@ use crate::status::*;
 
 /// A selection request (opaque; reuse it: `kvr_request_reset` between requests).
 #[allow(non_camel_case_types)]
+#[derive(Debug)]
 pub struct kvr_request {
     tokens: (*const u32, usize),
     hashes: Option<((*const u64, usize), u64)>,

@@ -26,12 +26,14 @@ use crate::status::*;
 /// (`kvr_subscribe_options_new_connect`), or one endpoint kvr binds and many engines
 /// connect to (`kvr_subscribe_options_new_bind`, with topic routes).
 #[allow(non_camel_case_types)]
+#[derive(Debug)]
 pub struct kvr_subscribe_options {
     config: SubscribeConfig,
 }
 
 /// A running (or stopped) subscription of a partition to engine KV events (opaque).
 #[allow(non_camel_case_types)]
+#[derive(Debug)]
 pub struct kvr_subscription {
     subscription: Subscription,
 }

@@ -19,6 +19,7 @@ pub const KVR_ROLE_DECODE: u32 = 2;
 /// A worker's metadata under construction (opaque; `kvr_worker_new`, setters, then
 /// `kvr_partition_upsert_worker`, which copies it).
 #[allow(non_camel_case_types)]
+#[derive(Debug)]
 pub struct kvr_worker {
     info: WorkerInfo,
 }

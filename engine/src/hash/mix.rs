@@ -7,7 +7,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// A hasher for 64-bit keys that are already random (hashes) or small and sequential
 /// (ranks, selection ids): one folded 128-bit multiply per word, so hashbrown gets good
 /// high (tag) and low (bucket) bits. Deterministic, so loom replays see one map layout.
-#[derive(Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy)]
 pub struct HashMix(u64);
 
 impl Hasher for HashMix {

@@ -83,6 +83,17 @@ pub struct Index {
     interner: holders::Interner,
 }
 
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.stats();
+        f.debug_struct("Index")
+            .field("shards", &self.shards.len())
+            .field("ranks", &s.ranks)
+            .field("holder_blocks", &s.holder_blocks)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for Index {
     fn default() -> Self {
         Self::new()

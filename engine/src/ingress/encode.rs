@@ -8,7 +8,7 @@ use rmp::encode as enc;
 use super::decode::Medium;
 
 /// One batch under construction.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct BatchEncoder {
     events: u32,
     body: Vec<u8>,

@@ -58,6 +58,14 @@ pub struct IngressRegistry {
     raw: ShardedMap<(WorkerId, u32), Arc<Mutex<IngressStream>>>,
 }
 
+impl std::fmt::Debug for IngressRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IngressRegistry")
+            .field("streams", &self.streams.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for IngressRegistry {
     fn default() -> Self {
         IngressRegistry {
@@ -182,6 +190,16 @@ pub struct IngressStream {
     /// DP ranks this stream's batches named (a clear clears these).
     ranks_seen: Vec<u32>,
     stats: Arc<Mutex<StreamStats>>,
+}
+
+impl std::fmt::Debug for IngressStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IngressStream")
+            .field("worker_id", &self.worker_id)
+            .field("stream", &self.stream)
+            .field("ranks_seen", &self.ranks_seen)
+            .finish_non_exhaustive()
+    }
 }
 
 impl IngressStream {

@@ -82,6 +82,17 @@ pub struct SequenceTracker {
     stats: SequenceStats,
 }
 
+impl std::fmt::Debug for SequenceTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SequenceTracker")
+            .field("replay_enabled", &self.replay_enabled)
+            .field("last", &self.last)
+            .field("replaying", &self.replay.is_some())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
 impl SequenceTracker {
     /// A tracker for a publisher whose lost batches can (`replay_enabled`) or cannot be
     /// requested again.

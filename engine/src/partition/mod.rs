@@ -54,6 +54,17 @@ pub struct Partition {
     ingress: IngressRegistry,
 }
 
+impl std::fmt::Debug for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partition")
+            .field("key", &self.key)
+            .field("block_size", &self.block_size())
+            .field("workers", &self.workers.load().len())
+            .field("policy", self.indexer_policy())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Partition {
     /// A partition of `config`.
     ///

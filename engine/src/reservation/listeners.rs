@@ -28,3 +28,13 @@ pub struct Listeners {
     /// [`ReservationTable::sweep_expired`]: super::ReservationTable::sweep_expired
     pub sweep: Option<SweepListener>,
 }
+
+impl std::fmt::Debug for Listeners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listeners")
+            .field("forget", &self.forget.is_some())
+            .field("end", &self.end.is_some())
+            .field("sweep", &self.sweep.is_some())
+            .finish()
+    }
+}

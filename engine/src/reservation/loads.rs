@@ -15,6 +15,12 @@ pub struct ActiveLoads {
     pub(super) ranks: SnapshotGuard<RankMap>,
 }
 
+impl std::fmt::Debug for ActiveLoads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActiveLoads").finish_non_exhaustive()
+    }
+}
+
 impl ActiveLoads {
     /// The rank's live counters (zero for a rank with no counter set). Lock-free.
     pub fn get(&self, rank: RankId) -> ActiveLoad {

@@ -56,6 +56,12 @@ pub struct Subscription {
     subscriber: Subscriber,
 }
 
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription").finish_non_exhaustive()
+    }
+}
+
 impl Subscription {
     /// Stops the subscription and joins its thread: after this returns, no event of it is
     /// applied any more. Idempotent.
