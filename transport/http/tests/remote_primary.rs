@@ -151,8 +151,7 @@ fn remote_primary_applies_no_events_and_starts_no_subscription() {
                 stream: 0,
             },
         )
-        .err()
-        .expect("refused");
+        .expect_err("refused");
         assert!(err.to_string().contains("no subscription"), "{err}");
     }
 }
