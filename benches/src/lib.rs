@@ -509,7 +509,7 @@ pub fn build_selection(config: SelectionConfig) -> SelectionWorkload {
         let mut info = WorkerInfo::new(r.worker_id, 1);
         info.total_kv_blocks = 65_536;
         info.max_batched_tokens = 16_384;
-        part.upsert_worker(info);
+        part.upsert_worker(info).unwrap();
     }
 
     let index = part.index();

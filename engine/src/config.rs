@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::cost::CostConfig;
-use crate::indexer::IndexerConfig;
-use crate::session::SessionConfig;
+use crate::indexer::{IndexerConfig, IndexerConfigError};
+use crate::session::{AffinityMode, SessionConfig};
 use crate::workers::BackendRole;
 
 /// Per-partition busy thresholds (Dynamo's): a rank over any set threshold is busy and is
@@ -77,5 +77,106 @@ impl PartitionConfig {
             hints: None,
             sessions: None,
         }
+    }
+}
+
+/// Why a partition configuration is refused: what Rust and the C ABI refuse alike (the C
+/// setters refuse each value as `KVR_ERR_INVALID_ARGUMENT`; creating a partition whose
+/// options contradict each other is `KVR_ERR_INVALID_CONFIG`, with this as the reason).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `block_size` is 0.
+    ZeroBlockSize,
+    /// `booking_ttl` is zero: every booking would expire as it is made.
+    ZeroBookingTtl,
+    /// A cost knob or busy threshold (named) is NaN or infinite.
+    NotFinite(&'static str),
+    /// A transfer-hint setting (named) is refused: `max_transfer_blocks` 0, or no
+    /// source role.
+    Hints(&'static str),
+    /// A session-affinity setting (named) is refused: a negative or non-finite soft
+    /// penalty.
+    Sessions(&'static str),
+    /// The indexer configuration (DESIGN.md §5), e.g. a remote primary with events off.
+    Indexer(IndexerConfigError),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::ZeroBlockSize => write!(f, "the block size must be at least 1"),
+            ConfigError::ZeroBookingTtl => write!(f, "the booking TTL must be positive"),
+            ConfigError::NotFinite(what) => write!(f, "{what} must be finite"),
+            ConfigError::Hints(what) => write!(f, "transfer hints: {what}"),
+            ConfigError::Sessions(what) => write!(f, "session affinity: {what}"),
+            ConfigError::Indexer(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl From<IndexerConfigError> for ConfigError {
+    fn from(e: IndexerConfigError) -> Self {
+        ConfigError::Indexer(e)
+    }
+}
+
+impl PartitionConfig {
+    /// Whether a partition can be built with this configuration: the checks the C ABI's
+    /// setters and `kvr_partition_options_check` make, in one place, so a Rust host is
+    /// refused what a C host is (Rust no longer clamps a block size of 0 to 1).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.block_size == 0 {
+            return Err(ConfigError::ZeroBlockSize);
+        }
+        if self.booking_ttl.is_zero() {
+            return Err(ConfigError::ZeroBookingTtl);
+        }
+        let c = &self.cost;
+        let knobs = [
+            (c.overlap_score_credit, "overlap_score_credit"),
+            (c.prefill_load_scale, "prefill_load_scale"),
+            (c.host_cache_hit_weight, "host_cache_hit_weight"),
+            (c.disk_cache_hit_weight, "disk_cache_hit_weight"),
+            (c.shared_cache_multiplier, "shared_cache_multiplier"),
+            (c.temperature, "temperature"),
+            (
+                c.decode_active_request_weight,
+                "decode_active_request_weight",
+            ),
+            (c.credit_decay.unwrap_or(0.0), "credit_decay"),
+            (
+                self.busy.decode_blocks_fraction.unwrap_or(0.0),
+                "decode_blocks_fraction",
+            ),
+            (
+                self.busy.prefill_tokens_fraction.unwrap_or(0.0),
+                "prefill_tokens_fraction",
+            ),
+        ];
+        if let Some((_, name)) = knobs.iter().find(|(v, _)| !v.is_finite()) {
+            return Err(ConfigError::NotFinite(name));
+        }
+        if let Some(h) = &self.hints {
+            if h.max_transfer_blocks == 0 {
+                return Err(ConfigError::Hints("max_transfer_blocks must be at least 1"));
+            }
+            if h.source_roles.is_empty() {
+                return Err(ConfigError::Hints("at least one source role is needed"));
+            }
+        }
+        if let Some(s) = &self.sessions {
+            if let AffinityMode::Soft { penalty_blocks } = s.mode {
+                if !(penalty_blocks.is_finite() && penalty_blocks >= 0.0) {
+                    return Err(ConfigError::Sessions(
+                        "the soft penalty must be finite and not negative",
+                    ));
+                }
+            }
+        }
+        self.indexer.check()?;
+        Ok(())
     }
 }

@@ -6,6 +6,7 @@ use crate::sync::{std_atomic, StdArc};
 use std::cell::RefCell;
 use std::time::Instant;
 
+use crate::config::ConfigError;
 use crate::cost::SelectionRng;
 use crate::idmap::IdMap;
 use crate::index::RankId;
@@ -28,7 +29,7 @@ pub enum EngineError {
     /// Any other refusal of the partition's reservation table.
     Reservation(ReservationError),
     /// A partition's configuration was refused (e.g. a remote index with events off).
-    InvalidConfig(String),
+    InvalidConfig(ConfigError),
 }
 
 impl std::fmt::Display for EngineError {
@@ -176,7 +177,7 @@ impl Engine {
             ids.remove(id);
         });
         let partition = Partition::with_forget_listener(key.clone(), config, forget)
-            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+            .map_err(EngineError::InvalidConfig)?;
         let p = self.partitions.get_or_insert_with(key.clone(), || {
             created = true;
             StdArc::new(partition.with_number(number))

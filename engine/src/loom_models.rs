@@ -453,7 +453,7 @@ fn tiny_engine() -> (
     let p = engine
         .create_partition(key.clone(), PartitionConfig::new(4))
         .unwrap();
-    p.upsert_worker(WorkerInfo::new(1, 1));
+    p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
     (Arc::new(engine), key, RankId::new(1, 0))
 }
 
@@ -539,7 +539,7 @@ fn load_swap_never_tears_a_selection() {
     for w in [1, 2] {
         let mut info = WorkerInfo::new(w, 1);
         info.total_kv_blocks = 100;
-        p.upsert_worker(info);
+        p.upsert_worker(info).unwrap();
     }
     let (a, b) = (RankId::new(1, 0), RankId::new(2, 0));
     let used = |n| RankLoad {

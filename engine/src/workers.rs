@@ -70,3 +70,67 @@ impl WorkerSet {
         self.workers.is_empty()
     }
 }
+
+/// Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
+/// plus scheme, port and path); the C ABI's `kvr_kv_hint` holds one inline.
+pub const MAX_CONTROL_ENDPOINT_LEN: usize = 511;
+
+/// Why a worker's metadata is refused (by Rust and the C ABI alike).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// `dp_size` is 0: a worker has at least one rank.
+    ZeroDpSize,
+    /// More control endpoints than ranks.
+    TooManyEndpoints { endpoints: usize, dp_size: u32 },
+    /// A control endpoint longer than [`MAX_CONTROL_ENDPOINT_LEN`] bytes.
+    EndpointTooLong { dp_rank: u32, len: usize },
+    /// An empty LoRA adapter name.
+    EmptyLoraName,
+}
+
+impl std::fmt::Display for WorkerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerError::ZeroDpSize => write!(f, "dp_size must be at least 1"),
+            WorkerError::TooManyEndpoints { endpoints, dp_size } => {
+                write!(f, "{endpoints} control endpoints for {dp_size} ranks")
+            }
+            WorkerError::EndpointTooLong { dp_rank, len } => write!(
+                f,
+                "rank {dp_rank}'s control endpoint is {len} bytes (at most \
+                 {MAX_CONTROL_ENDPOINT_LEN})"
+            ),
+            WorkerError::EmptyLoraName => write!(f, "a LoRA adapter name is empty"),
+        }
+    }
+}
+
+impl std::error::Error for WorkerError {}
+
+impl WorkerInfo {
+    /// Whether the metadata can be registered: what the C ABI refuses, in one place.
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        if self.dp_size == 0 {
+            return Err(WorkerError::ZeroDpSize);
+        }
+        if self.control_endpoints.len() > self.dp_size as usize {
+            return Err(WorkerError::TooManyEndpoints {
+                endpoints: self.control_endpoints.len(),
+                dp_size: self.dp_size,
+            });
+        }
+        for (d, ep) in self.control_endpoints.iter().enumerate() {
+            if let Some(ep) = ep.as_deref().filter(|e| e.len() > MAX_CONTROL_ENDPOINT_LEN) {
+                return Err(WorkerError::EndpointTooLong {
+                    dp_rank: d as u32,
+                    len: ep.len(),
+                });
+            }
+        }
+        if self.lora_adapters.iter().any(|a| a.is_empty()) {
+            return Err(WorkerError::EmptyLoraName);
+        }
+        Ok(())
+    }
+}

@@ -42,7 +42,7 @@ fn setup_with(config: PartitionConfig, peers: &[(BackendRole, Option<&str>, usiz
     let p = Partition::new(PartitionKey::new("m", "g"), config);
     let mut w0 = WorkerInfo::new(0, 1);
     w0.role = BackendRole::Decode;
-    p.upsert_worker(w0);
+    p.upsert_worker(w0).unwrap();
     let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
     let mut local = Vec::new();
     h.local_hashes(&tokens(), &mut local);
@@ -62,7 +62,7 @@ fn setup_with(config: PartitionConfig, peers: &[(BackendRole, Option<&str>, usiz
         let mut info = WorkerInfo::new(w, 1);
         info.role = *role;
         info.control_endpoints = vec![endpoint.map(String::from)];
-        p.upsert_worker(info);
+        p.upsert_worker(info).unwrap();
         hold(RankId::new(w, 0), *n);
     }
     p

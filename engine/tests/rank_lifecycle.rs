@@ -23,7 +23,7 @@ fn partition(indexer: IndexerConfig, workers: u64) -> Partition {
     };
     let p = Partition::try_new(PartitionKey::new("m", "g"), config).unwrap();
     for w in 0..workers {
-        p.upsert_worker(WorkerInfo::new(w, 1));
+        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     p
 }
@@ -74,7 +74,7 @@ fn rejoin_on_an_events_off_partition_is_reindexed_at_once() {
 
     assert!(p.remove_worker(0));
     assert_eq!(overlap(&p, &t, r), 0, "a removed worker holds nothing");
-    p.upsert_worker(WorkerInfo::new(0, 1));
+    p.upsert_worker(WorkerInfo::new(0, 1)).unwrap();
     // The same prompt booked again within the records' TTL: indexed again at once (the
     // recorder used to take it for a repeat of a record it still held, overlap 0).
     assert_eq!(book(&p, &t, 2, now + Duration::from_secs(1)), r);
@@ -107,7 +107,7 @@ fn rejoin_with_a_prediction_index_predicts_again() {
     assert_eq!(advised(&p), 8, "predicted from the booking");
     p.bookings().free(1).unwrap();
     assert!(p.remove_worker(0));
-    p.upsert_worker(WorkerInfo::new(0, 1));
+    p.upsert_worker(WorkerInfo::new(0, 1)).unwrap();
     assert_eq!(advised(&p), 0, "a rejoined worker's predictions are gone");
     book(&p, &t, 2, now + Duration::from_secs(1));
     assert_eq!(advised(&p), 8, "and its new bookings are predicted again");
@@ -133,7 +133,7 @@ fn rejoin_starts_a_fresh_ingress_stream() {
         p.ingress_stats().is_empty(),
         "the removed worker's streams are gone"
     );
-    p.upsert_worker(WorkerInfo::new(0, 1));
+    p.upsert_worker(WorkerInfo::new(0, 1)).unwrap();
     // The restarted engine numbers its messages from 0 again: a fresh stream applies it,
     // with no restart to detect and nothing cleared.
     let out = p.ingest(0, 0, b"kv", 0, &batch(&[200, 201], &t[..2 * B as usize]));
@@ -163,7 +163,7 @@ fn an_id_live_as_a_replica_booking_in_one_partition_is_refused_in_another() {
         let p = engine
             .create_partition(key.clone(), PartitionConfig::new(B))
             .unwrap();
-        p.upsert_worker(WorkerInfo::new(0, 1));
+        p.upsert_worker(WorkerInfo::new(0, 1)).unwrap();
     }
     engine.install_replica_booking(&a, replica(42)).unwrap();
     let t = prompt(4);

@@ -71,7 +71,7 @@ fn tokens() -> Vec<u32> {
 fn probe(engine: &Engine, report: &dyn Fn(&'static str)) {
     let p: Arc<Partition> = engine.partition(&key()).unwrap();
     report(PROBES[0]);
-    p.upsert_worker(WorkerInfo::new(5, 1));
+    p.upsert_worker(WorkerInfo::new(5, 1)).unwrap();
     report(PROBES[1]);
     p.remove_worker(5);
     report(PROBES[2]);
@@ -180,7 +180,7 @@ fn no_engine_lock_is_held_across_the_remote_query() {
     };
     let p = engine.create_partition(key(), config).unwrap();
     for w in 0..3 {
-        p.upsert_worker(WorkerInfo::new(w, 1));
+        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     assert!(remote.engine.set(engine.clone()).is_ok());
     let t = tokens();

@@ -28,7 +28,7 @@ fn engine(workers: u64) -> Engine {
     let e = Engine::with_seed(7);
     let p = e.create_partition(key(), PartitionConfig::new(BS)).unwrap();
     for w in 0..workers {
-        p.upsert_worker(WorkerInfo::new(w, 1));
+        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     e
 }
@@ -184,7 +184,7 @@ fn lora_engine() -> Engine {
         if w >= 2 {
             info.lora_adapters = vec!["sql".into()];
         }
-        p.upsert_worker(info);
+        p.upsert_worker(info).unwrap();
     }
     e
 }
@@ -331,7 +331,7 @@ fn busy_thresholds_on_prefill_tokens_make_a_rank_busy() {
     let mut cfg = PartitionConfig::new(BS);
     cfg.busy.prefill_tokens = Some(10);
     let p = e.create_partition(key(), cfg).unwrap();
-    p.upsert_worker(WorkerInfo::new(0, 1));
+    p.upsert_worker(WorkerInfo::new(0, 1)).unwrap();
     let t = prompt(4); // 16 prefill tokens
     chosen(
         e.select_and_reserve(&key(), &SelectRequest::tokens(&t))
@@ -486,7 +486,7 @@ fn the_id_index_answers_first_and_a_partition_scan_finds_replica_bookings() {
     let p2 = e
         .create_partition(other.clone(), PartitionConfig::new(BS))
         .unwrap();
-    p2.upsert_worker(WorkerInfo::new(5, 1));
+    p2.upsert_worker(WorkerInfo::new(5, 1)).unwrap();
     e.install_replica_booking(
         &other,
         kvr::reservation::BookingRequest {
@@ -522,7 +522,7 @@ fn workers_come_and_go_while_selections_run() {
             let p = e.partition(&key()).unwrap();
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                p.upsert_worker(WorkerInfo::new(100 + n % 8, 2));
+                p.upsert_worker(WorkerInfo::new(100 + n % 8, 2)).unwrap();
                 p.remove_worker(100 + (n + 4) % 8);
                 n += 1;
             }
@@ -608,7 +608,7 @@ fn selection_ids_are_unique_across_the_engine_for_replica_bookings_too() {
     let q = e
         .create_partition(other.clone(), PartitionConfig::new(BS))
         .unwrap();
-    q.upsert_worker(WorkerInfo::new(9, 1));
+    q.upsert_worker(WorkerInfo::new(9, 1)).unwrap();
     let t = prompt(4);
     let local = chosen(
         e.select_and_reserve(&key(), &SelectRequest::tokens(&t))
@@ -683,7 +683,7 @@ fn each_engine_keeps_its_own_seeded_tie_breaks_on_a_shared_thread() {
         let b = Engine::with_seed(99);
         let p = b.create_partition(key(), PartitionConfig::new(BS)).unwrap();
         for w in 0..8 {
-            p.upsert_worker(WorkerInfo::new(w, 1));
+            p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
         }
         picks(&b)
     })
@@ -695,7 +695,7 @@ fn each_engine_keeps_its_own_seeded_tie_breaks_on_a_shared_thread() {
         let b = Engine::with_seed(99);
         let p = b.create_partition(key(), PartitionConfig::new(BS)).unwrap();
         for w in 0..8 {
-            p.upsert_worker(WorkerInfo::new(w, 1));
+            p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
         }
         picks(&b)
     })
@@ -729,7 +729,7 @@ fn ids_of_bookings_that_vanish_without_a_free_can_be_used_again() {
     r77.pinned_worker = Some(1);
     chosen(e.select_and_reserve(&key(), &r77).unwrap());
     assert!(p.remove_worker(1));
-    p.upsert_worker(WorkerInfo::new(1, 1));
+    p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
     assert!(matches!(
         e.free(77),
         Ok(FreeOutcome::AlreadyFreed(FreedBy::RankRemoved))
@@ -764,7 +764,7 @@ fn ids_of_bookings_that_vanish_without_a_free_can_be_used_again() {
     assert!(e.remove_partition(&key()));
     assert_eq!(e.free(79), Err(EngineError::UnknownSelectionId(79)));
     let p2 = e.create_partition(key(), PartitionConfig::new(BS)).unwrap();
-    p2.upsert_worker(WorkerInfo::new(0, 1));
+    p2.upsert_worker(WorkerInfo::new(0, 1)).unwrap();
     chosen(e.select_and_reserve(&key(), &r79).unwrap());
     assert!(matches!(e.free(79), Ok(FreeOutcome::Freed(_))));
 }

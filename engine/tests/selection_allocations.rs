@@ -57,7 +57,7 @@ fn engine_with_cached_prefixes() -> (Engine, PartitionKey, Vec<u32>) {
         .create_partition(key.clone(), PartitionConfig::new(BS))
         .unwrap();
     for w in 0..64 {
-        p.upsert_worker(WorkerInfo::new(w, 1));
+        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     let tokens: Vec<u32> = (0..256).collect();
     let mut local = Vec::new();
@@ -156,7 +156,7 @@ fn engine_of(ranks: u64, blocks: usize) -> (Engine, PartitionKey, Vec<u32>) {
         .create_partition(key.clone(), PartitionConfig::new(BS))
         .unwrap();
     for w in 0..ranks {
-        p.upsert_worker(WorkerInfo::new(w, 1));
+        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     let tokens: Vec<u32> = (0..(blocks as u32) * BS).collect();
     let mut local = Vec::new();

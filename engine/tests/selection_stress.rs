@@ -33,7 +33,7 @@ fn four_threads_book_and_free_a_million_requests_and_every_counter_ends_at_zero(
         .create_partition(key.clone(), PartitionConfig::new(BS))
         .unwrap();
     for w in 0..RANKS / 2 {
-        p.upsert_worker(WorkerInfo::new(w, 2));
+        p.upsert_worker(WorkerInfo::new(w, 2)).unwrap();
     }
     // A pool of prompts sharing system-prompt prefixes.
     let prompts: Arc<Vec<Vec<u32>>> = Arc::new(

@@ -31,7 +31,7 @@ fn partition(mode: AffinityMode) -> Partition {
         },
     );
     for w in 0..4 {
-        p.upsert_worker(WorkerInfo::new(w, 1));
+        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     p
 }
@@ -238,7 +238,7 @@ fn advisory_selection_follows_the_binding_but_binds_nothing() {
 fn without_a_session_table_sessions_steer_nothing() {
     let p = Partition::new(PartitionKey::new("m", "g"), PartitionConfig::new(B));
     for w in 0..4 {
-        p.upsert_worker(WorkerInfo::new(w, 1));
+        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     let first = turn(&p, &prompt(1), ctx("s"), 1);
     let other = RankId::new((first.rank.worker_id + 1) % 4, 0);

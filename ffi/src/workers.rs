@@ -238,7 +238,10 @@ pub unsafe extern "C" fn kvr_partition_upsert_worker(
     guard(|| {
         // SAFETY: forwarded caller contract.
         let (p, w) = unsafe { (handle(partition)?, handle(worker)?) };
-        p.partition.upsert_worker(w.info.clone());
+        // Checked as each field was set; a refusal here is a bug, reported as bad input.
+        p.partition
+            .upsert_worker(w.info.clone())
+            .map_err(|_| KVR_ERR_INVALID_ARGUMENT)?;
         Ok(())
     })
 }

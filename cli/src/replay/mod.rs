@@ -299,7 +299,7 @@ pub fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
     for w in 0..cfg.workers {
         let mut info = WorkerInfo::new(u64::from(w), cfg.dp_size);
         info.total_kv_blocks = u64::from(cfg.kv_blocks);
-        partition.upsert_worker(info);
+        partition.upsert_worker(info).unwrap();
     }
     Router::new(kind, engine, partition, cfg.ranks(), cfg.seed)
 }

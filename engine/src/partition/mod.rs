@@ -4,9 +4,10 @@
 //! Workers come and go while selections run: the worker set is an immutable snapshot
 //! swapped whole (arc-swap), so a selection sees one consistent membership.
 
+use crate::config::ConfigError;
 use crate::hash::{BlockHasher, HashSalt};
 use crate::index::{Index, IndexConfig, WorkerId};
-use crate::indexer::{IndexState, IndexerConfigError, IndexerPolicy, IndexerStats};
+use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
 use crate::ingress::ingest::IngressRegistry;
 use crate::load::LoadView;
 use crate::reservation::{ForgetListener, Listeners, ReservationConfig, ReservationTable};
@@ -25,7 +26,7 @@ pub use crate::hooks::{
     BlockRange, HostHooks, LoraFilter, PrefillEstimator, PrefillQuery, SharedCacheLookup,
 };
 pub use crate::ids::PartitionKey;
-pub use crate::workers::{BackendRole, WorkerInfo, WorkerSet};
+pub use crate::workers::{BackendRole, WorkerError, WorkerInfo, WorkerSet};
 
 /// One partition.
 pub struct Partition {
@@ -70,14 +71,14 @@ impl Partition {
     ///
     /// # Panics
     ///
-    /// If `config.indexer` is refused ([`IndexerConfig::resolve`]); [`Partition::try_new`]
-    /// and `Engine::create_partition` return the refusal instead.
+    /// If `config` is refused ([`PartitionConfig::validate`]); [`Partition::try_new`] and
+    /// `Engine::create_partition` return the refusal instead.
     pub fn new(key: PartitionKey, config: PartitionConfig) -> Self {
         Self::try_new(key, config).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// A partition of `config`, or why its indexer configuration is refused.
-    pub fn try_new(key: PartitionKey, config: PartitionConfig) -> Result<Self, IndexerConfigError> {
+    /// A partition of `config`, or why it is refused ([`PartitionConfig::validate`]).
+    pub fn try_new(key: PartitionKey, config: PartitionConfig) -> Result<Self, ConfigError> {
         Self::build(key, config, None)
     }
 
@@ -87,7 +88,7 @@ impl Partition {
         key: PartitionKey,
         config: PartitionConfig,
         forget: ForgetListener,
-    ) -> Result<Self, IndexerConfigError> {
+    ) -> Result<Self, ConfigError> {
         Self::build(key, config, Some(forget))
     }
 
@@ -95,7 +96,8 @@ impl Partition {
         key: PartitionKey,
         config: PartitionConfig,
         forget: Option<ForgetListener>,
-    ) -> Result<Self, IndexerConfigError> {
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
         let indexing = IndexState::new(&config.indexer.resolve()?, &config.indexer)?;
         let bs = config.block_size.max(1);
         let salt = HashSalt::new(None, config.cache_namespace.as_deref());
@@ -245,14 +247,16 @@ impl Partition {
         self.hooks.store(hooks);
     }
 
-    /// Adds a worker or replaces its metadata. Returns `true` if it was new.
-    pub fn upsert_worker(&self, info: WorkerInfo) -> bool {
+    /// Adds a worker or replaces its metadata: `Ok(true)` if it was new. Metadata that
+    /// [`WorkerInfo::validate`] refuses is refused here (as the C ABI does).
+    pub fn upsert_worker(&self, info: WorkerInfo) -> Result<bool, WorkerError> {
+        info.validate()?;
         let _m = self.membership.lock();
         let cur = self.workers.load();
         let mut next = (*cur).clone();
         let new = next.workers.insert(info.worker_id, info).is_none();
         self.workers.store(next);
-        new
+        Ok(new)
     }
 
     /// Removes a worker: from the membership first (no new selection picks it), then

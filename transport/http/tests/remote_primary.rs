@@ -71,7 +71,7 @@ fn remote_partition(client: Option<Arc<dyn RemoteIndex>>, url: &str) -> Partitio
     )
     .unwrap();
     for w in 0..3 {
-        p.upsert_worker(WorkerInfo::new(w, 1));
+        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     p
 }
