@@ -4,8 +4,10 @@
 use std::cell::Cell;
 use std::os::raw::c_char;
 
+use kvr::hash::HashSalt;
 use kvr::hash::{local_block_hash, next_sequence_hash};
-use kvr::{HashSalt, IndexError, KvEvent, RankId, StoredBlock, Tier, TieredScores};
+use kvr::index::{IndexError, TieredScores};
+use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 use crate::handles::kvr_partition;
 use crate::status::*;

@@ -43,7 +43,8 @@ use kvr::hash::{local_block_hash, HashSalt};
 use kvr::ingress::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
 use kvr::ingress::ingest::{IngestOutcome, StreamStats};
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
-use kvr::{IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
+use kvr::{KvEvent, RankId, StoredBlock, Tier, WorkerId};
+use kvr::index::{IndexError};
 
 use crate::check::{check_all, Links, Scratch};
 use crate::model::Model;
