@@ -205,6 +205,7 @@ pub unsafe extern "C" fn kvr_partition_apply_events(
         let first_refusal = applied.first_refusal.map(|err| match err {
             IndexError::ParentNotFound { .. } => KVR_ERR_PARENT_NOT_FOUND,
             IndexError::TooManyRanks => KVR_ERR_TOO_MANY_RANKS,
+            _ => KVR_ERR_INVALID_ARGUMENT,
         });
         // SAFETY: forwarded caller contract.
         unsafe { write_opt(out, r) };

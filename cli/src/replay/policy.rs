@@ -365,6 +365,7 @@ impl Router {
                 Ok(())
             }
             FreeOutcome::AlreadyFreed(by) => Err(format!("already freed ({by:?})")),
+            other => Err(format!("not freed ({other:?})")),
         }
     }
 }
