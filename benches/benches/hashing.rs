@@ -8,8 +8,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvr::hash::HashSalt;
 use kvr::hash::{extend_sequence_hashes, BlockHasher};
-use kvr::HashSalt;
 use kvr_benches::{random_tokens, SplitMix64, DEFAULT_SEED};
 
 const PROMPT_TOKENS: usize = 4096;

@@ -22,7 +22,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvr::{Index, OverlapScores, Tier};
+use kvr::index::{Index, OverlapScores};
+use kvr::Tier;
 use kvr_benches::{
     build_index, index_config, ChainEvents, EventGen, QueryOrder, Shape, Workload, WorkloadConfig,
     DEFAULT_SEED,

@@ -14,7 +14,8 @@ use std::collections::VecDeque;
 pub mod timing;
 
 use kvr::hash::sequence_hashes;
-use kvr::{Index, IndexConfig, IndexStats, RankId, StoredBlock, Tier};
+use kvr::index::{Index, IndexConfig, IndexStats};
+use kvr::{RankId, StoredBlock, Tier};
 
 /// The seed every suite uses unless it says otherwise.
 pub const DEFAULT_SEED: u64 = 0x6b76_725f_6265_6e63; // "kvr_benc"
@@ -649,12 +650,12 @@ mod tests {
             assert_eq!(s.holder_blocks, (cfg.chains() * cfg.chain_len) as u64 * k);
             assert!(s.holder_blocks >= cfg.total_holder_blocks as u64);
             assert_eq!(s.nodes, (cfg.chains() * cfg.chain_len) as u64);
-            let mut out = kvr::OverlapScores::new();
+            let mut out = kvr::index::OverlapScores::new();
             for i in [0, w.chains.len() / 2, w.chains.len() - 1] {
                 w.index.find_matches_by_sequence(w.chains.seq(i), &mut out);
                 assert_eq!(out.len() as u64, k);
                 assert!(out.iter().all(|(_, n)| n as usize == cfg.chain_len));
-                let mut out2 = kvr::OverlapScores::new();
+                let mut out2 = kvr::index::OverlapScores::new();
                 w.index.find_matches_into(w.chains.local(i), &mut out2);
                 assert_eq!(out, out2);
             }

@@ -20,6 +20,7 @@ use crate::sync::{Mutex, ShardedMap, Snapshot};
 
 /// Why an engine call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EngineError {
     UnknownPartition(PartitionKey),
     PartitionExists(PartitionKey),

@@ -126,6 +126,7 @@ impl PartialEq for RemoteClient {
 
 /// The indexing a configuration resolves to.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum IndexerPolicy {
     /// Events feed the primary; bookings record nothing.
     EventDriven,

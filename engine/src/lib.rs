@@ -13,11 +13,23 @@
 //! of their own that use the engine's public API: `kvr-zmq` (transport/zmq: kvr's ZMQ
 //! subscriber, feeding a partition through [`ingress::ingest::IngressStream`]) and
 //! `kvr-remote` (transport/http: the HTTP client of a remote primary, implementing
-//! [`RemoteIndex`]).
+//! [`index::RemoteIndex`]).
 //!
 //! Block hashes follow NVIDIA Dynamo's scheme ([`hash`]); the index reproduces the
 //! semantics of Dynamo's radix index with a flat, lock-free-read layout ([`index`]); the
 //! invariants and memory orderings are argued in [`docs`].
+//!
+//! # Using it
+//!
+//! The types a host needs are at the root: an [`Engine`] of partitions ([`PartitionKey`],
+//! [`PartitionConfig`]) with their workers ([`WorkerInfo`]); KV events ([`KvEvent`]) into
+//! a partition ([`Partition::apply_events`], or raw engine messages with
+//! [`Partition::ingest`]); selection ([`SelectRequest`] → [`Outcome`] / [`Decision`]) and
+//! the booking lifecycle by [`SelectionId`]. Everything else lives in sub-modules named
+//! along the data path — [`ids`], [`hash`], [`index`] (with the indexer policy in
+//! [`indexer`]), [`load`], [`cost`], [`reservation`], [`session`], [`select`],
+//! [`partition`], [`engine`] — and each layer imports only the ones before it
+//! (`tests/check-module-cycles.py` fails CI on a cycle).
 
 pub mod config;
 pub mod cost;
@@ -43,10 +55,14 @@ pub mod workers;
 #[cfg(all(test, loom))]
 mod loom_models;
 
-pub use hash::{BlockHasher, HashSalt, LocalHash, SequenceHash};
-pub use index::{
-    ApplyOutcome, ApproxConfig, ApproxRecorder, ApproxStats, DpRank, Index, IndexConfig,
-    IndexError, IndexStats, KvEvent, OverlapScores, RankId, RankStats, RecordOutcome, RemoteConfig,
-    RemoteError, RemoteIndex, RemoteStats, StoredBlock, Tier, TieredOverlap, TieredScores,
-    WorkerId,
-};
+pub use config::{ConfigError, PartitionConfig};
+pub use engine::{Engine, EngineError};
+pub use hooks::HostHooks;
+pub use ids::{DpRank, PartitionKey, RankId, Tier, WorkerId};
+pub use index::{KvEvent, StoredBlock};
+pub use indexer::IndexerConfig;
+pub use partition::Partition;
+pub use reservation::{FreeOutcome, SelectionId};
+pub use select::{Decision, Outcome, Prompt, SelectError, SelectRequest};
+pub use session::SessionContext;
+pub use workers::{BackendRole, WorkerError, WorkerInfo};

@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 use common::rng::{env_u64, Rng};
 use kvr::hash::sequence_hashes;
 use kvr::index::MAX_RANKS;
-use kvr::{
-    ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexError, RankId, RecordOutcome, Tier,
-};
+use kvr::index::{ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexError, RecordOutcome};
+use kvr::{RankId, Tier};
 
 const TTL: Duration = Duration::from_secs(120);
 
@@ -477,7 +476,7 @@ fn differential(seed: u64, ops: usize, backwards: bool) {
     let base = Instant::now();
     let mut t_ms: u64 = 1_000_000;
     let mut log: Vec<String> = Vec::new();
-    let mut scores = kvr::OverlapScores::new();
+    let mut scores = kvr::index::OverlapScores::new();
 
     for op in 0..ops {
         // Time: mostly small steps, sometimes a jump past the TTL, sometimes backwards.

@@ -27,7 +27,8 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use common::rng::env_u64;
-use kvr::{Index, RankId, StoredBlock, Tier};
+use kvr::index::Index;
+use kvr::{RankId, StoredBlock, Tier};
 
 const WORKERS: u64 = 4;
 const DP: u32 = 4;

@@ -29,7 +29,8 @@ use std::time::Instant;
 use common::model::{self, assert_rank_stats_equal, assert_stats_equal, Model, TIERS};
 use common::rng::{env_u64, Rng};
 use kvr::hash::sequence_hashes;
-use kvr::{Index, IndexConfig, KvEvent, OverlapScores, RankId, StoredBlock, Tier};
+use kvr::index::{Index, IndexConfig, OverlapScores};
+use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 /// dp size of workers 1..=7 (18 ranks).
 const DP_SIZES: [u32; 7] = [4, 1, 2, 4, 3, 1, 3];

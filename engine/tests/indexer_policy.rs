@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use kvr::cost::SelectionRng;
 use kvr::engine::{Engine, EngineError};
+use kvr::hash::{BlockHasher, HashSalt};
 use kvr::indexer::{IndexerConfig, IndexerPolicy, Retention};
 use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
 use kvr::reservation::BookingRequest;
 use kvr::select::{Outcome, SelectRequest};
-use kvr::{BlockHasher, HashSalt, RankId};
+use kvr::RankId;
 
 const B: u32 = 4;
 
@@ -72,7 +73,7 @@ fn book(p: &Partition, tokens: &[u32], id: u64, now: Instant) -> RankId {
 fn device_overlap(p: &Partition, tokens: &[u32]) -> Vec<(RankId, u32)> {
     let mut rng = SelectionRng::from_seed(0);
     let _ = p.select(&SelectRequest::tokens(tokens), &mut rng);
-    let mut t = kvr::TieredScores::new();
+    let mut t = kvr::index::TieredScores::new();
     p.index()
         .find_matches_tiered_by_sequence(&seqs(tokens), &mut t);
     t.iter().map(|o| (o.rank, o.device)).collect()
@@ -123,9 +124,9 @@ fn row_events_off_is_an_approximate_primary_fed_by_bookings() {
 #[test]
 fn approximate_records_expire_after_their_ttl() {
     let cfg = IndexerConfig {
-        approx: kvr::ApproxConfig {
+        approx: kvr::index::ApproxConfig {
             ttl: Duration::from_secs(10),
-            ..kvr::ApproxConfig::default()
+            ..kvr::index::ApproxConfig::default()
         },
         ..events_off()
     };
@@ -143,9 +144,9 @@ fn approximate_records_expire_after_their_ttl() {
 fn records_expire_on_the_booking_sweep_without_another_booking() {
     for cfg in [
         IndexerConfig {
-            approx: kvr::ApproxConfig {
+            approx: kvr::index::ApproxConfig {
                 ttl: Duration::from_secs(10),
-                ..kvr::ApproxConfig::default()
+                ..kvr::index::ApproxConfig::default()
             },
             ..events_off()
         },
@@ -274,14 +275,14 @@ fn row_remote_url_with_events_on_is_a_remote_primary() {
 #[test]
 fn a_remote_url_without_a_client_is_refused_saying_what_to_supply() {
     struct Nothing;
-    impl kvr::RemoteIndex for Nothing {
+    impl kvr::index::RemoteIndex for Nothing {
         fn query_tiered(
             &self,
             _: &PartitionKey,
             _: u32,
             _: &[u64],
-            out: &mut kvr::TieredScores,
-        ) -> Result<(), kvr::RemoteError> {
+            out: &mut kvr::index::TieredScores,
+        ) -> Result<(), kvr::index::RemoteError> {
             let _ = out.fill_from(std::iter::empty());
             Ok(())
         }
@@ -347,9 +348,9 @@ fn capacity_bounded_retention_falls_back_to_ttl_with_a_notice() {
 fn zero_prediction_ttl_and_zero_size_bound_are_refused() {
     assert!(prediction(Duration::ZERO).resolve().is_err());
     let cfg = IndexerConfig {
-        approx: kvr::ApproxConfig {
+        approx: kvr::index::ApproxConfig {
             max_blocks: 0,
-            ..kvr::ApproxConfig::default()
+            ..kvr::index::ApproxConfig::default()
         },
         ..events_off()
     };

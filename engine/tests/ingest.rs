@@ -1,11 +1,12 @@
 //! Raw engine messages through `Partition::ingest`: decoded, hashed from their tokens,
 //! applied to the rank they name, sequence-checked, counted.
 
+use kvr::hash::{BlockHasher, HashSalt};
 use kvr::ingress::decode::Medium;
 use kvr::ingress::encode::BatchEncoder;
 use kvr::ingress::ingest::StreamStats;
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
-use kvr::{BlockHasher, HashSalt, RankId};
+use kvr::RankId;
 
 const BS: u32 = 4;
 

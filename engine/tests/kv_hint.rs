@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvr::cost::SelectionRng;
+use kvr::hash::{BlockHasher, HashSalt};
 use kvr::partition::{
     BackendRole, BusyThresholds, HintConfig, HostHooks, Partition, PartitionConfig, PartitionKey,
     WorkerInfo,
 };
 use kvr::select::{KvHint, Outcome, SelectRequest};
-use kvr::{BlockHasher, HashSalt, RankId, StoredBlock, Tier};
+use kvr::{RankId, StoredBlock, Tier};
 
 const B: u32 = 4;
 const BLOCKS: usize = 16;

@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 
 use kvr::cost::SelectionRng;
 use kvr::engine::{Engine, EngineError};
+use kvr::hash::{BlockHasher, HashSalt};
 use kvr::indexer::IndexerConfig;
 use kvr::ingress::decode::Medium;
 use kvr::ingress::encode::BatchEncoder;
 use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
 use kvr::reservation::BookingRequest;
 use kvr::select::{Outcome, SelectRequest};
-use kvr::{BlockHasher, HashSalt, RankId};
+use kvr::RankId;
 
 const B: u32 = 4;
 

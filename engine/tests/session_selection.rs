@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvr::cost::SelectionRng;
+use kvr::hash::{BlockHasher, HashSalt};
 use kvr::partition::{HostHooks, Partition, PartitionConfig, PartitionKey, WorkerInfo};
 use kvr::select::{Decision, Outcome, SelectRequest, SessionContext, SessionRoute};
 use kvr::session::{AffinityMode, SessionConfig};
-use kvr::{BlockHasher, HashSalt, RankId, StoredBlock, Tier};
+use kvr::{RankId, StoredBlock, Tier};
 
 const B: u32 = 4;
 

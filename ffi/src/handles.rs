@@ -61,8 +61,12 @@ pub(crate) fn engine_status(e: &EngineError) -> kvr_status {
             ReservationError::UnknownSelectionId(_) => KVR_ERR_UNKNOWN_SELECTION_ID,
             ReservationError::AlreadyFreed(..) => KVR_ERR_ALREADY_FREED,
             ReservationError::TooLarge(..) => KVR_ERR_TOO_LARGE,
+            // A refusal this ABI version has no code for (the engine's errors are
+            // `#[non_exhaustive]`): reported as bad input, never as success.
+            _ => KVR_ERR_INVALID_ARGUMENT,
         },
         EngineError::InvalidConfig(_) => KVR_ERR_INVALID_CONFIG,
+        _ => KVR_ERR_INVALID_ARGUMENT,
     }
 }
 

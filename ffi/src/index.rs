@@ -4,8 +4,10 @@
 use std::cell::Cell;
 use std::os::raw::c_char;
 
+use kvr::hash::HashSalt;
 use kvr::hash::{local_block_hash, next_sequence_hash};
-use kvr::{HashSalt, IndexError, KvEvent, RankId, StoredBlock, Tier, TieredScores};
+use kvr::index::{IndexError, TieredScores};
+use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 use crate::handles::kvr_partition;
 use crate::status::*;
@@ -203,6 +205,7 @@ pub unsafe extern "C" fn kvr_partition_apply_events(
         let first_refusal = applied.first_refusal.map(|err| match err {
             IndexError::ParentNotFound { .. } => KVR_ERR_PARENT_NOT_FOUND,
             IndexError::TooManyRanks => KVR_ERR_TOO_MANY_RANKS,
+            _ => KVR_ERR_INVALID_ARGUMENT,
         });
         // SAFETY: forwarded caller contract.
         unsafe { write_opt(out, r) };

@@ -260,6 +260,8 @@ pub unsafe extern "C" fn kvr_partition_indexer_stats(
                 }
                 IndexerPolicy::ApproximatePrimary => KVR_INDEXER_APPROXIMATE_PRIMARY,
                 IndexerPolicy::RemotePrimary { .. } => KVR_INDEXER_REMOTE_PRIMARY,
+                // A policy this ABI version has no code for.
+                _ => u32::MAX,
             },
             reserved: 0,
             bookings_recorded: s.bookings_recorded,

@@ -472,6 +472,7 @@ fn flags(d: &Decision) -> u32 {
         Some(SessionRoute::Pinned) => KVR_DECISION_SESSION_PINNED,
         Some(SessionRoute::Preferred) => KVR_DECISION_SESSION_PREFERRED,
         Some(SessionRoute::Rebound) => KVR_DECISION_SESSION_REBOUND,
+        Some(_) => 0, // a route this ABI version has no flag for
     };
     hint | session
 }
@@ -527,6 +528,7 @@ unsafe fn selection(
             }
             Ok(Outcome::Busy) => Err(KVR_BUSY),
             Ok(Outcome::NoWorker) => Err(KVR_NO_WORKER),
+            Ok(_) => Err(KVR_ERR_INVALID_ARGUMENT), // an outcome this ABI has no code for
             Err(e) => Err(engine_status(e)),
         }
     })
@@ -762,6 +764,8 @@ pub unsafe extern "C" fn kvr_engine_free_booking(
             FreeOutcome::AlreadyFreed(FreedBy::Caller) => KVR_FREED_BY_CALLER,
             FreeOutcome::AlreadyFreed(FreedBy::Expired) => KVR_FREED_EXPIRED,
             FreeOutcome::AlreadyFreed(FreedBy::RankRemoved) => KVR_FREED_RANK_REMOVED,
+            // A freeing this ABI version has no code for: it was freed before.
+            _ => KVR_FREED_BY_CALLER,
         };
         // SAFETY: forwarded caller contract.
         unsafe { write_opt(out_freed, how) };

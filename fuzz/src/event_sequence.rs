@@ -20,7 +20,8 @@
 //! must hold no node and no holder-set bytes) and every worker removed.
 
 use arbitrary::{Arbitrary, Unstructured};
-use kvr::{Index, IndexConfig, KvEvent, RankId, StoredBlock, Tier};
+use kvr::index::{Index, IndexConfig};
+use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 use crate::check::{check_all, Links, Scratch};
 use crate::model::{assert_stats_equal, Model, TIERS};

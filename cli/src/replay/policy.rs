@@ -29,11 +29,13 @@ use std::time::{Duration, Instant};
 
 use kvr::cost::{choose, classic_logit, CandidateLoad, RequestShape, SelectionRng};
 use kvr::engine::Engine;
+use kvr::hash::{BlockHasher, HashSalt};
+use kvr::index::OverlapScores;
 use kvr::indexer::IndexerConfig;
 use kvr::partition::Partition;
 use kvr::reservation::FreeOutcome;
 use kvr::select::{Outcome, SelectRequest, SessionContext};
-use kvr::{BlockHasher, HashSalt, OverlapScores, RankId};
+use kvr::RankId;
 
 /// A routing policy of `kvr replay`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -363,6 +365,7 @@ impl Router {
                 Ok(())
             }
             FreeOutcome::AlreadyFreed(by) => Err(format!("already freed ({by:?})")),
+            other => Err(format!("not freed ({other:?})")),
         }
     }
 }

@@ -31,6 +31,7 @@ pub enum KvEvent<'a> {
 
 /// Why an event was refused. Refusals are counted per rank and in total.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IndexError {
     /// A `Stored` event named a parent this rank does not hold; the whole store is
     /// rejected, since its blocks' prefixes are unknown.

@@ -260,7 +260,9 @@ impl Partition {
     }
 
     /// Removes a worker: from the membership first (no new selection picks it), then
-    /// everything kept for its ranks ([`Partition::forget_worker_state`]).
+    /// everything kept for its ranks: index entries, the approximate recorder's records
+    /// and the prediction side index, reported load, bookings, session bindings and its
+    /// ingress streams (one lifecycle, so a worker that rejoins starts as new everywhere).
     pub fn remove_worker(&self, id: WorkerId) -> bool {
         let removed = {
             let _m = self.membership.lock();

@@ -158,6 +158,7 @@ pub struct Released {
 ///
 /// [`ReservationTable::free`]: super::ReservationTable::free
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FreeOutcome {
     /// This call freed the booking.
     Freed(Released),
@@ -168,6 +169,7 @@ pub enum FreeOutcome {
 /// Errors of the reservation table; each is a caller's mistake or a race it lost, never a
 /// corrupted table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReservationError {
     /// The id is live, or was freed recently: booking it again is refused, not an
     /// overwrite.

@@ -39,6 +39,7 @@ pub struct Decision {
 /// How session affinity took part in a selection (DESIGN.md §9), reported so a gateway
 /// can log or count it per request as Dynamo's router does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SessionRoute {
     /// The session had no binding: chosen by cost (booking binds it).
     Unbound,
@@ -78,6 +79,7 @@ pub struct KvHint {
 // an allocation on every selection (the routing path allocates nothing once warm).
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Outcome {
     Selected(Decision),
     /// Candidates exist, but every one is busy or overloaded: try again later.
@@ -88,6 +90,7 @@ pub enum Outcome {
 
 /// Why a booked selection or an explicit reservation failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SelectError {
     Reservation(ReservationError),
     /// An explicit reservation named a rank that is not a member of the partition.

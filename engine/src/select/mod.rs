@@ -7,7 +7,7 @@
 
 //!
 //! The stages live one per file: [`request`](SelectRequest) in, candidates, the decision,
-//! the transfer hint, booking. A [`Selector`] borrows the parts of a partition that a
+//! the transfer hint, booking. A `Selector` borrows the parts of a partition that a
 //! selection reads, so this layer never names the partition that owns them.
 
 mod book;

@@ -44,7 +44,7 @@
 //!   first block first (DESIGN.md §3: xxh3-64 of each block's tokens, salted by LoRA name and
 //!   cache namespace; the trailing partial block is never hashed, so never sent). Local, not
 //!   chained sequence hashes: the server chains them itself, exactly as
-//!   [`Index::find_matches_tiered`](kvr::Index::find_matches_tiered) does, so how an index
+//!   [`Index::find_matches_tiered`](kvr::index::Index::find_matches_tiered) does, so how an index
 //!   keys its nodes stays the index's business, and a client needs no chain of its own. Not
 //!   the engines' external block hashes either: those are opaque per rank.
 //! - `block_size` (u32): the block size (tokens per block) the hashes were computed with. The
@@ -68,7 +68,7 @@
 //! One entry per rank that holds the prompt's first block on some tier: `device` leading
 //! blocks on the device tier, then `host` further contiguous blocks in host memory, then
 //! `disk` further contiguous blocks on disk (DESIGN.md §4, the tiered query;
-//! [`TieredOverlap`](kvr::TieredOverlap)). Ranks holding nothing are absent; the order is
+//! [`TieredOverlap`](kvr::index::TieredOverlap)). Ranks holding nothing are absent; the order is
 //! free (the client sorts). The client refuses the whole answer ([`RemoteError::BadBody`])
 //! when a rank is listed twice or when a rank's `device + host + disk` exceeds the number
 //! of hashes sent: such a server cannot be trusted not to overcount. An entry of all zeros

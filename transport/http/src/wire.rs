@@ -5,7 +5,7 @@ use kvr::index::{RankId, RemoteError, TieredOverlap, TieredScores};
 use kvr::partition::PartitionKey;
 
 /// The path of the tiered query, appended to a
-/// [`RemoteConfig::base_url`](kvr::RemoteConfig::base_url).
+/// [`RemoteConfig::base_url`](kvr::index::RemoteConfig::base_url).
 pub const QUERY_TIERED_BY_HASH_PATH: &str = "/query_tiered_by_hash";
 
 /// The body of `POST /query_tiered_by_hash` (see the crate documentation).
@@ -79,7 +79,7 @@ pub struct QueryTieredByHashResponse {
 
 impl QueryTieredByHashResponse {
     /// The answer a server gives from its index's tiered lookup
-    /// ([`Index::find_matches_tiered`](kvr::Index::find_matches_tiered) of the request's
+    /// ([`Index::find_matches_tiered`](kvr::index::Index::find_matches_tiered) of the request's
     /// `block_hashes`).
     pub fn from_scores(scores: &TieredScores) -> Self {
         Self {
@@ -121,7 +121,8 @@ impl From<&TieredScores> for QueryTieredByHashResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvr::{Index, KvEvent, StoredBlock, Tier};
+    use kvr::index::Index;
+    use kvr::{KvEvent, StoredBlock, Tier};
 
     fn store(index: &Index, rank: RankId, tier: Tier, parent: Option<u64>, blocks: &[(u64, u64)]) {
         let blocks: Vec<StoredBlock> = blocks

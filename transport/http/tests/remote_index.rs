@@ -23,11 +23,11 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvr::partition::PartitionKey;
-use kvr::{
-    Index, KvEvent, RankId, RemoteConfig, RemoteError, RemoteIndex, RemoteStats, StoredBlock, Tier,
-    TieredOverlap, TieredScores,
+use kvr::index::{
+    Index, RemoteConfig, RemoteError, RemoteIndex, RemoteStats, TieredOverlap, TieredScores,
 };
+use kvr::partition::PartitionKey;
+use kvr::{KvEvent, RankId, StoredBlock, Tier};
 use kvr_remote::{
     HttpRemoteIndex, QueryTieredByHashRequest, QueryTieredByHashResponse, RankOverlap,
     QUERY_TIERED_BY_HASH_PATH,

@@ -12,8 +12,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvr::hash::{BlockHasher, HashSalt};
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
-use kvr::{BlockHasher, HashSalt, RankId};
+use kvr::RankId;
 use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription, TopicRoute};
 use serde_json::Value;
 
@@ -79,7 +80,7 @@ fn compare(p: &Partition, truth: &Truth) -> Vec<String> {
             continue;
         }
         for s in seqs {
-            let mut out = kvr::TieredScores::new();
+            let mut out = kvr::index::TieredScores::new();
             p.index().find_matches_tiered_by_sequence(&[*s], &mut out);
             let o = out.get(rank);
             let present = match (tier, o) {
