@@ -35,6 +35,7 @@ pub mod hooks;
 pub mod index;
 pub mod indexer;
 pub mod ingress;
+pub mod request;
 pub mod select;
 pub mod session;
 pub mod stats;

@@ -1,0 +1,415 @@
+//! The C selection request: a reusable object naming the prompt and the caller's
+//! constraints.
+//!
+//! A `kvr_request` borrows the token or hash array it is given (no copy of the prompt):
+//! the array must stay valid and unchanged until the request is reset, given another
+//! prompt, or freed, and during every selection call that uses it. Everything else
+//! (LoRA name, allow-set, session context) is copied into buffers the request reuses, so
+//! a host that keeps one request per thread allocates nothing per selection (a session
+//! context is the exception: it is carried into the decision as owned strings).
+
+use std::os::raw::c_char;
+use std::time::Duration;
+
+use kvr::cost::CostOverrides;
+use kvr::select::{Prompt, SelectRequest, SessionContext};
+use kvr::WorkerId;
+
+use crate::status::*;
+
+/// A selection request (opaque; reuse it: `kvr_request_reset` between requests).
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub struct kvr_request {
+    tokens: (*const u32, usize),
+    hashes: Option<((*const u64, usize), u64)>,
+    lora: String,
+    /// The allow-set's buffer, and whether an allow-set is set.
+    allowed: Vec<WorkerId>,
+    allowed_set: bool,
+    pinned: Option<WorkerId>,
+    session: Option<SessionContext>,
+    legacy_session: Option<String>,
+    overrides: CostOverrides,
+    expected_output_tokens: u64,
+    selection_id: Option<u64>,
+    ttl: Option<Duration>,
+}
+
+// SAFETY: the raw prompt pointers are only read, during calls whose contract requires
+// the caller to keep them valid; the request holds no thread-affine state.
+unsafe impl Send for kvr_request {}
+// SAFETY: as above; `const kvr_request *` calls only read the request.
+unsafe impl Sync for kvr_request {}
+
+impl kvr_request {
+    fn new() -> Self {
+        kvr_request {
+            tokens: (std::ptr::null(), 0),
+            hashes: None,
+            lora: String::new(),
+            allowed: Vec::new(),
+            allowed_set: false,
+            pinned: None,
+            session: None,
+            legacy_session: None,
+            overrides: CostOverrides::NONE,
+            expected_output_tokens: 0,
+            selection_id: None,
+            ttl: None,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.tokens = (std::ptr::null(), 0);
+        self.hashes = None;
+        self.lora.clear();
+        self.allowed.clear();
+        self.allowed_set = false;
+        self.pinned = None;
+        self.session = None;
+        self.legacy_session = None;
+        self.overrides = CostOverrides::NONE;
+        self.expected_output_tokens = 0;
+        self.selection_id = None;
+        self.ttl = None;
+    }
+
+    /// The engine's view of this request, borrowing the prompt array.
+    ///
+    /// # Safety
+    /// The prompt array set on the request is valid for `'a` (the caller's contract).
+    #[inline(always)]
+    pub(crate) unsafe fn view(&self) -> Result<SelectRequest<'_>, kvr_status> {
+        let prompt = match self.hashes {
+            Some(((p, n), prompt_tokens)) => Prompt::LocalHashes {
+                // SAFETY: forwarded caller contract; checked when set.
+                hashes: unsafe { slice(p, n) }?,
+                prompt_tokens,
+            },
+            // SAFETY: forwarded caller contract; checked when set.
+            None => Prompt::Tokens(unsafe { slice(self.tokens.0, self.tokens.1) }?),
+        };
+        let mut r = match prompt {
+            Prompt::Tokens(t) => SelectRequest::tokens(t),
+            Prompt::LocalHashes {
+                hashes,
+                prompt_tokens,
+            } => SelectRequest::local_hashes(hashes, prompt_tokens),
+        };
+        r.lora_name = (!self.lora.is_empty()).then_some(self.lora.as_str());
+        r.allowed_workers = self.allowed_set.then_some(self.allowed.as_slice());
+        r.pinned_worker = self.pinned;
+        r.session = self.session.clone();
+        r.legacy_session_id = self.legacy_session.as_deref();
+        r.overrides = self.overrides;
+        r.expected_output_tokens = self.expected_output_tokens;
+        r.selection_id = self.selection_id;
+        r.ttl = self.ttl;
+        Ok(r)
+    }
+}
+
+/// A new, empty request (an empty prompt). Free with `kvr_request_free`.
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_new(out: *mut *mut kvr_request) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    guard(|| unsafe { give(out, kvr_request::new()) })
+}
+
+/// Frees a request; NULL is a no-op.
+///
+/// # Safety
+/// `req` is NULL or from `kvr_request_new`, not freed before, not in use by a call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_free(req: *mut kvr_request) {
+    // SAFETY: forwarded caller contract.
+    guard_void(|| unsafe { take_back(req) })
+}
+
+/// Runs a setter on a request the caller holds exclusively.
+///
+/// # Safety
+/// `req` is NULL or live and not shared during the call.
+unsafe fn with_request(
+    req: *mut kvr_request,
+    f: impl FnOnce(&mut kvr_request) -> Ret,
+) -> kvr_status {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        f(unsafe { handle_mut(req) }?)
+    })
+}
+
+/// Clears every field (keeping the request's buffers for reuse).
+///
+/// # Safety
+/// `req` is NULL or live and not shared during the call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_reset(req: *mut kvr_request) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            r.reset();
+            Ok(())
+        })
+    }
+}
+
+/// The prompt as `n` token ids (kvr hashes them with the partition's salt and the
+/// request's LoRA). Borrowed, not copied: see the module rules.
+///
+/// # Safety
+/// `req` is NULL or live and not shared; `tokens` points to `n` values that stay valid as
+/// the module documentation says.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_tokens(
+    req: *mut kvr_request,
+    tokens: *const u32,
+    n: usize,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            slice(tokens, n)?;
+            r.tokens = (tokens, n);
+            r.hashes = None;
+            Ok(())
+        })
+    }
+}
+
+/// The prompt as `n` local block hashes (from `kvr_partition_hash_tokens` or the host's
+/// own Dynamo-compatible hashing) and its length in tokens. Borrowed, not copied.
+///
+/// # Safety
+/// As `kvr_request_set_tokens`.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_local_hashes(
+    req: *mut kvr_request,
+    hashes: *const u64,
+    n: usize,
+    prompt_tokens: u64,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            slice(hashes, n)?;
+            r.hashes = Some(((hashes, n), prompt_tokens));
+            r.tokens = (std::ptr::null(), 0);
+            Ok(())
+        })
+    }
+}
+
+/// The LoRA adapter (copied; `(NULL, 0)` = none): salts the hashes and narrows the
+/// candidates to workers serving it (never to nothing: an empty narrowing is ignored).
+///
+/// # Safety
+/// `req` is NULL or live and not shared; `name` points to `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_lora(
+    req: *mut kvr_request,
+    name: *const c_char,
+    len: usize,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            let name = str_arg(name, len)?;
+            r.lora.clear();
+            r.lora.push_str(name);
+            Ok(())
+        })
+    }
+}
+
+/// The caller's allow-set of workers (copied). `(NULL, 0)` means "no worker allowed" (the
+/// selection answers `KVR_NO_WORKER`); to allow every worker, do not set it (or reset).
+///
+/// # Safety
+/// `req` is NULL or live and not shared; `workers` points to `n` values.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_allowed_workers(
+    req: *mut kvr_request,
+    workers: *const u64,
+    n: usize,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            let w = slice(workers, n)?;
+            r.allowed.clear();
+            r.allowed.extend_from_slice(w);
+            r.allowed_set = true;
+            Ok(())
+        })
+    }
+}
+
+/// Routes to `worker_id` if it is allowed (LoRA narrowing never removes an allowed pin).
+///
+/// # Safety
+/// `req` is NULL or live and not shared during the call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_pinned_worker(
+    req: *mut kvr_request,
+    worker_id: u64,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            r.pinned = Some(worker_id);
+            Ok(())
+        })
+    }
+}
+
+/// The structured session context (all copied; `session_id` must not be empty; a
+/// `(NULL, 0)` parent or trigger = none). It takes precedence over a legacy session id.
+///
+/// # Safety
+/// `req` is NULL or live and not shared; the strings point to their lengths in bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_session(
+    req: *mut kvr_request,
+    session_id: *const c_char,
+    session_id_len: usize,
+    parent_session_id: *const c_char,
+    parent_session_id_len: usize,
+    session_final: u32,
+    input_trigger: *const c_char,
+    input_trigger_len: usize,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            let id = str_arg(session_id, session_id_len)?;
+            let parent = str_arg(parent_session_id, parent_session_id_len)?;
+            let trigger = str_arg(input_trigger, input_trigger_len)?;
+            if id.is_empty() {
+                return Err(KVR_ERR_INVALID_ARGUMENT);
+            }
+            r.session = Some(SessionContext {
+                session_id: id.to_owned(),
+                parent_session_id: (!parent.is_empty()).then(|| parent.to_owned()),
+                session_final: session_final != 0,
+                input_trigger: (!trigger.is_empty()).then(|| trigger.to_owned()),
+            });
+            Ok(())
+        })
+    }
+}
+
+/// A legacy flat session id (copied; `(NULL, 0)` = none), used only without a structured
+/// session context.
+///
+/// # Safety
+/// `req` is NULL or live and not shared; `id` points to `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_legacy_session_id(
+    req: *mut kvr_request,
+    id: *const c_char,
+    len: usize,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            let id = str_arg(id, len)?;
+            r.legacy_session = (!id.is_empty()).then(|| id.to_owned());
+            Ok(())
+        })
+    }
+}
+
+/// Per-request cost overrides (Dynamo's four): pass NaN to keep the partition's value.
+/// Infinite values are refused.
+///
+/// # Safety
+/// `req` is NULL or live and not shared during the call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_overrides(
+    req: *mut kvr_request,
+    overlap_score_credit: f64,
+    prefill_load_scale: f64,
+    temperature: f64,
+    shared_cache_multiplier: f64,
+) -> kvr_status {
+    let opt = |v: f64| -> Result<Option<f64>, kvr_status> {
+        if v.is_nan() {
+            Ok(None)
+        } else if v.is_infinite() {
+            Err(KVR_ERR_INVALID_ARGUMENT)
+        } else {
+            Ok(Some(v))
+        }
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            r.overrides = CostOverrides {
+                overlap_score_credit: opt(overlap_score_credit)?,
+                prefill_load_scale: opt(prefill_load_scale)?,
+                temperature: opt(temperature)?,
+                shared_cache_multiplier: opt(shared_cache_multiplier)?,
+            };
+            Ok(())
+        })
+    }
+}
+
+/// Output tokens the request is expected to produce, recorded on the booking (as
+/// Dynamo, decode load grows as output is reported: `kvr_engine_add_output_blocks`).
+///
+/// # Safety
+/// `req` is NULL or live and not shared during the call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_expected_output_tokens(
+    req: *mut kvr_request,
+    tokens: u64,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            r.expected_output_tokens = tokens;
+            Ok(())
+        })
+    }
+}
+
+/// Booked modes: the caller's own selection id (0 = let the engine mint one). A live or
+/// recently freed id is refused with `KVR_ERR_DUPLICATE_SELECTION_ID` at booking time.
+///
+/// # Safety
+/// `req` is NULL or live and not shared during the call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_selection_id(
+    req: *mut kvr_request,
+    id: u64,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            r.selection_id = (id != 0).then_some(id);
+            Ok(())
+        })
+    }
+}
+
+/// Booked modes: the booking's lifetime in milliseconds (0 = the partition's default).
+///
+/// # Safety
+/// `req` is NULL or live and not shared during the call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_ttl_ms(req: *mut kvr_request, ttl_ms: u64) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            r.ttl = (ttl_ms != 0).then(|| Duration::from_millis(ttl_ms));
+            Ok(())
+        })
+    }
+}
