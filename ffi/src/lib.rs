@@ -49,6 +49,7 @@ pub use hooks::*;
 pub use index::*;
 pub use indexer::*;
 pub use ingress::*;
+pub use request::*;
 pub use select::*;
 pub use session::*;
 pub use stats::*;
