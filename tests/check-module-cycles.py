@@ -42,7 +42,7 @@ def strip_code(text):
         r"""//[^\n]*|/\*.*?\*/|\br(#*)".*?"\1|b?"(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])'""", re.S
     )
     text = token.sub(lambda m: '""' if m.group(0)[:1] in 'rb"' else " ", text)
-    out, depth_skip = [], None
+    out = []
     lines = text.split("\n")
     i = 0
     while i < len(lines):
@@ -117,7 +117,7 @@ def reexports(mods, code):
     return table
 
 
-def absolutize(mod, segs, is_file_mod_dir):
+def absolutize(mod, segs):
     segs = list(segs)
     base = list(mod)
     if segs[0] == "crate":
@@ -132,7 +132,7 @@ def absolutize(mod, segs, is_file_mod_dir):
     return None  # extern crate or a local name
 
 
-def resolve(mods, rex, mod, segs, seen=None):
+def resolve(mods, rex, segs, seen=None):
     """Returns the module that defines what `segs` (absolute, crate-relative) names."""
     seen = seen or set()
     key = tuple(segs)
@@ -146,9 +146,9 @@ def resolve(mods, rex, mod, segs, seen=None):
             rest = segs[n:]
             if rest and rest[0] in rex.get(prefix, {}):
                 target = rex[prefix][rest[0]]
-                absolute = absolutize(prefix, target, True)
+                absolute = absolutize(prefix, target)
                 if absolute is not None:
-                    r = resolve(mods, rex, prefix, absolute + rest[1:], seen)
+                    r = resolve(mods, rex, absolute + rest[1:], seen)
                     if r is not None:
                         return r
             return prefix
@@ -199,10 +199,10 @@ def main():
                 segs = segs[:-1]
             if not segs:
                 continue
-            absolute = absolutize(mod, segs, True)
+            absolute = absolutize(mod, segs)
             if absolute is None:
                 continue
-            target = resolve(mods, rex, mod, absolute)
+            target = resolve(mods, rex, absolute)
             if target is None or target == mod:
                 continue
             # A module's own ancestors only count when the item is defined there, which

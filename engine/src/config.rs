@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::cost::CostConfig;
-use crate::indexer::{IndexerConfig, IndexerConfigError};
+use crate::indexer::{IndexerConfig, IndexerConfigError, ResolvedIndexer};
 use crate::session::{AffinityMode, SessionConfig};
 use crate::workers::BackendRole;
 
@@ -128,6 +128,12 @@ impl PartitionConfig {
     /// setters and `kvr_partition_options_check` make, in one place, so a Rust host is
     /// refused what a C host is (Rust no longer clamps a block size of 0 to 1).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validated().map(drop)
+    }
+
+    /// [`PartitionConfig::validate`], keeping the indexer policy it resolved, so the
+    /// partition that is built from it does not resolve it again.
+    pub(crate) fn validated(&self) -> Result<ResolvedIndexer, ConfigError> {
         if self.block_size == 0 {
             return Err(ConfigError::ZeroBlockSize);
         }
@@ -176,7 +182,6 @@ impl PartitionConfig {
                 }
             }
         }
-        self.indexer.check()?;
-        Ok(())
+        Ok(self.indexer.check()?)
     }
 }

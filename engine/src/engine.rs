@@ -460,7 +460,7 @@ impl Engine {
 
     /// Whether `id` is a live booking of a partition other than `p` that holds replica
     /// bookings (the only bookings the id index does not name). No allocation: one
-    /// lock-free load of the numbered list, and a table lookup per such partition.
+    /// snapshot read of the numbered list, and a table lookup per such partition.
     fn live_replica_elsewhere(&self, p: &Partition, id: SelectionId) -> bool {
         let numbered = self.numbered.guard();
         numbered.iter().flatten().any(|q| {

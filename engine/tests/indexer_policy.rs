@@ -6,6 +6,8 @@
 // for engine/src.
 #![allow(clippy::disallowed_types)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use kvr::cost::SelectionRng;
@@ -17,7 +19,7 @@ use kvr::reservation::BookingRequest;
 use kvr::select::{Outcome, SelectRequest};
 use kvr::RankId;
 
-const B: u32 = 4;
+use common::partition::{book, prompt, seqs, B};
 
 fn config(indexer: IndexerConfig) -> PartitionConfig {
     PartitionConfig {
@@ -45,28 +47,6 @@ fn prediction(ttl: Duration) -> IndexerConfig {
     IndexerConfig {
         prediction_ttl: Some(ttl),
         ..IndexerConfig::default()
-    }
-}
-
-fn prompt(seed: u32) -> Vec<u32> {
-    (0..8 * B).map(|i| seed * 1000 + i).collect()
-}
-
-fn seqs(tokens: &[u32]) -> Vec<u64> {
-    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
-    let (mut l, mut s) = (Vec::new(), Vec::new());
-    h.hash_tokens(tokens, &mut l, &mut s);
-    s
-}
-
-fn book(p: &Partition, tokens: &[u32], id: u64, now: Instant) -> RankId {
-    let mut rng = SelectionRng::from_seed(id);
-    match p
-        .select_and_reserve(&SelectRequest::tokens(tokens), id, now, &mut rng)
-        .unwrap()
-    {
-        Outcome::Selected(d) => d.rank,
-        o => panic!("{o:?}"),
     }
 }
 

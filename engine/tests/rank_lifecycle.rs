@@ -2,6 +2,8 @@
 //! so a worker removed and added again starts as new everywhere; and selection ids stay
 //! unique across the engine when one is live as a replica booking in another partition.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use kvr::cost::SelectionRng;
@@ -15,7 +17,7 @@ use kvr::reservation::BookingRequest;
 use kvr::select::{Outcome, SelectRequest};
 use kvr::RankId;
 
-const B: u32 = 4;
+use common::partition::{book, prompt, seqs, B};
 
 fn partition(indexer: IndexerConfig, workers: u64) -> Partition {
     let config = PartitionConfig {
@@ -27,28 +29,6 @@ fn partition(indexer: IndexerConfig, workers: u64) -> Partition {
         p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
     p
-}
-
-fn prompt(seed: u32) -> Vec<u32> {
-    (0..8 * B).map(|i| seed * 1000 + i).collect()
-}
-
-fn seqs(tokens: &[u32]) -> Vec<u64> {
-    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
-    let (mut l, mut s) = (Vec::new(), Vec::new());
-    h.hash_tokens(tokens, &mut l, &mut s);
-    s
-}
-
-fn book(p: &Partition, tokens: &[u32], id: u64, now: Instant) -> RankId {
-    let mut rng = SelectionRng::from_seed(id);
-    match p
-        .select_and_reserve(&SelectRequest::tokens(tokens), id, now, &mut rng)
-        .unwrap()
-    {
-        Outcome::Selected(d) => d.rank,
-        o => panic!("{o:?}"),
-    }
 }
 
 /// The index's device overlap of `tokens` on `rank` (`find_matches` takes local hashes).

@@ -51,29 +51,41 @@ fn allocations_in(f: impl FnOnce()) -> u64 {
 
 const BS: u32 = 16;
 
+/// 64 single-rank workers; rank `w` holds the first `w % 16 + 1` blocks of a 256-token
+/// prompt.
 fn engine_with_cached_prefixes() -> (Engine, PartitionKey, Vec<u32>) {
+    engine_of(64, 16, |w| w as usize % 16 + 1)
+}
+
+/// An engine of `ranks` single-rank workers and a prompt of `blocks` blocks, of which
+/// rank `w` holds the first `held(w)` on its device.
+fn engine_of(
+    ranks: u64,
+    blocks: usize,
+    held: impl Fn(u64) -> usize,
+) -> (Engine, PartitionKey, Vec<u32>) {
     let e = Engine::with_seed(3);
     let key = PartitionKey::new("m", "g");
     let p = e
         .create_partition(key.clone(), PartitionConfig::new(BS))
         .unwrap();
-    for w in 0..64 {
+    for w in 0..ranks {
         p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
-    let tokens: Vec<u32> = (0..256).collect();
+    let tokens: Vec<u32> = (0..(blocks as u32) * BS).collect();
     let mut local = Vec::new();
     p.hasher().local_hashes(&tokens, &mut local);
-    for w in 0..64u64 {
-        let blocks: Vec<StoredBlock> = local[..(w as usize % 16) + 1]
+    for w in 0..ranks {
+        let stored: Vec<StoredBlock> = local[..held(w)]
             .iter()
             .enumerate()
             .map(|(i, &h)| StoredBlock {
-                external_hash: 1_000 * w + i as u64,
+                external_hash: 100_000 * w + i as u64,
                 local_hash: h,
             })
             .collect();
         p.index()
-            .store(RankId::new(w, 0), Tier::Device, None, &blocks)
+            .store(RankId::new(w, 0), Tier::Device, None, &stored)
             .unwrap();
     }
     (e, key, tokens)
@@ -148,96 +160,97 @@ fn device_lookup_into_a_reused_buffer_allocates_nothing() {
     assert_eq!(n, 0, "100 lookups allocated {n} times");
 }
 
-/// An engine of `ranks` single-rank workers and a prompt of `blocks` blocks: rank 0 holds
-/// the whole prompt (so lookups walk all of it), every other rank a short prefix.
-fn engine_of(ranks: u64, blocks: usize) -> (Engine, PartitionKey, Vec<u32>) {
-    let e = Engine::with_seed(5);
-    let key = PartitionKey::new("m", "sizes");
-    let p = e
-        .create_partition(key.clone(), PartitionConfig::new(BS))
-        .unwrap();
-    for w in 0..ranks {
-        p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
-    }
-    let tokens: Vec<u32> = (0..(blocks as u32) * BS).collect();
-    let mut local = Vec::new();
-    p.hasher().local_hashes(&tokens, &mut local);
-    for w in 0..ranks {
-        let held = if w == 0 {
+/// The real sizes: ranks × prompt blocks, past every inline buffer.
+const SIZES: [(u64, usize); 12] = [
+    (16, 1),
+    (16, 257),
+    (16, 4_096),
+    (65, 1),
+    (65, 257),
+    (65, 4_096),
+    (256, 1),
+    (256, 257),
+    (256, 4_096),
+    (1_024, 1),
+    (1_024, 257),
+    (1_024, 4_096),
+];
+
+/// `engine_of` at a real size: rank 0 holds the whole prompt (so lookups walk all of
+/// it), every other rank a short prefix.
+fn engine_at(ranks: u64, blocks: usize) -> (Engine, PartitionKey, Vec<u32>) {
+    engine_of(ranks, blocks, |w| {
+        if w == 0 {
             blocks
         } else {
             1 + (w as usize % 8).min(blocks - 1)
-        };
-        let stored: Vec<StoredBlock> = local[..held]
-            .iter()
-            .enumerate()
-            .map(|(i, &h)| StoredBlock {
-                external_hash: 100_000 * w + i as u64,
-                local_hash: h,
-            })
-            .collect();
-        p.index()
-            .store(RankId::new(w, 0), Tier::Device, None, &stored)
-            .unwrap();
+        }
+    })
+}
+
+/// Allocations per step over 20 rounds after `warm` rounds: `round` runs one round,
+/// calling `step(k, f)` to run (and count) its step `k`.
+fn allocations_per_step<const N: usize>(
+    warm: usize,
+    mut round: impl FnMut(&mut dyn FnMut(usize, &mut dyn FnMut())),
+) -> [u64; N] {
+    let mut counts = [0; N];
+    for r in 0..warm + 20 {
+        round(&mut |k, f| {
+            let n = allocations_in(f);
+            if r >= warm {
+                counts[k] += n;
+            }
+        });
     }
-    (e, key, tokens)
+    counts
 }
 
 #[test]
 fn advisory_selection_and_lookups_allocate_nothing_at_real_sizes() {
     let mut failures = Vec::new();
-    for ranks in [16u64, 65, 256, 1_024] {
-        for blocks in [1usize, 257, 4_096] {
-            let (e, key, tokens) = engine_of(ranks, blocks);
-            let p = e.partition(&key).unwrap();
-            let mut local = Vec::new();
-            p.hasher().local_hashes(&tokens, &mut local);
-            let req = SelectRequest::tokens(&tokens);
-            let by_hash = SelectRequest::local_hashes(&local, tokens.len() as u64);
-            let (mut device, mut tiered, mut overlap) = (
-                OverlapScores::new(),
-                TieredScores::new(),
-                TieredScores::new(),
-            );
-            // Allocations per step, over 20 rounds after the warm-up rounds. Warm includes
-            // the setup's epoch garbage being reclaimed: readers take part in reclamation
-            // (crossbeam-epoch), and retiring a queue node of that garbage can allocate
-            // the next one, so the first rounds after a big load may allocate a few times.
-            const WARM: usize = 200;
-            let mut counts = [0u64; 5];
-            for r in 0..WARM + 20 {
-                let mut step = |k: usize, f: &mut dyn FnMut()| {
-                    let n = allocations_in(f);
-                    if r >= WARM {
-                        counts[k] += n;
-                    }
-                };
-                step(0, &mut || {
-                    assert!(matches!(e.select_in(&p, &req), Ok(Outcome::Selected(_))));
-                });
-                step(1, &mut || {
-                    assert!(matches!(
-                        e.select_in(&p, &by_hash),
-                        Ok(Outcome::Selected(_))
-                    ));
-                });
-                step(2, &mut || p.index().find_matches_into(&local, &mut device));
-                step(3, &mut || {
-                    p.index().find_matches_tiered_into(&local, &mut tiered)
-                });
-                step(4, &mut || p.overlap(&local, &mut overlap));
-            }
-            let n: u64 = counts.iter().sum();
-            assert_eq!(device.len() as u64, ranks);
-            assert_eq!(device.get(RankId::new(0, 0)), blocks as u32);
-            assert_eq!(overlap.len() as u64, ranks);
-            if n != 0 {
-                failures.push(format!(
-                    "{ranks} ranks × {blocks} blocks: select {}, select by hashes {}, \
-                     find_matches {}, tiered {}, overlap {}",
-                    counts[0], counts[1], counts[2], counts[3], counts[4]
+    for (ranks, blocks) in SIZES {
+        let (e, key, tokens) = engine_at(ranks, blocks);
+        let p = e.partition(&key).unwrap();
+        let mut local = Vec::new();
+        p.hasher().local_hashes(&tokens, &mut local);
+        let req = SelectRequest::tokens(&tokens);
+        let by_hash = SelectRequest::local_hashes(&local, tokens.len() as u64);
+        let (mut device, mut tiered, mut overlap) = (
+            OverlapScores::new(),
+            TieredScores::new(),
+            TieredScores::new(),
+        );
+        // Warm includes the setup's epoch garbage being reclaimed: readers take part
+        // in reclamation (crossbeam-epoch), and retiring a queue node of that garbage
+        // can allocate the next one, so the first rounds after a big load may
+        // allocate a few times.
+        let counts: [u64; 5] = allocations_per_step(200, |step| {
+            step(0, &mut || {
+                assert!(matches!(e.select_in(&p, &req), Ok(Outcome::Selected(_))));
+            });
+            step(1, &mut || {
+                assert!(matches!(
+                    e.select_in(&p, &by_hash),
+                    Ok(Outcome::Selected(_))
                 ));
-            }
+            });
+            step(2, &mut || p.index().find_matches_into(&local, &mut device));
+            step(3, &mut || {
+                p.index().find_matches_tiered_into(&local, &mut tiered)
+            });
+            step(4, &mut || p.overlap(&local, &mut overlap));
+        });
+        let n: u64 = counts.iter().sum();
+        assert_eq!(device.len() as u64, ranks);
+        assert_eq!(device.get(RankId::new(0, 0)), blocks as u32);
+        assert_eq!(overlap.len() as u64, ranks);
+        if n != 0 {
+            failures.push(format!(
+                "{ranks} ranks × {blocks} blocks: select {}, select by hashes {}, \
+                     find_matches {}, tiered {}, overlap {}",
+                counts[0], counts[1], counts[2], counts[3], counts[4]
+            ));
         }
     }
     assert!(
@@ -254,52 +267,42 @@ fn advisory_selection_and_lookups_allocate_nothing_at_real_sizes() {
 #[test]
 fn booked_selection_and_its_lifecycle_allocate_nothing_at_real_sizes() {
     let mut failures = Vec::new();
-    for ranks in [16u64, 65, 256, 1_024] {
-        for blocks in [1usize, 257, 4_096] {
-            let (e, key, tokens) = engine_of(ranks, blocks);
-            let p = e.partition(&key).unwrap();
-            let mut local = Vec::new();
-            p.hasher().local_hashes(&tokens, &mut local);
-            let req = SelectRequest::tokens(&tokens);
-            let mut overlap = TieredScores::new();
-            for w in 0..ranks {
-                let d = e
-                    .reserve_in(&p, RankId::new(w, 0), Some(&req), None, None)
-                    .unwrap();
-                e.free(d.selection_id.unwrap()).unwrap();
-            }
-            const WARM: usize = 1_000;
-            let mut counts = [0u64; 3];
-            for r in 0..WARM + 20 {
-                let mut step = |k: usize, f: &mut dyn FnMut()| {
-                    let n = allocations_in(f);
-                    if r >= WARM {
-                        counts[k] += n;
-                    }
+    for (ranks, blocks) in SIZES {
+        let (e, key, tokens) = engine_at(ranks, blocks);
+        let p = e.partition(&key).unwrap();
+        let mut local = Vec::new();
+        p.hasher().local_hashes(&tokens, &mut local);
+        let req = SelectRequest::tokens(&tokens);
+        let mut overlap = TieredScores::new();
+        for w in 0..ranks {
+            let d = e
+                .reserve_in(&p, RankId::new(w, 0), Some(&req), None, None)
+                .unwrap();
+            e.free(d.selection_id.unwrap()).unwrap();
+        }
+        let counts: [u64; 3] = allocations_per_step(1_000, |step| {
+            let mut id = 0;
+            step(0, &mut || {
+                id = match e.select_and_reserve_in(&p, &req) {
+                    Ok(Outcome::Selected(d)) => d.selection_id.unwrap(),
+                    o => panic!("{o:?}"),
                 };
-                let mut id = 0;
-                step(0, &mut || {
-                    id = match e.select_and_reserve_in(&p, &req) {
-                        Ok(Outcome::Selected(d)) => d.selection_id.unwrap(),
-                        o => panic!("{o:?}"),
-                    };
-                });
-                step(1, &mut || {
-                    e.mark_prefill_complete(id).unwrap();
-                    e.add_output_blocks(id, 2).unwrap();
-                    e.free(id).unwrap();
-                });
-                // A host's lookup between bookings (it shares the thread's buffers).
-                step(2, &mut || p.overlap(&local, &mut overlap));
-            }
-            assert_eq!(p.bookings().len(), 0);
-            if counts.iter().sum::<u64>() != 0 {
-                failures.push(format!(
-                    "{ranks} ranks × {blocks} blocks: select_and_reserve {}, \
+            });
+            step(1, &mut || {
+                e.mark_prefill_complete(id).unwrap();
+                e.add_output_blocks(id, 2).unwrap();
+                e.free(id).unwrap();
+            });
+            // A host's lookup between bookings (it shares the thread's buffers).
+            step(2, &mut || p.overlap(&local, &mut overlap));
+        });
+        assert_eq!(p.bookings().len(), 0);
+        if counts.iter().sum::<u64>() != 0 {
+            failures.push(format!(
+                "{ranks} ranks × {blocks} blocks: select_and_reserve {}, \
                      prefill/output/free {}, overlap {}",
-                    counts[0], counts[1], counts[2]
-                ));
-            }
+                counts[0], counts[1], counts[2]
+            ));
         }
     }
     assert!(

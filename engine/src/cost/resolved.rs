@@ -5,25 +5,9 @@
 use super::config::{CostConfig, CostOverrides};
 
 /// The effective knobs for one selection: a [`CostConfig`] with a request's
-/// [`CostOverrides`] applied (see [`CostConfig::resolve`]). Field meanings are those of
-/// [`CostConfig`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ResolvedCost {
-    pub overlap_score_credit: f64,
-    pub prefill_load_scale: f64,
-    pub host_cache_hit_weight: f64,
-    pub disk_cache_hit_weight: f64,
-    pub shared_cache_multiplier: f64,
-    pub temperature: f64,
-    pub decode_active_request_weight: f64,
-    pub credit_decay: Option<f64>,
-}
-
-impl Default for ResolvedCost {
-    fn default() -> Self {
-        CostConfig::default().resolve(&CostOverrides::NONE)
-    }
-}
+/// [`CostOverrides`] applied (see [`CostConfig::resolve`]). The same type, so no field
+/// list is kept twice.
+pub type ResolvedCost = CostConfig;
 
 impl From<&CostConfig> for ResolvedCost {
     fn from(cfg: &CostConfig) -> Self {
@@ -51,14 +35,12 @@ impl CostConfig {
             prefill_load_scale: overrides
                 .prefill_load_scale
                 .unwrap_or(self.prefill_load_scale),
-            host_cache_hit_weight: self.host_cache_hit_weight,
-            disk_cache_hit_weight: self.disk_cache_hit_weight,
             shared_cache_multiplier: overrides
                 .shared_cache_multiplier
                 .unwrap_or(self.shared_cache_multiplier),
             temperature: overrides.temperature.unwrap_or(self.temperature),
-            decode_active_request_weight: self.decode_active_request_weight,
-            credit_decay: self.credit_decay,
+            // The tier weights, the active-request weight and the decay: as configured.
+            ..*self
         }
     }
 }

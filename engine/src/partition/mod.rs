@@ -97,8 +97,8 @@ impl Partition {
         config: PartitionConfig,
         forget: Option<ForgetListener>,
     ) -> Result<Self, ConfigError> {
-        config.validate()?;
-        let indexing = IndexState::new(&config.indexer.resolve()?, &config.indexer)?;
+        let resolved = config.validated()?;
+        let indexing = IndexState::new(&resolved, &config.indexer)?;
         let bs = config.block_size.max(1);
         let salt = HashSalt::new(None, config.cache_namespace.as_deref());
         let index = StdArc::new(if cfg!(loom) {

@@ -12,8 +12,8 @@ use crate::index::TieredScores;
 use crate::reservation::{BookingRequest, SelectionId};
 
 impl Selector<'_> {
-    /// Advisory selection: the decision and the projected load; books nothing.
-    pub fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
+    /// [`Partition::select`](crate::partition::Partition::select)'s work.
+    pub(crate) fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
         match self.decide(req, false, None, rng) {
             Ok(p) => {
                 crate::recycle::give_hashes(p.seq);
@@ -23,8 +23,9 @@ impl Selector<'_> {
         }
     }
 
-    /// Booked selection: decides, then books the chosen rank before returning.
-    pub fn select_and_reserve(
+    /// [`Partition::select_and_reserve`](crate::partition::Partition::select_and_reserve)'s
+    /// work: decide, book, then record and bind the session after the booking stands.
+    pub(crate) fn select_and_reserve(
         &self,
         req: &SelectRequest<'_>,
         selection_id: SelectionId,
@@ -63,9 +64,8 @@ impl Selector<'_> {
         Ok(Outcome::Selected(d))
     }
 
-    /// Books a request on a rank the caller chose (no scoring). With a prompt, its blocks
-    /// join the rank's active blocks; without, only the given prefill tokens are booked.
-    pub fn reserve(
+    /// [`Partition::reserve`](crate::partition::Partition::reserve)'s work.
+    pub(crate) fn reserve(
         &self,
         rank: RankId,
         prompt: Option<&SelectRequest<'_>>,
@@ -142,7 +142,7 @@ impl Selector<'_> {
         r
     }
 
-    fn sequence_into(
+    pub(super) fn sequence_into(
         &self,
         req: &SelectRequest<'_>,
         local: &mut Vec<u64>,

@@ -5,7 +5,6 @@
 
 use std::time::Instant;
 
-use super::overlap::Local;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
@@ -70,19 +69,22 @@ impl Selector<'_> {
         rng: &mut impl RandomSource,
     ) -> Result<Prepared, Box<Outcome>> {
         self.counters.selections.add(1);
-        // 1. hashes.
-        let (seq, prompt_tokens) = self.sequence_of(req);
-        // 2. overlap: the index the policy names.
         let mut held = PutBack(Some(Scratch::take()));
-        let scratch = held.0.as_mut().expect("held until drop");
-        let local = match req.prompt {
-            Prompt::LocalHashes { hashes, .. } => Local::Given(hashes),
-            Prompt::Tokens(tokens) => Local::Tokens(tokens, req.lora_name),
-        };
-        self.overlap_into(local, &seq, scratch);
         let Scratch {
-            tiered, candidates, ..
-        } = &mut **scratch;
+            local,
+            tiered,
+            predicted,
+            merged,
+            candidates,
+        } = &mut **held.0.as_mut().expect("held until drop");
+        // 1. hashes (a tokens prompt's local hashes land in `local`).
+        let (seq, prompt_tokens) = self.sequence_into(req, local, crate::recycle::take_hashes());
+        let local: &[u64] = match req.prompt {
+            Prompt::LocalHashes { hashes, .. } => hashes,
+            Prompt::Tokens(_) => local,
+        };
+        // 2. overlap: the index the policy names.
+        self.overlap_into(local, &seq, tiered, predicted, merged);
         // ... and the host's shared cache alongside it.
         let hooks = self.hooks_now();
         let shared = self.shared_cache(&hooks, &seq);
@@ -103,7 +105,7 @@ impl Selector<'_> {
         let steering = self.steering(req, now, &candidates.eligible);
         self.resolve_costs(&cfg, shape, &steering.steer, &view, &seq, candidates);
         let i = pick(candidates, &steering.steer, cfg.temperature, rng);
-        let decision = self.decision(
+        let (decision, forced_rebind) = self.decision(
             i,
             prompt_tokens,
             booked,
@@ -112,9 +114,8 @@ impl Selector<'_> {
             candidates,
             steering,
         );
-        let forced_rebind = decision.1;
         Ok(Prepared {
-            decision: decision.0,
+            decision,
             seq,
             forced_rebind,
         })

@@ -6,48 +6,26 @@
 
 use super::scratch::Scratch;
 use super::Selector;
-use crate::hash::{extend_sequence_hashes, BlockHasher, HashSalt};
-use crate::index::TieredScores;
-
-/// The prompt's local hashes, as a remote primary takes them (it chains them itself).
-#[derive(Clone, Copy)]
-pub(crate) enum Local<'a> {
-    /// Given by the caller.
-    Given(&'a [u64]),
-    /// To be hashed from the tokens (salted by the LoRA adapter), only if a remote asks.
-    Tokens(&'a [u32], Option<&'a str>),
-}
+use crate::hash::extend_sequence_hashes;
+use crate::index::{TieredOverlap, TieredScores};
 
 impl Selector<'_> {
-    /// The overlap of a prompt (`seq`: its sequence hashes) into `scratch.tiered`.
-    pub(super) fn overlap_into(&self, local: Local<'_>, seq: &[u64], scratch: &mut Scratch) {
-        let Scratch {
-            local: local_buf,
-            tiered,
-            predicted,
-            merged,
-            ..
-        } = scratch;
+    /// The overlap of a prompt (`local`: its local hashes, which a remote primary takes
+    /// and chains itself; `seq`: its sequence hashes) into `tiered`. `predicted` and
+    /// `merged` are the prediction merge's reused buffers.
+    pub(super) fn overlap_into(
+        &self,
+        local: &[u64],
+        seq: &[u64],
+        tiered: &mut TieredScores,
+        predicted: &mut TieredScores,
+        merged: &mut Vec<TieredOverlap>,
+    ) {
         match &self.indexing.remote {
+            // Bounded by the remote's timeouts; no engine lock is held here.
             Some(remote) => {
-                let hashes: &[u64] = match local {
-                    Local::Given(hashes) => hashes,
-                    Local::Tokens(tokens, lora) => {
-                        let salt = HashSalt::new(lora, self.config().cache_namespace.as_deref());
-                        BlockHasher::new(self.block_size() as usize, salt)
-                            .expect("block size >= 1")
-                            .local_hashes(tokens, local_buf);
-                        local_buf
-                    }
-                };
-                // Bounded by the remote's timeouts; no engine lock is held here.
-                self.indexing.query_remote(
-                    &**remote,
-                    self.key(),
-                    self.block_size(),
-                    hashes,
-                    tiered,
-                );
+                self.indexing
+                    .query_remote(&**remote, self.key(), self.block_size(), local, tiered)
             }
             None => self.index.find_matches_tiered_by_sequence(seq, tiered),
         }
@@ -61,8 +39,14 @@ impl Selector<'_> {
         let mut scratch = Scratch::take();
         let mut seq = crate::recycle::take_hashes();
         extend_sequence_hashes(None, local_hashes, &mut seq);
-        self.overlap_into(Local::Given(local_hashes), &seq, &mut scratch);
-        out.fill_from(scratch.tiered.iter())
+        let Scratch {
+            tiered,
+            predicted,
+            merged,
+            ..
+        } = &mut *scratch;
+        self.overlap_into(local_hashes, &seq, tiered, predicted, merged);
+        out.fill_from(tiered.iter())
             .expect("an overlap lists each rank once");
         Scratch::put(scratch);
         crate::recycle::give_hashes(seq);
