@@ -27,8 +27,6 @@ pub struct OverlapScores {
     /// Walk state: slot-sorted ranks still matching, and ranks done with their score.
     active: Vec<u32>,
     done: Vec<(u32, u32)>,
-    /// The query's sequence hashes, when it came as local hashes.
-    seq: Vec<u64>,
 }
 
 impl PartialEq for OverlapScores {
@@ -96,8 +94,6 @@ pub struct TieredScores {
     entries: Vec<TieredOverlap>,
     live: Vec<Walk>,
     done: Vec<Walk>,
-    /// The query's sequence hashes, when it came as local hashes.
-    seq: Vec<u64>,
 }
 
 impl PartialEq for TieredScores {
@@ -226,11 +222,12 @@ impl Index {
 
     /// As [`Index::find_matches`], into a reused result.
     pub fn find_matches_into(&self, local_hashes: &[u64], out: &mut OverlapScores) {
-        let mut seq = std::mem::take(&mut out.seq);
-        seq.clear();
+        // The chain in one of the thread's spare buffers: no allocation once warm,
+        // whether or not the caller reuses `out`.
+        let mut seq = crate::recycle::take_hashes();
         extend_sequence_hashes(None, local_hashes, &mut seq);
         self.find_matches_by_sequence(&seq, out);
-        out.seq = seq;
+        crate::recycle::give_hashes(seq);
     }
 
     /// Device overlap of a prompt given as sequence hashes (see [`crate::hash`]): the
@@ -338,11 +335,12 @@ impl Index {
 
     /// As [`Index::find_matches_tiered`], into a reused result.
     pub fn find_matches_tiered_into(&self, local_hashes: &[u64], out: &mut TieredScores) {
-        let mut seq = std::mem::take(&mut out.seq);
-        seq.clear();
+        // The chain in one of the thread's spare buffers: no allocation once warm,
+        // whether or not the caller reuses `out`.
+        let mut seq = crate::recycle::take_hashes();
         extend_sequence_hashes(None, local_hashes, &mut seq);
         self.find_matches_tiered_by_sequence(&seq, out);
-        out.seq = seq;
+        crate::recycle::give_hashes(seq);
     }
 
     /// Tiered overlap by sequence hashes: per rank the device prefix `d`, then how many
