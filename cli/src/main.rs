@@ -1,4 +1,5 @@
-//! The `kvr` binary. Subcommands live one per file (or directory); `serve` joins later.
+//! The `kvr` binary. Subcommands live one per file (or directory); `serve` is the
+//! `kvr-service` crate's.
 
 mod hash_cmd;
 mod replay;
@@ -23,6 +24,9 @@ enum Command {
     /// Simulate a routed cluster on a workload (built-in, or a Mooncake trace) and compare
     /// routing policies: cache hits, time to first token, balance.
     Replay(replay::ReplayArgs),
+    /// Serve Dynamo's selection-service HTTP API (a drop-in for `python -m
+    /// dynamo.select_service`): workers, selection, bookings, loads, metrics.
+    Serve(kvr_service::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +34,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Hash(args) => hash_cmd::run(&args),
         Command::Replay(args) => replay::run(&args),
+        Command::Serve(args) => kvr_service::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

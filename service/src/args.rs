@@ -1,0 +1,106 @@
+//! `kvr serve`'s flags. Every flag of Dynamo 1.6.1's `python -m dynamo.select_service`
+//! keeps its name; the scheduling knobs are also read from Dynamo's `DYN_ROUTER_*`
+//! environment variables (a flag given wins over the environment), so a deployment's
+//! existing environment configures kvr the same way.
+
+use std::time::Duration;
+
+use clap::Args;
+
+/// Flags of `kvr serve`.
+#[derive(Clone, Debug, Args)]
+pub struct ServeArgs {
+    /// HTTP port.
+    #[arg(long, default_value_t = 8092, env = "KVR_PORT")]
+    pub port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0", env = "KVR_HOST")]
+    pub host: String,
+    /// HTTP worker threads (Dynamo: KV indexer threads); 0 = one per core.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Comma-separated selector/indexer HTTP URLs: at start, the index is recovered from
+    /// the first peer whose `GET /dump` answers (kvr's or Dynamo's); `/ready` answers 503
+    /// until recovery ends.
+    #[arg(long, value_delimiter = ',')]
+    pub indexer_peers: Vec<String>,
+    /// A remote primary index (`POST {url}/query_tiered_by_hash`, Dynamo's standalone
+    /// indexer or `kvr serve --indexer-only`): overlaps come from there; no local events.
+    #[arg(long, env = "DYN_ROUTER_REMOTE_INDEXER_URL")]
+    pub remote_indexer_url: Option<String>,
+    /// Serve the standalone indexer's routes only (Dynamo's `python -m dynamo.indexer`).
+    #[arg(long)]
+    pub indexer_only: bool,
+    /// Dynamo's replica-sync flags: accepted, not implemented (bookings are not mirrored).
+    #[arg(long, hide = true)]
+    pub replica_sync_port: Option<u16>,
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub replica_sync_peers: Vec<String>,
+    /// Pin each session id to the worker that served it for this many seconds after its
+    /// last request.
+    #[arg(long)]
+    pub session_affinity_ttl_secs: Option<u64>,
+    /// Seconds an unclaimed pending selection lives.
+    #[arg(long, default_value_t = 120)]
+    pub selection_cache_ttl_secs: u64,
+    /// Most pending selections at once.
+    #[arg(long, default_value_t = 4096)]
+    pub selection_cache_max_entries: usize,
+    /// Approximate byte budget of the pending selections' prompts.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub selection_cache_max_bytes: usize,
+    /// Largest request body in bytes (Dynamo: 8 MiB).
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds to let in-flight requests finish on SIGTERM/SIGINT before stopping.
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
+    /// Log format: `text` or `json` (structured, one object a line).
+    #[arg(long, default_value = "text", env = "KVR_LOG_FORMAT")]
+    pub log_format: String,
+    #[command(flatten)]
+    pub knobs: Knobs,
+}
+
+/// The scheduling knobs, as Dynamo's router reads them.
+#[derive(Clone, Debug, Args)]
+pub struct Knobs {
+    /// Use the engines' KV events (off: overlaps come from the service's own bookings).
+    #[arg(long, env = "DYN_ROUTER_USE_KV_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub router_use_kv_events: bool,
+    /// Softmax temperature of the choice (0 = lowest cost wins).
+    #[arg(long, env = "DYN_ROUTER_TEMPERATURE", default_value_t = 0.0)]
+    pub router_temperature: f64,
+    /// Weight of cached blocks against load.
+    #[arg(long, env = "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", default_value_t = 1.0)]
+    pub overlap_score_credit: f64,
+    #[arg(long, env = "DYN_ROUTER_PREFILL_LOAD_SCALE", default_value_t = 1.0)]
+    pub prefill_load_scale: f64,
+    #[arg(long, env = "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", default_value_t = 0.75)]
+    pub host_cache_hit_weight: f64,
+    #[arg(long, env = "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", default_value_t = 0.25)]
+    pub disk_cache_hit_weight: f64,
+    #[arg(long, env = "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", default_value_t = 0.0)]
+    pub decode_active_request_weight: f64,
+    /// Track booked prefill tokens in the load (off: a booking adds decode blocks only).
+    #[arg(long, env = "DYN_ROUTER_TRACK_PREFILL_TOKENS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub router_track_prefill_tokens: bool,
+    /// Lifetime in seconds of a booking nobody frees.
+    #[arg(long, env = "DYN_ROUTER_TTL_SECS", default_value_t = 120.0)]
+    pub router_ttl_secs: f64,
+    /// Dynamo's `--router-assume-kv-reuse` (default on); kvr always dedups a rank's
+    /// shared prompt blocks, which is that behaviour.
+    #[arg(long, env = "DYN_ROUTER_ASSUME_KV_REUSE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub router_assume_kv_reuse: bool,
+}
+
+impl ServeArgs {
+    pub fn booking_ttl(&self) -> Duration {
+        let s = self.knobs.router_ttl_secs;
+        if s.is_finite() && s > 0.0 {
+            Duration::from_secs_f64(s.min(30.0 * 86_400.0))
+        } else {
+            Duration::from_secs(120)
+        }
+    }
+}

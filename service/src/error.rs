@@ -1,0 +1,104 @@
+//! Errors as Dynamo's service answers them: `{"error": "..."}` with 400 bad request, 404
+//! not found, 409 conflict, 422 wrong JSON types, 503 not ready or no schedulable worker,
+//! 500 internal (REFERENCE.md §7).
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+
+/// An error answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status.as_u16(), self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            axum::Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response()
+    }
+}
+
+/// A JSON body whose rejections answer in Dynamo's error shape, with axum's own texts and
+/// statuses (400 syntax, 415 content type, 413 too large, 422 wrong types or missing
+/// fields, the field named), since Dynamo's service is axum too. Unknown fields are
+/// tolerated, as Dynamo tolerates them.
+#[derive(Debug)]
+pub struct Body<T>(pub T);
+
+impl<S, T> FromRequest<S> for Body<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Body(v)),
+            Err(rejection) => Err(rejection_error(&rejection)),
+        }
+    }
+}
+
+fn rejection_error(r: &JsonRejection) -> ApiError {
+    crate::metrics::count_bad_body();
+    ApiError::new(r.status(), r.body_text())
+}
+
+/// Parses a JSON body read by hand (an optional body), with the statuses of [`Body`]:
+/// 400 for a syntax error, 422 for wrong types or missing fields.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        crate::metrics::count_bad_body();
+        if e.is_data() {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("Failed to deserialize the JSON body into the target type: {e}"),
+            )
+        } else {
+            ApiError::bad_request(format!("Failed to parse the request body as JSON: {e}"))
+        }
+    })
+}

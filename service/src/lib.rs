@@ -1,0 +1,124 @@
+//! `kvr serve`: kvr's engine behind Dynamo 1.6.1's standalone selection service API (and
+//! its KV indexer's), so a client, EPP or router written for
+//! `python -m dynamo.select_service` works unchanged.
+//!
+//! Layers: `wire` (the JSON bodies, Dynamo's names) → `registry` (workers, partitions,
+//! KV-event subscriptions) → `routes` (one file per group of routes) → `server` (the
+//! listener, shutdown, logging). The engine crate stays free of network code; this crate
+//! is one of its hosts.
+//!
+//! Where kvr answers differently from Dynamo on purpose, `docs/compatibility.md` says so
+//! and why.
+
+pub mod args;
+pub mod error;
+pub mod ids;
+pub mod metrics;
+pub mod pending;
+pub mod recovery;
+pub mod registry;
+pub mod routes;
+pub mod server;
+pub mod wire;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvr::cost::CostConfig;
+use kvr::{Engine, IndexerConfig, PartitionConfig};
+
+pub use args::ServeArgs;
+pub use server::{run, serve_on};
+
+use crate::ids::SelectionIds;
+use crate::metrics::Metrics;
+use crate::pending::{PendingCache, PendingLimits};
+use crate::registry::Registry;
+
+/// The service's shared state.
+#[derive(Debug)]
+pub struct App {
+    pub engine: Arc<Engine>,
+    pub registry: Arc<Registry>,
+    pub ids: SelectionIds,
+    pub pending: Arc<PendingCache>,
+    pub metrics: Metrics,
+    pub args: ServeArgs,
+    /// False while recovering from peers: `/ready` answers 503.
+    recovered: AtomicBool,
+}
+
+impl App {
+    pub fn new(args: ServeArgs) -> Result<Arc<Self>, String> {
+        let engine = Arc::new(Engine::new());
+        let config = partition_config(&args)?;
+        let use_events = args.knobs.router_use_kv_events && args.remote_indexer_url.is_none();
+        let factory = move |block_size: u32| {
+            let mut c = config.clone();
+            c.block_size = block_size;
+            c
+        };
+        let registry = Arc::new(Registry::new(engine.clone(), use_events, Box::new(factory)));
+        let pending = Arc::new(PendingCache::new(PendingLimits {
+            ttl: Duration::from_secs(args.selection_cache_ttl_secs),
+            max_entries: args.selection_cache_max_entries.max(1),
+            max_bytes: args.selection_cache_max_bytes,
+        }));
+        let metrics = Metrics::new(registry.clone(), pending.clone());
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id());
+        Ok(Arc::new(Self {
+            engine,
+            registry,
+            ids: SelectionIds::new(seed),
+            pending,
+            metrics,
+            recovered: AtomicBool::new(args.indexer_peers.is_empty()),
+            args,
+        }))
+    }
+
+    pub fn recovered(&self) -> bool {
+        self.recovered.load(Ordering::Acquire)
+    }
+
+    pub fn set_recovered(&self) {
+        self.recovered.store(true, Ordering::Release);
+    }
+}
+
+/// A new partition's configuration from the flags (block size set per partition).
+fn partition_config(args: &ServeArgs) -> Result<PartitionConfig, String> {
+    let k = &args.knobs;
+    let mut c = PartitionConfig::new(16);
+    c.cost = CostConfig {
+        overlap_score_credit: k.overlap_score_credit,
+        prefill_load_scale: k.prefill_load_scale,
+        host_cache_hit_weight: k.host_cache_hit_weight,
+        disk_cache_hit_weight: k.disk_cache_hit_weight,
+        temperature: k.router_temperature,
+        decode_active_request_weight: k.decode_active_request_weight,
+        ..c.cost
+    };
+    c.booking_ttl = args.booking_ttl();
+    let mut indexer = IndexerConfig {
+        use_kv_events: k.router_use_kv_events,
+        ..IndexerConfig::default()
+    };
+    if let Some(url) = &args.remote_indexer_url {
+        indexer.remote_url = Some(url.clone());
+        indexer = kvr_remote::with_http_client(&indexer).map_err(|e| e.to_string())?;
+    }
+    c.indexer = indexer;
+    if let Some(ttl) = args.session_affinity_ttl_secs {
+        c.sessions = Some(kvr::session::SessionConfig {
+            idle_ttl: Duration::from_secs(ttl),
+            ..kvr::session::SessionConfig::default()
+        });
+    }
+    c.validate().map_err(|e| format!("invalid configuration: {e}"))?;
+    Ok(c)
+}

@@ -1,0 +1,348 @@
+//! `GET /metrics`: Prometheus text exposition (prometheus-client). Names, all `kvr_`
+//! prefixed, plus the Dynamo names users' dashboards already query:
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | `kvr_http_requests_total` | counter | `route`, `status` | requests answered |
+//! | `kvr_http_request_duration_seconds` | histogram | `route` | time to answer |
+//! | `kvr_http_bad_bodies_total` | counter | | bodies refused as malformed (4xx) |
+//! | `kvr_selections_total` | counter | `outcome` (`selected`, `booked`, `busy`, `no_worker`, `error`) | selection requests |
+//! | `kvr_selection_prompt_tokens_total`, `kvr_selection_cached_tokens_total` | counter | | prompt tokens selected, and of them cached on the chosen rank's device |
+//! | `kvr_router_kv_hit_rate`, `dynamo_component_router_kv_hit_rate` | gauge | | cached / prompt tokens since start |
+//! | `kvr_kv_events_applied_total` | counter | `model`, `event_type` (`stored_blocks`, `removed_blocks`), `status` (`ok`) | blocks the index applied |
+//! | `kvr_kv_events_rejected_total` | counter | `model`, `reason` | events or frames refused |
+//! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total`, `clears_total`, `batches_lost_total` |
+//! | `kvr_index_blocks`, `kvr_index_nodes`, `kvr_index_bytes`, `kvr_index_bytes_per_holder_block` | gauge | `model` | index size |
+//! | `kvr_bookings_active` | gauge | `model` | live bookings |
+//! | `kvr_workers` | gauge | `model`, `lifecycle` | registered workers |
+//! | `kvr_pending_selections` | gauge | | pending-selection cache entries |
+//! | `kvr_recovery_*` | counter | | peer `/dump` recovery: `attempts_total`, `failures_total`, `events_total` |
+//! | `dynamo_frontend_worker_active_decode_blocks`, `dynamo_frontend_worker_active_prefill_tokens` | gauge | `worker_id`, `dp_rank` | booked load per rank |
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry as PromRegistry;
+
+use crate::registry::Registry;
+use crate::App;
+
+static BAD_BODIES: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a body refused as malformed.
+pub fn count_bad_body() {
+    BAD_BODIES.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteStatus {
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// Selection outcomes counted by `kvr_selections_total`.
+#[derive(Clone, Copy, Debug)]
+pub enum SelectionOutcome {
+    Selected,
+    Booked,
+    Busy,
+    NoWorker,
+    Error,
+}
+
+impl SelectionOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            SelectionOutcome::Selected => "selected",
+            SelectionOutcome::Booked => "booked",
+            SelectionOutcome::Busy => "busy",
+            SelectionOutcome::NoWorker => "no_worker",
+            SelectionOutcome::Error => "error",
+        }
+    }
+}
+
+/// Counters of the recovery from peers.
+#[derive(Debug, Default)]
+pub struct RecoveryCounters {
+    pub attempts: AtomicU64,
+    pub failures: AtomicU64,
+    pub events: AtomicU64,
+}
+
+/// The service's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: PromRegistry,
+    requests: Family<RouteStatus, Counter>,
+    latency: Family<RouteLabel, Histogram>,
+    selections: Family<OutcomeLabel, Counter>,
+    pub prompt_tokens: Counter,
+    pub cached_tokens: Counter,
+    pub recovery: Arc<RecoveryCounters>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 µs .. ~1 s.
+    Histogram::new(exponential_buckets(1e-6, 2.0, 21))
+}
+
+impl Metrics {
+    pub fn new(workers: Arc<Registry>, pending: Arc<crate::pending::PendingCache>) -> Self {
+        let mut registry = PromRegistry::default();
+        let requests = Family::<RouteStatus, Counter>::default();
+        let latency =
+            Family::<RouteLabel, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        let selections = Family::<OutcomeLabel, Counter>::default();
+        let prompt_tokens = Counter::default();
+        let cached_tokens = Counter::default();
+        registry.register("kvr_http_requests", "HTTP requests answered", requests.clone());
+        registry.register(
+            "kvr_http_request_duration_seconds",
+            "Time to answer an HTTP request",
+            latency.clone(),
+        );
+        registry.register("kvr_selections", "Selection requests by outcome", selections.clone());
+        registry.register(
+            "kvr_selection_prompt_tokens",
+            "Prompt tokens of selected requests",
+            prompt_tokens.clone(),
+        );
+        registry.register(
+            "kvr_selection_cached_tokens",
+            "Prompt tokens cached on the chosen rank's device",
+            cached_tokens.clone(),
+        );
+        let recovery = Arc::new(RecoveryCounters::default());
+        registry.register_collector(Box::new(EngineCollector {
+            workers,
+            pending,
+            prompt_tokens: prompt_tokens.clone(),
+            cached_tokens: cached_tokens.clone(),
+            recovery: recovery.clone(),
+        }));
+        Self {
+            registry,
+            requests,
+            latency,
+            selections,
+            prompt_tokens,
+            cached_tokens,
+            recovery,
+        }
+    }
+
+    pub fn selection(&self, outcome: SelectionOutcome) {
+        self.selections
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.label(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Middleware: counts and times every request by its route template.
+pub async fn track(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    let m = &app.metrics;
+    m.latency
+        .get_or_create(&RouteLabel {
+            route: route.clone(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    m.requests
+        .get_or_create(&RouteStatus {
+            route,
+            status: resp.status().as_u16(),
+        })
+        .inc();
+    resp
+}
+
+/// Engine state, read at scrape time.
+#[derive(Debug)]
+struct EngineCollector {
+    workers: Arc<Registry>,
+    pending: Arc<crate::pending::PendingCache>,
+    prompt_tokens: Counter,
+    cached_tokens: Counter,
+    recovery: Arc<RecoveryCounters>,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn family<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: &[(Labels, M)],
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    for (labels, v) in rows {
+        v.encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn one<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    v: M,
+) -> Result<(), std::fmt::Error> {
+    v.encode(enc.encode_descriptor(name, help, None, kind)?)
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let (mut applied, mut rejected) = (Vec::new(), Vec::new());
+        let (mut age, mut gaps, mut replays, mut clears, mut lost) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut blocks, mut nodes, mut bytes, mut per_block, mut bookings) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut decode, mut prefill) = (Vec::new(), Vec::new());
+        for entry in self.workers.partitions() {
+            let p = &entry.partition;
+            let model = format!("{}:{}", p.key().model, p.key().routing_group);
+            let streams = p.ingress_stats();
+            let (mut stored, mut removed, mut ev_rej, mut bad) = (0, 0, 0, 0);
+            for s in &streams {
+                stored += s.blocks_stored;
+                removed += s.blocks_removed;
+                ev_rej += s.events_rejected + s.block_size_mismatches;
+                bad += s.bad_frames + s.decode_errors.iter().map(|(_, n)| n).sum::<u64>();
+                let l = || -> Labels {
+                    vec![
+                        ("model", model.clone()),
+                        ("worker_id", s.worker_id.to_string()),
+                        ("stream", s.stream.to_string()),
+                    ]
+                };
+                let a = if s.last_batch_unix_ms == 0 {
+                    -1.0
+                } else {
+                    now_ms.saturating_sub(s.last_batch_unix_ms) as f64 / 1e3
+                };
+                age.push((l(), ConstGauge::new(a)));
+                gaps.push((l(), ConstCounter::new(s.sequence.gaps)));
+                replays.push((l(), ConstCounter::new(s.sequence.replays_requested)));
+                clears.push((l(), ConstCounter::new(s.sequence.clears)));
+                lost.push((l(), ConstCounter::new(s.sequence.batches_lost)));
+            }
+            let ml = |extra: &[(&'static str, &str)]| -> Labels {
+                let mut v = vec![("model", model.clone())];
+                v.extend(extra.iter().map(|(k, x)| (*k, x.to_string())));
+                v
+            };
+            applied.push((ml(&[("event_type", "stored_blocks"), ("status", "ok")]), ConstCounter::new(stored)));
+            applied.push((ml(&[("event_type", "removed_blocks"), ("status", "ok")]), ConstCounter::new(removed)));
+            rejected.push((ml(&[("reason", "event")]), ConstCounter::new(ev_rej)));
+            rejected.push((ml(&[("reason", "frame")]), ConstCounter::new(bad)));
+            let ix = p.index().stats();
+            blocks.push((ml(&[]), ConstGauge::new(ix.holder_blocks as i64)));
+            nodes.push((ml(&[]), ConstGauge::new(ix.nodes as i64)));
+            bytes.push((ml(&[]), ConstGauge::new(ix.bytes as i64)));
+            let pb = if ix.holder_blocks == 0 {
+                0.0
+            } else {
+                ix.bytes as f64 / ix.holder_blocks as f64
+            };
+            per_block.push((ml(&[]), ConstGauge::new(pb)));
+            bookings.push((ml(&[]), ConstGauge::new(p.bookings().len() as i64)));
+            for (rank, load) in p.bookings().loads().ranks() {
+                let l: Labels = vec![
+                    ("worker_id", rank.worker_id.to_string()),
+                    ("dp_rank", rank.dp_rank.to_string()),
+                ];
+                decode.push((l.clone(), ConstGauge::new(load.active_decode_blocks as i64)));
+                prefill.push((l, ConstGauge::new(load.active_prefill_tokens as i64)));
+            }
+        }
+        let g = MetricType::Gauge;
+        let c = MetricType::Counter;
+        family(&mut enc, "kvr_kv_events_applied", "Blocks the index applied from KV events", c, &applied)?;
+        family(&mut enc, "kvr_kv_events_rejected", "KV events or frames refused", c, &rejected)?;
+        family(&mut enc, "kvr_kv_stream_last_batch_age_seconds", "Seconds since the stream's last batch (-1: none yet)", g, &age)?;
+        family(&mut enc, "kvr_kv_stream_gaps", "Sequence gaps seen on the stream", c, &gaps)?;
+        family(&mut enc, "kvr_kv_stream_replays", "Replays requested for the stream", c, &replays)?;
+        family(&mut enc, "kvr_kv_stream_clears", "Times the stream's ranks were cleared (unrecoverable gap, restart)", c, &clears)?;
+        family(&mut enc, "kvr_kv_stream_batches_lost", "Batches lost on the stream", c, &lost)?;
+        family(&mut enc, "kvr_index_blocks", "Holder-blocks in the index (a block held by two ranks counts twice)", g, &blocks)?;
+        family(&mut enc, "kvr_index_nodes", "Distinct blocks in the index", g, &nodes)?;
+        family(&mut enc, "kvr_index_bytes", "Heap bytes of the index", g, &bytes)?;
+        family(&mut enc, "kvr_index_bytes_per_holder_block", "Index bytes per holder-block", g, &per_block)?;
+        family(&mut enc, "kvr_bookings_active", "Live bookings", g, &bookings)?;
+        family(&mut enc, "dynamo_frontend_worker_active_decode_blocks", "Booked decode blocks per rank", g, &decode)?;
+        family(&mut enc, "dynamo_frontend_worker_active_prefill_tokens", "Booked prefill tokens per rank", g, &prefill)?;
+        let mut by_state: std::collections::BTreeMap<(String, &'static str), i64> = Default::default();
+        for r in self.workers.records() {
+            let state = match r.lifecycle {
+                crate::wire::worker::Lifecycle::Incomplete => "incomplete",
+                crate::wire::worker::Lifecycle::Schedulable => "schedulable",
+                crate::wire::worker::Lifecycle::Draining => "draining",
+                crate::wire::worker::Lifecycle::Unschedulable => "unschedulable",
+            };
+            *by_state.entry((format!("{}:{}", r.model_name, r.routing_group), state)).or_default() += 1;
+        }
+        let workers: Vec<(Labels, ConstGauge)> = by_state
+            .into_iter()
+            .map(|((m, s), n)| (vec![("model", m), ("lifecycle", s.to_string())], ConstGauge::new(n)))
+            .collect();
+        family(&mut enc, "kvr_workers", "Registered workers by lifecycle", g, &workers)?;
+        let prompt = self.prompt_tokens.get();
+        let rate = if prompt == 0 {
+            0.0
+        } else {
+            self.cached_tokens.get() as f64 / prompt as f64
+        };
+        one(&mut enc, "kvr_router_kv_hit_rate", "Cached / prompt tokens of selections since start", g, ConstGauge::new(rate))?;
+        one(&mut enc, "dynamo_component_router_kv_hit_rate", "Cached / prompt tokens of selections since start (Dynamo's name)", g, ConstGauge::new(rate))?;
+        one(&mut enc, "kvr_http_bad_bodies", "Request bodies refused as malformed", c, ConstCounter::new(BAD_BODIES.load(Ordering::Relaxed)))?;
+        one(&mut enc, "kvr_pending_selections", "Pending selections awaiting their claim", g, ConstGauge::new(self.pending.len() as i64))?;
+        let r = &self.recovery;
+        one(&mut enc, "kvr_recovery_attempts", "Peer dump recoveries attempted", c, ConstCounter::new(r.attempts.load(Ordering::Relaxed)))?;
+        one(&mut enc, "kvr_recovery_failures", "Peer dump recoveries that failed (unreachable, truncated, garbage)", c, ConstCounter::new(r.failures.load(Ordering::Relaxed)))?;
+        one(&mut enc, "kvr_recovery_events", "Events applied from peer dumps", c, ConstCounter::new(r.events.load(Ordering::Relaxed)))?;
+        Ok(())
+    }
+}

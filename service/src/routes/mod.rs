@@ -1,0 +1,45 @@
+//! The HTTP routes, Dynamo 1.6.1's paths (REFERENCE.md §7).
+
+pub mod reservations;
+pub mod select;
+pub mod workers;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{delete, get, patch, post};
+use axum::Router;
+
+use crate::App;
+
+/// Every route of the selection service.
+pub fn router(app: Arc<App>) -> Router {
+    let limit = app.args.max_body_bytes;
+    Router::new()
+        .route("/workers", post(workers::upsert).get(workers::list))
+        .route("/workers/{id}", patch(workers::patch).delete(workers::remove))
+        .route("/select", post(select::select))
+        .route("/select_and_reserve", post(select::select_and_reserve))
+        .route("/potential_loads", post(select::potential_loads))
+        .route("/overlap_scores", post(select::overlap_scores))
+        .route("/reservations", post(reservations::reserve))
+        .route(
+            "/reservations/{id}/prefill_complete",
+            post(reservations::prefill_complete),
+        )
+        .route(
+            "/reservations/{id}/output_block",
+            post(reservations::output_block),
+        )
+        .route("/reservations/{id}", delete(reservations::free))
+        .route("/health", get(workers::health))
+        .route("/ready", get(workers::ready))
+        .route("/loads", get(workers::loads))
+        .route("/metrics", get(workers::metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            crate::metrics::track,
+        ))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}

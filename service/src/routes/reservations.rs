@@ -1,0 +1,183 @@
+//! `POST /reservations` (claim a pending selection, or book an explicit one),
+//! `POST /reservations/{id}/prefill_complete`, `/output_block`, `DELETE /reservations/{id}`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use kvr::{EngineError, PartitionKey, RankId};
+
+use crate::error::{ApiError, Body};
+use crate::routes::select::{engine_error, no_schedulable};
+use crate::wire::select::{OutputBlockBody, ReservationBody, ReservationResponse, StatusOk, OK};
+use crate::App;
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("reservation {id} not found"))
+}
+
+/// `POST /reservations`.
+pub async fn reserve(
+    State(app): State<Arc<App>>,
+    Body(b): Body<ReservationBody>,
+) -> Result<(StatusCode, Json<ReservationResponse>), ApiError> {
+    let key = PartitionKey::new(b.model_name.clone(), b.routing_group.clone());
+    let resp = match b.worker_id {
+        None => claim(&app, &b, &key)?,
+        Some(worker) => explicit(&app, &b, &key, worker)?,
+    };
+    Ok((StatusCode::CREATED, Json(resp)))
+}
+
+fn claim(app: &App, b: &ReservationBody, key: &PartitionKey) -> Result<ReservationResponse, ApiError> {
+    let missing = || {
+        ApiError::not_found(format!(
+            "no pending selection {} for model={} routing_group={} (expired, already used, or never selected)",
+            b.selection_id, key.model, key.routing_group
+        ))
+    };
+    let entry = app.registry.partition(key).ok_or_else(missing)?;
+    let pending = app.pending.take(&b.selection_id, key, Instant::now()).ok_or_else(missing)?;
+    let id = app.name_new(&b.selection_id, key)?;
+    let mut req = pending.prompt.request();
+    req.lora_name = pending.lora_name.as_deref();
+    req.expected_output_tokens = pending.expected_output_tokens;
+    match app
+        .engine
+        .reserve_in(&entry.partition, pending.rank, Some(&req), None, Some(id))
+    {
+        Ok(d) => Ok(ReservationResponse {
+            selection_id: b.selection_id.clone(),
+            model_name: key.model.clone(),
+            routing_group: key.routing_group.clone(),
+            worker_id: d.rank.worker_id,
+            dp_rank: d.rank.dp_rank,
+            endpoint: entry.endpoints.get(&d.rank.worker_id).cloned().flatten(),
+        }),
+        Err(e) => {
+            app.ids.forget(&b.selection_id);
+            Err(match e {
+                // The chosen worker left between the selection and its claim.
+                EngineError::UnknownRank(_) => missing(),
+                other => engine_error(other),
+            })
+        }
+    }
+}
+
+fn explicit(
+    app: &App,
+    b: &ReservationBody,
+    key: &PartitionKey,
+    worker: u64,
+) -> Result<ReservationResponse, ApiError> {
+    let entry = app.registry.partition(key).ok_or_else(|| no_schedulable(key))?;
+    if !entry.is_schedulable(worker) {
+        return Err(ApiError::not_found(format!(
+            "schedulable worker {worker} not found for model={} routing_group={}",
+            key.model, key.routing_group
+        )));
+    }
+    let rank = RankId::new(worker, b.dp_rank.unwrap_or(0));
+    let prompt = if b.prompt.is_present() {
+        let salt = crate::routes::select::salt_of(&entry, &b.prompt);
+        let mut plain = b.prompt.clone();
+        plain.cache_salt = None;
+        Some(plain.resolve(entry.partition.block_size(), salt)?)
+    } else {
+        None
+    };
+    let id = app.name_new(&b.selection_id, key)?;
+    let req = prompt.as_ref().map(|p| {
+        let mut r = p.request();
+        r.lora_name = b.prompt.lora_name.as_deref();
+        r.expected_output_tokens = b.expected_output_tokens.unwrap_or(0);
+        r
+    });
+    match app
+        .engine
+        .reserve_in(&entry.partition, rank, req.as_ref(), None, Some(id))
+    {
+        Ok(d) => Ok(ReservationResponse {
+            selection_id: b.selection_id.clone(),
+            model_name: key.model.clone(),
+            routing_group: key.routing_group.clone(),
+            worker_id: d.rank.worker_id,
+            dp_rank: d.rank.dp_rank,
+            endpoint: entry.endpoints.get(&worker).cloned().flatten(),
+        }),
+        Err(e) => {
+            app.ids.forget(&b.selection_id);
+            Err(match e {
+                EngineError::UnknownRank(r) => ApiError::not_found(format!(
+                    "schedulable worker {} dp_rank {} not found for model={} routing_group={}",
+                    r.worker_id, r.dp_rank, key.model, key.routing_group
+                )),
+                other => engine_error(other),
+            })
+        }
+    }
+}
+
+fn lookup(app: &App, id: &str) -> Result<u64, ApiError> {
+    app.ids.lookup(id).ok_or_else(|| not_found(id))
+}
+
+fn lifecycle_error(id: &str, e: EngineError) -> ApiError {
+    match e {
+        EngineError::UnknownSelectionId(_) => not_found(id),
+        other => engine_error(other),
+    }
+}
+
+/// `POST /reservations/{id}/prefill_complete`.
+pub async fn prefill_complete(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<StatusOk>, ApiError> {
+    let n = lookup(&app, &id)?;
+    app.engine
+        .mark_prefill_complete(n)
+        .map_err(|e| lifecycle_error(&id, e))?;
+    Ok(Json(OK))
+}
+
+/// `POST /reservations/{id}/output_block`: one more output block (decode load).
+/// `decay_fraction` must be in [0, 1]; kvr accepts it and books a whole block (Dynamo
+/// decays its predicted-output accounting by it, which kvr does not model).
+pub async fn output_block(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<StatusOk>, ApiError> {
+    // The body is optional (Dynamo's clients send none or `{}`).
+    let b: OutputBlockBody = if body.iter().all(u8::is_ascii_whitespace) {
+        OutputBlockBody::default()
+    } else {
+        crate::error::parse_json(&body)?
+    };
+    if let Some(f) = b.decay_fraction {
+        if !(0.0..=1.0).contains(&f) {
+            return Err(ApiError::bad_request("decay_fraction must be between 0.0 and 1.0"));
+        }
+    }
+    let n = lookup(&app, &id)?;
+    app.engine
+        .add_output_blocks(n, 1)
+        .map_err(|e| lifecycle_error(&id, e))?;
+    Ok(Json(OK))
+}
+
+/// `DELETE /reservations/{id}`: the booking ends; everything it added leaves the load.
+pub async fn free(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<StatusOk>, ApiError> {
+    let n = lookup(&app, &id)?;
+    let r = app.engine.free(n);
+    app.ids.forget(&id);
+    r.map_err(|e| lifecycle_error(&id, e))?;
+    Ok(Json(OK))
+}

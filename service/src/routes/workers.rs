@@ -1,0 +1,134 @@
+//! `/workers` CRUD, `GET /health`, `GET /ready`, `GET /loads`, `GET /metrics`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+
+use crate::error::{ApiError, Body};
+use crate::wire::select::{PartitionLoadsBody, RankLoadBody, StatusOk, OK};
+use crate::wire::worker::{
+    Lifecycle, PartitionFilter, ReadyBody, WorkerPatch, WorkerRecord, WorkerRequest,
+};
+use crate::App;
+
+/// `POST /workers`: registers (201) or replaces a worker; its KV events are subscribed.
+pub async fn upsert(
+    State(app): State<Arc<App>>,
+    Body(req): Body<WorkerRequest>,
+) -> Result<(StatusCode, Json<WorkerRecord>), ApiError> {
+    let record = app.registry.upsert(req)?;
+    tracing::info!(worker_id = record.worker_id, model = %record.model_name, routing_group = %record.routing_group, lifecycle = ?record.lifecycle, "worker registered");
+    Ok((StatusCode::CREATED, Json(record)))
+}
+
+/// `GET /workers?model_name=&routing_group=`.
+pub async fn list(
+    State(app): State<Arc<App>>,
+    Query(f): Query<PartitionFilter>,
+) -> Json<Vec<WorkerRecord>> {
+    Json(
+        app.registry
+            .records()
+            .into_iter()
+            .filter(|r| f.matches(&r.model_name, &r.routing_group))
+            .collect(),
+    )
+}
+
+pub async fn patch(
+    State(app): State<Arc<App>>,
+    Path(id): Path<u64>,
+    Body(p): Body<WorkerPatch>,
+) -> Result<Json<WorkerRecord>, ApiError> {
+    Ok(Json(app.registry.patch(id, p)?))
+}
+
+/// `DELETE /workers/{id}`: its subscriptions stop and its state leaves the partition.
+pub async fn remove(
+    State(app): State<Arc<App>>,
+    Path(id): Path<u64>,
+) -> Result<Json<WorkerRecord>, ApiError> {
+    let r = app
+        .registry
+        .remove(id)
+        .ok_or_else(|| ApiError::not_found(format!("worker {id} not found")))?;
+    tracing::info!(worker_id = id, "worker removed");
+    Ok(Json(r))
+}
+
+pub async fn health() -> Json<StatusOk> {
+    Json(OK)
+}
+
+/// `GET /ready`: 200 once a worker is schedulable (and peer recovery, if any, ended).
+pub async fn ready(State(app): State<Arc<App>>) -> (StatusCode, Json<ReadyBody>) {
+    let workers = app.registry.records();
+    let schedulable = workers
+        .iter()
+        .filter(|w| w.lifecycle == Lifecycle::Schedulable)
+        .count();
+    let ready = schedulable > 0 && app.recovered();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(ReadyBody {
+            ready,
+            schedulable_workers: schedulable,
+            workers,
+        }),
+    )
+}
+
+/// `GET /loads?model_name=&routing_group=`: every member rank's booked load.
+pub async fn loads(
+    State(app): State<Arc<App>>,
+    Query(f): Query<PartitionFilter>,
+) -> Json<Vec<PartitionLoadsBody>> {
+    let mut out = Vec::new();
+    for entry in app.registry.partitions() {
+        let p = &entry.partition;
+        let key = p.key();
+        if !f.matches(&key.model, &key.routing_group) {
+            continue;
+        }
+        let loads = p.bookings().loads();
+        let mut ranks = Vec::new();
+        for w in p.workers().iter() {
+            for rank in w.ranks() {
+                let l = loads.get(rank);
+                ranks.push(RankLoadBody {
+                    worker_id: rank.worker_id,
+                    dp_rank: rank.dp_rank,
+                    potential_prefill_tokens: l.active_prefill_tokens,
+                    potential_decode_blocks: l.active_decode_blocks,
+                    active_requests: l.active_requests,
+                });
+            }
+        }
+        out.push(PartitionLoadsBody {
+            model_name: key.model.clone(),
+            routing_group: key.routing_group.clone(),
+            loads: ranks,
+            pending_count: 0,
+            pending_isl_tokens: 0,
+        });
+    }
+    Json(out)
+}
+
+pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.encode(),
+    )
+}

@@ -1,0 +1,123 @@
+//! The listener, logging, background upkeep and graceful shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+
+use crate::args::ServeArgs;
+use crate::App;
+
+/// How often caller-named selection ids whose bookings ended unseen are forgotten.
+const SWEEP_EVERY: Duration = Duration::from_secs(15);
+
+/// `kvr serve`: runs until SIGINT or SIGTERM, then stops taking connections, lets
+/// in-flight requests finish (up to `--shutdown-grace-secs`), and stops the KV-event
+/// subscriptions.
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    init_logging(&args.log_format);
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if args.threads > 0 {
+        rt.worker_threads(args.threads);
+    }
+    let rt = rt
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = TcpListener::bind(&addr)
+            .await
+            .map_err(|e| format!("listen on {addr}: {e}"))?;
+        let app = App::new(args)?;
+        tracing::info!(%addr, "kvr serve listening");
+        serve_on(listener, app, shutdown_signal()).await
+    })
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves (tests pass their own signal).
+pub async fn serve_on(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    crate::recovery::start(app.clone());
+    let sweeper = tokio::spawn(sweep_named_ids(app.clone()));
+    let grace = Duration::from_secs(app.args.shutdown_grace_secs);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let router = crate::routes::router(app.clone());
+    let mut stop_wait = stop_rx.clone();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        let _ = stop_wait.wait_for(|s| *s).await;
+    });
+    let mut server = tokio::spawn(async move { server.await });
+    tokio::select! {
+        r = &mut server => {
+            sweeper.abort();
+            app.registry.stop_all();
+            return r.map_err(|e| e.to_string())?.map_err(|e| e.to_string());
+        }
+        () = shutdown => {}
+    }
+    tracing::info!(grace_secs = grace.as_secs(), "shutting down: draining requests");
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(grace, &mut server).await.is_ok();
+    if !drained {
+        tracing::warn!("requests still in flight after the grace period: stopping anyway");
+        server.abort();
+    }
+    sweeper.abort();
+    app.registry.stop_all();
+    tracing::info!("KV-event subscriptions stopped; bye");
+    Ok(())
+}
+
+async fn sweep_named_ids(app: Arc<App>) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        tick.tick().await;
+        let gone = app.ids.sweep(Instant::now(), |id, key| {
+            app.registry
+                .partition(key)
+                .is_some_and(|e| e.partition.bookings().contains(id))
+        });
+        if gone > 0 {
+            tracing::debug!(gone, "forgot caller-named ids of ended bookings");
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+fn init_logging(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("KVR_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

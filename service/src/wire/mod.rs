@@ -1,0 +1,5 @@
+//! The JSON bodies of the routes, with Dynamo 1.6.1's field names, defaults and shapes.
+
+pub mod prompt;
+pub mod select;
+pub mod worker;

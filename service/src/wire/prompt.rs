@@ -1,0 +1,276 @@
+//! The prompt fields Dynamo flattens into every request that carries a prompt
+//! (REFERENCE.md §7): `token_ids`, or `block_hashes` + `sequence_hashes` + `isl_tokens`,
+//! with `lora_name`, `cache_salt` and `block_mm_infos`. Hashes travel as signed i64 (the
+//! u64 bits, two's complement).
+
+use kvr::hash::{local_block_hash_mm, HashSalt};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+
+/// One block's multimodal objects (`block_mm_infos[i]`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct BlockMmInfo {
+    #[serde(default)]
+    pub mm_objects: Vec<MmObject>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct MmObject {
+    pub mm_hash: u64,
+}
+
+/// The prompt of a request, as it arrives.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct PromptBody {
+    #[serde(default)]
+    pub token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub block_hashes: Option<Vec<i64>>,
+    #[serde(default)]
+    pub sequence_hashes: Option<Vec<i64>>,
+    #[serde(default)]
+    pub isl_tokens: Option<u64>,
+    #[serde(default)]
+    pub block_mm_infos: Option<Vec<Option<BlockMmInfo>>>,
+    #[serde(default)]
+    pub lora_name: Option<String>,
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+}
+
+/// A prompt checked and brought to the engine's terms: either tokens the engine hashes,
+/// or local block hashes computed here (multimodal prompts) or given by the caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolvedPrompt {
+    Tokens(Vec<u32>),
+    LocalHashes { hashes: Vec<u64>, prompt_tokens: u64 },
+}
+
+impl ResolvedPrompt {
+    /// The engine's view of this prompt.
+    pub fn as_engine(&self) -> kvr::Prompt<'_> {
+        match self {
+            ResolvedPrompt::Tokens(t) => kvr::Prompt::Tokens(t),
+            ResolvedPrompt::LocalHashes {
+                hashes,
+                prompt_tokens,
+            } => kvr::Prompt::LocalHashes {
+                hashes,
+                prompt_tokens: *prompt_tokens,
+            },
+        }
+    }
+
+    /// An engine request of this prompt (the caller sets the rest).
+    pub fn request(&self) -> kvr::SelectRequest<'_> {
+        match self {
+            ResolvedPrompt::Tokens(t) => kvr::SelectRequest::tokens(t),
+            ResolvedPrompt::LocalHashes {
+                hashes,
+                prompt_tokens,
+            } => kvr::SelectRequest::local_hashes(hashes, *prompt_tokens),
+        }
+    }
+
+    /// The prompt's length in tokens (`isl_tokens`).
+    pub fn tokens(&self) -> u64 {
+        match self {
+            ResolvedPrompt::Tokens(t) => t.len() as u64,
+            ResolvedPrompt::LocalHashes { prompt_tokens, .. } => *prompt_tokens,
+        }
+    }
+
+    /// Approximate heap bytes (the pending-selection cache's budget).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            ResolvedPrompt::Tokens(t) => t.capacity() * 4,
+            ResolvedPrompt::LocalHashes { hashes, .. } => hashes.capacity() * 8,
+        }
+    }
+}
+
+impl PromptBody {
+    /// Whether the body names any prompt at all.
+    pub fn is_present(&self) -> bool {
+        self.token_ids.is_some() || self.block_hashes.is_some()
+    }
+
+    /// Checks the prompt against a partition of `block_size` tokens per block, and turns
+    /// it into what the engine takes.
+    ///
+    /// - `token_ids` wins over hashes when both come (Dynamo's order).
+    /// - `block_hashes` needs `isl_tokens`, and `sequence_hashes` (when given) must be as
+    ///   long; a prompt of `isl_tokens` has at most `isl_tokens / block_size` complete
+    ///   blocks, so a longer hash list is refused rather than overcounting.
+    /// - `block_mm_infos` mixes each block's multimodal hashes into its local hash, as the
+    ///   engines do, so the prompt matches the blocks they publish.
+    /// - `cache_salt` is refused: the engines mix it into their own block hashes, which
+    ///   kvr does not see in their events, so a salted lookup could not be told apart
+    ///   from an unsalted one (it would overcount). Listed in the compatibility notes.
+    pub fn resolve(&self, block_size: u32, salt: HashSalt) -> Result<ResolvedPrompt, ApiError> {
+        if self.cache_salt.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::bad_request(
+                "cache_salt is not supported by kvr serve (see docs: compatibility)",
+            ));
+        }
+        if let Some(tokens) = &self.token_ids {
+            return match &self.block_mm_infos {
+                Some(infos) if infos.iter().any(|i| i.is_some()) => {
+                    let bs = block_size.max(1) as usize;
+                    let blocks = tokens.len() / bs;
+                    if infos.len() > blocks.max(1) + 1 {
+                        return Err(ApiError::bad_request(format!(
+                            "block_mm_infos has {} entries for {blocks} blocks",
+                            infos.len()
+                        )));
+                    }
+                    let mut mm = Vec::new();
+                    let hashes = tokens
+                        .chunks_exact(bs)
+                        .enumerate()
+                        .map(|(i, block)| {
+                            mm.clear();
+                            if let Some(Some(info)) = infos.get(i) {
+                                mm.extend(info.mm_objects.iter().map(|o| o.mm_hash));
+                            }
+                            local_block_hash_mm(block, &mm, salt)
+                        })
+                        .collect();
+                    Ok(ResolvedPrompt::LocalHashes {
+                        hashes,
+                        prompt_tokens: tokens.len() as u64,
+                    })
+                }
+                _ => Ok(ResolvedPrompt::Tokens(tokens.clone())),
+            };
+        }
+        let Some(hashes) = &self.block_hashes else {
+            return Err(ApiError::bad_request(
+                "request must carry token_ids, or block_hashes with isl_tokens",
+            ));
+        };
+        let Some(isl) = self.isl_tokens else {
+            return Err(ApiError::bad_request(
+                "isl_tokens is required with block_hashes",
+            ));
+        };
+        if let Some(seq) = &self.sequence_hashes {
+            if seq.len() != hashes.len() {
+                return Err(ApiError::bad_request(format!(
+                    "sequence_hashes has {} entries, block_hashes {}",
+                    seq.len(),
+                    hashes.len()
+                )));
+            }
+        }
+        let max_blocks = isl / u64::from(block_size.max(1));
+        if hashes.len() as u64 > max_blocks {
+            return Err(ApiError::bad_request(format!(
+                "{} block_hashes for isl_tokens {isl} at block_size {block_size} (at most {max_blocks})",
+                hashes.len()
+            )));
+        }
+        Ok(ResolvedPrompt::LocalHashes {
+            hashes: hashes.iter().map(|&h| h as u64).collect(),
+            prompt_tokens: isl,
+        })
+    }
+}
+
+/// A u64 hash as Dynamo puts it on the wire (the same bits as i64).
+pub fn wire_hash(h: u64) -> i64 {
+    h as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn salt() -> HashSalt {
+        HashSalt::new(None, None)
+    }
+
+    #[test]
+    fn signed_hashes_keep_their_bits() {
+        let p = PromptBody {
+            block_hashes: Some(vec![-1, 5]),
+            isl_tokens: Some(32),
+            ..PromptBody::default()
+        };
+        let r = p.resolve(16, salt()).unwrap();
+        assert_eq!(
+            r,
+            ResolvedPrompt::LocalHashes {
+                hashes: vec![u64::MAX, 5],
+                prompt_tokens: 32
+            }
+        );
+        assert_eq!(wire_hash(u64::MAX), -1);
+    }
+
+    #[test]
+    fn more_hashes_than_the_prompt_has_blocks_are_refused() {
+        let p = PromptBody {
+            block_hashes: Some(vec![1, 2, 3]),
+            isl_tokens: Some(47),
+            ..PromptBody::default()
+        };
+        assert!(p.resolve(16, salt()).is_err());
+        let p = PromptBody {
+            block_hashes: Some(vec![1, 2]),
+            sequence_hashes: Some(vec![1]),
+            isl_tokens: Some(47),
+            ..PromptBody::default()
+        };
+        assert!(p.resolve(16, salt()).is_err());
+        let p = PromptBody {
+            block_hashes: Some(vec![1, 2]),
+            ..PromptBody::default()
+        };
+        assert!(p.resolve(16, salt()).is_err());
+        assert!(PromptBody::default().resolve(16, salt()).is_err());
+    }
+
+    #[test]
+    fn multimodal_blocks_hash_apart_from_plain_ones() {
+        let tokens: Vec<u32> = (0..32).collect();
+        let plain = PromptBody {
+            token_ids: Some(tokens.clone()),
+            ..PromptBody::default()
+        };
+        let mm = PromptBody {
+            token_ids: Some(tokens.clone()),
+            block_mm_infos: Some(vec![
+                None,
+                Some(BlockMmInfo {
+                    mm_objects: vec![MmObject { mm_hash: 9 }],
+                }),
+            ]),
+            ..PromptBody::default()
+        };
+        let ResolvedPrompt::LocalHashes { hashes, .. } = mm.resolve(16, salt()).unwrap() else {
+            panic!("a multimodal prompt resolves to hashes");
+        };
+        let mut plain_hashes = Vec::new();
+        kvr::hash::BlockHasher::new(16, salt())
+            .unwrap()
+            .local_hashes(&tokens, &mut plain_hashes);
+        assert_eq!(hashes[0], plain_hashes[0]);
+        assert_ne!(hashes[1], plain_hashes[1]);
+        assert_eq!(
+            plain.resolve(16, salt()).unwrap(),
+            ResolvedPrompt::Tokens(tokens)
+        );
+    }
+
+    #[test]
+    fn cache_salt_is_refused_not_ignored() {
+        let p = PromptBody {
+            token_ids: Some(vec![1; 32]),
+            cache_salt: Some("s".into()),
+            ..PromptBody::default()
+        };
+        assert!(p.resolve(16, salt()).is_err());
+    }
+}
