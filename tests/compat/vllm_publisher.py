@@ -187,6 +187,8 @@ class WorkerPublisher:
     tcp://*:(replay_base_port + r) — vLLM adds the DP rank to both ports itself.
     """
 
+    _monitor_seq = 0
+
     def __init__(self, worker_id: int, dp_size: int = 1, base_port: int | None = None,
                  replay_base_port: int | None = None, dp_start_rank: int = 0,
                  host: str = "127.0.0.1", topic: str = "", replay: bool = True):
@@ -218,8 +220,13 @@ class WorkerPublisher:
             pub._data_parallel_rank = rank
             # The monitor is attached before the first publish, while the
             # publisher thread does not touch its PUB socket.
+            # A unique inproc address: pyzmq's default (inproc://monitor.s-<fd>)
+            # collides when a later publisher reuses a closed socket's fd, and
+            # then that publisher silently sends nothing.
+            WorkerPublisher._monitor_seq += 1
             self._monitors[rank] = pub._pub.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+                zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED,
+                addr=f"inproc://kvr-compat-monitor-{os.getpid()}-{WorkerPublisher._monitor_seq}")
             self.pubs[rank] = pub
         self.subscribers = {r: 0 for r in self.pubs}
         self._lock = threading.Lock()
@@ -309,6 +316,7 @@ class WorkerPublisher:
     def close(self) -> None:
         for rank, pub in self.pubs.items():
             try:
+                pub._pub.disable_monitor()
                 self._monitors[rank].close(linger=0)
             except Exception:
                 pass
