@@ -15,10 +15,12 @@ Modes
   compare --self-test-negative    run Dynamo once, perturb one recorded status
           and one recorded value of a copy, check that each perturbation is
           reported (exit 0 only if both were caught)
-  peers   --a dynamo|kvr --b dynamo|kvr [--kvr-cmd ...]
+  peers   --a dynamo|kvr --b dynamo|kvr [--kvr-cmd ...] [--negative]
           peer recovery: A gets workers and events; B starts with
-          `--indexer-peers http://A`, gets the same workers (KV-event endpoints
-          nobody publishes on) and must report A's overlap without any event.
+          `--indexer-peers http://A` (appended to B's command line), gets the
+          same workers (KV-event endpoints nobody publishes on) and must report
+          A's /overlap_scores, /select choice+overlap and /dump without any
+          event. --negative starts B without the flag and requires a mismatch.
 
 What a transcript step records (see README "What is compared"):
   status, shape (JSON field names and types, recursively), and — unless the
@@ -786,7 +788,7 @@ def cmd_peers(args):
               and wait_overlap(base_a, P2, EXPECT_P2) and wait_overlap(base_a, P3, EXPECT_P3))
         if not ok:
             failures.append("A never applied the events")
-        extra = ["--indexer-peers", base_a]
+        extra = [] if args.negative else ["--indexer-peers", base_a]
         svc_b, base_b = run_service(argv_for(args.b), args, f"peer-B-{args.b}", log_dir, extra)
         # B's workers: same ids, block size and ranks, KV-event endpoints nobody
         # publishes on, so any overlap B reports came from A's /dump.
@@ -819,10 +821,16 @@ def cmd_peers(args):
             if s:
                 s.stop()
         fleet.close()
-    print(f"peer recovery {args.a} -> {args.b}: " + ("PASS" if not failures else "FAIL"))
     for f in failures:
         print("  " + f)
     print(f"logs in {log_dir}")
+    if args.negative:
+        # B started without --indexer-peers: it must NOT match A.
+        caught = any(not f.startswith(("A never", "B refused")) for f in failures)
+        print(f"peer recovery negative control ({args.b} without --indexer-peers): "
+              + ("PASS (B differs from A, as it must)" if caught else "FAIL (B matched A without peers)"))
+        return 0 if caught else 1
+    print(f"peer recovery {args.a} -> {args.b}: " + ("PASS" if not failures else "FAIL"))
     return 1 if failures else 0
 
 
@@ -848,6 +856,8 @@ def main(argv=None):
     p = sub.add_parser("peers", parents=[common])
     p.add_argument("--a", choices=("dynamo", "kvr"), default="dynamo")
     p.add_argument("--b", choices=("dynamo", "kvr"), default="dynamo")
+    p.add_argument("--negative", action="store_true",
+                   help="control: start B without --indexer-peers and require a mismatch")
     args = ap.parse_args(argv)
     if args.mode == "run":
         return cmd_run(args)
