@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Creates (once, then reuses) the compatibility harness's Python environment:
+#   - a venv at ${KVR_COMPAT_VENV:-$HOME/.cache/kvr/compat-venv} with the pinned
+#     packages of requirements.txt (Dynamo 1.6.1, pyzmq, msgspec);
+#   - vLLM 0.33.0's real KV-event publisher, vllm/distributed/kv_events.py,
+#     extracted from the vLLM wheel (downloaded once, without dependencies, into
+#     $HOME/.cache/kvr/wheels) into ${KVR_COMPAT_VLLM_DIR:-$HOME/.cache/kvr/vllm-0.33.0}.
+# Idempotent: a stamp file records the requirements' checksum; a matching stamp
+# skips pip entirely. The last stdout line is the venv's python path.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cache="${HOME}/.cache/kvr"
+venv="${KVR_COMPAT_VENV:-${cache}/compat-venv}"
+vllm_dir="${KVR_COMPAT_VLLM_DIR:-${cache}/vllm-0.33.0}"
+wheels="${cache}/wheels"
+base_python="${KVR_COMPAT_BASE_PYTHON:-python3}"
+req="${here}/requirements.txt"
+
+log() { echo "ensure-venv: $*" >&2; }
+
+mkdir -p "${cache}" "${wheels}"
+
+want="$(sha256sum "${req}" | cut -d' ' -f1)"
+stamp="${venv}/.kvr-compat-stamp"
+if [[ -x "${venv}/bin/python" && -f "${stamp}" && "$(cat "${stamp}")" == "${want}" ]]; then
+    log "venv ${venv} up to date"
+else
+    log "creating venv ${venv}"
+    "${base_python}" -m venv "${venv}"
+    "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check -r "${req}" >&2
+    echo "${want}" > "${stamp}"
+fi
+
+kv_events="${vllm_dir}/vllm/distributed/kv_events.py"
+if [[ ! -f "${kv_events}" ]]; then
+    wheel="$(ls "${wheels}"/vllm-0.33.0-*.whl 2>/dev/null | head -n1 || true)"
+    if [[ -z "${wheel}" ]]; then
+        log "downloading vllm==0.33.0 (no dependencies) into ${wheels}"
+        "${venv}/bin/python" -m pip download --quiet --disable-pip-version-check \
+            --no-deps vllm==0.33.0 -d "${wheels}" >&2
+        wheel="$(ls "${wheels}"/vllm-0.33.0-*.whl | head -n1)"
+    fi
+    log "extracting vllm/distributed/kv_events.py from $(basename "${wheel}")"
+    mkdir -p "${vllm_dir}"
+    "${venv}/bin/python" - "${wheel}" "${vllm_dir}" <<'PY'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    z.extract("vllm/distributed/kv_events.py", dest)
+PY
+fi
+
+"${venv}/bin/python" -c "import zmq, msgspec, dynamo.llm" >&2
+echo "${venv}/bin/python"
