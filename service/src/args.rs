@@ -72,7 +72,11 @@ pub struct Knobs {
     #[arg(long, env = "DYN_ROUTER_TEMPERATURE", default_value_t = 0.0)]
     pub router_temperature: f64,
     /// Weight of cached blocks against load.
-    #[arg(long, env = "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", default_value_t = 1.0)]
+    #[arg(
+        long,
+        env = "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT",
+        default_value_t = 1.0
+    )]
     pub overlap_score_credit: f64,
     #[arg(long, env = "DYN_ROUTER_PREFILL_LOAD_SCALE", default_value_t = 1.0)]
     pub prefill_load_scale: f64,
@@ -80,7 +84,11 @@ pub struct Knobs {
     pub host_cache_hit_weight: f64,
     #[arg(long, env = "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", default_value_t = 0.25)]
     pub disk_cache_hit_weight: f64,
-    #[arg(long, env = "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", default_value_t = 0.0)]
+    #[arg(
+        long,
+        env = "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT",
+        default_value_t = 0.0
+    )]
     pub decode_active_request_weight: f64,
     /// Track booked prefill tokens in the load (off: a booking adds decode blocks only).
     #[arg(long, env = "DYN_ROUTER_TRACK_PREFILL_TOKENS", default_value_t = true, action = clap::ArgAction::Set)]

@@ -171,7 +171,11 @@ mod tests {
         assert_eq!(s.as_bytes()[14], b'4');
         assert_eq!(ids.lookup(&s), Some(0x1234));
         assert_eq!(ids.lookup("not-ours"), None);
-        assert_eq!(SelectionIds::new(8).lookup(&s), None, "another process's prefix");
+        assert_eq!(
+            SelectionIds::new(8).lookup(&s),
+            None,
+            "another process's prefix"
+        );
     }
 
     #[test]

@@ -119,6 +119,7 @@ fn partition_config(args: &ServeArgs) -> Result<PartitionConfig, String> {
             ..kvr::session::SessionConfig::default()
         });
     }
-    c.validate().map_err(|e| format!("invalid configuration: {e}"))?;
+    c.validate()
+        .map_err(|e| format!("invalid configuration: {e}"))?;
     Ok(c)
 }

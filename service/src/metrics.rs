@@ -117,13 +117,21 @@ impl Metrics {
         let selections = Family::<OutcomeLabel, Counter>::default();
         let prompt_tokens = Counter::default();
         let cached_tokens = Counter::default();
-        registry.register("kvr_http_requests", "HTTP requests answered", requests.clone());
+        registry.register(
+            "kvr_http_requests",
+            "HTTP requests answered",
+            requests.clone(),
+        );
         registry.register(
             "kvr_http_request_duration_seconds",
             "Time to answer an HTTP request",
             latency.clone(),
         );
-        registry.register("kvr_selections", "Selection requests by outcome", selections.clone());
+        registry.register(
+            "kvr_selections",
+            "Selection requests by outcome",
+            selections.clone(),
+        );
         registry.register(
             "kvr_selection_prompt_tokens",
             "Prompt tokens of selected requests",
@@ -274,8 +282,14 @@ impl Collector for EngineCollector {
                 v.extend(extra.iter().map(|(k, x)| (*k, x.to_string())));
                 v
             };
-            applied.push((ml(&[("event_type", "stored_blocks"), ("status", "ok")]), ConstCounter::new(stored)));
-            applied.push((ml(&[("event_type", "removed_blocks"), ("status", "ok")]), ConstCounter::new(removed)));
+            applied.push((
+                ml(&[("event_type", "stored_blocks"), ("status", "ok")]),
+                ConstCounter::new(stored),
+            ));
+            applied.push((
+                ml(&[("event_type", "removed_blocks"), ("status", "ok")]),
+                ConstCounter::new(removed),
+            ));
             rejected.push((ml(&[("reason", "event")]), ConstCounter::new(ev_rej)));
             rejected.push((ml(&[("reason", "frame")]), ConstCounter::new(bad)));
             let ix = p.index().stats();
@@ -300,21 +314,106 @@ impl Collector for EngineCollector {
         }
         let g = MetricType::Gauge;
         let c = MetricType::Counter;
-        family(&mut enc, "kvr_kv_events_applied", "Blocks the index applied from KV events", c, &applied)?;
-        family(&mut enc, "kvr_kv_events_rejected", "KV events or frames refused", c, &rejected)?;
-        family(&mut enc, "kvr_kv_stream_last_batch_age_seconds", "Seconds since the stream's last batch (-1: none yet)", g, &age)?;
-        family(&mut enc, "kvr_kv_stream_gaps", "Sequence gaps seen on the stream", c, &gaps)?;
-        family(&mut enc, "kvr_kv_stream_replays", "Replays requested for the stream", c, &replays)?;
-        family(&mut enc, "kvr_kv_stream_clears", "Times the stream's ranks were cleared (unrecoverable gap, restart)", c, &clears)?;
-        family(&mut enc, "kvr_kv_stream_batches_lost", "Batches lost on the stream", c, &lost)?;
-        family(&mut enc, "kvr_index_blocks", "Holder-blocks in the index (a block held by two ranks counts twice)", g, &blocks)?;
-        family(&mut enc, "kvr_index_nodes", "Distinct blocks in the index", g, &nodes)?;
-        family(&mut enc, "kvr_index_bytes", "Heap bytes of the index", g, &bytes)?;
-        family(&mut enc, "kvr_index_bytes_per_holder_block", "Index bytes per holder-block", g, &per_block)?;
-        family(&mut enc, "kvr_bookings_active", "Live bookings", g, &bookings)?;
-        family(&mut enc, "dynamo_frontend_worker_active_decode_blocks", "Booked decode blocks per rank", g, &decode)?;
-        family(&mut enc, "dynamo_frontend_worker_active_prefill_tokens", "Booked prefill tokens per rank", g, &prefill)?;
-        let mut by_state: std::collections::BTreeMap<(String, &'static str), i64> = Default::default();
+        family(
+            &mut enc,
+            "kvr_kv_events_applied",
+            "Blocks the index applied from KV events",
+            c,
+            &applied,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_events_rejected",
+            "KV events or frames refused",
+            c,
+            &rejected,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_last_batch_age_seconds",
+            "Seconds since the stream's last batch (-1: none yet)",
+            g,
+            &age,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_gaps",
+            "Sequence gaps seen on the stream",
+            c,
+            &gaps,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_replays",
+            "Replays requested for the stream",
+            c,
+            &replays,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_clears",
+            "Times the stream's ranks were cleared (unrecoverable gap, restart)",
+            c,
+            &clears,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_batches_lost",
+            "Batches lost on the stream",
+            c,
+            &lost,
+        )?;
+        family(
+            &mut enc,
+            "kvr_index_blocks",
+            "Holder-blocks in the index (a block held by two ranks counts twice)",
+            g,
+            &blocks,
+        )?;
+        family(
+            &mut enc,
+            "kvr_index_nodes",
+            "Distinct blocks in the index",
+            g,
+            &nodes,
+        )?;
+        family(
+            &mut enc,
+            "kvr_index_bytes",
+            "Heap bytes of the index",
+            g,
+            &bytes,
+        )?;
+        family(
+            &mut enc,
+            "kvr_index_bytes_per_holder_block",
+            "Index bytes per holder-block",
+            g,
+            &per_block,
+        )?;
+        family(
+            &mut enc,
+            "kvr_bookings_active",
+            "Live bookings",
+            g,
+            &bookings,
+        )?;
+        family(
+            &mut enc,
+            "dynamo_frontend_worker_active_decode_blocks",
+            "Booked decode blocks per rank",
+            g,
+            &decode,
+        )?;
+        family(
+            &mut enc,
+            "dynamo_frontend_worker_active_prefill_tokens",
+            "Booked prefill tokens per rank",
+            g,
+            &prefill,
+        )?;
+        let mut by_state: std::collections::BTreeMap<(String, &'static str), i64> =
+            Default::default();
         for r in self.workers.records() {
             let state = match r.lifecycle {
                 crate::wire::worker::Lifecycle::Incomplete => "incomplete",
@@ -322,27 +421,82 @@ impl Collector for EngineCollector {
                 crate::wire::worker::Lifecycle::Draining => "draining",
                 crate::wire::worker::Lifecycle::Unschedulable => "unschedulable",
             };
-            *by_state.entry((format!("{}:{}", r.model_name, r.routing_group), state)).or_default() += 1;
+            *by_state
+                .entry((format!("{}:{}", r.model_name, r.routing_group), state))
+                .or_default() += 1;
         }
         let workers: Vec<(Labels, ConstGauge)> = by_state
             .into_iter()
-            .map(|((m, s), n)| (vec![("model", m), ("lifecycle", s.to_string())], ConstGauge::new(n)))
+            .map(|((m, s), n)| {
+                (
+                    vec![("model", m), ("lifecycle", s.to_string())],
+                    ConstGauge::new(n),
+                )
+            })
             .collect();
-        family(&mut enc, "kvr_workers", "Registered workers by lifecycle", g, &workers)?;
+        family(
+            &mut enc,
+            "kvr_workers",
+            "Registered workers by lifecycle",
+            g,
+            &workers,
+        )?;
         let prompt = self.prompt_tokens.get();
         let rate = if prompt == 0 {
             0.0
         } else {
             self.cached_tokens.get() as f64 / prompt as f64
         };
-        one(&mut enc, "kvr_router_kv_hit_rate", "Cached / prompt tokens of selections since start", g, ConstGauge::new(rate))?;
-        one(&mut enc, "dynamo_component_router_kv_hit_rate", "Cached / prompt tokens of selections since start (Dynamo's name)", g, ConstGauge::new(rate))?;
-        one(&mut enc, "kvr_http_bad_bodies", "Request bodies refused as malformed", c, ConstCounter::new(BAD_BODIES.load(Ordering::Relaxed)))?;
-        one(&mut enc, "kvr_pending_selections", "Pending selections awaiting their claim", g, ConstGauge::new(self.pending.len() as i64))?;
+        one(
+            &mut enc,
+            "kvr_router_kv_hit_rate",
+            "Cached / prompt tokens of selections since start",
+            g,
+            ConstGauge::new(rate),
+        )?;
+        one(
+            &mut enc,
+            "dynamo_component_router_kv_hit_rate",
+            "Cached / prompt tokens of selections since start (Dynamo's name)",
+            g,
+            ConstGauge::new(rate),
+        )?;
+        one(
+            &mut enc,
+            "kvr_http_bad_bodies",
+            "Request bodies refused as malformed",
+            c,
+            ConstCounter::new(BAD_BODIES.load(Ordering::Relaxed)),
+        )?;
+        one(
+            &mut enc,
+            "kvr_pending_selections",
+            "Pending selections awaiting their claim",
+            g,
+            ConstGauge::new(self.pending.len() as i64),
+        )?;
         let r = &self.recovery;
-        one(&mut enc, "kvr_recovery_attempts", "Peer dump recoveries attempted", c, ConstCounter::new(r.attempts.load(Ordering::Relaxed)))?;
-        one(&mut enc, "kvr_recovery_failures", "Peer dump recoveries that failed (unreachable, truncated, garbage)", c, ConstCounter::new(r.failures.load(Ordering::Relaxed)))?;
-        one(&mut enc, "kvr_recovery_events", "Events applied from peer dumps", c, ConstCounter::new(r.events.load(Ordering::Relaxed)))?;
+        one(
+            &mut enc,
+            "kvr_recovery_attempts",
+            "Peer dump recoveries attempted",
+            c,
+            ConstCounter::new(r.attempts.load(Ordering::Relaxed)),
+        )?;
+        one(
+            &mut enc,
+            "kvr_recovery_failures",
+            "Peer dump recoveries that failed (unreachable, truncated, garbage)",
+            c,
+            ConstCounter::new(r.failures.load(Ordering::Relaxed)),
+        )?;
+        one(
+            &mut enc,
+            "kvr_recovery_events",
+            "Events applied from peer dumps",
+            c,
+            ConstCounter::new(r.events.load(Ordering::Relaxed)),
+        )?;
         Ok(())
     }
 }

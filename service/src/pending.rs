@@ -194,9 +194,15 @@ mod tests {
         let c = PendingCache::new(PendingLimits::default());
         let now = Instant::now();
         assert_eq!(c.insert("a", pending(4), now), InsertOutcome::Inserted);
-        assert!(c.take("a", &PartitionKey::new("other", "default"), now).is_none());
-        assert!(c.take("a", &PartitionKey::new("m", "default"), now).is_some());
-        assert!(c.take("a", &PartitionKey::new("m", "default"), now).is_none());
+        assert!(c
+            .take("a", &PartitionKey::new("other", "default"), now)
+            .is_none());
+        assert!(c
+            .take("a", &PartitionKey::new("m", "default"), now)
+            .is_some());
+        assert!(c
+            .take("a", &PartitionKey::new("m", "default"), now)
+            .is_none());
         assert_eq!(c.bytes(), 0);
     }
 
@@ -224,7 +230,10 @@ mod tests {
             max_bytes: 4096,
             ..limits
         });
-        assert_eq!(small.insert("x", pending(2000), t0), InsertOutcome::TooLarge);
+        assert_eq!(
+            small.insert("x", pending(2000), t0),
+            InsertOutcome::TooLarge
+        );
         small.insert("y", pending(500), t0);
         small.insert("z", pending(500), t0);
         assert_eq!(small.len(), 1);

@@ -26,9 +26,7 @@ pub const MAX_DP_SIZE: u32 = 1024;
 #[derive(Debug)]
 pub struct PartitionEntry {
     pub partition: Arc<Partition>,
-    /// The schedulable members, or `None` when every member is schedulable (no
-    /// allow-list needed).
-    pub schedulable: Option<Arc<Vec<WorkerId>>>,
+    /// Members (all schedulable: a worker that is not leaves the partition).
     pub schedulable_count: usize,
     /// Member id → its endpoint (answers carry it).
     pub endpoints: Arc<HashMap<WorkerId, Option<String>>>,
@@ -36,10 +34,7 @@ pub struct PartitionEntry {
 
 impl PartitionEntry {
     pub fn is_schedulable(&self, id: WorkerId) -> bool {
-        match &self.schedulable {
-            None => self.endpoints.contains_key(&id),
-            Some(s) => s.binary_search(&id).is_ok(),
-        }
+        self.endpoints.contains_key(&id)
     }
 }
 
@@ -83,7 +78,11 @@ pub fn offset_port(endpoint: &str, rank: u32) -> String {
 }
 
 impl Registry {
-    pub fn new(engine: Arc<Engine>, use_kv_events: bool, config_for: Box<PartitionFactory>) -> Self {
+    pub fn new(
+        engine: Arc<Engine>,
+        use_kv_events: bool,
+        config_for: Box<PartitionFactory>,
+    ) -> Self {
         Self {
             engine,
             workers: Mutex::new(BTreeMap::new()),
@@ -105,7 +104,11 @@ impl Registry {
     }
 
     /// Creates the partition for `key` if missing (peer recovery, before any worker).
-    pub fn ensure_partition(&self, key: &PartitionKey, block_size: u32) -> Result<Arc<Partition>, ApiError> {
+    pub fn ensure_partition(
+        &self,
+        key: &PartitionKey,
+        block_size: u32,
+    ) -> Result<Arc<Partition>, ApiError> {
         let workers = self.lock();
         let p = self.partition_for(key, block_size)?;
         self.publish(&workers);
@@ -118,15 +121,32 @@ impl Registry {
         self.workers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Every record, by (model, routing group, worker id) as Dynamo lists them.
     pub fn records(&self) -> Vec<WorkerRecord> {
-        self.lock().values().map(|w| w.record.clone()).collect()
+        let mut v: Vec<WorkerRecord> = self.lock().values().map(|w| w.record.clone()).collect();
+        v.sort_by(|a, b| {
+            (&a.model_name, &a.routing_group, a.worker_id).cmp(&(
+                &b.model_name,
+                &b.routing_group,
+                b.worker_id,
+            ))
+        });
+        v
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
     }
 
     pub fn record(&self, id: WorkerId) -> Option<WorkerRecord> {
         self.lock().get(&id).map(|w| w.record.clone())
     }
 
-    fn partition_for(&self, key: &PartitionKey, block_size: u32) -> Result<Arc<Partition>, ApiError> {
+    fn partition_for(
+        &self,
+        key: &PartitionKey,
+        block_size: u32,
+    ) -> Result<Arc<Partition>, ApiError> {
         if let Ok(p) = self.engine.partition(key) {
             if p.block_size() != block_size {
                 return Err(ApiError::conflict(format!(
@@ -144,82 +164,108 @@ impl Registry {
             .map_err(|e| ApiError::bad_request(e.to_string()))
     }
 
-    /// Why a registration is not schedulable (Dynamo's `not_schedulable_reasons`).
-    fn reasons(&self, r: &WorkerRequest) -> Vec<String> {
+    /// Why a registration is not schedulable (Dynamo's `not_schedulable_reasons`, in its
+    /// order): what is missing first, then the first reconciliation failure.
+    fn reasons(&self, r: &WorkerRequest, key: &PartitionKey) -> Vec<String> {
         let mut reasons = Vec::new();
         if r.endpoint.as_deref().map_or(true, str::is_empty) {
             reasons.push("endpoint is required".to_string());
         }
-        if r.block_size.is_none() {
-            reasons.push("block_size is required".to_string());
+        if r.block_size.unwrap_or(0) == 0 {
+            reasons.push("block_size must be greater than 0".to_string());
         }
-        if self.use_kv_events {
-            for rank in 0..r.data_parallel_size.unwrap_or(1).max(1) {
+        let dp = r.data_parallel_size.unwrap_or(1);
+        if dp == 0 {
+            reasons.push("data_parallel_size must be greater than 0".to_string());
+        }
+        if dp > MAX_DP_SIZE {
+            reasons.push(format!("data_parallel_size must be at most {MAX_DP_SIZE}"));
+        }
+        if self.use_kv_events && dp <= MAX_DP_SIZE {
+            for rank in 0..dp {
                 if events_endpoint(r, rank).is_none() {
                     reasons.push(format!("kv_events endpoint is required for dp_rank {rank}"));
+                }
+            }
+        }
+        if !reasons.is_empty() {
+            return reasons;
+        }
+        if r.data_parallel_start_rank.unwrap_or(0) != 0 {
+            reasons.push(
+                "data_parallel_start_rank other than 0 is not supported by kvr serve".to_string(),
+            );
+            return reasons;
+        }
+        if let (Ok(p), Some(bs)) = (self.engine.partition(key), r.block_size) {
+            if p.block_size() != bs {
+                reasons.push(format!(
+                    "reconciliation failed: block_size mismatch for model={} routing_group={}: existing={} requested={bs}",
+                    key.model,
+                    key.routing_group,
+                    p.block_size()
+                ));
+                return reasons;
+            }
+        }
+        if self.use_kv_events {
+            for rank in 0..dp {
+                let Some(e) = events_endpoint(r, rank) else {
+                    continue;
+                };
+                if let Err(why) = check_zmq_endpoint(&e) {
+                    reasons.push(format!(
+                        "reconciliation failed: invalid kv_events endpoint for worker {} dp_rank {rank}: invalid ZMQ endpoint `{e}`: {why}",
+                        r.worker_id
+                    ));
+                    return reasons;
                 }
             }
         }
         reasons
     }
 
-    /// `POST /workers`: registers or replaces a worker. Returns its record.
+    /// `POST /workers`: registers or replaces a worker (always answered 201, as Dynamo:
+    /// what is wrong with it is in its `not_schedulable_reasons`). A schedulable worker is
+    /// a member of its partition and its KV events are subscribed; any other is not.
     pub fn upsert(&self, r: WorkerRequest) -> Result<WorkerRecord, ApiError> {
-        let dp = r.data_parallel_size.unwrap_or(1);
-        if dp == 0 || dp > MAX_DP_SIZE {
-            return Err(ApiError::bad_request(format!(
-                "data_parallel_size must be in 1..={MAX_DP_SIZE}, got {dp}"
-            )));
-        }
-        if r.data_parallel_start_rank.unwrap_or(0) != 0 {
-            return Err(ApiError::bad_request(
-                "data_parallel_start_rank other than 0 is not supported by kvr serve",
-            ));
-        }
-        if r.block_size == Some(0) {
-            return Err(ApiError::bad_request("block_size must be at least 1"));
-        }
         let key = PartitionKey::new(r.model_name.clone(), r.routing_group.clone());
         let mut workers = self.lock();
-        // A worker moving partitions leaves the old one first.
-        if let Some(old) = workers.get(&r.worker_id) {
-            if old.record.model_name != r.model_name || old.record.routing_group != r.routing_group
-            {
-                let old = workers.remove(&r.worker_id).expect("present");
-                self.retire(old);
-            }
-        }
-        let partition = match r.block_size {
-            Some(bs) => Some(self.partition_for(&key, bs)?),
-            None => None,
-        };
-        let reasons = self.reasons(&r);
-        let requested = r.lifecycle;
-        let lifecycle = match (reasons.is_empty(), requested) {
-            (false, _) => Lifecycle::Incomplete,
-            (true, Some(Lifecycle::Draining)) => Lifecycle::Draining,
-            (true, Some(Lifecycle::Unschedulable)) => Lifecycle::Unschedulable,
-            (true, _) => Lifecycle::Schedulable,
+        let previous = workers.remove(&r.worker_id);
+        let reasons = self.reasons(&r, &key);
+        let lifecycle = if reasons.is_empty() {
+            Lifecycle::Schedulable
+        } else {
+            Lifecycle::Incomplete
         };
         let record = WorkerRecord::from_request(&r, lifecycle, reasons);
-        let previous = workers.remove(&r.worker_id);
-        let same_events = previous.as_ref().is_some_and(|p| {
-            p.record.kv_events_endpoint == record.kv_events_endpoint
-                && p.record.kv_events_endpoints == record.kv_events_endpoints
-                && p.record.replay_endpoint == record.replay_endpoint
-                && p.record.data_parallel_size == record.data_parallel_size
-        });
         let mut subscriptions = Vec::new();
         if let Some(mut prev) = previous {
+            let same_partition = prev.record.model_name == r.model_name
+                && prev.record.routing_group == r.routing_group;
+            let same_events = same_partition
+                && prev.record.lifecycle == Lifecycle::Schedulable
+                && lifecycle == Lifecycle::Schedulable
+                && prev.record.kv_events_endpoint == record.kv_events_endpoint
+                && prev.record.kv_events_endpoints == record.kv_events_endpoints
+                && prev.record.replay_endpoint == record.replay_endpoint
+                && prev.record.data_parallel_size == record.data_parallel_size;
             if same_events {
                 subscriptions = std::mem::take(&mut prev.subscriptions);
+            } else if prev.record.lifecycle == Lifecycle::Schedulable
+                && (!same_partition || lifecycle != Lifecycle::Schedulable)
+            {
+                self.retire(prev);
             } else {
                 for s in &mut prev.subscriptions {
                     s.stop();
                 }
             }
         }
-        if let Some(p) = &partition {
+        if lifecycle == Lifecycle::Schedulable {
+            let bs = r.block_size.unwrap_or(0);
+            let dp = r.data_parallel_size.unwrap_or(1);
+            let p = self.partition_for(&key, bs)?;
             let mut info = WorkerInfo::new(r.worker_id, dp);
             info.total_kv_blocks = r.total_kv_blocks.unwrap_or(0);
             info.max_batched_tokens = r.max_num_batched_tokens.unwrap_or(0);
@@ -227,8 +273,9 @@ impl Registry {
             if let Err(e) = p.upsert_worker(info) {
                 return Err(ApiError::bad_request(e.to_string()));
             }
-            if subscriptions.is_empty() && self.use_kv_events && p.indexer_policy().applies_events() {
-                subscriptions = subscribe_ranks(p, &r);
+            if subscriptions.is_empty() && self.use_kv_events && p.indexer_policy().applies_events()
+            {
+                subscriptions = subscribe_ranks(&p, &r);
             }
         }
         workers.insert(
@@ -260,16 +307,31 @@ impl Registry {
         if let Some(e) = patch.replay_endpoint {
             req.replay_endpoint = Some(e);
         }
-        if let Some(n) = patch.max_num_batched_tokens {
-            req.max_num_batched_tokens = Some(n);
+        macro_rules! take {
+            ($($f:ident),*) => {$(
+                if patch.$f.is_some() {
+                    req.$f = patch.$f;
+                }
+            )*};
         }
-        if let Some(n) = patch.total_kv_blocks {
-            req.total_kv_blocks = Some(n);
+        take!(
+            block_size,
+            data_parallel_start_rank,
+            data_parallel_size,
+            max_num_batched_tokens,
+            total_kv_blocks,
+            stable_routing_id,
+            is_eagle,
+            kv_transfer_domain,
+            kv_transfer_enforcement,
+            kv_transfer_preferred_weight
+        );
+        if let Some(t) = patch.taints {
+            req.taints = t;
         }
-        req.lifecycle = patch.lifecycle.or(match current.lifecycle {
-            Lifecycle::Draining | Lifecycle::Unschedulable => Some(current.lifecycle),
-            _ => None,
-        });
+        if let Some(t) = patch.topology_domains {
+            req.topology_domains = t;
+        }
         self.upsert(req)
     }
 
@@ -309,32 +371,27 @@ impl Registry {
     /// Rebuilds the request path's snapshot from the records (under the registry lock).
     fn publish(&self, workers: &BTreeMap<WorkerId, Worker>) {
         let mut next: Partitions = HashMap::new();
-        let mut members: HashMap<PartitionKey, (Vec<WorkerId>, HashMap<WorkerId, Option<String>>, usize)> =
-            HashMap::new();
+        let mut members: HashMap<PartitionKey, HashMap<WorkerId, Option<String>>> = HashMap::new();
         for p in self.partitions.load().values() {
             members.entry(p.partition.key().clone()).or_default();
         }
         for w in workers.values() {
-            let key = PartitionKey::new(w.record.model_name.clone(), w.record.routing_group.clone());
-            let (sched, endpoints, total) = members.entry(key).or_default();
-            *total += 1;
+            let key =
+                PartitionKey::new(w.record.model_name.clone(), w.record.routing_group.clone());
+            let endpoints = members.entry(key).or_default();
             if w.record.lifecycle == Lifecycle::Schedulable {
-                sched.push(w.record.worker_id);
                 endpoints.insert(w.record.worker_id, w.record.endpoint.clone());
             }
         }
-        for (key, (sched, endpoints, total)) in members {
+        for (key, endpoints) in members {
             let Ok(partition) = self.engine.partition(&key) else {
                 continue;
             };
-            let count = sched.len();
-            let schedulable = (count != total).then(|| Arc::new(sched));
             next.insert(
                 key,
                 Arc::new(PartitionEntry {
                     partition,
-                    schedulable,
-                    schedulable_count: count,
+                    schedulable_count: endpoints.len(),
                     endpoints: Arc::new(endpoints),
                 }),
             );
@@ -343,18 +400,41 @@ impl Registry {
     }
 }
 
-/// The KV-events endpoint of a DP rank: `kv_events_endpoints["<rank>"]`, else (rank 0 or
-/// a single endpoint for all ranks, vLLM's port offset) `kv_events_endpoint`.
+/// The KV-events endpoint of a DP rank: `kv_events_endpoints["<rank>"]`, else, for a
+/// worker of one rank only, `kv_events_endpoint` (Dynamo's rule: a worker of several ranks
+/// names each rank's endpoint).
 fn events_endpoint(r: &WorkerRequest, rank: u32) -> Option<String> {
     if let Some(map) = &r.kv_events_endpoints {
-        if let Some(e) = map.get(&rank.to_string()) {
+        if let Some(e) = map.get(&rank.to_string()).filter(|e| !e.is_empty()) {
             return Some(e.clone());
         }
     }
-    r.kv_events_endpoint
-        .as_deref()
-        .filter(|e| !e.is_empty())
-        .map(|e| offset_port(e, rank))
+    if rank != 0 || r.data_parallel_size.unwrap_or(1) != 1 {
+        return None;
+    }
+    r.kv_events_endpoint.clone().filter(|e| !e.is_empty())
+}
+
+/// What is wrong with a ZMQ endpoint, in Dynamo's words where it has some.
+fn check_zmq_endpoint(e: &str) -> Result<(), String> {
+    let Some((scheme, rest)) = e.split_once("://") else {
+        return Err("missing scheme".to_string());
+    };
+    match scheme {
+        "tcp" | "ipc" | "inproc" => {}
+        other => return Err(format!("unsupported scheme `{other}`")),
+    }
+    if rest.is_empty() {
+        return Err("missing address".to_string());
+    }
+    kvr_zmq::validate(&SubscribeConfig::Connect {
+        endpoint: e.to_string(),
+        replay_endpoint: None,
+        topic: Vec::new(),
+        worker_id: 0,
+        stream: 0,
+    })
+    .map_err(|err| err.to_string())
 }
 
 fn subscribe_ranks(p: &Arc<Partition>, r: &WorkerRequest) -> Vec<Subscription> {
@@ -405,7 +485,6 @@ fn request_of(r: &WorkerRecord) -> WorkerRequest {
         kv_transfer_domain: r.kv_transfer_domain.clone(),
         kv_transfer_enforcement: r.kv_transfer_enforcement.clone(),
         kv_transfer_preferred_weight: r.kv_transfer_preferred_weight,
-        lifecycle: None,
     }
 }
 
@@ -415,8 +494,14 @@ mod tests {
 
     #[test]
     fn rank_ports_follow_vllm() {
-        assert_eq!(offset_port("tcp://127.0.0.1:5557", 0), "tcp://127.0.0.1:5557");
-        assert_eq!(offset_port("tcp://127.0.0.1:5557", 2), "tcp://127.0.0.1:5559");
+        assert_eq!(
+            offset_port("tcp://127.0.0.1:5557", 0),
+            "tcp://127.0.0.1:5557"
+        );
+        assert_eq!(
+            offset_port("tcp://127.0.0.1:5557", 2),
+            "tcp://127.0.0.1:5559"
+        );
         assert_eq!(offset_port("ipc:///tmp/x", 1), "ipc:///tmp/x");
     }
 }

@@ -60,7 +60,10 @@ pub async fn serve_on(
         }
         () = shutdown => {}
     }
-    tracing::info!(grace_secs = grace.as_secs(), "shutting down: draining requests");
+    tracing::info!(
+        grace_secs = grace.as_secs(),
+        "shutting down: draining requests"
+    );
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(grace, &mut server).await.is_ok();
     if !drained {
@@ -114,7 +117,9 @@ fn init_logging(format: &str) {
     let filter = EnvFilter::try_from_env("KVR_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = if format == "json" {
         builder.json().try_init()
     } else {

@@ -17,7 +17,10 @@ pub fn router(app: Arc<App>) -> Router {
     let limit = app.args.max_body_bytes;
     Router::new()
         .route("/workers", post(workers::upsert).get(workers::list))
-        .route("/workers/{id}", patch(workers::patch).delete(workers::remove))
+        .route(
+            "/workers/{id}",
+            patch(workers::patch).delete(workers::remove),
+        )
         .route("/select", post(select::select))
         .route("/select_and_reserve", post(select::select_and_reserve))
         .route("/potential_loads", post(select::potential_loads))
@@ -36,10 +39,32 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/ready", get(workers::ready))
         .route("/loads", get(workers::loads))
         .route("/metrics", get(workers::metrics))
+        .route("/replica_sync/peers", get(workers::replica_peers))
+        .route(
+            "/replica_sync/register_peer",
+            post(workers::replica_sync_disabled),
+        )
+        .route(
+            "/replica_sync/deregister_peer",
+            post(workers::replica_sync_disabled),
+        )
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             crate::metrics::track,
         ))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
+}
+
+async fn not_found() -> crate::error::ApiError {
+    crate::error::ApiError::not_found("route not found")
+}
+
+async fn method_not_allowed() -> crate::error::ApiError {
+    crate::error::ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed",
+    )
 }

@@ -11,7 +11,9 @@ use kvr::{EngineError, PartitionKey, RankId};
 
 use crate::error::{ApiError, Body};
 use crate::routes::select::{engine_error, no_schedulable};
-use crate::wire::select::{OutputBlockBody, ReservationBody, ReservationResponse, StatusOk, OK};
+use crate::wire::select::{
+    OutputBlockBody, ReservationRequest as ReservationBody, ReservationResponse, StatusOk, OK,
+};
 use crate::App;
 
 fn not_found(id: &str) -> ApiError {
@@ -31,7 +33,11 @@ pub async fn reserve(
     Ok((StatusCode::CREATED, Json(resp)))
 }
 
-fn claim(app: &App, b: &ReservationBody, key: &PartitionKey) -> Result<ReservationResponse, ApiError> {
+fn claim(
+    app: &App,
+    b: &ReservationBody,
+    key: &PartitionKey,
+) -> Result<ReservationResponse, ApiError> {
     let missing = || {
         ApiError::not_found(format!(
             "no pending selection {} for model={} routing_group={} (expired, already used, or never selected)",
@@ -39,7 +45,10 @@ fn claim(app: &App, b: &ReservationBody, key: &PartitionKey) -> Result<Reservati
         ))
     };
     let entry = app.registry.partition(key).ok_or_else(missing)?;
-    let pending = app.pending.take(&b.selection_id, key, Instant::now()).ok_or_else(missing)?;
+    let pending = app
+        .pending
+        .take(&b.selection_id, key, Instant::now())
+        .ok_or_else(missing)?;
     let id = app.name_new(&b.selection_id, key)?;
     let mut req = pending.prompt.request();
     req.lora_name = pending.lora_name.as_deref();
@@ -73,7 +82,10 @@ fn explicit(
     key: &PartitionKey,
     worker: u64,
 ) -> Result<ReservationResponse, ApiError> {
-    let entry = app.registry.partition(key).ok_or_else(|| no_schedulable(key))?;
+    let entry = app
+        .registry
+        .partition(key)
+        .ok_or_else(|| no_schedulable(key))?;
     if !entry.is_schedulable(worker) {
         return Err(ApiError::not_found(format!(
             "schedulable worker {worker} not found for model={} routing_group={}",
@@ -81,24 +93,37 @@ fn explicit(
         )));
     }
     let rank = RankId::new(worker, b.dp_rank.unwrap_or(0));
-    let prompt = if b.prompt.is_present() {
-        let salt = crate::routes::select::salt_of(&entry, &b.prompt);
-        let mut plain = b.prompt.clone();
-        plain.cache_salt = None;
-        Some(plain.resolve(entry.partition.block_size(), salt)?)
-    } else {
-        None
-    };
+    let in_worker = entry
+        .partition
+        .workers()
+        .get(worker)
+        .is_some_and(|w| rank.dp_rank < w.dp_size.max(1));
+    if !in_worker {
+        return Err(ApiError::not_found(format!(
+            "Worker WorkerWithDpRank {{ worker_id: {}, dp_rank: {} }} not found",
+            rank.worker_id, rank.dp_rank
+        )));
+    }
+    if b.prompt.token_ids.is_none() && b.prompt.sequence_hashes.is_none() {
+        return Err(ApiError::bad_request(
+            "sequence_hashes is required without token_ids",
+        ));
+    }
+    let salt = crate::routes::select::salt_of(&entry, &b.prompt);
+    let mut plain = b.prompt.clone();
+    plain.cache_salt = None;
+    let prompt = plain.resolve(entry.partition.block_size(), salt)?;
+    // An explicit booking replaces any pending selection of its id (a later claim: 404).
+    let _ = app.pending.take(&b.selection_id, key, Instant::now());
     let id = app.name_new(&b.selection_id, key)?;
-    let req = prompt.as_ref().map(|p| {
-        let mut r = p.request();
-        r.lora_name = b.prompt.lora_name.as_deref();
-        r.expected_output_tokens = b.expected_output_tokens.unwrap_or(0);
-        r
-    });
+    let mut req = prompt.request();
+    req.lora_name = b.prompt.lora_name.as_deref();
+    req.expected_output_tokens = b.expected_output_tokens.unwrap_or(0);
+    // Explicit bookings add no prefill tokens (Dynamo's rule: the caller chose the rank,
+    // and prefill accounting follows the router's own selections).
     match app
         .engine
-        .reserve_in(&entry.partition, rank, req.as_ref(), None, Some(id))
+        .reserve_in(&entry.partition, rank, Some(&req), Some(0), Some(id))
     {
         Ok(d) => Ok(ReservationResponse {
             selection_id: b.selection_id.clone(),
@@ -112,8 +137,8 @@ fn explicit(
             app.ids.forget(&b.selection_id);
             Err(match e {
                 EngineError::UnknownRank(r) => ApiError::not_found(format!(
-                    "schedulable worker {} dp_rank {} not found for model={} routing_group={}",
-                    r.worker_id, r.dp_rank, key.model, key.routing_group
+                    "Worker WorkerWithDpRank {{ worker_id: {}, dp_rank: {} }} not found",
+                    r.worker_id, r.dp_rank
                 )),
                 other => engine_error(other),
             })
@@ -145,22 +170,19 @@ pub async fn prefill_complete(
 }
 
 /// `POST /reservations/{id}/output_block`: one more output block (decode load).
-/// `decay_fraction` must be in [0, 1]; kvr accepts it and books a whole block (Dynamo
-/// decays its predicted-output accounting by it, which kvr does not model).
+/// `decay_fraction` must be in [0, 1]; kvr checks it and books a whole block (Dynamo
+/// scales the booking's decode blocks by it, which kvr does not: see the compatibility
+/// notes).
 pub async fn output_block(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    Body(b): Body<OutputBlockBody>,
 ) -> Result<Json<StatusOk>, ApiError> {
-    // The body is optional (Dynamo's clients send none or `{}`).
-    let b: OutputBlockBody = if body.iter().all(u8::is_ascii_whitespace) {
-        OutputBlockBody::default()
-    } else {
-        crate::error::parse_json(&body)?
-    };
     if let Some(f) = b.decay_fraction {
         if !(0.0..=1.0).contains(&f) {
-            return Err(ApiError::bad_request("decay_fraction must be between 0.0 and 1.0"));
+            return Err(ApiError::bad_request(
+                "decay_fraction must be between 0.0 and 1.0",
+            ));
         }
     }
     let n = lookup(&app, &id)?;

@@ -8,7 +8,7 @@ use axum::Json;
 use kvr::cost::CostOverrides;
 use kvr::hash::{sequence_hashes, BlockHasher, HashSalt};
 use kvr::index::TieredScores;
-use kvr::{Decision, EngineError, Outcome, PartitionKey, RankId, SelectRequest, SessionContext, WorkerId};
+use kvr::{Decision, EngineError, Outcome, PartitionKey, RankId, SessionContext, WorkerId};
 
 use crate::error::{ApiError, Body};
 use crate::ids::NameError;
@@ -17,8 +17,8 @@ use crate::pending::Pending;
 use crate::registry::PartitionEntry;
 use crate::wire::prompt::{wire_hash, PromptBody, ResolvedPrompt};
 use crate::wire::select::{
-    OverlapBody, OverlapScoresBody, RankLoadBody, RankOverlapBody, SelectBody, SelectResponse,
-    SharedCacheBody,
+    OverlapBody, OverlapScoresBody, RankLoadBody, RankOverlapBody, SelectRequest as SelectBody,
+    SelectResponse, SharedCacheBody,
 };
 use crate::App;
 
@@ -64,7 +64,15 @@ impl App {
         allowed: Option<&[u64]>,
     ) -> Result<Prepared, ApiError> {
         let key = PartitionKey::new(model, group);
-        let entry = self.registry.partition(&key).ok_or_else(|| no_schedulable(&key))?;
+        if self.registry.is_empty() {
+            return Err(ApiError::unavailable(
+                "no schedulable workers are available",
+            ));
+        }
+        let entry = self
+            .registry
+            .partition(&key)
+            .ok_or_else(|| no_schedulable(&key))?;
         if entry.schedulable_count == 0 {
             return Err(no_schedulable(&key));
         }
@@ -90,13 +98,18 @@ impl App {
             }
             ResolvedPrompt::LocalHashes { hashes, .. } => hashes.clone(),
         };
-        let allowed = match (allowed, &entry.schedulable) {
-            (None, None) => None,
-            (None, Some(s)) => Some(s.as_ref().clone()),
-            (Some(a), _) => {
-                let v: Vec<WorkerId> = a.iter().copied().filter(|&w| entry.is_schedulable(w)).collect();
+        let allowed = match allowed {
+            None => None,
+            Some(a) => {
+                let v: Vec<WorkerId> = a
+                    .iter()
+                    .copied()
+                    .filter(|&w| entry.is_schedulable(w))
+                    .collect();
                 if v.is_empty() {
-                    return Err(no_schedulable(&key));
+                    return Err(ApiError::unavailable(
+                        "no endpoints available to route work",
+                    ));
                 }
                 Some(v)
             }
@@ -124,6 +137,7 @@ impl App {
         selection_id: Option<String>,
         booked: bool,
         track_prefill: bool,
+        advisory: bool,
     ) -> SelectResponse {
         let p = &prep.entry.partition;
         let bs = u64::from(p.block_size());
@@ -136,16 +150,11 @@ impl App {
                 (r.to_string(), u64::from(dev) * bs)
             })
             .collect();
-        let longest = scores
-            .iter()
-            .map(|o| u64::from(o.device + o.host + o.disk))
-            .max()
-            .unwrap_or(0)
-            * bs;
         let o = &d.overlap;
         let gpu = u64::from(o.device_blocks) * bs;
         let cpu = gpu + u64::from(o.host_blocks) * bs;
         let disk = cpu + u64::from(o.disk_blocks) * bs;
+        let longest = disk;
         let isl = prep.prompt.tokens();
         let cost = &p.config().cost;
         let cached = gpu as f64
@@ -154,8 +163,12 @@ impl App {
         let effective = (isl as f64 - cached).max(0.0).round() as u64;
         SelectResponse {
             selection_id,
-            sequence_hashes: booked
-                .then(|| sequence_hashes(&prep.local).into_iter().map(wire_hash).collect()),
+            sequence_hashes: booked.then(|| {
+                sequence_hashes(&prep.local)
+                    .into_iter()
+                    .map(wire_hash)
+                    .collect()
+            }),
             isl_tokens: booked.then_some(isl),
             track_prefill_tokens: booked.then_some(track_prefill),
             model_name: prep.key.model.clone(),
@@ -172,7 +185,18 @@ impl App {
                 disk,
             },
             effective_prefill_tokens: effective,
-            potential_decode_blocks: d.projected_decode_blocks,
+            // The rank's decode blocks with this request on it, counting the partial last
+            // block as Dynamo does (kvr counts a prompt block the rank already has active
+            // once, as Dynamo's own `/loads` does; Dynamo's projection counts it again).
+            potential_decode_blocks: d.projected_decode_blocks + u64::from(isl % bs.max(1) != 0),
+            worker_load: advisory.then(|| {
+                let info = p.workers().get(worker).cloned();
+                crate::wire::select::WorkerLoadBody {
+                    active_prefill_tokens: p.bookings().rank_load(d.rank).active_prefill_tokens,
+                    prefill_token_capacity: crate::wire::select::DEFAULT_PREFILL_TOKEN_CAPACITY,
+                    total_kv_blocks: info.map(|i| i.total_kv_blocks).filter(|&n| n > 0),
+                }
+            }),
             kv_hint: d.kv_hint.as_ref().map(|h| crate::wire::select::KvHintBody {
                 source_worker_id: h.source.worker_id,
                 source_dp_rank: h.source.dp_rank,
@@ -200,8 +224,8 @@ pub(crate) fn engine_request<'a>(
     prep: &'a Prepared,
     b: &'a SelectBody,
     session: &'a Option<SessionContext>,
-) -> SelectRequest<'a> {
-    let mut req = SelectRequest::local_hashes(&prep.local, prep.prompt.tokens());
+) -> kvr::SelectRequest<'a> {
+    let mut req = kvr::SelectRequest::local_hashes(&prep.local, prep.prompt.tokens());
     req.lora_name = b.prompt.lora_name.as_deref();
     req.allowed_workers = prep.allowed.as_deref();
     req.pinned_worker = b.pinned_worker.map(|p| p.worker_id);
@@ -230,8 +254,12 @@ fn session_of(b: &SelectBody) -> Option<SessionContext> {
 
 pub(crate) fn engine_error(e: EngineError) -> ApiError {
     match e {
-        EngineError::DuplicateSelectionId(_) => ApiError::conflict("selection is already reserved or being reserved"),
-        EngineError::UnknownSelectionId(id) => ApiError::not_found(format!("reservation {id} not found")),
+        EngineError::DuplicateSelectionId(_) => {
+            ApiError::conflict("selection is already reserved or being reserved")
+        }
+        EngineError::UnknownSelectionId(id) => {
+            ApiError::not_found(format!("reservation {id} not found"))
+        }
         EngineError::UnknownPartition(k) => no_schedulable(&k),
         EngineError::UnknownRank(r) => ApiError::not_found(format!("rank {r} not found")),
         other => ApiError::bad_request(other.to_string()),
@@ -264,10 +292,18 @@ pub async fn select(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<SelectResponse>, ApiError> {
-    let prep = app.prepare(&b.model_name, &b.routing_group, &b.prompt, b.allowed_worker_ids.as_deref())?;
+    let prep = app.prepare(
+        &b.model_name,
+        &b.routing_group,
+        &b.prompt,
+        b.allowed_worker_ids.as_deref(),
+    )?;
     let session = session_of(&b);
     let req = engine_request(&prep, &b, &session);
-    let outcome = app.engine.select_in(&prep.entry.partition, &req).map_err(engine_error)?;
+    let outcome = app
+        .engine
+        .select_in(&prep.entry.partition, &req)
+        .map_err(engine_error)?;
     let Outcome::Selected(d) = &outcome else {
         return Err(outcome_error(&app, &prep.key, &outcome));
     };
@@ -288,7 +324,15 @@ pub async fn select(
             Instant::now(),
         );
     }
-    Ok(Json(app.answer(&prep, d, b.selection_id.clone(), false, true)))
+    let advisory = b.advisory.unwrap_or(false);
+    Ok(Json(app.answer(
+        &prep,
+        d,
+        b.selection_id.clone(),
+        false,
+        true,
+        advisory,
+    )))
 }
 
 /// `POST /select_and_reserve`: the decision, booked on the chosen rank before answering.
@@ -296,7 +340,12 @@ pub async fn select_and_reserve(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<SelectResponse>, ApiError> {
-    let prep = app.prepare(&b.model_name, &b.routing_group, &b.prompt, b.allowed_worker_ids.as_deref())?;
+    let prep = app.prepare(
+        &b.model_name,
+        &b.routing_group,
+        &b.prompt,
+        b.allowed_worker_ids.as_deref(),
+    )?;
     let session = session_of(&b);
     let mut req = engine_request(&prep, &b, &session);
     let named = match &b.selection_id {
@@ -304,7 +353,9 @@ pub async fn select_and_reserve(
         None => None,
     };
     req.selection_id = named;
-    let result = app.engine.select_and_reserve_in(&prep.entry.partition, &req);
+    let result = app
+        .engine
+        .select_and_reserve_in(&prep.entry.partition, &req);
     let outcome = match result {
         Ok(o) => o,
         Err(e) => {
@@ -333,7 +384,14 @@ pub async fn select_and_reserve(
     }
     app.count(&prep, d, true);
     let wire_id = b.selection_id.clone().unwrap_or_else(|| app.ids.render(id));
-    Ok(Json(app.answer(&prep, d, Some(wire_id), true, track)))
+    Ok(Json(app.answer(
+        &prep,
+        d,
+        Some(wire_id),
+        true,
+        track,
+        false,
+    )))
 }
 
 impl App {
@@ -358,7 +416,12 @@ pub async fn potential_loads(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<Vec<RankLoadBody>>, ApiError> {
-    let prep = app.prepare(&b.model_name, &b.routing_group, &b.prompt, b.allowed_worker_ids.as_deref())?;
+    let prep = app.prepare(
+        &b.model_name,
+        &b.routing_group,
+        &b.prompt,
+        b.allowed_worker_ids.as_deref(),
+    )?;
     let p = &prep.entry.partition;
     let scores = app.tiered(&prep);
     let seq = sequence_hashes(&prep.local);
@@ -367,7 +430,11 @@ pub async fn potential_loads(
     let cost = &p.config().cost;
     let isl = prep.prompt.tokens();
     let mut out = Vec::new();
-    for w in p.workers().iter().filter(|w| prep.entry.is_schedulable(w.worker_id)) {
+    for w in p
+        .workers()
+        .iter()
+        .filter(|w| prep.entry.is_schedulable(w.worker_id))
+    {
         for rank in w.ranks() {
             let active = loads.get(rank);
             let o = scores.get(rank);
@@ -381,8 +448,10 @@ pub async fn potential_loads(
                 worker_id: rank.worker_id,
                 dp_rank: rank.dp_rank,
                 potential_prefill_tokens: active.active_prefill_tokens + effective,
+                // Blocks already active on the rank count once (as Dynamo's do here).
                 potential_decode_blocks: active.active_decode_blocks
-                    + loads.new_blocks_not_active(rank, &seq),
+                    + loads.new_blocks_not_active(rank, &seq)
+                    + u64::from(isl % bs.max(1) != 0),
                 active_requests: active.active_requests,
             });
         }

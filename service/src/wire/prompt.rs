@@ -44,7 +44,10 @@ pub struct PromptBody {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResolvedPrompt {
     Tokens(Vec<u32>),
-    LocalHashes { hashes: Vec<u64>, prompt_tokens: u64 },
+    LocalHashes {
+        hashes: Vec<u64>,
+        prompt_tokens: u64,
+    },
 }
 
 impl ResolvedPrompt {
@@ -147,23 +150,24 @@ impl PromptBody {
         }
         let Some(hashes) = &self.block_hashes else {
             return Err(ApiError::bad_request(
-                "request must carry token_ids, or block_hashes with isl_tokens",
+                "block_hashes is required without token_ids",
             ));
         };
-        let Some(isl) = self.isl_tokens else {
+        let Some(seq) = &self.sequence_hashes else {
             return Err(ApiError::bad_request(
-                "isl_tokens is required with block_hashes",
+                "sequence_hashes is required without token_ids",
             ));
         };
-        if let Some(seq) = &self.sequence_hashes {
-            if seq.len() != hashes.len() {
-                return Err(ApiError::bad_request(format!(
-                    "sequence_hashes has {} entries, block_hashes {}",
-                    seq.len(),
-                    hashes.len()
-                )));
-            }
+        if seq.len() != hashes.len() {
+            return Err(ApiError::bad_request(format!(
+                "block_hashes length {} must match sequence_hashes length {}",
+                hashes.len(),
+                seq.len()
+            )));
         }
+        let isl = self
+            .isl_tokens
+            .unwrap_or(hashes.len() as u64 * u64::from(block_size.max(1)));
         let max_blocks = isl / u64::from(block_size.max(1));
         if hashes.len() as u64 > max_blocks {
             return Err(ApiError::bad_request(format!(
@@ -195,6 +199,7 @@ mod tests {
     fn signed_hashes_keep_their_bits() {
         let p = PromptBody {
             block_hashes: Some(vec![-1, 5]),
+            sequence_hashes: Some(vec![-1, 7]),
             isl_tokens: Some(32),
             ..PromptBody::default()
         };
@@ -213,6 +218,7 @@ mod tests {
     fn more_hashes_than_the_prompt_has_blocks_are_refused() {
         let p = PromptBody {
             block_hashes: Some(vec![1, 2, 3]),
+            sequence_hashes: Some(vec![1, 2, 3]),
             isl_tokens: Some(47),
             ..PromptBody::default()
         };

@@ -64,9 +64,10 @@ pub struct PinnedWorker {
     pub dp_rank: Option<u32>,
 }
 
-/// The body of `/select`, `/select_and_reserve`, `/potential_loads` and `/overlap_scores`.
+/// The body of `/select`, `/select_and_reserve`, `/potential_loads` and `/overlap_scores`
+/// (named as Dynamo names it, since serde's type errors say "expected struct <name>").
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct SelectBody {
+pub struct SelectRequest {
     #[serde(default = "default_name")]
     pub model_name: String,
     #[serde(default = "default_name")]
@@ -132,9 +133,25 @@ pub struct SelectResponse {
     pub overlap: OverlapBody,
     pub effective_prefill_tokens: u64,
     pub potential_decode_blocks: u64,
+    /// Advisory `/select` only: the chosen rank's load and capacity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_load: Option<WorkerLoadBody>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_hint: Option<KvHintBody>,
 }
+
+/// `worker_load` of an advisory answer.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct WorkerLoadBody {
+    pub active_prefill_tokens: u64,
+    /// Dynamo's default capacity (10,000,000 tokens) when none is configured.
+    pub prefill_token_capacity: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_kv_blocks: Option<u64>,
+}
+
+/// Dynamo's prefill-token capacity of a rank with no configured limit.
+pub const DEFAULT_PREFILL_TOKEN_CAPACITY: u64 = 10_000_000;
 
 /// A transfer hint: a peer rank holding more of the prompt that can send it.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -149,7 +166,7 @@ pub struct KvHintBody {
 /// `POST /reservations`: claims a pending selection, or (with `worker_id`) books an
 /// explicit one.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct ReservationBody {
+pub struct ReservationRequest {
     pub selection_id: String,
     #[serde(default = "default_name")]
     pub model_name: String,

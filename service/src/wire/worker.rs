@@ -61,9 +61,6 @@ pub struct WorkerRequest {
     pub kv_transfer_enforcement: Option<serde_json::Value>,
     #[serde(default)]
     pub kv_transfer_preferred_weight: Option<f64>,
-    /// Accepted on upsert as Dynamo accepts it; the service decides the actual state.
-    #[serde(default)]
-    pub lifecycle: Option<Lifecycle>,
 }
 
 /// The record the routes answer: the request's fields plus the lifecycle and, while not
@@ -123,11 +120,32 @@ impl WorkerRecord {
     }
 }
 
-/// The body of `PATCH /workers/{id}`: any subset of the request's mutable fields.
+/// The body of `PATCH /workers/{id}`: any subset of the request's fields; `null` means
+/// "not given". The ids and `lifecycle` are not patch fields (ignored, as Dynamo does:
+/// the lifecycle is derived from the record).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename = "WorkerPatchRequest")]
 pub struct WorkerPatch {
     #[serde(default)]
-    pub lifecycle: Option<Lifecycle>,
+    pub block_size: Option<u32>,
+    #[serde(default)]
+    pub data_parallel_start_rank: Option<u32>,
+    #[serde(default)]
+    pub data_parallel_size: Option<u32>,
+    #[serde(default)]
+    pub stable_routing_id: Option<String>,
+    #[serde(default)]
+    pub is_eagle: Option<bool>,
+    #[serde(default)]
+    pub taints: Option<Vec<serde_json::Value>>,
+    #[serde(default)]
+    pub topology_domains: Option<BTreeMap<String, serde_json::Value>>,
+    #[serde(default)]
+    pub kv_transfer_domain: Option<String>,
+    #[serde(default)]
+    pub kv_transfer_enforcement: Option<serde_json::Value>,
+    #[serde(default)]
+    pub kv_transfer_preferred_weight: Option<f64>,
     #[serde(default)]
     pub endpoint: Option<String>,
     #[serde(default)]
