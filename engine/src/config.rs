@@ -63,6 +63,10 @@ pub struct PartitionConfig {
     /// Session affinity (DESIGN.md §9); `None` (the default) = sessions are carried
     /// through to the decision but steer nothing.
     pub sessions: Option<SessionConfig>,
+    /// Keep what [`Partition::dump_index`](crate::Partition::dump_index) needs to write the
+    /// index out as events (each block's parent and local hash, ~30 bytes a distinct
+    /// block): for a peer to recover from (Dynamo's `/dump`). Off by default.
+    pub index_dump: bool,
 }
 
 impl PartitionConfig {
@@ -76,6 +80,7 @@ impl PartitionConfig {
             indexer: IndexerConfig::default(),
             hints: None,
             sessions: None,
+            index_dump: false,
         }
     }
 }

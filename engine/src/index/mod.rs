@@ -10,8 +10,10 @@
 //! may cut a score short. Nodes no rank holds are dropped, so memory follows live blocks.
 
 pub mod approx;
+mod dump;
 mod event;
 mod holders;
+mod lineage;
 mod query;
 mod rank_map;
 mod ranks;
@@ -22,7 +24,9 @@ pub(crate) mod table;
 pub(crate) mod testing;
 
 pub use approx::{ApproxConfig, ApproxRecorder, ApproxStats, RecordOutcome};
+pub use dump::{DumpedStore, IndexDump};
 pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
+pub use lineage::Link;
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
 pub use remote::{RemoteConfig, RemoteError, RemoteIndex, RemoteStats};
 pub use stats::{IndexStats, RankStats};
@@ -81,6 +85,8 @@ pub struct Index {
     totals: Totals,
     /// Owns the heap holder sets; declared after `shards` so it is dropped after them.
     interner: holders::Interner,
+    /// Each block's parent and local hash, for [`Index::dump`] (`None`: not kept).
+    lineage: Option<lineage::Lineage>,
 }
 
 impl std::fmt::Debug for Index {
@@ -115,7 +121,28 @@ impl Index {
             ranks: RankRegistry::new(),
             totals: Totals::default(),
             interner: holders::Interner::new(),
+            lineage: None,
         }
+    }
+
+    /// Also keeps each block's parent and local hash, so [`Index::dump`] can write the
+    /// index out as events (about 30 bytes per distinct block; see `lineage`). Set before
+    /// any store: blocks stored before it cannot be dumped.
+    pub fn with_lineage(mut self, keep: bool) -> Self {
+        self.lineage = keep.then(lineage::Lineage::new);
+        self
+    }
+
+    /// Whether this index keeps lineage (can be dumped).
+    pub fn keeps_lineage(&self) -> bool {
+        self.lineage.is_some()
+    }
+
+    /// Whether any rank holds `seq` on any tier (lock-free).
+    fn is_held(&self, seq: u64) -> bool {
+        let guard = epoch::pin();
+        let key = table_key(seq);
+        !self.shard(key).table(&guard).probe(key).get().is_empty()
     }
 
     #[inline(always)]
@@ -232,6 +259,13 @@ impl Index {
             let mut seqs: smallvec::SmallVec<[u64; 128]> = smallvec::SmallVec::new();
             for b in blocks {
                 let seq = next_sequence_hash(prev, b.local_hash);
+                if let Some(l) = &self.lineage {
+                    let link = lineage::Link {
+                        parent: prev,
+                        local: b.local_hash,
+                    };
+                    l.record(seq, link, |s| self.is_held(s));
+                }
                 seqs.push(seq);
                 prev = Some(seq);
             }

@@ -23,6 +23,8 @@ pub struct IndexStats {
     pub holder_set_bytes: u64,
     /// The ranks' external-hash maps (writer side; estimated from their capacities).
     pub rank_map_bytes: u64,
+    /// Heap bytes of the lineage kept for dumps (0 without `Index::with_lineage`).
+    pub lineage_bytes: u64,
     pub stored_events: u64,
     pub removed_events: u64,
     pub cleared_events: u64,
@@ -81,7 +83,8 @@ impl Index {
             }
             s.rank_map_bytes += r.rank_map_bytes;
         }
-        s.bytes = s.table_bytes + s.holder_set_bytes + s.rank_map_bytes;
+        s.lineage_bytes = self.lineage.as_ref().map_or(0, |l| l.bytes());
+        s.bytes = s.table_bytes + s.holder_set_bytes + s.rank_map_bytes + s.lineage_bytes;
         s
     }
 

@@ -101,14 +101,17 @@ impl Partition {
         let indexing = IndexState::new(&resolved, &config.indexer)?;
         let bs = config.block_size.max(1);
         let salt = HashSalt::new(None, config.cache_namespace.as_deref());
-        let index = StdArc::new(if cfg!(loom) {
-            Index::with_config(IndexConfig {
-                shards: 1,
-                min_shard_capacity: 8,
-            })
-        } else {
-            Index::new()
-        });
+        let index = StdArc::new(
+            if cfg!(loom) {
+                Index::with_config(IndexConfig {
+                    shards: 1,
+                    min_shard_capacity: 8,
+                })
+            } else {
+                Index::new()
+            }
+            .with_lineage(config.index_dump),
+        );
         let defaults = ReservationConfig::default();
         let table_config = ReservationConfig {
             // Loom models keep every structure minimal.
@@ -208,6 +211,13 @@ impl Partition {
 
     pub fn config(&self) -> &PartitionConfig {
         &self.config
+    }
+
+    /// The primary index as the `Stored` events that rebuild it (parents first); empty,
+    /// with every block counted as skipped, unless the partition was configured with
+    /// `index_dump`. See [`Index::dump`].
+    pub fn dump_index(&self) -> crate::index::IndexDump {
+        self.index.dump()
     }
 
     pub fn block_size(&self) -> u32 {

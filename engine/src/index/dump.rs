@@ -1,0 +1,163 @@
+//! The index written out as the engine events that rebuild it ([`Index::dump`]): what
+//! Dynamo's `/dump` carries, so a peer (kvr's or Dynamo's) can recover from it.
+//!
+//! Per rank and tier, the blocks form a forest (each block's parent is a block the rank
+//! holds on some tier). The dump walks it from its roots, parents first, and writes each
+//! maximal unbranched run as one `Stored` event whose parent is the run's first block's
+//! parent (an engine hash of the same rank, possibly on another tier, or none). Applying
+//! the events in order to an empty index gives the same holders, tiers and engine names.
+//!
+//! A block whose lineage is unknown (an index built without it) or whose parent the rank
+//! no longer holds (a hole left by a mid-chain removal) cannot be re-created with its
+//! sequence hash, so it and its descendants are left out and counted: a dump never
+//! overcounts what a peer will believe.
+
+use std::collections::HashMap;
+
+use super::{Index, RankId, StoredBlock, Tier};
+
+/// One `Stored` event of a dump.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpedStore {
+    pub rank: RankId,
+    pub tier: Tier,
+    /// The engine hash of the first block's parent.
+    pub parent: Option<u64>,
+    pub blocks: Vec<StoredBlock>,
+}
+
+/// An index dump.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IndexDump {
+    /// Events in an order that applies (parents first), ranks in order.
+    pub stores: Vec<DumpedStore>,
+    /// Held blocks that could not be written out (no lineage, or an unheld parent).
+    pub skipped_blocks: u64,
+}
+
+impl Index {
+    /// The index as `Stored` events (module docs). Each rank's writer lock is held while
+    /// its maps are read, so a rank's part is a consistent snapshot; ranks are read one
+    /// after another. Lookups are not blocked.
+    pub fn dump(&self) -> IndexDump {
+        let mut out = IndexDump::default();
+        let Some(lineage) = &self.lineage else {
+            out.skipped_blocks = self.stats().holder_blocks;
+            return out;
+        };
+        let mut entries = self.ranks.entries();
+        entries.sort_by_key(|e| e.id);
+        for entry in entries {
+            let w = entry.writer.lock();
+            if w.removed {
+                continue;
+            }
+            // The rank's engine name of every sequence hash it holds (any tier).
+            let mut name: HashMap<u64, u64> = HashMap::new();
+            for map in &w.blocks {
+                for (external, seq) in map.iter() {
+                    name.entry(seq).or_insert(external);
+                }
+            }
+            // A block can be re-created iff every ancestor can (held on some tier of
+            // this rank, lineage known); its depth orders the events parents first, as
+            // a parent may sit on another tier than its child.
+            let mut ok: HashMap<u64, Option<u32>> = HashMap::new();
+            let mut depth_of = |seq: u64| -> Option<u32> {
+                let mut path = Vec::new();
+                let mut cur = Some(seq);
+                let mut base: Option<u32> = Some(0);
+                while let Some(s) = cur {
+                    if let Some(&known) = ok.get(&s) {
+                        base = known.map(|d| d + 1);
+                        break;
+                    }
+                    path.push(s);
+                    match (name.contains_key(&s), lineage.get(s)) {
+                        (true, Some(link)) => cur = link.parent,
+                        _ => {
+                            base = None;
+                            break;
+                        }
+                    }
+                }
+                // `base` is the depth of the first block on `path`'s far end (or None).
+                while let Some(s) = path.pop() {
+                    ok.insert(s, base);
+                    base = base.map(|d| d + 1);
+                }
+                ok.get(&seq).copied().flatten()
+            };
+            let mut rank_stores: Vec<(u32, DumpedStore)> = Vec::new();
+            for tier in Tier::ALL {
+                let held: Vec<(u64, u64)> = w.blocks[tier as usize].iter().collect();
+                let mut links = HashMap::with_capacity(held.len());
+                for &(_, seq) in &held {
+                    match depth_of(seq) {
+                        Some(d) => {
+                            let link = lineage.get(seq).expect("depth implies lineage");
+                            links.insert(seq, (link, d));
+                        }
+                        None => out.skipped_blocks += 1,
+                    }
+                }
+                // Children by parent, for parents on this tier; roots otherwise.
+                let mut children: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+                let mut stack: Vec<(Option<u64>, u64, u64)> = Vec::new();
+                for &(external, seq) in &held {
+                    let Some((link, _)) = links.get(&seq) else {
+                        continue;
+                    };
+                    match link.parent {
+                        Some(p) if links.contains_key(&p) => {
+                            children.entry(p).or_default().push((seq, external));
+                        }
+                        None => stack.push((None, seq, external)),
+                        // Held on another tier (re-creatable, or `depth_of` said no).
+                        Some(p) => stack.push((name.get(&p).copied(), seq, external)),
+                    }
+                }
+                // Deterministic order (engine hashes), so dumps of equal indexes are equal.
+                stack.sort_unstable_by_key(|&(_, _, e)| std::cmp::Reverse(e));
+                for kids in children.values_mut() {
+                    kids.sort_unstable_by_key(|&(_, e)| std::cmp::Reverse(e));
+                }
+                while let Some((parent, seq, external)) = stack.pop() {
+                    let (first, depth) = links[&seq];
+                    let mut blocks = vec![StoredBlock {
+                        external_hash: external,
+                        local_hash: first.local,
+                    }];
+                    let mut cur = seq;
+                    loop {
+                        let kids = children.get(&cur).map_or(&[][..], Vec::as_slice);
+                        if let [(s, e)] = kids {
+                            blocks.push(StoredBlock {
+                                external_hash: *e,
+                                local_hash: links[s].0.local,
+                            });
+                            cur = *s;
+                            continue;
+                        }
+                        let at = blocks.last().map(|b| b.external_hash);
+                        stack.extend(kids.iter().map(|&(s, e)| (at, s, e)));
+                        break;
+                    }
+                    rank_stores.push((
+                        depth,
+                        DumpedStore {
+                            rank: entry.id,
+                            tier,
+                            parent,
+                            blocks,
+                        },
+                    ));
+                }
+            }
+            // Parents first: a run starts one deeper than the block it extends.
+            rank_stores.sort_by_key(|(d, _)| *d);
+            out.stores.extend(rank_stores.into_iter().map(|(_, s)| s));
+        }
+        out
+    }
+}
