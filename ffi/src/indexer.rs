@@ -85,8 +85,8 @@ pub unsafe extern "C" fn kvr_partition_options_set_prediction_ttl_ms(
     }
 }
 
-/// A remote index service as the primary (`POST {url}/query_tiered_by_hash`; protocol in
-/// DESIGN.md §5), copied; `(NULL, 0)` = none (the default). Needs KV events on (the remote
+/// A remote index service as the primary (Dynamo's `POST {url}/query_tiered_by_hash`, or
+/// a Dynamo 1.6.1 indexer's `/query_by_hash`; protocol in the kvr-remote crate), copied; `(NULL, 0)` = none (the default). Needs KV events on (the remote
 /// service has no write API for routing decisions): with them off, creating the partition
 /// fails with `KVR_ERR_INVALID_CONFIG`. The timeouts bound one query (0 = the defaults,
 /// 50 ms to connect and 200 ms in all); a remote that is down or slow gives that selection

@@ -3233,9 +3233,10 @@ static int http_serve(void *arg)
     }
     char reply[512];
     if (s->mode == HTTP_ANSWER) {
-        /* Worker 2 holds all six blocks on its device. */
-        const char *body = "{\"ranks\":[{\"worker_id\":2,\"dp_rank\":0,\"device\":6,\"host\":0,"
-                           "\"disk\":0}]}";
+        /* Dynamo's tiered answer: worker 2 holds all six blocks on its device. */
+        const char *body = "{\"block_size\":4,\"tiered\":{\"device\":{\"scores\":[[{\"worker_id\":2,"
+                           "\"dp_rank\":0},6]],\"frequencies\":[]},\"lower_tier\":[[\"host_pinned\","
+                           "{\"hits\":[]}]]}}";
         snprintf(reply, sizeof reply,
                  "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                  "%zu\r\nConnection: close\r\n\r\n%s",
@@ -3290,8 +3291,8 @@ static void test_remote_primary(void)
     kvr_decision d;
     char url[64];
 
-    /* A remote that answers: its overlap decides the selection; kvr sent the partition,
-       the block size and the prompt's local hashes. */
+    /* A remote that answers: its overlap decides the selection; kvr sent Dynamo's request:
+       the prompt's local hashes as signed i64, then the partition. */
     http_server s;
     uint16_t port = http_listen(&s, HTTP_ANSWER);
     CHECK(port != 0);
@@ -3305,11 +3306,18 @@ static void test_remote_primary(void)
     CHECK_EQ(d.worker_id, 2);
     CHECK_EQ(d.device_blocks, NB);
     CHECK(strncmp(s.request, "POST /query_tiered_by_hash ", 27) == 0);
-    CHECK(strstr(s.request, "\"model\":\"remote\"") != NULL);
-    CHECK(strstr(s.request, "\"block_size\":4") != NULL);
-    char first_hash[32];
-    snprintf(first_hash, sizeof first_hash, "[%" PRIu64 ",", L[0]);
-    CHECK(strstr(s.request, first_hash) != NULL);
+    char hashes[NB * 24 + 64] = "{\"block_hashes\":[";
+    int negative = 0;
+    for (size_t i = 0; i < NB; i++) {
+        char h[24];
+        snprintf(h, sizeof h, "%s%" PRId64, i ? "," : "", (int64_t)L[i]);
+        strcat(hashes, h);
+        negative += (int64_t)L[i] < 0;
+    }
+    strcat(hashes, "],\"model_name\":\"remote\",\"routing_group\":\"g\"}");
+    CHECK(negative > 0); /* the prompt has hashes above 2^63: the signed form is checked */
+    CHECK(strstr(s.request, hashes) != NULL);
+    CHECK(strstr(s.request, "block_size") == NULL);
     kvr_indexer_stats st = indexer_stats(p);
     CHECK_EQ(st.remote_queries, 1);
     CHECK_EQ(st.remote_failures, 0);

@@ -108,7 +108,8 @@ func WithPredictionTTL(ttl time.Duration) PartitionOption {
 }
 
 // WithRemoteIndexer makes a remote index service the partition's primary index: each
-// selection POSTs the prompt's local block hashes to {url}/query_tiered_by_hash (JSON;
+// selection POSTs the prompt's local block hashes to {url}/query_tiered_by_hash, Dynamo's
+// standalone-indexer query (JSON; falls back to a Dynamo 1.6.1 indexer's /query_by_hash;
 // the protocol is in transport/http/src/lib.rs) and scores with the answer. url is
 // http://host[:port][/path] ("" = none, the default); connectTimeout bounds the TCP
 // connect and requestTimeout one whole query (0 = the defaults, 50 ms and 200 ms). A

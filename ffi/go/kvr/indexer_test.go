@@ -12,24 +12,38 @@ import (
 	"time"
 )
 
-// The wire types of POST {url}/query_tiered_by_hash (transport/http/src/lib.rs).
+// The wire of POST {url}/query_tiered_by_hash, Dynamo's standalone indexer query
+// (transport/http/src/lib.rs): the local hashes as signed int64, then the partition.
 type remoteQuery struct {
-	Model        string   `json:"model"`
-	RoutingGroup string   `json:"routing_group"`
-	BlockHashes  []uint64 `json:"block_hashes"`
-	BlockSize    uint32   `json:"block_size"`
+	BlockHashes  []int64 `json:"block_hashes"`
+	ModelName    string  `json:"model_name"`
+	RoutingGroup string  `json:"routing_group"`
 }
 
 type remoteRank struct {
 	WorkerID uint64 `json:"worker_id"`
 	DPRank   uint32 `json:"dp_rank"`
-	Device   uint32 `json:"device"`
-	Host     uint32 `json:"host"`
-	Disk     uint32 `json:"disk"`
 }
 
-type remoteAnswer struct {
-	Ranks []remoteRank `json:"ranks"`
+// remoteCount is one [rank, blocks] pair of a tier.
+type remoteCount struct {
+	Rank   remoteRank
+	Blocks uint32
+}
+
+func (c remoteCount) MarshalJSON() ([]byte, error) {
+	return json.Marshal([]any{c.Rank, c.Blocks})
+}
+
+// tieredAnswer is Dynamo's answer: device scores, then host_pinned hits extending them.
+func tieredAnswer(blockSize uint32, device, host []remoteCount) map[string]any {
+	return map[string]any{
+		"block_size": blockSize,
+		"tiered": map[string]any{
+			"device":     map[string]any{"scores": device, "frequencies": []uint32{}},
+			"lower_tier": []any{[]any{"host_pinned", map[string]any{"hits": host}}},
+		},
+	}
 }
 
 // fakeRemoteIndex serves the remote index protocol under base path /kv: each query is
@@ -46,7 +60,9 @@ func fakeRemoteIndex(t *testing.T, answer func(w http.ResponseWriter, r *http.Re
 			t.Errorf("remote index: content type %q", ct)
 		}
 		var q remoteQuery
-		if err := json.NewDecoder(r.Body).Decode(&q); err != nil {
+		dec := json.NewDecoder(r.Body)
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&q); err != nil {
 			t.Errorf("remote index: request body: %v", err)
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
@@ -366,19 +382,23 @@ func TestRemotePrimary(t *testing.T) {
 		// Worker 3 holds the prompt's first 6 blocks: 4 on its device, 2 in host memory;
 		// a rank that is no worker of the partition (its id above 2^53) holds 1.
 		n := 0
-		for n < len(q.BlockHashes) && n < 6 && q.BlockHashes[n] == local[n] {
+		for n < len(q.BlockHashes) && n < 6 && q.BlockHashes[n] == int64(local[n]) {
 			n++
 		}
-		ans := remoteAnswer{Ranks: []remoteRank{}}
+		device, host := []remoteCount{}, []remoteCount{}
 		if n > 0 {
 			dev := uint32(n)
 			if dev > 4 {
 				dev = 4
 			}
-			ans.Ranks = append(ans.Ranks,
-				remoteRank{WorkerID: 1<<64 - 2, DPRank: 3, Device: 1},
-				remoteRank{WorkerID: 3, DPRank: 0, Device: dev, Host: uint32(n) - dev})
+			device = append(device,
+				remoteCount{remoteRank{WorkerID: 1<<64 - 2, DPRank: 3}, 1},
+				remoteCount{remoteRank{WorkerID: 3}, dev})
+			if uint32(n) > dev {
+				host = append(host, remoteCount{remoteRank{WorkerID: 3}, uint32(n) - dev})
+			}
 		}
+		ans := tieredAnswer(testBlock, device, host)
 		w.Header().Set("Content-Type", "application/json")
 		if err := json.NewEncoder(w).Encode(ans); err != nil {
 			t.Errorf("remote index: %v", err)
@@ -406,13 +426,20 @@ func TestRemotePrimary(t *testing.T) {
 	mu.Lock()
 	q := queries[0]
 	mu.Unlock()
-	if q.Model != "m" || q.RoutingGroup != "remote" || q.BlockSize != testBlock || len(q.BlockHashes) != len(local) {
+	if q.ModelName != "m" || q.RoutingGroup != "remote" || len(q.BlockHashes) != len(local) {
 		t.Fatalf("query %+v", q)
 	}
+	negative := 0
 	for i := range local {
-		if q.BlockHashes[i] != local[i] {
-			t.Fatalf("query hash %d = %d, want the local hash %d", i, q.BlockHashes[i], local[i])
+		if q.BlockHashes[i] != int64(local[i]) {
+			t.Fatalf("query hash %d = %d, want the local hash %d as int64", i, q.BlockHashes[i], local[i])
 		}
+		if q.BlockHashes[i] < 0 {
+			negative++
+		}
+	}
+	if negative == 0 {
+		t.Fatalf("no local hash above 2^63: the signed wire form is not exercised")
 	}
 	// A prompt the remote knows nothing of: chosen on load alone.
 	if d, err := p.Select(nil, Tokens(promptTokens(8*testBlock, 47))); err != nil || d.Outcome != Selected || d.DeviceBlocks != 0 {
@@ -464,11 +491,13 @@ func TestRemotePrimaryFailures(t *testing.T) {
 			}
 		})},
 		{"not json", fakeRemoteIndex(t, write(http.StatusOK, "this is not json"))},
-		{"wrong shape", fakeRemoteIndex(t, write(http.StatusOK, `{"rankz":[]}`))},
-		{"overcount", fakeRemoteIndex(t, write(http.StatusOK, `{"ranks":[{"worker_id":1,"dp_rank":0,"device":99,"host":0,"disk":0}]}`))},
+		{"wrong shape", fakeRemoteIndex(t, write(http.StatusOK, `{"ranks":[]}`))},
+		{"overcount", fakeRemoteIndex(t, write(http.StatusOK, `{"block_size":16,"tiered":{"device":{"scores":[[{"worker_id":1,"dp_rank":0},99]],"frequencies":[]}}}`))},
 		{"rank twice", fakeRemoteIndex(t, write(http.StatusOK,
-			`{"ranks":[{"worker_id":1,"dp_rank":0,"device":2,"host":0,"disk":0},{"worker_id":1,"dp_rank":0,"device":3,"host":0,"disk":0}]}`))},
-		{"status 500", fakeRemoteIndex(t, write(http.StatusInternalServerError, `{"ranks":[]}`))},
+			`{"block_size":16,"tiered":{"device":{"scores":[[{"worker_id":1,"dp_rank":0},2],[{"worker_id":1,"dp_rank":0},3]],"frequencies":[]}}}`))},
+		{"other block size", fakeRemoteIndex(t, write(http.StatusOK, `{"block_size":32,"tiered":{"device":{"scores":[[{"worker_id":1,"dp_rank":0},2]],"frequencies":[]}}}`))},
+		{"status 500", fakeRemoteIndex(t, write(http.StatusInternalServerError, `{"error":"boom"}`))},
+		{"unknown partition", fakeRemoteIndex(t, write(http.StatusNotFound, `{"error":"no indexer"}`))},
 	}
 	must(t, down.Close())
 	// Runs before the servers' Close (cleanups run last-in first-out): a hanging handler

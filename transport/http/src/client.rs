@@ -2,7 +2,7 @@
 //! documentation).
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvr::index::remote::{RemoteConfig, RemoteError, RemoteIndex, RemoteStats};
@@ -10,7 +10,9 @@ use kvr::index::TieredScores;
 use kvr::partition::PartitionKey;
 use ureq::http::Uri;
 
-use crate::wire::{QueryTieredByHashResponse, QUERY_TIERED_BY_HASH_PATH};
+use crate::wire::by_hash::QueryByHashResponse;
+use crate::wire::tiered::QueryTieredByHashResponse;
+use crate::wire::{hash_to_wire, QUERY_BY_HASH_PATH, QUERY_TIERED_BY_HASH_PATH};
 
 /// The largest answer read (a full index of `MAX_RANKS` ranks is about 24 MiB).
 const MAX_RESPONSE_BYTES: u64 = 32 << 20;
@@ -19,6 +21,9 @@ const MAX_RESPONSE_BYTES: u64 = 32 << 20;
 /// router with more selecting threads than that open a connection per query).
 const MAX_IDLE_CONNECTIONS: usize = 32;
 
+/// The most of an error answer read (to tell a missing route from a refusal).
+const MAX_ERROR_BYTES: u64 = 64 << 10;
+
 /// The smallest timeout used (a zero timeout would fail every call).
 const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
@@ -26,10 +31,25 @@ const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 /// [`crate::QueryTieredByHashRequest`], borrowed, so a query copies no hashes.
 #[derive(serde::Serialize)]
 pub(crate) struct RequestRef<'a> {
-    pub(crate) model: &'a str,
-    pub(crate) routing_group: &'a str,
+    #[serde(serialize_with = "signed_hashes")]
     pub(crate) block_hashes: &'a [u64],
-    pub(crate) block_size: u32,
+    pub(crate) model_name: &'a str,
+    pub(crate) routing_group: &'a str,
+}
+
+/// Writes u64 hashes as Dynamo reads them: their bits as signed i64.
+fn signed_hashes<S: serde::Serializer>(hashes: &&[u64], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(hashes.iter().map(|&h| hash_to_wire(h)))
+}
+
+/// Whether a 404 answer to the tiered query means the route is missing (an indexer, such as
+/// Dynamo 1.6.1's, without `/query_tiered_by_hash`) rather than an unknown partition, which
+/// Dynamo and `kvr serve` answer with `{"error": "..."}`.
+fn route_missing(body: &[u8]) -> bool {
+    !matches!(
+        serde_json::from_slice::<serde_json::Value>(body),
+        Ok(serde_json::Value::Object(m)) if m.contains_key("error")
+    )
 }
 
 #[derive(Default)]
@@ -48,20 +68,28 @@ struct Counters {
 pub struct HttpRemoteIndex {
     agent: ureq::Agent,
     endpoint: Uri,
+    /// Dynamo 1.6.1's route, used once the tiered one turned out missing.
+    by_hash_endpoint: Uri,
+    by_hash: AtomicBool,
     counters: Counters,
 }
 
 impl std::fmt::Debug for HttpRemoteIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpRemoteIndex")
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.endpoint())
             .field("stats", &self.stats())
             .finish()
     }
 }
 
-/// Checks `base_url` (`http://host[:port][/path]`) and returns the query's endpoint.
+/// Checks `base_url` (`http://host[:port][/path]`) and returns the tiered query's endpoint.
 pub(crate) fn endpoint_of(base_url: &str) -> Result<Uri, RemoteError> {
+    route_of(base_url, QUERY_TIERED_BY_HASH_PATH)
+}
+
+/// Checks `base_url` and returns the endpoint of `route` under it.
+fn route_of(base_url: &str, route: &str) -> Result<Uri, RemoteError> {
     let invalid = |why: &str| RemoteError::InvalidUrl(format!("{base_url:?}: {why}"));
     let url = base_url.trim();
     if url.is_empty() {
@@ -99,12 +127,9 @@ pub(crate) fn endpoint_of(base_url: &str) -> Result<Uri, RemoteError> {
         return Err(invalid("a base URL takes no query"));
     }
     let path = uri.path().trim_end_matches('/');
-    format!(
-        "http://{}{path}{QUERY_TIERED_BY_HASH_PATH}",
-        authority.as_str()
-    )
-    .parse()
-    .map_err(|e| invalid(&format!("{e}")))
+    format!("http://{}{path}{route}", authority.as_str())
+        .parse()
+        .map_err(|e| invalid(&format!("{e}")))
 }
 
 /// Sorts a ureq error into the client's kinds.
@@ -147,13 +172,20 @@ impl HttpRemoteIndex {
         Ok(Self {
             agent: ureq::Agent::new_with_config(config),
             endpoint,
+            by_hash_endpoint: route_of(&cfg.base_url, QUERY_BY_HASH_PATH)?,
+            by_hash: AtomicBool::new(false),
             counters: Counters::default(),
         })
     }
 
-    /// The URL queries are posted to.
+    /// The URL queries are posted to: `{base_url}/query_tiered_by_hash`, or
+    /// `{base_url}/query_by_hash` once the server showed it lacks the former.
     pub fn endpoint(&self) -> String {
-        self.endpoint.to_string()
+        if self.by_hash.load(Ordering::Relaxed) {
+            self.by_hash_endpoint.to_string()
+        } else {
+            self.endpoint.to_string()
+        }
     }
 
     /// Asks the remote index for the tiered overlap of a prompt (see [`RemoteIndex`]).
@@ -195,32 +227,59 @@ impl HttpRemoteIndex {
         out: &mut TieredScores,
     ) -> Result<(), RemoteError> {
         let body = serde_json::to_vec(&RequestRef {
-            model: &key.model,
-            routing_group: &key.routing_group,
             block_hashes: local_hashes,
-            block_size,
+            model_name: &key.model,
+            routing_group: &key.routing_group,
         })
         .map_err(|e| RemoteError::Other(format!("encoding the request: {e}")))?;
+        if !self.by_hash.load(Ordering::Relaxed) {
+            match self.post(&self.endpoint, &body)? {
+                (200..=299, bytes) => {
+                    let answer: QueryTieredByHashResponse = serde_json::from_slice(&bytes)
+                        .map_err(|e| RemoteError::BadBody(format!("not a tiered answer: {e}")))?;
+                    return answer.to_scores(block_size, local_hashes.len(), out);
+                }
+                (404, bytes) if route_missing(&bytes) => {
+                    self.by_hash.store(true, Ordering::Relaxed);
+                }
+                (status, _) => return Err(RemoteError::Status(status)),
+            }
+        }
+        match self.post(&self.by_hash_endpoint, &body)? {
+            (200..=299, bytes) => {
+                let answer: QueryByHashResponse = serde_json::from_slice(&bytes).map_err(|e| {
+                    RemoteError::BadBody(format!("not a query_by_hash answer: {e}"))
+                })?;
+                answer.to_scores(block_size, local_hashes.len(), out)
+            }
+            (status, _) => Err(RemoteError::Status(status)),
+        }
+    }
+
+    /// POSTs `body` to `endpoint`: the status and the answer's body (an error answer's
+    /// body only as far as it reads within [`MAX_ERROR_BYTES`], else empty).
+    fn post(&self, endpoint: &Uri, body: &[u8]) -> Result<(u16, Vec<u8>), RemoteError> {
         let mut resp = self
             .agent
-            .post(self.endpoint.clone())
+            .post(endpoint.clone())
             .header("content-type", "application/json")
             .header("accept", "application/json")
-            .send(body.as_slice())
+            .send(body)
             .map_err(classify)?;
         let status = resp.status().as_u16();
+        let reader = resp.body_mut().with_config();
         if !(200..300).contains(&status) {
-            return Err(RemoteError::Status(status));
+            let bytes = reader
+                .limit(MAX_ERROR_BYTES)
+                .read_to_vec()
+                .unwrap_or_default();
+            return Ok((status, bytes));
         }
-        let bytes = resp
-            .body_mut()
-            .with_config()
+        let bytes = reader
             .limit(MAX_RESPONSE_BYTES)
             .read_to_vec()
             .map_err(classify)?;
-        let answer: QueryTieredByHashResponse = serde_json::from_slice(&bytes)
-            .map_err(|e| RemoteError::BadBody(format!("not a tiered answer: {e}")))?;
-        answer.to_scores(local_hashes.len(), out)
+        Ok((status, bytes))
     }
 
     /// The counters so far (each read once; calls in flight may or may not be in them).

@@ -1,19 +1,20 @@
-//! kvr's remote primary index over HTTP: the protocol of `POST /query_tiered_by_hash`, its
-//! wire types and its client [`HttpRemoteIndex`] (DESIGN.md §5, the "remote URL" row).
+//! kvr's remote primary index over HTTP: Dynamo's standalone-indexer query
+//! `POST /query_tiered_by_hash`, its wire types and its client [`HttpRemoteIndex`]
+//! (DESIGN.md §5, the "remote URL" row; REFERENCE.md §7).
 //!
 //! A partition whose primary index is remote holds no index of its own and subscribes to no
-//! KV events: for each selection it asks a remote service (a `kvr serve`, or any server
-//! speaking the protocol below) for the tiered overlap of the prompt, and scores with that.
-//! The service has no write API, so a remote primary with KV events off is rejected at
-//! configuration (nothing would ever feed it).
+//! KV events: for each selection it asks a remote service (Dynamo's standalone indexer, a
+//! `kvr serve`, or any server speaking the protocol below) for the tiered overlap of the
+//! prompt, and scores with that. The service is fed by the engines' KV events, not by kvr,
+//! so a remote primary with KV events off is rejected at configuration.
 //!
 //! # Where this lives, and how a URL becomes a client
 //!
 //! The engine crate (`kvr`) does no I/O: it keeps the [`RemoteIndex`] trait the selection
 //! calls without knowing HTTP, [`RemoteError`], [`RemoteConfig`], [`RemoteStats`] and the
 //! indexer policy (`kvr::indexer`). This crate holds everything that speaks HTTP or JSON:
-//! the wire types ([`QueryTieredByHashRequest`], [`QueryTieredByHashResponse`],
-//! [`RankOverlap`], with serde so a server reuses them) and the ureq client.
+//! the wire types ([`QueryTieredByHashRequest`], [`QueryTieredByHashResponse`], Dynamo
+//! 1.6.1's [`QueryByHashResponse`], with serde so a server reuses them) and the ureq client.
 //!
 //! The engine cannot turn `IndexerConfig::remote_url` into a client itself. The host does:
 //! it builds an [`HttpRemoteIndex`] (or any [`RemoteIndex`]) and passes it in
@@ -25,10 +26,10 @@
 //!
 //! # Protocol
 //!
-//! This is the contract a `kvr serve` implements. HTTP/1.1, plain `http` (no TLS yet),
-//! persistent connections: the client keeps idle connections for reuse, checks that one is
-//! still open before reusing it, and does not retry a failed POST. A server should keep
-//! connections open, or announce a close with `Connection: close`.
+//! HTTP/1.1, plain `http` (no TLS yet), JSON, persistent connections: the client keeps
+//! idle connections for reuse, checks that one is still open before reusing it, and does
+//! not retry a failed POST. A server should keep connections open, or announce a close
+//! with `Connection: close`.
 //!
 //! ## Request
 //!
@@ -36,59 +37,70 @@
 //! POST {base_url}/query_tiered_by_hash HTTP/1.1
 //! Content-Type: application/json
 //!
-//! {"model":"llama-3-8b","routing_group":"default","block_hashes":[11400714819323198485,42],"block_size":16}
+//! {"block_hashes":[-7046029254386353131,42],"model_name":"llama-3-8b","routing_group":"default"}
 //! ```
 //!
-//! - `model`, `routing_group` (strings): the partition ([`PartitionKey`](kvr::partition::PartitionKey)) whose index is asked.
-//! - `block_hashes` (array of u64): the **local** block hashes of the prompt's complete blocks,
-//!   first block first (DESIGN.md §3: xxh3-64 of each block's tokens, salted by LoRA name and
-//!   cache namespace; the trailing partial block is never hashed, so never sent). Local, not
-//!   chained sequence hashes: the server chains them itself, exactly as
-//!   [`Index::find_matches_tiered`](kvr::index::Index::find_matches_tiered) does, so how an index
-//!   keys its nodes stays the index's business, and a client needs no chain of its own. Not
-//!   the engines' external block hashes either: those are opaque per rank.
-//! - `block_size` (u32): the block size (tokens per block) the hashes were computed with. The
-//!   server checks it against its partition's and refuses a mismatch (status 400): hashes of
-//!   another block size never match, and answering "no overlap" would hide the
-//!   misconfiguration.
-//! - No LoRA name: each local hash is already salted with the request's LoRA adapter (and the
-//!   partition's cache namespace), so the adapter is part of every hash the server sees.
-//! - An empty `block_hashes` is valid (the answer is `{"ranks":[]}`), though the client never
-//!   sends one: a prompt with no complete block makes no request.
+//! - `block_hashes`: the **local** block hashes of the prompt's complete blocks, first
+//!   block first (REFERENCE.md §1: xxh3-64 of each block's tokens, salted by LoRA name and
+//!   cache namespace; the trailing partial block is never hashed, so never sent), each
+//!   u64 written as the **signed i64** with the same bits ([`hash_to_wire`]; Dynamo's
+//!   server refuses a number above `i64::MAX` with 422). Local, not chained sequence
+//!   hashes: the server chains them itself, as it does the `tokens_hash` of the engines'
+//!   events. Not the engines' external block hashes either: those are opaque per rank.
+//! - `model_name`, `routing_group`: the partition
+//!   ([`PartitionKey`](kvr::partition::PartitionKey)); `routing_group` defaults to
+//!   `"default"`.
+//! - No LoRA name, no block size: each local hash is already salted with the request's
+//!   LoRA adapter and the partition's cache namespace, and the answer names its block size.
+//!   A `cache_salt` field is refused (400).
+//! - Unknown fields are ignored; a field of the wrong type refuses the request (422).
 //!
 //! ## Response
 //!
-//! Status 200, `Content-Type: application/json`:
+//! Status 200:
 //!
 //! ```text
-//! {"ranks":[{"worker_id":7,"dp_rank":0,"device":2,"host":1,"disk":0},
-//!           {"worker_id":18446744073709551614,"dp_rank":3,"device":0,"host":0,"disk":4}]}
+//! {"block_size":16,
+//!  "tiered":{"device":{"scores":[[{"worker_id":1,"dp_rank":0},3]],"frequencies":[]},
+//!            "lower_tier":[["host_pinned",{"hits":[[{"worker_id":1,"dp_rank":0},2]]}],
+//!                          ["disk",{"hits":[[{"worker_id":2,"dp_rank":0},4]]}]]}}
 //! ```
 //!
-//! One entry per rank that holds the prompt's first block on some tier: `device` leading
-//! blocks on the device tier, then `host` further contiguous blocks in host memory, then
-//! `disk` further contiguous blocks on disk (DESIGN.md §4, the tiered query;
-//! [`TieredOverlap`](kvr::index::TieredOverlap)). Ranks holding nothing are absent; the order is
-//! free (the client sorts). The client refuses the whole answer ([`RemoteError::BadBody`])
-//! when a rank is listed twice or when a rank's `device + host + disk` exceeds the number
-//! of hashes sent: such a server cannot be trusted not to overcount. An entry of all zeros
-//! is accepted and dropped.
+//! Counts are **blocks**. `device.scores`: leading blocks per rank on the device tier.
+//! `lower_tier`: tiers in the order `host_pinned`, `disk`, `external`, each at most once;
+//! a tier's hits are the further contiguous blocks that extend the match of the tiers
+//! before it (a rank with no device block starts at the first block). They map one to one
+//! onto [`TieredOverlap`](kvr::index::TieredOverlap)'s `device`, `host`, `disk`; kvr has no
+//! external tier, so `external` hits (a cache outside the worker) are ignored. The client
+//! refuses the whole answer ([`RemoteError::BadBody`]) when `block_size` is not the
+//! partition's (hashes of another block size never match, and "no overlap" would hide the
+//! misconfiguration), a rank is listed twice in a tier, a tier twice or out of order, or a
+//! rank's blocks add up to more than were asked. A `kvr serve` writes this answer with
+//! [`QueryTieredByHashResponse::from_scores`] and parses the request with
+//! [`QueryTieredByHashRequest::from_json`].
 //!
-//! Other statuses: 400 for a malformed request or a block-size mismatch, 404 for a partition
-//! the server does not serve, 5xx for a server fault. The client reports any status other
-//! than 2xx as [`RemoteError::Status`] and ignores that body. It follows no redirect (a
-//! 3xx is a `Status` error too).
+//! Other statuses: 400 for a body that is not JSON or names a `cache_salt`, 422 for one of
+//! the wrong shape, 404 for a partition the server does not serve (with a body
+//! `{"error":"..."}`), 5xx for a server fault: [`RemoteError::Status`]. No redirect is
+//! followed (a 3xx is a `Status` error too).
+//!
+//! ## Dynamo 1.6.1: `/query_by_hash`
+//!
+//! Dynamo 1.6.1's indexer has no `/query_tiered_by_hash` route (its router answers 404
+//! with an empty body). When the tiered query gets a 404 whose body is not an
+//! `{"error": ...}` object, the client posts the same body to `{base_url}/query_by_hash`
+//! and keeps using that route ([`HttpRemoteIndex::endpoint`] tells which). Its answer
+//! ([`QueryByHashResponse`]) counts tokens, cumulatively per worker; it converts exactly
+//! for workers with one DP rank and gives the device counts only for a worker with more
+//! (see `wire/by_hash.rs`). It does not name its block size: a count that is not whole
+//! blocks of the partition's is refused, an indexer whose block size is a multiple of the
+//! partition's cannot be told apart (its hashes simply never match).
 //!
 //! ## JSON details
 //!
-//! - Every u64 (`block_hashes`, `worker_id`) is a plain JSON number, not a string, written
-//!   and read exactly: serde_json keeps integers as u64/i64, never through an f64. A peer
-//!   whose JSON numbers are doubles (JavaScript's `JSON.parse`) would corrupt hashes and ids
-//!   above 2^53 and needs a big-integer-aware parser.
-//! - Unknown fields are ignored (the client ignores unknown response fields, a server should
-//!   ignore unknown request fields), so either side can add optional fields later. A missing
-//!   field is an error.
-//! - No compression (`Content-Encoding` is not sent or accepted).
+//! Numbers are read and written exactly (serde_json keeps integers as u64/i64, never
+//! through an f64): a peer whose JSON numbers are doubles would corrupt hashes and ids
+//! above 2^53. No compression.
 //!
 //! # The client ([`HttpRemoteIndex`])
 //!
@@ -103,7 +115,8 @@
 //! (`HTTP_PROXY`, ...) are ignored: the index service is reached directly.
 //!
 //! Not lock-free and not part of the index's lock-free read path: a remote query is I/O that
-//! blocks the calling thread for up to `request_timeout`. The selection makes it, with no
+//! blocks the calling thread for up to `request_timeout` (twice, once per client: the
+//! query that finds `/query_tiered_by_hash` missing and its `/query_by_hash`). The selection makes it, with no
 //! engine lock held, when the partition's primary is remote (`Partition::decide` calls it
 //! before it reads the worker set, the hooks or the bookings, and holds no guard across it;
 //! the engine's `tests/remote_no_lock.rs` checks this). On any error the result is left
@@ -120,8 +133,13 @@ pub use kvr::index::remote::{
     RemoteConfig, RemoteError, RemoteIndex, RemoteStats, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
 };
+pub use wire::by_hash::{InstanceOverlap, QueryByHashResponse};
+pub use wire::tiered::{
+    DeviceScores, LowerTier, LowerTierHits, QueryTieredByHashRequest, QueryTieredByHashResponse,
+    RequestError, TieredMatches,
+};
 pub use wire::{
-    QueryTieredByHashRequest, QueryTieredByHashResponse, RankOverlap, QUERY_TIERED_BY_HASH_PATH,
+    hash_from_wire, hash_to_wire, WireRank, QUERY_BY_HASH_PATH, QUERY_TIERED_BY_HASH_PATH,
 };
 
 use kvr::indexer::{IndexerConfig, IndexerConfigError, IndexerPolicy, RemoteClient};

@@ -3,11 +3,13 @@
 //!
 //! - a correct server answering from a real `Index` (the round trip must equal the local
 //!   index's own `find_matches_tiered`), reusing one connection, with a base path, from
-//!   several threads, and refusing an unknown partition or block size with a status;
+//!   several threads, refusing an unknown partition with a status, and an answer for
+//!   another block size refused by the client;
 //! - nothing listening → `Connect`, quickly; a server that never answers, answers late, or
 //!   stalls its body → `Timeout` within a few request timeouts;
 //! - garbage: non-JSON, the wrong shape, an empty body, HTTP 500/404, a rank listed twice,
-//!   a count beyond the query, a reply that is not HTTP → each its error kind and counter;
+//!   a count beyond the query, a reply that is not HTTP → each its error kind and counter
+//!   (Dynamo 1.6.1's `/query_by_hash` fallback: `tests/query_by_hash.rs`);
 //! - invalid base URLs refused at construction; an empty prompt sends nothing.
 //!
 //! Timeouts are generous (100 ms connect / 300 ms request for the timeout tests, seconds
@@ -16,10 +18,9 @@
 //!
 //! Run: `cargo test -p kvr-remote --release --test remote_index`.
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::io::ErrorKind;
+use std::net::TcpListener;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -29,215 +30,12 @@ use kvr::index::{
 use kvr::partition::PartitionKey;
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 use kvr_remote::{
-    HttpRemoteIndex, QueryTieredByHashRequest, QueryTieredByHashResponse, RankOverlap,
-    QUERY_TIERED_BY_HASH_PATH,
+    HttpRemoteIndex, QueryTieredByHashRequest, QueryTieredByHashResponse, QUERY_TIERED_BY_HASH_PATH,
 };
 
-// ---------------------------------------------------------------------------------------
-// A minimal HTTP/1.1 server: one thread accepting, one thread per connection, persistent
-// connections, `Content-Length` bodies only.
+mod common;
 
-/// One request as the server read it.
-#[derive(Clone, Debug)]
-struct Received {
-    method: String,
-    path: String,
-    content_type: Option<String>,
-    body: Vec<u8>,
-}
-
-/// What the handler tells the server to do with a request.
-enum Reply {
-    /// Answer with this status and body (`Content-Type: application/json`).
-    Json(u16, String),
-    /// Answer 200 with this body, then close the connection; announced with
-    /// `Connection: close` when the flag is set, unannounced otherwise.
-    JsonThenClose(bool, String),
-    /// Write these bytes and close the connection.
-    Raw(&'static [u8]),
-    /// Never answer (the connection is held until the server is dropped).
-    Hang,
-    /// Wait, then reply.
-    Delay(Duration, Box<Reply>),
-    /// Send the head (status 200, the body's length) at once and the body after a delay.
-    SlowBody(Duration, String),
-}
-
-type Handler = dyn Fn(&Received) -> Reply + Send + Sync;
-
-struct TestServer {
-    addr: SocketAddr,
-    connections: Arc<AtomicUsize>,
-    received: Arc<Mutex<Vec<Received>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl TestServer {
-    fn start(handler: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> TestServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let handler: Arc<Handler> = Arc::new(handler);
-        let connections = Arc::new(AtomicUsize::new(0));
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (c, r, s) = (connections.clone(), received.clone(), stop.clone());
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                if s.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(stream) = stream else { continue };
-                c.fetch_add(1, Ordering::SeqCst);
-                let (h, r, s) = (handler.clone(), r.clone(), s.clone());
-                thread::spawn(move || serve_connection(stream, &*h, &r, &s));
-            }
-        });
-        TestServer {
-            addr,
-            connections,
-            received,
-            stop,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn connections(&self) -> usize {
-        self.connections.load(Ordering::SeqCst)
-    }
-
-    fn received(&self) -> Vec<Received> {
-        self.received.lock().unwrap().clone()
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so that it sees the flag.
-        let _ = TcpStream::connect(self.addr);
-    }
-}
-
-/// Reads one request (head and `Content-Length` body); `None` at end of stream.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Received> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next()?.to_string();
-    let path = parts.next()?.to_string();
-    let mut content_length = 0usize;
-    let mut content_type = None;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).ok()? == 0 {
-            return None;
-        }
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        let (name, value) = h.split_once(':')?;
-        let value = value.trim();
-        match name.to_ascii_lowercase().as_str() {
-            "content-length" => content_length = value.parse().ok()?,
-            "content-type" => content_type = Some(value.to_string()),
-            "transfer-encoding" => panic!("the client sent a chunked body"),
-            _ => {}
-        }
-    }
-    let mut body = vec![0; content_length];
-    reader.read_exact(&mut body).ok()?;
-    Some(Received {
-        method,
-        path,
-        content_type,
-        body,
-    })
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        500 => "Internal Server Error",
-        _ => "Whatever",
-    }
-}
-
-fn head(status: u16, len: usize) -> String {
-    format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n",
-        reason(status)
-    )
-}
-
-/// Sleeps up to `d`, returning early once the server is stopped.
-fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
-    let until = Instant::now() + d;
-    while Instant::now() < until && !stop.load(Ordering::SeqCst) {
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn serve_connection(
-    stream: TcpStream,
-    handler: &Handler,
-    received: &Mutex<Vec<Received>>,
-    stop: &AtomicBool,
-) {
-    let mut out = stream.try_clone().unwrap();
-    let mut reader = BufReader::new(stream);
-    while let Some(req) = read_request(&mut reader) {
-        received.lock().unwrap().push(req.clone());
-        let mut reply = handler(&req);
-        loop {
-            match reply {
-                Reply::Delay(d, next) => {
-                    sleep_unless_stopped(d, stop);
-                    reply = *next;
-                }
-                Reply::Json(status, body) => {
-                    let msg = head(status, body.len()) + &body;
-                    if out.write_all(msg.as_bytes()).is_err() {
-                        return;
-                    }
-                    break;
-                }
-                Reply::JsonThenClose(announce, body) => {
-                    let mut h = head(200, body.len());
-                    if announce {
-                        h.insert_str(h.len() - 2, "Connection: close\r\n");
-                    }
-                    let _ = out.write_all((h + &body).as_bytes());
-                    return;
-                }
-                Reply::Raw(bytes) => {
-                    let _ = out.write_all(bytes);
-                    return;
-                }
-                Reply::Hang => {
-                    // Bounded, so that a leaked connection thread ends by itself.
-                    sleep_unless_stopped(Duration::from_secs(30), stop);
-                    return;
-                }
-                Reply::SlowBody(d, body) => {
-                    if out.write_all(head(200, body.len()).as_bytes()).is_err() {
-                        return;
-                    }
-                    sleep_unless_stopped(d, stop);
-                    let _ = out.write_all(body.as_bytes());
-                    return;
-                }
-            }
-        }
-    }
-}
+use common::server::{Reply, TestServer};
 
 // ---------------------------------------------------------------------------------------
 // An index to answer from.
@@ -315,24 +113,22 @@ fn populated_index() -> Index {
     index
 }
 
-/// A server answering from `index` as `kvr serve` would: 404 for another partition, 400
-/// for another block size or a body that is not a request.
+/// A server answering from `index` as `kvr serve` would: Dynamo's statuses (400/422 for a
+/// bad body, 404 with an `{"error"}` body for another partition), an empty 404 elsewhere.
 fn index_server(index: Arc<Index>, path: &'static str) -> TestServer {
     TestServer::start(move |req| {
         if req.method != "POST" || req.path != path {
             return Reply::Json(404, String::new());
         }
-        let Ok(q) = serde_json::from_slice::<QueryTieredByHashRequest>(&req.body) else {
-            return Reply::Json(400, r#"{"error":"bad request"}"#.into());
+        let q = match QueryTieredByHashRequest::from_json(&req.body) {
+            Ok(q) => q,
+            Err(e) => return Reply::Json(e.status, e.body()),
         };
         if q.partition_key() != key() {
-            return Reply::Json(404, r#"{"error":"unknown partition"}"#.into());
+            return Reply::Json(404, r#"{"error":"no indexer for that partition"}"#.into());
         }
-        if q.block_size != BLOCK_SIZE {
-            return Reply::Json(400, r#"{"error":"block size mismatch"}"#.into());
-        }
-        let scores = index.find_matches_tiered(&q.block_hashes);
-        let resp = QueryTieredByHashResponse::from_scores(&scores);
+        let scores = index.find_matches_tiered(&q.local_hashes());
+        let resp = QueryTieredByHashResponse::from_scores(&scores, BLOCK_SIZE);
         Reply::Json(200, serde_json::to_string(&resp).unwrap())
     })
 }
@@ -435,21 +231,19 @@ fn answers_equal_the_local_index() {
         assert_eq!(r.path, "/query_tiered_by_hash");
         assert_eq!(r.content_type.as_deref(), Some("application/json"));
     }
-    // The request is the documented JSON, hashes as exact numbers.
+    // The request is Dynamo's JSON, hashes as exact signed numbers.
     let last: serde_json::Value = serde_json::from_slice(&received[n as usize - 1].body).unwrap();
+    let signed: Vec<i64> = PROMPT.iter().map(|&h| h as i64).collect();
     assert_eq!(
         last,
         serde_json::json!({
-            "model": "llama-3-8b",
+            "block_hashes": signed,
+            "model_name": "llama-3-8b",
             "routing_group": "default",
-            "block_hashes": PROMPT,
-            "block_size": 16,
         })
     );
-    assert_eq!(
-        last["block_hashes"][5].as_u64(),
-        Some(0xFFFF_FFFF_FFFF_FFFE)
-    );
+    assert_eq!(last["block_hashes"][5].as_i64(), Some(-2));
+    assert_eq!(last["block_hashes"][0].as_i64(), Some(-7046029254386353131));
 }
 
 #[test]
@@ -499,7 +293,7 @@ fn one_client_serves_many_threads() {
 }
 
 #[test]
-fn unknown_partition_or_block_size_is_a_status() {
+fn unknown_partition_is_a_status_and_another_block_size_refused() {
     let server = index_server(Arc::new(populated_index()), QUERY_TIERED_BY_HASH_PATH);
     let client = patient_client(&server.url());
     let mut out = non_empty_scores();
@@ -509,19 +303,25 @@ fn unknown_partition_or_block_size_is_a_status() {
         Err(RemoteError::Status(404))
     );
     assert!(out.is_empty());
-    assert_eq!(
-        client.query_tiered(&key(), 32, &PROMPT, &mut out),
-        Err(RemoteError::Status(400))
-    );
-    // The client goes on working after error statuses.
+    // The answer names its block size (16): a partition of 32 refuses it.
+    out = non_empty_scores();
+    match client.query_tiered(&key(), 32, &PROMPT, &mut out) {
+        Err(RemoteError::BadBody(m)) => assert!(m.contains("block size 16"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(out.is_empty());
+    // The client goes on working, on the tiered route (a 404 with an error body is not a
+    // missing route).
     client
         .query_tiered(&key(), BLOCK_SIZE, &PROMPT, &mut out)
         .unwrap();
     assert_eq!(out.len(), 4);
+    assert!(client.endpoint().ends_with(QUERY_TIERED_BY_HASH_PATH));
     assert_eq!(
         client.stats(),
         stats(3, |s| {
-            s.status_errors = 2;
+            s.status_errors = 1;
+            s.bad_bodies = 1;
             s.ok = 1
         })
     );
@@ -533,9 +333,9 @@ fn connections_closed_by_the_server_are_not_reused() {
     for announce in [true, false] {
         let i = index.clone();
         let server = TestServer::start(move |req| {
-            let q: QueryTieredByHashRequest = serde_json::from_slice(&req.body).unwrap();
-            let resp =
-                QueryTieredByHashResponse::from_scores(&i.find_matches_tiered(&q.block_hashes));
+            let q = QueryTieredByHashRequest::from_json(&req.body).unwrap();
+            let scores = i.find_matches_tiered(&q.local_hashes());
+            let resp = QueryTieredByHashResponse::from_scores(&scores, BLOCK_SIZE);
             Reply::JsonThenClose(announce, serde_json::to_string(&resp).unwrap())
         });
         let client = patient_client(&server.url());
@@ -608,7 +408,8 @@ fn a_server_that_never_answers_times_out() {
 fn an_answer_after_the_timeout_is_a_timeout() {
     let index = Arc::new(populated_index());
     let server = TestServer::start(move |_| {
-        let resp = QueryTieredByHashResponse::from_scores(&index.find_matches_tiered(&PROMPT));
+        let resp =
+            QueryTieredByHashResponse::from_scores(&index.find_matches_tiered(&PROMPT), BLOCK_SIZE);
         let body = serde_json::to_string(&resp).unwrap();
         Reply::Delay(2 * REQUEST_TIMEOUT, Box::new(Reply::Json(200, body)))
     });
@@ -619,7 +420,8 @@ fn an_answer_after_the_timeout_is_a_timeout() {
 fn a_body_stalled_past_the_timeout_is_a_timeout() {
     let index = Arc::new(populated_index());
     let server = TestServer::start(move |_| {
-        let resp = QueryTieredByHashResponse::from_scores(&index.find_matches_tiered(&PROMPT));
+        let resp =
+            QueryTieredByHashResponse::from_scores(&index.find_matches_tiered(&PROMPT), BLOCK_SIZE);
         let body = serde_json::to_string(&resp).unwrap();
         Reply::SlowBody(2 * REQUEST_TIMEOUT, body)
     });
@@ -629,53 +431,45 @@ fn a_body_stalled_past_the_timeout_is_a_timeout() {
 // ---------------------------------------------------------------------------------------
 // (d) garbage
 
-fn rank_json(r: RankOverlap) -> String {
-    serde_json::to_string(&QueryTieredByHashResponse { ranks: vec![r] }).unwrap()
+/// A tiered answer of rank 3/0 with these blocks per tier.
+fn rank_json(device: u32, host: u32, disk: u32) -> String {
+    let mut t = TieredScores::new();
+    t.fill_from([TieredOverlap {
+        rank: RankId::new(3, 0),
+        device,
+        host,
+        disk,
+    }])
+    .unwrap();
+    serde_json::to_string(&QueryTieredByHashResponse::from_scores(&t, BLOCK_SIZE)).unwrap()
 }
 
 #[test]
 fn bad_answers_are_refused_and_counted() {
     // The first hash of the query picks the server's misbehaviour.
     let server = TestServer::start(|req| {
-        let q: QueryTieredByHashRequest = serde_json::from_slice(&req.body).unwrap();
-        let r = RankOverlap {
-            worker_id: 3,
-            dp_rank: 0,
-            device: 1,
-            host: 0,
-            disk: 0,
+        let q = QueryTieredByHashRequest::from_json(&req.body).unwrap();
+        let r = r#"{"worker_id":3,"dp_rank":0}"#;
+        let device = |scores: String| {
+            format!(
+                r#"{{"block_size":16,"tiered":{{"device":{{"scores":[{scores}],"frequencies":[]}}}}}}"#
+            )
         };
         match q.block_hashes[0] {
             1 => Reply::Json(200, "hello, this is not JSON".into()),
             2 => Reply::Json(200, r#"{"ranks":5}"#.into()),
             3 => Reply::Json(200, r#"[{"worker_id":3,"dp_rank":0}]"#.into()),
             4 => Reply::Json(200, String::new()),
-            5 => Reply::Json(
-                200,
-                r#"{"ranks":[{"worker_id":3,"dp_rank":0,"device":1,"host":0}]}"#.into(),
-            ),
+            // `block_size` missing.
+            5 => Reply::Json(200, r#"{"tiered":{"device":{"scores":[]}}}"#.into()),
             6 => Reply::Json(500, r#"{"error":"boom"}"#.into()),
-            7 => Reply::Json(
-                200,
-                serde_json::to_string(&QueryTieredByHashResponse {
-                    ranks: vec![r, RankOverlap { dp_rank: 1, ..r }, r],
-                })
-                .unwrap(),
-            ),
+            7 => Reply::Json(200, device(format!("[{r},1],[{r},1]"))),
             // The query has 3 blocks.
-            8 => Reply::Json(200, rank_json(RankOverlap { device: 4, ..r })),
-            9 => Reply::Json(
-                200,
-                rank_json(RankOverlap {
-                    device: 1,
-                    host: 1,
-                    disk: 2,
-                    ..r
-                }),
-            ),
+            8 => Reply::Json(200, rank_json(4, 0, 0)),
+            9 => Reply::Json(200, rank_json(1, 1, 2)),
             10 => Reply::Raw(b"this is not HTTP at all\r\n\r\n"),
-            11 => Reply::Json(200, rank_json(RankOverlap { disk: 2, ..r })),
-            _ => Reply::Json(404, String::new()),
+            11 => Reply::Json(200, rank_json(1, 0, 2)),
+            _ => Reply::Json(404, r#"{"error":"no indexer"}"#.into()),
         }
     });
     let client = patient_client(&server.url());
@@ -696,9 +490,9 @@ fn bad_answers_are_refused_and_counted() {
     bad_body(query(2), "not a tiered answer");
     bad_body(query(3), "not a tiered answer");
     bad_body(query(4), "not a tiered answer");
-    bad_body(query(5), "not a tiered answer"); // `disk` missing
+    bad_body(query(5), "not a tiered answer");
     assert_eq!(query(6), Err(RemoteError::Status(500)));
-    bad_body(query(7), "3/0 listed twice");
+    bad_body(query(7), "3/0 listed twice in device");
     bad_body(query(8), "3-block query");
     bad_body(query(9), "3-block query");
     let r = query(10);
@@ -789,32 +583,27 @@ fn an_empty_prompt_sends_nothing() {
 // ---------------------------------------------------------------------------------------
 // A test fake through the trait (what the selection will be tested with).
 
-struct Fake(Vec<RankOverlap>);
+/// Answers every query with this tiered JSON.
+struct Fake(&'static str);
 
 impl RemoteIndex for Fake {
     fn query_tiered(
         &self,
         _key: &PartitionKey,
-        _block_size: u32,
+        block_size: u32,
         local_hashes: &[u64],
         out: &mut TieredScores,
     ) -> Result<(), RemoteError> {
-        QueryTieredByHashResponse {
-            ranks: self.0.clone(),
-        }
-        .to_scores(local_hashes.len(), out)
+        let answer: QueryTieredByHashResponse = serde_json::from_str(self.0).unwrap();
+        answer.to_scores(block_size, local_hashes.len(), out)
     }
 }
 
 #[test]
 fn a_fake_serves_through_the_trait() {
-    let fake = Fake(vec![RankOverlap {
-        worker_id: 5,
-        dp_rank: 0,
-        device: 2,
-        host: 0,
-        disk: 0,
-    }]);
+    let fake = Fake(
+        r#"{"block_size":16,"tiered":{"device":{"scores":[[{"worker_id":5,"dp_rank":0},2]],"frequencies":[]},"lower_tier":[]}}"#,
+    );
     let remote: &dyn RemoteIndex = &fake;
     let mut out = TieredScores::new();
     remote.query_tiered(&key(), 16, &[1, 2], &mut out).unwrap();

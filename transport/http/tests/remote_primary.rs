@@ -271,7 +271,7 @@ mod http {
 
     #[test]
     fn a_correct_remote_is_used() {
-        let body = r#"{"ranks":[{"worker_id":2,"dp_rank":0,"device":5,"host":0,"disk":0}]}"#;
+        let body = r#"{"block_size":4,"tiered":{"device":{"scores":[[{"worker_id":2,"dp_rank":0},5]],"frequencies":[]},"lower_tier":[]}}"#;
         let url = serve_owned(Some(
             format!(
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
