@@ -19,8 +19,11 @@ pub enum BackendRole {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkerInfo {
     pub worker_id: WorkerId,
-    /// Data-parallel ranks (at least 1): ranks are `(worker_id, 0..dp_size)`.
+    /// Data-parallel ranks (at least 1): ranks are `(worker_id, dp_start..dp_start + dp_size)`.
     pub dp_size: u32,
+    /// The worker's first DP rank (Dynamo's `data_parallel_start_rank`: a worker of a
+    /// multi-node DP group holds ranks from there; 0 for most workers).
+    pub dp_start: DpRank,
     pub role: BackendRole,
     /// Per rank, the endpoint a peer uses to pull KV blocks from it (for transfer hints).
     pub control_endpoints: Vec<Option<String>>,
@@ -43,7 +46,18 @@ impl WorkerInfo {
     }
 
     pub fn ranks(&self) -> impl Iterator<Item = RankId> + '_ {
-        (0..self.dp_size.max(1)).map(move |d| RankId::new(self.worker_id, d as DpRank))
+        let start = self.dp_start;
+        (0..self.dp_size.max(1)).map(move |d| RankId::new(self.worker_id, start + d as DpRank))
+    }
+
+    /// Whether `dp` is one of this worker's DP ranks.
+    pub fn has_rank(&self, dp: DpRank) -> bool {
+        dp >= self.dp_start && dp - self.dp_start < self.dp_size.max(1)
+    }
+
+    /// The per-rank slot of `dp` in [`WorkerInfo::control_endpoints`].
+    pub fn rank_index(&self, dp: DpRank) -> Option<usize> {
+        self.has_rank(dp).then(|| (dp - self.dp_start) as usize)
     }
 }
 
@@ -83,6 +97,8 @@ pub enum WorkerError {
     ZeroDpSize,
     /// More control endpoints than ranks.
     TooManyEndpoints { endpoints: usize, dp_size: u32 },
+    /// `dp_start + dp_size` overflows a DP rank.
+    RanksOverflow,
     /// A control endpoint longer than [`MAX_CONTROL_ENDPOINT_LEN`] bytes.
     EndpointTooLong { dp_rank: u32, len: usize },
     /// An empty LoRA adapter name.
@@ -93,6 +109,7 @@ impl std::fmt::Display for WorkerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             WorkerError::ZeroDpSize => write!(f, "dp_size must be at least 1"),
+            WorkerError::RanksOverflow => write!(f, "dp_start + dp_size overflows a DP rank"),
             WorkerError::TooManyEndpoints { endpoints, dp_size } => {
                 write!(f, "{endpoints} control endpoints for {dp_size} ranks")
             }
@@ -111,6 +128,9 @@ impl std::error::Error for WorkerError {}
 impl WorkerInfo {
     /// Whether the metadata can be registered: what the C ABI refuses, in one place.
     pub fn validate(&self) -> Result<(), WorkerError> {
+        if self.dp_start.checked_add(self.dp_size).is_none() {
+            return Err(WorkerError::RanksOverflow);
+        }
         if self.dp_size == 0 {
             return Err(WorkerError::ZeroDpSize);
         }

@@ -24,6 +24,9 @@ pub struct ServeArgs {
     /// until recovery ends.
     #[arg(long, value_delimiter = ',')]
     pub indexer_peers: Vec<String>,
+    /// Largest peer `/dump` accepted at recovery, in bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub recovery_max_bytes: u64,
     /// A remote primary index (`POST {url}/query_tiered_by_hash`, Dynamo's standalone
     /// indexer or `kvr serve --indexer-only`): overlaps come from there; no local events.
     #[arg(long, env = "DYN_ROUTER_REMOTE_INDEXER_URL")]

@@ -104,6 +104,8 @@ fn partition_config(args: &ServeArgs) -> Result<PartitionConfig, String> {
         ..c.cost
     };
     c.booking_ttl = args.booking_ttl();
+    // `GET /dump` (peer recovery) needs each block's lineage.
+    c.index_dump = true;
     let mut indexer = IndexerConfig {
         use_kv_events: k.router_use_kv_events,
         ..IndexerConfig::default()

@@ -1,16 +1,126 @@
-//! `--indexer-peers`: startup recovery of the index from a peer's `GET /dump`.
+//! `--indexer-peers`: at start, the index is recovered from the first peer whose
+//! `GET /dump` (kvr's or Dynamo's shape, [`crate::wire::dump`]) answers and parses; live
+//! events then follow as workers register. `/ready` answers 503 until recovery ends.
+//!
+//! A peer that is unreachable, slow (`RECOVERY_TIMEOUT`), too large
+//! (`--recovery-max-bytes`), truncated or garbage is logged and counted
+//! (`kvr_recovery_failures_total`) and the next is tried; when none answers, the service
+//! starts empty. A dump is parsed whole before anything is applied, so a bad one leaves
+//! nothing half-applied. Events a partition refuses (e.g. a parent the dump did not
+//! carry) are skipped and counted, as live events are.
 
+use std::io::Read;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
+use kvr::KvEvent;
+
+use crate::wire::dump::{parse_partition_name, stores_of, Dump};
 use crate::App;
 
-/// Starts recovery from the peers (if any) on a blocking thread; `/ready` answers 503
-/// until it ends.
+/// Bound on fetching one peer's dump.
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts recovery from the peers (if any) on a blocking thread.
 pub fn start(app: Arc<App>) {
     if app.args.indexer_peers.is_empty() {
         app.set_recovered();
-    } else {
-        // Filled in by the recovery step; until then nothing to recover from.
-        app.set_recovered();
+        return;
     }
+    std::thread::spawn(move || {
+        recover(&app);
+        app.set_recovered();
+    });
+}
+
+fn recover(app: &App) {
+    let m = &app.metrics.recovery;
+    for peer in &app.args.indexer_peers {
+        m.attempts.fetch_add(1, Ordering::Relaxed);
+        let url = format!("{}/dump", peer.trim_end_matches('/'));
+        match fetch(&url, app.args.recovery_max_bytes).and_then(|b| parse(&b)) {
+            Ok(dump) => {
+                let applied = apply(app, &dump);
+                m.events.fetch_add(applied, Ordering::Relaxed);
+                tracing::info!(%peer, events = applied, partitions = dump.len(), "recovered the index from a peer");
+                return;
+            }
+            Err(e) => {
+                m.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, error = %e, "peer dump refused; trying the next peer");
+            }
+        }
+    }
+    tracing::warn!("no peer dump could be used: starting with an empty index");
+}
+
+fn fetch(url: &str, max_bytes: u64) -> Result<Vec<u8>, String> {
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(RECOVERY_TIMEOUT))
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let resp = agent
+        .get(url)
+        .call()
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if resp.status() != 200 {
+        return Err(format!("GET {url}: status {}", resp.status()));
+    }
+    let mut body = Vec::new();
+    resp.into_body()
+        .into_reader()
+        .take(max_bytes + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| format!("GET {url}: reading the body: {e}"))?;
+    if body.len() as u64 > max_bytes {
+        return Err(format!("GET {url}: dump larger than {max_bytes} bytes"));
+    }
+    Ok(body)
+}
+
+/// Parses a whole dump (nothing is applied from a dump that does not parse).
+pub fn parse(body: &[u8]) -> Result<Dump, String> {
+    let dump: Dump = serde_json::from_slice(body).map_err(|e| format!("not a dump: {e}"))?;
+    for (name, p) in &dump {
+        if parse_partition_name(name).is_none() {
+            return Err(format!(
+                "partition name {name:?} is not <model>:<routing_group>"
+            ));
+        }
+        if p.block_size == 0 {
+            return Err(format!("partition {name:?} has block_size 0"));
+        }
+        stores_of(p).map_err(|e| format!("partition {name:?}: {e}"))?;
+    }
+    Ok(dump)
+}
+
+/// Applies a parsed dump; returns the events applied.
+pub fn apply(app: &App, dump: &Dump) -> u64 {
+    let mut applied = 0;
+    for (name, p) in dump {
+        let key = parse_partition_name(name).expect("checked by parse");
+        let partition = match app.registry.ensure_partition(&key, p.block_size) {
+            Ok(part) => part,
+            Err(e) => {
+                tracing::warn!(partition = %name, error = %e.message, "dump partition skipped");
+                continue;
+            }
+        };
+        let stores = stores_of(p).expect("checked by parse");
+        for s in &stores {
+            let out = partition.apply_events(
+                s.rank,
+                [KvEvent::Stored {
+                    tier: s.tier,
+                    parent: s.parent,
+                    blocks: &s.blocks,
+                }],
+            );
+            applied += out.applied as u64;
+        }
+    }
+    applied
 }

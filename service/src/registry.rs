@@ -63,7 +63,8 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-/// vLLM's rule for a DP rank's endpoints: the rank is added to the base port.
+/// vLLM's rule for a DP rank's endpoints: the rank's index in the worker is added to the
+/// base port (the worker's replay endpoint serves its first rank).
 pub fn offset_port(endpoint: &str, rank: u32) -> String {
     if rank == 0 {
         return endpoint.to_string();
@@ -181,20 +182,19 @@ impl Registry {
         if dp > MAX_DP_SIZE {
             reasons.push(format!("data_parallel_size must be at most {MAX_DP_SIZE}"));
         }
+        let start = r.data_parallel_start_rank.unwrap_or(0);
+        if start.checked_add(dp).is_none() {
+            reasons.push("data_parallel_start_rank + data_parallel_size overflows".to_string());
+            return reasons;
+        }
         if self.use_kv_events && dp <= MAX_DP_SIZE {
-            for rank in 0..dp {
+            for rank in start..start + dp {
                 if events_endpoint(r, rank).is_none() {
                     reasons.push(format!("kv_events endpoint is required for dp_rank {rank}"));
                 }
             }
         }
         if !reasons.is_empty() {
-            return reasons;
-        }
-        if r.data_parallel_start_rank.unwrap_or(0) != 0 {
-            reasons.push(
-                "data_parallel_start_rank other than 0 is not supported by kvr serve".to_string(),
-            );
             return reasons;
         }
         if let (Ok(p), Some(bs)) = (self.engine.partition(key), r.block_size) {
@@ -209,7 +209,7 @@ impl Registry {
             }
         }
         if self.use_kv_events {
-            for rank in 0..dp {
+            for rank in start..start + dp {
                 let Some(e) = events_endpoint(r, rank) else {
                     continue;
                 };
@@ -267,6 +267,7 @@ impl Registry {
             let dp = r.data_parallel_size.unwrap_or(1);
             let p = self.partition_for(&key, bs)?;
             let mut info = WorkerInfo::new(r.worker_id, dp);
+            info.dp_start = r.data_parallel_start_rank.unwrap_or(0);
             info.total_kv_blocks = r.total_kv_blocks.unwrap_or(0);
             info.max_batched_tokens = r.max_num_batched_tokens.unwrap_or(0);
             info.control_endpoints = vec![r.endpoint.clone(); dp as usize];
@@ -409,7 +410,7 @@ fn events_endpoint(r: &WorkerRequest, rank: u32) -> Option<String> {
             return Some(e.clone());
         }
     }
-    if rank != 0 || r.data_parallel_size.unwrap_or(1) != 1 {
+    if rank != r.data_parallel_start_rank.unwrap_or(0) || r.data_parallel_size.unwrap_or(1) != 1 {
         return None;
     }
     r.kv_events_endpoint.clone().filter(|e| !e.is_empty())
@@ -439,13 +440,17 @@ fn check_zmq_endpoint(e: &str) -> Result<(), String> {
 
 fn subscribe_ranks(p: &Arc<Partition>, r: &WorkerRequest) -> Vec<Subscription> {
     let mut subs = Vec::new();
-    for rank in 0..r.data_parallel_size.unwrap_or(1).max(1) {
+    let start = r.data_parallel_start_rank.unwrap_or(0);
+    for (i, rank) in (start..start + r.data_parallel_size.unwrap_or(1).max(1)).enumerate() {
         let Some(endpoint) = events_endpoint(r, rank) else {
             continue;
         };
         let cfg = SubscribeConfig::Connect {
             endpoint: endpoint.clone(),
-            replay_endpoint: r.replay_endpoint.as_deref().map(|e| offset_port(e, rank)),
+            replay_endpoint: r
+                .replay_endpoint
+                .as_deref()
+                .map(|e| offset_port(e, i as u32)),
             topic: Vec::new(),
             worker_id: r.worker_id,
             stream: rank,

@@ -76,7 +76,7 @@ impl Selector<'_> {
         let workers = self.workers_now();
         let member = workers
             .get(rank.worker_id)
-            .is_some_and(|w| rank.dp_rank < w.dp_size.max(1));
+            .is_some_and(|w| w.has_rank(rank.dp_rank));
         if !member {
             return Err(SelectError::UnknownRank(rank));
         }

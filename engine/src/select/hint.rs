@@ -40,7 +40,7 @@ impl Selector<'_> {
             }
             let Some(endpoint) = info
                 .control_endpoints
-                .get(o.rank.dp_rank as usize)
+                .get(info.rank_index(o.rank.dp_rank).unwrap_or(usize::MAX))
                 .and_then(|e| e.as_deref())
                 .filter(|e| !e.is_empty())
             else {

@@ -1,5 +1,6 @@
 //! The HTTP routes, Dynamo 1.6.1's paths (REFERENCE.md §7).
 
+pub mod indexer;
 pub mod reservations;
 pub mod select;
 pub mod workers;
@@ -12,11 +13,21 @@ use axum::Router;
 
 use crate::App;
 
-/// Every route of the selection service.
+/// Every route of the selection service (and the indexer's), or with `--indexer-only`
+/// the indexer's alone.
 pub fn router(app: Arc<App>) -> Router {
     let limit = app.args.max_body_bytes;
-    Router::new()
+    let indexer = Router::new()
+        .route("/dump", get(indexer::dump))
+        .route("/query_tiered_by_hash", post(indexer::query_tiered_by_hash))
+        .route("/query_by_hash", post(indexer::query_by_hash))
         .route("/workers", post(workers::upsert).get(workers::list))
+        .route("/health", get(workers::health))
+        .route("/metrics", get(workers::metrics));
+    if app.args.indexer_only {
+        return finish(indexer, app, limit);
+    }
+    let selection = Router::new()
         .route(
             "/workers/{id}",
             patch(workers::patch).delete(workers::remove),
@@ -35,10 +46,8 @@ pub fn router(app: Arc<App>) -> Router {
             post(reservations::output_block),
         )
         .route("/reservations/{id}", delete(reservations::free))
-        .route("/health", get(workers::health))
         .route("/ready", get(workers::ready))
         .route("/loads", get(workers::loads))
-        .route("/metrics", get(workers::metrics))
         .route("/replica_sync/peers", get(workers::replica_peers))
         .route(
             "/replica_sync/register_peer",
@@ -47,7 +56,13 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/replica_sync/deregister_peer",
             post(workers::replica_sync_disabled),
-        )
+        );
+    finish(indexer.merge(selection), app, limit)
+}
+
+/// The fallbacks, metrics middleware and body limit every route shares.
+fn finish(routes: Router<Arc<App>>, app: Arc<App>, limit: usize) -> Router {
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

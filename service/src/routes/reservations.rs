@@ -97,7 +97,7 @@ fn explicit(
         .partition
         .workers()
         .get(worker)
-        .is_some_and(|w| rank.dp_rank < w.dp_size.max(1));
+        .is_some_and(|w| w.has_rank(rank.dp_rank));
     if !in_worker {
         return Err(ApiError::not_found(format!(
             "Worker WorkerWithDpRank {{ worker_id: {}, dp_rank: {} }} not found",
@@ -200,6 +200,9 @@ pub async fn free(
     let n = lookup(&app, &id)?;
     let r = app.engine.free(n);
     app.ids.forget(&id);
-    r.map_err(|e| lifecycle_error(&id, e))?;
-    Ok(Json(OK))
+    match r.map_err(|e| lifecycle_error(&id, e))? {
+        kvr::FreeOutcome::Freed(_) => Ok(Json(OK)),
+        // Freed before, or ended with its worker: Dynamo answers 404 for both.
+        _ => Err(not_found(&id)),
+    }
 }

@@ -143,11 +143,15 @@ impl App {
         let bs = u64::from(p.block_size());
         let scores = self.tiered(prep);
         let worker = d.rank.worker_id;
-        let dp_size = p.workers().get(worker).map_or(1, |w| w.dp_size.max(1));
-        let dp = (0..dp_size)
+        let dp = p
+            .workers()
+            .get(worker)
+            .map(|w| w.ranks().collect::<Vec<_>>())
+            .unwrap_or_else(|| vec![d.rank])
+            .into_iter()
             .map(|r| {
-                let dev = scores.get(RankId::new(worker, r)).map_or(0, |o| o.device);
-                (r.to_string(), u64::from(dev) * bs)
+                let dev = scores.get(r).map_or(0, |o| o.device);
+                (r.dp_rank.to_string(), u64::from(dev) * bs)
             })
             .collect();
         let o = &d.overlap;
@@ -216,6 +220,47 @@ impl App {
         });
         m.prompt_tokens.inc_by(prep.prompt.tokens());
         m.cached_tokens.inc_by(d.cached_tokens);
+    }
+}
+
+/// The rank a request pins (`pinned_worker` with a `dp_rank`), if it is a rank of a
+/// schedulable member. The engine pins workers; a pinned rank is served here.
+fn pinned_rank(prep: &Prepared, b: &SelectBody) -> Option<RankId> {
+    let pin = b.pinned_worker?;
+    let dp = pin.dp_rank?;
+    let w = prep.entry.partition.workers().get(pin.worker_id).cloned()?;
+    (prep.entry.is_schedulable(pin.worker_id) && w.has_rank(dp))
+        .then(|| RankId::new(pin.worker_id, dp))
+}
+
+/// The decision an advisory selection pinned to `rank` amounts to: its overlap and the
+/// load this prompt would add there.
+fn pinned_decision(app: &App, prep: &Prepared, rank: RankId) -> Decision {
+    let p = &prep.entry.partition;
+    let scores = app.tiered(prep);
+    let o = scores.get(rank);
+    let (device, host, disk) = o.map_or((0, 0, 0), |o| (o.device, o.host, o.disk));
+    let isl = prep.prompt.tokens();
+    let cached = (u64::from(device) * u64::from(p.block_size())).min(isl);
+    let loads = p.bookings().loads();
+    let seq = sequence_hashes(&prep.local);
+    Decision {
+        rank,
+        selection_id: None,
+        overlap: kvr::select::Overlap {
+            device_blocks: device,
+            host_blocks: host,
+            disk_blocks: disk,
+            shared_blocks: 0,
+        },
+        cached_tokens: cached,
+        projected_prefill_tokens: isl - cached,
+        projected_decode_blocks: loads.get(rank).active_decode_blocks
+            + loads.new_blocks_not_active(rank, &seq),
+        cost: 0.0,
+        session: None,
+        session_route: None,
+        kv_hint: None,
     }
 }
 
@@ -300,10 +345,13 @@ pub async fn select(
     )?;
     let session = session_of(&b);
     let req = engine_request(&prep, &b, &session);
-    let outcome = app
-        .engine
-        .select_in(&prep.entry.partition, &req)
-        .map_err(engine_error)?;
+    let outcome = match pinned_rank(&prep, &b) {
+        Some(rank) => Outcome::Selected(pinned_decision(&app, &prep, rank)),
+        None => app
+            .engine
+            .select_in(&prep.entry.partition, &req)
+            .map_err(engine_error)?,
+    };
     let Outcome::Selected(d) = &outcome else {
         return Err(outcome_error(&app, &prep.key, &outcome));
     };
@@ -353,9 +401,15 @@ pub async fn select_and_reserve(
         None => None,
     };
     req.selection_id = named;
-    let result = app
-        .engine
-        .select_and_reserve_in(&prep.entry.partition, &req);
+    let result = match pinned_rank(&prep, &b) {
+        Some(rank) => app
+            .engine
+            .reserve_in(&prep.entry.partition, rank, Some(&req), None, named)
+            .map(Outcome::Selected),
+        None => app
+            .engine
+            .select_and_reserve_in(&prep.entry.partition, &req),
+    };
     let outcome = match result {
         Ok(o) => o,
         Err(e) => {

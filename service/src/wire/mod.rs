@@ -1,5 +1,6 @@
 //! The JSON bodies of the routes, with Dynamo 1.6.1's field names, defaults and shapes.
 
+pub mod dump;
 pub mod prompt;
 pub mod select;
 pub mod worker;
