@@ -42,6 +42,7 @@ def summarise(runs):
                 "hit": best["hit_rate"],
                 "held": best["held_rate"],
                 "server_cpu": best.get("server_cpu"),
+                "others": best.get("server_core_others"),
                 "loadgen_cpu": best.get("loadgen_cpu"),
                 "open": opens,
                 "rss": r.get("rss_kb"),
@@ -52,7 +53,8 @@ def summarise(runs):
         )
     rates = sorted({k for p in per for k in p["open"]})
     s = {k: med([p[k] for p in per]) for k in
-         ("ops_s", "req_s", "hit", "held", "server_cpu", "loadgen_cpu", "rss", "hwm")}
+         ("ops_s", "req_s", "hit", "held", "server_cpu", "others", "loadgen_cpu", "rss", "hwm")}
+    s["ops_range"] = (min(p["ops_s"] for p in per), max(p["ops_s"] for p in per))
     s["best_c"] = sorted(p["best_c"] for p in per)
     s["errors"] = sum(p["errors"] for p in per)
     s["mismatch"] = sum(p["mismatch"] for p in per)
@@ -112,28 +114,32 @@ def main(d):
         "- One op = `POST /select_and_reserve` + `POST /reservations/{id}/prefill_complete` "
         "+ `DELETE /reservations/{id}`; latency is select_and_reserve's, from the intended "
         "send time (open loop). Hit = overlap.gpu / prompt tokens at saturation (held = "
-        "what the chosen worker really held).\n"
+        "what the chosen worker really held). Sat. ops/s: median (min–max over the runs). "
+        "Server CPU: cores the server used at saturation (others: what other processes "
+        "took on its core meanwhile; a server short of 1.0 with others > 0 was starved).\n"
     )
 
     for n in workers:
         rates = sorted({r for s in services if (s, n) in table for r in table[(s, n)]["open"]})
         head = ["service", "workers", "sat. ops/s", "sat. req/s", "best C"]
         head += [f"p50 / p99 ms @ {r} ops/s" for r in rates]
-        head += ["hit (held)", "RSS MiB", "peak RSS MiB", "server CPU", "errors"]
+        head += ["hit (held)", "RSS MiB", "peak RSS MiB", "server CPU (others)", "errors"]
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for s in services:
             t = table.get((s, n))
             if not t:
                 continue
-            row = [s, str(n), fmt(t["ops_s"]), fmt(t["req_s"]), ",".join(map(str, t["best_c"]))]
+            lo, hi = t["ops_range"]
+            sat = fmt(t["ops_s"]) + (f" ({fmt(lo)}–{fmt(hi)})" if t["reps"] > 1 else "")
+            row = [s, str(n), sat, fmt(t["req_s"]), ",".join(map(str, t["best_c"]))]
             for r in rates:
                 o = t["open"].get(r)
                 row.append(f"{ms(o['select_p50_us'])} / {ms(o['select_p99_us'])}" if o else "–")
             row.append(f"{t['hit']:.3f} ({t['held']:.3f})")
             row.append(fmt(t["rss"] and t["rss"] / 1024, 1))
             row.append(fmt(t["hwm"] and t["hwm"] / 1024, 1))
-            row.append(fmt(t["server_cpu"], 2))
+            row.append(f"{fmt(t['server_cpu'], 2)} ({fmt(t['others'], 2)})")
             row.append(str(t["errors"]))
             print("| " + " | ".join(row) + " |")
         k, dy = table.get(("kvr", n)), table.get(("dynamo", n))

@@ -109,6 +109,7 @@ run_one() {
   esac
   server_pid=$!
   local args=(--port "$port" --service "$service" --server-pid "$server_pid" --workers "$n"
+    --server-core "$server_cpu" --loadgen-core "$loadgen_cpu"
     --zmq-base-port "$zbase" --warmup "$warmup" --duration "$duration" --conc "$conc")
   [ -n "$run_rates" ] && args+=(--rates "$run_rates")
   log "$name: $service on core $server_cpu (pid $server_pid, port $port), load generator on core $loadgen_cpu"

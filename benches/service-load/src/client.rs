@@ -122,22 +122,28 @@ impl Api {
     }
 }
 
-/// `{"model_name":…,"token_ids":[…]}`, written directly (the bodies are up to ~50 KB and
-/// built once per operation).
+/// `{"model_name":…,"token_ids":[…]}`, written directly: the bodies are up to ~50 KB,
+/// one per operation, and `write!` per integer cost the generator ~30 ns a token.
 pub fn select_body(model: &str, tokens: &[u32]) -> Bytes {
-    use std::io::Write;
     let mut b = Vec::with_capacity(32 + model.len() + tokens.len() * 6);
-    write!(
-        b,
-        "{{\"model_name\":{},\"token_ids\":[",
-        serde_json::json!(model)
-    )
-    .unwrap();
-    for (i, t) in tokens.iter().enumerate() {
+    b.extend_from_slice(b"{\"model_name\":");
+    b.extend_from_slice(serde_json::to_string(model).expect("str").as_bytes());
+    b.extend_from_slice(b",\"token_ids\":[");
+    let mut digits = [0u8; 10];
+    for (i, &t) in tokens.iter().enumerate() {
         if i > 0 {
             b.push(b',');
         }
-        write!(b, "{t}").unwrap();
+        let (mut v, mut at) = (t, digits.len());
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        b.extend_from_slice(&digits[at..]);
     }
     b.extend_from_slice(b"]}");
     Bytes::from(b)
@@ -147,9 +153,9 @@ pub fn select_body(model: &str, tokens: &[u32]) -> Bytes {
 mod tests {
     #[test]
     fn select_body_is_json() {
-        let b = super::select_body("bench", &[1, 22, 333]);
+        let b = super::select_body("bench", &[0, 1, 22, 333, u32::MAX]);
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["model_name"], "bench");
-        assert_eq!(v["token_ids"], serde_json::json!([1, 22, 333]));
+        assert_eq!(v["token_ids"], serde_json::json!([0, 1, 22, 333, u32::MAX]));
     }
 }

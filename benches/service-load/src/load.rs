@@ -169,6 +169,9 @@ pub struct PhaseResult {
     /// CPU the generator / the server used during the phase, in cores.
     pub loadgen_cpu: Option<f64>,
     pub server_cpu: Option<f64>,
+    /// CPU other processes used on the server's / the generator's core, in cores.
+    pub server_core_others: Option<f64>,
+    pub loadgen_core_others: Option<f64>,
 }
 
 fn result(
@@ -210,6 +213,8 @@ fn result(
         start_lag_p99_us: s.start_lag.value_at_quantile(0.99),
         loadgen_cpu: None,
         server_cpu: None,
+        server_core_others: None,
+        loadgen_core_others: None,
     }
 }
 

@@ -5,6 +5,7 @@
 //! aggregates the runs into the table. See README.md.
 
 mod client;
+mod cpu;
 mod fleet;
 mod load;
 mod workload;
@@ -32,6 +33,12 @@ struct Args {
     /// PID of the server process, for its VmRSS / VmHWM after the run.
     #[arg(long)]
     server_pid: Option<u32>,
+    /// The core the server is pinned to (for the CPU other processes took on it).
+    #[arg(long)]
+    server_core: Option<usize>,
+    /// The core this generator is pinned to.
+    #[arg(long)]
+    loadgen_core: Option<usize>,
     #[arg(long, default_value_t = 16)]
     workers: usize,
     /// Worker i publishes its KV events on tcp://127.0.0.1:(zmq_base_port + i).
@@ -142,37 +149,27 @@ async fn run(a: &Args, threads: usize) -> Result<serde_json::Value, String> {
     }
     let dur = Duration::from_secs_f64(a.duration);
     let mut phases = Vec::new();
-    let server = a.server_pid.map(|p| p.to_string());
-    // Fraction of one core each side used during a phase: a saturated generator would
-    // make a saturation figure the generator's, not the server's.
-    let cpu = || {
-        (
-            cpu_secs("self"),
-            server.as_deref().and_then(cpu_secs),
-            Instant::now(),
-        )
-    };
-    let used = |before: (Option<f64>, Option<f64>, Instant), r: &mut load::PhaseResult| {
-        let (l, s, t) = cpu();
-        let secs = t.duration_since(before.2).as_secs_f64();
-        r.loadgen_cpu = l.zip(before.0).map(|(b, a)| (b - a) / secs);
-        r.server_cpu = s.zip(before.1).map(|(b, a)| (b - a) / secs);
+    let cores = cpu::Cores {
+        server_pid: a.server_pid.map(|p| p.to_string()),
+        server_core: a.server_core,
+        loadgen_core: a.loadgen_core,
     };
     for &c in &a.conc {
-        let before = cpu();
+        let before = cores.sample();
         let mut r = load::closed(&ctx, c, dur).await;
-        used(before, &mut r);
+        cores.fill(before, &mut r);
         log(format!(
-            "closed C={c}: {:.0} ops/s, {:.0} req/s, select p50 {} us p99 {} us, hit {:.3} (held {:.3}), {} errors, cpu load {:.2} server {:.2}",
+            "closed C={c}: {:.0} ops/s, {:.0} req/s, select p50 {} us p99 {} us, hit {:.3} (held {:.3}), {} errors, cpu load {:.2} server {:.2} others on server core {:.2}",
             r.ops_s, r.requests_s, r.select_p50_us, r.select_p99_us, r.hit_rate, r.held_rate, r.errors,
-            r.loadgen_cpu.unwrap_or(f64::NAN), r.server_cpu.unwrap_or(f64::NAN)
+            r.loadgen_cpu.unwrap_or(f64::NAN), r.server_cpu.unwrap_or(f64::NAN),
+            r.server_core_others.unwrap_or(f64::NAN)
         ));
         phases.push(r);
     }
     for &rate in &a.rates {
-        let before = cpu();
+        let before = cores.sample();
         let mut r = load::open(&ctx, rate, dur, a.max_inflight).await;
-        used(before, &mut r);
+        cores.fill(before, &mut r);
         log(format!(
             "open {rate:.0} ops/s: achieved {:.0}, select p50 {} us p99 {} us, hit {:.3}, {} errors, {} late, start lag p50 {} us p99 {} us, cpu load {:.2} server {:.2}",
             r.ops_s, r.select_p50_us, r.select_p99_us, r.hit_rate, r.errors, r.late_starts,
@@ -307,16 +304,6 @@ async fn probe(api: &Api, fleet: &Fleet, a: &Args) -> Result<(), String> {
     }
     log("every worker's KV events reach the index");
     Ok(())
-}
-
-/// User + system CPU seconds of a process, all threads (/proc/PID/stat, 100 Hz ticks).
-fn cpu_secs(pid: &str) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
 }
 
 /// VmRSS and VmHWM (peak RSS) of a process, in kB.
