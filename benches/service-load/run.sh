@@ -19,9 +19,17 @@ cd "$root"
 
 smoke=0 only="" reps=3 workers="16 64" warmup=5 duration=10 conc="8,32,128"
 rates="" fractions="0.25,0.5,0.8" out="" build=1 extra=()
+for a in "$@"; do
+  [ "$a" = -- ] && break
+  if [ "$a" = --smoke ]; then
+    # Everything tiny (seconds in all, for CI; the figures mean nothing). These are
+    # defaults: flags given explicitly still apply.
+    smoke=1 reps=1 workers="4" warmup=0.5 duration=1 conc="4"
+  fi
+done
 while [ $# -gt 0 ]; do
   case "$1" in
-    --smoke) smoke=1 ;;
+    --smoke) ;;
     --only) only=$2; shift ;;
     --reps) reps=$2; shift ;;
     --workers) workers=$2; shift ;;
@@ -39,8 +47,6 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$smoke" = 1 ]; then
-  # Everything tiny: seconds in all, for CI. The figures mean nothing.
-  reps=1 workers="4" warmup=0.5 duration=1 conc="4"
   extra=(--cache-blocks 1024 --max-len 2048 --groups 4 --group-max 1024 --sessions 32 "${extra[@]}")
 fi
 case "$only" in

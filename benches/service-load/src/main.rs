@@ -22,7 +22,12 @@ use load::Ctx;
 use workload::{sequence_hashes, LenDist, Workload, WorkloadConfig};
 
 #[derive(Debug, Parser)]
-#[command(about = "Load generator for the selection service (kvr serve / Dynamo select_service)")]
+// `args_override_self`: a flag given twice takes its last value, so run.sh's smoke
+// defaults can be overridden after `--`.
+#[command(
+    about = "Load generator for the selection service (kvr serve / Dynamo select_service)",
+    args_override_self = true
+)]
 struct Args {
     /// The service's HTTP port on 127.0.0.1.
     #[arg(long)]
