@@ -1,0 +1,243 @@
+//! The prompt stream: shared system-prompt prefixes, a unique suffix, and some
+//! multi-turn reuse, as token ids, with the block hashes an engine would report.
+//!
+//! The k-th prompt drawn is a function of the seed and k alone (sessions advance when a
+//! prompt is drawn, not when it is served), so every service sees the same stream in
+//! the same order whatever the timing.
+
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Dynamo's hash seed (REFERENCE §1): local block hashes and the sequence chain.
+const SEED: u64 = 1337;
+/// Token ids are drawn below this (a typical vocabulary size).
+const VOCAB: u64 = 32_000;
+
+/// splitmix64: small, fast, and reproducible across platforms (no dependency needed).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform integer in [lo, hi] (inclusive).
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+
+    fn tokens(&mut self, n: usize, out: &mut Vec<u32>) {
+        out.extend((0..n).map(|_| (self.next_u64() % VOCAB) as u32));
+    }
+}
+
+/// How prompt lengths are drawn between `min_len` and `max_len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LenDist {
+    Uniform,
+    /// Log-uniform: as many prompts of 1k-2k as of 4k-8k tokens (real traffic is skewed
+    /// to short prompts).
+    Log,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkloadConfig {
+    pub seed: u64,
+    pub block_size: usize,
+    pub min_len: usize,
+    pub max_len: usize,
+    pub len_dist: LenDist,
+    /// Number of shared system prompts; each prompt starts with one of them.
+    pub groups: usize,
+    pub group_min: usize,
+    pub group_max: usize,
+    /// Probability that a prompt is the next turn of an earlier conversation.
+    pub multi_turn: f64,
+    /// Conversations kept for multi-turn reuse.
+    pub sessions: usize,
+}
+
+/// One prompt: its tokens and the sequence hashes of its complete blocks.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    pub tokens: Arc<Vec<u32>>,
+    /// Dynamo's chained sequence hash of each complete block (REFERENCE §1). Also used as
+    /// the engine's block hash in the events (a chained hash, as vLLM's is).
+    pub hashes: Arc<Vec<u64>>,
+}
+
+#[derive(Debug)]
+pub struct Workload {
+    cfg: WorkloadConfig,
+    rng: Rng,
+    groups: Vec<Vec<u32>>,
+    sessions: Vec<Option<Prompt>>,
+    pub drawn: u64,
+}
+
+impl Workload {
+    pub fn new(cfg: WorkloadConfig) -> Self {
+        let mut rng = Rng::new(cfg.seed);
+        let groups = (0..cfg.groups)
+            .map(|_| {
+                let n = rng.range(cfg.group_min, cfg.group_max);
+                let mut t = Vec::with_capacity(n);
+                rng.tokens(n, &mut t);
+                t
+            })
+            .collect();
+        let sessions = vec![None; cfg.sessions];
+        Workload {
+            cfg,
+            rng,
+            groups,
+            sessions,
+            drawn: 0,
+        }
+    }
+
+    fn length(&mut self) -> usize {
+        let (lo, hi) = (self.cfg.min_len as f64, self.cfg.max_len as f64);
+        let u = self.rng.unit();
+        let len = match self.cfg.len_dist {
+            LenDist::Uniform => lo + u * (hi - lo),
+            LenDist::Log => (lo.ln() + u * (hi.ln() - lo.ln())).exp(),
+        };
+        (len as usize).clamp(self.cfg.min_len, self.cfg.max_len)
+    }
+
+    /// A fresh conversation: a system prompt, then unique tokens up to a drawn length.
+    fn fresh(&mut self) -> Vec<u32> {
+        let len = self.length();
+        let g = self.rng.range(0, self.groups.len() - 1);
+        let mut t = Vec::with_capacity(len);
+        let prefix = &self.groups[g];
+        t.extend_from_slice(&prefix[..prefix.len().min(len)]);
+        let rest = len - t.len();
+        self.rng.tokens(rest, &mut t);
+        t
+    }
+
+    /// The next prompt of the stream.
+    pub fn next_prompt(&mut self) -> Prompt {
+        self.drawn += 1;
+        let slot = self.rng.range(0, self.sessions.len() - 1);
+        let turn = self.rng.unit() < self.cfg.multi_turn;
+        let tokens = match (&self.sessions[slot], turn) {
+            (Some(prev), true) => {
+                // The next turn: the whole previous prompt (as if its answer were part of
+                // it), then a new user message; a conversation too long starts over.
+                let add = self.rng.range(128, 1024);
+                if prev.tokens.len() + add <= self.cfg.max_len {
+                    let mut t = Vec::with_capacity(prev.tokens.len() + add);
+                    t.extend_from_slice(&prev.tokens);
+                    self.rng.tokens(add, &mut t);
+                    t
+                } else {
+                    self.fresh()
+                }
+            }
+            _ => self.fresh(),
+        };
+        let hashes = sequence_hashes(&tokens, self.cfg.block_size);
+        let p = Prompt {
+            tokens: Arc::new(tokens),
+            hashes: Arc::new(hashes),
+        };
+        self.sessions[slot] = Some(p.clone());
+        p
+    }
+}
+
+/// Dynamo's sequence hashes of the complete blocks of `tokens` (REFERENCE §1, no salt).
+pub fn sequence_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity(tokens.len() / block_size);
+    let mut bytes = Vec::with_capacity(block_size * 4);
+    let mut prev: Option<u64> = None;
+    for block in tokens.chunks_exact(block_size) {
+        bytes.clear();
+        for t in block {
+            bytes.extend_from_slice(&t.to_le_bytes());
+        }
+        let local = xxh3_64_with_seed(&bytes, SEED);
+        let seq = match prev {
+            None => local,
+            Some(p) => {
+                let mut pair = [0u8; 16];
+                pair[..8].copy_from_slice(&p.to_le_bytes());
+                pair[8..].copy_from_slice(&local.to_le_bytes());
+                xxh3_64_with_seed(&pair, SEED)
+            }
+        };
+        out.push(seq);
+        prev = Some(seq);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_hash_vectors() {
+        // REFERENCE §1: tokens 0..8, block size 4, no salt.
+        let t: Vec<u32> = (0..8).collect();
+        assert_eq!(
+            sequence_hashes(&t, 4),
+            vec![9143094415614847814, 9510318385840434533]
+        );
+    }
+
+    fn cfg(seed: u64) -> WorkloadConfig {
+        WorkloadConfig {
+            seed,
+            block_size: 16,
+            min_len: 1024,
+            max_len: 8192,
+            len_dist: LenDist::Log,
+            groups: 4,
+            group_min: 512,
+            group_max: 2048,
+            multi_turn: 0.3,
+            sessions: 16,
+        }
+    }
+
+    #[test]
+    fn same_seed_same_stream_and_bounds() {
+        let (mut a, mut b) = (Workload::new(cfg(7)), Workload::new(cfg(7)));
+        for _ in 0..500 {
+            let (p, q) = (a.next_prompt(), b.next_prompt());
+            assert_eq!(p.tokens, q.tokens);
+            assert!((1024..=8192).contains(&p.tokens.len()));
+            assert_eq!(p.hashes.len(), p.tokens.len() / 16);
+            // Every prompt starts with one of the system prompts.
+            // Every prompt starts with a system prompt (or, when drawn shorter than it,
+            // its first min_len tokens: later turns extend such a truncated one).
+            assert!(a
+                .groups
+                .iter()
+                .any(|g| p.tokens.starts_with(&g[..g.len().min(1024)])));
+        }
+        assert_ne!(
+            Workload::new(cfg(8)).next_prompt().tokens,
+            Workload::new(cfg(7)).next_prompt().tokens
+        );
+    }
+}
