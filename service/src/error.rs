@@ -64,26 +64,67 @@ impl IntoResponse for ApiError {
 /// statuses (400 syntax, 415 content type, 413 too large, 422 wrong types or missing
 /// fields, the field named), since Dynamo's service is axum too. Unknown fields are
 /// tolerated, as Dynamo tolerates them.
+///
+/// The body is parsed into [`WireBody::Fast`] without path tracking (the hot path); only a
+/// body that fails is parsed again by axum's `Json` into `T` itself, for the exact
+/// rejection text Dynamo's clients see.
 #[derive(Debug)]
 pub struct Body<T>(pub T);
 
+/// A request body type and the type it is read through on the hot path.
+pub trait WireBody: DeserializeOwned + Sized {
+    type Fast: DeserializeOwned + Into<Self>;
+}
+
 impl<S, T> FromRequest<S> for Body<T>
 where
-    T: DeserializeOwned,
+    T: WireBody,
     S: Send + Sync,
 {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
+        if !json_content_type(req.headers()) {
+            crate::metrics::count_bad_body();
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Expected request with `Content-Type: application/json`",
+            ));
+        }
+        let bytes = match axum::body::Bytes::from_request(req, state).await {
+            Ok(b) => b,
+            Err(r) => {
+                crate::metrics::count_bad_body();
+                return Err(ApiError::new(r.status(), r.body_text()));
+            }
+        };
+        if let Ok(v) = serde_json::from_slice::<T::Fast>(&bytes) {
+            return Ok(Body(v.into()));
+        }
+        crate::metrics::count_bad_body();
+        match axum::Json::<T>::from_bytes(&bytes) {
             Ok(axum::Json(v)) => Ok(Body(v)),
             Err(rejection) => Err(rejection_error(&rejection)),
         }
     }
 }
 
+/// axum's rule: `application/json` or any `+json` type.
+fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
+    let Some(ct) = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let Some((ty, sub)) = mime.split_once('/') else {
+        return false;
+    };
+    ty == "application" && (sub == "json" || sub.ends_with("+json"))
+}
+
 fn rejection_error(r: &JsonRejection) -> ApiError {
-    crate::metrics::count_bad_body();
     ApiError::new(r.status(), r.body_text())
 }
 

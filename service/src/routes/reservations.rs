@@ -110,9 +110,7 @@ fn explicit(
         ));
     }
     let salt = crate::routes::select::salt_of(&entry, &b.prompt);
-    let mut plain = b.prompt.clone();
-    plain.cache_salt = None;
-    let prompt = plain.resolve(entry.partition.block_size(), salt)?;
+    let prompt = b.prompt.resolve(entry.partition.block_size(), salt)?;
     // An explicit booking replaces any pending selection of its id (a later claim: 404).
     let _ = app.pending.take(&b.selection_id, key, Instant::now());
     let id = app.name_new(&b.selection_id, key)?;

@@ -26,7 +26,8 @@ use crate::App;
 pub(crate) struct Prepared {
     pub entry: Arc<PartitionEntry>,
     pub key: PartitionKey,
-    pub prompt: ResolvedPrompt,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: u64,
     /// Local hashes of the prompt's complete blocks (computed here once, for the engine
     /// and for the answer's overlap).
     pub local: Vec<u64>,
@@ -85,18 +86,18 @@ impl App {
         }
         let bs = entry.partition.block_size();
         let salt = salt_of(&entry, prompt);
-        let mut plain = prompt.clone();
-        plain.cache_salt = None;
-        let resolved = plain.resolve(bs, salt)?;
-        let local = match &resolved {
+        let (local, prompt_tokens) = match prompt.resolve(bs, salt)? {
+            ResolvedPrompt::LocalHashes {
+                hashes,
+                prompt_tokens,
+            } => (hashes, prompt_tokens),
             ResolvedPrompt::Tokens(t) => {
                 let mut local = Vec::new();
                 BlockHasher::new(bs as usize, salt)
                     .map_err(|e| ApiError::internal(e.to_string()))?
-                    .local_hashes(t, &mut local);
-                local
+                    .local_hashes(&t, &mut local);
+                (local, t.len() as u64)
             }
-            ResolvedPrompt::LocalHashes { hashes, .. } => hashes.clone(),
         };
         let allowed = match allowed {
             None => None,
@@ -117,7 +118,7 @@ impl App {
         Ok(Prepared {
             entry,
             key,
-            prompt: resolved,
+            prompt_tokens,
             local,
             allowed,
         })
@@ -159,7 +160,7 @@ impl App {
         let cpu = gpu + u64::from(o.host_blocks) * bs;
         let disk = cpu + u64::from(o.disk_blocks) * bs;
         let longest = disk;
-        let isl = prep.prompt.tokens();
+        let isl = prep.prompt_tokens;
         let cost = &p.config().cost;
         let cached = gpu as f64
             + cost.host_cache_hit_weight * (u64::from(o.host_blocks) * bs) as f64
@@ -218,7 +219,7 @@ impl App {
         } else {
             SelectionOutcome::Selected
         });
-        m.prompt_tokens.inc_by(prep.prompt.tokens());
+        m.prompt_tokens.inc_by(prep.prompt_tokens);
         m.cached_tokens.inc_by(d.cached_tokens);
     }
 }
@@ -240,7 +241,7 @@ fn pinned_decision(app: &App, prep: &Prepared, rank: RankId) -> Decision {
     let scores = app.tiered(prep);
     let o = scores.get(rank);
     let (device, host, disk) = o.map_or((0, 0, 0), |o| (o.device, o.host, o.disk));
-    let isl = prep.prompt.tokens();
+    let isl = prep.prompt_tokens;
     let cached = (u64::from(device) * u64::from(p.block_size())).min(isl);
     let loads = p.bookings().loads();
     let seq = sequence_hashes(&prep.local);
@@ -270,7 +271,7 @@ pub(crate) fn engine_request<'a>(
     b: &'a SelectBody,
     session: &'a Option<SessionContext>,
 ) -> kvr::SelectRequest<'a> {
-    let mut req = kvr::SelectRequest::local_hashes(&prep.local, prep.prompt.tokens());
+    let mut req = kvr::SelectRequest::local_hashes(&prep.local, prep.prompt_tokens);
     req.lora_name = b.prompt.lora_name.as_deref();
     req.allowed_workers = prep.allowed.as_deref();
     req.pinned_worker = b.pinned_worker.map(|p| p.worker_id);
@@ -364,7 +365,7 @@ pub async fn select(
                 rank: d.rank,
                 prompt: ResolvedPrompt::LocalHashes {
                     hashes: prep.local.clone(),
-                    prompt_tokens: prep.prompt.tokens(),
+                    prompt_tokens: prep.prompt_tokens,
                 },
                 lora_name: b.prompt.lora_name.clone(),
                 expected_output_tokens: b.expected_output_tokens.unwrap_or(0),
@@ -482,7 +483,7 @@ pub async fn potential_loads(
     let loads = p.bookings().loads();
     let bs = u64::from(p.block_size());
     let cost = &p.config().cost;
-    let isl = prep.prompt.tokens();
+    let isl = prep.prompt_tokens;
     let mut out = Vec::new();
     for w in p
         .workers()

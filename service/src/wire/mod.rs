@@ -1,6 +1,7 @@
 //! The JSON bodies of the routes, with Dynamo 1.6.1's field names, defaults and shapes.
 
 pub mod dump;
+mod flat;
 pub mod prompt;
 pub mod select;
 pub mod worker;

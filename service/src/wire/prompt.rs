@@ -99,24 +99,16 @@ impl PromptBody {
         self.token_ids.is_some() || self.block_hashes.is_some()
     }
 
-    /// Checks the prompt against a partition of `block_size` tokens per block, and turns
-    /// it into what the engine takes.
+    /// Checks the prompt against a partition of `block_size` tokens per block and brings
+    /// it to local block hashes (salted with `salt`: LoRA, namespace, `cache_salt`).
     ///
     /// - `token_ids` wins over hashes when both come (Dynamo's order).
-    /// - `block_hashes` needs `isl_tokens`, and `sequence_hashes` (when given) must be as
-    ///   long; a prompt of `isl_tokens` has at most `isl_tokens / block_size` complete
-    ///   blocks, so a longer hash list is refused rather than overcounting.
+    /// - `block_hashes` needs `sequence_hashes` of the same length; a prompt of
+    ///   `isl_tokens` has at most `isl_tokens / block_size` complete blocks, so a longer
+    ///   hash list is refused rather than overcounting.
     /// - `block_mm_infos` mixes each block's multimodal hashes into its local hash, as the
     ///   engines do, so the prompt matches the blocks they publish.
-    /// - `cache_salt` is refused: the engines mix it into their own block hashes, which
-    ///   kvr does not see in their events, so a salted lookup could not be told apart
-    ///   from an unsalted one (it would overcount). Listed in the compatibility notes.
     pub fn resolve(&self, block_size: u32, salt: HashSalt) -> Result<ResolvedPrompt, ApiError> {
-        if self.cache_salt.as_deref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::bad_request(
-                "cache_salt is not supported by kvr serve (see docs: compatibility)",
-            ));
-        }
         if let Some(tokens) = &self.token_ids {
             return match &self.block_mm_infos {
                 Some(infos) if infos.iter().any(|i| i.is_some()) => {
@@ -145,7 +137,16 @@ impl PromptBody {
                         prompt_tokens: tokens.len() as u64,
                     })
                 }
-                _ => Ok(ResolvedPrompt::Tokens(tokens.clone())),
+                _ => {
+                    let mut hashes = Vec::new();
+                    kvr::hash::BlockHasher::new(block_size.max(1) as usize, salt)
+                        .map_err(|e| ApiError::internal(e.to_string()))?
+                        .local_hashes(tokens, &mut hashes);
+                    Ok(ResolvedPrompt::LocalHashes {
+                        hashes,
+                        prompt_tokens: tokens.len() as u64,
+                    })
+                }
             };
         }
         let Some(hashes) = &self.block_hashes else {
@@ -266,17 +267,10 @@ mod tests {
         assert_ne!(hashes[1], plain_hashes[1]);
         assert_eq!(
             plain.resolve(16, salt()).unwrap(),
-            ResolvedPrompt::Tokens(tokens)
+            ResolvedPrompt::LocalHashes {
+                hashes: plain_hashes,
+                prompt_tokens: 32
+            }
         );
-    }
-
-    #[test]
-    fn cache_salt_is_refused_not_ignored() {
-        let p = PromptBody {
-            token_ids: Some(vec![1; 32]),
-            cache_salt: Some("s".into()),
-            ..PromptBody::default()
-        };
-        assert!(p.resolve(16, salt()).is_err());
     }
 }

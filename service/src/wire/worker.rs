@@ -183,3 +183,11 @@ pub struct ReadyBody {
     pub schedulable_workers: usize,
     pub workers: Vec<WorkerRecord>,
 }
+
+impl crate::error::WireBody for WorkerRequest {
+    type Fast = Self;
+}
+
+impl crate::error::WireBody for WorkerPatch {
+    type Fast = Self;
+}
