@@ -4,7 +4,10 @@
 # loom models of the atomic protocols with their negative controls, Miri over the unit
 # tests of the unsafe index modules (tests/miri.sh, nightly), then the host
 # harnesses over libkvr: C (also under valgrind), C++ (multi-threaded) and Go (vet, race,
-# cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples.
+# cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples,
+# then `kvr serve` against the real Dynamo 1.6.1 (tests/compat: request-by-request
+# compatibility, peer recovery both ways, the remote primary against Dynamo's indexer)
+# and the service load benchmark's smoke.
 # (The ingress end-to-end test against that publisher runs in cargo test, in kvr-zmq; it
 # needs python3 with pyzmq and msgspec, which .ci/run installs, and skips without them.)
 set -euo pipefail
@@ -45,6 +48,26 @@ python3 tests/check-readme-examples.py
 echo "== no import cycle among the engine's modules (and the check's negative control)"
 python3 tests/check-module-cycles.py
 python3 tests/check-module-cycles.py --self-test
+
+echo "== kvr serve vs Dynamo 1.6.1 (tests/compat: the pinned wheel in a cached venv)"
+# The real Dynamo selection service and indexer, and vLLM 0.33.0's real KV-event
+# publisher, from PyPI (tests/compat/ensure-venv.sh caches them under ~/.cache/kvr).
+cargo build --release -q -p kvr-cli -p kvr-service-load
+compat_py="$(bash tests/compat/ensure-venv.sh | tail -n1)"
+kvr_cmd='target/release/kvr serve --port {port}'
+"$compat_py" tests/compat/harness.py compare --self-check
+"$compat_py" tests/compat/harness.py compare --self-test-negative
+"$compat_py" tests/compat/harness.py compare --kvr-cmd "$kvr_cmd"
+for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
+    set -- $ab
+    "$compat_py" tests/compat/harness.py peers --a "$1" --b "$2" --kvr-cmd "$kvr_cmd"
+done
+"$compat_py" tests/compat/harness.py peers --a kvr --b kvr --kvr-cmd "$kvr_cmd" --negative
+# kvr's remote primary against Dynamo's real standalone indexer.
+KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
+    cargo test -p kvr-remote --release --test dynamo_indexer
+# The load benchmark's smoke (tiny; the figures mean nothing): both services.
+DYN_PYTHON="$compat_py" bash benches/service-load/run.sh --smoke --no-build --out target/service-load-smoke
 
 echo "== miri (unit tests of the unsafe-heavy index modules, tests/miri.sh)"
 bash tests/miri.sh
