@@ -117,7 +117,12 @@ fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
     else {
         return false;
     };
-    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let mime = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     let Some((ty, sub)) = mime.split_once('/') else {
         return false;
     };

@@ -39,8 +39,8 @@ pub async fn dump(State(app): State<Arc<App>>) -> Json<Dump> {
 fn query(
     app: &App,
     body: &[u8],
-) -> Result<(Arc<PartitionEntry>, Vec<u64>, TieredScores), Response> {
-    let req = QueryTieredByHashRequest::from_json(body).map_err(|e| {
+) -> Result<(Arc<PartitionEntry>, Vec<u64>, TieredScores), Box<Response>> {
+    let req: Result<_, Response> = QueryTieredByHashRequest::from_json(body).map_err(|e| {
         crate::metrics::count_bad_body();
         let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
         (
@@ -49,15 +49,17 @@ fn query(
             e.body(),
         )
             .into_response()
-    })?;
+    });
+    let req = req.map_err(Box::new)?;
     let key = req.partition_key();
-    let entry = app.registry.partition(&key).ok_or_else(|| {
+    let entry: Result<_, Response> = app.registry.partition(&key).ok_or_else(|| {
         ApiError::not_found(format!(
             "no indexer for model={} routing_group={}",
             key.model, key.routing_group
         ))
         .into_response()
-    })?;
+    });
+    let entry = entry.map_err(Box::new)?;
     let local = req.local_hashes();
     let mut scores = TieredScores::new();
     entry.partition.overlap(&local, &mut scores);
@@ -72,7 +74,7 @@ pub async fn query_tiered_by_hash(State(app): State<Arc<App>>, body: Bytes) -> R
             entry.partition.block_size(),
         ))
         .into_response(),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
@@ -81,7 +83,7 @@ pub async fn query_tiered_by_hash(State(app): State<Arc<App>>, body: Bytes) -> R
 pub async fn query_by_hash(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let (entry, _, scores) = match query(&app, &body) {
         Ok(q) => q,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let bs = u64::from(entry.partition.block_size());
     let mut out = QueryByHashResponse::default();

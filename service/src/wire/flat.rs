@@ -146,6 +146,9 @@ mod tests {
         assert!(e.to_string().contains("expected u32"), "{e}");
         // The flattened form's errors are Dynamo's (no path, as flatten loses it).
         let e = serde_json::from_str::<SelectRequest>("[1,2]").unwrap_err();
-        assert!(e.to_string().contains("expected struct SelectRequest"), "{e}");
+        assert!(
+            e.to_string().contains("expected struct SelectRequest"),
+            "{e}"
+        );
     }
 }
