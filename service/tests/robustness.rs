@@ -1378,7 +1378,10 @@ fn killed_publisher_mid_stream_then_restarted_publisher_is_followed() {
     assert_eq!(p.cmd("peer 10"), "PEER 1", "the service never reconnected");
     let p2 = tokens(2, 64);
     let took = publish_until(&mut c, &mut p, "store 2 4", &p2, 4);
-    eprintln!("restarted publisher's stores indexed after {took:?}");
+    eprintln!(
+        "restarted publisher's stores indexed after {took:?}; the first one's P1 now shows {} device blocks",
+        device_blocks(&mut c, "pk", &p1)
+    );
     let r = c.post_json(
         "POST",
         "/select",
