@@ -77,14 +77,24 @@ fn harness() -> &'static Harness {
             .unwrap();
         let h = Harness { rt, app };
         for id in [1, 2] {
-            let (s, _) = h.send("POST", "/workers", Some("application/json"), &json_bytes(&base_worker(id)));
+            let (s, _) = h.send(
+                "POST",
+                "/workers",
+                Some("application/json"),
+                &json_bytes(&base_worker(id)),
+            );
             assert_eq!(s, StatusCode::CREATED);
         }
         let booking = serde_json::json!({
             "model_name": "m", "selection_id": "base",
             "token_ids": (0..64).collect::<Vec<u32>>()
         });
-        let (s, b) = h.send("POST", "/select_and_reserve", Some("application/json"), &json_bytes(&booking));
+        let (s, b) = h.send(
+            "POST",
+            "/select_and_reserve",
+            Some("application/json"),
+            &json_bytes(&booking),
+        );
         assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
         h
     })
@@ -95,7 +105,13 @@ fn json_bytes(v: &Value) -> Vec<u8> {
 }
 
 impl Harness {
-    fn send(&self, method: &str, path: &str, ct: Option<&str>, body: &[u8]) -> (StatusCode, Vec<u8>) {
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        ct: Option<&str>,
+        body: &[u8],
+    ) -> (StatusCode, Vec<u8>) {
         let (s, _, b) = self.send_full(method, path, ct, body);
         (s, b)
     }
@@ -163,12 +179,20 @@ pub fn run(data: &[u8]) {
     }
     if status.is_client_error() {
         assert!(
-            rct.as_deref().is_some_and(|c| c.starts_with("application/json")),
+            rct.as_deref()
+                .is_some_and(|c| c.starts_with("application/json")),
             "4xx not JSON: {}",
             show()
         );
-        let err = json.as_ref().and_then(|v| v.get("error")).and_then(Value::as_str);
-        assert!(err.is_some(), "4xx without {{\"error\": string}}: {}", show());
+        let err = json
+            .as_ref()
+            .and_then(|v| v.get("error"))
+            .and_then(Value::as_str);
+        assert!(
+            err.is_some(),
+            "4xx without {{\"error\": string}}: {}",
+            show()
+        );
         return;
     }
     assert!(status.is_success(), "status: {}", show());
@@ -183,11 +207,21 @@ fn undo(h: &Harness, path: &str, v: &Value) {
             if let Some(id) = v.get("worker_id").and_then(Value::as_u64) {
                 if id != 1 && id != 2 {
                     let (s, b) = h.send("DELETE", &format!("/workers/{id}"), None, b"");
-                    assert_eq!(s, StatusCode::OK, "DELETE /workers/{id}: {}", String::from_utf8_lossy(&b));
+                    assert_eq!(
+                        s,
+                        StatusCode::OK,
+                        "DELETE /workers/{id}: {}",
+                        String::from_utf8_lossy(&b)
+                    );
                 }
             }
             for id in [1, 2] {
-                let (s, _) = h.send("POST", "/workers", Some("application/json"), &json_bytes(&base_worker(id)));
+                let (s, _) = h.send(
+                    "POST",
+                    "/workers",
+                    Some("application/json"),
+                    &json_bytes(&base_worker(id)),
+                );
                 assert_eq!(s, StatusCode::CREATED);
             }
         }
@@ -200,7 +234,12 @@ fn undo(h: &Harness, path: &str, v: &Value) {
             if id != "base" && !id.is_empty() {
                 let uri = format!("/reservations/{}", percent_encode(id));
                 let (s, b) = h.send("DELETE", &uri, None, b"");
-                assert_eq!(s, StatusCode::OK, "DELETE {uri}: {}", String::from_utf8_lossy(&b));
+                assert_eq!(
+                    s,
+                    StatusCode::OK,
+                    "DELETE {uri}: {}",
+                    String::from_utf8_lossy(&b)
+                );
             }
         }
         _ => {}

@@ -48,7 +48,12 @@ fn replay(target: &str, run: fn(&[u8])) -> usize {
 /// this test knows (so a new target's inputs are not silently skipped).
 #[test]
 fn every_target_is_replayed() {
-    let known = ["decode", "ingest_frames", "event_sequence", "service_bodies"];
+    let known = [
+        "decode",
+        "ingest_frames",
+        "event_sequence",
+        "service_bodies",
+    ];
     for sub in ["seeds", "regressions"] {
         for e in std::fs::read_dir(fuzz_dir().join(sub)).unwrap() {
             let e = e.unwrap();

@@ -18,6 +18,16 @@
 //!   from 0) is followed (its stores and removals reach `/overlap_scores`). Skipped when
 //!   python3 lacks pyzmq/msgspec, unless `KVR_REQUIRE_PYZMQ=1`.
 //!
+//! Each was shown able to fail by a temporary mutation (not committed): a panic in
+//! `error.rs::rejection_error` on "duplicate field" → the malformed-bodies test fails with
+//! "no answer: connection closed before an answer"; no `count_bad_body()` there → it fails
+//! on `kvr_http_bad_bodies_total 0 → 0`; `registry.rs::retire` leaking the subscriptions
+//! (`mem::forget`) → the silent/dead test fails with "reconnected to the silent endpoint
+//! after DELETE"; `engine/src/ingress/sequence.rs` dropping a sequence that went back as a
+//! duplicate → the publisher test fails with "store 2 4: /overlap_scores shows 0 device
+//! blocks, want 4". (Disabling the transport's own reconnect-on-disconnect was *not*
+//! caught: the zeromq socket reconnects by itself.)
+//!
 //! The HTTP client is hand-written (no dev-dependency): the tests need full control of the
 //! request bytes (no content type, wrong ones, invalid UTF-8, bodies at the 8 MiB limit) and
 //! must tell a dropped connection from an answer.
