@@ -48,7 +48,12 @@ fn replay(target: &str, run: fn(&[u8])) -> usize {
 /// this test knows (so a new target's inputs are not silently skipped).
 #[test]
 fn every_target_is_replayed() {
-    let known = ["decode", "ingest_frames", "event_sequence"];
+    let known = [
+        "decode",
+        "ingest_frames",
+        "event_sequence",
+        "service_bodies",
+    ];
     for sub in ["seeds", "regressions"] {
         for e in std::fs::read_dir(fuzz_dir().join(sub)).unwrap() {
             let e = e.unwrap();
@@ -84,6 +89,11 @@ fn replay_ingest_frames() {
 #[test]
 fn replay_event_sequence() {
     assert!(replay("event_sequence", kvr_fuzz::event_sequence::run) >= 3);
+}
+
+#[test]
+fn replay_service_bodies() {
+    assert!(replay("service_bodies", kvr_fuzz::service_bodies::run) >= 11);
 }
 
 /// The committed seeds of the differential targets, together, exercise every path their
