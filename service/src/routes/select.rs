@@ -452,6 +452,11 @@ pub async fn select_and_reserve(
 impl App {
     /// An engine number for a caller's new selection id; 409 if it names a live booking.
     pub(crate) fn name_new(&self, s: &str, key: &PartitionKey) -> Result<u64, ApiError> {
+        // Dynamo books an empty id, which no `/reservations/{id}` route can then name (the
+        // booking lingers until its TTL): refused here.
+        if s.is_empty() {
+            return Err(ApiError::bad_request("selection_id must not be empty"));
+        }
         self.ids
             .name(s, key, || self.engine.mint_selection_id())
             .map_err(|e| match e {
