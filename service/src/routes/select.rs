@@ -142,16 +142,21 @@ impl App {
     ) -> SelectResponse {
         let p = &prep.entry.partition;
         let bs = u64::from(p.block_size());
-        let scores = self.tiered(prep);
         let worker = d.rank.worker_id;
-        let dp = p
+        let ranks: Vec<RankId> = p
             .workers()
             .get(worker)
-            .map(|w| w.ranks().collect::<Vec<_>>())
-            .unwrap_or_else(|| vec![d.rank])
+            .map(|w| w.ranks().collect())
+            .unwrap_or_else(|| vec![d.rank]);
+        // One rank: its overlap is the decision's (no second index lookup).
+        let scores = (ranks.len() > 1).then(|| self.tiered(prep));
+        let dp = ranks
             .into_iter()
             .map(|r| {
-                let dev = scores.get(r).map_or(0, |o| o.device);
+                let dev = match &scores {
+                    Some(s) => s.get(r).map_or(0, |o| o.device),
+                    None => d.overlap.device_blocks,
+                };
                 (r.dp_rank.to_string(), u64::from(dev) * bs)
             })
             .collect();
