@@ -236,6 +236,31 @@ fn an_allowed_pin_survives_lora_narrowing() {
 }
 
 #[test]
+fn a_pinned_dp_rank_is_the_only_candidate_of_its_worker() {
+    let e = Engine::with_seed(7);
+    let p = e.create_partition(key(), PartitionConfig::new(BS)).unwrap();
+    p.upsert_worker(WorkerInfo::new(0, 1)).unwrap();
+    p.upsert_worker(WorkerInfo::new(1, 4)).unwrap();
+    let t = prompt(4);
+    cache_prefix(&e, RankId::new(1, 0), &t, 4); // rank 0 of worker 1 would win on cost
+    let mut req = SelectRequest::tokens(&t);
+    req.pinned_worker = Some(1);
+    req.pinned_dp_rank = Some(2);
+    for _ in 0..20 {
+        assert_eq!(
+            chosen(e.select(&key(), &req).unwrap()).rank,
+            RankId::new(1, 2)
+        );
+    }
+    // A rank the worker does not have leaves the pin at the worker (its best rank).
+    req.pinned_dp_rank = Some(9);
+    assert_eq!(
+        chosen(e.select(&key(), &req).unwrap()).rank,
+        RankId::new(1, 0)
+    );
+}
+
+#[test]
 fn an_empty_lora_narrowing_falls_back_to_the_callers_set() {
     let e = lora_engine();
     let t = prompt(4);

@@ -132,19 +132,3 @@ fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
 fn rejection_error(r: &JsonRejection) -> ApiError {
     ApiError::new(r.status(), r.body_text())
 }
-
-/// Parses a JSON body read by hand (an optional body), with the statuses of [`Body`]:
-/// 400 for a syntax error, 422 for wrong types or missing fields.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        crate::metrics::count_bad_body();
-        if e.is_data() {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("Failed to deserialize the JSON body into the target type: {e}"),
-            )
-        } else {
-            ApiError::bad_request(format!("Failed to parse the request body as JSON: {e}"))
-        }
-    })
-}

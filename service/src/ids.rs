@@ -94,11 +94,6 @@ impl SelectionIds {
         u64::from_str_radix(hex, 16).ok()
     }
 
-    /// Whether a string is one this service would render for a minted number.
-    pub fn is_minted_form(&self, s: &str) -> bool {
-        self.parse_minted(s).is_some()
-    }
-
     /// Whether a caller's string is in the table (its booking is live or being made).
     pub fn is_named(&self, s: &str) -> bool {
         self.table().contains_key(s)
@@ -145,10 +140,6 @@ impl SelectionIds {
     /// Forgets a caller's string (its booking ended or was refused).
     pub fn forget(&self, s: &str) {
         self.table().remove(s);
-    }
-
-    pub fn named_len(&self) -> usize {
-        self.table().len()
     }
 }
 

@@ -7,8 +7,8 @@
 //! listener, shutdown, logging). The engine crate stays free of network code; this crate
 //! is one of its hosts.
 //!
-//! Where kvr answers differently from Dynamo on purpose, `docs/compatibility.md` says so
-//! and why.
+//! Where kvr answers differently from Dynamo on purpose, `tests/compat/known-differences.md`
+//! says so and why (the harness there checks every other answer against Dynamo's).
 
 pub mod args;
 pub mod error;

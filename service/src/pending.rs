@@ -183,7 +183,11 @@ mod tests {
         Pending {
             key: PartitionKey::new("m", "default"),
             rank: RankId::new(1, 0),
-            prompt: ResolvedPrompt::Tokens(vec![0; tokens]),
+            // `tokens` × 4 bytes of prompt, as the cache counts it (8 bytes a hash).
+            prompt: ResolvedPrompt {
+                hashes: vec![0; tokens.div_ceil(2)],
+                prompt_tokens: tokens as u64,
+            },
             lora_name: None,
             expected_output_tokens: 0,
         }

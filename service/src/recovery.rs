@@ -14,7 +14,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvr::KvEvent;
+use kvr::index::DumpedStore;
+use kvr::{KvEvent, PartitionKey};
 
 use crate::wire::dump::{parse_partition_name, stores_of, Dump};
 use crate::App;
@@ -80,37 +81,46 @@ fn fetch(url: &str, max_bytes: u64) -> Result<Vec<u8>, String> {
     Ok(body)
 }
 
-/// Parses a whole dump (nothing is applied from a dump that does not parse).
-pub fn parse(body: &[u8]) -> Result<Dump, String> {
+/// One partition of a peer's dump, checked and converted.
+#[derive(Debug)]
+pub struct RecoveredPartition {
+    pub key: PartitionKey,
+    pub block_size: u32,
+    pub stores: Vec<DumpedStore>,
+}
+
+/// Parses and checks a whole dump (nothing is applied from a dump that does not parse).
+pub fn parse(body: &[u8]) -> Result<Vec<RecoveredPartition>, String> {
     let dump: Dump = serde_json::from_slice(body).map_err(|e| format!("not a dump: {e}"))?;
-    for (name, p) in &dump {
-        if parse_partition_name(name).is_none() {
-            return Err(format!(
-                "partition name {name:?} is not <model>:<routing_group>"
-            ));
-        }
-        if p.block_size == 0 {
-            return Err(format!("partition {name:?} has block_size 0"));
-        }
-        stores_of(p).map_err(|e| format!("partition {name:?}: {e}"))?;
-    }
-    Ok(dump)
+    dump.iter()
+        .map(|(name, p)| {
+            let key = parse_partition_name(name)
+                .ok_or_else(|| format!("partition name {name:?} is not <model>:<routing_group>"))?;
+            if p.block_size == 0 {
+                return Err(format!("partition {name:?} has block_size 0"));
+            }
+            let stores = stores_of(p).map_err(|e| format!("partition {name:?}: {e}"))?;
+            Ok(RecoveredPartition {
+                key,
+                block_size: p.block_size,
+                stores,
+            })
+        })
+        .collect()
 }
 
 /// Applies a parsed dump; returns the events applied.
-pub fn apply(app: &App, dump: &Dump) -> u64 {
+pub fn apply(app: &App, dump: &[RecoveredPartition]) -> u64 {
     let mut applied = 0;
-    for (name, p) in dump {
-        let key = parse_partition_name(name).expect("checked by parse");
-        let partition = match app.registry.ensure_partition(&key, p.block_size) {
+    for p in dump {
+        let partition = match app.registry.ensure_partition(&p.key, p.block_size) {
             Ok(part) => part,
             Err(e) => {
-                tracing::warn!(partition = %name, error = %e.message, "dump partition skipped");
+                tracing::warn!(model = %p.key.model, routing_group = %p.key.routing_group, error = %e.message, "dump partition skipped");
                 continue;
             }
         };
-        let stores = stores_of(p).expect("checked by parse");
-        for s in &stores {
+        for s in &p.stores {
             let out = partition.apply_events(
                 s.rank,
                 [KvEvent::Stored {
@@ -119,7 +129,7 @@ pub fn apply(app: &App, dump: &Dump) -> u64 {
                     blocks: &s.blocks,
                 }],
             );
-            applied += out.applied as u64;
+            applied += out.applied;
         }
     }
     applied

@@ -1,13 +1,15 @@
 //! The workers the service was told about: their records (Dynamo's `/workers` shape), the
 //! partition each belongs to, and the KV-event subscriptions the service runs for them.
 //!
-//! A worker is a member of its partition from its first registration (so its events are
-//! indexed and its bookings kept through lifecycle changes), but only *schedulable*
-//! workers are candidates: while any member is not, selections pass the partition's
-//! schedulable set as the allow-list ([`PartitionEntry::schedulable`]).
+//! A worker is a member of its partition (its events indexed, its bookings kept) exactly
+//! while it is schedulable: one that becomes incomplete (a block-size mismatch, a missing
+//! endpoint) leaves it, as in Dynamo, so every member is a candidate and selections need
+//! no allow-list of their own.
 //!
 //! Registration changes take one mutex (rare); the request path reads an immutable
-//! snapshot of the partitions through `arc-swap` and takes no lock.
+//! snapshot of the partitions through `arc-swap`: finding a request's partition takes no
+//! lock (the service makes no lock-free claim beyond that: the pending-selection cache, the
+//! caller-named ids and the metrics families each take a mutex or a read lock).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -26,13 +28,16 @@ pub const MAX_DP_SIZE: u32 = 1024;
 #[derive(Debug)]
 pub struct PartitionEntry {
     pub partition: Arc<Partition>,
-    /// Members (all schedulable: a worker that is not leaves the partition).
-    pub schedulable_count: usize,
-    /// Member id → its endpoint (answers carry it).
+    /// Member id → its endpoint (answers carry it). Members are all schedulable: a worker
+    /// that is not leaves the partition.
     pub endpoints: Arc<HashMap<WorkerId, Option<String>>>,
 }
 
 impl PartitionEntry {
+    pub fn schedulable_count(&self) -> usize {
+        self.endpoints.len()
+    }
+
     pub fn is_schedulable(&self, id: WorkerId) -> bool {
         self.endpoints.contains_key(&id)
     }
@@ -41,6 +46,8 @@ impl PartitionEntry {
 type Partitions = HashMap<PartitionKey, Arc<PartitionEntry>>;
 
 struct Worker {
+    /// What the worker was registered with (PATCH merges into it).
+    request: WorkerRequest,
     record: WorkerRecord,
     subscriptions: Vec<Subscription>,
 }
@@ -93,7 +100,7 @@ impl Registry {
         }
     }
 
-    /// The partition of `key`, lock-free.
+    /// The partition of `key` (an arc-swap load; no lock).
     pub fn partition(&self, key: &PartitionKey) -> Option<Arc<PartitionEntry>> {
         self.partitions.load().get(key).cloned()
     }
@@ -137,10 +144,6 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
-    }
-
-    pub fn record(&self, id: WorkerId) -> Option<WorkerRecord> {
-        self.lock().get(&id).map(|w| w.record.clone())
     }
 
     fn partition_for(
@@ -282,6 +285,7 @@ impl Registry {
         workers.insert(
             r.worker_id,
             Worker {
+                request: r,
                 record: record.clone(),
                 subscriptions,
             },
@@ -292,22 +296,11 @@ impl Registry {
 
     /// `PATCH /workers/{id}`.
     pub fn patch(&self, id: WorkerId, patch: WorkerPatch) -> Result<WorkerRecord, ApiError> {
-        let current = self
-            .record(id)
+        let mut req = self
+            .lock()
+            .get(&id)
+            .map(|w| w.request.clone())
             .ok_or_else(|| ApiError::not_found(format!("worker {id} not found")))?;
-        let mut req = request_of(&current);
-        if let Some(e) = patch.endpoint {
-            req.endpoint = Some(e);
-        }
-        if let Some(e) = patch.kv_events_endpoint {
-            req.kv_events_endpoint = Some(e);
-        }
-        if let Some(e) = patch.kv_events_endpoints {
-            req.kv_events_endpoints = Some(e);
-        }
-        if let Some(e) = patch.replay_endpoint {
-            req.replay_endpoint = Some(e);
-        }
         macro_rules! take {
             ($($f:ident),*) => {$(
                 if patch.$f.is_some() {
@@ -316,6 +309,10 @@ impl Registry {
             )*};
         }
         take!(
+            endpoint,
+            kv_events_endpoint,
+            kv_events_endpoints,
+            replay_endpoint,
             block_size,
             data_parallel_start_rank,
             data_parallel_size,
@@ -392,7 +389,6 @@ impl Registry {
                 key,
                 Arc::new(PartitionEntry {
                     partition,
-                    schedulable_count: endpoints.len(),
                     endpoints: Arc::new(endpoints),
                 }),
             );
@@ -466,31 +462,6 @@ fn subscribe_ranks(p: &Arc<Partition>, r: &WorkerRequest) -> Vec<Subscription> {
         }
     }
     subs
-}
-
-/// A record back into the request that produced it (PATCH merges into it).
-fn request_of(r: &WorkerRecord) -> WorkerRequest {
-    WorkerRequest {
-        worker_id: r.worker_id,
-        model_name: r.model_name.clone(),
-        routing_group: r.routing_group.clone(),
-        endpoint: r.endpoint.clone(),
-        kv_events_endpoint: r.kv_events_endpoint.clone(),
-        kv_events_endpoints: r.kv_events_endpoints.clone(),
-        replay_endpoint: r.replay_endpoint.clone(),
-        block_size: r.block_size,
-        data_parallel_start_rank: r.data_parallel_start_rank,
-        data_parallel_size: r.data_parallel_size,
-        max_num_batched_tokens: r.max_num_batched_tokens,
-        total_kv_blocks: r.total_kv_blocks,
-        stable_routing_id: r.stable_routing_id.clone(),
-        is_eagle: r.is_eagle,
-        taints: r.taints.clone(),
-        topology_domains: r.topology_domains.clone(),
-        kv_transfer_domain: r.kv_transfer_domain.clone(),
-        kv_transfer_enforcement: r.kv_transfer_enforcement.clone(),
-        kv_transfer_preferred_weight: r.kv_transfer_preferred_weight,
-    }
 }
 
 #[cfg(test)]

@@ -7,10 +7,6 @@
 
 use std::sync::Arc;
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
-
-/// Dynamo's hash seed (REFERENCE §1): local block hashes and the sequence chain.
-const SEED: u64 = 1337;
 /// Token ids are drawn below this (a typical vocabulary size).
 const VOCAB: u64 = 32_000;
 
@@ -164,30 +160,14 @@ impl Workload {
     }
 }
 
-/// Dynamo's sequence hashes of the complete blocks of `tokens` (REFERENCE §1, no salt).
+/// Dynamo's sequence hashes of the complete blocks of `tokens` (REFERENCE §1, no salt):
+/// kvr's own hashing, which the engine's conformance tests pin to Dynamo's.
 pub fn sequence_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
-    let mut out = Vec::with_capacity(tokens.len() / block_size);
-    let mut bytes = Vec::with_capacity(block_size * 4);
-    let mut prev: Option<u64> = None;
-    for block in tokens.chunks_exact(block_size) {
-        bytes.clear();
-        for t in block {
-            bytes.extend_from_slice(&t.to_le_bytes());
-        }
-        let local = xxh3_64_with_seed(&bytes, SEED);
-        let seq = match prev {
-            None => local,
-            Some(p) => {
-                let mut pair = [0u8; 16];
-                pair[..8].copy_from_slice(&p.to_le_bytes());
-                pair[8..].copy_from_slice(&local.to_le_bytes());
-                xxh3_64_with_seed(&pair, SEED)
-            }
-        };
-        out.push(seq);
-        prev = Some(seq);
-    }
-    out
+    let hasher = kvr::hash::BlockHasher::new(block_size, kvr::hash::HashSalt::new(None, None))
+        .expect("a block size of at least 1");
+    let (mut local, mut seq) = (Vec::new(), Vec::new());
+    hasher.hash_tokens(tokens, &mut local, &mut seq);
+    seq
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use super::{Index, RankId, StoredBlock, Tier};
+use super::{Index, Link, RankId, StoredBlock, Tier};
 
 /// One `Stored` event of a dump.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,28 +62,32 @@ impl Index {
             // A block can be re-created iff every ancestor can (held on some tier of
             // this rank, lineage known); its depth orders the events parents first, as
             // a parent may sit on another tier than its child.
-            let mut ok: HashMap<u64, Option<u32>> = HashMap::new();
-            let mut depth_of = |seq: u64| -> Option<u32> {
+            let mut ok: HashMap<u64, Option<(u32, Link)>> = HashMap::new();
+            let mut depth_of = |seq: u64| -> Option<(u32, Link)> {
+                // The walk from `seq` up to a block already known (or the root), memoized.
                 let mut path = Vec::new();
                 let mut cur = Some(seq);
                 let mut base: Option<u32> = Some(0);
                 while let Some(s) = cur {
-                    if let Some(&known) = ok.get(&s) {
-                        base = known.map(|d| d + 1);
+                    if let Some(known) = ok.get(&s) {
+                        base = known.map(|(d, _)| d + 1);
                         break;
                     }
-                    path.push(s);
-                    match (name.contains_key(&s), lineage.get(s)) {
-                        (true, Some(link)) => cur = link.parent,
-                        _ => {
+                    match lineage.get(s).filter(|_| name.contains_key(&s)) {
+                        Some(link) => {
+                            path.push((s, link));
+                            cur = link.parent;
+                        }
+                        None => {
+                            ok.insert(s, None);
                             base = None;
                             break;
                         }
                     }
                 }
-                // `base` is the depth of the first block on `path`'s far end (or None).
-                while let Some(s) = path.pop() {
-                    ok.insert(s, base);
+                // `base` is the depth of the block at `path`'s far end (or None).
+                while let Some((s, link)) = path.pop() {
+                    ok.insert(s, base.map(|d| (d, link)));
                     base = base.map(|d| d + 1);
                 }
                 ok.get(&seq).copied().flatten()
@@ -94,8 +98,7 @@ impl Index {
                 let mut links = HashMap::with_capacity(held.len());
                 for &(_, seq) in &held {
                     match depth_of(seq) {
-                        Some(d) => {
-                            let link = lineage.get(seq).expect("depth implies lineage");
+                        Some((d, link)) => {
                             links.insert(seq, (link, d));
                         }
                         None => out.skipped_blocks += 1,

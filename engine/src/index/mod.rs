@@ -139,10 +139,9 @@ impl Index {
     }
 
     /// Whether any rank holds `seq` on any tier (lock-free).
-    fn is_held(&self, seq: u64) -> bool {
-        let guard = epoch::pin();
+    fn is_held(&self, seq: u64, guard: &epoch::Guard) -> bool {
         let key = table_key(seq);
-        !self.shard(key).table(&guard).probe(key).get().is_empty()
+        !self.shard(key).table(guard).probe(key).get().is_empty()
     }
 
     #[inline(always)]
@@ -257,14 +256,16 @@ impl Index {
             // The whole chain first, so the rank map's and the node table's slots of the
             // next few blocks can be prefetched while the current one is applied.
             let mut seqs: smallvec::SmallVec<[u64; 128]> = smallvec::SmallVec::new();
+            // One pin for the lineage's pruning probes of this whole store.
+            let guard = self.lineage.as_ref().map(|_| epoch::pin());
             for b in blocks {
                 let seq = next_sequence_hash(prev, b.local_hash);
-                if let Some(l) = &self.lineage {
+                if let (Some(l), Some(g)) = (&self.lineage, &guard) {
                     let link = lineage::Link {
                         parent: prev,
                         local: b.local_hash,
                     };
-                    l.record(seq, link, |s| self.is_held(s));
+                    l.record(seq, link, |s| self.is_held(s, g));
                 }
                 seqs.push(seq);
                 prev = Some(seq);

@@ -65,7 +65,8 @@ impl Selector<'_> {
     }
 }
 
-/// The allow-set, the pin and LoRA narrowing, in that order, into `c.ranks`.
+/// The allow-set, the pin (a worker, or one rank of it) and LoRA narrowing, in that order,
+/// into `c.ranks`.
 fn narrowed_candidates(
     req: &SelectRequest<'_>,
     workers: &WorkerSet,
@@ -105,7 +106,12 @@ fn narrowed_candidates(
     }
     for &w in pool.iter() {
         if let Some(info) = workers.get(w) {
-            c.ranks.extend(info.ranks());
+            match (pinned, req.pinned_dp_rank) {
+                (Some(_), Some(dp)) if info.has_rank(dp) => {
+                    c.ranks.push(RankId::new(w, dp));
+                }
+                _ => c.ranks.extend(info.ranks()),
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::cost::CostOverrides;
-use crate::ids::WorkerId;
+use crate::ids::{DpRank, WorkerId};
 use crate::reservation::SelectionId;
 use crate::session::SessionContext;
 
@@ -28,6 +28,9 @@ pub struct SelectRequest<'a> {
     pub allowed_workers: Option<&'a [WorkerId]>,
     /// Route to this worker (if allowed); LoRA narrowing never removes an allowed pin.
     pub pinned_worker: Option<WorkerId>,
+    /// With `pinned_worker`: only this DP rank of it (Dynamo's `pinned_worker.dp_rank`); a
+    /// rank the worker does not have leaves the pin at the worker.
+    pub pinned_dp_rank: Option<DpRank>,
     pub session: Option<SessionContext>,
     /// Legacy flat session id, used only when `session` is absent.
     pub legacy_session_id: Option<&'a str>,
@@ -58,6 +61,7 @@ impl<'a> SelectRequest<'a> {
             lora_name: None,
             allowed_workers: None,
             pinned_worker: None,
+            pinned_dp_rank: None,
             session: None,
             legacy_session_id: None,
             overrides: CostOverrides::NONE,

@@ -10,6 +10,7 @@ use axum::Json;
 use kvr::{EngineError, PartitionKey, RankId};
 
 use crate::error::{ApiError, Body};
+use crate::registry::PartitionEntry;
 use crate::routes::select::{engine_error, no_schedulable};
 use crate::wire::select::{
     OutputBlockBody, ReservationRequest as ReservationBody, ReservationResponse, StatusOk, OK,
@@ -33,6 +34,49 @@ pub async fn reserve(
     Ok((StatusCode::CREATED, Json(resp)))
 }
 
+/// Dynamo's words for a rank its worker does not have.
+fn unknown_rank(r: RankId) -> ApiError {
+    ApiError::not_found(format!(
+        "Worker WorkerWithDpRank {{ worker_id: {}, dp_rank: {} }} not found",
+        r.worker_id, r.dp_rank
+    ))
+}
+
+/// Books `req` on `rank` under the caller's selection id and answers it; a refusal frees
+/// the id again.
+fn book(
+    app: &App,
+    b: &ReservationBody,
+    entry: &PartitionEntry,
+    rank: RankId,
+    req: &kvr::SelectRequest<'_>,
+    prefill_tokens: Option<u64>,
+    unknown: impl FnOnce(RankId) -> ApiError,
+) -> Result<ReservationResponse, ApiError> {
+    let key = entry.partition.key();
+    let id = app.name_new(&b.selection_id, key)?;
+    match app
+        .engine
+        .reserve_in(&entry.partition, rank, Some(req), prefill_tokens, Some(id))
+    {
+        Ok(d) => Ok(ReservationResponse {
+            selection_id: b.selection_id.clone(),
+            model_name: key.model.clone(),
+            routing_group: key.routing_group.clone(),
+            worker_id: d.rank.worker_id,
+            dp_rank: d.rank.dp_rank,
+            endpoint: entry.endpoints.get(&d.rank.worker_id).cloned().flatten(),
+        }),
+        Err(e) => {
+            app.ids.forget(&b.selection_id);
+            Err(match e {
+                EngineError::UnknownRank(r) => unknown(r),
+                other => engine_error(other),
+            })
+        }
+    }
+}
+
 fn claim(
     app: &App,
     b: &ReservationBody,
@@ -49,31 +93,11 @@ fn claim(
         .pending
         .take(&b.selection_id, key, Instant::now())
         .ok_or_else(missing)?;
-    let id = app.name_new(&b.selection_id, key)?;
     let mut req = pending.prompt.request();
     req.lora_name = pending.lora_name.as_deref();
     req.expected_output_tokens = pending.expected_output_tokens;
-    match app
-        .engine
-        .reserve_in(&entry.partition, pending.rank, Some(&req), None, Some(id))
-    {
-        Ok(d) => Ok(ReservationResponse {
-            selection_id: b.selection_id.clone(),
-            model_name: key.model.clone(),
-            routing_group: key.routing_group.clone(),
-            worker_id: d.rank.worker_id,
-            dp_rank: d.rank.dp_rank,
-            endpoint: entry.endpoints.get(&d.rank.worker_id).cloned().flatten(),
-        }),
-        Err(e) => {
-            app.ids.forget(&b.selection_id);
-            Err(match e {
-                // The chosen worker left between the selection and its claim.
-                EngineError::UnknownRank(_) => missing(),
-                other => engine_error(other),
-            })
-        }
-    }
+    // The chosen worker may have left between the selection and its claim.
+    book(app, b, &entry, pending.rank, &req, None, |_| missing())
 }
 
 fn explicit(
@@ -99,10 +123,7 @@ fn explicit(
         .get(worker)
         .is_some_and(|w| w.has_rank(rank.dp_rank));
     if !in_worker {
-        return Err(ApiError::not_found(format!(
-            "Worker WorkerWithDpRank {{ worker_id: {}, dp_rank: {} }} not found",
-            rank.worker_id, rank.dp_rank
-        )));
+        return Err(unknown_rank(rank));
     }
     if b.prompt.token_ids.is_none() && b.prompt.sequence_hashes.is_none() {
         return Err(ApiError::bad_request(
@@ -113,35 +134,12 @@ fn explicit(
     let prompt = b.prompt.resolve(entry.partition.block_size(), salt)?;
     // An explicit booking replaces any pending selection of its id (a later claim: 404).
     let _ = app.pending.take(&b.selection_id, key, Instant::now());
-    let id = app.name_new(&b.selection_id, key)?;
     let mut req = prompt.request();
     req.lora_name = b.prompt.lora_name.as_deref();
     req.expected_output_tokens = b.expected_output_tokens.unwrap_or(0);
     // Explicit bookings add no prefill tokens (Dynamo's rule: the caller chose the rank,
     // and prefill accounting follows the router's own selections).
-    match app
-        .engine
-        .reserve_in(&entry.partition, rank, Some(&req), Some(0), Some(id))
-    {
-        Ok(d) => Ok(ReservationResponse {
-            selection_id: b.selection_id.clone(),
-            model_name: key.model.clone(),
-            routing_group: key.routing_group.clone(),
-            worker_id: d.rank.worker_id,
-            dp_rank: d.rank.dp_rank,
-            endpoint: entry.endpoints.get(&worker).cloned().flatten(),
-        }),
-        Err(e) => {
-            app.ids.forget(&b.selection_id);
-            Err(match e {
-                EngineError::UnknownRank(r) => ApiError::not_found(format!(
-                    "Worker WorkerWithDpRank {{ worker_id: {}, dp_rank: {} }} not found",
-                    r.worker_id, r.dp_rank
-                )),
-                other => engine_error(other),
-            })
-        }
-    }
+    book(app, b, &entry, rank, &req, Some(0), unknown_rank)
 }
 
 fn lookup(app: &App, id: &str) -> Result<u64, ApiError> {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::Json;
 use kvr::cost::CostOverrides;
-use kvr::hash::{sequence_hashes, BlockHasher, HashSalt};
+use kvr::hash::{sequence_hashes, HashSalt};
 use kvr::index::TieredScores;
 use kvr::{Decision, EngineError, Outcome, PartitionKey, RankId, SessionContext, WorkerId};
 
@@ -15,7 +15,7 @@ use crate::ids::NameError;
 use crate::metrics::SelectionOutcome;
 use crate::pending::Pending;
 use crate::registry::PartitionEntry;
-use crate::wire::prompt::{wire_hash, PromptBody, ResolvedPrompt};
+use crate::wire::prompt::{PromptBody, ResolvedPrompt};
 use crate::wire::select::{
     OverlapBody, OverlapScoresBody, RankLoadBody, RankOverlapBody, SelectRequest as SelectBody,
     SelectResponse, SharedCacheBody,
@@ -26,11 +26,8 @@ use crate::App;
 pub(crate) struct Prepared {
     pub entry: Arc<PartitionEntry>,
     pub key: PartitionKey,
-    /// The prompt's length in tokens.
-    pub prompt_tokens: u64,
-    /// Local hashes of the prompt's complete blocks (computed here once, for the engine
-    /// and for the answer's overlap).
-    pub local: Vec<u64>,
+    /// Its local block hashes, computed here once for the engine and for the answer.
+    pub prompt: ResolvedPrompt,
     pub allowed: Option<Vec<WorkerId>>,
 }
 
@@ -39,6 +36,17 @@ pub(crate) fn no_schedulable(key: &PartitionKey) -> ApiError {
         "no schedulable workers for model={} routing_group={}",
         key.model, key.routing_group
     ))
+}
+
+/// The prompt tokens a rank would still prefill: the prompt less what it caches, a host
+/// or disk block counting by its hit weight (Dynamo's `effective_prefill_tokens`).
+fn effective_prefill(p: &kvr::Partition, isl: u64, device: u32, host: u32, disk: u32) -> u64 {
+    let bs = u64::from(p.block_size()) as f64;
+    let cost = &p.config().cost;
+    let cached = f64::from(device) * bs
+        + cost.host_cache_hit_weight * f64::from(host) * bs
+        + cost.disk_cache_hit_weight * f64::from(disk) * bs;
+    (isl as f64 - cached).max(0.0).round() as u64
 }
 
 /// The hash salt of a request: the partition's namespace, the LoRA adapter, and the
@@ -56,6 +64,15 @@ pub(crate) fn salt_of(entry: &PartitionEntry, prompt: &PromptBody) -> HashSalt {
     }
 }
 
+/// What an answer reports beyond the decision.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Answered {
+    /// `/select`: with the chosen rank's `worker_load` when advisory.
+    Selected { worker_load: bool },
+    /// `/select_and_reserve`: the booking's sequence hashes, length and prefill tracking.
+    Booked { track_prefill: bool },
+}
+
 impl App {
     pub(crate) fn prepare(
         &self,
@@ -65,16 +82,16 @@ impl App {
         allowed: Option<&[u64]>,
     ) -> Result<Prepared, ApiError> {
         let key = PartitionKey::new(model, group);
-        if self.registry.is_empty() {
-            return Err(ApiError::unavailable(
-                "no schedulable workers are available",
-            ));
-        }
-        let entry = self
-            .registry
-            .partition(&key)
-            .ok_or_else(|| no_schedulable(&key))?;
-        if entry.schedulable_count == 0 {
+        let Some(entry) = self.registry.partition(&key) else {
+            // Dynamo's words differ on a service with no workers at all (asked only here,
+            // off the hot path: it takes the registry's lock).
+            return Err(if self.registry.is_empty() {
+                ApiError::unavailable("no schedulable workers are available")
+            } else {
+                no_schedulable(&key)
+            });
+        };
+        if entry.schedulable_count() == 0 {
             return Err(no_schedulable(&key));
         }
         if !prompt.is_present() {
@@ -84,21 +101,7 @@ impl App {
                 ApiError::bad_request("sequence_hashes is required without token_ids")
             });
         }
-        let bs = entry.partition.block_size();
-        let salt = salt_of(&entry, prompt);
-        let (local, prompt_tokens) = match prompt.resolve(bs, salt)? {
-            ResolvedPrompt::LocalHashes {
-                hashes,
-                prompt_tokens,
-            } => (hashes, prompt_tokens),
-            ResolvedPrompt::Tokens(t) => {
-                let mut local = Vec::new();
-                BlockHasher::new(bs as usize, salt)
-                    .map_err(|e| ApiError::internal(e.to_string()))?
-                    .local_hashes(&t, &mut local);
-                (local, t.len() as u64)
-            }
-        };
+        let resolved = prompt.resolve(entry.partition.block_size(), salt_of(&entry, prompt))?;
         let allowed = match allowed {
             None => None,
             Some(a) => {
@@ -118,8 +121,7 @@ impl App {
         Ok(Prepared {
             entry,
             key,
-            prompt_tokens,
-            local,
+            prompt: resolved,
             allowed,
         })
     }
@@ -127,7 +129,9 @@ impl App {
     /// The device/host/disk overlap of every rank, for the answer.
     fn tiered(&self, prep: &Prepared) -> TieredScores {
         let mut scores = TieredScores::new();
-        prep.entry.partition.overlap(&prep.local, &mut scores);
+        prep.entry
+            .partition
+            .overlap(&prep.prompt.hashes, &mut scores);
         scores
     }
 
@@ -136,18 +140,18 @@ impl App {
         prep: &Prepared,
         d: &Decision,
         selection_id: Option<String>,
-        booked: bool,
-        track_prefill: bool,
-        advisory: bool,
+        how: Answered,
     ) -> SelectResponse {
+        let (booked, track_prefill, advisory) = match how {
+            Answered::Selected { worker_load } => (false, true, worker_load),
+            Answered::Booked { track_prefill } => (true, track_prefill, false),
+        };
         let p = &prep.entry.partition;
         let bs = u64::from(p.block_size());
         let worker = d.rank.worker_id;
-        let ranks: Vec<RankId> = p
-            .workers()
-            .get(worker)
-            .map(|w| w.ranks().collect())
-            .unwrap_or_else(|| vec![d.rank]);
+        let workers = p.workers();
+        let info = workers.get(worker);
+        let ranks: Vec<RankId> = info.map_or_else(|| vec![d.rank], |w| w.ranks().collect());
         // One rank: its overlap is the decision's (no second index lookup).
         let scores = (ranks.len() > 1).then(|| self.tiered(prep));
         let dp = ranks
@@ -165,18 +169,14 @@ impl App {
         let cpu = gpu + u64::from(o.host_blocks) * bs;
         let disk = cpu + u64::from(o.disk_blocks) * bs;
         let longest = disk;
-        let isl = prep.prompt_tokens;
-        let cost = &p.config().cost;
-        let cached = gpu as f64
-            + cost.host_cache_hit_weight * (u64::from(o.host_blocks) * bs) as f64
-            + cost.disk_cache_hit_weight * (u64::from(o.disk_blocks) * bs) as f64;
-        let effective = (isl as f64 - cached).max(0.0).round() as u64;
+        let isl = prep.prompt.prompt_tokens;
+        let effective = effective_prefill(p, isl, o.device_blocks, o.host_blocks, o.disk_blocks);
         SelectResponse {
             selection_id,
             sequence_hashes: booked.then(|| {
-                sequence_hashes(&prep.local)
+                sequence_hashes(&prep.prompt.hashes)
                     .into_iter()
-                    .map(wire_hash)
+                    .map(kvr_remote::hash_to_wire)
                     .collect()
             }),
             isl_tokens: booked.then_some(isl),
@@ -199,13 +199,10 @@ impl App {
             // block as Dynamo does (kvr counts a prompt block the rank already has active
             // once, as Dynamo's own `/loads` does; Dynamo's projection counts it again).
             potential_decode_blocks: d.projected_decode_blocks + u64::from(isl % bs.max(1) != 0),
-            worker_load: advisory.then(|| {
-                let info = p.workers().get(worker).cloned();
-                crate::wire::select::WorkerLoadBody {
-                    active_prefill_tokens: p.bookings().rank_load(d.rank).active_prefill_tokens,
-                    prefill_token_capacity: crate::wire::select::DEFAULT_PREFILL_TOKEN_CAPACITY,
-                    total_kv_blocks: info.map(|i| i.total_kv_blocks).filter(|&n| n > 0),
-                }
+            worker_load: advisory.then(|| crate::wire::select::WorkerLoadBody {
+                active_prefill_tokens: p.bookings().rank_load(d.rank).active_prefill_tokens,
+                prefill_token_capacity: crate::wire::select::DEFAULT_PREFILL_TOKEN_CAPACITY,
+                total_kv_blocks: info.map(|i| i.total_kv_blocks).filter(|&n| n > 0),
             }),
             kv_hint: d.kv_hint.as_ref().map(|h| crate::wire::select::KvHintBody {
                 source_worker_id: h.source.worker_id,
@@ -224,63 +221,19 @@ impl App {
         } else {
             SelectionOutcome::Selected
         });
-        m.prompt_tokens.inc_by(prep.prompt_tokens);
+        m.prompt_tokens.inc_by(prep.prompt.prompt_tokens);
         m.cached_tokens.inc_by(d.cached_tokens);
     }
 }
 
-/// The rank a request pins (`pinned_worker` with a `dp_rank`), if it is a rank of a
-/// schedulable member. The engine pins workers; a pinned rank is served here.
-fn pinned_rank(prep: &Prepared, b: &SelectBody) -> Option<RankId> {
-    let pin = b.pinned_worker?;
-    let dp = pin.dp_rank?;
-    let w = prep.entry.partition.workers().get(pin.worker_id).cloned()?;
-    (prep.entry.is_schedulable(pin.worker_id) && w.has_rank(dp))
-        .then(|| RankId::new(pin.worker_id, dp))
-}
-
-/// The decision an advisory selection pinned to `rank` amounts to: its overlap and the
-/// load this prompt would add there.
-fn pinned_decision(app: &App, prep: &Prepared, rank: RankId) -> Decision {
-    let p = &prep.entry.partition;
-    let scores = app.tiered(prep);
-    let o = scores.get(rank);
-    let (device, host, disk) = o.map_or((0, 0, 0), |o| (o.device, o.host, o.disk));
-    let isl = prep.prompt_tokens;
-    let cached = (u64::from(device) * u64::from(p.block_size())).min(isl);
-    let loads = p.bookings().loads();
-    let seq = sequence_hashes(&prep.local);
-    Decision {
-        rank,
-        selection_id: None,
-        overlap: kvr::select::Overlap {
-            device_blocks: device,
-            host_blocks: host,
-            disk_blocks: disk,
-            shared_blocks: 0,
-        },
-        cached_tokens: cached,
-        projected_prefill_tokens: isl - cached,
-        projected_decode_blocks: loads.get(rank).active_decode_blocks
-            + loads.new_blocks_not_active(rank, &seq),
-        cost: 0.0,
-        session: None,
-        session_route: None,
-        kv_hint: None,
-    }
-}
-
 /// The engine request of a prepared body.
-pub(crate) fn engine_request<'a>(
-    prep: &'a Prepared,
-    b: &'a SelectBody,
-    session: &'a Option<SessionContext>,
-) -> kvr::SelectRequest<'a> {
-    let mut req = kvr::SelectRequest::local_hashes(&prep.local, prep.prompt_tokens);
+pub(crate) fn engine_request<'a>(prep: &'a Prepared, b: &'a SelectBody) -> kvr::SelectRequest<'a> {
+    let mut req = prep.prompt.request();
     req.lora_name = b.prompt.lora_name.as_deref();
     req.allowed_workers = prep.allowed.as_deref();
     req.pinned_worker = b.pinned_worker.map(|p| p.worker_id);
-    req.session = session.clone();
+    req.pinned_dp_rank = b.pinned_worker.and_then(|p| p.dp_rank);
+    req.session = session_of(b);
     req.legacy_session_id = b.session_id.as_deref();
     req.expected_output_tokens = b.expected_output_tokens.unwrap_or(0);
     if let Some(o) = &b.router_config_override {
@@ -336,6 +289,18 @@ fn outcome_error(app: &App, key: &PartitionKey, o: &Outcome) -> ApiError {
     }
 }
 
+impl App {
+    /// [`App::prepare`] for a selection body.
+    fn prepare_select(&self, b: &SelectBody) -> Result<Prepared, ApiError> {
+        self.prepare(
+            &b.model_name,
+            &b.routing_group,
+            &b.prompt,
+            b.allowed_worker_ids.as_deref(),
+        )
+    }
+}
+
 /// `POST /select`: the decision and projected load, nothing booked. With a
 /// `selection_id` (and not `advisory`), the decision waits in the pending-selection cache
 /// for its claim (`POST /reservations`).
@@ -343,21 +308,12 @@ pub async fn select(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<SelectResponse>, ApiError> {
-    let prep = app.prepare(
-        &b.model_name,
-        &b.routing_group,
-        &b.prompt,
-        b.allowed_worker_ids.as_deref(),
-    )?;
-    let session = session_of(&b);
-    let req = engine_request(&prep, &b, &session);
-    let outcome = match pinned_rank(&prep, &b) {
-        Some(rank) => Outcome::Selected(pinned_decision(&app, &prep, rank)),
-        None => app
-            .engine
-            .select_in(&prep.entry.partition, &req)
-            .map_err(engine_error)?,
-    };
+    let prep = app.prepare_select(&b)?;
+    let req = engine_request(&prep, &b);
+    let outcome = app
+        .engine
+        .select_in(&prep.entry.partition, &req)
+        .map_err(engine_error)?;
     let Outcome::Selected(d) = &outcome else {
         return Err(outcome_error(&app, &prep.key, &outcome));
     };
@@ -368,24 +324,19 @@ pub async fn select(
             Pending {
                 key: prep.key.clone(),
                 rank: d.rank,
-                prompt: ResolvedPrompt::LocalHashes {
-                    hashes: prep.local.clone(),
-                    prompt_tokens: prep.prompt_tokens,
-                },
+                prompt: prep.prompt.clone(),
                 lora_name: b.prompt.lora_name.clone(),
                 expected_output_tokens: b.expected_output_tokens.unwrap_or(0),
             },
             Instant::now(),
         );
     }
-    let advisory = b.advisory.unwrap_or(false);
+    let worker_load = b.advisory.unwrap_or(false);
     Ok(Json(app.answer(
         &prep,
         d,
         b.selection_id.clone(),
-        false,
-        true,
-        advisory,
+        Answered::Selected { worker_load },
     )))
 }
 
@@ -394,43 +345,31 @@ pub async fn select_and_reserve(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<SelectResponse>, ApiError> {
-    let prep = app.prepare(
-        &b.model_name,
-        &b.routing_group,
-        &b.prompt,
-        b.allowed_worker_ids.as_deref(),
-    )?;
-    let session = session_of(&b);
-    let mut req = engine_request(&prep, &b, &session);
+    let prep = app.prepare_select(&b)?;
+    let mut req = engine_request(&prep, &b);
     let named = match &b.selection_id {
         Some(s) => Some(app.name_new(s, &prep.key)?),
         None => None,
     };
     req.selection_id = named;
-    let result = match pinned_rank(&prep, &b) {
-        Some(rank) => app
-            .engine
-            .reserve_in(&prep.entry.partition, rank, Some(&req), None, named)
-            .map(Outcome::Selected),
-        None => app
-            .engine
-            .select_and_reserve_in(&prep.entry.partition, &req),
-    };
-    let outcome = match result {
-        Ok(o) => o,
-        Err(e) => {
+    let result = app
+        .engine
+        .select_and_reserve_in(&prep.entry.partition, &req);
+    let d = match result {
+        Ok(Outcome::Selected(d)) => d,
+        refused => {
+            // Nothing was booked under the caller's id: it is free again.
             if let Some(s) = &b.selection_id {
                 app.ids.forget(s);
             }
-            app.metrics.selection(SelectionOutcome::Error);
-            return Err(engine_error(e));
+            return Err(match refused {
+                Ok(o) => outcome_error(&app, &prep.key, &o),
+                Err(e) => {
+                    app.metrics.selection(SelectionOutcome::Error);
+                    engine_error(e)
+                }
+            });
         }
-    };
-    let Outcome::Selected(d) = &outcome else {
-        if let Some(s) = &b.selection_id {
-            app.ids.forget(s);
-        }
-        return Err(outcome_error(&app, &prep.key, &outcome));
     };
     let id = d.selection_id.unwrap_or(0);
     let track = b
@@ -442,15 +381,15 @@ pub async fn select_and_reserve(
         // Untracked prefill: the booking carries decode blocks only.
         let _ = app.engine.mark_prefill_complete(id);
     }
-    app.count(&prep, d, true);
+    app.count(&prep, &d, true);
     let wire_id = b.selection_id.clone().unwrap_or_else(|| app.ids.render(id));
     Ok(Json(app.answer(
         &prep,
-        d,
+        &d,
         Some(wire_id),
-        true,
-        track,
-        false,
+        Answered::Booked {
+            track_prefill: track,
+        },
     )))
 }
 
@@ -481,19 +420,13 @@ pub async fn potential_loads(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<Vec<RankLoadBody>>, ApiError> {
-    let prep = app.prepare(
-        &b.model_name,
-        &b.routing_group,
-        &b.prompt,
-        b.allowed_worker_ids.as_deref(),
-    )?;
+    let prep = app.prepare_select(&b)?;
     let p = &prep.entry.partition;
     let scores = app.tiered(&prep);
-    let seq = sequence_hashes(&prep.local);
+    let seq = sequence_hashes(&prep.prompt.hashes);
     let loads = p.bookings().loads();
     let bs = u64::from(p.block_size());
-    let cost = &p.config().cost;
-    let isl = prep.prompt_tokens;
+    let isl = prep.prompt.prompt_tokens;
     let mut out = Vec::new();
     for w in p
         .workers()
@@ -502,13 +435,10 @@ pub async fn potential_loads(
     {
         for rank in w.ranks() {
             let active = loads.get(rank);
-            let o = scores.get(rank);
-            let cached = o.map_or(0.0, |o| {
-                (u64::from(o.device) * bs) as f64
-                    + cost.host_cache_hit_weight * (u64::from(o.host) * bs) as f64
-                    + cost.disk_cache_hit_weight * (u64::from(o.disk) * bs) as f64
-            });
-            let effective = (isl as f64 - cached).max(0.0).round() as u64;
+            let (dev, host, disk) = scores
+                .get(rank)
+                .map_or((0, 0, 0), |o| (o.device, o.host, o.disk));
+            let effective = effective_prefill(p, isl, dev, host, disk);
             out.push(RankLoadBody {
                 worker_id: rank.worker_id,
                 dp_rank: rank.dp_rank,
@@ -551,7 +481,7 @@ pub async fn overlap_scores(
     }
     Ok(Json(OverlapScoresBody {
         block_size: p.block_size(),
-        num_blocks: prep.local.len() as u64,
+        num_blocks: prep.prompt.hashes.len() as u64,
         workers,
         shared_cache: SharedCacheBody::default(),
     }))

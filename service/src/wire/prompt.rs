@@ -39,57 +39,24 @@ pub struct PromptBody {
     pub cache_salt: Option<String>,
 }
 
-/// A prompt checked and brought to the engine's terms: either tokens the engine hashes,
-/// or local block hashes computed here (multimodal prompts) or given by the caller.
+/// A prompt checked and brought to the engine's terms: the local hashes of its complete
+/// blocks (computed here from `token_ids`, multimodal objects mixed in, or given by the
+/// caller) and its length in tokens.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ResolvedPrompt {
-    Tokens(Vec<u32>),
-    LocalHashes {
-        hashes: Vec<u64>,
-        prompt_tokens: u64,
-    },
+pub struct ResolvedPrompt {
+    pub hashes: Vec<u64>,
+    pub prompt_tokens: u64,
 }
 
 impl ResolvedPrompt {
-    /// The engine's view of this prompt.
-    pub fn as_engine(&self) -> kvr::Prompt<'_> {
-        match self {
-            ResolvedPrompt::Tokens(t) => kvr::Prompt::Tokens(t),
-            ResolvedPrompt::LocalHashes {
-                hashes,
-                prompt_tokens,
-            } => kvr::Prompt::LocalHashes {
-                hashes,
-                prompt_tokens: *prompt_tokens,
-            },
-        }
-    }
-
     /// An engine request of this prompt (the caller sets the rest).
     pub fn request(&self) -> kvr::SelectRequest<'_> {
-        match self {
-            ResolvedPrompt::Tokens(t) => kvr::SelectRequest::tokens(t),
-            ResolvedPrompt::LocalHashes {
-                hashes,
-                prompt_tokens,
-            } => kvr::SelectRequest::local_hashes(hashes, *prompt_tokens),
-        }
-    }
-
-    /// The prompt's length in tokens (`isl_tokens`).
-    pub fn tokens(&self) -> u64 {
-        match self {
-            ResolvedPrompt::Tokens(t) => t.len() as u64,
-            ResolvedPrompt::LocalHashes { prompt_tokens, .. } => *prompt_tokens,
-        }
+        kvr::SelectRequest::local_hashes(&self.hashes, self.prompt_tokens)
     }
 
     /// Approximate heap bytes (the pending-selection cache's budget).
     pub fn heap_bytes(&self) -> usize {
-        match self {
-            ResolvedPrompt::Tokens(t) => t.capacity() * 4,
-            ResolvedPrompt::LocalHashes { hashes, .. } => hashes.capacity() * 8,
-        }
+        self.hashes.capacity() * 8
     }
 }
 
@@ -132,7 +99,7 @@ impl PromptBody {
                             local_block_hash_mm(block, &mm, salt)
                         })
                         .collect();
-                    Ok(ResolvedPrompt::LocalHashes {
+                    Ok(ResolvedPrompt {
                         hashes,
                         prompt_tokens: tokens.len() as u64,
                     })
@@ -142,7 +109,7 @@ impl PromptBody {
                     kvr::hash::BlockHasher::new(block_size.max(1) as usize, salt)
                         .map_err(|e| ApiError::internal(e.to_string()))?
                         .local_hashes(tokens, &mut hashes);
-                    Ok(ResolvedPrompt::LocalHashes {
+                    Ok(ResolvedPrompt {
                         hashes,
                         prompt_tokens: tokens.len() as u64,
                     })
@@ -176,16 +143,14 @@ impl PromptBody {
                 hashes.len()
             )));
         }
-        Ok(ResolvedPrompt::LocalHashes {
-            hashes: hashes.iter().map(|&h| h as u64).collect(),
+        Ok(ResolvedPrompt {
+            hashes: hashes
+                .iter()
+                .map(|&h| kvr_remote::hash_from_wire(h))
+                .collect(),
             prompt_tokens: isl,
         })
     }
-}
-
-/// A u64 hash as Dynamo puts it on the wire (the same bits as i64).
-pub fn wire_hash(h: u64) -> i64 {
-    h as i64
 }
 
 #[cfg(test)]
@@ -207,12 +172,12 @@ mod tests {
         let r = p.resolve(16, salt()).unwrap();
         assert_eq!(
             r,
-            ResolvedPrompt::LocalHashes {
+            ResolvedPrompt {
                 hashes: vec![u64::MAX, 5],
                 prompt_tokens: 32
             }
         );
-        assert_eq!(wire_hash(u64::MAX), -1);
+        assert_eq!(kvr_remote::hash_to_wire(u64::MAX), -1);
     }
 
     #[test]
@@ -256,9 +221,7 @@ mod tests {
             ]),
             ..PromptBody::default()
         };
-        let ResolvedPrompt::LocalHashes { hashes, .. } = mm.resolve(16, salt()).unwrap() else {
-            panic!("a multimodal prompt resolves to hashes");
-        };
+        let ResolvedPrompt { hashes, .. } = mm.resolve(16, salt()).unwrap();
         let mut plain_hashes = Vec::new();
         kvr::hash::BlockHasher::new(16, salt())
             .unwrap()
@@ -267,7 +230,7 @@ mod tests {
         assert_ne!(hashes[1], plain_hashes[1]);
         assert_eq!(
             plain.resolve(16, salt()).unwrap(),
-            ResolvedPrompt::LocalHashes {
+            ResolvedPrompt {
                 hashes: plain_hashes,
                 prompt_tokens: 32
             }

@@ -56,15 +56,7 @@ impl QueryByHashResponse {
         blocks_queried: usize,
         out: &mut TieredScores,
     ) -> Result<(), RemoteError> {
-        match self.collect(block_size, blocks_queried) {
-            Ok(entries) => out
-                .fill_from(entries)
-                .map_err(|rank| RemoteError::BadBody(format!("rank {rank} listed twice"))),
-            Err(e) => {
-                let _ = out.fill_from(std::iter::empty());
-                Err(e)
-            }
-        }
+        super::fill_checked(self.collect(block_size, blocks_queried), out)
     }
 
     fn collect(

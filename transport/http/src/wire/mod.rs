@@ -82,3 +82,20 @@ pub(crate) fn check_lengths(
         None => Ok(()),
     }
 }
+
+/// Writes a checked answer into `out`; a refused one leaves `out` empty (both answers'
+/// `to_scores`).
+pub(crate) fn fill_checked(
+    collected: Result<Vec<kvr::index::TieredOverlap>, kvr::index::RemoteError>,
+    out: &mut kvr::index::TieredScores,
+) -> Result<(), kvr::index::RemoteError> {
+    match collected {
+        Ok(entries) => out
+            .fill_from(entries)
+            .map_err(|rank| kvr::index::RemoteError::BadBody(format!("rank {rank} listed twice"))),
+        Err(e) => {
+            let _ = out.fill_from(std::iter::empty());
+            Err(e)
+        }
+    }
+}

@@ -186,16 +186,7 @@ impl QueryTieredByHashResponse {
         blocks_queried: usize,
         out: &mut TieredScores,
     ) -> Result<(), RemoteError> {
-        match self.collect(block_size, blocks_queried) {
-            // Ranks are unique after `collect`.
-            Ok(entries) => out
-                .fill_from(entries)
-                .map_err(|rank| RemoteError::BadBody(format!("rank {rank} listed twice"))),
-            Err(e) => {
-                let _ = out.fill_from(std::iter::empty());
-                Err(e)
-            }
-        }
+        super::fill_checked(self.collect(block_size, blocks_queried), out)
     }
 
     fn collect(
