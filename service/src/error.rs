@@ -74,6 +74,26 @@ pub struct Body<T>(pub T);
 /// A request body type and the type it is read through on the hot path.
 pub trait WireBody: DeserializeOwned + Sized {
     type Fast: DeserializeOwned + Into<Self>;
+    /// Where a prompt body's top-level `token_ids` goes when it is read by hand
+    /// ([`crate::wire::tokens`]); `None` for the bodies without one.
+    fn token_slot(_fast: &mut Self::Fast) -> Option<&mut Option<Vec<u32>>> {
+        None
+    }
+    /// Whether [`WireBody::token_slot`] is overridden (the split is tried only then).
+    const HAS_TOKENS: bool = false;
+}
+
+/// The hot path: `token_ids` by hand where the body has them and the split accepts, the
+/// rest by serde without path tracking. `None` sends the body to the slow, exact path.
+fn parse_fast<T: WireBody>(bytes: &[u8]) -> Option<T::Fast> {
+    if T::HAS_TOKENS {
+        if let Some(split) = crate::wire::tokens::split_token_ids(bytes) {
+            let mut fast = serde_json::from_slice::<T::Fast>(&split.rest).ok()?;
+            *T::token_slot(&mut fast)? = Some(split.tokens);
+            return Some(fast);
+        }
+    }
+    serde_json::from_slice::<T::Fast>(bytes).ok()
 }
 
 impl<S, T> FromRequest<S> for Body<T>
@@ -98,7 +118,7 @@ where
                 return Err(ApiError::new(r.status(), r.body_text()));
             }
         };
-        if let Ok(v) = serde_json::from_slice::<T::Fast>(&bytes) {
+        if let Some(v) = parse_fast::<T>(&bytes) {
             return Ok(Body(v.into()));
         }
         crate::metrics::count_bad_body();

@@ -256,21 +256,27 @@ impl Index {
             // The whole chain first, so the rank map's and the node table's slots of the
             // next few blocks can be prefetched while the current one is applied.
             let mut seqs: smallvec::SmallVec<[u64; 128]> = smallvec::SmallVec::new();
-            // One pin for the lineage's pruning probes of this whole store.
-            let guard = self.lineage.as_ref().map(|_| epoch::pin());
+            let first_parent = prev;
             for b in blocks {
                 let seq = next_sequence_hash(prev, b.local_hash);
-                if let (Some(l), Some(g)) = (&self.lineage, &guard) {
-                    let link = lineage::Link {
-                        parent: prev,
-                        local: b.local_hash,
-                    };
-                    l.record(seq, link, |s| self.is_held(s, g));
-                }
                 seqs.push(seq);
                 prev = Some(seq);
             }
-            Ok(self.store_chain(entry, w, tier, |i| blocks[i].external_hash, &seqs))
+            // Block i's link, for the lineage (only asked of blocks this store gives their
+            // first holder).
+            let link = |i: usize| lineage::Link {
+                parent: if i == 0 {
+                    first_parent
+                } else {
+                    Some(seqs[i - 1])
+                },
+                local: blocks[i].local_hash,
+            };
+            let links = self
+                .lineage
+                .as_ref()
+                .map(|_| &link as &dyn Fn(usize) -> lineage::Link);
+            Ok(self.store_chain(entry, w, tier, |i| blocks[i].external_hash, &seqs, links))
         })?
         .expect("created ranks always resolve")
     }
@@ -287,12 +293,15 @@ impl Index {
         self.with_writer(rank, true, |entry, w| {
             entry.counters.stored_events.fetch_add(1, Ordering::Relaxed);
             self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
-            self.store_chain(entry, w, tier, |i| seqs[i], seqs)
+            // No lineage: these blocks have no local hash (they go to an approximate
+            // index, which is never dumped as events).
+            self.store_chain(entry, w, tier, |i| seqs[i], seqs, None)
         })?
         .ok_or(IndexError::TooManyRanks)
     }
 
-    /// Sets `tier` on each of `seqs` for the writer's rank, block `i` named `external(i)`.
+    /// Sets `tier` on each of `seqs` for the writer's rank, block `i` named `external(i)`;
+    /// a block given its first holder (of any rank) has its lineage recorded as `links(i)`.
     fn store_chain(
         &self,
         entry: &RankEntry,
@@ -300,6 +309,7 @@ impl Index {
         tier: Tier,
         external: impl Fn(usize) -> u64,
         seqs: &[u64],
+        links: Option<&dyn Fn(usize) -> lineage::Link>,
     ) -> usize {
         let t = tier as usize;
         let guard = epoch::pin();
@@ -314,6 +324,8 @@ impl Index {
             prefetch(w, i);
         }
         let mut stored = 0;
+        // The blocks this store gives their first holder, for the lineage.
+        let mut born: smallvec::SmallVec<[(u64, lineage::Link); 64]> = smallvec::SmallVec::new();
         for (i, &seq) in seqs.iter().enumerate() {
             prefetch(w, i + APPLY_PREFETCH_AHEAD);
             match w.blocks[t].insert(external(i), seq) {
@@ -325,6 +337,9 @@ impl Index {
             let ch =
                 self.shard(key)
                     .update(key, entry.slot, tier.bit(), true, &self.interner, &guard);
+            if let (true, Some(links)) = (ch.born, links) {
+                born.push((seq, links(i)));
+            }
             if ch.before & tier.bit() != 0 {
                 // Another external hash of this rank already names this block.
                 *w.aliases[t].entry(seq).or_insert(0) += 1;
@@ -332,6 +347,11 @@ impl Index {
             }
             Self::account(&mut w.tally, ch, tier);
             stored += 1;
+        }
+        if let (Some(l), false) = (&self.lineage, born.is_empty()) {
+            // After the updates: a prune running meanwhile sees these blocks held, or
+            // finds no entry of theirs to drop (see `lineage`).
+            l.record_all(&mut born, |s| self.is_held(s, &guard));
         }
         stored
     }
@@ -416,15 +436,39 @@ impl Index {
                 .removed_events
                 .fetch_add(1, Ordering::Relaxed);
             let guard = epoch::pin();
+            let t = tier as usize;
             let mut out = ApplyOutcome::default();
-            for h in external_hashes {
-                match w.blocks[tier as usize].remove(*h) {
+            // Two passes, each prefetching a few blocks ahead: the names out of the rank
+            // map, then the holder bits off the nodes. (A name's removal and its node's
+            // update need not interleave: `drop_name` reads only the aliases and the node.)
+            let mut seqs: smallvec::SmallVec<[u64; 128]> = smallvec::SmallVec::new();
+            for h in external_hashes.iter().take(APPLY_PREFETCH_AHEAD) {
+                w.blocks[t].prefetch(*h);
+            }
+            for (i, h) in external_hashes.iter().enumerate() {
+                if let Some(next) = external_hashes.get(i + APPLY_PREFETCH_AHEAD) {
+                    w.blocks[t].prefetch(*next);
+                }
+                match w.blocks[t].remove(*h) {
                     Some(seq) => {
-                        self.drop_name(entry, w, seq, tier, &guard);
+                        seqs.push(seq);
                         out.removed += 1;
                     }
                     None => out.not_found += 1,
                 }
+            }
+            let prefetch_node = |seq: u64| {
+                let key = table_key(seq);
+                self.shard(key).table(&guard).probe(key).prefetch();
+            };
+            for &seq in seqs.iter().take(APPLY_PREFETCH_AHEAD) {
+                prefetch_node(seq);
+            }
+            for (i, &seq) in seqs.iter().enumerate() {
+                if let Some(&next) = seqs.get(i + APPLY_PREFETCH_AHEAD) {
+                    prefetch_node(next);
+                }
+                self.drop_name(entry, w, seq, tier, &guard);
             }
             counted(Some(entry), out.not_found);
             out

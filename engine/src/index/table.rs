@@ -326,6 +326,9 @@ pub(crate) struct TierChange {
     pub(crate) before: u8,
     pub(crate) after: u8,
     pub(crate) heap_delta: isize,
+    /// The node went from no holder at all (of any rank) to one: exactly one writer sees
+    /// this per such transition, as writers of a shard serialize.
+    pub(crate) born: bool,
 }
 
 impl Shard {
@@ -383,6 +386,7 @@ impl Shard {
                 before,
                 after,
                 heap_delta: 0,
+                born: false,
             };
             if after == before {
                 return (None, (unchanged, None));
@@ -391,6 +395,7 @@ impl Shard {
             let rw = unsafe { holders::rewrite(interner, old, slot, after) };
             let change = TierChange {
                 heap_delta: rw.heap_delta,
+                born: old.0 == 0 && rw.word.0 != 0,
                 ..unchanged
             };
             (Some(rw.word.0), (change, rw.retired))

@@ -4,4 +4,5 @@ pub mod dump;
 mod flat;
 pub mod prompt;
 pub mod select;
+pub(crate) mod tokens;
 pub mod worker;

@@ -222,7 +222,37 @@ impl<'a> Cursor<'a> {
     /// An array of u32 token ids, appended to `dst`.
     pub(super) fn tokens(&mut self, dst: &mut Vec<u32>, detail: &'static str) -> Result<()> {
         let n = self.array_len(K::FieldType, detail)?;
-        for _ in 0..n {
+        // The unsigned encodings a publisher writes, read straight from the slice (a
+        // token per one to five bytes); anything else (a signed encoding, a wrong type, the
+        // end of the payload) goes through rmp's checked read, which decides.
+        let bytes = self.rd.remaining_slice();
+        let mut at = 0;
+        let mut done = 0;
+        while done < n {
+            let t = match bytes.get(at) {
+                Some(&m @ 0x00..=0x7f) => {
+                    at += 1;
+                    u32::from(m)
+                }
+                Some(0xcc) if at + 2 <= bytes.len() => {
+                    at += 2;
+                    u32::from(bytes[at - 1])
+                }
+                Some(0xcd) if at + 3 <= bytes.len() => {
+                    at += 3;
+                    u32::from(u16::from_be_bytes([bytes[at - 2], bytes[at - 1]]))
+                }
+                Some(0xce) if at + 5 <= bytes.len() => {
+                    at += 5;
+                    u32::from_be_bytes([bytes[at - 4], bytes[at - 3], bytes[at - 2], bytes[at - 1]])
+                }
+                _ => break,
+            };
+            dst.push(t);
+            done += 1;
+        }
+        self.rd = Bytes::new(&bytes[at..]);
+        for _ in done..n {
             let t = self.u32(K::FieldType, "token id is not a u32")?;
             dst.push(t);
         }
@@ -286,5 +316,87 @@ impl<'a> Cursor<'a> {
 
     fn len32(&mut self) -> Result<usize> {
         usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| DecodeError::truncated())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slice fast path and rmp's checked read agree on every encoding of a token.
+    #[test]
+    fn token_arrays_read_as_the_checked_reader_does() {
+        let checked = |payload: &[u8]| -> Result<Vec<u32>> {
+            let mut c = Cursor::new(payload);
+            let n = c.array_len(K::FieldType, "x")?;
+            (0..n)
+                .map(|_| c.u32(K::FieldType, "token id is not a u32"))
+                .collect()
+        };
+        let fast = |payload: &[u8]| -> Result<(Vec<u32>, usize)> {
+            let mut c = Cursor::new(payload);
+            let mut v = Vec::new();
+            c.tokens(&mut v, "x")?;
+            Ok((v, c.remaining()))
+        };
+        let mut mixed = Vec::new();
+        rmp::encode::write_array_len(&mut mixed, 9).unwrap();
+        for t in [
+            0u64,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            u64::from(u32::MAX),
+            5,
+        ] {
+            rmp::encode::write_uint(&mut mixed, t).unwrap();
+        }
+        mixed.push(0xc0); // a value after the array stays unread
+        let (v, left) = fast(&mixed).unwrap();
+        assert_eq!(v, checked(&mixed).unwrap());
+        assert_eq!(left, 1);
+        // Signed encodings of non-negative values, negative ones, a u64, a string, and
+        // every truncation: the same answer either way.
+        let mut odd = Vec::new();
+        rmp::encode::write_array_len(&mut odd, 4).unwrap();
+        rmp::encode::write_u8(&mut odd, 3).unwrap();
+        rmp::encode::write_i16(&mut odd, 300).unwrap();
+        rmp::encode::write_i8(&mut odd, 4).unwrap();
+        rmp::encode::write_u32(&mut odd, 70_000).unwrap();
+        for bad in [
+            {
+                let mut b = odd.clone();
+                b[1] = 0xd0; // i8 ...
+                b[2] = 0xff; // ... -1
+                b
+            },
+            {
+                let mut b = odd.clone();
+                rmp::encode::write_u64(&mut b, 1 << 40).unwrap();
+                b[0] = 0x95;
+                b
+            },
+            {
+                let mut b = odd.clone();
+                b.extend_from_slice(&[0xa1, b'x']);
+                b[0] = 0x95;
+                b
+            },
+        ]
+        .into_iter()
+        .chain([odd.clone()])
+        {
+            for cut in 0..=bad.len() {
+                let p = &bad[..cut];
+                match (fast(p), checked(p)) {
+                    (Ok((v, _)), Ok(w)) => assert_eq!(v, w, "{p:?}"),
+                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{p:?}"),
+                    (a, b) => panic!("{p:?}: fast {:?} vs checked {:?}", a.is_ok(), b.is_ok()),
+                }
+            }
+        }
     }
 }
