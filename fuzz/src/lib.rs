@@ -10,7 +10,8 @@
 //! - [`event_sequence`]: a structured sequence of typed index operations → `Index`,
 //!   differential against the naive model.
 //! - [`service_bodies`]: a route selector and arbitrary bytes → `kvr serve`'s axum router
-//!   in-process (no panic, no 5xx but the documented 503s, JSON `{"error"}` on every 4xx).
+//!   in-process (no panic, no 5xx but the documented 503s, JSON `{"error"}` on every 4xx;
+//!   the hand-read `token_ids` agree with serde on every body).
 //!
 //! Every target panics on a finding; a panic is the only way they report one.
 

@@ -10,7 +10,9 @@
 //!
 //! Asserted: no panic; every status below 500, except the documented 503s of a valid JSON
 //! body naming a partition or an allowed set without a schedulable worker; every 4xx is
-//! `application/json` with an `{"error": "<string>"}` body; every 2xx is JSON.
+//! `application/json` with an `{"error": "<string>"}` body; every 2xx is JSON; and the
+//! hand-read `token_ids` of the body agree with serde's reading of it
+//! (`kvr_service::fuzzing`).
 //!
 //! To keep inputs independent, what a 2xx changed is undone after it: a worker registered
 //! by the input is deleted, a booking it made is freed, and the base workers are
@@ -152,6 +154,12 @@ pub fn run(data: &[u8]) {
     let Some((&sel, body)) = data.split_first() else {
         return;
     };
+    // The hand-read token_ids never disagree with serde's reading of the same body.
+    assert!(
+        kvr_service::fuzzing::token_split_agrees_with_serde(body),
+        "token_ids split disagrees with serde: {:?}",
+        String::from_utf8_lossy(body)
+    );
     let h = harness();
     let (method, path) = ROUTES[sel as usize % ROUTES.len()];
     let ct = CONTENT_TYPES[sel as usize / ROUTES.len() % CONTENT_TYPES.len()];
