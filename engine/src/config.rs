@@ -64,8 +64,9 @@ pub struct PartitionConfig {
     /// through to the decision but steer nothing.
     pub sessions: Option<SessionConfig>,
     /// Keep what [`Partition::dump_index`](crate::Partition::dump_index) needs to write the
-    /// index out as events (each block's parent and local hash, ~30 bytes a distinct
-    /// block): for a peer to recover from (Dynamo's `/dump`). Off by default.
+    /// index out as events (each block's parent and local hash: a 32-byte slot per
+    /// distinct block, tables at most 3/4 full): for a peer to recover from (Dynamo's
+    /// `/dump`). Off by default.
     pub index_dump: bool,
 }
 

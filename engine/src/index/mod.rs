@@ -126,8 +126,8 @@ impl Index {
     }
 
     /// Also keeps each block's parent and local hash, so [`Index::dump`] can write the
-    /// index out as events (about 30 bytes per distinct block; see `lineage`). Set before
-    /// any store: blocks stored before it cannot be dumped.
+    /// index out as events (a 32-byte slot per distinct block, tables at most 3/4 full;
+    /// see `lineage`). Set before any store: blocks stored before it cannot be dumped.
     pub fn with_lineage(mut self, keep: bool) -> Self {
         self.lineage = keep.then(lineage::Lineage::new);
         self
