@@ -41,6 +41,9 @@ use table::{table_key, Shard};
 
 /// Blocks of a `Stored` event whose memory is prefetched ahead of the one being applied.
 const APPLY_PREFETCH_AHEAD: usize = 4;
+/// Blocks of a removal handled per pass pair (the buffer of their sequence hashes lives on
+/// the stack).
+const REMOVE_CHUNK: usize = 64;
 
 /// The most ranks one index tracks at once (holder entries keep an 18-bit slot).
 pub const MAX_RANKS: u32 = holders::MAX_SLOTS;
@@ -337,8 +340,13 @@ impl Index {
             let ch =
                 self.shard(key)
                     .update(key, entry.slot, tier.bit(), true, &self.interner, &guard);
-            if let (true, Some(links)) = (ch.born, links) {
+            if let (true, Some(links), Some(l)) = (ch.born, links, &self.lineage) {
                 born.push((seq, links(i)));
+                if born.len() == born.inline_size() {
+                    // Full: recorded now, so the buffer never leaves the stack.
+                    l.record_all(&mut born, |s| self.is_held(s, &guard));
+                    born.clear();
+                }
             }
             if ch.before & tier.bit() != 0 {
                 // Another external hash of this rank already names this block.
@@ -438,37 +446,44 @@ impl Index {
             let guard = epoch::pin();
             let t = tier as usize;
             let mut out = ApplyOutcome::default();
-            // Two passes, each prefetching a few blocks ahead: the names out of the rank
-            // map, then the holder bits off the nodes. (A name's removal and its node's
-            // update need not interleave: `drop_name` reads only the aliases and the node.)
-            let mut seqs: smallvec::SmallVec<[u64; 128]> = smallvec::SmallVec::new();
-            for h in external_hashes.iter().take(APPLY_PREFETCH_AHEAD) {
-                w.blocks[t].prefetch(*h);
-            }
-            for (i, h) in external_hashes.iter().enumerate() {
-                if let Some(next) = external_hashes.get(i + APPLY_PREFETCH_AHEAD) {
-                    w.blocks[t].prefetch(*next);
-                }
-                match w.blocks[t].remove(*h) {
-                    Some(seq) => {
-                        seqs.push(seq);
-                        out.removed += 1;
-                    }
-                    None => out.not_found += 1,
-                }
-            }
+            // Two passes over each chunk, each prefetching a few blocks ahead: the names
+            // out of the rank map, then the holder bits off the nodes. (A name's removal
+            // and its node's update need not interleave: `drop_name` reads only the
+            // aliases and the node.) Chunks keep the buffer on the stack: no allocation per
+            // event, whatever its size.
             let prefetch_node = |seq: u64| {
                 let key = table_key(seq);
                 self.shard(key).table(&guard).probe(key).prefetch();
             };
-            for &seq in seqs.iter().take(APPLY_PREFETCH_AHEAD) {
-                prefetch_node(seq);
-            }
-            for (i, &seq) in seqs.iter().enumerate() {
-                if let Some(&next) = seqs.get(i + APPLY_PREFETCH_AHEAD) {
-                    prefetch_node(next);
+            let mut seqs = [0u64; REMOVE_CHUNK];
+            for chunk in external_hashes.chunks(REMOVE_CHUNK) {
+                let mut n = 0;
+                for h in chunk.iter().take(APPLY_PREFETCH_AHEAD) {
+                    w.blocks[t].prefetch(*h);
                 }
-                self.drop_name(entry, w, seq, tier, &guard);
+                for (i, h) in chunk.iter().enumerate() {
+                    if let Some(next) = chunk.get(i + APPLY_PREFETCH_AHEAD) {
+                        w.blocks[t].prefetch(*next);
+                    }
+                    match w.blocks[t].remove(*h) {
+                        Some(seq) => {
+                            seqs[n] = seq;
+                            n += 1;
+                        }
+                        None => out.not_found += 1,
+                    }
+                }
+                out.removed += n;
+                let seqs = &seqs[..n];
+                for &seq in seqs.iter().take(APPLY_PREFETCH_AHEAD) {
+                    prefetch_node(seq);
+                }
+                for (i, &seq) in seqs.iter().enumerate() {
+                    if let Some(&next) = seqs.get(i + APPLY_PREFETCH_AHEAD) {
+                        prefetch_node(next);
+                    }
+                    self.drop_name(entry, w, seq, tier, &guard);
+                }
             }
             counted(Some(entry), out.not_found);
             out
