@@ -386,7 +386,8 @@ fn churn_memory_tracks_live_blocks() {
         // below what the live set needs, so no lower bound is asserted. The process is
         // small (~10 MB), and allocator fragmentation after warm-up measured +5 to +8 %
         // whether the run was 5 M or 20 M events long (so not a leak, which would grow
-        // with the events), and +4 to +9 % over 10 runs on 2026-12-01 (one CI run, with
+        // with the events), and +4 to +9 % over 10 runs on 2026-12-01 (`cargo test
+        // --release -p kvr --test index_churn -- --nocapture`; one CI run, with
         // a heap buffer per removal since removed, +11.5 %). The bound is 10 % or 2 MiB,
         // whichever is larger: a leak of half a byte per event over the 5 M events is
         // 2.5 MB and still fails it.

@@ -75,21 +75,20 @@ pub struct Body<T>(pub T);
 pub trait WireBody: DeserializeOwned + Sized {
     type Fast: DeserializeOwned + Into<Self>;
     /// Where a prompt body's top-level `token_ids` goes when it is read by hand
-    /// ([`crate::wire::tokens`]); `None` for the bodies without one.
-    fn token_slot(_fast: &mut Self::Fast) -> Option<&mut Option<Vec<u32>>> {
-        None
-    }
-    /// Whether [`WireBody::token_slot`] is overridden (the split is tried only then).
-    const HAS_TOKENS: bool = false;
+    /// ([`crate::wire::tokens`]); `None` for the bodies without one (never split).
+    const TOKEN_SLOT: Option<TokenSlot<Self::Fast>> = None;
 }
+
+/// The field of a fast body that takes its hand-read `token_ids`.
+pub type TokenSlot<F> = fn(&mut F) -> &mut Option<Vec<u32>>;
 
 /// The hot path: `token_ids` by hand where the body has them and the split accepts, the
 /// rest by serde without path tracking. `None` sends the body to the slow, exact path.
 fn parse_fast<T: WireBody>(bytes: &[u8]) -> Option<T::Fast> {
-    if T::HAS_TOKENS {
+    if let Some(slot) = T::TOKEN_SLOT {
         if let Some(split) = crate::wire::tokens::split_token_ids(bytes) {
             let mut fast = serde_json::from_slice::<T::Fast>(&split.rest).ok()?;
-            *T::token_slot(&mut fast)? = Some(split.tokens);
+            *slot(&mut fast) = Some(split.tokens);
             return Some(fast);
         }
     }

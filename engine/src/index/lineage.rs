@@ -25,10 +25,10 @@ use crate::sync::Mutex;
 /// Shards of the map: a store takes each shard it touches once (its blocks are grouped by
 /// shard), and writers of different ranks rarely meet. A balance: more shards make a
 /// prune (one pass over a shard, a node-table probe per entry) shorter — at 64 workers of
-/// 8,192 blocks up to ~16k entries here, where 16 shards would make it ~60k, milliseconds
-/// of an ingest thread at ~100 ns a probe — and fewer make each store's births share more
-/// locks (256 shards meant about one lock per birth: lineage took 10 % of the server's
-/// core under the load benchmark, against 6.5 % with 64).
+/// 8,192 blocks up to ~16k entries here, where 16 shards would make it ~60k — and fewer
+/// make each store's births share more locks (256 shards meant about one lock per birth:
+/// lineage took 10 % of the server's core under the load benchmark, against 6.5 % with 64,
+/// by the `perf record` command README.md gives for its profile).
 const SHARDS: usize = 64;
 /// A shard is never pruned below this many entries.
 const MIN_PRUNE: usize = 1024;
@@ -196,12 +196,6 @@ impl Lineage {
         }
     }
 
-    /// Records one link (see [`Lineage::record_all`]).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn record(&self, seq: u64, link: Link, live: impl Fn(u64) -> bool) {
-        self.record_all(&mut [(seq, link)], live);
-    }
-
     pub(crate) fn get(&self, seq: u64) -> Option<Link> {
         self.shards[Self::shard_of(seq)]
             .lock()
@@ -235,13 +229,13 @@ mod tests {
             parent: None,
             local,
         };
-        l.record(7, link(1), |_| true);
-        l.record(7, link(2), |_| true);
+        l.record_all(&mut [(7, link(1))], |_| true);
+        l.record_all(&mut [(7, link(2))], |_| true);
         assert_eq!(l.get(7), Some(link(1)));
         // Fill one shard past its prune threshold with dead entries; only live ones stay.
         let shard_key = |i: u64| i; // seq >> 58 == 0: all in shard 0
         for i in 0..(MIN_PRUNE as u64 + 10) {
-            l.record(shard_key(i + 100), link(i), |k| k % 2 == 0);
+            l.record_all(&mut [(shard_key(i + 100), link(i))], |k| k % 2 == 0);
         }
         let kept = l.len();
         assert!(kept < MIN_PRUNE, "dead entries were pruned: {kept}");

@@ -45,6 +45,25 @@ const APPLY_PREFETCH_AHEAD: usize = 4;
 /// the stack).
 const REMOVE_CHUNK: usize = 64;
 
+/// Runs `apply` on each of `items` in order, `prefetch` running `APPLY_PREFETCH_AHEAD`
+/// items ahead of it (both get the item's index and the writer state).
+fn pipelined<S, T: Copy>(
+    state: &mut S,
+    items: &[T],
+    prefetch: impl Fn(&S, usize, T),
+    mut apply: impl FnMut(&mut S, usize, T),
+) {
+    for (i, &x) in items.iter().enumerate().take(APPLY_PREFETCH_AHEAD) {
+        prefetch(state, i, x);
+    }
+    for (i, &x) in items.iter().enumerate() {
+        if let Some(&next) = items.get(i + APPLY_PREFETCH_AHEAD) {
+            prefetch(state, i + APPLY_PREFETCH_AHEAD, next);
+        }
+        apply(state, i, x);
+    }
+}
+
 /// The most ranks one index tracks at once (holder entries keep an 18-bit slot).
 pub const MAX_RANKS: u32 = holders::MAX_SLOTS;
 
@@ -275,11 +294,11 @@ impl Index {
                 },
                 local: blocks[i].local_hash,
             };
-            let links = self
+            let lineage = self
                 .lineage
                 .as_ref()
-                .map(|_| &link as &dyn Fn(usize) -> lineage::Link);
-            Ok(self.store_chain(entry, w, tier, |i| blocks[i].external_hash, &seqs, links))
+                .map(|l| (l, &link as &dyn Fn(usize) -> lineage::Link));
+            Ok(self.store_chain(entry, w, tier, |i| blocks[i].external_hash, &seqs, lineage))
         })?
         .expect("created ranks always resolve")
     }
@@ -304,7 +323,8 @@ impl Index {
     }
 
     /// Sets `tier` on each of `seqs` for the writer's rank, block `i` named `external(i)`;
-    /// a block given its first holder (of any rank) has its lineage recorded as `links(i)`.
+    /// with a lineage, a block given its first holder (of any rank) has its link `links(i)`
+    /// recorded.
     fn store_chain(
         &self,
         entry: &RankEntry,
@@ -312,27 +332,26 @@ impl Index {
         tier: Tier,
         external: impl Fn(usize) -> u64,
         seqs: &[u64],
-        links: Option<&dyn Fn(usize) -> lineage::Link>,
+        lineage: Option<(&lineage::Lineage, &dyn Fn(usize) -> lineage::Link)>,
     ) -> usize {
         let t = tier as usize;
         let guard = epoch::pin();
-        let prefetch = |w: &RankWriter, i: usize| {
-            if let Some(&seq) = seqs.get(i) {
-                w.blocks[t].prefetch(external(i));
-                let key = table_key(seq);
-                self.shard(key).table(&guard).probe(key).prefetch();
-            }
-        };
-        for i in 0..APPLY_PREFETCH_AHEAD {
-            prefetch(w, i);
-        }
         let mut stored = 0;
-        // The blocks this store gives their first holder, for the lineage.
+        // The blocks this store gives their first holder, recorded after their updates: a
+        // prune running meanwhile sees them held, or finds no entry of theirs to drop (see
+        // `lineage`). Recorded whenever full, so the buffer never leaves the stack.
         let mut born: smallvec::SmallVec<[(u64, lineage::Link); 64]> = smallvec::SmallVec::new();
-        for (i, &seq) in seqs.iter().enumerate() {
-            prefetch(w, i + APPLY_PREFETCH_AHEAD);
+        let record = |l: &lineage::Lineage, born: &mut smallvec::SmallVec<_>| {
+            l.record_all(born, |s| self.is_held(s, &guard));
+            born.clear();
+        };
+        let prefetch = |w: &RankWriter, i: usize, seq: u64| {
+            w.blocks[t].prefetch(external(i));
+            self.prefetch_node(seq, &guard);
+        };
+        pipelined(w, seqs, prefetch, |w, i, seq| {
             match w.blocks[t].insert(external(i), seq) {
-                Some(old) if old == seq => continue,
+                Some(old) if old == seq => return,
                 Some(old) => self.drop_name(entry, w, old, tier, &guard),
                 None => {}
             }
@@ -340,28 +359,30 @@ impl Index {
             let ch =
                 self.shard(key)
                     .update(key, entry.slot, tier.bit(), true, &self.interner, &guard);
-            if let (true, Some(links), Some(l)) = (ch.born, links, &self.lineage) {
+            if let (true, Some((l, links))) = (ch.born, lineage) {
                 born.push((seq, links(i)));
                 if born.len() == born.inline_size() {
-                    // Full: recorded now, so the buffer never leaves the stack.
-                    l.record_all(&mut born, |s| self.is_held(s, &guard));
-                    born.clear();
+                    record(l, &mut born);
                 }
             }
             if ch.before & tier.bit() != 0 {
                 // Another external hash of this rank already names this block.
                 *w.aliases[t].entry(seq).or_insert(0) += 1;
-                continue;
+                return;
             }
             Self::account(&mut w.tally, ch, tier);
             stored += 1;
-        }
-        if let (Some(l), false) = (&self.lineage, born.is_empty()) {
-            // After the updates: a prune running meanwhile sees these blocks held, or
-            // finds no entry of theirs to drop (see `lineage`).
-            l.record_all(&mut born, |s| self.is_held(s, &guard));
+        });
+        if let (Some((l, _)), false) = (lineage, born.is_empty()) {
+            record(l, &mut born);
         }
         stored
+    }
+
+    /// Hints the CPU to start loading `seq`'s home slot in the node table.
+    fn prefetch_node(&self, seq: u64, guard: &epoch::Guard) {
+        let key = table_key(seq);
+        self.shard(key).table(guard).probe(key).prefetch();
     }
 
     /// Keeps the rank's and the index's counters in step with one holder change.
@@ -451,39 +472,22 @@ impl Index {
             // and its node's update need not interleave: `drop_name` reads only the
             // aliases and the node.) Chunks keep the buffer on the stack: no allocation per
             // event, whatever its size.
-            let prefetch_node = |seq: u64| {
-                let key = table_key(seq);
-                self.shard(key).table(&guard).probe(key).prefetch();
-            };
             let mut seqs = [0u64; REMOVE_CHUNK];
             for chunk in external_hashes.chunks(REMOVE_CHUNK) {
                 let mut n = 0;
-                for h in chunk.iter().take(APPLY_PREFETCH_AHEAD) {
-                    w.blocks[t].prefetch(*h);
-                }
-                for (i, h) in chunk.iter().enumerate() {
-                    if let Some(next) = chunk.get(i + APPLY_PREFETCH_AHEAD) {
-                        w.blocks[t].prefetch(*next);
+                let names = |w: &RankWriter, _, h: u64| w.blocks[t].prefetch(h);
+                pipelined(w, chunk, names, |w, _, h| match w.blocks[t].remove(h) {
+                    Some(seq) => {
+                        seqs[n] = seq;
+                        n += 1;
                     }
-                    match w.blocks[t].remove(*h) {
-                        Some(seq) => {
-                            seqs[n] = seq;
-                            n += 1;
-                        }
-                        None => out.not_found += 1,
-                    }
-                }
+                    None => out.not_found += 1,
+                });
                 out.removed += n;
-                let seqs = &seqs[..n];
-                for &seq in seqs.iter().take(APPLY_PREFETCH_AHEAD) {
-                    prefetch_node(seq);
-                }
-                for (i, &seq) in seqs.iter().enumerate() {
-                    if let Some(&next) = seqs.get(i + APPLY_PREFETCH_AHEAD) {
-                        prefetch_node(next);
-                    }
-                    self.drop_name(entry, w, seq, tier, &guard);
-                }
+                let nodes = |_: &RankWriter, _, seq| self.prefetch_node(seq, &guard);
+                pipelined(w, &seqs[..n], nodes, |w, _, seq| {
+                    self.drop_name(entry, w, seq, tier, &guard)
+                });
             }
             counted(Some(entry), out.not_found);
             out

@@ -265,18 +265,12 @@ pub const OK: StatusOk = StatusOk { status: "ok" };
 
 impl crate::error::WireBody for SelectRequest {
     type Fast = super::flat::SelectRequest;
-    const HAS_TOKENS: bool = true;
-    fn token_slot(fast: &mut Self::Fast) -> Option<&mut Option<Vec<u32>>> {
-        Some(&mut fast.token_ids)
-    }
+    const TOKEN_SLOT: Option<crate::error::TokenSlot<Self::Fast>> = Some(|f| &mut f.token_ids);
 }
 
 impl crate::error::WireBody for ReservationRequest {
     type Fast = super::flat::ReservationRequest;
-    const HAS_TOKENS: bool = true;
-    fn token_slot(fast: &mut Self::Fast) -> Option<&mut Option<Vec<u32>>> {
-        Some(&mut fast.token_ids)
-    }
+    const TOKEN_SLOT: Option<crate::error::TokenSlot<Self::Fast>> = Some(|f| &mut f.token_ids);
 }
 
 impl crate::error::WireBody for OutputBlockBody {

@@ -29,7 +29,6 @@ pub(crate) fn split_token_ids(body: &[u8]) -> Option<Split> {
     }
     at = skip_ws(body, at + 1);
     let mut found: Option<(usize, usize, Vec<u32>)> = None;
-    let mut seen = false;
     if body.get(at) == Some(&b'}') {
         return None;
     }
@@ -49,16 +48,14 @@ pub(crate) fn split_token_ids(body: &[u8]) -> Option<Split> {
             return None;
         }
         at = skip_ws(body, at + 1);
-        let value_start = at;
         if key == KEY {
-            if seen {
-                return None; // twice: serde's "duplicate field" is the answer
+            // Twice (serde's "duplicate field"), or not an array (`null`, a wrong type):
+            // serde's to read.
+            if found.is_some() || body.get(at) != Some(&b'[') {
+                return None;
             }
-            seen = true;
-        }
-        if key == KEY && body.get(at) == Some(&b'[') {
             let (tokens, end) = parse_array(body, at)?;
-            found = Some((value_start, end, tokens));
+            found = Some((at, end, tokens));
             at = end;
         } else {
             at = skip_value(body, at)?;
@@ -99,61 +96,41 @@ fn parse_array(b: &[u8], at: usize) -> Option<(Vec<u32>, usize)> {
         return Some((tokens, i + 1));
     }
     loop {
-        if let Some((v, n)) = eight_digits(b, i) {
-            // The common case (up to 7 digits, then a delimiter), without a branch per
-            // digit.
-            if b[i] == b'0' && n > 1 {
-                return None;
-            }
-            tokens.push(v);
-            i += n;
-            match b.get(i) {
-                Some(b',') => {
-                    i += 1;
-                    if matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-                        i = skip_ws(b, i);
-                    }
-                    continue;
-                }
-                Some(b']') => return Some((tokens, i + 1)),
-                _ => {}
-            }
-            i = skip_ws(b, i);
-            match b.get(i) {
-                Some(b',') => i = skip_ws(b, i + 1),
-                Some(b']') => return Some((tokens, i + 1)),
-                _ => return None,
-            }
-            continue;
-        }
-        let first = *b.get(i)?;
-        if !first.is_ascii_digit() {
-            return None;
-        }
-        let mut v = u64::from(first - b'0');
-        i += 1;
-        let digits_start = i;
-        while let Some(&c) = b.get(i) {
-            if !c.is_ascii_digit() {
-                break;
-            }
-            v = v * 10 + u64::from(c - b'0');
-            i += 1;
-            if i - digits_start > 10 {
-                return None; // far over u32::MAX (and v cannot overflow u64)
-            }
-        }
-        if (first == b'0' && i > digits_start) || v > u64::from(u32::MAX) {
-            return None;
-        }
-        tokens.push(v as u32);
-        i = skip_ws(b, i);
+        let (v, n) = number(b, i)?;
+        tokens.push(v);
+        i = skip_ws(b, i + n);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
             Some(b']') => return Some((tokens, i + 1)),
             _ => return None, // '.', 'e', garbage, or the end
         }
     }
+}
+
+/// The plain u32 decimal at `b[at..]` and its length in digits: no sign, no leading
+/// zero, at most `u32::MAX`.
+#[inline(always)]
+fn number(b: &[u8], at: usize) -> Option<(u32, usize)> {
+    // The common case (up to 7 digits, then a delimiter) without a branch per digit.
+    let (v, n) = match eight_digits(b, at) {
+        Some(r) => r,
+        None => digit_run(b, at)?,
+    };
+    (b[at] != b'0' || n == 1).then_some((v, n))
+}
+
+/// The digits at `b[at..]` a byte at a time (8 or more, or too near the end for a word).
+fn digit_run(b: &[u8], at: usize) -> Option<(u32, usize)> {
+    let mut v = 0u64;
+    let mut n = 0;
+    while let Some(c) = b.get(at + n).filter(|c| c.is_ascii_digit()) {
+        v = v * 10 + u64::from(c - b'0');
+        n += 1;
+        if n > 10 {
+            return None; // far over u32::MAX (and v cannot overflow u64)
+        }
+    }
+    (n > 0 && v <= u64::from(u32::MAX)).then_some((v as u32, n))
 }
 
 /// The run of 1 to 7 ASCII digits at `b[at..]` and its value, read as one 8-byte word
