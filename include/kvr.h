@@ -509,11 +509,14 @@ typedef struct kvr_stream_stats {
   uint64_t duplicates;
   uint64_t replays_requested;
   uint64_t replays_filled;
+  /**
+   * Replays that ended partial or failed (the Rust stats split the two).
+   */
   uint64_t replays_incomplete;
   uint64_t clears;
   uint64_t batches_lost;
   /**
-   * The last sequence number seen (`UINT64_MAX` = none yet).
+   * The last sequence number applied (`UINT64_MAX` = none yet).
    */
   uint64_t last_seq;
   /**

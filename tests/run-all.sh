@@ -6,7 +6,8 @@
 # harnesses over libkvr: C (also under valgrind), C++ (multi-threaded) and Go (vet, race,
 # cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples,
 # then `kvr serve` against the real Dynamo 1.6.1 (tests/compat: request-by-request
-# compatibility, peer recovery both ways, the remote primary against Dynamo's indexer)
+# compatibility, peer recovery both ways, the remote primary against Dynamo's indexer),
+# ingress recovery against vLLM's real publisher (tests/recovery)
 # and the service load benchmark's smoke.
 # (The ingress end-to-end test against that publisher runs in cargo test, in kvr-zmq; it
 # needs python3 with pyzmq and msgspec, which .ci/run installs, and skips without them.)
@@ -63,6 +64,10 @@ for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
     "$compat_py" tests/compat/harness.py peers --a "$1" --b "$2" --kvr-cmd "$kvr_cmd"
 done
 "$compat_py" tests/compat/harness.py peers --a kvr --b kvr --kvr-cmd "$kvr_cmd" --negative
+# Ingress recovery (gap at the end of a burst, late join, restarts, a dead replay
+# endpoint) against vLLM 0.33.0's real publisher, and its negative control.
+"$compat_py" tests/recovery/recovery.py
+"$compat_py" tests/recovery/recovery.py --negative
 # kvr's remote primary against Dynamo's real standalone indexer.
 KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
     cargo test -p kvr-remote --release --test dynamo_indexer

@@ -163,9 +163,14 @@ fn a_restart_clears_and_a_duplicate_is_dropped() {
     let a: Vec<u32> = (0..4).collect();
     let msg = Batch::new().stored(&[1], None, &a, "GPU").finish(None);
     p.ingest(6, 0, b"", 0, &msg);
-    p.ingest(6, 0, b"", 1, &Batch::new().removed(&[999]).finish(None));
-    let dup = p.ingest(6, 0, b"", 1, &Batch::new().removed(&[1]).finish(None));
-    assert_eq!(dup.batches_applied, 0);
+    let second = Batch::new().removed(&[999]).finish(None);
+    p.ingest(6, 0, b"", 1, &second);
+    let dup = p.ingest(6, 0, b"", 1, &second);
+    assert_eq!(
+        (dup.batches_applied, dup.clears),
+        (0, 0),
+        "the same batch again"
+    );
     assert_eq!(
         device_overlap(&p, &a, RankId::new(6, 0)),
         1,
@@ -176,4 +181,17 @@ fn a_restart_clears_and_a_duplicate_is_dropped() {
     assert_eq!(device_overlap(&p, &a, RankId::new(6, 0)), 0);
     let s = stats_of(&p, 6);
     assert_eq!((s.sequence.duplicates, s.sequence.restarts), (1, 1));
+
+    // A new instance whose batch reaches the old last seq: the same number with another
+    // payload is a restart, not a duplicate.
+    p.ingest(6, 0, b"", 1, &msg);
+    assert_eq!(device_overlap(&p, &a, RankId::new(6, 0)), 1);
+    let o = p.ingest(6, 0, b"", 1, &Batch::new().removed(&[7]).finish(None));
+    assert_eq!((o.clears, o.batches_applied), (1, 1));
+    assert_eq!(
+        device_overlap(&p, &a, RankId::new(6, 0)),
+        0,
+        "the old instance's block went"
+    );
+    assert_eq!(stats_of(&p, 6).sequence.restarts, 2);
 }

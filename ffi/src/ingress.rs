@@ -53,10 +53,11 @@ pub struct kvr_stream_stats {
     pub duplicates: u64,
     pub replays_requested: u64,
     pub replays_filled: u64,
+    /// Replays that ended partial or failed (the Rust stats split the two).
     pub replays_incomplete: u64,
     pub clears: u64,
     pub batches_lost: u64,
-    /// The last sequence number seen (`UINT64_MAX` = none yet).
+    /// The last sequence number applied (`UINT64_MAX` = none yet).
     pub last_seq: u64,
     /// Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
     pub last_batch_unix_ms: u64,
@@ -91,7 +92,7 @@ fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
         duplicates: q.duplicates,
         replays_requested: q.replays_requested,
         replays_filled: q.replays_filled,
-        replays_incomplete: q.replays_incomplete,
+        replays_incomplete: q.replays_incomplete(),
         clears: q.clears,
         batches_lost: q.batches_lost,
         last_seq: q.last_seq.unwrap_or(u64::MAX),

@@ -18,8 +18,9 @@
 //!
 //! The model side replicates `ingest.rs` / `sequence.rs` for a raw stream (no replay): per
 //! stream the last sequence number and the DP ranks its batches named; in order → apply; a
-//! repeated number → dropped; a gap or a restart → clear the stream's ranks (every rank
-//! of the worker if it named none), then apply. Applying decodes the payload (a
+//! repeated number with the payload applied last → dropped (another payload: a restart);
+//! a gap or a restart → clear the ranks the stream fed (none if it applied nothing), then
+//! apply. Applying decodes the payload (a
 //! structured payload must decode to exactly the events it encodes; for the others the
 //! decoder, fuzzed on its own by target (a), is the oracle of what they say): a failed
 //! decode applies nothing; otherwise events go to rank `(worker, dp or stream)`; a store
@@ -495,6 +496,9 @@ fn encode(
 /// report.
 struct StreamModel {
     last: Option<u64>,
+    /// The payload of the batch applied last (the same seq with another payload is a
+    /// restart, the same payload a duplicate).
+    last_payload: Vec<u8>,
     ranks_seen: Vec<u32>,
     stats: StreamStats,
 }
@@ -660,6 +664,7 @@ impl Harness {
         }
         self.streams.push(StreamModel {
             last: None,
+            last_payload: Vec::new(),
             ranks_seen: Vec::new(),
             stats: StreamStats {
                 worker_id: w,
@@ -876,7 +881,8 @@ impl Harness {
         let st = u.int_in_range(0..=STREAMS - 1)?;
         let si = self.stream_index(w, st);
         let last = self.streams[si].last;
-        let seq = match pick(u, &[24, 3, 3, 2, 1, 1, 1])? {
+        let mode = pick(u, &[24, 3, 3, 2, 1, 1, 1])?;
+        let seq = match mode {
             0 => last.map_or(0, |l| l.wrapping_add(1)),
             1 => last.unwrap_or(0),
             2 => last.map_or(0, |l| {
@@ -895,7 +901,11 @@ impl Harness {
             PayloadKind::Mutated,
             PayloadKind::Raw,
         ][pick(u, &[16, 2, 2])?];
+        // A repeated number is a duplicate only with the same payload (another payload
+        // there is a new publisher instance): mostly resend the batch applied last.
+        let resend = mode == 1 && last.is_some() && u.ratio(2, 3)?;
         let (payload, intended) = match kind {
+            _ if resend => (self.streams[si].last_payload.clone(), None),
             PayloadKind::Raw => {
                 let n = u.int_in_range(0..=48usize)?;
                 (u.bytes(n)?.to_vec(), None)
@@ -967,11 +977,11 @@ impl Harness {
         let (clear, apply) = match sm.last {
             None => (false, true),
             Some(l) if seq == l.wrapping_add(1) => (false, true),
-            Some(l) if seq == l => {
+            Some(l) if seq == l && payload == sm.last_payload.as_slice() => {
                 sm.stats.sequence.duplicates += 1;
                 (false, false)
             }
-            Some(l) if seq < l => {
+            Some(l) if seq <= l => {
                 sm.stats.sequence.restarts += 1;
                 sm.stats.sequence.clears += 1;
                 (true, true)
@@ -987,6 +997,8 @@ impl Harness {
         };
         if apply {
             sm.last = Some(seq);
+            sm.last_payload.clear();
+            sm.last_payload.extend_from_slice(payload);
         }
         sm.stats.sequence.last_seq = sm.last;
 
@@ -999,7 +1011,8 @@ impl Harness {
             let seen = self.streams[si].ranks_seen.clone();
             let mut emptied = 0;
             for r in self.model.ranks() {
-                if r.worker_id == w && (seen.is_empty() || seen.contains(&r.dp_rank)) {
+                // A stream clears only the ranks it fed (none if it applied nothing).
+                if r.worker_id == w && seen.contains(&r.dp_rank) {
                     emptied += self.model.clear(r);
                 }
             }

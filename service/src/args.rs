@@ -58,6 +58,15 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish on SIGTERM/SIGINT before stopping.
     #[arg(long, default_value_t = 10)]
     pub shutdown_grace_secs: u64,
+    /// Milliseconds of silence after which a KV-event stream with a replay endpoint is
+    /// probed (replay from its last batch: finds a loss at the end of a burst, or a
+    /// restart of an idle engine; also once right after subscribing); 0 = never.
+    #[arg(long, default_value_t = 1500, env = "KVR_KV_EVENTS_IDLE_PROBE_MS")]
+    pub kv_events_idle_probe_ms: u64,
+    /// Milliseconds a KV-event replay may go without a reply before it fails (the
+    /// stream's ranks are then cleared and rebuilt).
+    #[arg(long, default_value_t = 5000, env = "KVR_KV_EVENTS_REPLAY_TIMEOUT_MS")]
+    pub kv_events_replay_timeout_ms: u64,
     /// Log format: `text` or `json` (structured, one object a line).
     #[arg(long, default_value = "text", env = "KVR_LOG_FORMAT")]
     pub log_format: String,

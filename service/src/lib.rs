@@ -65,7 +65,15 @@ impl App {
             c.block_size = block_size;
             c
         };
-        let registry = Arc::new(Registry::new(engine.clone(), use_events, Box::new(factory)));
+        let subscribe = kvr_zmq::SubscribeOptions {
+            idle_probe_after: (args.kv_events_idle_probe_ms > 0)
+                .then(|| Duration::from_millis(args.kv_events_idle_probe_ms)),
+            replay_timeout: Duration::from_millis(args.kv_events_replay_timeout_ms.max(1)),
+        };
+        let registry = Arc::new(
+            Registry::new(engine.clone(), use_events, Box::new(factory))
+                .with_subscribe_options(subscribe),
+        );
         let pending = Arc::new(PendingCache::new(PendingLimits {
             ttl: Duration::from_secs(args.selection_cache_ttl_secs),
             max_entries: args.selection_cache_max_entries.max(1),

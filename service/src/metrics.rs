@@ -11,7 +11,7 @@
 //! | `kvr_router_kv_hit_rate`, `dynamo_component_router_kv_hit_rate` | gauge | | cached / prompt tokens since start |
 //! | `kvr_kv_events_applied_total` | counter | `model`, `event_type` (`stored_blocks`, `removed_blocks`), `status` (`ok`) | blocks the index applied |
 //! | `kvr_kv_events_rejected_total` | counter | `model`, `reason` | events or frames refused |
-//! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total`, `clears_total`, `batches_lost_total` |
+//! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` (+ `outcome`) | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total` (requested), `replay_outcomes_total` (`outcome`: `filled`, `partial`, `failed`), `restarts_total`, `idle_probes_total`, `clears_total`, `batches_lost_total`, `recovering` (1 while a replay is in flight) |
 //! | `kvr_index_blocks`, `kvr_index_nodes`, `kvr_index_bytes`, `kvr_index_bytes_per_holder_block` | gauge | `model` | index size |
 //! | `kvr_bookings_active` | gauge | `model` | live bookings |
 //! | `kvr_workers` | gauge | `model`, `lifecycle` | registered workers |
@@ -246,6 +246,8 @@ impl Collector for EngineCollector {
         let (mut applied, mut rejected) = (Vec::new(), Vec::new());
         let (mut age, mut gaps, mut replays, mut clears, mut lost) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut restarts, mut probes, mut outcomes, mut recovering) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut blocks, mut nodes, mut bytes, mut per_block, mut bookings) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut decode, mut prefill) = (Vec::new(), Vec::new());
@@ -276,6 +278,19 @@ impl Collector for EngineCollector {
                 replays.push((l(), ConstCounter::new(s.sequence.replays_requested)));
                 clears.push((l(), ConstCounter::new(s.sequence.clears)));
                 lost.push((l(), ConstCounter::new(s.sequence.batches_lost)));
+                restarts.push((l(), ConstCounter::new(s.sequence.restarts)));
+                probes.push((l(), ConstCounter::new(s.sequence.idle_probes)));
+                let q = &s.sequence;
+                for (outcome, n) in [
+                    ("filled", q.replays_filled),
+                    ("partial", q.replays_partial),
+                    ("failed", q.replays_failed),
+                ] {
+                    let mut labels = l();
+                    labels.push(("outcome", outcome.to_string()));
+                    outcomes.push((labels, ConstCounter::new(n)));
+                }
+                recovering.push((l(), ConstGauge::new(i64::from(q.recovering))));
             }
             let ml = |extra: &[(&'static str, &str)]| -> Labels {
                 let mut v = vec![("model", model.clone())];
@@ -362,6 +377,34 @@ impl Collector for EngineCollector {
             "Batches lost on the stream",
             c,
             &lost,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_restarts",
+            "New publisher instances found on the stream",
+            c,
+            &restarts,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_idle_probes",
+            "Replays asked of a silent stream's publisher to find losses and restarts",
+            c,
+            &probes,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_replay_outcomes",
+            "Replays ended, by outcome (filled, partial: range no longer buffered, failed)",
+            c,
+            &outcomes,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_recovering",
+            "1 while a replay of the stream is in flight",
+            g,
+            &recovering,
         )?;
         family(
             &mut enc,

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use kvr::{Engine, Partition, PartitionConfig, PartitionKey, WorkerId, WorkerInfo};
-use kvr_zmq::{SubscribeConfig, Subscription};
+use kvr_zmq::{SubscribeConfig, SubscribeOptions, Subscription};
 
 use crate::error::ApiError;
 use crate::wire::worker::{Lifecycle, WorkerPatch, WorkerRecord, WorkerRequest};
@@ -62,6 +62,7 @@ pub struct Registry {
     partitions: ArcSwap<Partitions>,
     config_for: Box<PartitionFactory>,
     use_kv_events: bool,
+    subscribe_options: SubscribeOptions,
 }
 
 impl std::fmt::Debug for Registry {
@@ -97,7 +98,14 @@ impl Registry {
             partitions: ArcSwap::from_pointee(HashMap::new()),
             config_for,
             use_kv_events,
+            subscribe_options: SubscribeOptions::default(),
         }
+    }
+
+    /// How workers' KV-event subscriptions recover (idle probe, replay timeout).
+    pub fn with_subscribe_options(mut self, options: SubscribeOptions) -> Self {
+        self.subscribe_options = options;
+        self
     }
 
     /// The partition of `key` (an arc-swap load; no lock).
@@ -279,7 +287,7 @@ impl Registry {
             }
             if subscriptions.is_empty() && self.use_kv_events && p.indexer_policy().applies_events()
             {
-                subscriptions = subscribe_ranks(&p, &r);
+                subscriptions = subscribe_ranks(&p, &r, &self.subscribe_options);
             }
         }
         workers.insert(
@@ -434,7 +442,11 @@ fn check_zmq_endpoint(e: &str) -> Result<(), String> {
     .map_err(|err| err.to_string())
 }
 
-fn subscribe_ranks(p: &Arc<Partition>, r: &WorkerRequest) -> Vec<Subscription> {
+fn subscribe_ranks(
+    p: &Arc<Partition>,
+    r: &WorkerRequest,
+    options: &SubscribeOptions,
+) -> Vec<Subscription> {
     let mut subs = Vec::new();
     let start = r.data_parallel_start_rank.unwrap_or(0);
     for (i, rank) in (start..start + r.data_parallel_size.unwrap_or(1).max(1)).enumerate() {
@@ -451,7 +463,7 @@ fn subscribe_ranks(p: &Arc<Partition>, r: &WorkerRequest) -> Vec<Subscription> {
             worker_id: r.worker_id,
             stream: rank,
         };
-        match kvr_zmq::subscribe(p.clone(), cfg) {
+        match kvr_zmq::subscribe_with(p.clone(), cfg, options.clone()) {
             Ok(s) => {
                 tracing::info!(worker_id = r.worker_id, dp_rank = rank, %endpoint, "subscribed to KV events");
                 subs.push(s);

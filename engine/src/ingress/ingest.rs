@@ -135,7 +135,7 @@ pub struct IngestOutcome {
     /// Batches applied (0 if held for a replay or dropped as a duplicate; several when a
     /// replay ends).
     pub batches_applied: u32,
-    /// Times the worker's ranks were cleared (a gap that could not be filled, a restart).
+    /// Times the stream's ranks were cleared (a gap that could not be filled, a restart).
     pub clears: u32,
     /// A replay should be requested from this sequence number (subscriber only).
     pub replay_from: Option<u64>,
@@ -154,7 +154,7 @@ pub trait EventSink {
     /// Applies one event of `rank`.
     fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError>;
     /// Drops everything `worker` holds on the DP ranks `dp_ranks` (all of its ranks when
-    /// empty), as after a gap in its stream.
+    /// empty), as after a gap in its stream (ingress always names the ranks).
     fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]);
     /// The counters and sequence state of the streams feeding this sink.
     fn streams(&self) -> &IngressRegistry;
@@ -237,6 +237,22 @@ impl IngressStream {
         out
     }
 
+    /// The stream has been silent for a while (or was just subscribed): probe the
+    /// publisher through replay ([`SequenceTracker::on_idle`]; nothing without replay or
+    /// while a replay runs). `replay_from` says what to ask for.
+    pub fn on_idle(&mut self, p: &impl EventSink) -> IngestOutcome {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.tracker.on_idle(&mut actions);
+        let out = self.perform(p, &mut actions);
+        self.actions = actions;
+        out
+    }
+
+    /// Whether a replay is in flight for this stream.
+    pub fn replaying(&self) -> bool {
+        self.tracker.replaying()
+    }
+
     /// The replay ended.
     pub fn on_replay_end(&mut self, p: &impl EventSink, result: ReplayResult) -> IngestOutcome {
         let mut actions = std::mem::take(&mut self.actions);
@@ -279,9 +295,12 @@ impl IngressStream {
         out
     }
 
-    /// Clears the ranks this stream feeds (every rank of the worker if it named none).
+    /// Clears the ranks this stream fed, and only those: another stream of the worker (its
+    /// other DP ranks) keeps its state. A stream that applied nothing holds nothing.
     fn clear(&mut self, p: &impl EventSink, _cause: ClearCause) {
-        p.clear_ranks(self.worker_id, &self.ranks_seen);
+        if !self.ranks_seen.is_empty() {
+            p.clear_ranks(self.worker_id, &self.ranks_seen);
+        }
     }
 
     /// Decodes and applies one batch; `false` if it did not decode (nothing applied).

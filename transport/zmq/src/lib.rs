@@ -17,4 +17,7 @@
 pub mod subscribe;
 pub mod transport;
 
-pub use subscribe::{subscribe, validate, SubscribeConfig, Subscription, TopicRoute};
+pub use subscribe::{
+    subscribe, subscribe_with, validate, SubscribeConfig, SubscribeOptions, Subscription,
+    TopicRoute,
+};

@@ -8,14 +8,20 @@
 //! - **bind**: kvr binds one endpoint and many engines connect to it (vLLM connects when
 //!   its endpoint has no `*`). Each topic is its own stream; the worker comes from the
 //!   configured topic routes, else from the digits that end the topic (`"kv-17"` → 17).
-//!   Each route may name its publisher's replay ROUTER. One replay runs at a time per
-//!   subscription: a second stream that needs one meanwhile is treated as unreplayable
-//!   (its worker is cleared) rather than waiting.
+//!   Each route may name its publisher's replay ROUTER; every stream replays on its own
+//!   (concurrently, each with its own timeout), so one stuck replay delays no other.
+//!
+//! Recovery follows `kvr::ingress::sequence`: replay on join, on a gap and on a restart,
+//! and an **idle probe** — a stream with a replay endpoint that has been silent for
+//! [`SubscribeOptions::idle_probe_after`] (and every such stream right after subscribing)
+//! asks its publisher for what came after the last batch applied, which finds losses at
+//! the end of a burst and restarts of idle engines.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kvr::index::WorkerId;
-use kvr::ingress::ingest::IngressStream;
+use kvr::ingress::ingest::{IngestOutcome, IngressStream};
 use kvr::ingress::sequence::ReplayResult;
 use kvr::partition::Partition;
 
@@ -51,6 +57,26 @@ pub enum SubscribeConfig {
     },
 }
 
+/// How a subscription recovers (defaults: probe after 1.5 s of silence, replay timeout
+/// 5 s).
+#[derive(Clone, Debug)]
+pub struct SubscribeOptions {
+    /// Probe a stream with a replay endpoint after this long without a message (and once
+    /// right after subscribing); `None`: never probe.
+    pub idle_probe_after: Option<Duration>,
+    /// How long a replay may go without a reply before it fails.
+    pub replay_timeout: Duration,
+}
+
+impl Default for SubscribeOptions {
+    fn default() -> Self {
+        SubscribeOptions {
+            idle_probe_after: Some(Duration::from_millis(1500)),
+            replay_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 /// A running subscription; `stop` (or drop) ends it.
 pub struct Subscription {
     subscriber: Subscriber,
@@ -78,16 +104,19 @@ struct Stream {
     topic: Vec<u8>,
     replay_endpoint: Option<String>,
     state: IngressStream,
+    /// The last message (live or replayed) or probe; `None` before the first.
+    last_heard: Option<Instant>,
 }
 
 struct PartitionSink {
     partition: Arc<Partition>,
-    /// Connect mode: the one stream; bind mode: one per topic seen.
+    /// Connect mode: the one stream; bind mode: one per topic seen (and one per route
+    /// with a replay endpoint from the start, so that it is probed at once). A stream's
+    /// index is its replay id.
     streams: Vec<Stream>,
     routes: Vec<TopicRoute>,
     bind: bool,
-    /// The stream whose replay is in flight.
-    replaying: Option<usize>,
+    idle_probe_after: Option<Duration>,
 }
 
 /// The worker named by the digits that end `topic`.
@@ -113,12 +142,41 @@ impl PartitionSink {
             Some(r) => (r.worker_id, r.stream, r.replay_endpoint.clone()),
             None => (worker_from_topic(topic)?, 0, None),
         };
-        self.streams.push(Stream {
-            topic: topic.to_vec(),
-            state: IngressStream::new(&self.partition, worker, stream, replay.is_some()),
-            replay_endpoint: replay,
-        });
+        self.add_stream(topic.to_vec(), worker, stream, replay);
         Some(self.streams.len() - 1)
+    }
+
+    fn add_stream(
+        &mut self,
+        topic: Vec<u8>,
+        worker: WorkerId,
+        stream: u32,
+        replay_endpoint: Option<String>,
+    ) {
+        let state = IngressStream::new(&self.partition, worker, stream, replay_endpoint.is_some());
+        self.streams.push(Stream {
+            topic,
+            replay_endpoint,
+            state,
+            last_heard: None,
+        });
+    }
+
+    /// The transport's action for stream `i`'s outcome (a replay, as replay id `i`).
+    fn action(&self, i: usize, out: IngestOutcome) -> SinkAction {
+        let Some(from_seq) = out.replay_from else {
+            return SinkAction::Continue;
+        };
+        SinkAction::Replay {
+            id: i as u32,
+            from_seq,
+            // Connect mode: the transport's configured endpoint.
+            endpoint: if self.bind {
+                self.streams[i].replay_endpoint.clone()
+            } else {
+                None
+            },
+        }
     }
 }
 
@@ -129,42 +187,58 @@ impl FrameSink for PartitionSink {
             return SinkAction::Continue;
         };
         let p = self.partition.clone();
-        let out = self.streams[i].state.on_live(&p, seq, payload);
-        let Some(from_seq) = out.replay_from else {
+        let s = &mut self.streams[i];
+        s.last_heard = Some(Instant::now());
+        let out = s.state.on_live(&p, seq, payload);
+        self.action(i, out)
+    }
+
+    fn on_replayed(&mut self, id: u32, _topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction {
+        let i = id as usize;
+        let p = self.partition.clone();
+        let Some(s) = self.streams.get_mut(i) else {
             return SinkAction::Continue;
         };
-        if self.replaying.is_some_and(|r| r != i) {
-            // One replay at a time: this stream's gap cannot be filled now.
-            self.streams[i]
-                .state
-                .on_replay_end(&p, ReplayResult::Failed);
+        s.last_heard = Some(Instant::now());
+        let out = s.state.on_replayed(&p, seq, payload);
+        self.action(i, out)
+    }
+
+    fn on_replay_end(&mut self, id: u32, end: ReplayEnd) -> SinkAction {
+        let i = id as usize;
+        let result = match end {
+            ReplayEnd::Completed => ReplayResult::Completed,
+            _ => ReplayResult::Failed,
+        };
+        let p = self.partition.clone();
+        let Some(s) = self.streams.get_mut(i) else {
             return SinkAction::Continue;
-        }
-        self.replaying = Some(i);
-        match (&self.streams[i].replay_endpoint, self.bind) {
-            (Some(endpoint), true) => SinkAction::ReplayAt {
-                from_seq,
-                endpoint: endpoint.clone(),
-            },
-            _ => SinkAction::Replay { from_seq },
-        }
+        };
+        s.last_heard = Some(Instant::now());
+        let out = s.state.on_replay_end(&p, result);
+        self.action(i, out)
     }
 
-    fn on_replayed(&mut self, _topic: &[u8], seq: u64, payload: &[u8]) {
-        if let Some(i) = self.replaying {
-            let p = self.partition.clone();
-            self.streams[i].state.on_replayed(&p, seq, payload);
-        }
-    }
-
-    fn on_replay_end(&mut self, end: ReplayEnd) {
-        if let Some(i) = self.replaying.take() {
-            let result = match end {
-                ReplayEnd::Completed => ReplayResult::Completed,
-                _ => ReplayResult::Failed,
-            };
-            let p = self.partition.clone();
-            self.streams[i].state.on_replay_end(&p, result);
+    fn on_tick(&mut self, actions: &mut Vec<SinkAction>) {
+        let Some(after) = self.idle_probe_after else {
+            return;
+        };
+        let now = Instant::now();
+        let p = self.partition.clone();
+        for i in 0..self.streams.len() {
+            let s = &mut self.streams[i];
+            let idle = s
+                .last_heard
+                .map_or(true, |t| now.duration_since(t) >= after);
+            if !idle || s.state.replaying() {
+                continue;
+            }
+            s.last_heard = Some(now);
+            let out = s.state.on_idle(&p);
+            match self.action(i, out) {
+                SinkAction::Continue => {}
+                a => actions.push(a),
+            }
         }
     }
 
@@ -201,11 +275,21 @@ pub fn validate(cfg: &SubscribeConfig) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Subscribes `partition` to engine events as `cfg` says, on a thread of its own.
+/// Subscribes `partition` to engine events as `cfg` says, on a thread of its own, with
+/// the default [`SubscribeOptions`].
 ///
 /// A partition whose indexer policy applies no events (events off, or a remote primary:
 /// DESIGN.md §5) is refused: it starts no local subscription.
 pub fn subscribe(partition: Arc<Partition>, cfg: SubscribeConfig) -> std::io::Result<Subscription> {
+    subscribe_with(partition, cfg, SubscribeOptions::default())
+}
+
+/// [`subscribe`] with these recovery options.
+pub fn subscribe_with(
+    partition: Arc<Partition>,
+    cfg: SubscribeConfig,
+    options: SubscribeOptions,
+) -> std::io::Result<Subscription> {
     if !partition.indexer_policy().applies_events() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -235,24 +319,38 @@ pub fn subscribe(partition: Arc<Partition>, cfg: SubscribeConfig) -> std::io::Re
                     topic,
                     replay_endpoint,
                     state,
+                    last_heard: None,
                 }],
                 routes: Vec::new(),
                 bind: false,
-                replaying: None,
+                idle_probe_after: options.idle_probe_after,
             };
             (t, sink)
         }
         SubscribeConfig::Bind { endpoint, routes } => {
             let t = SubscriberConfig::bind(&endpoint);
-            let sink = PartitionSink {
+            let mut sink = PartitionSink {
                 partition,
                 streams: Vec::new(),
                 routes,
                 bind: true,
-                replaying: None,
+                idle_probe_after: options.idle_probe_after,
             };
+            for r in sink.routes.clone() {
+                if r.replay_endpoint.is_some() {
+                    sink.add_stream(r.topic, r.worker_id, r.stream, r.replay_endpoint);
+                }
+            }
             (t, sink)
         }
+    };
+    let transport = SubscriberConfig {
+        replay_timeout: options.replay_timeout,
+        // Often enough that a probe starts within a fifth of the silence it waits for.
+        tick_interval: options
+            .idle_probe_after
+            .map(|d| (d / 5).min(Duration::from_millis(250))),
+        ..transport
     };
     Ok(Subscription {
         subscriber: Subscriber::start(transport, Box::new(sink))?,

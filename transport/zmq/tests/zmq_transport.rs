@@ -103,18 +103,24 @@ impl FrameSink for RecordingSink {
             Some((t, from_seq)) if t == topic => {
                 let from_seq = *from_seq;
                 self.replay_on_topic = None;
-                SinkAction::Replay { from_seq }
+                SinkAction::Replay {
+                    id: 0,
+                    from_seq,
+                    endpoint: None,
+                }
             }
             _ => SinkAction::Continue,
         }
     }
 
-    fn on_replayed(&mut self, topic: &[u8], seq: u64, payload: &[u8]) {
+    fn on_replayed(&mut self, _id: u32, topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction {
         self.call(Ev::replayed(topic, seq, payload));
+        SinkAction::Continue
     }
 
-    fn on_replay_end(&mut self, end: ReplayEnd) {
+    fn on_replay_end(&mut self, _id: u32, end: ReplayEnd) -> SinkAction {
         self.call(Ev::End(end));
+        SinkAction::Continue
     }
 
     fn on_bad_frame(&mut self, why: &'static str) {
@@ -277,6 +283,7 @@ fn config(endpoint: &str, bind: bool) -> SubscriberConfig {
         replay_endpoint: None,
         reconnect_interval: Duration::from_millis(100),
         replay_timeout: Duration::from_secs(5),
+        tick_interval: None,
     }
 }
 

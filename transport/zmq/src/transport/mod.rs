@@ -28,15 +28,22 @@
 //!   (vLLM connects whenever its endpoint has no `*`); they reconnect by themselves. A
 //!   failed bind (say, the port is still taken) is retried every `reconnect_interval`.
 //!   `tcp://*:PORT` binds all IPv4 interfaces, as libzmq does.
-//! - **Replay**: each [`SinkAction::Replay`] opens a fresh DEALER to `replay_endpoint`,
-//!   sends `["", start_seq as 8-byte big-endian]` and reads `["", topic, seq, payload]`
-//!   replies until the end marker `["", "", ff×8, ""]`, then closes it. Live messages keep
-//!   flowing to [`FrameSink::on_message`] meanwhile (the sink deduplicates by `seq`). The
-//!   replay ends [`ReplayEnd::TimedOut`] when nothing arrives within `replay_timeout` of
-//!   the request or of the previous reply (a long replay that keeps answering is not cut
-//!   short). A `Replay` returned while another replay is in flight supersedes it: the
-//!   earlier one is abandoned without an `on_replay_end` of its own, so exactly one
-//!   `on_replay_end` follows the last `Replay`.
+//! - **Replay**: each [`SinkAction::Replay`] opens a fresh DEALER to its endpoint (the
+//!   action's, else `replay_endpoint`), sends `["", start_seq as 8-byte big-endian]` and
+//!   reads `["", topic, seq, payload]` replies until the end marker `["", "", ff×8, ""]`,
+//!   then closes it. Live messages keep flowing to [`FrameSink::on_message`] meanwhile
+//!   (the sink deduplicates by `seq`). A replay ends [`ReplayEnd::TimedOut`] when nothing
+//!   arrives within `replay_timeout` of the request or of the previous reply (a long
+//!   replay that keeps answering is not cut short).
+//!
+//!   Replays are told apart by the id the sink gives them (one per stream, in kvr's
+//!   subscriber): up to [`MAX_REPLAYS`] run at once, each with its own timeout, so one
+//!   stuck replay delays no other stream. A `Replay` with the id of a replay in flight
+//!   supersedes it: the earlier one is abandoned without an `on_replay_end` of its own, so
+//!   exactly one `on_replay_end` follows the last `Replay` of an id.
+//! - **Ticks**: with `tick_interval` set, [`FrameSink::on_tick`] runs once right after the
+//!   start and then every interval; the replays it asks for start like any other (kvr's
+//!   subscriber probes idle streams this way).
 //!
 //! # Threads and stopping
 //!
@@ -57,8 +64,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use zeromq::{
-    DealerSocket, Endpoint, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket,
-    ZmqError, ZmqMessage,
+    Endpoint, Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError, ZmqMessage,
 };
 
 /// Sequence number of the replay end marker (`-1` as a signed 8-byte big-endian integer).
@@ -67,8 +73,12 @@ const END_MARKER_SEQ: u64 = u64::MAX;
 /// How often a connected SUB socket checks for a dropped connection.
 const LINK_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Floor for `reconnect_interval` (a zero interval would spin).
+/// Floor for `reconnect_interval` and `tick_interval` (a zero interval would spin).
 const MIN_RECONNECT_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Replays in flight at once, at most (one DEALER each); beyond, a replay ends
+/// [`ReplayEnd::Failed`] at once.
+pub const MAX_REPLAYS: usize = 64;
 
 /// What one subscription connects to. See the module documentation for the semantics.
 #[derive(Clone, Debug)]
@@ -88,6 +98,9 @@ pub struct SubscriberConfig {
     pub reconnect_interval: Duration,
     /// How long a replay may go without a reply before it ends [`ReplayEnd::TimedOut`].
     pub replay_timeout: Duration,
+    /// Call [`FrameSink::on_tick`] right after the start and then this often (`None`:
+    /// never; values under 10 ms count as 10 ms).
+    pub tick_interval: Option<Duration>,
 }
 
 impl SubscriberConfig {
@@ -101,6 +114,7 @@ impl SubscriberConfig {
             replay_endpoint: None,
             reconnect_interval: Duration::from_millis(500),
             replay_timeout: Duration::from_secs(5),
+            tick_interval: None,
         }
     }
 
@@ -113,21 +127,22 @@ impl SubscriberConfig {
     }
 }
 
-/// The sink's answer to a live message.
+/// The sink's answer to a message, a replay's end or a tick.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SinkAction {
     /// Nothing to do.
     Continue,
-    /// Ask the publisher to resend batches from this seq (only if a replay endpoint is
-    /// configured; otherwise [`FrameSink::on_replay_end`] is called at once with
-    /// [`ReplayEnd::NotConfigured`]).
+    /// Ask a publisher to resend batches from `from_seq`, as replay `id` (superseding
+    /// replay `id` if it is in flight). `endpoint` names the publisher's replay ROUTER (a
+    /// bound subscription receives many publishers, each with its own); `None` takes the
+    /// configured `replay_endpoint`. With neither, [`FrameSink::on_replay_end`] is called
+    /// at once with [`ReplayEnd::NotConfigured`].
     Replay {
+        id: u32,
         /// The first sequence number wanted.
         from_seq: u64,
+        endpoint: Option<String>,
     },
-    /// As `Replay`, from this replay endpoint instead of the configured one (a bound
-    /// subscription receives many publishers, each with its own replay ROUTER).
-    ReplayAt { from_seq: u64, endpoint: String },
 }
 
 /// How a replay ended.
@@ -155,15 +170,18 @@ impl fmt::Display for ReplayEnd {
 }
 
 /// Receives what a [`Subscriber`] reads. Every method runs on the subscriber's thread, one
-/// call at a time; none runs after [`Subscriber::stop`] has returned.
+/// call at a time; none runs after [`Subscriber::stop`] has returned. A method's returned
+/// [`SinkAction`] is carried out before the next call.
 pub trait FrameSink: Send + 'static {
     /// One live message `[topic, seq, payload]` (malformed frame counts/sizes are reported
     /// via [`FrameSink::on_bad_frame`] instead).
     fn on_message(&mut self, topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction;
-    /// One replayed batch, in the publisher's order.
-    fn on_replayed(&mut self, topic: &[u8], seq: u64, payload: &[u8]);
-    /// The replay requested by the last [`SinkAction::Replay`] ended.
-    fn on_replay_end(&mut self, end: ReplayEnd);
+    /// One batch of replay `id`, in the publisher's order.
+    fn on_replayed(&mut self, id: u32, topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction;
+    /// Replay `id` (requested by the last [`SinkAction::Replay`] with that id) ended.
+    fn on_replay_end(&mut self, id: u32, end: ReplayEnd) -> SinkAction;
+    /// Periodic, with `tick_interval` set (see the module documentation): replays to start.
+    fn on_tick(&mut self, _out: &mut Vec<SinkAction>) {}
     /// A message without exactly 3 frames, or a seq frame not 8 bytes (live or replayed).
     fn on_bad_frame(&mut self, why: &'static str);
 }
@@ -214,6 +232,7 @@ impl Subscriber {
         let cfg = SubscriberConfig {
             endpoint,
             reconnect_interval: cfg.reconnect_interval.max(MIN_RECONNECT_INTERVAL),
+            tick_interval: cfg.tick_interval.map(|t| t.max(MIN_RECONNECT_INTERVAL)),
             ..cfg
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -325,59 +344,83 @@ impl StopSignal {
     }
 }
 
-/// The thread's main loop: live messages, replay replies and the stop signal, until stop.
+/// The thread's main loop: live messages, replay replies, ticks and the stop signal,
+/// until stop.
 async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal) {
     let topic_filter = cfg.topic.clone();
     let mut link = SubLink::new(&cfg);
-    let mut replay: Option<Replay> = None;
+    let mut replays = Replays {
+        running: Vec::new(),
+        default_endpoint: cfg.replay_endpoint.clone(),
+        timeout: cfg.replay_timeout,
+    };
+    let mut tick = cfg.tick_interval.map(|t| {
+        let mut i = tokio::time::interval(t);
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    });
+    let mut actions = Vec::new();
     loop {
-        // Every branch is cancel-safe: state lives in `link` and `replay`, not in the
-        // futures dropped when another branch wins.
+        // Every branch is cancel-safe: state lives in `link`, `replays` and `tick`, not in
+        // the futures dropped when another branch wins.
         let step = tokio::select! {
             biased;
             () = stop.raised() => return,
-            event = next_replay_event(&mut replay) => Step::Replay(event),
+            (i, event) = replays.next_event() => Step::Replay(i, event),
             msg = link.next_message() => Step::Live(msg),
+            () = next_tick(&mut tick) => Step::Tick,
         };
         if stop.is_raised() {
             return;
         }
         match step {
             Step::Live(msg) => {
-                let Some(action) = deliver_live(&msg, &topic_filter, sink) else {
-                    continue;
-                };
-                match action {
-                    SinkAction::Continue => {}
-                    SinkAction::Replay { from_seq } => match &cfg.replay_endpoint {
-                        // Supersedes (drops) any replay in flight.
-                        Some(endpoint) => {
-                            replay = Some(Replay::start(endpoint, from_seq, cfg.replay_timeout))
-                        }
-                        None => sink.on_replay_end(ReplayEnd::NotConfigured),
-                    },
-                    SinkAction::ReplayAt { from_seq, endpoint } => {
-                        replay = Some(Replay::start(&endpoint, from_seq, cfg.replay_timeout))
+                if let Some(action) = deliver_live(&msg, &topic_filter, sink) {
+                    replays.start(action, sink);
+                }
+            }
+            Step::Replay(i, ReplayEvent::Reply(msg)) => {
+                let id = replays.running[i].0;
+                match deliver_replayed(id, &msg, sink) {
+                    Replied::Batch(action) => replays.start(action, sink),
+                    Replied::Malformed => {}
+                    Replied::End => {
+                        replays.running.swap_remove(i);
+                        let action = sink.on_replay_end(id, ReplayEnd::Completed);
+                        replays.start(action, sink);
                     }
                 }
             }
-            Step::Replay(ReplayEvent::Reply(msg)) => {
-                if let Some(end) = deliver_replayed(&msg, sink) {
-                    replay = None;
-                    sink.on_replay_end(end);
-                }
+            Step::Replay(i, ReplayEvent::Ended(end)) => {
+                let id = replays.running.swap_remove(i).0;
+                let action = sink.on_replay_end(id, end);
+                replays.start(action, sink);
             }
-            Step::Replay(ReplayEvent::Ended(end)) => {
-                replay = None;
-                sink.on_replay_end(end);
+            Step::Tick => {
+                sink.on_tick(&mut actions);
+                for action in actions.drain(..) {
+                    replays.start(action, sink);
+                }
             }
         }
     }
 }
 
+/// The next tick (never, without ticks). Cancel-safe.
+async fn next_tick(tick: &mut Option<tokio::time::Interval>) {
+    match tick {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 enum Step {
     Live(ZmqMessage),
-    Replay(ReplayEvent),
+    /// An event of `replays.running[i]`.
+    Replay(usize, ReplayEvent),
+    Tick,
 }
 
 /// Hands one live message to the sink; `None` when it was malformed or filtered out.
@@ -403,29 +446,6 @@ fn deliver_live(
     Some(sink.on_message(topic, u64::from_be_bytes(seq), payload))
 }
 
-/// Hands one replay reply to the sink; `Some(Completed)` for the end marker.
-fn deliver_replayed(msg: &ZmqMessage, sink: &mut dyn FrameSink) -> Option<ReplayEnd> {
-    let frames = (msg.get(0), msg.get(1), msg.get(2), msg.get(3));
-    let (Some(empty), Some(topic), Some(seq), Some(payload)) = frames else {
-        sink.on_bad_frame(bad_frame::REPLAY_FRAME_COUNT);
-        return None;
-    };
-    if msg.len() != 4 || !empty.is_empty() {
-        sink.on_bad_frame(bad_frame::REPLAY_FRAME_COUNT);
-        return None;
-    }
-    let Ok(seq) = <[u8; 8]>::try_from(&seq[..]) else {
-        sink.on_bad_frame(bad_frame::REPLAY_SEQ_SIZE);
-        return None;
-    };
-    let seq = u64::from_be_bytes(seq);
-    if seq == END_MARKER_SEQ {
-        return Some(ReplayEnd::Completed);
-    }
-    sink.on_replayed(topic, seq, payload);
-    None
-}
-
 /// The SUB subscription string: the topic filter if it is UTF-8 (the `zeromq` API takes
 /// `&str`), else everything (and [`deliver_live`] filters).
 fn subscription(topic: &[u8]) -> String {
@@ -433,6 +453,9 @@ fn subscription(topic: &[u8]) -> String {
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+
+mod replay;
+use replay::{deliver_replayed, ReplayEvent, Replays, Replied};
 
 /// The SUB socket and its (re)connection state machine.
 struct SubLink {
@@ -566,82 +589,4 @@ async fn open_sub(
         disconnected,
         check,
     })
-}
-
-/// One replay in flight.
-struct Replay {
-    phase: ReplayPhase,
-    timeout: Duration,
-    deadline: Pin<Box<tokio::time::Sleep>>,
-}
-
-enum ReplayPhase {
-    /// Connecting the DEALER and sending the request.
-    Requesting(BoxFuture<Result<DealerSocket, ZmqError>>),
-    Receiving(DealerSocket),
-}
-
-enum ReplayEvent {
-    Reply(ZmqMessage),
-    Ended(ReplayEnd),
-}
-
-impl Replay {
-    fn start(endpoint: &str, from_seq: u64, timeout: Duration) -> Replay {
-        let endpoint = endpoint.to_owned();
-        let request = async move {
-            // The replay's deadline bounds the connect (so that running out of time is
-            // always `TimedOut`); connect errors other than "not there yet" end it `Failed`.
-            let mut options = SocketOptions::default();
-            options.no_connect_timeout();
-            let mut dealer = DealerSocket::with_options(options);
-            dealer.connect(&endpoint).await?;
-            let mut request = ZmqMessage::from(Vec::<u8>::new());
-            request.push_back(from_seq.to_be_bytes().to_vec().into());
-            dealer.send(request).await?;
-            Ok(dealer)
-        };
-        Replay {
-            phase: ReplayPhase::Requesting(Box::pin(request)),
-            timeout,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
-        }
-    }
-}
-
-/// The next event of the replay in flight (never completes when there is none).
-/// Cancel-safe.
-async fn next_replay_event(slot: &mut Option<Replay>) -> ReplayEvent {
-    let Some(replay) = slot.as_mut() else {
-        return std::future::pending().await;
-    };
-    loop {
-        let deadline = replay.deadline.as_mut();
-        match &mut replay.phase {
-            ReplayPhase::Requesting(request) => {
-                let dealer = tokio::select! {
-                    r = request.as_mut() => r,
-                    () = deadline => return ReplayEvent::Ended(ReplayEnd::TimedOut),
-                };
-                match dealer {
-                    Ok(dealer) => replay.phase = ReplayPhase::Receiving(dealer),
-                    Err(e) => return ReplayEvent::Ended(ReplayEnd::Failed(e.to_string())),
-                }
-            }
-            ReplayPhase::Receiving(dealer) => {
-                let reply = tokio::select! {
-                    r = dealer.recv() => r,
-                    () = deadline => return ReplayEvent::Ended(ReplayEnd::TimedOut),
-                };
-                return match reply {
-                    Ok(msg) => {
-                        let next = tokio::time::Instant::now() + replay.timeout;
-                        replay.deadline.as_mut().reset(next);
-                        ReplayEvent::Reply(msg)
-                    }
-                    Err(e) => ReplayEvent::Ended(ReplayEnd::Failed(e.to_string())),
-                };
-            }
-        }
-    }
 }

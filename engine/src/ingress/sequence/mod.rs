@@ -1,0 +1,436 @@
+//! Per-publisher sequence tracking: in-order batches apply, a duplicate is dropped, and
+//! every way of losing batches ends in a replay (when the publisher has a replay ROUTER)
+//! or in a clear of the stream's ranks — never in silently stale state.
+//!
+//! vLLM numbers its batches from 0 per publisher instance (REFERENCE.md §2). A batch
+//! lost on the way (slow joiner, high-water mark) is a gap; a restarted engine starts
+//! from 0 again with an empty cache, and the frames cannot tell instances apart. The
+//! rules (README's ingress section lists them too):
+//!
+//! - **join**: the first batch seen has `seq > 0` → replay from 0 (what came before was
+//!   never in the index; the replay brings what the publisher still buffers).
+//! - **gap**: `seq > last + 1` → replay from `last`, not `last + 1`: the publisher must send
+//!   back the batch kvr applied last, unchanged (compared by a digest of its payload),
+//!   which proves the replayed range continues what the index holds. Without replay: clear.
+//! - **restart**: `seq < last`, or `seq == last` with a different payload → clear, then
+//!   replay from 0 (the new instance's first batches may have been missed too).
+//!   A replay whose verification fails (the batch at `last` differs, or the publisher's
+//!   newest batch is older than `last`) is a restart found through replay: clear, replay
+//!   from 0.
+//! - **idle probe** ([`SequenceTracker::on_idle`], called by the transport after a
+//!   silence and once right after subscribing): replay from `last` (verified as above) or
+//!   from 0 before anything was applied. It finds a gap at the end of a burst, a
+//!   restart of an engine that went idle, and everything a late subscriber missed.
+//! - a replay that cannot cover the loss (the range is no longer buffered, or it failed or
+//!   timed out) clears the stream's ranks and counts the batches lost; the index is then
+//!   rebuilt from new events.
+//!
+//! The tracker is a pure state machine over sequence numbers and payloads; the caller
+//! performs the [`Action`]s it returns, in order (apply a batch, clear the stream's ranks,
+//! ask the transport for a replay, which supersedes any replay of this stream in flight).
+//! While a replay fills a known gap, live batches newer than the gap wait in a buffer and
+//! apply after the replayed range; during a probe (no gap known) contiguous live batches
+//! apply at once, so a dead replay endpoint never delays the live stream.
+
+use std::collections::BTreeMap;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Why a stream's ranks were cleared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClearCause {
+    /// Batches were lost and no replay endpoint is configured.
+    GapWithoutReplay,
+    /// The replay ended (failed, timed out, or the range was no longer buffered) without
+    /// filling the gap.
+    ReplayIncomplete,
+    /// The publisher restarted (its sequence went back, or a batch came back changed).
+    Restart,
+}
+
+/// What the caller must do, in order.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Decode and apply this batch.
+    Apply { seq: u64, payload: Vec<u8> },
+    /// Clear the ranks this stream feeds (the index's state for them may be stale).
+    Clear(ClearCause),
+    /// Ask the publisher to resend from `from_seq` (only returned with replay enabled);
+    /// supersedes the stream's replay in flight, if any.
+    RequestReplay { from_seq: u64 },
+}
+
+/// How a replay ended, as the transport reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayResult {
+    /// The end marker arrived.
+    Completed,
+    /// No end marker in time, or the request failed.
+    Failed,
+}
+
+/// Counters the tracker keeps (the ingress stats read them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SequenceStats {
+    /// Losses found: by a live batch past the next expected one, or by an idle probe that
+    /// brought batches the live stream never delivered.
+    pub gaps: u64,
+    /// New publisher instances found (sequence back, a changed batch, or through replay).
+    pub restarts: u64,
+    pub duplicates: u64,
+    /// Replays asked of the transport (each is then filled, partial or failed, or
+    /// superseded by the next one of the stream).
+    pub replays_requested: u64,
+    /// Replays that brought everything needed.
+    pub replays_filled: u64,
+    /// Replays that completed but could not cover the loss (the range was no longer
+    /// buffered): the stream's ranks were cleared.
+    pub replays_partial: u64,
+    /// Replays that failed or timed out before covering the loss (a probe's failure clears
+    /// nothing: no loss was known).
+    pub replays_failed: u64,
+    /// Idle probes started.
+    pub idle_probes: u64,
+    pub clears: u64,
+    /// Batches lost for good (their range could not be replayed).
+    pub batches_lost: u64,
+    /// The last sequence number applied.
+    pub last_seq: Option<u64>,
+    /// A replay is in flight (the stream is recovering, or being probed).
+    pub recovering: bool,
+}
+
+impl SequenceStats {
+    /// Replays that ended without bringing everything needed (partial + failed).
+    pub fn replays_incomplete(&self) -> u64 {
+        self.replays_partial.saturating_add(self.replays_failed)
+    }
+}
+
+/// Live batches held back while a replay is in flight, at most this many (beyond, the
+/// replay is abandoned: clear and go on live).
+const MAX_HELD: usize = 100_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Why {
+    /// Nothing applied yet (first batch past 0, or the probe right after subscribing).
+    Join,
+    /// A live batch past the next expected one.
+    Gap,
+    /// A new publisher instance, after the clear.
+    Restart,
+    /// An idle probe: no loss known.
+    Probe,
+}
+
+struct Replay {
+    why: Why,
+    /// The batch applied last (seq, payload digest): the publisher must send it back
+    /// unchanged before anything newer counts.
+    verify: Option<(u64, u64)>,
+    /// Verification became impossible (the publisher no longer holds that batch).
+    unverified: bool,
+    /// The next sequence number the index needs.
+    next: u64,
+    /// The first held live sequence number (the replay must reach it).
+    target: Option<u64>,
+    /// Live batches with seq >= target, waiting for the replay to end.
+    held: BTreeMap<u64, Vec<u8>>,
+    /// Batches of the needed range were found missing.
+    partial: bool,
+    /// The replay applied at least one batch.
+    applied: bool,
+}
+
+/// The sequence state of one publisher (one worker's PUB endpoint or topic).
+pub struct SequenceTracker {
+    replay_enabled: bool,
+    /// The last applied batch: its seq and the digest of its payload.
+    last: Option<(u64, u64)>,
+    replay: Option<Replay>,
+    stats: SequenceStats,
+}
+
+impl std::fmt::Debug for SequenceTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SequenceTracker")
+            .field("replay_enabled", &self.replay_enabled)
+            .field("last", &self.last)
+            .field("replaying", &self.replay.as_ref().map(|r| r.why))
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+fn digest(payload: &[u8]) -> u64 {
+    xxh3_64(payload)
+}
+
+impl SequenceTracker {
+    /// A tracker for a publisher whose lost batches can (`replay_enabled`) or cannot be
+    /// requested again.
+    pub fn new(replay_enabled: bool) -> Self {
+        SequenceTracker {
+            replay_enabled,
+            last: None,
+            replay: None,
+            stats: SequenceStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> SequenceStats {
+        SequenceStats {
+            last_seq: self.last.map(|l| l.0),
+            recovering: self.replay.is_some(),
+            ..self.stats
+        }
+    }
+
+    /// Whether a replay is in flight (its batches are expected through
+    /// [`SequenceTracker::on_replayed`]).
+    pub fn replaying(&self) -> bool {
+        self.replay.is_some()
+    }
+
+    fn clear(&mut self, cause: ClearCause, out: &mut Vec<Action>) {
+        self.stats.clears += 1;
+        out.push(Action::Clear(cause));
+    }
+
+    fn apply(&mut self, seq: u64, payload: Vec<u8>, out: &mut Vec<Action>) {
+        self.last = Some((seq, digest(&payload)));
+        out.push(Action::Apply { seq, payload });
+    }
+
+    fn lose(&mut self, n: u64) {
+        self.stats.batches_lost = self.stats.batches_lost.saturating_add(n);
+    }
+
+    /// Starts a replay from `from` (superseding the transport's replay in flight).
+    fn start_replay(
+        &mut self,
+        why: Why,
+        from: u64,
+        held: Option<(u64, &[u8])>,
+        out: &mut Vec<Action>,
+    ) {
+        let verify = match why {
+            Why::Gap | Why::Probe => self.last,
+            Why::Join | Why::Restart => None,
+        };
+        let mut r = Replay {
+            why,
+            verify,
+            unverified: false,
+            next: verify.map_or(from, |v| v.0.wrapping_add(1)),
+            target: None,
+            held: BTreeMap::new(),
+            partial: false,
+            applied: false,
+        };
+        if let Some((seq, payload)) = held {
+            r.target = Some(seq);
+            r.held.insert(seq, payload.to_vec());
+        }
+        self.replay = Some(r);
+        self.stats.replays_requested += 1;
+        out.push(Action::RequestReplay { from_seq: from });
+    }
+
+    /// A new publisher instance: clear, then apply `seq` or replay from 0 first.
+    fn restart(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
+        self.stats.restarts += 1;
+        self.clear(ClearCause::Restart, out);
+        self.last = None;
+        if self.replay_enabled && seq > 0 {
+            self.start_replay(Why::Restart, 0, Some((seq, payload)), out);
+        } else {
+            self.apply(seq, payload.to_vec(), out);
+        }
+    }
+
+    /// A restart found through the replay in flight: clear, and replay from 0 instead
+    /// (the held live batches stay held).
+    fn restart_found(&mut self, out: &mut Vec<Action>) {
+        self.stats.restarts += 1;
+        self.clear(ClearCause::Restart, out);
+        self.last = None;
+        let Some(r) = &mut self.replay else {
+            return;
+        };
+        r.why = Why::Restart;
+        r.verify = None;
+        r.unverified = false;
+        r.next = 0;
+        r.partial = false;
+        r.applied = false;
+        self.stats.replays_requested += 1;
+        out.push(Action::RequestReplay { from_seq: 0 });
+    }
+
+    /// A live batch. Returns the actions to perform in `out` (cleared first).
+    pub fn on_live(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
+        out.clear();
+        if let Some(r) = &mut self.replay {
+            if seq < r.next {
+                self.stats.duplicates += 1;
+            } else if r.held.is_empty() && seq == r.next {
+                // No gap is known (a probe, or a join replay from 0): contiguous live
+                // batches apply at once; a failed verification later clears them anyway.
+                r.next = seq.wrapping_add(1);
+                self.apply(seq, payload.to_vec(), out);
+            } else if r.held.len() >= MAX_HELD {
+                // The replay is not keeping up: give it up (clear, apply what was held),
+                // then take this batch as live.
+                let mut ended = Vec::new();
+                self.on_replay_end(ReplayResult::Failed, &mut ended);
+                out.append(&mut ended);
+                let mut more = Vec::new();
+                self.on_live(seq, payload, &mut more);
+                out.append(&mut more);
+            } else {
+                r.target = Some(r.target.map_or(seq, |t| t.min(seq)));
+                r.held.entry(seq).or_insert_with(|| payload.to_vec());
+            }
+            return;
+        }
+        match self.last {
+            None if seq > 0 && self.replay_enabled => {
+                // First batch seen. What came before was never in the index (nothing is
+                // stale); a publisher with a replay buffer is asked for what it holds.
+                self.start_replay(Why::Join, 0, Some((seq, payload)), out);
+            }
+            None => self.apply(seq, payload.to_vec(), out),
+            Some((last, _)) if seq == last.wrapping_add(1) => {
+                self.apply(seq, payload.to_vec(), out)
+            }
+            Some((last, d)) if seq == last => {
+                if digest(payload) == d {
+                    self.stats.duplicates += 1;
+                } else {
+                    // Same number, other content: a new instance that got this far.
+                    self.restart(seq, payload, out);
+                }
+            }
+            Some((last, _)) if seq < last => self.restart(seq, payload, out),
+            Some((last, _)) => {
+                self.stats.gaps += 1;
+                if self.replay_enabled {
+                    self.start_replay(Why::Gap, last, Some((seq, payload)), out);
+                } else {
+                    self.lose(seq - last - 1);
+                    self.clear(ClearCause::GapWithoutReplay, out);
+                    self.apply(seq, payload.to_vec(), out);
+                }
+            }
+        }
+    }
+
+    /// No live batch for a while (or the subscription just started): with replay
+    /// enabled and no replay in flight, probe the publisher (replay from the last applied
+    /// batch, verified, or from 0 before any).
+    pub fn on_idle(&mut self, out: &mut Vec<Action>) {
+        out.clear();
+        if !self.replay_enabled || self.replay.is_some() {
+            return;
+        }
+        self.stats.idle_probes += 1;
+        match self.last {
+            None => self.start_replay(Why::Join, 0, None, out),
+            Some((last, _)) => self.start_replay(Why::Probe, last, None, out),
+        }
+    }
+
+    /// A batch of the replay in flight (ignored if none is, or if it is not needed).
+    pub fn on_replayed(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
+        out.clear();
+        let Some(r) = &mut self.replay else {
+            return;
+        };
+        if let Some((vseq, vdigest)) = r.verify {
+            if seq < vseq {
+                return;
+            }
+            r.verify = None;
+            if seq == vseq {
+                if digest(payload) != vdigest {
+                    self.restart_found(out);
+                }
+                return;
+            }
+            // The publisher no longer holds the batch to verify: whether it restarted
+            // cannot be told, so what the index holds is not trusted.
+            r.unverified = true;
+        }
+        if seq < r.next || r.target.is_some_and(|t| seq >= t) {
+            // Already applied, or a live batch will (or did) bring it.
+            return;
+        }
+        let missing = seq - r.next;
+        let unverified = std::mem::take(&mut r.unverified);
+        let why = r.why;
+        let first = !r.applied;
+        r.applied = true;
+        r.next = seq.wrapping_add(1);
+        if missing > 0 || unverified {
+            // [next, seq) is no longer buffered: lost for good. Clear now (before applying
+            // anything newer) unless nothing was applied since the join or the restart.
+            r.partial = true;
+            self.lose(missing);
+            if self.last.is_some() {
+                self.clear(ClearCause::ReplayIncomplete, out);
+            }
+        }
+        if why == Why::Probe && first {
+            // The live stream lost these batches (a gap at the end of a burst).
+            self.stats.gaps += 1;
+        }
+        self.apply(seq, payload.to_vec(), out);
+    }
+
+    /// The replay in flight ended: verify, count, then apply the held live batches in
+    /// order (clearing first if the loss was not covered).
+    pub fn on_replay_end(&mut self, result: ReplayResult, out: &mut Vec<Action>) {
+        out.clear();
+        if result == ReplayResult::Completed
+            && self.replay.as_ref().is_some_and(|r| r.verify.is_some())
+        {
+            // The end marker before the batch to verify: the publisher's newest batch is
+            // older than the one applied last. It restarted.
+            self.restart_found(out);
+            return;
+        }
+        let Some(r) = self.replay.take() else {
+            return;
+        };
+        let covered = r.target.map_or(true, |t| r.next >= t) && r.verify.is_none();
+        let mut partial = r.partial;
+        if !covered && r.why != Why::Probe {
+            partial = true;
+            self.lose(r.target.map_or(0, |t| t.wrapping_sub(r.next)));
+            if self.last.is_some() {
+                self.clear(ClearCause::ReplayIncomplete, out);
+            }
+        }
+        match result {
+            _ if covered && !partial => self.stats.replays_filled += 1,
+            ReplayResult::Completed => self.stats.replays_partial += 1,
+            ReplayResult::Failed => self.stats.replays_failed += 1,
+        }
+        let mut expect = r.target;
+        for (seq, payload) in r.held {
+            if expect.is_some_and(|e| seq != e) {
+                // A gap among the held live batches: the replay covered only the first.
+                self.stats.gaps += 1;
+                self.lose(seq - expect.unwrap_or(seq));
+                self.clear(ClearCause::GapWithoutReplay, out);
+            }
+            // Wrapping: a held batch may carry seq u64::MAX (the next expected is 0).
+            expect = Some(seq.wrapping_add(1));
+            self.apply(seq, payload, out);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,326 @@
+//! The tracker's rules, one test per path (see the module docs).
+
+use super::*;
+
+fn applied(out: &[Action]) -> Vec<u64> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Apply { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .collect()
+}
+
+fn clears(out: &[Action]) -> Vec<ClearCause> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Clear(c) => Some(*c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A batch of the first publisher instance (payload = its seq).
+fn live(t: &mut SequenceTracker, seq: u64) -> Vec<Action> {
+    live_of(t, seq, 0)
+}
+
+/// A batch of publisher instance `inst` (payloads differ between instances).
+fn live_of(t: &mut SequenceTracker, seq: u64, inst: u8) -> Vec<Action> {
+    let mut out = Vec::new();
+    t.on_live(seq, &[seq as u8, inst], &mut out);
+    out
+}
+
+fn replayed(t: &mut SequenceTracker, seq: u64, inst: u8) -> Vec<Action> {
+    let mut out = Vec::new();
+    t.on_replayed(seq, &[seq as u8, inst], &mut out);
+    out
+}
+
+fn end(t: &mut SequenceTracker, r: ReplayResult) -> Vec<Action> {
+    let mut out = Vec::new();
+    t.on_replay_end(r, &mut out);
+    out
+}
+
+fn idle(t: &mut SequenceTracker) -> Vec<Action> {
+    let mut out = Vec::new();
+    t.on_idle(&mut out);
+    out
+}
+
+#[test]
+fn in_order_batches_apply_and_duplicates_drop() {
+    let mut t = SequenceTracker::new(false);
+    assert_eq!(applied(&live(&mut t, 0)), vec![0]);
+    assert_eq!(applied(&live(&mut t, 1)), vec![1]);
+    assert!(live(&mut t, 1).is_empty());
+    assert_eq!(t.stats().duplicates, 1);
+    assert_eq!(t.stats().last_seq, Some(1));
+}
+
+#[test]
+fn a_gap_without_replay_clears_then_applies() {
+    let mut t = SequenceTracker::new(false);
+    live(&mut t, 0);
+    let out = live(&mut t, 4);
+    assert_eq!(out[0], Action::Clear(ClearCause::GapWithoutReplay));
+    assert_eq!(applied(&out), vec![4]);
+    let s = t.stats();
+    assert_eq!((s.gaps, s.clears, s.batches_lost), (1, 1, 3));
+}
+
+#[test]
+fn a_restart_clears_then_replays_the_new_instance_from_zero() {
+    let mut t = SequenceTracker::new(true);
+    for s in 0..6 {
+        live(&mut t, s);
+    }
+    // The new instance's batches 0..2 went out before the reconnect.
+    let out = live_of(&mut t, 2, 1);
+    assert_eq!(clears(&out), vec![ClearCause::Restart]);
+    assert_eq!(out[1], Action::RequestReplay { from_seq: 0 });
+    assert!(applied(&out).is_empty(), "held until 0 and 1 are replayed");
+    assert_eq!(applied(&replayed(&mut t, 0, 1)), vec![0]);
+    assert_eq!(applied(&replayed(&mut t, 1, 1)), vec![1]);
+    assert!(replayed(&mut t, 2, 1).is_empty(), "held live copy");
+    assert_eq!(applied(&end(&mut t, ReplayResult::Completed)), vec![2]);
+    let s = t.stats();
+    assert_eq!(
+        (s.restarts, s.clears, s.replays_filled, s.batches_lost),
+        (1, 1, 1, 0)
+    );
+    // Without replay: clear and apply.
+    let mut t = SequenceTracker::new(false);
+    live(&mut t, 0);
+    live(&mut t, 1);
+    let out = live_of(&mut t, 0, 1);
+    assert_eq!(clears(&out), vec![ClearCause::Restart]);
+    assert_eq!(applied(&out), vec![0]);
+}
+
+#[test]
+fn a_restart_that_reaches_the_old_last_seq_is_told_by_its_payload() {
+    for replay in [false, true] {
+        let mut t = SequenceTracker::new(replay);
+        for s in 0..4 {
+            live(&mut t, s);
+        }
+        assert!(
+            live(&mut t, 3).is_empty(),
+            "the same batch again: a duplicate"
+        );
+        let out = live_of(&mut t, 3, 1);
+        assert_eq!(clears(&out), vec![ClearCause::Restart], "replay {replay}");
+        assert_eq!(t.stats().restarts, 1);
+        assert_eq!(t.stats().duplicates, 1);
+    }
+}
+
+#[test]
+fn a_gap_with_replay_verifies_the_last_batch_then_applies_the_range_and_the_held() {
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    let out = live(&mut t, 3);
+    assert_eq!(out, vec![Action::RequestReplay { from_seq: 0 }]);
+    assert!(live(&mut t, 4).is_empty(), "held while replaying");
+    assert!(
+        replayed(&mut t, 0, 0).is_empty(),
+        "verified, already applied"
+    );
+    assert_eq!(applied(&replayed(&mut t, 1, 0)), vec![1]);
+    assert_eq!(applied(&replayed(&mut t, 2, 0)), vec![2]);
+    assert!(
+        replayed(&mut t, 3, 0).is_empty(),
+        "the live copy of 3 is held"
+    );
+    let out = end(&mut t, ReplayResult::Completed);
+    assert_eq!(applied(&out), vec![3, 4]);
+    assert!(clears(&out).is_empty());
+    assert_eq!(applied(&live(&mut t, 5)), vec![5]);
+    let s = t.stats();
+    assert_eq!(
+        (s.gaps, s.replays_requested, s.replays_filled, s.clears),
+        (1, 1, 1, 0)
+    );
+    assert!(!s.recovering);
+}
+
+#[test]
+fn a_gap_whose_replay_shows_another_instance_is_a_restart() {
+    // The batch applied last comes back changed.
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    live(&mut t, 1);
+    live_of(&mut t, 5, 1);
+    let out = replayed(&mut t, 1, 1);
+    assert_eq!(
+        out,
+        vec![
+            Action::Clear(ClearCause::Restart),
+            Action::RequestReplay { from_seq: 0 }
+        ]
+    );
+    for s in 0..5 {
+        assert_eq!(applied(&replayed(&mut t, s, 1)), vec![s]);
+    }
+    assert_eq!(applied(&end(&mut t, ReplayResult::Completed)), vec![5]);
+    assert_eq!((t.stats().restarts, t.stats().clears), (1, 1));
+    // The end marker before the batch to verify: the publisher's head is older.
+    let mut t = SequenceTracker::new(true);
+    for s in 0..9 {
+        live(&mut t, s);
+    }
+    live_of(&mut t, 12, 1);
+    let out = end(&mut t, ReplayResult::Completed);
+    assert_eq!(clears(&out), vec![ClearCause::Restart]);
+    assert_eq!(out[1], Action::RequestReplay { from_seq: 0 });
+}
+
+#[test]
+fn a_replay_that_cannot_cover_the_gap_clears_before_newer_batches() {
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    live(&mut t, 10);
+    // The publisher kept only from 7 on (so batch 0 cannot be verified either).
+    let out = replayed(&mut t, 7, 0);
+    assert_eq!(clears(&out), vec![ClearCause::ReplayIncomplete]);
+    assert_eq!(applied(&out), vec![7]);
+    replayed(&mut t, 8, 0);
+    replayed(&mut t, 9, 0);
+    let out = end(&mut t, ReplayResult::Completed);
+    assert!(clears(&out).is_empty(), "cleared once, before 7");
+    assert_eq!(applied(&out), vec![10]);
+    let s = t.stats();
+    assert_eq!(
+        (s.replays_partial, s.replays_filled, s.batches_lost),
+        (1, 0, 6)
+    );
+}
+
+#[test]
+fn a_failed_replay_clears_and_applies_what_was_held() {
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    live(&mut t, 2);
+    live(&mut t, 3);
+    let out = end(&mut t, ReplayResult::Failed);
+    assert_eq!(out[0], Action::Clear(ClearCause::ReplayIncomplete));
+    assert_eq!(applied(&out), vec![2, 3]);
+    assert_eq!(applied(&live(&mut t, 4)), vec![4]);
+    let s = t.stats();
+    assert_eq!(
+        (s.replays_failed, s.replays_filled, s.batches_lost),
+        (1, 0, 1)
+    );
+}
+
+#[test]
+fn an_idle_probe_finds_a_gap_at_the_end_of_a_burst() {
+    let mut t = SequenceTracker::new(true);
+    for s in 0..3 {
+        live(&mut t, s);
+    }
+    // Batches 3 and 4 were lost, then the engine went idle.
+    assert_eq!(idle(&mut t), vec![Action::RequestReplay { from_seq: 2 }]);
+    assert!(replayed(&mut t, 2, 0).is_empty());
+    assert_eq!(applied(&replayed(&mut t, 3, 0)), vec![3]);
+    assert_eq!(applied(&replayed(&mut t, 4, 0)), vec![4]);
+    assert!(end(&mut t, ReplayResult::Completed).is_empty());
+    let s = t.stats();
+    assert_eq!(
+        (s.idle_probes, s.gaps, s.replays_filled, s.clears),
+        (1, 1, 1, 0)
+    );
+    assert_eq!(s.last_seq, Some(4));
+    // A quiet probe: only the verified batch comes back.
+    idle(&mut t);
+    replayed(&mut t, 4, 0);
+    assert!(end(&mut t, ReplayResult::Completed).is_empty());
+    assert_eq!((t.stats().gaps, t.stats().idle_probes), (1, 2));
+}
+
+#[test]
+fn an_idle_probe_finds_a_restart_of_an_idle_engine() {
+    let mut t = SequenceTracker::new(true);
+    for s in 0..5 {
+        live(&mut t, s);
+    }
+    // The new instance sent 0..2, all missed: its head (2) is older than 4.
+    idle(&mut t);
+    let out = end(&mut t, ReplayResult::Completed);
+    assert_eq!(
+        out,
+        vec![
+            Action::Clear(ClearCause::Restart),
+            Action::RequestReplay { from_seq: 0 }
+        ]
+    );
+    for s in 0..3 {
+        assert_eq!(applied(&replayed(&mut t, s, 1)), vec![s]);
+    }
+    assert!(end(&mut t, ReplayResult::Completed).is_empty());
+    assert_eq!(t.stats().last_seq, Some(2));
+    assert_eq!(t.stats().restarts, 1);
+}
+
+#[test]
+fn a_failed_probe_clears_nothing_and_never_holds_the_live_stream() {
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    idle(&mut t);
+    assert_eq!(
+        applied(&live(&mut t, 1)),
+        vec![1],
+        "contiguous: applied at once"
+    );
+    assert_eq!(applied(&live(&mut t, 2)), vec![2]);
+    assert!(end(&mut t, ReplayResult::Failed).is_empty());
+    let s = t.stats();
+    assert_eq!((s.replays_failed, s.clears, s.last_seq), (1, 0, Some(2)));
+}
+
+#[test]
+fn a_probe_right_after_subscribing_brings_what_the_publisher_holds() {
+    let mut t = SequenceTracker::new(true);
+    assert_eq!(idle(&mut t), vec![Action::RequestReplay { from_seq: 0 }]);
+    for s in 0..4 {
+        assert_eq!(applied(&replayed(&mut t, s, 0)), vec![s]);
+    }
+    assert!(end(&mut t, ReplayResult::Completed).is_empty());
+    assert_eq!(applied(&live(&mut t, 4)), vec![4]);
+    assert_eq!((t.stats().gaps, t.stats().clears), (0, 0));
+    // Without replay there is nothing to probe.
+    assert!(idle(&mut SequenceTracker::new(false)).is_empty());
+}
+
+#[test]
+fn huge_sequence_jumps_saturate_the_lost_counter_instead_of_overflowing() {
+    // Found by fuzz target ingest_frames (fuzz/regressions/ingest_frames/).
+    let mut t = SequenceTracker::new(false);
+    live(&mut t, 0);
+    live(&mut t, u64::MAX);
+    live(&mut t, 0);
+    live(&mut t, 3);
+    assert_eq!(t.stats().batches_lost, u64::MAX);
+    // And a held batch at u64::MAX ends a replay without overflowing.
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    live(&mut t, 5);
+    live(&mut t, u64::MAX);
+    let out = end(&mut t, ReplayResult::Failed);
+    assert_eq!(applied(&out), vec![5, u64::MAX]);
+    assert_eq!(t.stats().last_seq, Some(u64::MAX));
+}
+
+#[test]
+fn joining_late_with_replay_asks_for_what_the_publisher_still_holds() {
+    let mut t = SequenceTracker::new(true);
+    assert_eq!(live(&mut t, 5), vec![Action::RequestReplay { from_seq: 0 }]);
+    for s in 0..5 {
+        assert_eq!(applied(&replayed(&mut t, s, 0)), vec![s]);
+    }
+    assert_eq!(applied(&end(&mut t, ReplayResult::Completed)), vec![5]);
+    assert_eq!(t.stats().clears, 0);
+}

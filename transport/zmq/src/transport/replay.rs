@@ -1,0 +1,174 @@
+//! Replays: each a DEALER to a publisher's replay ROUTER, many in flight at once, told
+//! apart by the sink's id (see the parent module's "Replay").
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqError, ZmqMessage};
+
+use super::{bad_frame, BoxFuture, FrameSink, ReplayEnd, SinkAction, END_MARKER_SEQ, MAX_REPLAYS};
+
+/// The replays in flight, by the sink's id.
+pub(super) struct Replays {
+    pub(super) running: Vec<(u32, Replay)>,
+    pub(super) default_endpoint: Option<String>,
+    pub(super) timeout: Duration,
+}
+
+impl Replays {
+    /// Carries out a sink's action: starts (or restarts) a replay.
+    pub(super) fn start(&mut self, action: SinkAction, sink: &mut dyn FrameSink) {
+        let SinkAction::Replay {
+            id,
+            from_seq,
+            endpoint,
+        } = action
+        else {
+            return;
+        };
+        // Supersedes (drops) the replay of this id in flight.
+        self.running.retain(|r| r.0 != id);
+        let Some(endpoint) = endpoint.or_else(|| self.default_endpoint.clone()) else {
+            // A failed replay asks for no other (the sink only replays again on news).
+            let _ = sink.on_replay_end(id, ReplayEnd::NotConfigured);
+            return;
+        };
+        if self.running.len() >= MAX_REPLAYS {
+            let why = format!("{MAX_REPLAYS} replays already in flight");
+            let _ = sink.on_replay_end(id, ReplayEnd::Failed(why));
+            return;
+        }
+        self.running
+            .push((id, Replay::start(&endpoint, from_seq, self.timeout)));
+    }
+
+    /// The next event of any replay in flight, with its index in `running` (never
+    /// completes when there is none). Cancel-safe: each poll polls every replay's own
+    /// stored futures afresh.
+    pub(super) async fn next_event(&mut self) -> (usize, ReplayEvent) {
+        if self.running.is_empty() {
+            return std::future::pending().await;
+        }
+        std::future::poll_fn(|cx| {
+            for (i, (_, replay)) in self.running.iter_mut().enumerate() {
+                let event = std::pin::pin!(replay.next_event());
+                if let Poll::Ready(event) = event.poll(cx) {
+                    return Poll::Ready((i, event));
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// What one replay reply was.
+pub(super) enum Replied {
+    /// A batch, handed to the sink, which answered this.
+    Batch(SinkAction),
+    /// The end marker.
+    End,
+    /// Malformed (reported to the sink).
+    Malformed,
+}
+
+/// Hands one reply of replay `id` to the sink.
+pub(super) fn deliver_replayed(id: u32, msg: &ZmqMessage, sink: &mut dyn FrameSink) -> Replied {
+    let frames = (msg.get(0), msg.get(1), msg.get(2), msg.get(3));
+    let (Some(empty), Some(topic), Some(seq), Some(payload)) = frames else {
+        sink.on_bad_frame(bad_frame::REPLAY_FRAME_COUNT);
+        return Replied::Malformed;
+    };
+    if msg.len() != 4 || !empty.is_empty() {
+        sink.on_bad_frame(bad_frame::REPLAY_FRAME_COUNT);
+        return Replied::Malformed;
+    }
+    let Ok(seq) = <[u8; 8]>::try_from(&seq[..]) else {
+        sink.on_bad_frame(bad_frame::REPLAY_SEQ_SIZE);
+        return Replied::Malformed;
+    };
+    let seq = u64::from_be_bytes(seq);
+    if seq == END_MARKER_SEQ {
+        return Replied::End;
+    }
+    Replied::Batch(sink.on_replayed(id, topic, seq, payload))
+}
+
+/// One replay in flight.
+pub(super) struct Replay {
+    phase: ReplayPhase,
+    timeout: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+enum ReplayPhase {
+    /// Connecting the DEALER and sending the request.
+    Requesting(BoxFuture<Result<DealerSocket, ZmqError>>),
+    Receiving(DealerSocket),
+}
+
+pub(super) enum ReplayEvent {
+    Reply(ZmqMessage),
+    Ended(ReplayEnd),
+}
+
+impl Replay {
+    fn start(endpoint: &str, from_seq: u64, timeout: Duration) -> Replay {
+        let endpoint = endpoint.to_owned();
+        let request = async move {
+            // The replay's deadline bounds the connect (so that running out of time is
+            // always `TimedOut`); connect errors other than "not there yet" end it `Failed`.
+            let mut options = SocketOptions::default();
+            options.no_connect_timeout();
+            let mut dealer = DealerSocket::with_options(options);
+            dealer.connect(&endpoint).await?;
+            let mut request = ZmqMessage::from(Vec::<u8>::new());
+            request.push_back(from_seq.to_be_bytes().to_vec().into());
+            dealer.send(request).await?;
+            Ok(dealer)
+        };
+        Replay {
+            phase: ReplayPhase::Requesting(Box::pin(request)),
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+}
+
+impl Replay {
+    /// The next event of this replay. Cancel-safe.
+    async fn next_event(&mut self) -> ReplayEvent {
+        let replay = self;
+        loop {
+            let deadline = replay.deadline.as_mut();
+            match &mut replay.phase {
+                ReplayPhase::Requesting(request) => {
+                    let dealer = tokio::select! {
+                        r = request.as_mut() => r,
+                        () = deadline => return ReplayEvent::Ended(ReplayEnd::TimedOut),
+                    };
+                    match dealer {
+                        Ok(dealer) => replay.phase = ReplayPhase::Receiving(dealer),
+                        Err(e) => return ReplayEvent::Ended(ReplayEnd::Failed(e.to_string())),
+                    }
+                }
+                ReplayPhase::Receiving(dealer) => {
+                    let reply = tokio::select! {
+                        r = dealer.recv() => r,
+                        () = deadline => return ReplayEvent::Ended(ReplayEnd::TimedOut),
+                    };
+                    return match reply {
+                        Ok(msg) => {
+                            let next = tokio::time::Instant::now() + replay.timeout;
+                            replay.deadline.as_mut().reset(next);
+                            ReplayEvent::Reply(msg)
+                        }
+                        Err(e) => ReplayEvent::Ended(ReplayEnd::Failed(e.to_string())),
+                    };
+                }
+            }
+        }
+    }
+}
