@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "compat"))
 
+from harness import free_port  # noqa: E402
 from vllm_publisher import engine_hashes, free_port_block, load_kv_events  # noqa: E402
 
 MODEL = "m"
@@ -265,42 +265,35 @@ def join_after_last_batch(kv, base, check):
     return w, check.converge("join-after-last-batch", [w], [p, q])
 
 
-def restart_back_to_zero(kv, base, check):
-    w = Worker(kv, 103)
+def restart(kv, base, check, name, worker_id, start, n_old, n_missed):
+    """The old instance publishes n_old batches; the new one's first n_missed are lost,
+    then one arrives live with seq n_missed."""
+    w = Worker(kv, worker_id)
     w.register(base)
     r = w.ranks[0]
     time.sleep(1.0)
-    old = [prompt(5000 + 100 * i, 2) for i in range(5)]
+    old = [prompt(start + 100 * i, 2) for i in range(n_old)]
     for p in old:
         r.publish([r.stored(p)])
-    ok = check.converge("restart-back-to-zero (before)", [w], old)
+    ok = check.converge(f"{name} (before)", [w], old)
     r.restart()
-    new = [prompt(6000 + 100 * i, 3) for i in range(3)]
-    r.publish([r.stored(new[0])], drop=True)  # seq 0 and 1 missed
-    r.publish([r.stored(new[1])], drop=True)
+    new = [prompt(start + 5000 + 100 * i, 3) for i in range(n_missed + 1)]
+    for p in new[:n_missed]:
+        r.publish([r.stored(p)], drop=True)
     time.sleep(0.5)
-    r.publish([r.stored(new[2])])  # seq 2 < old last 4
-    ok &= check.converge("restart-back-to-zero", [w], old + new)
+    r.publish([r.stored(new[-1])])
+    ok &= check.converge(name, [w], old + new)
     return w, ok
+
+
+def restart_back_to_zero(kv, base, check):
+    # The first live batch of the new instance has seq 2 < the old last 4.
+    return restart(kv, base, check, "restart-back-to-zero", 103, 5000, 5, 2)
 
 
 def restart_at_old_last_seq(kv, base, check):
-    w = Worker(kv, 104)
-    w.register(base)
-    r = w.ranks[0]
-    time.sleep(1.0)
-    old = [prompt(7000 + 100 * i, 2) for i in range(4)]
-    for p in old:
-        r.publish([r.stored(p)])
-    ok = check.converge("restart-at-old-last-seq (before)", [w], old)
-    r.restart()
-    new = [prompt(8000 + 100 * i, 2) for i in range(4)]
-    for p in new[:3]:
-        r.publish([r.stored(p)], drop=True)  # seq 0..2 missed
-    time.sleep(0.5)
-    r.publish([r.stored(new[3])])  # seq 3 == the old instance's last
-    ok &= check.converge("restart-at-old-last-seq", [w], old + new)
-    return w, ok
+    # The first live batch of the new instance has seq 3 == the old last.
+    return restart(kv, base, check, "restart-at-old-last-seq", 104, 7000, 4, 3)
 
 
 def dp2_one_replay_dead(kv, base, check):
@@ -326,14 +319,6 @@ SCENARIOS = {
     "restart-at-old-last-seq": restart_at_old_last_seq,
     "dp2-one-replay-dead": dp2_one_replay_dead,
 }
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def main(argv=None) -> int:
