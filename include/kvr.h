@@ -126,6 +126,12 @@
 #define KVR_DECODE_ERROR_KINDS 16
 
 /**
+ * Longest session id (structured, parent or legacy) a request takes, in bytes: longer
+ * ones are refused when set (`KVR_ERR_INVALID_ARGUMENT`), not dropped at selection.
+ */
+#define KVR_MAX_SESSION_ID_BYTES 256
+
+/**
  * `kvr_decision.flags`: a transfer hint was attached to the booking
  * (`kvr_partition_select_and_reserve_with_hint` wrote it).
  */
@@ -220,6 +226,11 @@
  * A decode worker of a disaggregated deployment.
  */
 #define KVR_ROLE_DECODE 2
+
+/**
+ * Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
+ */
+#define KVR_MAX_DP_SIZE 1024
 
 /**
  * The selection engine: partitions, and the selection-id index of their bookings.
@@ -1083,7 +1094,8 @@ kvr_status kvr_partition_options_set_credit_decay(struct kvr_partition_options *
                                                   double value);
 
 /**
- * Busy when a rank's decode blocks exceed this fraction of its total KV blocks.
+ * Busy when a rank's decode blocks exceed this fraction of its total KV blocks (≥ 0;
+ * negative, NaN or infinite: `KVR_ERR_INVALID_ARGUMENT`).
  *
  * # Safety
  * `opts` is NULL or live and not shared during the call.
@@ -1093,7 +1105,7 @@ kvr_status kvr_partition_options_set_busy_decode_blocks_fraction(struct kvr_part
 
 /**
  * Busy when a rank's active prefill tokens exceed this fraction of its max batched
- * tokens.
+ * tokens (≥ 0; negative, NaN or infinite: `KVR_ERR_INVALID_ARGUMENT`).
  *
  * # Safety
  * `opts` is NULL or live and not shared during the call.
@@ -1531,7 +1543,8 @@ kvr_status kvr_request_set_pinned_worker(struct kvr_request *req,
 
 /**
  * The structured session context (all copied; `session_id` must not be empty; a
- * `(NULL, 0)` parent or trigger = none). It takes precedence over a legacy session id.
+ * `(NULL, 0)` parent or trigger = none; ids of at most `KVR_MAX_SESSION_ID_BYTES`). It
+ * takes precedence over a legacy session id.
  *
  * # Safety
  * `req` is NULL or live and not shared; the strings point to their lengths in bytes.
@@ -1546,8 +1559,8 @@ kvr_status kvr_request_set_session(struct kvr_request *req,
                                    size_t input_trigger_len);
 
 /**
- * A legacy flat session id (copied; `(NULL, 0)` = none), used only without a structured
- * session context.
+ * A legacy flat session id (copied; `(NULL, 0)` = none; at most
+ * `KVR_MAX_SESSION_ID_BYTES`), used only without a structured session context.
  *
  * # Safety
  * `req` is NULL or live and not shared; `id` points to `len` bytes.
@@ -1924,7 +1937,8 @@ kvr_status kvr_subscription_is_running(const struct kvr_subscription *sub,
 void kvr_subscription_free(struct kvr_subscription *sub);
 
 /**
- * A new worker `worker_id` with `dp_size` data-parallel ranks (≥ 1), role aggregated,
+ * A new worker `worker_id` with `dp_size` data-parallel ranks (1 to `KVR_MAX_DP_SIZE`,
+ * else `KVR_ERR_INVALID_ARGUMENT`, before anything is allocated), role aggregated,
  * nothing else set. Free with `kvr_worker_free`.
  *
  * # Safety

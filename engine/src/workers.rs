@@ -89,12 +89,19 @@ impl WorkerSet {
 /// plus scheme, port and path); the C ABI's `kvr_kv_hint` holds one inline.
 pub const MAX_CONTROL_ENDPOINT_LEN: usize = 511;
 
+/// Most data-parallel ranks one worker may have. A caller's `dp_size` drives per-rank
+/// allocations (endpoints, load slots, index ranks), so it is bounded; the largest DP
+/// deployments in the field (wide expert parallelism) use a few hundred.
+pub const MAX_DP_SIZE: u32 = 1024;
+
 /// Why a worker's metadata is refused (by Rust and the C ABI alike).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WorkerError {
     /// `dp_size` is 0: a worker has at least one rank.
     ZeroDpSize,
+    /// `dp_size` is over [`MAX_DP_SIZE`].
+    DpSizeTooLarge { dp_size: u32 },
     /// More control endpoints than ranks.
     TooManyEndpoints { endpoints: usize, dp_size: u32 },
     /// `dp_start + dp_size` overflows a DP rank.
@@ -109,6 +116,9 @@ impl std::fmt::Display for WorkerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             WorkerError::ZeroDpSize => write!(f, "dp_size must be at least 1"),
+            WorkerError::DpSizeTooLarge { dp_size } => {
+                write!(f, "dp_size {dp_size} is over the limit of {MAX_DP_SIZE}")
+            }
             WorkerError::RanksOverflow => write!(f, "dp_start + dp_size overflows a DP rank"),
             WorkerError::TooManyEndpoints { endpoints, dp_size } => {
                 write!(f, "{endpoints} control endpoints for {dp_size} ranks")
@@ -133,6 +143,11 @@ impl WorkerInfo {
         }
         if self.dp_size == 0 {
             return Err(WorkerError::ZeroDpSize);
+        }
+        if self.dp_size > MAX_DP_SIZE {
+            return Err(WorkerError::DpSizeTooLarge {
+                dp_size: self.dp_size,
+            });
         }
         if self.control_endpoints.len() > self.dp_size as usize {
             return Err(WorkerError::TooManyEndpoints {

@@ -195,3 +195,61 @@ fn a_restart_clears_and_a_duplicate_is_dropped() {
     );
     assert_eq!(stats_of(&p, 6).sequence.restarts, 2);
 }
+
+/// vLLM's hybrid KV-cache manager (gpt-oss-like: group 0 full attention, group 1 sliding
+/// window) publishes each store per group; the window's evictions must not take the
+/// blocks the full-attention group still holds.
+#[test]
+fn a_sliding_window_groups_eviction_keeps_the_full_attention_blocks() {
+    let p = partition();
+    let a: Vec<u32> = (0..16).collect();
+    let hashes = [21, 22, 23, 24];
+    let mut e = BatchEncoder::new();
+    e.in_group(0, Some("full_attention"))
+        .stored(&hashes, None, &a, BS, Medium::Gpu, None);
+    e.in_group(1, Some("sliding_window"))
+        .stored(&hashes, None, &a, BS, Medium::Gpu, None);
+    p.ingest(8, 0, b"", 0, &e.finish(1.0, None));
+    assert_eq!(device_overlap(&p, &a, RankId::new(8, 0)), 4);
+    // The window slides past the first three blocks.
+    e.in_group(1, None).removed(&hashes[..3], Medium::Gpu);
+    p.ingest(8, 0, b"", 1, &e.finish(1.0, None));
+    assert_eq!(
+        device_overlap(&p, &a, RankId::new(8, 0)),
+        4,
+        "expected overlap 4"
+    );
+    // The full-attention group's eviction counts.
+    e.in_group(0, None).removed(&hashes[3..], Medium::Gpu);
+    p.ingest(8, 0, b"", 2, &e.finish(1.0, None));
+    assert_eq!(device_overlap(&p, &a, RankId::new(8, 0)), 3);
+    let s = stats_of(&p, 8);
+    assert_eq!((s.events_skipped_group, s.group_switches), (2, 0));
+
+    // Mamba-like, the state group's store first: routing moves to the full-attention
+    // group when it shows up, and what came from the other group is cleared.
+    let b: Vec<u32> = (100..108).collect();
+    e.in_group(1, Some("mamba"))
+        .stored(&[31, 32], None, &b, BS, Medium::Gpu, None);
+    p.ingest(9, 0, b"", 0, &e.finish(1.0, None));
+    assert_eq!(device_overlap(&p, &b, RankId::new(9, 0)), 2);
+    e.in_group(0, Some("full_attention"))
+        .stored(&[31], None, &b[..4], BS, Medium::Gpu, None);
+    p.ingest(9, 0, b"", 1, &e.finish(1.0, None));
+    assert_eq!(device_overlap(&p, &b, RankId::new(9, 0)), 1);
+    assert_eq!(stats_of(&p, 9).group_switches, 1);
+}
+
+#[test]
+fn an_unknown_medium_skips_its_event_not_the_batch() {
+    let p = partition();
+    let a: Vec<u32> = (0..8).collect();
+    let mut e = BatchEncoder::new();
+    e.stored(&[1], None, &a[..4], BS, Medium::Gpu, None)
+        .stored(&[9], None, &a[..4], BS, Medium::Unknown, None)
+        .stored(&[2], Some(1), &a[4..], BS, Medium::Gpu, None);
+    let o = p.ingest(5, 0, b"", 0, &e.finish(1.0, None));
+    assert_eq!((o.batches_applied, o.decode_errors), (1, 0));
+    assert_eq!(device_overlap(&p, &a, RankId::new(5, 0)), 2);
+    assert_eq!(stats_of(&p, 5).events_skipped_medium, 1);
+}

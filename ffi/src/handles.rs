@@ -265,6 +265,26 @@ unsafe fn set_f64(
     })
 }
 
+/// Sets a busy fraction like [`set_f64`], also refusing a negative value (which would make every rank busy, every selection `KVR_BUSY`).
+///
+/// # Safety
+/// `opts` is NULL or live and not shared during the call.
+unsafe fn set_fraction(
+    opts: *mut kvr_partition_options,
+    value: f64,
+    set: impl FnOnce(&mut PartitionConfig, f64),
+) -> kvr_status {
+    if value < 0.0 {
+        // A NULL handle still reports NULL first.
+        if opts.is_null() {
+            return KVR_ERR_NULL;
+        }
+        return KVR_ERR_INVALID_ARGUMENT;
+    }
+    // SAFETY: forwarded caller contract.
+    unsafe { set_f64(opts, value, set) }
+}
+
 /// Credit per device-cached block (Dynamo `overlap_score_credit`, default 1.0).
 ///
 /// # Safety
@@ -370,7 +390,8 @@ pub unsafe extern "C" fn kvr_partition_options_set_credit_decay(
     unsafe { set_f64(opts, value, |c, v| c.cost.credit_decay = Some(v)) }
 }
 
-/// Busy when a rank's decode blocks exceed this fraction of its total KV blocks.
+/// Busy when a rank's decode blocks exceed this fraction of its total KV blocks (≥ 0;
+/// negative, NaN or infinite: `KVR_ERR_INVALID_ARGUMENT`).
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call.
@@ -380,11 +401,11 @@ pub unsafe extern "C" fn kvr_partition_options_set_busy_decode_blocks_fraction(
     value: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe { set_f64(opts, value, |c, v| c.busy.decode_blocks_fraction = Some(v)) }
+    unsafe { set_fraction(opts, value, |c, v| c.busy.decode_blocks_fraction = Some(v)) }
 }
 
 /// Busy when a rank's active prefill tokens exceed this fraction of its max batched
-/// tokens.
+/// tokens (≥ 0; negative, NaN or infinite: `KVR_ERR_INVALID_ARGUMENT`).
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call.
@@ -394,7 +415,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_busy_prefill_tokens_fraction(
     value: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe { set_f64(opts, value, |c, v| c.busy.prefill_tokens_fraction = Some(v)) }
+    unsafe { set_fraction(opts, value, |c, v| c.busy.prefill_tokens_fraction = Some(v)) }
 }
 
 /// Busy when a rank's active prefill tokens exceed this many.

@@ -268,8 +268,15 @@ pub unsafe extern "C" fn kvr_request_set_pinned_worker(
     }
 }
 
+/// Longest session id (structured, parent or legacy) a request takes, in bytes: longer
+/// ones are refused when set (`KVR_ERR_INVALID_ARGUMENT`), not dropped at selection.
+pub const KVR_MAX_SESSION_ID_BYTES: usize = 256;
+
+const _: () = assert!(KVR_MAX_SESSION_ID_BYTES == kvr::session::DEFAULT_MAX_SESSION_ID_BYTES);
+
 /// The structured session context (all copied; `session_id` must not be empty; a
-/// `(NULL, 0)` parent or trigger = none). It takes precedence over a legacy session id.
+/// `(NULL, 0)` parent or trigger = none; ids of at most `KVR_MAX_SESSION_ID_BYTES`). It
+/// takes precedence over a legacy session id.
 ///
 /// # Safety
 /// `req` is NULL or live and not shared; the strings point to their lengths in bytes.
@@ -290,7 +297,10 @@ pub unsafe extern "C" fn kvr_request_set_session(
             let id = str_arg(session_id, session_id_len)?;
             let parent = str_arg(parent_session_id, parent_session_id_len)?;
             let trigger = str_arg(input_trigger, input_trigger_len)?;
-            if id.is_empty() {
+            if id.is_empty()
+                || id.len() > KVR_MAX_SESSION_ID_BYTES
+                || parent.len() > KVR_MAX_SESSION_ID_BYTES
+            {
                 return Err(KVR_ERR_INVALID_ARGUMENT);
             }
             r.session = Some(SessionContext {
@@ -304,8 +314,8 @@ pub unsafe extern "C" fn kvr_request_set_session(
     }
 }
 
-/// A legacy flat session id (copied; `(NULL, 0)` = none), used only without a structured
-/// session context.
+/// A legacy flat session id (copied; `(NULL, 0)` = none; at most
+/// `KVR_MAX_SESSION_ID_BYTES`), used only without a structured session context.
 ///
 /// # Safety
 /// `req` is NULL or live and not shared; `id` points to `len` bytes.
@@ -319,6 +329,9 @@ pub unsafe extern "C" fn kvr_request_set_legacy_session_id(
     unsafe {
         with_request(req, |r| {
             let id = str_arg(id, len)?;
+            if id.len() > KVR_MAX_SESSION_ID_BYTES {
+                return Err(KVR_ERR_INVALID_ARGUMENT);
+            }
             r.legacy_session = (!id.is_empty()).then(|| id.to_owned());
             Ok(())
         })

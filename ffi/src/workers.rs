@@ -45,7 +45,13 @@ pub struct kvr_rank_load {
     pub pending_prefill_tokens: u64,
 }
 
-/// A new worker `worker_id` with `dp_size` data-parallel ranks (≥ 1), role aggregated,
+/// Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
+pub const KVR_MAX_DP_SIZE: u32 = 1024;
+
+const _: () = assert!(KVR_MAX_DP_SIZE == kvr::workers::MAX_DP_SIZE);
+
+/// A new worker `worker_id` with `dp_size` data-parallel ranks (1 to `KVR_MAX_DP_SIZE`,
+/// else `KVR_ERR_INVALID_ARGUMENT`, before anything is allocated), role aggregated,
 /// nothing else set. Free with `kvr_worker_free`.
 ///
 /// # Safety
@@ -57,7 +63,8 @@ pub unsafe extern "C" fn kvr_worker_new(
     out: *mut *mut kvr_worker,
 ) -> kvr_status {
     guard(|| {
-        if dp_size == 0 {
+        // Bounded before the per-rank allocation below.
+        if dp_size == 0 || dp_size > KVR_MAX_DP_SIZE {
             return Err(KVR_ERR_INVALID_ARGUMENT);
         }
         let mut info = WorkerInfo::new(worker_id, dp_size);

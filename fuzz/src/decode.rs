@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 
-use kvr::ingress::decode::{decode_batch, DecodedBatch, DecodedEvent, Medium};
+use kvr::ingress::decode::{decode_batch, DecodedBatch, DecodedEvent, Medium, SpecKind};
 
 thread_local! {
     static REUSED: RefCell<DecodedBatch> = RefCell::new(DecodedBatch::default());
@@ -85,8 +85,17 @@ fn check_invariants(b: &DecodedBatch) {
 /// An event with its ranges resolved, for comparing batches decoded from different bytes.
 #[derive(Debug, PartialEq)]
 enum Owned {
-    Stored(Vec<u64>, Option<u64>, Vec<u32>, u32, Option<String>, Medium),
-    Removed(Vec<u64>, Medium),
+    Stored(
+        Vec<u64>,
+        Option<u64>,
+        Vec<u32>,
+        u32,
+        Option<String>,
+        Medium,
+        Option<u32>,
+        SpecKind,
+    ),
+    Removed(Vec<u64>, Medium, Option<u32>),
     Cleared,
 }
 
@@ -102,6 +111,8 @@ fn resolve(b: &DecodedBatch) -> (u64, Option<u32>, Vec<Owned>) {
                 block_size,
                 lora_name,
                 medium,
+                group,
+                spec,
             } => Owned::Stored(
                 b.hashes[hashes.clone()].to_vec(),
                 *parent,
@@ -109,10 +120,14 @@ fn resolve(b: &DecodedBatch) -> (u64, Option<u32>, Vec<Owned>) {
                 *block_size,
                 lora_name.clone().map(|r| b.text[r].to_owned()),
                 *medium,
+                *group,
+                *spec,
             ),
-            DecodedEvent::Removed { hashes, medium } => {
-                Owned::Removed(b.hashes[hashes.clone()].to_vec(), *medium)
-            }
+            DecodedEvent::Removed {
+                hashes,
+                medium,
+                group,
+            } => Owned::Removed(b.hashes[hashes.clone()].to_vec(), *medium, *group),
             DecodedEvent::Cleared => Owned::Cleared,
         })
         .collect();
@@ -142,6 +157,11 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
         Medium::Gpu => "GPU",
         Medium::Cpu => "CPU",
         Medium::Storage => "STORAGE",
+        Medium::Unknown => "UNKNOWN_MEDIUM",
+    };
+    let group = |w: &mut Vec<u8>, g: Option<u32>| match g {
+        Some(g) => en::write_uint(w, u64::from(g)).map(|_| ()).unwrap(),
+        None => en::write_nil(w).unwrap(),
     };
     let key = |w: &mut Vec<u8>, k: &str| {
         if let Style::Tagged = style {
@@ -153,8 +173,8 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
     en::write_array_len(&mut w, b.events.len() as u32).unwrap();
     for ev in &b.events {
         let (tag, n) = match ev {
-            DecodedEvent::Stored { .. } => ("BlockStored", 7),
-            DecodedEvent::Removed { .. } => ("BlockRemoved", 2),
+            DecodedEvent::Stored { .. } => ("BlockStored", 10),
+            DecodedEvent::Removed { .. } => ("BlockRemoved", 3),
             DecodedEvent::Cleared => ("AllBlocksCleared", 0),
         };
         match style {
@@ -175,6 +195,8 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                 block_size,
                 lora_name,
                 medium: m,
+                group: g,
+                spec,
             } => {
                 key(&mut w, "block_hashes");
                 en::write_array_len(&mut w, hashes.len() as u32).unwrap();
@@ -202,8 +224,22 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                     Some(r) => en::write_str(&mut w, &b.text[r.clone()]).unwrap(),
                     None => en::write_nil(&mut w).unwrap(),
                 }
+                key(&mut w, "extra_keys");
+                en::write_nil(&mut w).unwrap();
+                key(&mut w, "group_idx");
+                group(&mut w, *g);
+                key(&mut w, "kv_cache_spec_kind");
+                match spec {
+                    SpecKind::Unspecified => en::write_nil(&mut w).unwrap(),
+                    SpecKind::FullAttention => en::write_str(&mut w, "full_attention").unwrap(),
+                    SpecKind::Other => en::write_str(&mut w, "sliding_window").unwrap(),
+                }
             }
-            DecodedEvent::Removed { hashes, medium: m } => {
+            DecodedEvent::Removed {
+                hashes,
+                medium: m,
+                group: g,
+            } => {
                 key(&mut w, "block_hashes");
                 en::write_array_len(&mut w, hashes.len() as u32).unwrap();
                 for (k, &h) in b.hashes[hashes.clone()].iter().enumerate() {
@@ -211,6 +247,8 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                 }
                 key(&mut w, "medium");
                 en::write_str(&mut w, medium(*m)).unwrap();
+                key(&mut w, "group_idx");
+                group(&mut w, *g);
             }
             DecodedEvent::Cleared => {}
         }

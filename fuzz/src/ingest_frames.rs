@@ -41,7 +41,9 @@ use std::collections::BTreeMap;
 
 use arbitrary::{Result, Unstructured};
 use kvr::hash::{local_block_hash, HashSalt};
-use kvr::ingress::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
+use kvr::ingress::decode::{
+    decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
+};
 use kvr::ingress::ingest::{IngestOutcome, StreamStats};
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
 use kvr::{KvEvent, RankId, StoredBlock, Tier, WorkerId};
@@ -96,6 +98,7 @@ impl Batch {
                     block_size,
                     lora_name,
                     medium,
+                    ..
                 } => Ev::Stored {
                     medium: *medium,
                     parent: *parent,
@@ -104,7 +107,7 @@ impl Batch {
                     block_size: *block_size,
                     lora: lora_name.clone().map(|r| b.text[r].to_owned()),
                 },
-                DecodedEvent::Removed { hashes, medium } => Ev::Removed {
+                DecodedEvent::Removed { hashes, medium, .. } => Ev::Removed {
                     medium: *medium,
                     hashes: b.hashes[hashes.clone()].to_vec(),
                 },
@@ -118,11 +121,57 @@ impl Batch {
     }
 }
 
-fn tier(m: Medium) -> Tier {
+/// The tier of a medium (`None`: unknown, the event is skipped and counted).
+fn tier(m: Medium) -> Option<Tier> {
     match m {
-        Medium::Gpu => Tier::Device,
-        Medium::Cpu => Tier::Host,
-        Medium::Storage => Tier::Disk,
+        Medium::Gpu => Some(Tier::Device),
+        Medium::Cpu => Some(Tier::Host),
+        Medium::Storage => Some(Tier::Disk),
+        Medium::Unknown => None,
+    }
+}
+
+/// Each decoded event's KV-cache group and (stores) spec kind.
+fn groups_of(b: &DecodedBatch) -> Vec<(Option<u32>, Option<SpecKind>)> {
+    b.events
+        .iter()
+        .map(|e| match e {
+            DecodedEvent::Stored { group, spec, .. } => (*group, Some(*spec)),
+            DecodedEvent::Removed { group, .. } => (*group, None),
+            DecodedEvent::Cleared => (None, None),
+        })
+        .collect()
+}
+
+/// The model of `ingress::groups` (its rules, written again): the groups a stream saw
+/// in stores, whether each routes (full attention or no kind), and the group followed.
+#[derive(Default)]
+struct GroupModel {
+    seen: Vec<(u32, bool)>,
+    routing: Option<u32>,
+}
+
+impl GroupModel {
+    /// (clear the stream's ranks first, apply).
+    fn store(&mut self, g: Option<u32>, spec: SpecKind) -> (bool, bool) {
+        let Some(g) = g else { return (false, true) };
+        let routes = spec != SpecKind::Other;
+        if let Some(e) = self.seen.iter_mut().find(|e| e.0 == g) {
+            e.1 |= routes;
+        } else if self.seen.len() < 16 {
+            self.seen.push((g, routes));
+        } else {
+            return (false, false);
+        }
+        let full = self.seen.iter().filter(|e| e.1).map(|e| e.0).min();
+        let routing = full.or_else(|| self.seen.iter().map(|e| e.0).min());
+        let switched = self.routing.is_some() && self.routing != routing;
+        self.routing = routing;
+        (switched, routing == Some(g))
+    }
+
+    fn remove(&self, g: Option<u32>) -> bool {
+        g.is_none_or(|g| self.routing == Some(g) || self.seen.iter().all(|e| e.0 != g))
     }
 }
 
@@ -237,20 +286,27 @@ fn hashes_v(u: &mut Unstructured<'_>, hs: &[u64]) -> Result<V> {
 /// `medium` as written; `None` = may be omitted (GPU, the default).
 fn medium_v(u: &mut Unstructured<'_>, m: Medium) -> Result<V> {
     Ok(match m {
-        Medium::Gpu => match pick(u, &[3, 2, 1])? {
+        Medium::Gpu => match pick(u, &[3, 2, 1, 1])? {
             0 => s("GPU"),
             1 => V::Nil,
-            _ => s("gpu"),
+            2 => s("gpu"),
+            _ => s("DEVICE"),
         },
-        Medium::Cpu => match pick(u, &[4, 1])? {
+        Medium::Cpu => match pick(u, &[4, 1, 1, 1])? {
             0 => s("CPU"),
-            _ => s("cpu"),
+            1 => s("cpu"),
+            2 => s("CPU_PINNED"),
+            _ => s("CPU_TIER1"),
         },
-        Medium::Storage => match pick(u, &[2, 2, 1])? {
+        Medium::Storage => match pick(u, &[2, 2, 1, 1, 1])? {
             0 => s("STORAGE"),
             1 => s("DISK"),
-            _ => s("Storage"),
+            2 => s("Storage"),
+            3 => s("CPU_TIER2"),
+            _ => s(["NVME", "EXTERNAL", "NETWORK", "REMOTE", "SHARED"][pick(u, &[1; 5])?]),
         },
+        // Names no table has: the event is skipped, the batch applies.
+        Medium::Unknown => s(["HBM", "", "GPU2"][pick(u, &[1, 1, 1])?]),
     })
 }
 
@@ -305,12 +361,10 @@ fn stored_fields(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -
         medium_v(u, *medium)?,
         lora_v,
         extra_keys,
-        if u.ratio(1, 2)? { V::U(0) } else { V::Nil },
-        if u.ratio(1, 2)? {
-            s("full_attention")
-        } else {
-            V::Nil
-        },
+        // KV-cache groups: hybrid models send group 1 as a sliding window (or Mamba).
+        [V::Nil, V::U(0), V::U(1)][pick(u, &[4, 4, 1])?].clone(),
+        [V::Nil, s("full_attention"), s("sliding_window"), s("mamba")][pick(u, &[4, 4, 1, 1])?]
+            .clone(),
         if u.ratio(1, 3)? { V::U(128) } else { V::Nil },
         if u.ratio(1, 3)? { s("LOCAL") } else { V::Nil },
         V::Nil,
@@ -359,7 +413,7 @@ fn event_v(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -> Resu
             let f = vec![
                 hashes_v(u, hashes)?,
                 medium_v(u, *medium)?,
-                if u.ratio(1, 2)? { V::U(0) } else { V::Nil },
+                [V::Nil, V::U(0), V::U(1)][pick(u, &[4, 4, 1])?].clone(),
                 if u.ratio(1, 3)? { s("LOCAL") } else { V::Nil },
                 V::Nil,
             ];
@@ -495,6 +549,7 @@ fn encode(
 /// The model of one stream (`IngressStream` for a raw stream), with the counters it must
 /// report.
 struct StreamModel {
+    groups: GroupModel,
     last: Option<u64>,
     /// The payload of the batch applied last (the same seq with another payload is a
     /// restart, the same payload a duplicate).
@@ -663,6 +718,7 @@ impl Harness {
             return i;
         }
         self.streams.push(StreamModel {
+            groups: GroupModel::default(),
             last: None,
             last_payload: Vec::new(),
             ranks_seen: Vec::new(),
@@ -705,7 +761,7 @@ impl Harness {
     }
 
     fn medium(u: &mut Unstructured<'_>) -> Result<Medium> {
-        Ok([Medium::Gpu, Medium::Cpu, Medium::Storage][pick(u, &[7, 2, 1])?])
+        Ok([Medium::Gpu, Medium::Cpu, Medium::Storage, Medium::Unknown][pick(u, &[14, 4, 2, 1])?])
     }
 
     /// A store on `rank`: returns the event and its LoRA name as written.
@@ -805,8 +861,9 @@ impl Harness {
         // Names the rank holds: on the event's tier mostly, else on any tier (wrong tier).
         let mut names: Vec<u64> = Vec::new();
         if let Some(rm) = self.model.rank(rank) {
-            let t = tier(medium) as usize;
-            names.extend(rm.names[t].keys().copied());
+            if let Some(t) = tier(medium) {
+                names.extend(rm.names[t as usize].keys().copied());
+            }
             if names.is_empty() || u.ratio(1, 8)? {
                 for m in &rm.names {
                     names.extend(m.keys().copied());
@@ -1032,7 +1089,7 @@ impl Harness {
                 }
                 Ok(b) => {
                     want.batches_applied = 1;
-                    self.apply_batch(w, st, si, b);
+                    self.apply_batch(w, st, si, b, &groups_of(&db));
                 }
             }
         }
@@ -1079,7 +1136,14 @@ impl Harness {
     }
 
     /// What `IngressStream::apply` does with a decoded batch, on the model.
-    fn apply_batch(&mut self, w: WorkerId, st: u32, si: usize, b: &Batch) {
+    fn apply_batch(
+        &mut self,
+        w: WorkerId,
+        st: u32,
+        si: usize,
+        b: &Batch,
+        groups: &[(Option<u32>, Option<SpecKind>)],
+    ) {
         let dp = b.dp.unwrap_or(st);
         let sm = &mut self.streams[si];
         if !sm.ranks_seen.contains(&dp) {
@@ -1087,16 +1151,46 @@ impl Harness {
         }
         let rank = RankId::new(w, dp);
         let (mut stored, mut removed, mut rejected, mut mismatched) = (0u64, 0u64, 0u64, 0u64);
+        let (mut skipped_group, mut skipped_medium, mut switches) = (0u64, 0u64, 0u64);
         let mut blocks = Vec::new();
-        for ev in &b.events {
+        for (ev, &(group, spec)) in b.events.iter().zip(groups) {
+            let medium = match ev {
+                Ev::Stored { medium, .. } | Ev::Removed { medium, .. } => *medium,
+                Ev::Cleared => Medium::Gpu,
+            };
+            let Some(tier) = tier(medium) else {
+                skipped_medium += 1;
+                continue;
+            };
+            let sm = &mut self.streams[si];
+            let (clear_first, apply) = match (ev, spec) {
+                (Ev::Stored { block_size, .. }, Some(spec)) if *block_size == self.bs => {
+                    sm.groups.store(group, spec)
+                }
+                (Ev::Removed { .. }, _) => (false, sm.groups.remove(group)),
+                _ => (false, true),
+            };
+            if clear_first {
+                switches += 1;
+                let seen = sm.ranks_seen.clone();
+                for r in self.model.ranks() {
+                    if r.worker_id == w && seen.contains(&r.dp_rank) {
+                        self.model.clear(r);
+                    }
+                }
+            }
+            if !apply {
+                skipped_group += 1;
+                continue;
+            }
             let r = match ev {
                 Ev::Stored {
-                    medium,
                     parent,
                     hashes,
                     tokens,
                     block_size,
                     lora,
+                    ..
                 } => {
                     if *block_size != self.bs {
                         mismatched += 1;
@@ -1117,16 +1211,16 @@ impl Harness {
                     self.model.apply(
                         rank,
                         &KvEvent::Stored {
-                            tier: tier(*medium),
+                            tier,
                             parent: *parent,
                             blocks: &blocks,
                         },
                     )
                 }
-                Ev::Removed { medium, hashes } => self.model.apply(
+                Ev::Removed { hashes, .. } => self.model.apply(
                     rank,
                     &KvEvent::Removed {
-                        tier: tier(*medium),
+                        tier,
                         external_hashes: hashes,
                     },
                 ),
@@ -1148,6 +1242,9 @@ impl Harness {
         s.blocks_removed += removed;
         s.events_rejected += rejected;
         s.block_size_mismatches += mismatched;
+        s.events_skipped_group += skipped_group;
+        s.events_skipped_medium += skipped_medium;
+        s.group_switches += switches;
         self.sum.blocks_stored += stored;
         self.sum.blocks_removed += removed;
         self.sum.events_rejected += rejected;

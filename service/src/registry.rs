@@ -21,8 +21,8 @@ use kvr_zmq::{SubscribeConfig, SubscribeOptions, Subscription};
 use crate::error::ApiError;
 use crate::wire::worker::{Lifecycle, WorkerPatch, WorkerRecord, WorkerRequest};
 
-/// The most DP ranks one registration may declare (each rank is a subscription thread).
-pub const MAX_DP_SIZE: u32 = 1024;
+/// The engine's bound on a worker's DP ranks (refused with Dynamo's 400 shape above it).
+pub use kvr::workers::MAX_DP_SIZE;
 
 /// What the request path needs of a partition.
 #[derive(Debug)]

@@ -653,6 +653,12 @@ static void test_options(void)
     OK(kvr_partition_options_set_credit_decay(o, 0.0));
     OK(kvr_partition_options_set_busy_decode_blocks_fraction(o, 0.9));
     OK(kvr_partition_options_set_busy_prefill_tokens_fraction(o, 0.9));
+    /* A negative fraction would make every rank busy: refused. */
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_busy_decode_blocks_fraction(o, -0.1));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_busy_prefill_tokens_fraction(o, -1.0));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_busy_prefill_tokens_fraction(NULL, -1.0));
+    OK(kvr_partition_options_set_busy_decode_blocks_fraction(o, 0.0));
+    OK(kvr_partition_options_set_busy_decode_blocks_fraction(o, 0.9));
 
     OK(kvr_partition_options_set_busy_prefill_tokens(o, 100));
     CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_busy_prefill_tokens(NULL, 100));
@@ -770,6 +776,10 @@ static void test_workers(void)
     g_section = "workers";
     kvr_worker *w = (kvr_worker *)(uintptr_t)1;
     CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_worker_new(7, 0, &w));
+    CHECK(w == (kvr_worker *)(uintptr_t)1);
+    /* A caller's dp_size drives per-rank allocations: bounded, never an abort. */
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_worker_new(7, UINT32_MAX, &w));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_worker_new(7, KVR_MAX_DP_SIZE + 1, &w));
     CHECK(w == (kvr_worker *)(uintptr_t)1);
     CHECK_ST(KVR_ERR_NULL, kvr_worker_new(7, 1, NULL));
     OK(kvr_worker_new(7, 2, &w));
@@ -2064,6 +2074,19 @@ static void test_request_setters(void)
     OK(kvr_request_set_session(r, "s1", 2, "parent", 6, 1, "user", 4));
     OK(kvr_request_set_session(r, "s1", 2, NULL, 0, 0, NULL, 0));
     CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_session(r, NULL, 0, NULL, 0, 0, NULL, 0));
+    {
+        /* Longer than KVR_MAX_SESSION_ID_BYTES: refused when set, not dropped later. */
+        char long_id[KVR_MAX_SESSION_ID_BYTES + 1];
+        memset(long_id, 'x', sizeof long_id);
+        OK(kvr_request_set_session(r, long_id, KVR_MAX_SESSION_ID_BYTES, NULL, 0, 0, NULL, 0));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+                 kvr_request_set_session(r, long_id, sizeof long_id, NULL, 0, 0, NULL, 0));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+                 kvr_request_set_session(r, "s", 1, long_id, sizeof long_id, 0, NULL, 0));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT,
+                 kvr_request_set_legacy_session_id(r, long_id, sizeof long_id));
+        OK(kvr_request_set_session(r, "s1", 2, NULL, 0, 0, NULL, 0));
+    }
     CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_session(r, BAD_UTF8, BAD_UTF8_LEN, NULL, 0, 0, NULL, 0));
     CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_session(r, "s", 1, BAD_UTF8, BAD_UTF8_LEN, 0, NULL, 0));
     CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_session(r, "s", 1, NULL, 0, 0, BAD_UTF8, BAD_UTF8_LEN));
@@ -2765,21 +2788,23 @@ static bool zmtp_publish(int fd, const char *topic, uint64_t seq, const uint8_t 
            zmtp_frame(fd, 0, payload, n);
 }
 
-/* The counters of worker `worker`'s stream, or all zeros if it has none yet. */
+/* The counters of worker `worker`'s newest stream, or all zeros if it has none yet (a
+   stopped subscription's streams keep their counters: a subscription whose route names
+   a replay endpoint registers its stream at once, to probe it). */
 static kvr_stream_stats stream_of(const kvr_partition *p, uint64_t worker)
 {
-    kvr_stream_stats st[16], none;
-    memset(&none, 0, sizeof none);
+    kvr_stream_stats st[16], found;
+    memset(&found, 0, sizeof found);
     size_t n = 0;
     if (kvr_partition_ingress_stats(p, st, 16, &n) != KVR_OK) {
-        return none;
+        return found;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && i < 16; i++) {
         if (st[i].worker_id == worker) {
-            return st[i];
+            found = st[i];
         }
     }
-    return none;
+    return found;
 }
 
 /* Waits up to 30 s until worker's stream has taken `messages` messages. */

@@ -1,4 +1,4 @@
-"""Ingress recovery against vLLM 0.33.0's real KV-event publisher.
+"""Ingress recovery (and hybrid KV-cache groups) against vLLM 0.33.0's real publisher.
 
 Each scenario drives `vllm/distributed/kv_events.py`'s own `ZmqEventPublisher` (imported
 from the wheel with small stubs: tests/compat/vllm_publisher.py) into `kvr serve`, which
@@ -18,6 +18,8 @@ Scenarios (issue 15's list):
   restart-at-old-last-seq   a new instance whose first batch seen has the old last seq
   dp2-one-replay-dead       two DP ranks; rank 1's replay endpoint never answers: rank 0
                             keeps its state, rank 1 recovers by clearing, never rank 0
+  hybrid-groups             full-attention and sliding-window groups (one event each): the
+                            window's evictions leave the full-attention blocks counted
 
 Usage: python recovery.py [--kvr-bin target/release/kvr] [--only NAME] [--timeout S]
                           [--negative]
@@ -118,22 +120,26 @@ class Rank:
         self.pub.publish(self.kv.KVEventBatch(ts=time.time(), events=events))
         self.pub._event_queue.join()  # sent (or dropped) and in the replay buffer
 
-    def stored(self, tokens: list[int]):
+    def stored(self, tokens: list[int], group: int = 0, kind: str = "full_attention"):
+        """A store in KV-cache group `group`; the truth follows the full-attention group
+        (group 0), which is what a prefix hit needs."""
         hashes = engine_hashes(tokens, BS)
-        for i in range(len(hashes)):
-            self.held.add(tuple(tokens[: (i + 1) * BS]))
+        if group == 0:
+            for i in range(len(hashes)):
+                self.held.add(tuple(tokens[: (i + 1) * BS]))
         return self.kv.BlockStored(
             block_hashes=hashes, parent_block_hash=None,
             token_ids=tokens[: len(hashes) * BS], block_size=BS, lora_id=None,
             medium="GPU", lora_name=None, extra_keys=[None] * len(hashes),
-            group_idx=0, kv_cache_spec_kind="full_attention")
+            group_idx=group, kv_cache_spec_kind=kind)
 
-    def removed(self, tokens: list[int], first_block: int):
+    def removed(self, tokens: list[int], first_block: int, group: int = 0):
         hashes = engine_hashes(tokens, BS)
-        for i in range(first_block, len(hashes)):
-            self.held.discard(tuple(tokens[: (i + 1) * BS]))
+        if group == 0:
+            for i in range(first_block, len(hashes)):
+                self.held.discard(tuple(tokens[: (i + 1) * BS]))
         return self.kv.BlockRemoved(block_hashes=hashes[first_block:], medium="GPU",
-                                    group_idx=0)
+                                    group_idx=group)
 
     def depth(self, prompt: list[int]) -> int:
         d = 0
@@ -312,12 +318,29 @@ def dp2_one_replay_dead(kv, base, check):
     return w, ok
 
 
+def hybrid_groups(kv, base, check):
+    """gpt-oss-like: each batch stores in group 0 (full attention) and group 1 (sliding
+    window); the window evicts the blocks it slid past, the full group keeps them."""
+    w = Worker(kv, 106)
+    w.register(base)
+    r = w.ranks[0]
+    time.sleep(1.0)
+    p = prompt(11000, 6)
+    r.publish([r.stored(p, 0), r.stored(p, 1, "sliding_window")])
+    r.publish([r.removed(p[: 4 * BS], 0, group=1)])
+    ok = check.converge("hybrid-groups (window slid)", [w], [p])
+    r.publish([r.removed(p, 5, group=0)])
+    ok &= check.converge("hybrid-groups (full-attention eviction)", [w], [p])
+    return w, ok
+
+
 SCENARIOS = {
     "gap-at-end-of-burst": gap_at_end_of_burst,
     "join-after-last-batch": join_after_last_batch,
     "restart-back-to-zero": restart_back_to_zero,
     "restart-at-old-last-seq": restart_at_old_last_seq,
     "dp2-one-replay-dead": dp2_one_replay_dead,
+    "hybrid-groups": hybrid_groups,
 }
 
 

@@ -12,6 +12,8 @@ use super::decode::Medium;
 pub struct BatchEncoder {
     events: u32,
     body: Vec<u8>,
+    /// The next event's `group_idx` and spec kind ([`BatchEncoder::in_group`]).
+    group: Option<(u32, Option<String>)>,
 }
 
 // Writing into a Vec<u8> cannot fail: the `expect`s below never fire.
@@ -22,6 +24,8 @@ fn medium_name(m: Medium) -> &'static str {
         Medium::Gpu => "GPU",
         Medium::Cpu => "CPU",
         Medium::Storage => "STORAGE",
+        // Not a name kvr knows (Medium::from_name reads it back as Unknown).
+        Medium::Unknown => "UNKNOWN_MEDIUM",
     }
 }
 
@@ -41,6 +45,33 @@ impl BatchEncoder {
         }
     }
 
+    /// The next `stored` / `removed` carries `group_idx` (and, on a store, this
+    /// `kv_cache_spec_kind`), as vLLM's hybrid KV-cache manager sends them.
+    pub fn in_group(&mut self, group_idx: u32, kind: Option<&str>) -> &mut Self {
+        self.group = Some((group_idx, kind.map(str::to_owned)));
+        self
+    }
+
+    /// Writes the pending group's fields (`stored`: with the kind).
+    fn group_fields(&mut self, group: Option<(u32, Option<String>)>, with_kind: bool) {
+        if let Some((g, kind)) = group {
+            self.key("group_idx");
+            enc::write_uint(&mut self.body, u64::from(g)).expect(INFALLIBLE);
+            if let (true, Some(k)) = (with_kind, kind) {
+                self.key("kv_cache_spec_kind");
+                self.key(&k);
+            }
+        }
+    }
+
+    /// Fields the pending group adds to an event.
+    fn group_len(&self, with_kind: bool) -> u32 {
+        match &self.group {
+            None => 0,
+            Some((_, kind)) => 1 + u32::from(with_kind && kind.is_some()),
+        }
+    }
+
     /// A `BlockStored` of `hashes` (the engine's block ids) extending `parent`, with the
     /// blocks' `tokens` (`hashes.len() * block_size` of them).
     pub fn stored(
@@ -52,7 +83,8 @@ impl BatchEncoder {
         medium: Medium,
         lora_name: Option<&str>,
     ) -> &mut Self {
-        let fields = 6 + u32::from(lora_name.is_some());
+        let fields = 6 + u32::from(lora_name.is_some()) + self.group_len(true);
+        let group = self.group.take();
         enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
         self.key("type");
         self.key("BlockStored");
@@ -78,19 +110,23 @@ impl BatchEncoder {
             self.key("lora_name");
             self.key(l);
         }
+        self.group_fields(group, true);
         self.events += 1;
         self
     }
 
     /// A `BlockRemoved` of `hashes` from `medium`.
     pub fn removed(&mut self, hashes: &[u64], medium: Medium) -> &mut Self {
-        enc::write_map_len(&mut self.body, 3).expect(INFALLIBLE);
+        let fields = 3 + self.group_len(false);
+        enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
+        let group = self.group.take();
         self.key("type");
         self.key("BlockRemoved");
         self.key("block_hashes");
         self.hashes(hashes);
         self.key("medium");
         self.key(medium_name(medium));
+        self.group_fields(group, false);
         self.events += 1;
         self
     }
@@ -150,6 +186,7 @@ mod tests {
                 block_size,
                 lora_name,
                 medium,
+                ..
             } => {
                 assert_eq!(&b.hashes[hashes.clone()], &[1, 2]);
                 assert_eq!(*parent, Some(9));

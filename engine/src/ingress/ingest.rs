@@ -21,6 +21,7 @@ use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier,
 use crate::sync::{Arc, Mutex, ShardedMap, StdArc};
 
 use super::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
+use super::groups::GroupRouting;
 use super::sequence::{Action, ClearCause, ReplayResult, SequenceStats, SequenceTracker};
 
 /// One stream's counters (readable through [`Partition::ingress_stats`](crate::partition::Partition::ingress_stats)).
@@ -40,6 +41,13 @@ pub struct StreamStats {
     pub events_rejected: u64,
     /// Stores refused because their block size is not the partition's.
     pub block_size_mismatches: u64,
+    /// Events skipped because their KV-cache group is not the one routing follows
+    /// (hybrid-attention models; `ingress::groups`).
+    pub events_skipped_group: u64,
+    /// Times the routing group changed (the stream's ranks were cleared).
+    pub group_switches: u64,
+    /// Events skipped because their `medium` is not a name kvr knows (`Medium`).
+    pub events_skipped_medium: u64,
     /// Batches that failed to decode, by cause (`DecodeErrorKind::name`, count).
     pub decode_errors: Vec<(&'static str, u64)>,
     /// Messages whose frames were malformed (reported by the transport).
@@ -189,6 +197,7 @@ pub struct IngressStream {
     actions: Vec<Action>,
     /// DP ranks this stream's batches named (a clear clears these).
     ranks_seen: Vec<u32>,
+    groups: GroupRouting,
     stats: Arc<Mutex<StreamStats>>,
 }
 
@@ -213,6 +222,7 @@ impl IngressStream {
             blocks: Vec::new(),
             actions: Vec::new(),
             ranks_seen: Vec::new(),
+            groups: GroupRouting::default(),
             stats: partition.streams().register(worker_id, stream),
         }
     }
@@ -320,8 +330,40 @@ impl IngressStream {
         let bs = p.block_size();
         let namespace = p.cache_namespace();
         let (mut stored, mut removed, mut rejected, mut mismatched) = (0u64, 0u64, 0u64, 0u64);
+        let (mut skipped_group, mut skipped_medium, mut switches) = (0u64, 0u64, 0u64);
         let b = &self.batch;
         for ev in &b.events {
+            let medium = match ev {
+                DecodedEvent::Stored { medium, .. } | DecodedEvent::Removed { medium, .. } => {
+                    *medium
+                }
+                DecodedEvent::Cleared => Medium::Gpu,
+            };
+            let Some(tier) = tier(medium) else {
+                skipped_medium += 1;
+                continue;
+            };
+            let verdict = match ev {
+                DecodedEvent::Stored {
+                    group,
+                    spec,
+                    block_size,
+                    ..
+                } if *block_size == bs => self.groups.on_store(*group, *spec),
+                DecodedEvent::Removed { group, .. } => self.groups.on_remove(*group),
+                _ => super::groups::Verdict {
+                    clear_first: false,
+                    apply: true,
+                },
+            };
+            if verdict.clear_first {
+                switches += 1;
+                p.clear_ranks(self.worker_id, &self.ranks_seen);
+            }
+            if !verdict.apply {
+                skipped_group += 1;
+                continue;
+            }
             let r = match ev {
                 DecodedEvent::Stored {
                     hashes,
@@ -329,7 +371,7 @@ impl IngressStream {
                     tokens,
                     block_size,
                     lora_name,
-                    medium,
+                    ..
                 } => {
                     if *block_size != bs {
                         mismatched += 1;
@@ -351,16 +393,16 @@ impl IngressStream {
                     p.apply_event(
                         rank,
                         &KvEvent::Stored {
-                            tier: tier(*medium),
+                            tier,
                             parent: *parent,
                             blocks: &self.blocks,
                         },
                     )
                 }
-                DecodedEvent::Removed { hashes, medium } => p.apply_event(
+                DecodedEvent::Removed { hashes, .. } => p.apply_event(
                     rank,
                     &KvEvent::Removed {
-                        tier: tier(*medium),
+                        tier,
                         external_hashes: &b.hashes[hashes.clone()],
                     },
                 ),
@@ -383,6 +425,9 @@ impl IngressStream {
         s.blocks_removed += removed;
         s.events_rejected += rejected;
         s.block_size_mismatches += mismatched;
+        s.events_skipped_group += skipped_group;
+        s.events_skipped_medium += skipped_medium;
+        s.group_switches += switches;
         s.last_batch_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -390,10 +435,12 @@ impl IngressStream {
     }
 }
 
-fn tier(m: Medium) -> Tier {
+/// The tier of a medium (`None`: unknown, the event is skipped).
+fn tier(m: Medium) -> Option<Tier> {
     match m {
-        Medium::Gpu => Tier::Device,
-        Medium::Cpu => Tier::Host,
-        Medium::Storage => Tier::Disk,
+        Medium::Gpu => Some(Tier::Device),
+        Medium::Cpu => Some(Tier::Host),
+        Medium::Storage => Some(Tier::Disk),
+        Medium::Unknown => None,
     }
 }

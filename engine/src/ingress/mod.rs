@@ -15,5 +15,6 @@
 
 pub mod decode;
 pub mod encode;
+mod groups;
 pub mod ingest;
 pub mod sequence;

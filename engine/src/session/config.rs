@@ -58,6 +58,9 @@ pub struct SessionConfig {
     pub early_release_memory: usize,
 }
 
+/// [`SessionConfig::max_session_id_bytes`]'s default (the C ABI's fixed limit).
+pub const DEFAULT_MAX_SESSION_ID_BYTES: usize = 256;
+
 impl Default for SessionConfig {
     fn default() -> Self {
         Self {
@@ -65,7 +68,7 @@ impl Default for SessionConfig {
             max_entries: 65_536,
             idle_ttl: Duration::from_secs(600),
             shards: 64,
-            max_session_id_bytes: 256,
+            max_session_id_bytes: DEFAULT_MAX_SESSION_ID_BYTES,
             early_release_memory: 64,
         }
     }

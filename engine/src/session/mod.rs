@@ -154,7 +154,8 @@ mod table;
 #[cfg(loom)]
 pub(crate) use config::SessionFaults;
 pub use config::{
-    AffinityMode, SessionConfig, SessionContext, EARLY_RELEASE_WINDOW, MIN_ENTRIES_PER_SHARD,
+    AffinityMode, SessionConfig, SessionContext, DEFAULT_MAX_SESSION_ID_BYTES,
+    EARLY_RELEASE_WINDOW, MIN_ENTRIES_PER_SHARD,
 };
 pub use outcome::{BindOutcome, Binding, LeaseRelease, SessionStats, SessionView, Steer};
 pub use table::SessionTable;

@@ -12,17 +12,61 @@ use std::ops::Range;
 /// [`DecodeErrorKind::TooLarge`]: super::DecodeErrorKind::TooLarge
 pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
 
-/// Where a block lives (vLLM `medium`): absent/nil/`"GPU"` → [`Medium::Gpu`], `"CPU"` →
-/// [`Medium::Cpu`], `"STORAGE"`/`"DISK"` → [`Medium::Storage`] (ASCII case-insensitive);
-/// any other string is [`DecodeErrorKind::UnknownMedium`].
+/// Where a block lives (vLLM `medium`, SGLang HiCache, LMCache and connector names seen
+/// in the field, REFERENCE.md §9; ASCII case-insensitive):
 ///
-/// [`DecodeErrorKind::UnknownMedium`]: super::DecodeErrorKind::UnknownMedium
+/// | medium | names |
+/// |---|---|
+/// | [`Medium::Gpu`] (device tier) | absent, nil, `GPU`, `DEVICE` |
+/// | [`Medium::Cpu`] (host tier) | `CPU`, `CPU_PINNED`, `CPU_TIER1` |
+/// | [`Medium::Storage`] (disk tier) | `CPU_TIER2`, `DISK`, `NVME`, `STORAGE`, and the shared or remote stores `EXTERNAL`, `NETWORK`, `REMOTE`, `SHARED` (the slowest tier kvr knows) |
+/// | [`Medium::Unknown`] | any other string: that event is skipped and counted, the rest of the batch applies |
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Medium {
     #[default]
     Gpu,
     Cpu,
     Storage,
+    Unknown,
+}
+
+impl Medium {
+    /// The medium a wire name stands for.
+    pub fn from_name(name: &str) -> Medium {
+        const NAMES: [(&str, Medium); 13] = [
+            ("GPU", Medium::Gpu),
+            ("DEVICE", Medium::Gpu),
+            ("CPU", Medium::Cpu),
+            ("CPU_PINNED", Medium::Cpu),
+            ("CPU_TIER1", Medium::Cpu),
+            ("CPU_TIER2", Medium::Storage),
+            ("DISK", Medium::Storage),
+            ("NVME", Medium::Storage),
+            ("STORAGE", Medium::Storage),
+            ("EXTERNAL", Medium::Storage),
+            ("NETWORK", Medium::Storage),
+            ("REMOTE", Medium::Storage),
+            ("SHARED", Medium::Storage),
+        ];
+        NAMES
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map_or(Medium::Unknown, |&(_, m)| m)
+    }
+}
+
+/// What a KV-cache group holds (vLLM `kv_cache_spec_kind`): hybrid-attention models
+/// publish one event per group (REFERENCE.md §9), and routing follows the full-attention
+/// group (see `ingress::ingest`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SpecKind {
+    /// Absent or nil (engines without hybrid groups).
+    #[default]
+    Unspecified,
+    /// `"full_attention"`.
+    FullAttention,
+    /// Anything else: `"sliding_window"`, `"mamba"`, `"chunked_local_attention"`, ...
+    Other,
 }
 
 /// One decoded event. Ranges index the owning [`DecodedBatch`]'s buffers.
@@ -32,7 +76,8 @@ pub enum DecodedEvent {
     /// chained after `parent`; `tokens` (`batch.tokens[tokens]`) holds exactly
     /// `hashes.len() * block_size` token ids; `block_size >= 1` whenever there are blocks
     /// (it is whatever the engine sent, possibly 0, when `hashes` is empty).
-    /// `lora_name` (`&batch.text[range]`) is `None` for nil, absent or empty.
+    /// `lora_name` (`&batch.text[range]`) is `None` for nil, absent or empty. `group` is
+    /// `group_idx` (`None` for nil or absent; an int outside u32 reads as `u32::MAX`).
     Stored {
         hashes: Range<usize>,
         parent: Option<u64>,
@@ -40,11 +85,14 @@ pub enum DecodedEvent {
         block_size: u32,
         lora_name: Option<Range<usize>>,
         medium: Medium,
+        group: Option<u32>,
+        spec: SpecKind,
     },
     /// `BlockRemoved`: the engine's hashes of the evicted blocks (`batch.hashes[hashes]`).
     Removed {
         hashes: Range<usize>,
         medium: Medium,
+        group: Option<u32>,
     },
     /// `AllBlocksCleared`.
     Cleared,

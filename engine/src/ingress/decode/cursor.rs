@@ -171,6 +171,30 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// `int|nil` as a u32: `None` for nil; an int outside u32 (negative, too large) reads
+    /// as `u32::MAX`.
+    pub(super) fn opt_u32_saturating(&mut self, detail: &'static str) -> Result<Option<u32>> {
+        let m = self.peek()?;
+        if m == Marker::Null {
+            self.skip_values(1)?;
+            return Ok(None);
+        }
+        if !is_int(m) {
+            return Err(DecodeError::new(K::FieldType, detail));
+        }
+        let mut probe = *self;
+        match rd::read_int::<u32, _>(&mut probe.rd) {
+            Ok(v) => {
+                *self = probe;
+                Ok(Some(v))
+            }
+            Err(_) => {
+                self.skip_values(1)?;
+                Ok(Some(u32::MAX))
+            }
+        }
+    }
+
     pub(super) fn u32(&mut self, kind: K, detail: &'static str) -> Result<u32> {
         rd::read_int::<u32, _>(&mut self.rd).map_err(|e| num_err(e, kind, detail))
     }

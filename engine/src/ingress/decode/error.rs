@@ -26,7 +26,9 @@ pub enum DecodeErrorKind {
     /// `len(token_ids) != len(block_hashes) * block_size`, or `block_size` is 0 (or
     /// absent) for a store with blocks.
     TokenCount,
-    /// `medium` is a string other than GPU, CPU, STORAGE or DISK.
+    /// Retired: no longer produced (an unknown `medium` now skips its event, counted in
+    /// `StreamStats::events_skipped_medium`, and the batch applies). Kept so that every
+    /// kind keeps its number in the C ABI's per-kind counters.
     UnknownMedium,
     /// The payload is larger than [`MAX_PAYLOAD_BYTES`].
     ///

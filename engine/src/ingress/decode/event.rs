@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use rmp::Marker;
 
-use super::batch::{DecodedBatch, DecodedEvent, Medium};
+use super::batch::{DecodedBatch, DecodedEvent, Medium, SpecKind};
 use super::cursor::Cursor;
 use super::error::{DecodeError, DecodeErrorKind as K, Result};
 
@@ -116,6 +116,8 @@ struct EventFields {
     block_size: u32,
     lora_name: Option<Range<usize>>,
     medium: Medium,
+    group: Option<u32>,
+    spec: SpecKind,
 }
 
 pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result<()> {
@@ -156,11 +158,14 @@ pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result
                 block_size: f.block_size,
                 lora_name: f.lora_name,
                 medium: f.medium,
+                group: f.group,
+                spec: f.spec,
             }
         }
         EventType::Removed => DecodedEvent::Removed {
             hashes: f.hashes,
             medium: f.medium,
+            group: f.group,
         },
         EventType::Cleared => DecodedEvent::Cleared,
     };
@@ -254,20 +259,9 @@ fn decode_field(
         Field::BlockSize => f.block_size = c.u32(K::FieldType, "block_size is not a u32")?,
         Field::LoraId => c.opt_int("lora_id is not an int or nil")?,
         Field::Medium => {
-            f.medium = match c.opt_str("medium is not a string or nil")? {
-                None => Medium::Gpu,
-                Some(s) if s.eq_ignore_ascii_case("GPU") => Medium::Gpu,
-                Some(s) if s.eq_ignore_ascii_case("CPU") => Medium::Cpu,
-                Some(s) if s.eq_ignore_ascii_case("STORAGE") || s.eq_ignore_ascii_case("DISK") => {
-                    Medium::Storage
-                }
-                Some(_) => {
-                    return Err(DecodeError::new(
-                        K::UnknownMedium,
-                        "medium is not GPU, CPU, STORAGE or DISK",
-                    ))
-                }
-            };
+            f.medium = c
+                .opt_str("medium is not a string or nil")?
+                .map_or(Medium::Gpu, Medium::from_name);
         }
         Field::LoraName => {
             f.lora_name = match c.opt_str("lora_name is not a string or nil")? {
@@ -288,9 +282,13 @@ fn decode_field(
                 }
             }
         }
-        Field::GroupIdx => c.opt_int("group_idx is not an int or nil")?,
+        Field::GroupIdx => f.group = c.opt_u32_saturating("group_idx is not an int or nil")?,
         Field::KvCacheSpecKind => {
-            c.opt_str("kv_cache_spec_kind is not a string or nil")?;
+            f.spec = match c.opt_str("kv_cache_spec_kind is not a string or nil")? {
+                None => SpecKind::Unspecified,
+                Some(k) if k.eq_ignore_ascii_case("full_attention") => SpecKind::FullAttention,
+                Some(_) => SpecKind::Other,
+            };
         }
         Field::KvCacheSpecSlidingWindow => {
             c.opt_int("kv_cache_spec_sliding_window is not an int or nil")?

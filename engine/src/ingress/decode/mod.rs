@@ -28,7 +28,7 @@ mod error;
 mod event;
 mod payload;
 
-pub use batch::{DecodedBatch, DecodedEvent, Medium, MAX_PAYLOAD_BYTES};
+pub use batch::{DecodedBatch, DecodedEvent, Medium, SpecKind, MAX_PAYLOAD_BYTES};
 pub use error::{DecodeError, DecodeErrorKind};
 pub use payload::decode_batch;
 
