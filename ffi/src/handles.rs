@@ -245,7 +245,29 @@ pub unsafe extern "C" fn kvr_partition_options_set_booking_ttl_ms(
     })
 }
 
-/// Sets one cost knob or busy threshold; NaN or infinity is refused.
+/// Sets one cost knob or busy threshold if `valid(value)` (else
+/// `KVR_ERR_INVALID_ARGUMENT`; a NULL handle is `KVR_ERR_NULL` first).
+///
+/// # Safety
+/// `opts` is NULL or live and not shared during the call.
+unsafe fn set_checked(
+    opts: *mut kvr_partition_options,
+    value: f64,
+    valid: impl FnOnce(f64) -> bool,
+    set: impl FnOnce(&mut PartitionConfig, f64),
+) -> kvr_status {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let o = unsafe { handle_mut(opts) }?;
+        if !valid(value) {
+            return Err(KVR_ERR_INVALID_ARGUMENT);
+        }
+        set(&mut o.config, value);
+        Ok(())
+    })
+}
+
+/// Sets one cost knob; NaN or infinity is refused.
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call.
@@ -254,18 +276,12 @@ unsafe fn set_f64(
     value: f64,
     set: impl FnOnce(&mut PartitionConfig, f64),
 ) -> kvr_status {
-    guard(|| {
-        // SAFETY: forwarded caller contract.
-        let o = unsafe { handle_mut(opts) }?;
-        if !value.is_finite() {
-            return Err(KVR_ERR_INVALID_ARGUMENT);
-        }
-        set(&mut o.config, value);
-        Ok(())
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe { set_checked(opts, value, f64::is_finite, set) }
 }
 
-/// Sets a busy fraction like [`set_f64`], also refusing a negative value (which would make every rank busy, every selection `KVR_BUSY`).
+/// Sets a busy fraction; NaN, infinity and negative values (which would make every rank
+/// busy, every selection `KVR_BUSY`) are refused.
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call.
@@ -274,15 +290,8 @@ unsafe fn set_fraction(
     value: f64,
     set: impl FnOnce(&mut PartitionConfig, f64),
 ) -> kvr_status {
-    if value < 0.0 {
-        // A NULL handle still reports NULL first.
-        if opts.is_null() {
-            return KVR_ERR_NULL;
-        }
-        return KVR_ERR_INVALID_ARGUMENT;
-    }
     // SAFETY: forwarded caller contract.
-    unsafe { set_f64(opts, value, set) }
+    unsafe { set_checked(opts, value, |v| v.is_finite() && v >= 0.0, set) }
 }
 
 /// Credit per device-cached block (Dynamo `overlap_score_credit`, default 1.0).

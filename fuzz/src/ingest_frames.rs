@@ -1065,14 +1065,7 @@ impl Harness {
         self.touched.clear();
         if clear {
             want.clears = 1;
-            let seen = self.streams[si].ranks_seen.clone();
-            let mut emptied = 0;
-            for r in self.model.ranks() {
-                // A stream clears only the ranks it fed (none if it applied nothing).
-                if r.worker_id == w && seen.contains(&r.dp_rank) {
-                    emptied += self.model.clear(r);
-                }
-            }
+            let emptied = self.clear_fed_ranks(w, si);
             self.sum.effective_clears += u64::from(emptied > 0);
         }
         if apply {
@@ -1136,6 +1129,19 @@ impl Harness {
     }
 
     /// What `IngressStream::apply` does with a decoded batch, on the model.
+    /// Clears, on the model, the ranks stream `si` of worker `w` fed (none if it applied
+    /// nothing); returns the blocks that went.
+    fn clear_fed_ranks(&mut self, w: WorkerId, si: usize) -> usize {
+        let seen = self.streams[si].ranks_seen.clone();
+        let mut emptied = 0;
+        for r in self.model.ranks() {
+            if r.worker_id == w && seen.contains(&r.dp_rank) {
+                emptied += self.model.clear(r);
+            }
+        }
+        emptied
+    }
+
     fn apply_batch(
         &mut self,
         w: WorkerId,
@@ -1164,20 +1170,17 @@ impl Harness {
             };
             let sm = &mut self.streams[si];
             let (clear_first, apply) = match (ev, spec) {
-                (Ev::Stored { block_size, .. }, Some(spec)) if *block_size == self.bs => {
-                    sm.groups.store(group, spec)
+                (Ev::Stored { block_size, .. }, _) if *block_size != self.bs => {
+                    mismatched += 1;
+                    continue;
                 }
+                (Ev::Stored { .. }, Some(spec)) => sm.groups.store(group, spec),
                 (Ev::Removed { .. }, _) => (false, sm.groups.remove(group)),
                 _ => (false, true),
             };
             if clear_first {
                 switches += 1;
-                let seen = sm.ranks_seen.clone();
-                for r in self.model.ranks() {
-                    if r.worker_id == w && seen.contains(&r.dp_rank) {
-                        self.model.clear(r);
-                    }
-                }
+                self.clear_fed_ranks(w, si);
             }
             if !apply {
                 skipped_group += 1;
@@ -1188,14 +1191,9 @@ impl Harness {
                     parent,
                     hashes,
                     tokens,
-                    block_size,
                     lora,
                     ..
                 } => {
-                    if *block_size != self.bs {
-                        mismatched += 1;
-                        continue;
-                    }
                     self.sum.lora_stores += u64::from(lora.is_some() && !hashes.is_empty());
                     let salt = HashSalt::new(lora.as_deref(), self.namespace.as_deref());
                     blocks.clear();

@@ -274,13 +274,13 @@ impl Collector for EngineCollector {
                     now_ms.saturating_sub(s.last_batch_unix_ms) as f64 / 1e3
                 };
                 age.push((l(), ConstGauge::new(a)));
-                gaps.push((l(), ConstCounter::new(s.sequence.gaps)));
-                replays.push((l(), ConstCounter::new(s.sequence.replays_requested)));
-                clears.push((l(), ConstCounter::new(s.sequence.clears)));
-                lost.push((l(), ConstCounter::new(s.sequence.batches_lost)));
-                restarts.push((l(), ConstCounter::new(s.sequence.restarts)));
-                probes.push((l(), ConstCounter::new(s.sequence.idle_probes)));
                 let q = &s.sequence;
+                gaps.push((l(), ConstCounter::new(q.gaps)));
+                replays.push((l(), ConstCounter::new(q.replays_requested)));
+                clears.push((l(), ConstCounter::new(q.clears)));
+                lost.push((l(), ConstCounter::new(q.batches_lost)));
+                restarts.push((l(), ConstCounter::new(q.restarts)));
+                probes.push((l(), ConstCounter::new(q.idle_probes)));
                 for (outcome, n) in [
                     ("filled", q.replays_filled),
                     ("partial", q.replays_partial),

@@ -52,23 +52,27 @@ impl BatchEncoder {
         self
     }
 
-    /// Writes the pending group's fields (`stored`: with the kind).
-    fn group_fields(&mut self, group: Option<(u32, Option<String>)>, with_kind: bool) {
+    /// Takes the pending group: its fields (a removal carries no kind) and how many.
+    fn take_group(&mut self, with_kind: bool) -> (Option<(u32, Option<String>)>, u32) {
+        let group = self
+            .group
+            .take()
+            .map(|(g, kind)| (g, kind.filter(|_| with_kind)));
+        let n = group
+            .as_ref()
+            .map_or(0, |(_, kind)| 1 + u32::from(kind.is_some()));
+        (group, n)
+    }
+
+    /// Writes a group taken by [`BatchEncoder::take_group`].
+    fn group_fields(&mut self, group: Option<(u32, Option<String>)>) {
         if let Some((g, kind)) = group {
             self.key("group_idx");
             enc::write_uint(&mut self.body, u64::from(g)).expect(INFALLIBLE);
-            if let (true, Some(k)) = (with_kind, kind) {
+            if let Some(k) = kind {
                 self.key("kv_cache_spec_kind");
                 self.key(&k);
             }
-        }
-    }
-
-    /// Fields the pending group adds to an event.
-    fn group_len(&self, with_kind: bool) -> u32 {
-        match &self.group {
-            None => 0,
-            Some((_, kind)) => 1 + u32::from(with_kind && kind.is_some()),
         }
     }
 
@@ -83,8 +87,8 @@ impl BatchEncoder {
         medium: Medium,
         lora_name: Option<&str>,
     ) -> &mut Self {
-        let fields = 6 + u32::from(lora_name.is_some()) + self.group_len(true);
-        let group = self.group.take();
+        let (group, group_fields) = self.take_group(true);
+        let fields = 6 + u32::from(lora_name.is_some()) + group_fields;
         enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
         self.key("type");
         self.key("BlockStored");
@@ -110,23 +114,22 @@ impl BatchEncoder {
             self.key("lora_name");
             self.key(l);
         }
-        self.group_fields(group, true);
+        self.group_fields(group);
         self.events += 1;
         self
     }
 
     /// A `BlockRemoved` of `hashes` from `medium`.
     pub fn removed(&mut self, hashes: &[u64], medium: Medium) -> &mut Self {
-        let fields = 3 + self.group_len(false);
-        enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
-        let group = self.group.take();
+        let (group, group_fields) = self.take_group(false);
+        enc::write_map_len(&mut self.body, 3 + group_fields).expect(INFALLIBLE);
         self.key("type");
         self.key("BlockRemoved");
         self.key("block_hashes");
         self.hashes(hashes);
         self.key("medium");
         self.key(medium_name(medium));
-        self.group_fields(group, false);
+        self.group_fields(group);
         self.events += 1;
         self
     }

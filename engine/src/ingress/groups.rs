@@ -34,9 +34,14 @@ pub(crate) struct Verdict {
     pub(crate) apply: bool,
 }
 
-const APPLY: Verdict = Verdict {
+pub(crate) const APPLY: Verdict = Verdict {
     clear_first: false,
     apply: true,
+};
+
+const SKIP: Verdict = Verdict {
+    clear_first: false,
+    apply: false,
 };
 
 /// One stream's groups.
@@ -57,12 +62,7 @@ impl GroupRouting {
             // A group that changes its kind keeps the most trusting reading.
             Some(i) => self.seen[i].1 |= full,
             None if self.seen.len() < MAX_GROUPS => self.seen.push((g, full)),
-            None => {
-                return Verdict {
-                    clear_first: false,
-                    apply: false,
-                }
-            }
+            None => return SKIP,
         }
         let routing = self
             .seen
@@ -80,13 +80,9 @@ impl GroupRouting {
     }
 
     pub(crate) fn on_remove(&self, group: Option<u32>) -> Verdict {
-        let apply = match group {
-            None => true,
-            Some(g) => self.routing == Some(g) || !self.seen.iter().any(|e| e.0 == g),
-        };
-        Verdict {
-            clear_first: false,
-            apply,
+        match group {
+            Some(g) if self.routing != Some(g) && self.seen.iter().any(|e| e.0 == g) => SKIP,
+            _ => APPLY,
         }
     }
 }
@@ -94,11 +90,6 @@ impl GroupRouting {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-
-    const SKIP: Verdict = Verdict {
-        clear_first: false,
-        apply: false,
-    };
 
     #[test]
     fn gpt_oss_like_full_plus_sliding_routes_on_the_full_group() {

@@ -21,8 +21,8 @@ use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier,
 use crate::sync::{Arc, Mutex, ShardedMap, StdArc};
 
 use super::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
-use super::groups::GroupRouting;
-use super::sequence::{Action, ClearCause, ReplayResult, SequenceStats, SequenceTracker};
+use super::groups::{GroupRouting, APPLY};
+use super::sequence::{Action, ReplayResult, SequenceStats, SequenceTracker};
 
 /// One stream's counters (readable through [`Partition::ingress_stats`](crate::partition::Partition::ingress_stats)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -230,32 +230,25 @@ impl IngressStream {
     /// A live message.
     pub fn on_live(&mut self, p: &impl EventSink, seq: u64, payload: &[u8]) -> IngestOutcome {
         self.note_message(payload.len());
-        let mut actions = std::mem::take(&mut self.actions);
-        self.tracker.on_live(seq, payload, &mut actions);
-        let out = self.perform(p, &mut actions);
-        self.actions = actions;
-        out
+        self.track(p, |t, out| t.on_live(seq, payload, out))
     }
 
     /// A replayed message (of the replay requested last).
     pub fn on_replayed(&mut self, p: &impl EventSink, seq: u64, payload: &[u8]) -> IngestOutcome {
         self.note_message(payload.len());
-        let mut actions = std::mem::take(&mut self.actions);
-        self.tracker.on_replayed(seq, payload, &mut actions);
-        let out = self.perform(p, &mut actions);
-        self.actions = actions;
-        out
+        self.track(p, |t, out| t.on_replayed(seq, payload, out))
     }
 
     /// The stream has been silent for a while (or was just subscribed): probe the
     /// publisher through replay ([`SequenceTracker::on_idle`]; nothing without replay or
     /// while a replay runs). `replay_from` says what to ask for.
     pub fn on_idle(&mut self, p: &impl EventSink) -> IngestOutcome {
-        let mut actions = std::mem::take(&mut self.actions);
-        self.tracker.on_idle(&mut actions);
-        let out = self.perform(p, &mut actions);
-        self.actions = actions;
-        out
+        self.track(p, |t, out| t.on_idle(out))
+    }
+
+    /// The replay ended.
+    pub fn on_replay_end(&mut self, p: &impl EventSink, result: ReplayResult) -> IngestOutcome {
+        self.track(p, |t, out| t.on_replay_end(result, out))
     }
 
     /// Whether a replay is in flight for this stream.
@@ -263,10 +256,15 @@ impl IngressStream {
         self.tracker.replaying()
     }
 
-    /// The replay ended.
-    pub fn on_replay_end(&mut self, p: &impl EventSink, result: ReplayResult) -> IngestOutcome {
+    /// Runs one step of the sequence tracker and performs the actions it returns (in a
+    /// buffer kept across calls).
+    fn track(
+        &mut self,
+        p: &impl EventSink,
+        step: impl FnOnce(&mut SequenceTracker, &mut Vec<Action>),
+    ) -> IngestOutcome {
         let mut actions = std::mem::take(&mut self.actions);
-        self.tracker.on_replay_end(result, &mut actions);
+        step(&mut self.tracker, &mut actions);
         let out = self.perform(p, &mut actions);
         self.actions = actions;
         out
@@ -294,8 +292,8 @@ impl IngressStream {
                         out.decode_errors += 1;
                     }
                 }
-                Action::Clear(cause) => {
-                    self.clear(p, cause);
+                Action::Clear(_) => {
+                    self.clear_fed_ranks(p);
                     out.clears += 1;
                 }
                 Action::RequestReplay { from_seq } => out.replay_from = Some(from_seq),
@@ -307,7 +305,7 @@ impl IngressStream {
 
     /// Clears the ranks this stream fed, and only those: another stream of the worker (its
     /// other DP ranks) keeps its state. A stream that applied nothing holds nothing.
-    fn clear(&mut self, p: &impl EventSink, _cause: ClearCause) {
+    fn clear_fed_ranks(&self, p: &impl EventSink) {
         if !self.ranks_seen.is_empty() {
             p.clear_ranks(self.worker_id, &self.ranks_seen);
         }
@@ -344,21 +342,17 @@ impl IngressStream {
                 continue;
             };
             let verdict = match ev {
-                DecodedEvent::Stored {
-                    group,
-                    spec,
-                    block_size,
-                    ..
-                } if *block_size == bs => self.groups.on_store(*group, *spec),
+                DecodedEvent::Stored { block_size, .. } if *block_size != bs => {
+                    mismatched += 1;
+                    continue;
+                }
+                DecodedEvent::Stored { group, spec, .. } => self.groups.on_store(*group, *spec),
                 DecodedEvent::Removed { group, .. } => self.groups.on_remove(*group),
-                _ => super::groups::Verdict {
-                    clear_first: false,
-                    apply: true,
-                },
+                DecodedEvent::Cleared => APPLY,
             };
             if verdict.clear_first {
                 switches += 1;
-                p.clear_ranks(self.worker_id, &self.ranks_seen);
+                self.clear_fed_ranks(p);
             }
             if !verdict.apply {
                 skipped_group += 1;
@@ -369,14 +363,9 @@ impl IngressStream {
                     hashes,
                     parent,
                     tokens,
-                    block_size,
                     lora_name,
                     ..
                 } => {
-                    if *block_size != bs {
-                        mismatched += 1;
-                        continue;
-                    }
                     let lora = lora_name.clone().map(|r| &b.text[r]);
                     let salt = HashSalt::new(lora, namespace);
                     self.blocks.clear();

@@ -162,6 +162,21 @@ impl PartitionSink {
         });
     }
 
+    /// Feeds stream `i` (if it exists) one step, noting that it was heard from, and
+    /// returns the transport's action for the outcome.
+    fn feed(
+        &mut self,
+        i: usize,
+        step: impl FnOnce(&mut IngressStream, &Arc<Partition>) -> IngestOutcome,
+    ) -> SinkAction {
+        let Some(s) = self.streams.get_mut(i) else {
+            return SinkAction::Continue;
+        };
+        s.last_heard = Some(Instant::now());
+        let out = step(&mut s.state, &self.partition);
+        self.action(i, out)
+    }
+
     /// The transport's action for stream `i`'s outcome (a replay, as replay id `i`).
     fn action(&self, i: usize, out: IngestOutcome) -> SinkAction {
         let Some(from_seq) = out.replay_from else {
@@ -186,37 +201,19 @@ impl FrameSink for PartitionSink {
             self.on_bad_frame("topic names no worker");
             return SinkAction::Continue;
         };
-        let p = self.partition.clone();
-        let s = &mut self.streams[i];
-        s.last_heard = Some(Instant::now());
-        let out = s.state.on_live(&p, seq, payload);
-        self.action(i, out)
+        self.feed(i, |s, p| s.on_live(p, seq, payload))
     }
 
     fn on_replayed(&mut self, id: u32, _topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction {
-        let i = id as usize;
-        let p = self.partition.clone();
-        let Some(s) = self.streams.get_mut(i) else {
-            return SinkAction::Continue;
-        };
-        s.last_heard = Some(Instant::now());
-        let out = s.state.on_replayed(&p, seq, payload);
-        self.action(i, out)
+        self.feed(id as usize, |s, p| s.on_replayed(p, seq, payload))
     }
 
     fn on_replay_end(&mut self, id: u32, end: ReplayEnd) -> SinkAction {
-        let i = id as usize;
         let result = match end {
             ReplayEnd::Completed => ReplayResult::Completed,
             _ => ReplayResult::Failed,
         };
-        let p = self.partition.clone();
-        let Some(s) = self.streams.get_mut(i) else {
-            return SinkAction::Continue;
-        };
-        s.last_heard = Some(Instant::now());
-        let out = s.state.on_replay_end(&p, result);
-        self.action(i, out)
+        self.feed(id as usize, |s, p| s.on_replay_end(p, result))
     }
 
     fn on_tick(&mut self, actions: &mut Vec<SinkAction>) {
@@ -224,18 +221,15 @@ impl FrameSink for PartitionSink {
             return;
         };
         let now = Instant::now();
-        let p = self.partition.clone();
         for i in 0..self.streams.len() {
-            let s = &mut self.streams[i];
+            let s = &self.streams[i];
             let idle = s
                 .last_heard
                 .map_or(true, |t| now.duration_since(t) >= after);
             if !idle || s.state.replaying() {
                 continue;
             }
-            s.last_heard = Some(now);
-            let out = s.state.on_idle(&p);
-            match self.action(i, out) {
+            match self.feed(i, |s, p| s.on_idle(p)) {
                 SinkAction::Continue => {}
                 a => actions.push(a),
             }
@@ -308,23 +302,17 @@ pub fn subscribe_with(
             worker_id,
             stream,
         } => {
-            let state =
-                IngressStream::new(&partition, worker_id, stream, replay_endpoint.is_some());
             let mut t = SubscriberConfig::connect(&endpoint);
             t.topic = topic.clone();
             t.replay_endpoint = replay_endpoint.clone();
-            let sink = PartitionSink {
+            let mut sink = PartitionSink {
                 partition,
-                streams: vec![Stream {
-                    topic,
-                    replay_endpoint,
-                    state,
-                    last_heard: None,
-                }],
+                streams: Vec::new(),
                 routes: Vec::new(),
                 bind: false,
                 idle_probe_after: options.idle_probe_after,
             };
+            sink.add_stream(topic, worker_id, stream, replay_endpoint);
             (t, sink)
         }
         SubscribeConfig::Bind { endpoint, routes } => {

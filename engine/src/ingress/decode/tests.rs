@@ -561,23 +561,19 @@ fn medium_mapping() {
 
 #[test]
 fn groups_and_spec_kinds_are_read() {
+    let store_in = |group: u64, kind: &str| {
+        m(vec![
+            ("type", s("BlockStored")),
+            ("block_hashes", a(vec![u(1)])),
+            ("token_ids", toks(0..4)),
+            ("block_size", u(4)),
+            ("group_idx", u(group)),
+            ("kv_cache_spec_kind", s(kind)),
+        ])
+    };
     let b = decode(&batch(vec![
-        m(vec![
-            ("type", s("BlockStored")),
-            ("block_hashes", a(vec![u(1)])),
-            ("token_ids", toks(0..4)),
-            ("block_size", u(4)),
-            ("group_idx", u(1)),
-            ("kv_cache_spec_kind", s("sliding_window")),
-        ]),
-        m(vec![
-            ("type", s("BlockStored")),
-            ("block_hashes", a(vec![u(1)])),
-            ("token_ids", toks(0..4)),
-            ("block_size", u(4)),
-            ("group_idx", u(0)),
-            ("kv_cache_spec_kind", s("full_attention")),
-        ]),
+        store_in(1, "sliding_window"),
+        store_in(0, "full_attention"),
         m(vec![
             ("type", s("BlockRemoved")),
             ("block_hashes", a(vec![u(1)])),

@@ -132,14 +132,32 @@ struct Replay {
     unverified: bool,
     /// The next sequence number the index needs.
     next: u64,
-    /// The first held live sequence number (the replay must reach it).
-    target: Option<u64>,
-    /// Live batches with seq >= target, waiting for the replay to end.
+    /// Live batches newer than the loss, waiting for the replay to end; the first of
+    /// them is the replay's target (it must reach it).
     held: BTreeMap<u64, Vec<u8>>,
     /// Batches of the needed range were found missing.
     partial: bool,
     /// The replay applied at least one batch.
     applied: bool,
+}
+
+impl Replay {
+    fn new(why: Why, verify: Option<(u64, u64)>, next: u64, held: BTreeMap<u64, Vec<u8>>) -> Self {
+        Replay {
+            why,
+            verify,
+            unverified: false,
+            next,
+            held,
+            partial: false,
+            applied: false,
+        }
+    }
+
+    /// The first live sequence number held: the replay must reach it.
+    fn target(&self) -> Option<u64> {
+        self.held.keys().next().copied()
+    }
 }
 
 /// The sequence state of one publisher (one worker's PUB endpoint or topic).
@@ -218,21 +236,9 @@ impl SequenceTracker {
             Why::Gap | Why::Probe => self.last,
             Why::Join | Why::Restart => None,
         };
-        let mut r = Replay {
-            why,
-            verify,
-            unverified: false,
-            next: verify.map_or(from, |v| v.0.wrapping_add(1)),
-            target: None,
-            held: BTreeMap::new(),
-            partial: false,
-            applied: false,
-        };
-        if let Some((seq, payload)) = held {
-            r.target = Some(seq);
-            r.held.insert(seq, payload.to_vec());
-        }
-        self.replay = Some(r);
+        let next = verify.map_or(from, |v| v.0.wrapping_add(1));
+        let held = held.map(|(seq, p)| (seq, p.to_vec())).into_iter().collect();
+        self.replay = Some(Replay::new(why, verify, next, held));
         self.stats.replays_requested += 1;
         out.push(Action::RequestReplay { from_seq: from });
     }
@@ -255,15 +261,10 @@ impl SequenceTracker {
         self.stats.restarts += 1;
         self.clear(ClearCause::Restart, out);
         self.last = None;
-        let Some(r) = &mut self.replay else {
+        let Some(old) = self.replay.take() else {
             return;
         };
-        r.why = Why::Restart;
-        r.verify = None;
-        r.unverified = false;
-        r.next = 0;
-        r.partial = false;
-        r.applied = false;
+        self.replay = Some(Replay::new(Why::Restart, None, 0, old.held));
         self.stats.replays_requested += 1;
         out.push(Action::RequestReplay { from_seq: 0 });
     }
@@ -289,7 +290,6 @@ impl SequenceTracker {
                 self.on_live(seq, payload, &mut more);
                 out.append(&mut more);
             } else {
-                r.target = Some(r.target.map_or(seq, |t| t.min(seq)));
                 r.held.entry(seq).or_insert_with(|| payload.to_vec());
             }
             return;
@@ -362,7 +362,7 @@ impl SequenceTracker {
             // cannot be told, so what the index holds is not trusted.
             r.unverified = true;
         }
-        if seq < r.next || r.target.is_some_and(|t| seq >= t) {
+        if seq < r.next || r.target().is_some_and(|t| seq >= t) {
             // Already applied, or a live batch will (or did) bring it.
             return;
         }
@@ -403,11 +403,12 @@ impl SequenceTracker {
         let Some(r) = self.replay.take() else {
             return;
         };
-        let covered = r.target.map_or(true, |t| r.next >= t) && r.verify.is_none();
+        let target = r.target();
+        let covered = target.map_or(true, |t| r.next >= t) && r.verify.is_none();
         let mut partial = r.partial;
         if !covered && r.why != Why::Probe {
             partial = true;
-            self.lose(r.target.map_or(0, |t| t.wrapping_sub(r.next)));
+            self.lose(target.map_or(0, |t| t.wrapping_sub(r.next)));
             if self.last.is_some() {
                 self.clear(ClearCause::ReplayIncomplete, out);
             }
@@ -417,12 +418,12 @@ impl SequenceTracker {
             ReplayResult::Completed => self.stats.replays_partial += 1,
             ReplayResult::Failed => self.stats.replays_failed += 1,
         }
-        let mut expect = r.target;
+        let mut expect = target;
         for (seq, payload) in r.held {
-            if expect.is_some_and(|e| seq != e) {
+            if let Some(e) = expect.filter(|&e| e != seq) {
                 // A gap among the held live batches: the replay covered only the first.
                 self.stats.gaps += 1;
-                self.lose(seq - expect.unwrap_or(seq));
+                self.lose(seq - e);
                 self.clear(ClearCause::GapWithoutReplay, out);
             }
             // Wrapping: a held batch may carry seq u64::MAX (the next expected is 0).

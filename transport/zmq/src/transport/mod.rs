@@ -384,18 +384,10 @@ async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal)
                 match deliver_replayed(id, &msg, sink) {
                     Replied::Batch(action) => replays.start(action, sink),
                     Replied::Malformed => {}
-                    Replied::End => {
-                        replays.running.swap_remove(i);
-                        let action = sink.on_replay_end(id, ReplayEnd::Completed);
-                        replays.start(action, sink);
-                    }
+                    Replied::End => replays.end(i, ReplayEnd::Completed, sink),
                 }
             }
-            Step::Replay(i, ReplayEvent::Ended(end)) => {
-                let id = replays.running.swap_remove(i).0;
-                let action = sink.on_replay_end(id, end);
-                replays.start(action, sink);
-            }
+            Step::Replay(i, ReplayEvent::Ended(end)) => replays.end(i, end, sink),
             Step::Tick => {
                 sink.on_tick(&mut actions);
                 for action in actions.drain(..) {

@@ -44,6 +44,14 @@ impl Replays {
             .push((id, Replay::start(&endpoint, from_seq, self.timeout)));
     }
 
+    /// Replay `running[i]` ended: it is dropped and the sink told (what it asks for next
+    /// is started).
+    pub(super) fn end(&mut self, i: usize, end: ReplayEnd, sink: &mut dyn FrameSink) {
+        let id = self.running.swap_remove(i).0;
+        let action = sink.on_replay_end(id, end);
+        self.start(action, sink);
+    }
+
     /// The next event of any replay in flight, with its index in `running` (never
     /// completes when there is none). Cancel-safe: each poll polls every replay's own
     /// stored futures afresh.
@@ -140,17 +148,16 @@ impl Replay {
 impl Replay {
     /// The next event of this replay. Cancel-safe.
     async fn next_event(&mut self) -> ReplayEvent {
-        let replay = self;
         loop {
-            let deadline = replay.deadline.as_mut();
-            match &mut replay.phase {
+            let deadline = self.deadline.as_mut();
+            match &mut self.phase {
                 ReplayPhase::Requesting(request) => {
                     let dealer = tokio::select! {
                         r = request.as_mut() => r,
                         () = deadline => return ReplayEvent::Ended(ReplayEnd::TimedOut),
                     };
                     match dealer {
-                        Ok(dealer) => replay.phase = ReplayPhase::Receiving(dealer),
+                        Ok(dealer) => self.phase = ReplayPhase::Receiving(dealer),
                         Err(e) => return ReplayEvent::Ended(ReplayEnd::Failed(e.to_string())),
                     }
                 }
@@ -161,8 +168,8 @@ impl Replay {
                     };
                     return match reply {
                         Ok(msg) => {
-                            let next = tokio::time::Instant::now() + replay.timeout;
-                            replay.deadline.as_mut().reset(next);
+                            let next = tokio::time::Instant::now() + self.timeout;
+                            self.deadline.as_mut().reset(next);
                             ReplayEvent::Reply(msg)
                         }
                         Err(e) => ReplayEvent::Ended(ReplayEnd::Failed(e.to_string())),
