@@ -126,6 +126,16 @@
 #define KVR_DECODE_ERROR_KINDS 16
 
 /**
+ * Most multimodal inputs one request may carry (`kvr_request_add_mm_input`).
+ */
+#define KVR_MAX_MM_INPUTS 4096
+
+/**
+ * Most raw block keys one request may carry (`kvr_request_add_block_key`).
+ */
+#define KVR_MAX_BLOCK_KEYS 65536
+
+/**
  * Longest session id (structured, parent or legacy) a request takes, in bytes: longer
  * ones are refused when set (`KVR_ERR_INVALID_ARGUMENT`), not dropped at selection.
  */
@@ -1520,6 +1530,45 @@ kvr_status kvr_request_set_local_hashes(struct kvr_request *req,
 kvr_status kvr_request_set_lora(struct kvr_request *req,
                                 const char *name,
                                 size_t len);
+
+/**
+ * The request's cache salt (vLLM's `cache_salt`; copied; `(NULL, 0)` or empty = none):
+ * folded into block 0's hash as engines fold it (`kvr::hash::extra`), so a tokens prompt
+ * matches only blocks published under the same salt. Ignored for a hashes prompt.
+ *
+ * # Safety
+ * `req` is NULL or live and not shared; `salt` points to `len` bytes.
+ */
+kvr_status kvr_request_set_cache_salt(struct kvr_request *req,
+                                      const char *salt,
+                                      size_t len);
+
+/**
+ * Adds a multimodal input to a tokens prompt: `identifier` (`id_len` bytes: vLLM's
+ * `mm_feature.identifier`, copied as its hash) occupying prompt tokens
+ * `offset..offset + length`; each block it touches hashes with it as vLLM's events do.
+ * At most `KVR_MAX_MM_INPUTS` per request (`KVR_ERR_TOO_LARGE` beyond, nothing added).
+ *
+ * # Safety
+ * `req` is NULL or live and not shared; `identifier` points to `id_len` bytes.
+ */
+kvr_status kvr_request_add_mm_input(struct kvr_request *req,
+                                    const uint8_t *identifier,
+                                    size_t id_len,
+                                    uint64_t offset,
+                                    uint64_t length);
+
+/**
+ * Adds a raw extra-key value to block `block` of a tokens prompt (Dynamo's per-block
+ * `mm_hash`, or a prompt-embeddings key). At most `KVR_MAX_BLOCK_KEYS` per request
+ * (`KVR_ERR_TOO_LARGE` beyond).
+ *
+ * # Safety
+ * `req` is NULL or live and not shared.
+ */
+kvr_status kvr_request_add_block_key(struct kvr_request *req,
+                                     size_t block,
+                                     uint64_t key);
 
 /**
  * The caller's allow-set of workers (copied). `(NULL, 0)` means "no worker allowed" (the

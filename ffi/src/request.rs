@@ -12,6 +12,7 @@ use std::os::raw::c_char;
 use std::time::Duration;
 
 use kvr::cost::CostOverrides;
+use kvr::hash::BlockExtras;
 use kvr::select::{Prompt, SelectRequest, SessionContext};
 use kvr::WorkerId;
 
@@ -24,6 +25,8 @@ pub struct kvr_request {
     tokens: (*const u32, usize),
     hashes: Option<((*const u64, usize), u64)>,
     lora: String,
+    /// A tokens prompt's extra keys (cache salt, multimodal inputs, raw block keys).
+    extras: BlockExtras,
     /// The allow-set's buffer, and whether an allow-set is set.
     allowed: Vec<WorkerId>,
     allowed_set: bool,
@@ -48,6 +51,7 @@ impl kvr_request {
             tokens: (std::ptr::null(), 0),
             hashes: None,
             lora: String::new(),
+            extras: BlockExtras::new(),
             allowed: Vec::new(),
             allowed_set: false,
             pinned: None,
@@ -64,6 +68,7 @@ impl kvr_request {
         self.tokens = (std::ptr::null(), 0);
         self.hashes = None;
         self.lora.clear();
+        self.extras.clear();
         self.allowed.clear();
         self.allowed_set = false;
         self.pinned = None;
@@ -98,6 +103,7 @@ impl kvr_request {
             } => SelectRequest::local_hashes(hashes, prompt_tokens),
         };
         r.lora_name = (!self.lora.is_empty()).then_some(self.lora.as_str());
+        r.extras = (!self.extras.is_empty()).then_some(&self.extras);
         r.allowed_workers = self.allowed_set.then_some(self.allowed.as_slice());
         r.pinned_worker = self.pinned;
         r.session = self.session.clone();
@@ -222,6 +228,85 @@ pub unsafe extern "C" fn kvr_request_set_lora(
             let name = str_arg(name, len)?;
             r.lora.clear();
             r.lora.push_str(name);
+            Ok(())
+        })
+    }
+}
+
+/// Most multimodal inputs one request may carry (`kvr_request_add_mm_input`).
+pub const KVR_MAX_MM_INPUTS: usize = 4096;
+const _: () = assert!(KVR_MAX_MM_INPUTS == kvr::hash::extra::MAX_MM_SPANS);
+/// Most raw block keys one request may carry (`kvr_request_add_block_key`).
+pub const KVR_MAX_BLOCK_KEYS: usize = 65536;
+const _: () = assert!(KVR_MAX_BLOCK_KEYS == kvr::hash::extra::MAX_BLOCK_KEYS);
+
+/// The request's cache salt (vLLM's `cache_salt`; copied; `(NULL, 0)` or empty = none):
+/// folded into block 0's hash as engines fold it (`kvr::hash::extra`), so a tokens prompt
+/// matches only blocks published under the same salt. Ignored for a hashes prompt.
+///
+/// # Safety
+/// `req` is NULL or live and not shared; `salt` points to `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_cache_salt(
+    req: *mut kvr_request,
+    salt: *const c_char,
+    len: usize,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            let salt = str_arg(salt, len)?;
+            r.extras.set_cache_salt(Some(salt));
+            Ok(())
+        })
+    }
+}
+
+/// Adds a multimodal input to a tokens prompt: `identifier` (`id_len` bytes: vLLM's
+/// `mm_feature.identifier`, copied as its hash) occupying prompt tokens
+/// `offset..offset + length`; each block it touches hashes with it as vLLM's events do.
+/// At most `KVR_MAX_MM_INPUTS` per request (`KVR_ERR_TOO_LARGE` beyond, nothing added).
+///
+/// # Safety
+/// `req` is NULL or live and not shared; `identifier` points to `id_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_add_mm_input(
+    req: *mut kvr_request,
+    identifier: *const u8,
+    id_len: usize,
+    offset: u64,
+    length: u64,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            let id = slice(identifier, id_len)?;
+            r.extras
+                .multimodal(id, offset, length)
+                .map_err(|_| KVR_ERR_TOO_LARGE)?;
+            Ok(())
+        })
+    }
+}
+
+/// Adds a raw extra-key value to block `block` of a tokens prompt (Dynamo's per-block
+/// `mm_hash`, or a prompt-embeddings key). At most `KVR_MAX_BLOCK_KEYS` per request
+/// (`KVR_ERR_TOO_LARGE` beyond).
+///
+/// # Safety
+/// `req` is NULL or live and not shared.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_add_block_key(
+    req: *mut kvr_request,
+    block: usize,
+    key: u64,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            r.extras
+                .block_key(block, key)
+                .map_err(|_| KVR_ERR_TOO_LARGE)?;
             Ok(())
         })
     }

@@ -40,7 +40,7 @@
 use std::collections::BTreeMap;
 
 use arbitrary::{Result, Unstructured};
-use kvr::hash::{local_block_hash, HashSalt};
+use kvr::hash::{local_block_hash_mm, HashSalt};
 use kvr::ingress::decode::{
     decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
 };
@@ -71,12 +71,97 @@ pub enum Ev {
         block_size: u32,
         /// `None` for absent / nil / empty (the decoder's reading).
         lora: Option<String>,
+        /// Each block's extra-key values (`kvr::hash::extra`); empty when none has any.
+        extras: Extras,
     },
     Removed {
         medium: Medium,
         hashes: Vec<u64>,
     },
     Cleared,
+}
+
+/// A store's extra keys: the values the model expects (compared with the decoder's) and
+/// the wire form the generator writes (not compared: the decoder cannot give it back).
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    pub values: Vec<Vec<u64>>,
+    wire: Option<V>,
+}
+
+impl PartialEq for Extras {
+    fn eq(&self, other: &Self) -> bool {
+        self.values == other.values
+    }
+}
+
+impl Extras {
+    /// Block `k`'s values.
+    fn of(&self, k: usize) -> &[u64] {
+        self.values.get(k).map_or(&[], Vec::as_slice)
+    }
+
+    /// vLLM 0.33's shapes for `n` blocks: nil, all-nil, per block the LoRA name (dropped)
+    /// and an image with its offset, or a cache salt on block 0 only; the values follow
+    /// the rule in `kvr::hash::extra`, computed from its key functions.
+    fn gen(u: &mut Unstructured<'_>, n: usize, lora_raw: &Option<String>) -> Result<Self> {
+        use kvr::hash::extra::{cache_salt_key, mm_key, opaque_key};
+        let lora_v = lora_raw.clone().map_or(V::Nil, V::S);
+        // "" is no LoRA name, so it is a cache salt; a real name is dropped.
+        let lora_value = lora_raw
+            .as_deref()
+            .filter(|l| l.is_empty())
+            .map(|l| cache_salt_key(l.as_bytes()));
+        let (wire, mut values) = match pick(u, &[3, 1, 2, 1, 1])? {
+            0 => (None, Vec::new()),
+            1 => (Some(V::A((0..n).map(|_| V::Nil).collect())), Vec::new()),
+            2 => {
+                let img = ["a", "b"][u.choose_index(2)?];
+                let wire = (0..n)
+                    .map(|k| V::A(vec![lora_v.clone(), V::A(vec![s(img), V::I(k as i64 - 1)])]))
+                    .collect();
+                let values = (0..n)
+                    .map(|k| {
+                        lora_value
+                            .into_iter()
+                            .chain([mm_key(img.as_bytes(), k as i64 - 1)])
+                            .collect()
+                    })
+                    .collect();
+                (Some(V::A(wire)), values)
+            }
+            3 => {
+                let wire = (0..n)
+                    .map(|k| {
+                        if k == 0 {
+                            V::A(vec![s("salt")])
+                        } else {
+                            V::Nil
+                        }
+                    })
+                    .collect();
+                let values = (0..n)
+                    .map(|k| {
+                        if k == 0 {
+                            vec![cache_salt_key(b"salt")]
+                        } else {
+                            Vec::new()
+                        }
+                    })
+                    .collect();
+                (Some(V::A(wire)), values)
+            }
+            // A shape kvr does not know (an int): opaque, never matched by a request.
+            _ => (
+                Some(V::A((0..n).map(|_| V::A(vec![V::I(-1)])).collect())),
+                (0..n).map(|_| vec![opaque_key(&[0xff])]).collect(),
+            ),
+        };
+        if values.iter().all(Vec::is_empty) {
+            values.clear();
+        }
+        Ok(Extras { values, wire })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -98,6 +183,7 @@ impl Batch {
                     block_size,
                     lora_name,
                     medium,
+                    extras,
                     ..
                 } => Ev::Stored {
                     medium: *medium,
@@ -106,6 +192,13 @@ impl Batch {
                     tokens: b.tokens[tokens.clone()].to_vec(),
                     block_size: *block_size,
                     lora: lora_name.clone().map(|r| b.text[r].to_owned()),
+                    extras: Extras {
+                        values: (0..hashes.len())
+                            .filter(|_| !extras.is_empty())
+                            .map(|k| b.block_extra_keys(extras, k).to_vec())
+                            .collect(),
+                        wire: None,
+                    },
                 },
                 DecodedEvent::Removed { hashes, medium, .. } => Ev::Removed {
                     medium: *medium,
@@ -330,6 +423,7 @@ fn stored_fields(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -
         hashes,
         tokens,
         block_size,
+        extras,
         ..
     } = ev
     else {
@@ -339,16 +433,7 @@ fn stored_fields(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -
         None => V::Nil,
         Some(l) => V::S(l.clone()),
     };
-    let extra_keys = match pick(u, &[2, 1, 1])? {
-        0 => V::Nil,
-        1 => V::A(hashes.iter().map(|_| V::Nil).collect()),
-        _ => V::A(
-            hashes
-                .iter()
-                .map(|_| V::A(vec![lora_v.clone(), V::I(-1)]))
-                .collect(),
-        ),
-    };
+    let extra_keys = extras.wire.clone().unwrap_or(V::Nil);
     let fields = vec![
         hashes_v(u, hashes)?,
         match parent {
@@ -485,6 +570,7 @@ fn significant(ev: &Ev, lora_raw: &Option<String>, i: usize) -> bool {
             hashes,
             tokens,
             block_size,
+            extras,
             ..
         } => match i {
             0 => !hashes.is_empty(),
@@ -493,6 +579,7 @@ fn significant(ev: &Ev, lora_raw: &Option<String>, i: usize) -> bool {
             3 => *block_size != 0,
             5 => *medium != Medium::Gpu,
             6 => lora_raw.as_deref().is_some_and(|l| !l.is_empty()),
+            7 => !extras.values.is_empty(),
             _ => false,
         },
         Ev::Removed { medium, hashes } => match i {
@@ -843,6 +930,7 @@ impl Harness {
         }
         self.remember(w, rank, &hashes);
         let lora = lora_raw.clone().filter(|l| !l.is_empty());
+        let extras = Extras::gen(u, hashes.len(), &lora_raw)?;
         Ok((
             Ev::Stored {
                 medium,
@@ -851,6 +939,7 @@ impl Harness {
                 tokens,
                 block_size,
                 lora,
+                extras,
             },
             lora_raw,
         ))
@@ -1192,6 +1281,7 @@ impl Harness {
                     hashes,
                     tokens,
                     lora,
+                    extras,
                     ..
                 } => {
                     self.sum.lora_stores += u64::from(lora.is_some() && !hashes.is_empty());
@@ -1201,7 +1291,11 @@ impl Harness {
                         let bs = self.bs as usize;
                         blocks.push(StoredBlock {
                             external_hash: h,
-                            local_hash: local_block_hash(&tokens[k * bs..(k + 1) * bs], salt),
+                            local_hash: local_block_hash_mm(
+                                &tokens[k * bs..(k + 1) * bs],
+                                extras.of(k),
+                                salt,
+                            ),
                         });
                     }
                     self.links

@@ -2552,6 +2552,87 @@ static void test_too_many_ranks(void)
     kvr_engine_free(e);
 }
 
+/* ---- extra keys: images and cache salts (kvr_request_add_mm_input, ...) ------------- */
+
+/* [1.0, [{"type":"BlockStored","block_hashes":[7],"parent_block_hash":nil,
+           "token_ids":[9,9,9,9],"block_size":4,"extra_keys":[[["imgA",1]]]}], 0]
+   (vLLM 0.33's encoding; byte IMG_AT is the image name's last letter) */
+static const uint8_t STORED_IMG_A[] =
+    "\x93\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\x91\x86\xa4\x74\x79\x70\x65\xab\x42\x6c\x6f"
+    "\x63\x6b\x53\x74\x6f\x72\x65\x64\xac\x62\x6c\x6f\x63\x6b\x5f\x68\x61\x73\x68\x65\x73"
+    "\x91\x07\xb1\x70\x61\x72\x65\x6e\x74\x5f\x62\x6c\x6f\x63\x6b\x5f\x68\x61\x73\x68\xc0"
+    "\xa9\x74\x6f\x6b\x65\x6e\x5f\x69\x64\x73\x94\x09\x09\x09\x09\xaa\x62\x6c\x6f\x63\x6b"
+    "\x5f\x73\x69\x7a\x65\x04\xaa\x65\x78\x74\x72\x61\x5f\x6b\x65\x79\x73\x91\x91\x92\xa4"
+    "\x69\x6d\x67\x41\x01\x00";
+enum { IMG_AT = 108 };
+
+/* Selects the 4-token placeholder prompt with image `img` at token 1 (and `salt`). */
+static void select_image(const kvr_partition *p, const char *img, const char *salt,
+                         uint64_t want_worker, uint32_t want_blocks)
+{
+    static const uint32_t toks[4] = {9, 9, 9, 9};
+    kvr_request *r = new_request(toks, 4);
+    OK(kvr_request_add_mm_input(r, (const uint8_t *)img, strlen(img), 1, 3));
+    if (salt) {
+        OK(kvr_request_set_cache_salt(r, salt, strlen(salt)));
+    }
+    kvr_decision d;
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.device_blocks, want_blocks);
+    if (want_blocks) {
+        CHECK_EQ(d.worker_id, want_worker);
+    }
+    kvr_request_free(r);
+}
+
+static void test_extra_keys(void)
+{
+    g_section = "extra keys";
+    kvr_engine *e = new_engine(5);
+    kvr_partition *p = new_partition(e, "extra"); /* block size BS = 4 */
+    add_worker(p, 1);
+    add_worker(p, 2);
+    uint8_t msg[sizeof STORED_IMG_A];
+    memcpy(msg, STORED_IMG_A, sizeof msg);
+    CHECK_EQ(msg[IMG_AT], 'A');
+    OK(kvr_partition_ingest(p, 1, 0, NULL, 0, 0, msg, sizeof msg - 1, NULL));
+    msg[IMG_AT] = 'B';
+    OK(kvr_partition_ingest(p, 2, 0, NULL, 0, 0, msg, sizeof msg - 1, NULL));
+    /* Equal tokens, different images: each worker is credited for its own image only. */
+    select_image(p, "imgA", NULL, 1, 1);
+    select_image(p, "imgB", NULL, 2, 1);
+    select_image(p, "imgC", NULL, 0, 0);
+    select_image(p, "imgA", "salt", 0, 0); /* a salt the engine did not use */
+
+    /* Bad input: NULL request or data, invalid UTF-8 salt, too many inputs. */
+    kvr_request *r = NULL;
+    OK(kvr_request_new(&r));
+    CHECK_ST(KVR_ERR_NULL, kvr_request_add_mm_input(NULL, (const uint8_t *)"i", 1, 0, 1));
+    CHECK_ST(KVR_ERR_NULL, kvr_request_add_mm_input(r, NULL, 1, 0, 1));
+    CHECK_ST(KVR_ERR_NULL, kvr_request_set_cache_salt(NULL, "s", 1));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_cache_salt(r, BAD_UTF8, BAD_UTF8_LEN));
+    CHECK_ST(KVR_ERR_NULL, kvr_request_add_block_key(NULL, 0, 1));
+    /* Absurd offsets, lengths and block indexes are stored as given and touch nothing
+       beyond the prompt; the count is bounded. */
+    OK(kvr_request_add_mm_input(r, (const uint8_t *)"i", 1, UINT64_MAX, UINT64_MAX));
+    OK(kvr_request_add_block_key(r, SIZE_MAX, UINT64_MAX));
+    for (size_t i = 1; i < KVR_MAX_MM_INPUTS; i++) {
+        OK(kvr_request_add_mm_input(r, (const uint8_t *)"i", 1, 0, 0));
+    }
+    CHECK_ST(KVR_ERR_TOO_LARGE, kvr_request_add_mm_input(r, (const uint8_t *)"i", 1, 0, 1));
+    for (size_t i = 1; i < KVR_MAX_BLOCK_KEYS; i++) {
+        OK(kvr_request_add_block_key(r, i, i));
+    }
+    CHECK_ST(KVR_ERR_TOO_LARGE, kvr_request_add_block_key(r, 0, 1));
+    /* A reset forgets them: inputs can be added again. */
+    OK(kvr_request_reset(r));
+    OK(kvr_request_add_mm_input(r, (const uint8_t *)"i", 1, 0, 1));
+    OK(kvr_request_add_block_key(r, 0, 1));
+    kvr_request_free(r);
+    kvr_partition_free(p);
+    kvr_engine_free(e);
+}
+
 /* ---- raw engine messages: kvr_partition_ingest ------------------------------------- */
 
 /* [1.0, [{"type":"BlockStored","block_hashes":[1],"parent_block_hash":nil,
@@ -3661,6 +3742,7 @@ int main(void)
     test_known_id_leak();
     test_free_null();
     test_ingest();
+    test_extra_keys();
     test_subscribe();
     test_indexer_options();
     test_approximate_primary();

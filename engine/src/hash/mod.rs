@@ -8,7 +8,10 @@
 
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
+pub mod extra;
 pub(crate) mod mix;
+
+pub use extra::BlockExtras;
 
 /// Hash of one block's content (and salt), independent of its position.
 pub type LocalHash = u64;

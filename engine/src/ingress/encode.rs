@@ -14,6 +14,19 @@ pub struct BatchEncoder {
     body: Vec<u8>,
     /// The next event's `group_idx` and spec kind ([`BatchEncoder::in_group`]).
     group: Option<(u32, Option<String>)>,
+    /// The next store's `extra_keys`, encoded ([`BatchEncoder::with_extra_keys`]).
+    extra_keys: Option<Vec<u8>>,
+}
+
+/// One extra key as vLLM 0.33 publishes it (untagged; `crate::hash::extra`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireExtraKey<'a> {
+    /// A bare string: the LoRA name or the cache salt.
+    Text(&'a str),
+    /// `(mm identifier, offset)`.
+    Mm(&'a str, i64),
+    /// A prompt-embeddings digest.
+    Bytes(&'a [u8]),
 }
 
 // Writing into a Vec<u8> cannot fail: the `expect`s below never fire.
@@ -49,6 +62,32 @@ impl BatchEncoder {
     /// `kv_cache_spec_kind`), as vLLM's hybrid KV-cache manager sends them.
     pub fn in_group(&mut self, group_idx: u32, kind: Option<&str>) -> &mut Self {
         self.group = Some((group_idx, kind.map(str::to_owned)));
+        self
+    }
+
+    /// The next `stored` carries `extra_keys`: one entry per block (`None` = nil).
+    pub fn with_extra_keys(&mut self, per_block: &[Option<&[WireExtraKey<'_>]>]) -> &mut Self {
+        let mut buf = Vec::new();
+        enc::write_array_len(&mut buf, per_block.len() as u32).expect(INFALLIBLE);
+        for entry in per_block {
+            let Some(keys) = entry else {
+                enc::write_nil(&mut buf).expect(INFALLIBLE);
+                continue;
+            };
+            enc::write_array_len(&mut buf, keys.len() as u32).expect(INFALLIBLE);
+            for k in *keys {
+                match *k {
+                    WireExtraKey::Text(t) => enc::write_str(&mut buf, t).expect(INFALLIBLE),
+                    WireExtraKey::Mm(id, offset) => {
+                        enc::write_array_len(&mut buf, 2).expect(INFALLIBLE);
+                        enc::write_str(&mut buf, id).expect(INFALLIBLE);
+                        enc::write_sint(&mut buf, offset).expect(INFALLIBLE);
+                    }
+                    WireExtraKey::Bytes(b) => enc::write_bin(&mut buf, b).expect(INFALLIBLE),
+                }
+            }
+        }
+        self.extra_keys = Some(buf);
         self
     }
 
@@ -88,7 +127,9 @@ impl BatchEncoder {
         lora_name: Option<&str>,
     ) -> &mut Self {
         let (group, group_fields) = self.take_group(true);
-        let fields = 6 + u32::from(lora_name.is_some()) + group_fields;
+        let extra_keys = self.extra_keys.take();
+        let fields =
+            6 + u32::from(lora_name.is_some()) + u32::from(extra_keys.is_some()) + group_fields;
         enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
         self.key("type");
         self.key("BlockStored");
@@ -113,6 +154,10 @@ impl BatchEncoder {
         if let Some(l) = lora_name {
             self.key("lora_name");
             self.key(l);
+        }
+        if let Some(keys) = extra_keys {
+            self.key("extra_keys");
+            self.body.extend_from_slice(&keys);
         }
         self.group_fields(group);
         self.events += 1;

@@ -9,14 +9,16 @@
 //!
 //! Decisions (where REFERENCE.md is silent): a batch's events apply to rank
 //! `(worker, data_parallel_rank)`, or `(worker, stream)` when the batch names no rank;
-//! `extra_keys` are not folded into the local hash (multimodal content hashes are not
-//! part of vLLM's event and LoRA comes as `lora_name`); a store whose `block_size`
+//! a block's `extra_keys` (multimodal inputs, cache salt, prompt-embeddings digests) are
+//! folded into its local hash by `crate::hash::extra`'s rule, the one requests hash with
+//! ([`BlockExtras`](crate::hash::BlockExtras)), so equal tokens with different images or
+//! salts are different blocks; a store whose `block_size`
 //! differs from the partition's is refused and counted, the rest of the batch applies; a
 //! batch that fails to decode applies nothing and is counted by cause.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::hash::{local_block_hash, HashSalt};
+use crate::hash::{local_block_hash_mm, HashSalt};
 use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
 use crate::sync::{Arc, Mutex, ShardedMap, StdArc};
 
@@ -364,19 +366,23 @@ impl IngressStream {
                     parent,
                     tokens,
                     lora_name,
+                    extras,
                     ..
                 } => {
                     let lora = lora_name.clone().map(|r| &b.text[r]);
                     let salt = HashSalt::new(lora, namespace);
                     self.blocks.clear();
                     let toks = &b.tokens[tokens.clone()];
-                    for (h, chunk) in b.hashes[hashes.clone()]
+                    for (i, (h, chunk)) in b.hashes[hashes.clone()]
                         .iter()
                         .zip(toks.chunks_exact(bs as usize))
+                        .enumerate()
                     {
+                        // Without extra keys this is the plain token hash.
+                        let keys = b.block_extra_keys(extras, i);
                         self.blocks.push(StoredBlock {
                             external_hash: *h,
-                            local_hash: local_block_hash(chunk, salt),
+                            local_hash: local_block_hash_mm(chunk, keys, salt),
                         });
                     }
                     p.apply_event(

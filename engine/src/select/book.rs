@@ -156,7 +156,14 @@ impl Selector<'_> {
                 } else {
                     BlockHasher::new(self.block_size() as usize, salt).expect("block size >= 1")
                 };
-                hasher.hash_tokens(tokens, local, &mut seq);
+                match req.extras.filter(|e| !e.is_empty()) {
+                    Some(extras) => {
+                        extras.local_hashes(tokens, hasher.block_size(), salt, local);
+                        seq.clear();
+                        extend_sequence_hashes(None, local, &mut seq);
+                    }
+                    None => hasher.hash_tokens(tokens, local, &mut seq),
+                }
                 (seq, tokens.len() as u64)
             }
             Prompt::LocalHashes {

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::cost::CostOverrides;
+use crate::hash::BlockExtras;
 use crate::ids::{DpRank, WorkerId};
 use crate::reservation::SelectionId;
 use crate::session::SessionContext;
@@ -22,6 +23,10 @@ pub enum Prompt<'a> {
 #[derive(Clone, Debug)]
 pub struct SelectRequest<'a> {
     pub prompt: Prompt<'a>,
+    /// A tokens prompt's extra keys (multimodal inputs, cache salt: `hash::extra`), so it
+    /// matches the blocks engines published with the same keys; ignored for a hashes
+    /// prompt (its hashes already include them). `None` = none.
+    pub extras: Option<&'a BlockExtras>,
     /// LoRA adapter: salts the hashes and narrows the candidates to workers serving it.
     pub lora_name: Option<&'a str>,
     /// The caller's allow-set of workers (`None` = every worker of the partition).
@@ -58,6 +63,7 @@ impl<'a> SelectRequest<'a> {
     fn with_prompt(prompt: Prompt<'a>) -> Self {
         SelectRequest {
             prompt,
+            extras: None,
             lora_name: None,
             allowed_workers: None,
             pinned_worker: None,

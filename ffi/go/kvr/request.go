@@ -8,6 +8,14 @@ import (
 	"runtime"
 	"sync"
 	"time"
+	"unsafe"
+)
+
+// The most multimodal inputs (AddMMInput) and raw block keys (AddBlockKey) one request
+// may carry; beyond them the call fails with StatusTooLarge and adds nothing.
+const (
+	MaxMMInputs  = C.KVR_MAX_MM_INPUTS
+	MaxBlockKeys = C.KVR_MAX_BLOCK_KEYS
 )
 
 // Request is a reusable selection request: everything but the prompt, which each
@@ -91,6 +99,44 @@ func (r *Request) SetLora(name string) error {
 		st := C.kvr_request_set_lora(p, np, nn)
 		runtime.KeepAlive(name)
 		return st
+	})
+}
+
+// SetCacheSalt sets the request's cache salt (vLLM's cache_salt; "" = none): folded into
+// block 0's hash as engines fold it, so a tokens prompt matches only blocks published
+// under the same salt.
+func (r *Request) SetCacheSalt(salt string) error {
+	return r.do("kvr_request_set_cache_salt", func(p *C.kvr_request) C.kvr_status {
+		sp, sn := cstr(salt)
+		st := C.kvr_request_set_cache_salt(p, sp, sn)
+		runtime.KeepAlive(salt)
+		return st
+	})
+}
+
+// AddMMInput adds a multimodal input to a tokens prompt: identifier (vLLM's
+// mm_feature.identifier) occupying prompt tokens offset..offset+length; each block it
+// touches hashes with it as vLLM's events do. At most MaxMMInputs per request.
+func (r *Request) AddMMInput(identifier []byte, offset, length uint64) error {
+	return r.do("kvr_request_add_mm_input", func(p *C.kvr_request) C.kvr_status {
+		var ip *C.uint8_t
+		if len(identifier) > 0 {
+			ip = (*C.uint8_t)(unsafe.Pointer(&identifier[0]))
+		}
+		st := C.kvr_request_add_mm_input(p, ip, C.size_t(len(identifier)), C.uint64_t(offset), C.uint64_t(length))
+		runtime.KeepAlive(identifier)
+		return st
+	})
+}
+
+// AddBlockKey adds a raw extra-key value to block `block` of a tokens prompt (Dynamo's
+// per-block mm_hash, or a prompt-embeddings key). At most MaxBlockKeys per request.
+func (r *Request) AddBlockKey(block int, key uint64) error {
+	if block < 0 {
+		return &Error{Status: StatusInvalidArgument, Op: "kvr_request_add_block_key"}
+	}
+	return r.do("kvr_request_add_block_key", func(p *C.kvr_request) C.kvr_status {
+		return C.kvr_request_add_block_key(p, C.size_t(block), C.uint64_t(key))
 	})
 }
 

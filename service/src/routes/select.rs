@@ -49,19 +49,13 @@ fn effective_prefill(p: &kvr::Partition, isl: u64, device: u32, host: u32, disk:
     (isl as f64 - cached).max(0.0).round() as u64
 }
 
-/// The hash salt of a request: the partition's namespace, the LoRA adapter, and the
-/// request's `cache_salt` (mixed into the namespace, so a salted prompt matches only
-/// blocks published under the same salt: none, as engines' events do not carry it — no
-/// overlap rather than a wrong one, as Dynamo answers).
+/// The hash salt of a request: the partition's namespace and the LoRA adapter. (The
+/// request's `cache_salt` is an extra key of block 0, folded by `PromptBody::resolve` as
+/// engines fold vLLM's, so a salted prompt matches exactly the blocks published under the
+/// same salt.)
 pub(crate) fn salt_of(entry: &PartitionEntry, prompt: &PromptBody) -> HashSalt {
     let ns = entry.partition.config().cache_namespace.as_deref();
-    match prompt.cache_salt.as_deref().filter(|s| !s.is_empty()) {
-        None => HashSalt::new(prompt.lora_name.as_deref(), ns),
-        Some(salt) => {
-            let salted = format!("{}\u{1f}cache_salt\u{1f}{salt}", ns.unwrap_or(""));
-            HashSalt::new(prompt.lora_name.as_deref(), Some(&salted))
-        }
-    }
+    HashSalt::new(prompt.lora_name.as_deref(), ns)
 }
 
 /// What an answer reports beyond the decision.

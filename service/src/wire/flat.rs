@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::prompt::{BlockMmInfo, PromptBody};
+use super::prompt::{BlockMmInfo, MmInput, PromptBody};
 use super::select::{default_name, PinnedWorker, RouterConfigOverride, SessionContextBody};
 
 /// The prompt fields, inline in each body below.
@@ -29,6 +29,8 @@ macro_rules! prompt_struct {
             pub lora_name: Option<String>,
             #[serde(default)]
             pub cache_salt: Option<String>,
+            #[serde(default)]
+            pub mm_inputs: Option<Vec<MmInput>>,
         }
 
         impl $name {
@@ -41,6 +43,7 @@ macro_rules! prompt_struct {
                     block_mm_infos: self.block_mm_infos.take(),
                     lora_name: self.lora_name.take(),
                     cache_salt: self.cache_salt.take(),
+                    mm_inputs: self.mm_inputs.take(),
                 }
             }
         }

@@ -3,7 +3,7 @@
 //! with `lora_name`, `cache_salt` and `block_mm_infos`. Hashes travel as signed i64 (the
 //! u64 bits, two's complement).
 
-use kvr::hash::{local_block_hash_mm, HashSalt};
+use kvr::hash::{BlockExtras, HashSalt};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -37,6 +37,19 @@ pub struct PromptBody {
     pub lora_name: Option<String>,
     #[serde(default)]
     pub cache_salt: Option<String>,
+    /// kvr's extension: the prompt's multimodal inputs as vLLM places them, so that their
+    /// blocks match the engine's `extra_keys`.
+    #[serde(default)]
+    pub mm_inputs: Option<Vec<MmInput>>,
+}
+
+/// One multimodal input of a prompt (kvr's `mm_inputs`): vLLM's `mm_feature.identifier`
+/// and `mm_position` (`offset`, `length` in tokens).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct MmInput {
+    pub identifier: String,
+    pub offset: u64,
+    pub length: u64,
 }
 
 /// A prompt checked and brought to the engine's terms: the local hashes of its complete
@@ -61,60 +74,59 @@ impl ResolvedPrompt {
 }
 
 impl PromptBody {
+    /// The extra keys of a tokens prompt: `cache_salt`, `block_mm_infos`, `mm_inputs`.
+    fn extras(&self, block_size: u32) -> Result<BlockExtras, ApiError> {
+        let mut extras = BlockExtras::new();
+        extras.set_cache_salt(self.cache_salt.as_deref());
+        let too_many = |e: kvr::hash::extra::TooManyExtraKeys| ApiError::bad_request(e.to_string());
+        if let Some(infos) = &self.block_mm_infos {
+            let blocks = self.token_ids.as_ref().map_or(0, Vec::len) / block_size.max(1) as usize;
+            if infos.len() > blocks.max(1) + 1 {
+                return Err(ApiError::bad_request(format!(
+                    "block_mm_infos has {} entries for {blocks} blocks",
+                    infos.len()
+                )));
+            }
+            for (i, info) in infos.iter().enumerate() {
+                for o in info.iter().flat_map(|info| &info.mm_objects) {
+                    extras.block_key(i, o.mm_hash).map_err(too_many)?;
+                }
+            }
+        }
+        for m in self.mm_inputs.iter().flatten() {
+            extras
+                .multimodal(m.identifier.as_bytes(), m.offset, m.length)
+                .map_err(too_many)?;
+        }
+        Ok(extras)
+    }
+
     /// Whether the body names any prompt at all.
     pub fn is_present(&self) -> bool {
         self.token_ids.is_some() || self.block_hashes.is_some()
     }
 
     /// Checks the prompt against a partition of `block_size` tokens per block and brings
-    /// it to local block hashes (salted with `salt`: LoRA, namespace, `cache_salt`).
+    /// it to local block hashes (salted with `salt`: LoRA and namespace).
     ///
     /// - `token_ids` wins over hashes when both come (Dynamo's order).
     /// - `block_hashes` needs `sequence_hashes` of the same length; a prompt of
     ///   `isl_tokens` has at most `isl_tokens / block_size` complete blocks, so a longer
     ///   hash list is refused rather than overcounting.
-    /// - `block_mm_infos` mixes each block's multimodal hashes into its local hash, as the
-    ///   engines do, so the prompt matches the blocks they publish.
+    /// - With `token_ids`, the extra keys (`kvr::hash::extra`) are folded into the blocks'
+    ///   local hashes as the engines' events are: `block_mm_infos` (Dynamo's per-block
+    ///   `mm_hash`es, raw key values), `mm_inputs` (kvr's: vLLM's `(identifier, offset,
+    ///   length)` spans) and `cache_salt` (block 0), so the prompt matches the blocks
+    ///   engines publish with the same images and salt — and no others.
     pub fn resolve(&self, block_size: u32, salt: HashSalt) -> Result<ResolvedPrompt, ApiError> {
         if let Some(tokens) = &self.token_ids {
-            return match &self.block_mm_infos {
-                Some(infos) if infos.iter().any(|i| i.is_some()) => {
-                    let bs = block_size.max(1) as usize;
-                    let blocks = tokens.len() / bs;
-                    if infos.len() > blocks.max(1) + 1 {
-                        return Err(ApiError::bad_request(format!(
-                            "block_mm_infos has {} entries for {blocks} blocks",
-                            infos.len()
-                        )));
-                    }
-                    let mut mm = Vec::new();
-                    let hashes = tokens
-                        .chunks_exact(bs)
-                        .enumerate()
-                        .map(|(i, block)| {
-                            mm.clear();
-                            if let Some(Some(info)) = infos.get(i) {
-                                mm.extend(info.mm_objects.iter().map(|o| o.mm_hash));
-                            }
-                            local_block_hash_mm(block, &mm, salt)
-                        })
-                        .collect();
-                    Ok(ResolvedPrompt {
-                        hashes,
-                        prompt_tokens: tokens.len() as u64,
-                    })
-                }
-                _ => {
-                    let mut hashes = Vec::new();
-                    kvr::hash::BlockHasher::new(block_size.max(1) as usize, salt)
-                        .map_err(|e| ApiError::internal(e.to_string()))?
-                        .local_hashes(tokens, &mut hashes);
-                    Ok(ResolvedPrompt {
-                        hashes,
-                        prompt_tokens: tokens.len() as u64,
-                    })
-                }
-            };
+            let extras = self.extras(block_size)?;
+            let mut hashes = Vec::new();
+            extras.local_hashes(tokens, block_size.max(1) as usize, salt, &mut hashes);
+            return Ok(ResolvedPrompt {
+                hashes,
+                prompt_tokens: tokens.len() as u64,
+            });
         }
         let Some(hashes) = &self.block_hashes else {
             return Err(ApiError::bad_request(
@@ -235,5 +247,40 @@ mod tests {
                 prompt_tokens: 32
             }
         );
+    }
+
+    #[test]
+    fn cache_salt_and_mm_inputs_fold_as_the_engine_folds_events() {
+        let tokens: Vec<u32> = vec![5; 32];
+        let body = PromptBody {
+            token_ids: Some(tokens.clone()),
+            cache_salt: Some("s".into()),
+            mm_inputs: Some(vec![MmInput {
+                identifier: "img".into(),
+                offset: 10,
+                length: 12,
+            }]),
+            ..PromptBody::default()
+        };
+        let got = body.resolve(16, salt()).unwrap().hashes;
+        let mut extras = BlockExtras::new();
+        extras.set_cache_salt(Some("s"));
+        extras.multimodal(b"img", 10, 12).unwrap();
+        let mut want = Vec::new();
+        extras.local_hashes(&tokens, 16, salt(), &mut want);
+        assert_eq!(got, want);
+        // The salt is block 0's key only; the image spans both blocks.
+        let mut plain = Vec::new();
+        kvr::hash::BlockHasher::new(16, salt())
+            .unwrap()
+            .local_hashes(&tokens, &mut plain);
+        assert!(got.iter().zip(&plain).all(|(g, p)| g != p));
+        let unsalted = PromptBody {
+            cache_salt: None,
+            ..body.clone()
+        };
+        let u = unsalted.resolve(16, salt()).unwrap().hashes;
+        assert_ne!(u[0], got[0]);
+        assert_eq!(u[1], got[1]);
     }
 }

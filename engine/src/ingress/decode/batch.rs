@@ -78,6 +78,8 @@ pub enum DecodedEvent {
     /// (it is whatever the engine sent, possibly 0, when `hashes` is empty).
     /// `lora_name` (`&batch.text[range]`) is `None` for nil, absent or empty. `group` is
     /// `group_idx` (`None` for nil or absent; an int outside u32 reads as `u32::MAX`).
+    /// `extras` indexes `batch.block_extras`: one range of `batch.extra_keys` per block,
+    /// the block's extra-key values (`crate::hash::extra`); empty when no block has any.
     Stored {
         hashes: Range<usize>,
         parent: Option<u64>,
@@ -87,6 +89,7 @@ pub enum DecodedEvent {
         medium: Medium,
         group: Option<u32>,
         spec: SpecKind,
+        extras: Range<usize>,
     },
     /// `BlockRemoved`: the engine's hashes of the evicted blocks (`batch.hashes[hashes]`).
     Removed {
@@ -120,6 +123,10 @@ pub struct DecodedBatch {
     pub tokens: Vec<u32>,
     /// LoRA names of all `Stored` events.
     pub text: String,
+    /// Extra-key values of all `Stored` events' blocks (`crate::hash::extra`).
+    pub extra_keys: Vec<u64>,
+    /// Per block with extra keys: its range of `extra_keys`.
+    pub block_extras: Vec<Range<usize>>,
 }
 
 impl DecodedBatch {
@@ -130,5 +137,16 @@ impl DecodedBatch {
         self.hashes.clear();
         self.tokens.clear();
         self.text.clear();
+        self.extra_keys.clear();
+        self.block_extras.clear();
+    }
+
+    /// The extra-key values of block `i` of a store whose `extras` is `extras` (empty
+    /// when the store has none).
+    pub fn block_extra_keys(&self, extras: &Range<usize>, i: usize) -> &[u64] {
+        match self.block_extras.get(extras.clone()).and_then(|b| b.get(i)) {
+            Some(r) => &self.extra_keys[r.clone()],
+            None => &[],
+        }
     }
 }

@@ -286,6 +286,50 @@ impl<'a> Cursor<'a> {
     /// Skips `n` complete values of any type. Iterative: `pending` counts the values still
     /// to skip (containers add their elements), so nesting depth costs no stack; `pending`
     /// never exceeds the bytes left, as every value takes at least one byte.
+    /// One entry of a block's `extra_keys`, as its key value (`crate::hash::extra`'s
+    /// event rules: a str is a cache salt — the caller drops the LoRA name's — bytes a
+    /// prompt-embeddings digest, `[str, int]` a multimodal input and its offset, any other
+    /// value opaque); `None` for nil.
+    pub(super) fn extra_key(&mut self) -> Result<Option<u64>> {
+        use crate::hash::extra::{cache_salt_key, mm_key, opaque_key, prompt_embeds_key};
+        let start = self.rd.remaining_slice();
+        match self.peek()? {
+            Marker::Null => {
+                self.bytes(1)?;
+                return Ok(None);
+            }
+            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+                let s = self.str_bytes(K::FieldType, "extra key")?;
+                return Ok(Some(cache_salt_key(s)));
+            }
+            Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
+                let n = rd::read_bin_len(&mut self.rd)
+                    .map_err(|e| value_err(e, K::FieldType, "extra key"))?;
+                let n = usize::try_from(n).map_err(|_| DecodeError::truncated())?;
+                return Ok(Some(prompt_embeds_key(self.bytes(n)?)));
+            }
+            Marker::FixArray(2) | Marker::Array16 | Marker::Array32 => {
+                let mut probe = *self;
+                let pair = (|| {
+                    if rd::read_array_len(&mut probe.rd).ok()? != 2 {
+                        return None;
+                    }
+                    let id = probe.str_bytes(K::FieldType, "").ok()?;
+                    let offset = rd::read_int::<i64, _>(&mut probe.rd).ok()?;
+                    Some(mm_key(id, offset))
+                })();
+                if let Some(v) = pair {
+                    *self = probe;
+                    return Ok(Some(v));
+                }
+            }
+            _ => {}
+        }
+        self.skip_values(1)?;
+        let used = start.len() - self.remaining();
+        Ok(Some(opaque_key(&start[..used])))
+    }
+
     pub(super) fn skip_values(&mut self, n: usize) -> Result<()> {
         let mut pending = n;
         while pending > 0 {

@@ -118,6 +118,8 @@ struct EventFields {
     medium: Medium,
     group: Option<u32>,
     spec: SpecKind,
+    /// `extra_keys`: its number of entries and its range of `batch.block_extras`.
+    extras: Option<(usize, Range<usize>)>,
 }
 
 pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result<()> {
@@ -151,6 +153,16 @@ pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result
                     "len(token_ids) != len(block_hashes) * block_size",
                 ));
             }
+            let extras = match f.extras {
+                None => 0..0,
+                Some((n, _)) if n != n_blocks => {
+                    return Err(DecodeError::new(
+                        K::TokenCount,
+                        "extra_keys is not nil and len(extra_keys) != len(block_hashes)",
+                    ))
+                }
+                Some((_, range)) => finish_extras(out, range, f.lora_name.clone()),
+            };
             DecodedEvent::Stored {
                 hashes: f.hashes,
                 parent: f.parent,
@@ -160,6 +172,7 @@ pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result
                 medium: f.medium,
                 group: f.group,
                 spec: f.spec,
+                extras,
             }
         }
         EventType::Removed => DecodedEvent::Removed {
@@ -270,16 +283,26 @@ fn decode_field(
             };
         }
         Field::ExtraKeys => {
-            // [[any...]|nil ...]|nil — one entry per block (LoRA name, mm hashes, ...).
+            // [[any...]|nil ...]|nil — one entry per block (LoRA name, mm inputs, cache
+            // salt, prompt-embeddings digests), read into key values.
+            f.extras = None;
             if !c.take_nil()? {
                 let n = c.array_len(K::FieldType, "extra_keys is not an array or nil")?;
+                let start = out.block_extras.len();
                 for _ in 0..n {
+                    let from = out.extra_keys.len();
                     if !c.take_nil()? {
                         let m =
                             c.array_len(K::FieldType, "extra_keys entry is not an array or nil")?;
-                        c.skip_values(m)?;
+                        for _ in 0..m {
+                            if let Some(v) = c.extra_key()? {
+                                out.extra_keys.push(v);
+                            }
+                        }
                     }
+                    out.block_extras.push(from..out.extra_keys.len());
                 }
+                f.extras = Some((n, start..out.block_extras.len()));
             }
         }
         Field::GroupIdx => f.group = c.opt_u32_saturating("group_idx is not an int or nil")?,
@@ -316,6 +339,44 @@ fn decode_field(
         }
     }
     Ok(())
+}
+
+/// Drops the LoRA name's key value from a store's blocks (LoRA salts the seed instead,
+/// `crate::hash::extra`), compacting `extra_keys`; returns the store's `extras`, empty
+/// when no block keeps a key.
+fn finish_extras(
+    out: &mut DecodedBatch,
+    blocks: Range<usize>,
+    lora_name: Option<Range<usize>>,
+) -> Range<usize> {
+    let Some(first) = out
+        .block_extras
+        .get(blocks.clone())
+        .and_then(|b| b.first())
+        .cloned()
+    else {
+        return 0..0;
+    };
+    let lora = lora_name.map(|r| crate::hash::extra::cache_salt_key(out.text[r].as_bytes()));
+    let mut write = first.start;
+    for i in blocks.clone() {
+        let r = out.block_extras[i].clone();
+        let from = write;
+        for j in r {
+            let v = out.extra_keys[j];
+            if Some(v) != lora {
+                out.extra_keys[write] = v;
+                write += 1;
+            }
+        }
+        out.block_extras[i] = from..write;
+    }
+    out.extra_keys.truncate(write);
+    if write == first.start {
+        out.block_extras.truncate(blocks.start);
+        return 0..0;
+    }
+    blocks
 }
 
 /// Appends `s` to `text` unless it equals the last name appended (one LoRA per batch is
