@@ -7,7 +7,7 @@
 # cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples,
 # then `kvr serve` against the real Dynamo 1.6.1 (tests/compat: request-by-request
 # compatibility, peer recovery both ways, the remote primary against Dynamo's indexer),
-# ingress recovery against vLLM's real publisher (tests/recovery)
+# ingress recovery against vLLM's and SGLang's real publishers (tests/recovery)
 # and the service load benchmark's smoke.
 # (The ingress end-to-end test against that publisher runs in cargo test, in kvr-zmq; it
 # needs python3 with pyzmq and msgspec, which .ci/run installs, and skips without them.)
@@ -53,7 +53,7 @@ python3 tests/check-module-cycles.py --self-test
 echo "== kvr serve vs Dynamo 1.6.1 (tests/compat: the pinned wheel in a cached venv)"
 # The real Dynamo selection service and indexer, and vLLM 0.33.0's real KV-event
 # publisher, from PyPI (tests/compat/ensure-venv.sh caches them under ~/.cache/kvr).
-cargo build --release -q -p kvr-cli -p kvr-service-load
+cargo build --release -q -p kvr-cli -p kvr-service-load -p libkvr
 compat_py="$(bash tests/compat/ensure-venv.sh | tail -n1)"
 kvr_cmd='target/release/kvr serve --port {port}'
 "$compat_py" tests/compat/harness.py compare --self-check
@@ -65,9 +65,11 @@ for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
 done
 "$compat_py" tests/compat/harness.py peers --a kvr --b kvr --kvr-cmd "$kvr_cmd" --negative
 # Ingress recovery (gap at the end of a burst, late join, restarts, a dead replay
-# endpoint) against vLLM 0.33.0's real publisher, and its negative control.
-"$compat_py" tests/recovery/recovery.py
-"$compat_py" tests/recovery/recovery.py --negative
+# endpoint, hybrid groups, host tiers; bind mode with a stuck replay through libkvr's C
+# ABI) against vLLM 0.33.0's and SGLang 0.5.23's real publishers, and its negative control.
+# (kvr and libkvr.so from target/release, or $CARGO_TARGET_DIR/release.)
+"$compat_py" tests/recovery/recovery.py --publisher all
+"$compat_py" tests/recovery/recovery.py --publisher all --negative
 # kvr's remote primary against Dynamo's real standalone indexer.
 KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
     cargo test -p kvr-remote --release --test dynamo_indexer

@@ -4,7 +4,10 @@
 #     packages of requirements.txt (Dynamo 1.6.1, pyzmq, msgspec);
 #   - vLLM 0.33.0's real KV-event publisher, vllm/distributed/kv_events.py,
 #     extracted from the vLLM wheel (downloaded once, without dependencies, into
-#     $HOME/.cache/kvr/wheels) into ${KVR_COMPAT_VLLM_DIR:-$HOME/.cache/kvr/vllm-0.33.0}.
+#     $HOME/.cache/kvr/wheels) into ${KVR_COMPAT_VLLM_DIR:-$HOME/.cache/kvr/vllm-0.33.0};
+#   - SGLang 0.5.23's real KV-event publisher, sglang/srt/disaggregation/kv_events.py,
+#     likewise from the SGLang wheel into
+#     ${KVR_COMPAT_SGLANG_DIR:-$HOME/.cache/kvr/sglang-0.5.23} (tests/recovery drives it).
 # Idempotent: a stamp file records the requirements' checksum; a matching stamp
 # skips pip entirely. The last stdout line is the venv's python path.
 set -euo pipefail
@@ -13,6 +16,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${HOME}/.cache/kvr"
 venv="${KVR_COMPAT_VENV:-${cache}/compat-venv}"
 vllm_dir="${KVR_COMPAT_VLLM_DIR:-${cache}/vllm-0.33.0}"
+sglang_dir="${KVR_COMPAT_SGLANG_DIR:-${cache}/sglang-0.5.23}"
 wheels="${cache}/wheels"
 base_python="${KVR_COMPAT_BASE_PYTHON:-python3}"
 req="${here}/requirements.txt"
@@ -32,24 +36,29 @@ else
     echo "${want}" > "${stamp}"
 fi
 
-kv_events="${vllm_dir}/vllm/distributed/kv_events.py"
-if [[ ! -f "${kv_events}" ]]; then
-    wheel="$(ls "${wheels}"/vllm-0.33.0-*.whl 2>/dev/null | head -n1 || true)"
+# extract PKG VERSION DEST MODULE: MODULE (a path inside PKG's wheel) into DEST, the wheel
+# downloaded once, without dependencies, into ${wheels}.
+extract() {
+    local pkg="$1" version="$2" dest="$3" module="$4" wheel
+    [[ -f "${dest}/${module}" ]] && return 0
+    wheel="$(ls "${wheels}/${pkg}-${version}"-*.whl 2>/dev/null | head -n1 || true)"
     if [[ -z "${wheel}" ]]; then
-        log "downloading vllm==0.33.0 (no dependencies) into ${wheels}"
+        log "downloading ${pkg}==${version} (no dependencies) into ${wheels}"
         "${venv}/bin/python" -m pip download --quiet --disable-pip-version-check \
-            --no-deps vllm==0.33.0 -d "${wheels}" >&2
-        wheel="$(ls "${wheels}"/vllm-0.33.0-*.whl | head -n1)"
+            --no-deps "${pkg}==${version}" -d "${wheels}" >&2
+        wheel="$(ls "${wheels}/${pkg}-${version}"-*.whl | head -n1)"
     fi
-    log "extracting vllm/distributed/kv_events.py from $(basename "${wheel}")"
-    mkdir -p "${vllm_dir}"
-    "${venv}/bin/python" - "${wheel}" "${vllm_dir}" <<'PY'
+    log "extracting ${module} from $(basename "${wheel}")"
+    mkdir -p "${dest}"
+    "${venv}/bin/python" - "${wheel}" "${dest}" "${module}" <<'PY'
 import sys, zipfile
-wheel, dest = sys.argv[1], sys.argv[2]
+wheel, dest, module = sys.argv[1:]
 with zipfile.ZipFile(wheel) as z:
-    z.extract("vllm/distributed/kv_events.py", dest)
+    z.extract(module, dest)
 PY
-fi
+}
+extract vllm 0.33.0 "${vllm_dir}" vllm/distributed/kv_events.py
+extract sglang 0.5.23 "${sglang_dir}" sglang/srt/disaggregation/kv_events.py
 
-"${venv}/bin/python" -c "import zmq, msgspec, dynamo.llm" >&2
+"${venv}/bin/python" -c "import zmq, msgspec, pydantic, dynamo.llm" >&2
 echo "${venv}/bin/python"

@@ -1,14 +1,18 @@
-"""Ingress recovery (and hybrid KV-cache groups) against vLLM 0.33.0's real publisher.
+"""Ingress recovery (hybrid KV-cache groups, host tiers) against the real vLLM 0.33.0 and
+SGLang 0.5.23 publishers.
 
-Each scenario drives `vllm/distributed/kv_events.py`'s own `ZmqEventPublisher` (imported
-from the wheel with small stubs: tests/compat/vllm_publisher.py) into `kvr serve`, which
-subscribes with kvr's own ZMQ subscriber, and then compares every prompt's cached depth
-per (worker, DP rank) — from `/overlap_scores` — with what the engine holds. Any
-overcount fails, as does a depth that never reaches the truth.
+Each scenario drives one engine's own `ZmqEventPublisher` — vLLM's
+`vllm/distributed/kv_events.py` or SGLang's `sglang/srt/disaggregation/kv_events.py`,
+each imported from its wheel with small stubs (tests/compat/vllm_publisher.py,
+tests/compat/sglang_publisher.py) — into `kvr serve`, which subscribes with kvr's own
+ZMQ subscriber, and then compares every prompt's cached depth per (worker, DP rank) and
+tier — device, then the host blocks extending it, from `/overlap_scores` — with what the
+engine holds. Any overcount fails, as does a depth that never reaches the truth. Every
+scenario runs once per publisher, against a fresh `kvr serve`.
 
 A lost batch is made the way the network loses one: the publisher's PUB socket is wrapped
-so that its next N sends are dropped, while vLLM's code still numbers them and keeps them
-in its replay buffer (exactly what a slow joiner or a full high-water mark does). A
+so that its next N sends are dropped, while the engine's code still numbers them and keeps
+them in its replay buffer (exactly what a slow joiner or a full high-water mark does). A
 restart is a new `ZmqEventPublisher` on the same endpoints (seq from 0, empty buffer).
 
 Scenarios (issue 15's list):
@@ -20,14 +24,28 @@ Scenarios (issue 15's list):
                             keeps its state, rank 1 recovers by clearing, never rank 0
   hybrid-groups             full-attention and sliding-window groups (one event each): the
                             window's evictions leave the full-attention blocks counted
+                            (vLLM only: SGLang's events have no group_idx; logged as a skip)
+  host-tier                 write-back to the host tier (vLLM "CPU", SGLang HiCache
+                            "CPU_PINNED"), device evictions, host-only stores: counted in
+                            the host tier, never in device
+  bind-stuck-replay         kvr binds one socket (the C ABI through ctypes: kvr serve only
+                            connects) and three publishers connect to it, each with its
+                            topic and replay endpoint; B's replay ROUTER never answers. A
+                            batch lost on A is replayed (exact) without waiting for B's,
+                            B recovers by clearing, C is untouched (bind_ctypes.py)
+  loss-during-idle-probe    a rank whose replay endpoint never answers loses a batch while
+                            an idle probe is in flight: the probe's failure must clear it
+Scenarios hit by a kvr bug keep that part as an expected failure (KNOWN_BUGS).
 
-Usage: python recovery.py [--kvr-bin target/release/kvr] [--only NAME] [--timeout S]
+Usage: python recovery.py [--kvr-bin target/release/kvr] [--libkvr target/release/libkvr.so]
+                          [--publisher vllm|sglang|all] [--only NAME] [--timeout S]
                           [--negative]
-Exit status 0 when every scenario converged to the truth without overcounting.
+Exit status 0 when every scenario converged to the truth without overcounting (a scenario
+a publisher cannot run is skipped with its reason logged).
 --negative is the check's control: kvr serve without idle probes
-(--kv-events-idle-probe-ms 0) must fail the two scenarios only a probe can recover
-(gap-at-end-of-burst keeps an evicted block: an overcount; join-after-last-batch holds
-nothing).
+(--kv-events-idle-probe-ms 0) must fail, for every publisher, the two scenarios only a
+probe can recover (gap-at-end-of-burst keeps an evicted block: an overcount;
+join-after-last-batch holds nothing).
 """
 
 from __future__ import annotations
@@ -37,6 +55,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,19 +63,76 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "compat"))
 
 from harness import free_port, http  # noqa: E402
-from vllm_publisher import engine_hashes, free_port_block, load_kv_events  # noqa: E402
+import sglang_publisher  # noqa: E402
+import vllm_publisher  # noqa: E402
+from vllm_publisher import free_port_block  # noqa: E402
 
 MODEL = "m"
 BS = 16
+# The truth's tiers, by medium (REFERENCE.md §9): what each medium means for a router.
+TIERS = {"GPU": "device", "DEVICE": "device", "CPU": "host", "CPU_PINNED": "host",
+         "CPU_TIER1": "host"}
 
 
 def log(msg: str) -> None:
     print(f"[recovery] {msg}", file=sys.stderr, flush=True)
 
 
+class Flavor:
+    """One engine's real publisher module: how to build its publisher and its events, and
+    what its events can say (read from the module, not assumed)."""
+
+    def __init__(self, name: str, kv, hashes, rank_arg: str, host_medium: str):
+        self.name, self.kv, self.hashes = name, kv, hashes
+        self.rank_arg, self.host_medium = rank_arg, host_medium
+        self.stored_fields = set(kv.BlockStored.__struct_fields__)
+        self.removed_fields = set(kv.BlockRemoved.__struct_fields__)
+        self.groups = "group_idx" in self.stored_fields and "group_idx" in self.removed_fields
+
+    def publisher(self, dp_rank: int, endpoint: str, replay_endpoint: str | None, topic: str):
+        # Both engines offset both ports by the DP rank themselves.
+        return self.kv.ZmqEventPublisher(**{self.rank_arg: dp_rank}, endpoint=endpoint,
+                                         replay_endpoint=replay_endpoint, topic=topic)
+
+    def batch(self, events: list):
+        return self.kv.KVEventBatch(ts=time.time(), events=events)
+
+    def _event(self, cls, fields: set, group: int, **kw):
+        assert group == 0 or self.groups, f"{self.name} has no KV-cache groups"
+        return cls(**{k: v for k, v in kw.items() if k in fields})
+
+    def stored(self, hashes, tokens, medium: str, group: int, kind: str):
+        return self._event(
+            self.kv.BlockStored, self.stored_fields, group, block_hashes=hashes,
+            parent_block_hash=None, token_ids=tokens, block_size=BS, lora_id=None,
+            medium=medium, lora_name=None, extra_keys=[None] * len(hashes),
+            group_idx=group, kv_cache_spec_kind=kind)
+
+    def removed(self, hashes, medium: str, group: int):
+        return self._event(self.kv.BlockRemoved, self.removed_fields, group,
+                           block_hashes=hashes, medium=medium, group_idx=group)
+
+    def lacks(self, needs: tuple[str, ...]) -> str | None:
+        """Why this publisher cannot run a scenario needing `needs`, or None."""
+        if "groups" in needs and not self.groups:
+            return (f"{self.name}'s BlockStored/BlockRemoved have no group_idx "
+                    f"(fields: {sorted(self.stored_fields)}): no hybrid KV-cache groups")
+        return None
+
+
+def flavor(name: str) -> Flavor:
+    if name == "vllm":
+        # vLLM's CPU offloading publishes medium "CPU".
+        return Flavor("vllm", vllm_publisher.load_kv_events(), vllm_publisher.engine_hashes,
+                      "data_parallel_rank", "CPU")
+    kv = sglang_publisher.load_kv_events()
+    return Flavor("sglang", kv, sglang_publisher.engine_hashes, "attn_dp_rank",
+                  kv.StorageMedium.CPU.value)  # HiCache's host tier: "CPU_PINNED"
+
+
 class DroppingSocket:
     """The publisher's PUB socket, dropping its next `drop` sends (the batches still get
-    their seq and enter vLLM's replay buffer: a loss on the way)."""
+    their seq and enter the engine's replay buffer: a loss on the way)."""
 
     def __init__(self, sock):
         self._sock = sock
@@ -73,78 +149,87 @@ class DroppingSocket:
 
 
 class Rank:
-    """One DP rank of an engine: vLLM's real publisher and the blocks it holds."""
+    """One DP rank of an engine: the engine's real publisher and the blocks it holds, per
+    tier. `endpoint` binds when it has a `*` (kvr connects), else connects (kvr binds)."""
 
-    def __init__(self, kv, base_port: int, replay_port: int | None, dp_rank: int):
-        self.kv = kv
-        self.base_port, self.replay_port, self.dp_rank = base_port, replay_port, dp_rank
-        self.held: set[tuple[int, ...]] = set()  # token prefixes, one per held block
+    def __init__(self, fl: Flavor, endpoint: str, replay_endpoint: str | None,
+                 dp_rank: int, topic: str = ""):
+        self.fl = fl
+        self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
+        self.dp_rank, self.topic = dp_rank, topic
+        # token prefixes, one per held block, by tier
+        self.held: dict[str, set[tuple[int, ...]]] = {"device": set(), "host": set()}
         self.pub = None
         self.start()
 
     def start(self) -> None:
-        # vLLM offsets both ports by the DP rank itself.
-        self.pub = self.kv.ZmqEventPublisher(
-            data_parallel_rank=self.dp_rank,
-            endpoint=f"tcp://*:{self.base_port}",
-            replay_endpoint=(f"tcp://*:{self.replay_port}" if self.replay_port else None),
-        )
+        self.pub = self.fl.publisher(self.dp_rank, self.endpoint, self.replay_endpoint,
+                                     self.topic)
         self.sock = DroppingSocket(self.pub._pub)
         self.pub._pub = self.sock
 
     def restart(self) -> None:
         """A new engine instance on the same endpoints: seq from 0, cache empty."""
         self.pub.shutdown()
-        self.held.clear()
+        for t in self.held.values():
+            t.clear()
         time.sleep(0.2)
         self.start()
 
     def publish(self, events: list, drop: bool = False) -> None:
         if drop:
             self.sock.drop += 1
-        self.pub.publish(self.kv.KVEventBatch(ts=time.time(), events=events))
+        self.pub.publish(self.fl.batch(events))
         self.pub._event_queue.join()  # sent (or dropped) and in the replay buffer
 
-    def stored(self, tokens: list[int], group: int = 0, kind: str = "full_attention"):
+    def stored(self, tokens: list[int], group: int = 0, kind: str = "full_attention",
+               medium: str = "GPU"):
         """A store in KV-cache group `group`; the truth follows the full-attention group
         (group 0), which is what a prefix hit needs."""
-        hashes = engine_hashes(tokens, BS)
+        hashes = self.fl.hashes(tokens, BS)
         if group == 0:
             for i in range(len(hashes)):
-                self.held.add(tuple(tokens[: (i + 1) * BS]))
-        return self.kv.BlockStored(
-            block_hashes=hashes, parent_block_hash=None,
-            token_ids=tokens[: len(hashes) * BS], block_size=BS, lora_id=None,
-            medium="GPU", lora_name=None, extra_keys=[None] * len(hashes),
-            group_idx=group, kv_cache_spec_kind=kind)
+                self.held[TIERS[medium]].add(tuple(tokens[: (i + 1) * BS]))
+        return self.fl.stored(hashes, tokens[: len(hashes) * BS], medium, group, kind)
 
-    def removed(self, tokens: list[int], first_block: int, group: int = 0):
-        hashes = engine_hashes(tokens, BS)
+    def removed(self, tokens: list[int], first_block: int, group: int = 0,
+                medium: str = "GPU"):
+        hashes = self.fl.hashes(tokens, BS)
         if group == 0:
             for i in range(first_block, len(hashes)):
-                self.held.discard(tuple(tokens[: (i + 1) * BS]))
-        return self.kv.BlockRemoved(block_hashes=hashes[first_block:], medium="GPU",
-                                    group_idx=group)
+                self.held[TIERS[medium]].discard(tuple(tokens[: (i + 1) * BS]))
+        return self.fl.removed(hashes[first_block:], medium, group)
 
-    def depth(self, prompt: list[int]) -> int:
-        d = 0
-        while (d + 1) * BS <= len(prompt) and tuple(prompt[: (d + 1) * BS]) in self.held:
-            d += 1
-        return d
+    def forget(self, tokens: list[int]) -> None:
+        """The truth after a recovery by clearing: these blocks are gone for good."""
+        for t in self.held.values():
+            t.difference_update(tuple(tokens[: (i + 1) * BS])
+                                for i in range(len(tokens) // BS))
+
+    def depth(self, prompt: list[int]) -> tuple[int, int]:
+        """(device blocks, host blocks extending them), as `/overlap_scores` counts."""
+        def run(start: int, tier: str) -> int:
+            d = start
+            while (d + 1) * BS <= len(prompt) and tuple(prompt[: (d + 1) * BS]) in self.held[tier]:
+                d += 1
+            return d - start
+        dev = run(0, "device")
+        return dev, run(dev, "host")
 
     def close(self) -> None:
         self.pub.shutdown()
 
 
 class Worker:
-    def __init__(self, kv, worker_id: int, dp_size: int = 1, replay: bool = True,
+    def __init__(self, fl: Flavor, worker_id: int, dp_size: int = 1, replay: bool = True,
                  dead_replay_ranks: tuple[int, ...] = ()):
         self.worker_id = worker_id
         ports = free_port_block(2 * dp_size)
         self.base_port, self.replay_port = ports, ports + dp_size
         self.ranks = [
-            Rank(kv, self.base_port,
-                 None if (not replay or r in dead_replay_ranks) else self.replay_port, r)
+            Rank(fl, f"tcp://*:{self.base_port}",
+                 None if (not replay or r in dead_replay_ranks) else f"tcp://*:{self.replay_port}",
+                 r)
             for r in range(dp_size)
         ]
         self.replay = replay
@@ -156,7 +241,7 @@ class Worker:
                 "kv_events_endpoints": {str(r.dp_rank): f"tcp://127.0.0.1:{self.base_port + r.dp_rank}"
                                         for r in self.ranks}}
         if self.replay:
-            # kvr (as Dynamo) offsets the replay port by the rank, as vLLM binds them.
+            # kvr (as Dynamo) offsets the replay port by the rank, as the engines bind them.
             body["replay_endpoint"] = f"tcp://127.0.0.1:{self.replay_port}"
         st, resp, _ = http(base, "POST", "/workers", body)
         assert st in (200, 201), (st, resp)
@@ -170,15 +255,35 @@ def overlap(base: str, prompt: list[int]) -> dict:
     st, body, _ = http(base, "POST", "/overlap_scores",
                        {"model_name": MODEL, "token_ids": prompt})
     assert st == 200, (st, body)
-    return {(w["worker_id"], w["dp_rank"]): w.get("device_blocks", 0) for w in body["workers"]}
+    return {(w["worker_id"], w["dp_rank"]):
+            (w.get("device_blocks", 0), w.get("host_pinned_extension_blocks", 0))
+            for w in body["workers"]}
+
+
+def overcounts(want: tuple[int, int], have: tuple[int, int]) -> bool:
+    """More device blocks, or more device and host blocks together, than the engine has."""
+    return have[0] > want[0] or sum(have) > sum(want)
 
 
 class Check:
     """Polls every (prompt, worker, rank) depth until it equals the truth, and fails if it
-    does not within the timeout; an overcount still there half-way is logged as such."""
+    does not within the timeout; an overcount still there half-way is logged as such.
+    `query(prompt)` gives {(worker, rank): (device, host)} (kvr serve's by default)."""
 
-    def __init__(self, base: str, timeout: float):
-        self.base, self.timeout = base, timeout
+    def __init__(self, base: str | None, timeout: float, query=None):
+        self.timeout = timeout
+        self.query = query or (lambda p: overlap(base, p))
+
+    def mismatches(self, workers: list[Worker], prompts: list[list[int]]) -> list:
+        bad = []
+        for p in prompts:
+            got = self.query(p)
+            for w in workers:
+                for r in w.ranks:
+                    want, have = r.depth(p), got.get((w.worker_id, r.dp_rank), (0, 0))
+                    if have != want:
+                        bad.append((w.worker_id, r.dp_rank, p[0], want, have))
+        return bad
 
     def converge(self, name: str, workers: list[Worker], prompts: list[list[int]],
                  settle: float = 0.0) -> bool:
@@ -186,21 +291,14 @@ class Check:
         time.sleep(settle)
         reported = False
         while True:
-            bad = []
-            for p in prompts:
-                got = overlap(self.base, p)
-                for w in workers:
-                    for r in w.ranks:
-                        want, have = r.depth(p), got.get((w.worker_id, r.dp_rank), 0)
-                        if have != want:
-                            bad.append((w.worker_id, r.dp_rank, p[0], want, have))
+            bad = self.mismatches(workers, prompts)
             if not bad:
                 log(f"{name}: converged")
                 return True
             if time.time() > deadline:
-                log(f"{name}: FAILED, (worker, rank, prompt, want, got): {bad}")
+                log(f"{name}: FAILED, (worker, rank, prompt, (device, host) want, got): {bad}")
                 return False
-            over = [b for b in bad if b[4] > b[3]]
+            over = [b for b in bad if overcounts(b[3], b[4])]
             if over and not reported and time.time() > deadline - self.timeout / 2:
                 # Still overcounting half-way through: report it as the finding it is.
                 log(f"{name}: overcount still present: {over}")
@@ -214,11 +312,11 @@ def prompt(start: int, blocks: int) -> list[int]:
 
 # ------------------------------------------------------------------ scenarios
 
-def gap_at_end_of_burst(kv, base, check):
-    w = Worker(kv, 101)
+def gap_at_end_of_burst(fl, base, check):
+    w = Worker(fl, 101)
     w.register(base)
     r = w.ranks[0]
-    time.sleep(1.0)  # the SUB connects (vLLM drops what it sends before)
+    time.sleep(1.0)  # the SUB connects (the publisher drops what it sends before)
     p, q = prompt(1000, 4), prompt(2000, 4)
     r.publish([r.stored(p)])
     r.publish([r.stored(q)])
@@ -229,8 +327,8 @@ def gap_at_end_of_burst(kv, base, check):
     return w, ok
 
 
-def join_after_last_batch(kv, base, check):
-    w = Worker(kv, 102)
+def join_after_last_batch(fl, base, check):
+    w = Worker(fl, 102)
     r = w.ranks[0]
     p, q = prompt(3000, 3), prompt(4000, 5)
     r.publish([r.stored(p)])  # nobody subscribed yet: dropped by ZMQ, kept for replay
@@ -240,10 +338,10 @@ def join_after_last_batch(kv, base, check):
     return w, check.converge("join-after-last-batch", [w], [p, q])
 
 
-def restart(kv, base, check, name, worker_id, start, n_old, n_missed):
+def restart(fl, base, check, name, worker_id, start, n_old, n_missed):
     """The old instance publishes n_old batches; the new one's first n_missed are lost,
     then one arrives live with seq n_missed."""
-    w = Worker(kv, worker_id)
+    w = Worker(fl, worker_id)
     w.register(base)
     r = w.ranks[0]
     time.sleep(1.0)
@@ -261,18 +359,18 @@ def restart(kv, base, check, name, worker_id, start, n_old, n_missed):
     return w, ok
 
 
-def restart_back_to_zero(kv, base, check):
+def restart_back_to_zero(fl, base, check):
     # The first live batch of the new instance has seq 2 < the old last 4.
-    return restart(kv, base, check, "restart-back-to-zero", 103, 5000, 5, 2)
+    return restart(fl, base, check, "restart-back-to-zero", 103, 5000, 5, 2)
 
 
-def restart_at_old_last_seq(kv, base, check):
+def restart_at_old_last_seq(fl, base, check):
     # The first live batch of the new instance has seq 3 == the old last.
-    return restart(kv, base, check, "restart-at-old-last-seq", 104, 7000, 4, 3)
+    return restart(fl, base, check, "restart-at-old-last-seq", 104, 7000, 4, 3)
 
 
-def dp2_one_replay_dead(kv, base, check):
-    w = Worker(kv, 105, dp_size=2, dead_replay_ranks=(1,))
+def dp2_one_replay_dead(fl, base, check):
+    w = Worker(fl, 105, dp_size=2, dead_replay_ranks=(1,))
     r0, r1 = w.ranks
     p0, p1, p1b = prompt(9000, 4), prompt(9500, 2), prompt(9800, 3)
     r1.publish([r1.stored(p1)])  # before kvr subscribed: rank 1 must replay, and cannot
@@ -282,15 +380,15 @@ def dp2_one_replay_dead(kv, base, check):
     r1.publish([r1.stored(p1b)])  # seq 1: a late join on rank 1, its replay times out
     # Undercounting rank 1's first store is what a dead replay endpoint costs; kvr must
     # not touch rank 0. The truth for the check: rank 1 lost p1 for good.
-    r1.held -= {tuple(p1[: (i + 1) * BS]) for i in range(2)}
+    r1.forget(p1)
     ok = check.converge("dp2-one-replay-dead", [w], [p0, p1, p1b], settle=6.5)
     return w, ok
 
 
-def hybrid_groups(kv, base, check):
+def hybrid_groups(fl, base, check):
     """gpt-oss-like: each batch stores in group 0 (full attention) and group 1 (sliding
     window); the window evicts the blocks it slid past, the full group keeps them."""
-    w = Worker(kv, 106)
+    w = Worker(fl, 106)
     w.register(base)
     r = w.ranks[0]
     time.sleep(1.0)
@@ -303,69 +401,225 @@ def hybrid_groups(kv, base, check):
     return w, ok
 
 
+def host_tier(fl, base, check):
+    """The engine writes its device blocks back to the host tier (vLLM's CPU offload,
+    SGLang's HiCache), evicts from device, loads blocks that are only on the host, then
+    evicts from the host: a host block counts as host (extending the device prefix), never
+    as device."""
+    host = fl.host_medium
+    w = Worker(fl, 107)
+    w.register(base)
+    r = w.ranks[0]
+    time.sleep(1.0)
+    p, q = prompt(13000, 6), prompt(14000, 4)
+    r.publish([r.stored(p)])
+    r.publish([r.stored(p, medium=host)])  # write-back: on both tiers
+    ok = check.converge(f"host-tier ({host} write-back)", [w], [p, q])
+    r.publish([r.removed(p, 3)])  # the device evicts; the host copy stays
+    r.publish([r.stored(q, medium=host)])  # on the host only
+    ok &= check.converge(f"host-tier (device eviction, {host}-only store)", [w], [p, q])
+    r.publish([r.removed(p, 4, medium=host)], drop=True)  # a host eviction, lost
+    ok &= check.converge(f"host-tier ({host} eviction lost, recovered)", [w], [p, q])
+    return w, ok
+
+
+def metric(base: str, name: str, worker_id: int) -> float:
+    """A per-stream gauge or counter of kvr serve's /metrics (stream 0's)."""
+    text = http(base, "GET", "/metrics")[1]["<text>"]
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'worker_id="{worker_id}"' in line \
+                and 'stream="0"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def loss_during_idle_probe(fl, base, check):
+    """A rank whose replay endpoint never answers (registered, nobody bound there) is
+    probed again and again; a batch lost while a probe is in flight must still end in a
+    clear when that probe fails (an undercount is allowed, never an overcount). kvr serve
+    runs with a 300 ms probe and a 2 s replay timeout here (SCENARIOS)."""
+    w = Worker(fl, 108, dead_replay_ranks=(0,))
+    w.register(base)
+    r = w.ranks[0]
+    time.sleep(1.0)
+    p, q = prompt(15000, 4), prompt(16000, 3)
+    r.publish([r.stored(p)])  # applies at once, probe or not
+    ok = check.converge("loss-during-idle-probe (live)", [w], [p])
+    recovering = lambda: metric(base, "kvr_kv_stream_recovering", 108)  # noqa: E731
+    deadline = time.time() + 10
+    while recovering() and time.time() < deadline:  # a probe in flight: wait for the next
+        time.sleep(0.02)
+    while not recovering() and time.time() < deadline:
+        time.sleep(0.02)
+    log(f"loss-during-idle-probe: probe {metric(base, 'kvr_kv_stream_idle_probes_total', 108):.0f} "
+        f"in flight; a removal is lost, then a store arrives")
+    r.publish([r.removed(p, 1)], drop=True)
+    r.publish([r.stored(q)])
+    while recovering() and time.time() < deadline + 5:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    bad = check.mismatches([w], [p, q])
+    over = [b for b in bad if overcounts(b[3], b[4])]
+    q_ok = not [b for b in bad if b[2] == q[0]]
+    log(f"loss-during-idle-probe: after the probe failed: clears "
+        f"{metric(base, 'kvr_kv_stream_clears_total', 108):.0f}, mismatches {bad}")
+    return w, ok, not over and q_ok
+
+
+def bind_stuck_replay(fl, base, check):
+    import bind_ctypes  # the C ABI through ctypes; needs --libkvr, not kvr serve
+    return bind_ctypes.run(fl, check)  # (engines, ok, the KNOWN_BUGS part's ok)
+
+
+# name: (function, what it needs of the publisher, whether it runs against kvr serve)
 SCENARIOS = {
-    "gap-at-end-of-burst": gap_at_end_of_burst,
-    "join-after-last-batch": join_after_last_batch,
-    "restart-back-to-zero": restart_back_to_zero,
-    "restart-at-old-last-seq": restart_at_old_last_seq,
-    "dp2-one-replay-dead": dp2_one_replay_dead,
-    "hybrid-groups": hybrid_groups,
+    "gap-at-end-of-burst": (gap_at_end_of_burst, (), True),
+    "join-after-last-batch": (join_after_last_batch, (), True),
+    "restart-back-to-zero": (restart_back_to_zero, (), True),
+    "restart-at-old-last-seq": (restart_at_old_last_seq, (), True),
+    "dp2-one-replay-dead": (dp2_one_replay_dead, (), True),
+    "hybrid-groups": (hybrid_groups, ("groups",), True),
+    "host-tier": (host_tier, (), True),
+    # its own kvr serve: probes every 300 ms of silence, replays time out after 2 s
+    "loss-during-idle-probe": (loss_during_idle_probe, (),
+                               ["--kv-events-idle-probe-ms", "300",
+                                "--kv-events-replay-timeout-ms", "2000"]),
+    "bind-stuck-replay": (bind_stuck_replay, (), False),
 }
+NEGATIVE = ["gap-at-end-of-burst", "join-after-last-batch"]
+# Scenarios with a part that fails because of a kvr bug (not of the test): that part is
+# an expected failure, logged as such; once it passes, the run fails until it is removed
+# here (the fix is then guarded by the scenario).
+KNOWN_BUGS = {
+    name: ("a loss found while an idle probe is in flight is never recovered: when the "
+           "probe's replay fails (a replay endpoint that does not answer), kvr applies "
+           "the held live batch past the gap without clearing the stream "
+           "(engine/src/ingress/sequence/mod.rs, on_replay_end: `r.why != Why::Probe`), "
+           "so the lost batch's evictions stay counted for good")
+    for name in ("loss-during-idle-probe", "bind-stuck-replay")
+}
+
+
+def serve(kvr_bin: str, extra: list[str]):
+    """A fresh `kvr serve`, healthy: (process, base URL, log path)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    logf = tempfile.NamedTemporaryFile(prefix="kvr-recovery-", suffix=".log", delete=False)
+    svc = subprocess.Popen([kvr_bin, "serve", "--port", str(port)] + extra,
+                           stdout=logf, stderr=logf)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if http(base, "GET", "/health")[0] == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return svc, base, logf.name
+
+
+def run_publisher(fl: Flavor, names: list[str], args, extra: list[str]):
+    """Runs `names` against publisher `fl`: (failed, skipped, passed, expected failures)
+    scenario names."""
+    failed, skipped, passed, xfailed = [], [], [], []
+    svc = base = logname = None
+    workers = []
+    try:
+        for name in names:
+            fn, needs, served = SCENARIOS[name]
+            why = fl.lacks(needs)
+            if why:
+                log(f"== {fl.name}/{name}: SKIPPED: {why}")
+                skipped.append(name)
+                continue
+            own = None
+            if isinstance(served, list):  # a kvr serve of its own, with these options
+                own = svc, base, logname
+                svc, base, logname = serve(args.kvr_bin, extra + served)
+            elif served and svc is None:
+                svc, base, logname = serve(args.kvr_bin, extra)
+            log(f"== {fl.name}/{name}")
+            t0 = time.time()
+            w, ok, *known = fn(fl, base, Check(base, args.timeout))
+            workers.append(w)
+            verdict = "ok" if ok else "FAILED"
+            if known and not known[0]:
+                log(f"{fl.name}/{name}: EXPECTED FAILURE, known kvr bug: {KNOWN_BUGS[name]}")
+                verdict += " (but for the known bug)"
+                if ok:
+                    xfailed.append(name)
+            elif known:
+                log(f"{fl.name}/{name}: the known kvr bug no longer shows: remove it from "
+                    f"KNOWN_BUGS")
+                ok, verdict = False, "FAILED (known bug gone)"
+            log(f"{fl.name}/{name}: {verdict} in {time.time() - t0:.1f} s")
+            if ok and name not in xfailed:
+                passed.append(name)
+            elif not ok:
+                failed.append(name)
+            if own is not None:
+                svc.terminate()
+                svc.wait(timeout=20)
+                svc, base, logname = own
+    finally:
+        # In parallel: SGLang's shutdown often waits its full second for a sentinel its
+        # thread never takes (kv_events.py's own race), and vLLM's can too.
+        closing = [threading.Thread(target=w.close) for w in workers]
+        for t in closing:
+            t.start()
+        for t in closing:
+            t.join()
+        if svc is not None:
+            svc.terminate()
+            svc.wait(timeout=20)
+    if failed and logname:
+        log(f"{fl.name}: kvr serve's log: {logname}")
+    return failed, skipped, passed, xfailed
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     ap.add_argument("--kvr-bin", default=os.environ.get("KVR_BIN", os.path.join(target, "release", "kvr")))
+    ap.add_argument("--libkvr", default=os.environ.get("KVR_LIB", os.path.join(target, "release", "libkvr.so")))
+    ap.add_argument("--publisher", choices=["vllm", "sglang", "all"], default="all")
     ap.add_argument("--only", action="append", choices=sorted(SCENARIOS))
     ap.add_argument("--timeout", type=float, default=15.0)
     ap.add_argument("--negative", action="store_true")
     args = ap.parse_args(argv)
+    os.environ["KVR_LIB"] = args.libkvr  # for bind_ctypes
     extra = []
+    names = args.only or list(SCENARIOS)
     if args.negative:
         extra = ["--kv-events-idle-probe-ms", "0"]
-        args.only = ["gap-at-end-of-burst", "join-after-last-batch"]
+        names = NEGATIVE
         args.timeout = min(args.timeout, 5.0)
-    kv = load_kv_events()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    logf = tempfile.NamedTemporaryFile(prefix="kvr-recovery-", suffix=".log", delete=False)
-    svc = subprocess.Popen([args.kvr_bin, "serve", "--port", str(port)] + extra,
-                           stdout=logf, stderr=logf)
-    workers, failed = [], []
-    try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if http(base, "GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
-        check = Check(base, args.timeout)
-        for name in args.only or list(SCENARIOS):
-            log(f"== {name}")
-            w, ok = SCENARIOS[name](kv, base, check)
-            workers.append(w)
-            if not ok:
-                failed.append(name)
-    finally:
-        for w in workers:
-            w.close()
-        svc.terminate()
-        svc.wait(timeout=20)
+    flavors = ["vllm", "sglang"] if args.publisher == "all" else [args.publisher]
+    results = {}
+    t0 = time.time()
+    for name in flavors:
+        results[name] = run_publisher(flavor(name), names, args, extra)
+    elapsed = time.time() - t0
     if args.negative:
-        passed = [n for n in args.only if n not in failed]
+        passed = [f"{f}/{n}" for f, (_, _, ok, _) in results.items() for n in ok]
         if passed:
             log(f"negative control FAILED: {', '.join(passed)} converged without idle probes")
             return 1
-        log("negative control: without idle probes both scenarios stay wrong, as they must")
+        log(f"negative control: without idle probes, for {' and '.join(flavors)}, both "
+            f"scenarios stay wrong, as they must ({elapsed:.0f} s)")
         return 0
-    if failed:
-        log(f"FAILED: {', '.join(failed)} (kvr serve's log: {logf.name})")
-        return 1
-    log(f"all {len(workers)} scenarios converged without overcounting")
-    return 0
+    for f, (failed, skipped, passed, xfailed) in results.items():
+        log(f"{f}: {len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped, "
+            f"{len(xfailed)} expected failures"
+            + (f" (failed: {', '.join(failed)})" if failed else "")
+            + (f" (expected: {', '.join(xfailed)})" if xfailed else ""))
+    n_failed, n_skipped, n_passed, n_xfailed = (sum(len(r[i]) for r in results.values())
+                                                for i in range(4))
+    log(f"{elapsed:.0f} s; {n_xfailed} expected failures (KNOWN_BUGS)")
+    # Skipped and expected failures both count as skipped in the closing line.
+    print(f"recovery: {n_passed} passed, {n_failed} failed, {n_skipped + n_xfailed} skipped",
+          flush=True)
+    return 1 if n_failed else 0
 
 
 if __name__ == "__main__":
