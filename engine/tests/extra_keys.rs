@@ -179,3 +179,45 @@ fn the_decoder_reads_each_key_kind_and_checks_the_count() {
         DecodeErrorKind::TokenCount
     );
 }
+
+#[test]
+fn sglang_cache_salt_field_salts_the_first_block_of_a_prompt() {
+    // SGLang 0.5.23 publishes the request's salt as BlockStored.cache_salt.
+    let p = partition();
+    let mut e = BatchEncoder::new();
+    e.with_cache_salt("s1")
+        .stored(&[1, 2], None, &TOKENS, BS, Medium::Gpu, None);
+    p.ingest(1, 0, b"", 0, &e.finish(1.0, None));
+    let mut salted = BlockExtras::new();
+    salted.set_cache_salt(Some("s1"));
+    assert_eq!(depth(&p, &salted, None, 1), 2);
+    assert_eq!(depth(&p, &BlockExtras::new(), None, 1), 0);
+    // A continuation (it has a parent) is not the prompt's first block: its hashes chain
+    // from the salted parent, so the salt is not folded again.
+    let more: Vec<u32> = TOKENS.iter().chain(&[3, 3, 3, 3]).copied().collect();
+    let mut e = BatchEncoder::new();
+    e.with_cache_salt("s1")
+        .stored(&[3], Some(2), &[3, 3, 3, 3], BS, Medium::Gpu, None);
+    p.ingest(1, 0, b"", 1, &e.finish(1.0, None));
+    let mut local = Vec::new();
+    salted.local_hashes(&more, BS as usize, HashSalt::NONE, &mut local);
+    assert_eq!(p.index().find_matches(&local).get(RankId::new(1, 0)), 3);
+    // With extra_keys too, both fold: the salt joins block 0's own keys.
+    let b = {
+        let mut e = BatchEncoder::new();
+        e.with_extra_keys(&[Some(&[K::Mm("i", 0)]), None])
+            .with_cache_salt("s")
+            .stored(&[1, 2], None, &TOKENS, BS, Medium::Gpu, None);
+        let mut b = DecodedBatch::default();
+        decode_batch(&e.finish(1.0, None), &mut b).unwrap();
+        b
+    };
+    assert_eq!(
+        extras_of(&b),
+        vec![
+            vec![mm_key(b"i", 0), kvr::hash::extra::cache_salt_key(b"s")],
+            vec![]
+        ]
+    );
+}
+

@@ -16,6 +16,8 @@ pub struct BatchEncoder {
     group: Option<(u32, Option<String>)>,
     /// The next store's `extra_keys`, encoded ([`BatchEncoder::with_extra_keys`]).
     extra_keys: Option<Vec<u8>>,
+    /// The next store's `cache_salt` ([`BatchEncoder::with_cache_salt`]).
+    cache_salt: Option<String>,
 }
 
 /// One extra key as vLLM 0.33 publishes it (untagged; `crate::hash::extra`).
@@ -91,6 +93,12 @@ impl BatchEncoder {
         self
     }
 
+    /// The next `stored` carries SGLang 0.5's `cache_salt` field.
+    pub fn with_cache_salt(&mut self, salt: &str) -> &mut Self {
+        self.cache_salt = Some(salt.to_owned());
+        self
+    }
+
     /// Takes the pending group: its fields (a removal carries no kind) and how many.
     fn take_group(&mut self, with_kind: bool) -> (Option<(u32, Option<String>)>, u32) {
         let group = self
@@ -128,8 +136,12 @@ impl BatchEncoder {
     ) -> &mut Self {
         let (group, group_fields) = self.take_group(true);
         let extra_keys = self.extra_keys.take();
-        let fields =
-            6 + u32::from(lora_name.is_some()) + u32::from(extra_keys.is_some()) + group_fields;
+        let cache_salt = self.cache_salt.take();
+        let fields = 6
+            + u32::from(lora_name.is_some())
+            + u32::from(extra_keys.is_some())
+            + u32::from(cache_salt.is_some())
+            + group_fields;
         enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
         self.key("type");
         self.key("BlockStored");
@@ -158,6 +170,10 @@ impl BatchEncoder {
         if let Some(keys) = extra_keys {
             self.key("extra_keys");
             self.body.extend_from_slice(&keys);
+        }
+        if let Some(salt) = cache_salt {
+            self.key("cache_salt");
+            self.key(&salt);
         }
         self.group_fields(group);
         self.events += 1;

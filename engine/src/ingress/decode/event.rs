@@ -56,6 +56,8 @@ enum Field {
     Ownership,
     SessionId,
     LookaheadTokenIds,
+    /// SGLang 0.5's `cache_salt` (tagged maps only: SGLang has no positional encoding).
+    CacheSalt,
 }
 
 const STORED_FIELDS: [Field; 15] = [
@@ -102,6 +104,7 @@ impl Field {
             b"ownership" => Self::Ownership,
             b"session_id" => Self::SessionId,
             b"lookahead_token_ids" => Self::LookaheadTokenIds,
+            b"cache_salt" => Self::CacheSalt,
             _ => return None,
         })
     }
@@ -120,6 +123,8 @@ struct EventFields {
     spec: SpecKind,
     /// `extra_keys`: its number of entries and its range of `batch.block_extras`.
     extras: Option<(usize, Range<usize>)>,
+    /// SGLang's `cache_salt`, as its key value (`None`: nil, absent or empty).
+    cache_salt: Option<u64>,
 }
 
 pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result<()> {
@@ -153,16 +158,19 @@ pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result
                     "len(token_ids) != len(block_hashes) * block_size",
                 ));
             }
-            let extras = match f.extras {
-                None => 0..0,
+            let blocks = match f.extras {
                 Some((n, _)) if n != n_blocks => {
                     return Err(DecodeError::new(
                         K::TokenCount,
                         "extra_keys is not nil and len(extra_keys) != len(block_hashes)",
                     ))
                 }
-                Some((_, range)) => finish_extras(out, range, f.lora_name.clone()),
+                other => other.map(|(_, range)| range),
             };
+            // SGLang's salt belongs to the prompt's first block (kvr's rule, as vLLM
+            // puts it): only a store that starts a prompt holds that block.
+            let salt = f.cache_salt.filter(|_| f.parent.is_none());
+            let extras = finish_extras(out, blocks, n_blocks, f.lora_name.clone(), salt);
             DecodedEvent::Stored {
                 hashes: f.hashes,
                 parent: f.parent,
@@ -211,7 +219,12 @@ fn decode_tagged(
     let fields = ty.fields();
     for _ in 0..n {
         match c.key()?.and_then(Field::from_key) {
-            Some(field) if fields.contains(&field) => decode_field(c, out, f, field)?,
+            Some(field)
+                if fields.contains(&field)
+                    || (field == Field::CacheSalt && ty == EventType::Stored) =>
+            {
+                decode_field(c, out, f, field)?
+            }
             // "type" (already read), unknown keys, and keys of the other event type.
             _ => c.skip_values(1)?,
         }
@@ -325,6 +338,12 @@ fn decode_field(
         Field::SessionId => {
             c.opt_str("session_id is not a string or nil")?;
         }
+        Field::CacheSalt => {
+            f.cache_salt = c
+                .opt_str("cache_salt is not a string or nil")?
+                .filter(|s| !s.is_empty())
+                .map(|s| crate::hash::extra::cache_salt_key(s.as_bytes()));
+        }
         Field::LookaheadTokenIds => {
             // [[int...]...]|nil — checked as token ids, not kept.
             if !c.take_nil()? {
@@ -341,42 +360,46 @@ fn decode_field(
     Ok(())
 }
 
-/// Drops the LoRA name's key value from a store's blocks (LoRA salts the seed instead,
-/// `crate::hash::extra`), compacting `extra_keys`; returns the store's `extras`, empty
-/// when no block keeps a key.
+/// A store's extra-key values, final: the LoRA name's dropped (LoRA salts the seed
+/// instead, `crate::hash::extra`) and SGLang's `salt` added to block 0; rewritten at the
+/// end of `extra_keys` from the store's `blocks` ranges (if it had `extra_keys`). Returns
+/// the store's `extras`: empty when no block keeps a key.
 fn finish_extras(
     out: &mut DecodedBatch,
-    blocks: Range<usize>,
+    blocks: Option<Range<usize>>,
+    n_blocks: usize,
     lora_name: Option<Range<usize>>,
+    salt: Option<u64>,
 ) -> Range<usize> {
-    let Some(first) = out
-        .block_extras
-        .get(blocks.clone())
-        .and_then(|b| b.first())
-        .cloned()
-    else {
+    if blocks.is_none() && (salt.is_none() || n_blocks == 0) {
         return 0..0;
-    };
+    }
     let lora = lora_name.map(|r| crate::hash::extra::cache_salt_key(out.text[r].as_bytes()));
-    let mut write = first.start;
-    for i in blocks.clone() {
-        let r = out.block_extras[i].clone();
-        let from = write;
-        for j in r {
-            let v = out.extra_keys[j];
-            if Some(v) != lora {
-                out.extra_keys[write] = v;
-                write += 1;
-            }
-        }
-        out.block_extras[i] = from..write;
+    let first_key = blocks
+        .as_ref()
+        .and_then(|b| out.block_extras.get(b.clone()))
+        .and_then(|b| b.first())
+        .map_or(out.extra_keys.len(), |r| r.start);
+    let keys: Vec<u64> = out.extra_keys[first_key..].to_vec();
+    let old: Vec<Range<usize>> = match &blocks {
+        Some(b) => out.block_extras[b.clone()].to_vec(),
+        None => vec![first_key..first_key; n_blocks],
+    };
+    out.extra_keys.truncate(first_key);
+    let start = blocks.map_or(out.block_extras.len(), |b| b.start);
+    out.block_extras.truncate(start);
+    for (i, r) in old.into_iter().enumerate() {
+        let from = out.extra_keys.len();
+        let own = keys[r.start - first_key..r.end - first_key].iter().copied();
+        out.extra_keys
+            .extend(own.filter(|&v| Some(v) != lora).chain(salt.filter(|_| i == 0)));
+        out.block_extras.push(from..out.extra_keys.len());
     }
-    out.extra_keys.truncate(write);
-    if write == first.start {
-        out.block_extras.truncate(blocks.start);
+    if out.extra_keys.len() == first_key {
+        out.block_extras.truncate(start);
         return 0..0;
     }
-    blocks
+    start..out.block_extras.len()
 }
 
 /// Appends `s` to `text` unless it equals the last name appended (one LoRA per batch is

@@ -30,7 +30,9 @@
 //! ask the transport for a replay, which supersedes any replay of this stream in flight).
 //! While a replay fills a known gap, live batches newer than the gap wait in a buffer and
 //! apply after the replayed range; during a probe (no gap known) contiguous live batches
-//! apply at once, so a dead replay endpoint never delays the live stream.
+//! apply at once, so a dead replay endpoint never delays the live stream. A live batch
+//! past the next expected one during a probe makes the loss known: the probe becomes a
+//! gap recovery (counted in `gaps`; if it fails, the stream's ranks are cleared).
 
 use std::collections::BTreeMap;
 
@@ -290,6 +292,12 @@ impl SequenceTracker {
                 self.on_live(seq, payload, &mut more);
                 out.append(&mut more);
             } else {
+                if r.held.is_empty() && r.why == Why::Probe {
+                    // A live batch past the next expected one during a probe: a loss is
+                    // now known, so the probe is a gap recovery (a failure clears).
+                    r.why = Why::Gap;
+                    self.stats.gaps += 1;
+                }
                 r.held.entry(seq).or_insert_with(|| payload.to_vec());
             }
             return;
@@ -413,8 +421,11 @@ impl SequenceTracker {
                 self.clear(ClearCause::ReplayIncomplete, out);
             }
         }
+        // Filled: completed, or failed after covering a known loss; a failed replay with
+        // nothing to cover (a join or probe that heard nothing back) brought nothing.
+        let filled = covered && !partial && (result == ReplayResult::Completed || target.is_some());
         match result {
-            _ if covered && !partial => self.stats.replays_filled += 1,
+            _ if filled => self.stats.replays_filled += 1,
             ReplayResult::Completed => self.stats.replays_partial += 1,
             ReplayResult::Failed => self.stats.replays_failed += 1,
         }

@@ -282,6 +282,44 @@ fn a_failed_probe_clears_nothing_and_never_holds_the_live_stream() {
 }
 
 #[test]
+fn a_loss_during_a_probe_of_a_dead_endpoint_clears_when_the_probe_fails() {
+    // Found by tests/recovery (loss-during-idle-probe): the probe's replay endpoint never
+    // answers, batch 2 is lost, 3 arrives and waits. The failed probe must clear before
+    // applying 3: the lost batch may have evicted what the index still counts.
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    live(&mut t, 1);
+    idle(&mut t);
+    assert!(live(&mut t, 3).is_empty(), "past the gap: held");
+    assert_eq!(t.stats().gaps, 1, "the loss is known at once");
+    let out = end(&mut t, ReplayResult::Failed);
+    assert_eq!(clears(&out), vec![ClearCause::ReplayIncomplete]);
+    assert_eq!(applied(&out), vec![3]);
+    let s = t.stats();
+    assert_eq!((s.replays_failed, s.batches_lost, s.gaps), (1, 1, 1));
+    // A probe that fills the same loss applies the range, then the held batch.
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    idle(&mut t);
+    live(&mut t, 2);
+    assert!(replayed(&mut t, 0, 0).is_empty(), "the verified batch");
+    assert_eq!(applied(&replayed(&mut t, 1, 0)), vec![1]);
+    let out = end(&mut t, ReplayResult::Completed);
+    assert_eq!((clears(&out), applied(&out)), (vec![], vec![2]));
+    let s = t.stats();
+    assert_eq!((s.replays_filled, s.gaps, s.clears), (1, 1, 0));
+}
+
+#[test]
+fn a_join_probe_that_hears_nothing_back_counts_as_failed() {
+    let mut t = SequenceTracker::new(true);
+    idle(&mut t);
+    assert!(end(&mut t, ReplayResult::Failed).is_empty());
+    let s = t.stats();
+    assert_eq!((s.replays_failed, s.replays_filled, s.clears), (1, 0, 0));
+}
+
+#[test]
 fn a_probe_right_after_subscribing_brings_what_the_publisher_holds() {
     let mut t = SequenceTracker::new(true);
     assert_eq!(idle(&mut t), vec![Action::RequestReplay { from_seq: 0 }]);
