@@ -208,11 +208,13 @@
  * Version of this library (semantic versioning of the C ABI's source). 0.2 added raw
  * ingest, ingress stats and subscriptions (issue 5); 0.3 added indexer policies, transfer
  * hints and session affinity (issue 7) and renamed `kvr_decision.reserved` (always 0
- * until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning.
+ * until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning. 0.4 (ABI 2)
+ * appended recovery, group, medium and freshness counters to `kvr_stream_stats` (a
+ * larger struct: hosts must be rebuilt) and added extra keys to `kvr_request`.
  */
 #define KVR_VERSION_MAJOR 0
 
-#define KVR_VERSION_MINOR 3
+#define KVR_VERSION_MINOR 4
 
 #define KVR_VERSION_PATCH 0
 
@@ -220,7 +222,7 @@
  * The ABI generation: bumped on every incompatible change of a type or signature.
  * `kvr_abi_version()` returns the library's; a host compares it with this macro.
  */
-#define KVR_ABI_VERSION 1
+#define KVR_ABI_VERSION 2
 
 /**
  * Prefill and decode on the same worker (the default).
@@ -544,6 +546,40 @@ typedef struct kvr_stream_stats {
    * Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
    */
   uint64_t last_batch_unix_ms;
+  /**
+   * Replays that completed without covering the loss (part of `replays_incomplete`).
+   */
+  uint64_t replays_partial;
+  /**
+   * Replays that failed or timed out (the rest of `replays_incomplete`).
+   */
+  uint64_t replays_failed;
+  /**
+   * Idle probes started (subscriptions only).
+   */
+  uint64_t idle_probes;
+  /**
+   * Events skipped: their KV-cache group is not the one routing follows.
+   */
+  uint64_t events_skipped_group;
+  /**
+   * Times the followed KV-cache group changed (the stream's ranks were cleared).
+   */
+  uint64_t group_switches;
+  /**
+   * Events skipped: a `medium` kvr does not know.
+   */
+  uint64_t events_skipped_medium;
+  /**
+   * Freshness: since when the stream's ranks are stale (a known loss being replayed;
+   * their overlap is not credited by default), ms since the Unix epoch; 0 = not stale.
+   */
+  uint64_t stale_since_unix_ms;
+  /**
+   * 1 while a replay is in flight (recovering, or stale if `stale_since_unix_ms`).
+   */
+  uint32_t recovering;
+  uint32_t reserved2;
 } kvr_stream_stats;
 
 /**
@@ -936,7 +972,7 @@ extern "C" {
  * Link-time ABI check: a host built against this header references this symbol (see
  * `KVR_ABI_CHECK()`), so linking it against a library of another ABI generation fails.
  */
-extern const uint32_t kvr_abi_1;
+extern const uint32_t kvr_abi_2;
 
 /**
  * New engine options with every value at its default. Free with
@@ -1029,6 +1065,17 @@ kvr_status kvr_partition_options_set_cache_namespace(struct kvr_partition_option
  */
 kvr_status kvr_partition_options_set_booking_ttl_ms(struct kvr_partition_options *opts,
                                                     uint64_t ttl_ms);
+
+/**
+ * Whether selection credits a stale rank's overlap (a stream with a known loss being
+ * replayed: `kvr_stream_stats.stale_since_unix_ms`); default 0: a stale rank's overlap
+ * counts as none until the loss is repaired or its ranks are cleared.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_trust_stale_overlap(struct kvr_partition_options *opts,
+                                                         uint32_t on);
 
 /**
  * Credit per device-cached block (Dynamo `overlap_score_credit`, default 1.0).
@@ -2109,4 +2156,4 @@ kvr_status kvr_partition_publish_load(const struct kvr_partition *partition,
 #endif  /* KVR_H */
 
 /* References the library's ABI-generation symbol, so a mismatched library fails to link. */
-#define KVR_ABI_CHECK() ((void)*(const volatile uint32_t *)&kvr_abi_1)
+#define KVR_ABI_CHECK() ((void)*(const volatile uint32_t *)&kvr_abi_2)

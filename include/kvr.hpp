@@ -20,7 +20,7 @@
  * Using an empty (moved-from) handle throws kvr::Error with KVR_ERR_NULL; destroying it
  * is a no-op. ABI: Engine's constructors call check_abi() (AbiMismatch, a
  * std::runtime_error, if the linked library is of another generation) and so reference
- * kvr_abi_1, which makes linking against a library of another generation fail.
+ * kvr_abi_2, which makes linking against a library of another generation fail.
  *
  * Ownership: Engine, EngineOptions, Partition, PartitionOptions, Worker and Request own
  * one C handle each; they are move-only and free it in their destructors. A Partition
@@ -109,7 +109,7 @@ inline uint32_t abi_version() noexcept { return kvr_abi_version(); }
 /// The library's ABI-generation symbol, read through a volatile so that the reference
 /// (and so the link-time check of KVR_ABI_CHECK) cannot be optimised away.
 inline uint32_t linked_abi_symbol() noexcept {
-    return *static_cast<const volatile uint32_t *>(&kvr_abi_1);
+    return *static_cast<const volatile uint32_t *>(&kvr_abi_2);
 }
 
 /// Whether the linked library is of this header's ABI generation.

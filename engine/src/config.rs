@@ -68,6 +68,10 @@ pub struct PartitionConfig {
     /// distinct block, tables at most 3/4 full): for a peer to recover from (Dynamo's
     /// `/dump`). Off by default.
     pub index_dump: bool,
+    /// Credit a stale rank's overlap anyway (a stream with a known loss being replayed,
+    /// `ingress::freshness`). Off by default: a stale rank may still hold blocks the lost
+    /// batches evicted, so its overlap counts as none until the loss is repaired.
+    pub trust_stale_overlap: bool,
 }
 
 impl PartitionConfig {
@@ -82,6 +86,7 @@ impl PartitionConfig {
             hints: None,
             sessions: None,
             index_dump: false,
+            trust_stale_overlap: false,
         }
     }
 }

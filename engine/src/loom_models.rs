@@ -11,6 +11,8 @@ use crate::index::{Index, IndexConfig, RankId, StoredBlock, Tier};
 use crate::sync::faults::{self, Faults};
 use crate::sync::{epoch, Arc};
 
+mod freshness;
+
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     if b.preemption_bound.is_none() {

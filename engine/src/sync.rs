@@ -274,6 +274,9 @@ pub(crate) mod faults {
         /// Selection: re-load the reported-load snapshot for every candidate instead of
         /// once per selection.
         pub reload_load_per_rank: bool,
+        /// Ingress: unlist a stale stream's ranks before performing the step's actions
+        /// (the clear) instead of after.
+        pub unlist_before_repair: bool,
     }
 
     std::thread_local! {

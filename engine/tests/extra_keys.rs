@@ -220,4 +220,3 @@ fn sglang_cache_salt_field_salts_the_first_block_of_a_prompt() {
         ]
     );
 }
-

@@ -245,6 +245,25 @@ pub unsafe extern "C" fn kvr_partition_options_set_booking_ttl_ms(
     })
 }
 
+/// Whether selection credits a stale rank's overlap (a stream with a known loss being
+/// replayed: `kvr_stream_stats.stale_since_unix_ms`); default 0: a stale rank's overlap
+/// counts as none until the loss is repaired or its ranks are cleared.
+///
+/// # Safety
+/// `opts` is NULL or live and not shared during the call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_partition_options_set_trust_stale_overlap(
+    opts: *mut kvr_partition_options,
+    on: u32,
+) -> kvr_status {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let o = unsafe { handle_mut(opts) }?;
+        o.config.trust_stale_overlap = on != 0;
+        Ok(())
+    })
+}
+
 /// Sets one cost knob or busy threshold if `valid(value)` (else
 /// `KVR_ERR_INVALID_ARGUMENT`; a NULL handle is `KVR_ERR_NULL` first).
 ///

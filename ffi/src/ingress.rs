@@ -61,6 +61,24 @@ pub struct kvr_stream_stats {
     pub last_seq: u64,
     /// Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
     pub last_batch_unix_ms: u64,
+    /// Replays that completed without covering the loss (part of `replays_incomplete`).
+    pub replays_partial: u64,
+    /// Replays that failed or timed out (the rest of `replays_incomplete`).
+    pub replays_failed: u64,
+    /// Idle probes started (subscriptions only).
+    pub idle_probes: u64,
+    /// Events skipped: their KV-cache group is not the one routing follows.
+    pub events_skipped_group: u64,
+    /// Times the followed KV-cache group changed (the stream's ranks were cleared).
+    pub group_switches: u64,
+    /// Events skipped: a `medium` kvr does not know.
+    pub events_skipped_medium: u64,
+    /// Freshness: since when the stream's ranks are stale (a known loss being replayed;
+    /// their overlap is not credited by default), ms since the Unix epoch; 0 = not stale.
+    pub stale_since_unix_ms: u64,
+    /// 1 while a replay is in flight (recovering, or stale if `stale_since_unix_ms`).
+    pub recovering: u32,
+    pub reserved2: u32,
 }
 
 fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
@@ -97,6 +115,15 @@ fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
         batches_lost: q.batches_lost,
         last_seq: q.last_seq.unwrap_or(u64::MAX),
         last_batch_unix_ms: s.last_batch_unix_ms,
+        replays_partial: q.replays_partial,
+        replays_failed: q.replays_failed,
+        idle_probes: q.idle_probes,
+        events_skipped_group: s.events_skipped_group,
+        group_switches: s.group_switches,
+        events_skipped_medium: s.events_skipped_medium,
+        stale_since_unix_ms: s.stale_since_unix_ms,
+        recovering: u32::from(q.recovering),
+        reserved2: 0,
     }
 }
 

@@ -65,19 +65,21 @@ pub const KVR_ERR_PANIC: kvr_status = 199;
 /// Version of this library (semantic versioning of the C ABI's source). 0.2 added raw
 /// ingest, ingress stats and subscriptions (issue 5); 0.3 added indexer policies, transfer
 /// hints and session affinity (issue 7) and renamed `kvr_decision.reserved` (always 0
-/// until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning.
+/// until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning. 0.4 (ABI 2)
+/// appended recovery, group, medium and freshness counters to `kvr_stream_stats` (a
+/// larger struct: hosts must be rebuilt) and added extra keys to `kvr_request`.
 pub const KVR_VERSION_MAJOR: u32 = 0;
-pub const KVR_VERSION_MINOR: u32 = 3;
+pub const KVR_VERSION_MINOR: u32 = 4;
 pub const KVR_VERSION_PATCH: u32 = 0;
 /// The ABI generation: bumped on every incompatible change of a type or signature.
 /// `kvr_abi_version()` returns the library's; a host compares it with this macro.
-pub const KVR_ABI_VERSION: u32 = 1;
+pub const KVR_ABI_VERSION: u32 = 2;
 
 /// Link-time ABI check: a host built against this header references this symbol (see
 /// `KVR_ABI_CHECK()`), so linking it against a library of another ABI generation fails.
 #[no_mangle]
 #[allow(non_upper_case_globals)]
-pub static kvr_abi_1: u32 = KVR_ABI_VERSION;
+pub static kvr_abi_2: u32 = KVR_ABI_VERSION;
 
 /// The ABI generation of the linked library (compare with `KVR_ABI_VERSION`).
 ///

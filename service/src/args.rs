@@ -80,6 +80,10 @@ pub struct Knobs {
     /// Use the engines' KV events (off: overlaps come from the service's own bookings).
     #[arg(long, env = "DYN_ROUTER_USE_KV_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub router_use_kv_events: bool,
+    /// Credit a stale rank's overlap (a stream whose known loss is being replayed; off: it
+    /// counts as none until repaired, `kvr_kv_stream_stale_seconds` > 0 meanwhile).
+    #[arg(long, env = "KVR_TRUST_STALE_OVERLAP", default_value_t = false, action = clap::ArgAction::Set)]
+    pub trust_stale_overlap: bool,
     /// Softmax temperature of the choice (0 = lowest cost wins).
     #[arg(long, env = "DYN_ROUTER_TEMPERATURE", default_value_t = 0.0)]
     pub router_temperature: f64,

@@ -120,6 +120,7 @@ fn partition_config(args: &ServeArgs) -> Result<PartitionConfig, String> {
     c.booking_ttl = args.booking_ttl();
     // `GET /dump` (peer recovery) needs each block's lineage.
     c.index_dump = true;
+    c.trust_stale_overlap = k.trust_stale_overlap;
     let mut indexer = IndexerConfig {
         use_kv_events: k.router_use_kv_events,
         ..IndexerConfig::default()

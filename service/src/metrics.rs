@@ -11,7 +11,7 @@
 //! | `kvr_router_kv_hit_rate`, `dynamo_component_router_kv_hit_rate` | gauge | | cached / prompt tokens since start |
 //! | `kvr_kv_events_applied_total` | counter | `model`, `event_type` (`stored_blocks`, `removed_blocks`), `status` (`ok`) | blocks the index applied |
 //! | `kvr_kv_events_rejected_total` | counter | `model`, `reason` | events or frames refused |
-//! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` (+ `outcome`) | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total` (requested), `replay_outcomes_total` (`outcome`: `filled`, `partial`, `failed`), `restarts_total`, `idle_probes_total`, `clears_total`, `batches_lost_total`, `recovering` (1 while a replay is in flight) |
+//! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` (+ `outcome`) | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total` (requested), `replay_outcomes_total` (`outcome`: `filled`, `partial`, `failed`), `restarts_total`, `idle_probes_total`, `clears_total`, `batches_lost_total`, `recovering` (1 while a replay is in flight), `stale_seconds` (how long a known loss has been waiting for its replay; 0 = fresh) |
 //! | `kvr_index_blocks`, `kvr_index_nodes`, `kvr_index_bytes`, `kvr_index_bytes_per_holder_block` | gauge | `model` | index size |
 //! | `kvr_bookings_active` | gauge | `model` | live bookings |
 //! | `kvr_workers` | gauge | `model`, `lifecycle` | registered workers |
@@ -246,8 +246,8 @@ impl Collector for EngineCollector {
         let (mut applied, mut rejected) = (Vec::new(), Vec::new());
         let (mut age, mut gaps, mut replays, mut clears, mut lost) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut restarts, mut probes, mut outcomes, mut recovering) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut restarts, mut probes, mut outcomes, mut recovering, mut stale) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut blocks, mut nodes, mut bytes, mut per_block, mut bookings) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut decode, mut prefill) = (Vec::new(), Vec::new());
@@ -291,6 +291,11 @@ impl Collector for EngineCollector {
                     outcomes.push((labels, ConstCounter::new(n)));
                 }
                 recovering.push((l(), ConstGauge::new(i64::from(q.recovering))));
+                let st = match s.stale_since_unix_ms {
+                    0 => 0.0,
+                    t => now_ms.saturating_sub(t) as f64 / 1e3,
+                };
+                stale.push((l(), ConstGauge::new(st)));
             }
             let ml = |extra: &[(&'static str, &str)]| -> Labels {
                 let mut v = vec![("model", model.clone())];
@@ -405,6 +410,13 @@ impl Collector for EngineCollector {
             "1 while a replay of the stream is in flight",
             g,
             &recovering,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_stale_seconds",
+            "How long the stream's ranks have been stale (a known loss being replayed; their overlap is not credited), 0 when fresh",
+            g,
+            &stale,
         )?;
         family(
             &mut enc,

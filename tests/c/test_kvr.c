@@ -443,7 +443,7 @@ static void test_version_and_status(void)
     g_section = "version/status";
     KVR_ABI_CHECK();
     CHECK_EQ(kvr_abi_version(), KVR_ABI_VERSION);
-    CHECK_EQ(kvr_abi_1, KVR_ABI_VERSION);
+    CHECK_EQ(kvr_abi_2, KVR_ABI_VERSION);
     CHECK(KVR_VERSION_MAJOR == 0 && KVR_VERSION_MINOR >= 3);
 
     const kvr_status all[] = {
@@ -2685,6 +2685,11 @@ static void test_ingest(void)
     CHECK_EQ(st[0].duplicates, 1);
     CHECK_EQ(st[0].restarts, 1);
     CHECK_EQ(st[0].last_seq, 0);
+    /* A host-fed stream never replays: never recovering, never stale. */
+    CHECK(st[0].recovering == 0 && st[0].stale_since_unix_ms == 0 && st[0].idle_probes == 0);
+    CHECK(st[0].replays_partial == 0 && st[0].replays_failed == 0);
+    CHECK(st[0].events_skipped_group == 0 && st[0].group_switches == 0);
+    CHECK_EQ(st[0].events_skipped_medium, 0);
     uint64_t decode_total = 0;
     for (size_t i = 0; i < KVR_DECODE_ERROR_KINDS; i++) {
         decode_total += st[0].decode_errors[i];
@@ -3134,6 +3139,7 @@ static void test_indexer_options(void)
 
     /* Setters: NULL handles, bad strings, out-of-range values. */
     CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_use_kv_events(NULL, 0));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_trust_stale_overlap(NULL, 1));
     CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_prediction_ttl_ms(NULL, 1));
     CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_remote_indexer(NULL, "http://h", 8, 0, 0));
     CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_remote_indexer(o, NULL, 8, 0, 0));
@@ -3149,6 +3155,7 @@ static void test_indexer_options(void)
     CHECK_ST(KVR_ERR_NULL, kvr_partition_options_check(o, NULL, 4, &len));
 
     /* Defaults: valid, no notices; the event-driven policy. */
+    OK(kvr_partition_options_set_trust_stale_overlap(o, 0));
     OK(kvr_partition_options_check(o, NULL, 0, &len));
     CHECK_EQ(len, 0);
 

@@ -33,10 +33,10 @@ done
 "$CXX" "${CXXFLAGS[@]}" "${objs[@]}" "$lib" "${LIBS[@]}" -o "$out/kvr_cpp_tests"
 "$CXX" "${CXXFLAGS[@]}" "$here/example.cpp" "$lib" "${LIBS[@]}" -o "$out/kvr_cpp_example"
 
-# The link-time ABI check must survive optimisation: the objects reference kvr_abi_1.
+# The link-time ABI check must survive optimisation: the objects reference kvr_abi_2.
 for o in "${objs[@]}"; do
     syms="$(nm "$o")"
-    grep -q ' U kvr_abi_1$' <<<"$syms" || { echo "$o does not reference kvr_abi_1" >&2; exit 1; }
+    grep -q ' U kvr_abi_2$' <<<"$syms" || { echo "$o does not reference kvr_abi_2" >&2; exit 1; }
 done
 
 echo "== run example"

@@ -140,6 +140,13 @@ impl TieredScores {
         self.entries.is_empty()
     }
 
+    /// Drops the ranks `forget` names (their overlap counts as none); returns how many.
+    pub(crate) fn forget_ranks(&mut self, forget: impl Fn(RankId) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|e| !forget(e.rank));
+        before - self.entries.len()
+    }
+
     /// Replaces the contents with `entries` (in any order), keeping the buffers: how scores
     /// that do not come from a local walk are built (a remote primary's answer, see
     /// [`super::remote`], or a test fake). A rank listed twice (whatever its counts) is

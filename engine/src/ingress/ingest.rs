@@ -23,6 +23,7 @@ use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier,
 use crate::sync::{Arc, Mutex, ShardedMap, StdArc};
 
 use super::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
+use super::freshness::Freshness;
 use super::groups::{GroupRouting, APPLY};
 use super::sequence::{Action, ReplayResult, SequenceStats, SequenceTracker};
 
@@ -57,6 +58,34 @@ pub struct StreamStats {
     pub sequence: SequenceStats,
     /// Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
     pub last_batch_unix_ms: u64,
+    /// Since when the stream's ranks may be stale (a known loss being replayed), ms since
+    /// the Unix epoch; 0 = not stale (`ingress::freshness`).
+    pub stale_since_unix_ms: u64,
+}
+
+impl StreamStats {
+    /// The stream's freshness: live, recovering (a replay in flight), or stale.
+    pub fn freshness(&self) -> StreamFreshness {
+        match (self.stale_since_unix_ms, self.sequence.recovering) {
+            (0, false) => StreamFreshness::Live,
+            (0, true) => StreamFreshness::Recovering,
+            (since, _) => StreamFreshness::Stale {
+                since_unix_ms: since,
+            },
+        }
+    }
+}
+
+/// A stream's freshness (README's ingress section; `ingress::freshness`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamFreshness {
+    /// No replay in flight: the index follows the stream.
+    Live,
+    /// A replay in flight with no loss known (a join, a probe, a restart's rebuild).
+    Recovering,
+    /// A loss is known and being replayed: the stream's ranks' overlap is not trusted
+    /// (by default) until it is filled or the ranks are cleared.
+    Stale { since_unix_ms: u64 },
 }
 
 /// The counters of every stream of a partition, by (worker, stream). Opaque: a sink
@@ -66,6 +95,8 @@ pub struct IngressRegistry {
     /// Streams fed through [`Partition::ingest`](crate::partition::Partition::ingest) (no replay: kvr does not own the socket),
     /// sharded so messages of different streams never wait on one lock to find theirs.
     raw: ShardedMap<(WorkerId, u32), Arc<Mutex<IngressStream>>>,
+    /// The ranks whose state may be stale, for selection (`ingress::freshness`).
+    pub(crate) freshness: Freshness,
 }
 
 impl std::fmt::Debug for IngressRegistry {
@@ -81,6 +112,7 @@ impl Default for IngressRegistry {
         IngressRegistry {
             streams: Mutex::new(Vec::new()),
             raw: ShardedMap::new(),
+            freshness: Freshness::default(),
         }
     }
 }
@@ -128,6 +160,7 @@ impl IngressRegistry {
         self.streams
             .lock()
             .retain(|s| s.lock().worker_id != worker_id);
+        self.freshness.forget_worker(worker_id);
     }
 
     pub(crate) fn stats(&self) -> Vec<StreamStats> {
@@ -201,6 +234,8 @@ pub struct IngressStream {
     ranks_seen: Vec<u32>,
     groups: GroupRouting,
     stats: Arc<Mutex<StreamStats>>,
+    /// Since when this stream is stale, and how many of `ranks_seen` were listed then.
+    stale: Option<(u64, usize)>,
 }
 
 impl std::fmt::Debug for IngressStream {
@@ -226,6 +261,7 @@ impl IngressStream {
             ranks_seen: Vec::new(),
             groups: GroupRouting::default(),
             stats: partition.streams().register(worker_id, stream),
+            stale: None,
         }
     }
 
@@ -267,6 +303,10 @@ impl IngressStream {
     ) -> IngestOutcome {
         let mut actions = std::mem::take(&mut self.actions);
         step(&mut self.tracker, &mut actions);
+        #[cfg(loom)]
+        if crate::sync::faults::get().unlist_before_repair {
+            self.note_freshness(p);
+        }
         let out = self.perform(p, &mut actions);
         self.actions = actions;
         out
@@ -301,8 +341,34 @@ impl IngressStream {
                 Action::RequestReplay { from_seq } => out.replay_from = Some(from_seq),
             }
         }
+        self.note_freshness(p);
         self.stats.lock().sequence = self.tracker.stats();
         out
+    }
+
+    /// Lists or unlists the stream's ranks as stale (after the actions: an unlisting
+    /// follows the repair it waited for, `ingress::freshness`).
+    fn note_freshness(&mut self, p: &impl EventSink) {
+        let n = self.ranks_seen.len();
+        match (self.tracker.stale(), self.stale) {
+            (true, Some((_, listed))) if listed == n => {}
+            (true, since) => {
+                let t = since.map_or_else(now_unix_ms, |s| s.0);
+                p.streams()
+                    .freshness
+                    .mark(self.worker_id, &self.ranks_seen, Some(t));
+                self.stale = Some((t, n));
+                self.stats.lock().stale_since_unix_ms = t;
+            }
+            (false, Some(_)) => {
+                p.streams()
+                    .freshness
+                    .mark(self.worker_id, &self.ranks_seen, None);
+                self.stale = None;
+                self.stats.lock().stale_since_unix_ms = 0;
+            }
+            (false, None) => {}
+        }
     }
 
     /// Clears the ranks this stream fed, and only those: another stream of the worker (its
@@ -423,11 +489,17 @@ impl IngressStream {
         s.events_skipped_group += skipped_group;
         s.events_skipped_medium += skipped_medium;
         s.group_switches += switches;
-        s.last_batch_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        s.last_batch_unix_ms = now_unix_ms();
         true
     }
+}
+
+/// Wall-clock ms since the Unix epoch (at least 1: 0 means "never" in the stats).
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64)
+        .max(1)
 }
 
 /// The tier of a medium (`None`: unknown, the event is skipped).

@@ -15,6 +15,7 @@
 
 pub mod decode;
 pub mod encode;
+pub mod freshness;
 mod groups;
 pub mod ingest;
 pub mod sequence;

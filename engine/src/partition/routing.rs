@@ -25,6 +25,7 @@ impl Partition {
             hooks: &self.hooks,
             sessions: self.sessions.as_deref(),
             counters: &self.counters,
+            freshness: &self.ingress.freshness,
         }
     }
 

@@ -10,6 +10,7 @@ pub(crate) struct SelectionCounters {
     pub(crate) busy: AtomicU64,
     pub(crate) no_worker: AtomicU64,
     pub(crate) shared_cache_failures: AtomicU64,
+    pub(crate) stale_overlaps_ignored: AtomicU64,
 }
 
 /// Selection counters of one partition, as read at one moment.
@@ -20,6 +21,9 @@ pub struct SelectionStats {
     pub no_worker: u64,
     /// Shared-cache lookups that failed (selection went on without their hits).
     pub shared_cache_failures: u64,
+    /// Ranks whose overlap a lookup did not credit because their state was stale
+    /// (`ingress::freshness`).
+    pub stale_overlaps_ignored: u64,
 }
 
 impl SelectionCounters {
@@ -29,6 +33,7 @@ impl SelectionCounters {
             busy: self.busy.load(Ordering::Relaxed),
             no_worker: self.no_worker.load(Ordering::Relaxed),
             shared_cache_failures: self.shared_cache_failures.load(Ordering::Relaxed),
+            stale_overlaps_ignored: self.stale_overlaps_ignored.load(Ordering::Relaxed),
         }
     }
 }

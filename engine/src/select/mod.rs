@@ -26,6 +26,7 @@ use crate::hooks::HostHooks;
 use crate::ids::PartitionKey;
 use crate::index::Index;
 use crate::indexer::IndexState;
+use crate::ingress::freshness::Freshness;
 use crate::load::LoadView;
 use crate::reservation::ReservationTable;
 use crate::session::SessionTable;
@@ -51,6 +52,7 @@ pub(crate) struct Selector<'a> {
     pub(crate) hooks: &'a Snapshot<HostHooks>,
     pub(crate) sessions: Option<&'a SessionTable>,
     pub(crate) counters: &'a SelectionCounters,
+    pub(crate) freshness: &'a Freshness,
 }
 
 impl Selector<'_> {

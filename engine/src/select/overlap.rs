@@ -2,12 +2,14 @@
 //! indexer policy names — the local primary (event-fed or approximate), or the remote
 //! primary — raised to the prediction side index's per-rank maximum. Selection and
 //! [`Partition::overlap`](crate::partition::Partition::overlap) share it, so what a host
-//! reads is what selection scores.
+//! reads is what selection scores. A stale rank's overlap (a known loss being replayed,
+//! `ingress::freshness`) counts as none unless `PartitionConfig::trust_stale_overlap`.
 
 use super::scratch::Scratch;
 use super::Selector;
 use crate::hash::extend_sequence_hashes;
 use crate::index::{TieredOverlap, TieredScores};
+use crate::sync::atomic::Ordering;
 
 impl Selector<'_> {
     /// The overlap of a prompt (`local`: its local hashes, which a remote primary takes
@@ -27,7 +29,17 @@ impl Selector<'_> {
                 self.indexing
                     .query_remote(&**remote, self.key(), self.block_size(), local, tiered)
             }
-            None => self.index.find_matches_tiered_by_sequence(seq, tiered),
+            None => {
+                // Loaded before the index is read (`ingress::freshness`).
+                let stale = (!self.config.trust_stale_overlap).then(|| self.freshness.now());
+                self.index.find_matches_tiered_by_sequence(seq, tiered);
+                if let Some(stale) = stale.filter(|s| !s.is_empty()) {
+                    let n = tiered.forget_ranks(|r| stale.contains(r));
+                    self.counters
+                        .stale_overlaps_ignored
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
         }
         // Prediction: what was booked but not yet announced counts too.
         self.indexing

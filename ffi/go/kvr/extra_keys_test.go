@@ -68,3 +68,15 @@ func TestExtraKeysAreBounded(t *testing.T) {
 	must(t, req.AddMMInput([]byte("x"), 0, 1))
 	must(t, req.AddBlockKey(0, 1))
 }
+
+func TestFreshnessCountersOfAHostFedStream(t *testing.T) {
+	e := newEngine(t)
+	p := testPartition(t, e, "fresh", 1, WithTrustStaleOverlap(false))
+	tokens := make([]uint32, testBlock)
+	_, err := p.Ingest(1, 0, nil, 0, msgpackStored(1, tokens, testBlock, 0))
+	must(t, err)
+	s, ok := streamOf(t, p, 1)
+	if !ok || s.Recovering || !s.StaleSince.IsZero() || s.IdleProbes != 0 || s.EventsSkippedMedium != 0 {
+		t.Fatalf("a host-fed stream never replays: %+v", s)
+	}
+}

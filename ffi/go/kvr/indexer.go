@@ -93,6 +93,20 @@ func WithKVEvents(on bool) PartitionOption {
 	}
 }
 
+// WithTrustStaleOverlap sets whether selection credits a stale rank's overlap (a stream
+// with a known loss being replayed: StreamStats.StaleSince); default false, so a stale
+// rank's overlap counts as none until its loss is repaired or its ranks are cleared.
+func WithTrustStaleOverlap(on bool) PartitionOption {
+	return func(o *C.kvr_partition_options) error {
+		var v C.uint32_t
+		if on {
+			v = 1
+		}
+		return check(C.kvr_partition_options_set_trust_stale_overlap(o, v),
+			"kvr_partition_options_set_trust_stale_overlap")
+	}
+}
+
 // WithPredictionTTL: with KV events on, also record every booking into a side index kept
 // for ttl (0 = no side index, the default), so a prefix just routed counts before its
 // engine's events arrive. Ignored, with a notice, with events off or a remote primary.

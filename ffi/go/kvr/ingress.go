@@ -61,6 +61,21 @@ type StreamStats struct {
 	HasLastSeq bool
 	// LastBatch: wall-clock time of the last applied batch (zero: never).
 	LastBatch time.Time
+	// ReplaysPartial and ReplaysFailed split ReplaysIncomplete; IdleProbes counts the
+	// subscription's idle probes.
+	ReplaysPartial uint64
+	ReplaysFailed  uint64
+	IdleProbes     uint64
+	// KV-cache groups and mediums: events skipped (not the followed group, an unknown
+	// medium) and changes of the followed group.
+	EventsSkippedGroup  uint64
+	GroupSwitches       uint64
+	EventsSkippedMedium uint64
+	// Freshness: Recovering while a replay is in flight; StaleSince (non-zero) while a
+	// known loss is being replayed, when selection does not credit the stream's ranks
+	// (unless WithTrustStaleOverlap).
+	Recovering bool
+	StaleSince time.Time
 }
 
 // DecodeErrorTotal is the sum of DecodeErrors.
@@ -102,6 +117,14 @@ func streamStatsOf(c *C.kvr_stream_stats) StreamStats {
 	}
 	if ms := int64(c.last_batch_unix_ms); ms != 0 {
 		s.LastBatch = time.UnixMilli(ms)
+	}
+	s.ReplaysPartial, s.ReplaysFailed = uint64(c.replays_partial), uint64(c.replays_failed)
+	s.IdleProbes = uint64(c.idle_probes)
+	s.EventsSkippedGroup, s.GroupSwitches = uint64(c.events_skipped_group), uint64(c.group_switches)
+	s.EventsSkippedMedium = uint64(c.events_skipped_medium)
+	s.Recovering = c.recovering != 0
+	if ms := int64(c.stale_since_unix_ms); ms != 0 {
+		s.StaleSince = time.UnixMilli(ms)
 	}
 	return s
 }

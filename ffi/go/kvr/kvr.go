@@ -88,7 +88,7 @@ package kvr
 
 // Link-time ABI check: references kvr_abi_<KVR_ABI_VERSION>, so a libkvr.a of another ABI
 // generation fails to link.
-static uint32_t kvrgo_abi_check(void) { KVR_ABI_CHECK(); return kvr_abi_1; }
+static uint32_t kvrgo_abi_check(void) { KVR_ABI_CHECK(); return kvr_abi_2; }
 */
 import "C"
 

@@ -391,8 +391,10 @@ fn finish_extras(
     for (i, r) in old.into_iter().enumerate() {
         let from = out.extra_keys.len();
         let own = keys[r.start - first_key..r.end - first_key].iter().copied();
-        out.extra_keys
-            .extend(own.filter(|&v| Some(v) != lora).chain(salt.filter(|_| i == 0)));
+        out.extra_keys.extend(
+            own.filter(|&v| Some(v) != lora)
+                .chain(salt.filter(|_| i == 0)),
+        );
         out.block_extras.push(from..out.extra_keys.len());
     }
     if out.extra_keys.len() == first_key {

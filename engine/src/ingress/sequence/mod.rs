@@ -206,6 +206,14 @@ impl SequenceTracker {
         }
     }
 
+    /// Whether what the index holds from this stream may be stale: a loss is known (live
+    /// batches past it wait for the replay) and batches applied before it stay counted,
+    /// though the lost ones may have evicted some of their blocks. Ends when the replay
+    /// fills the loss or the stream's ranks are cleared (`ingress::freshness`).
+    pub fn stale(&self) -> bool {
+        self.last.is_some() && self.replay.as_ref().is_some_and(|r| !r.held.is_empty())
+    }
+
     /// Whether a replay is in flight (its batches are expected through
     /// [`SequenceTracker::on_replayed`]).
     pub fn replaying(&self) -> bool {

@@ -1,0 +1,73 @@
+//! Freshness (`ingress::freshness`): a stale rank is unlisted only after the repair it
+//! waited for is in the index, so a selection that loads the list before reading the index
+//! never credits a stale rank's old blocks.
+//!
+//! Rank 1/0 holds one block (seq 0), then a gap is found (seq 2 waits for a replay): the
+//! rank is listed stale. The replay fails: ingress clears the rank, applies the held batch
+//! and unlists it, while a lookup runs. Whichever list version the lookup loads, it must
+//! not credit the block: listed → distrusted; unlisted → the clear is visible. The negative
+//! control (`unlist_before_repair`) unlists before performing the clear.
+
+use super::{model, must_fail};
+use crate::index::{RankId, TieredScores};
+use crate::ingress::decode::Medium;
+use crate::ingress::encode::BatchEncoder;
+use crate::ingress::ingest::IngressStream;
+use crate::ingress::sequence::ReplayResult;
+use crate::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
+use crate::sync::faults::Faults;
+use crate::sync::Arc;
+
+const TOKENS: [u32; 4] = [1, 2, 3, 4];
+
+fn repair_races_a_lookup() {
+    let p = Arc::new(Partition::new(
+        PartitionKey::new("m", "g"),
+        PartitionConfig::new(4),
+    ));
+    p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
+    let mut stream = IngressStream::new(&*p, 1, 0, true);
+    let mut e = BatchEncoder::new();
+    e.stored(&[7], None, &TOKENS, 4, Medium::Gpu, None);
+    stream.on_live(&*p, 0, &e.finish(1.0, Some(0)));
+    let held = e.finish(1.0, Some(0)); // an empty batch past the gap
+    stream.on_live(&*p, 2, &held);
+    let mut local = Vec::new();
+    p.hasher().local_hashes(&TOKENS, &mut local);
+    let mut before = TieredScores::new();
+    p.overlap(&local, &mut before);
+    assert!(
+        before.get(RankId::new(1, 0)).is_none(),
+        "a listed rank is credited"
+    );
+
+    let ingress = p.clone();
+    let t = loom::thread::spawn(move || {
+        stream.on_replay_end(&*ingress, ReplayResult::Failed);
+    });
+    let mut out = TieredScores::new();
+    p.overlap(&local, &mut out);
+    assert!(
+        out.get(RankId::new(1, 0)).is_none(),
+        "stale overlap credited: the rank was unlisted before its clear"
+    );
+    t.join().unwrap();
+}
+
+#[test]
+fn freshness_unlist_after_repair() {
+    model(repair_races_a_lookup);
+}
+
+#[test]
+fn freshness_unlist_after_repair_negative_unlist_first() {
+    must_fail(
+        "loom_models::freshness::freshness_unlist_after_repair_negative_unlist_first",
+        Faults {
+            unlist_before_repair: true,
+            ..Faults::default()
+        },
+        "stale overlap credited",
+        repair_races_a_lookup,
+    );
+}

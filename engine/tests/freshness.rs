@@ -1,0 +1,98 @@
+//! Freshness (`kvr::ingress::freshness`): a stream with a known loss being replayed is
+//! stale, and by default selection does not credit its ranks' overlap until the replay
+//! fills the loss or the ranks are cleared; `trust_stale_overlap` credits it anyway.
+
+use kvr::hash::{BlockHasher, HashSalt};
+use kvr::index::TieredScores;
+use kvr::ingress::decode::Medium;
+use kvr::ingress::encode::BatchEncoder;
+use kvr::ingress::ingest::{IngressStream, StreamFreshness};
+use kvr::ingress::sequence::ReplayResult;
+use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::{RankId, WorkerInfo};
+
+const TOKENS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+
+fn partition(trust: bool) -> Partition {
+    let mut config = PartitionConfig::new(4);
+    config.trust_stale_overlap = trust;
+    let p = Partition::new(PartitionKey::new("m", "g"), config);
+    p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
+    p
+}
+
+fn batch(blocks: &[u64]) -> Vec<u8> {
+    let mut e = BatchEncoder::new();
+    if !blocks.is_empty() {
+        let n = blocks.len() * 4;
+        e.stored(blocks, None, &TOKENS[..n], 4, Medium::Gpu, None);
+    }
+    e.finish(1.0, Some(0))
+}
+
+fn credited(p: &Partition) -> u32 {
+    let mut local = Vec::new();
+    BlockHasher::new(4, HashSalt::NONE)
+        .unwrap()
+        .local_hashes(&TOKENS, &mut local);
+    let mut out = TieredScores::new();
+    p.overlap(&local, &mut out);
+    out.get(RankId::new(1, 0)).map_or(0, |o| o.device)
+}
+
+fn freshness(p: &Partition) -> StreamFreshness {
+    p.ingress_stats()[0].freshness()
+}
+
+#[test]
+fn a_stale_rank_is_not_credited_until_its_loss_is_repaired() {
+    for trust in [false, true] {
+        let p = partition(trust);
+        let mut s = IngressStream::new(&p, 1, 0, true);
+        let b0 = batch(&[10, 11]);
+        s.on_live(&p, 0, &b0);
+        assert_eq!((credited(&p), freshness(&p)), (2, StreamFreshness::Live));
+        // Batch 1 is lost; 2 waits for the replay: stale.
+        let out = s.on_live(&p, 2, &batch(&[]));
+        assert_eq!(out.replay_from, Some(0));
+        assert!(
+            matches!(freshness(&p), StreamFreshness::Stale { since_unix_ms } if since_unix_ms > 0)
+        );
+        assert_eq!(credited(&p), if trust { 2 } else { 0 }, "trust {trust}");
+        let ignored = p.selection_stats().stale_overlaps_ignored;
+        assert_eq!(ignored, u64::from(!trust));
+        // The replay brings 0 (verified) and 1: filled, live, credited.
+        s.on_replayed(&p, 0, &b0);
+        s.on_replayed(&p, 1, &batch(&[]));
+        s.on_replay_end(&p, ReplayResult::Completed);
+        assert_eq!((credited(&p), freshness(&p)), (2, StreamFreshness::Live));
+    }
+}
+
+#[test]
+fn a_failed_repair_clears_and_the_rank_is_fresh_again() {
+    let p = partition(false);
+    let mut s = IngressStream::new(&p, 1, 0, true);
+    s.on_live(&p, 0, &batch(&[10, 11]));
+    s.on_live(&p, 2, &batch(&[]));
+    assert!(matches!(freshness(&p), StreamFreshness::Stale { .. }));
+    s.on_replay_end(&p, ReplayResult::Failed);
+    // Cleared: nothing to credit, and nothing stale (an undercount only).
+    assert_eq!((credited(&p), freshness(&p)), (0, StreamFreshness::Live));
+    s.on_live(&p, 3, &batch(&[10, 11]));
+    assert_eq!(credited(&p), 2);
+    // A probe in flight is recovering, not stale: its rank stays credited.
+    s.on_idle(&p);
+    assert_eq!(
+        (credited(&p), freshness(&p)),
+        (2, StreamFreshness::Recovering)
+    );
+    // Removing the worker forgets its freshness too.
+    s.on_live(&p, 5, &batch(&[]));
+    assert!(matches!(freshness(&p), StreamFreshness::Stale { .. }));
+    p.remove_worker(1);
+    p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
+    let mut s2 = IngressStream::new(&p, 1, 0, false);
+    s2.on_live(&p, 0, &batch(&[10, 11]));
+    assert_eq!(credited(&p), 2);
+}
