@@ -1787,7 +1787,9 @@ kvr_status kvr_engine_mark_prefill_complete(const struct kvr_engine *engine,
                                             uint64_t selection_id);
 
 /**
- * The request produced `n` more output blocks (decode load).
+ * The request produced `n` more output blocks (decode load). Additive, as Dynamo's
+ * `add_output_block`: each call adds, so a call that may be retried should use
+ * `kvr_engine_set_output_blocks` (idempotent) instead.
  *
  * # Safety
  * `engine` is NULL or live.
@@ -1795,6 +1797,21 @@ kvr_status kvr_engine_mark_prefill_complete(const struct kvr_engine *engine,
 kvr_status kvr_engine_add_output_blocks(const struct kvr_engine *engine,
                                         uint64_t selection_id,
                                         uint64_t n);
+
+/**
+ * The request has produced `total` output blocks so far (its last block index + 1): the
+ * booking's output blocks rise to `total`, so a retried call adds nothing and a late,
+ * lower total changes nothing (idempotent, unlike `kvr_engine_add_output_blocks`).
+ * `*out_added` (may be NULL) gets the blocks this call added. `KVR_ERR_TOO_LARGE` over
+ * the per-booking bound; unknown and freed ids as `kvr_engine_add_output_blocks`.
+ *
+ * # Safety
+ * `engine` is NULL or live; `out_added` is NULL or writable.
+ */
+kvr_status kvr_engine_set_output_blocks(const struct kvr_engine *engine,
+                                        uint64_t selection_id,
+                                        uint64_t total,
+                                        uint64_t *out_added);
 
 /**
  * The request finished: everything it booked is released. Idempotent: freeing a

@@ -528,6 +528,12 @@ impl Engine {
         Ok(self.owner_of(id)?.bookings.add_output_blocks(id, n)?)
     }
 
+    /// The booking has produced `total` output blocks: idempotent (a retry adds nothing),
+    /// unlike [`add_output_blocks`](Self::add_output_blocks). Returns the blocks added.
+    pub fn set_output_blocks(&self, id: SelectionId, total: u64) -> Result<u64, EngineError> {
+        Ok(self.owner_of(id)?.bookings.set_output_blocks(id, total)?)
+    }
+
     /// The request finished: everything it booked is released.
     pub fn free(&self, id: SelectionId) -> Result<FreeOutcome, EngineError> {
         let p = self.owner_of(id)?;

@@ -91,11 +91,20 @@ fn booked_hint(p: &Partition) -> Option<KvHint> {
 const PREFILL: BackendRole = BackendRole::Prefill;
 const EP: Option<&str> = Some("tcp://peer:7000");
 
+/// The hint from worker `source` for `range`, naming the source's own block hashes (what
+/// `setup` stored: each local hash rotated by the worker id + 1).
 fn hint(source: u64, range: (u32, u32)) -> Option<KvHint> {
+    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
+    let mut local = Vec::new();
+    h.local_hashes(&tokens(), &mut local);
     Some(KvHint {
         source: RankId::new(source, 0),
         control_endpoint: EP.unwrap().into(),
         block_range: range,
+        block_hashes: local[range.0 as usize..range.1 as usize]
+            .iter()
+            .map(|l| l.rotate_left(source as u32 + 1))
+            .collect(),
     })
 }
 
@@ -170,6 +179,28 @@ fn no_hint_without_a_control_endpoint() {
         )),
         None
     );
+}
+
+#[test]
+fn no_hint_from_a_source_the_host_marks_unavailable() {
+    let p = setup(Some(HintConfig::default()), &[(PREFILL, EP, 12)]);
+    p.set_hooks(HostHooks {
+        availability: Some(Arc::new(|r: RankId| r.worker_id != 1)),
+        ..HostHooks::default()
+    });
+    assert_eq!(booked_hint(&p), None);
+}
+
+#[test]
+fn a_hint_names_only_blocks_whose_engine_names_the_source_still_has() {
+    // The source evicts blocks 8.. on its device: the hint ends at 8 (and names 2..8).
+    let p = setup(Some(HintConfig::default()), &[(PREFILL, EP, 12)]);
+    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
+    let mut local = Vec::new();
+    h.local_hashes(&tokens(), &mut local);
+    let names: Vec<u64> = local[8..12].iter().map(|l| l.rotate_left(2)).collect();
+    p.index().remove(RankId::new(1, 0), Tier::Device, &names);
+    assert_eq!(booked_hint(&p), hint(1, (2, 8)));
 }
 
 #[test]

@@ -311,7 +311,9 @@ pub unsafe extern "C" fn kvr_engine_mark_prefill_complete(
     })
 }
 
-/// The request produced `n` more output blocks (decode load).
+/// The request produced `n` more output blocks (decode load). Additive, as Dynamo's
+/// `add_output_block`: each call adds, so a call that may be retried should use
+/// `kvr_engine_set_output_blocks` (idempotent) instead.
 ///
 /// # Safety
 /// `engine` is NULL or live.
@@ -327,6 +329,34 @@ pub unsafe extern "C" fn kvr_engine_add_output_blocks(
         e.engine
             .add_output_blocks(selection_id, n)
             .map_err(|e| engine_status(&e))
+    })
+}
+
+/// The request has produced `total` output blocks so far (its last block index + 1): the
+/// booking's output blocks rise to `total`, so a retried call adds nothing and a late,
+/// lower total changes nothing (idempotent, unlike `kvr_engine_add_output_blocks`).
+/// `*out_added` (may be NULL) gets the blocks this call added. `KVR_ERR_TOO_LARGE` over
+/// the per-booking bound; unknown and freed ids as `kvr_engine_add_output_blocks`.
+///
+/// # Safety
+/// `engine` is NULL or live; `out_added` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_engine_set_output_blocks(
+    engine: *const kvr_engine,
+    selection_id: u64,
+    total: u64,
+    out_added: *mut u64,
+) -> kvr_status {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let e = unsafe { handle(engine) }?;
+        let added = e
+            .engine
+            .set_output_blocks(selection_id, total)
+            .map_err(|e| engine_status(&e))?;
+        // SAFETY: forwarded caller contract.
+        unsafe { write_opt(out_added, added) };
+        Ok(())
     })
 }
 

@@ -2633,6 +2633,162 @@ static void test_extra_keys(void)
     kvr_engine_free(e);
 }
 
+/* ---- absurd numbers: every caller-supplied size or count at its maximum ------------- */
+
+/* `call` returns OK or a refusal, never a caught panic (and the process is still here:
+   nothing aborted on an allocation the number asked for). */
+#define NO_PANIC(call)                                                                    \
+    do {                                                                                  \
+        uint64_t p0_ = kvr_status_count(KVR_ERR_PANIC);                                   \
+        kvr_status st_ = (call);                                                          \
+        CHECK(st_ != KVR_ERR_PANIC);                                                      \
+        CHECK_EQ(kvr_status_count(KVR_ERR_PANIC), p0_);                                   \
+    } while (0)
+
+/* A partition whose every numeric option is at its maximum, used for a booked selection,
+   output blocks, a free and lookups: the numbers are either refused when set or harmless
+   when used. */
+static void absurd_partition(kvr_engine *e)
+{
+    kvr_partition_options *o = new_opts(UINT32_MAX);
+    NO_PANIC(kvr_partition_options_set_booking_ttl_ms(o, UINT64_MAX));
+    NO_PANIC(kvr_partition_options_set_busy_prefill_tokens(o, UINT64_MAX));
+    NO_PANIC(kvr_partition_options_set_kv_hints(o, UINT32_MAX, UINT32_MAX, UINT32_MAX));
+    NO_PANIC(kvr_partition_options_set_kv_hints(o, 1, UINT32_MAX, 0));
+    NO_PANIC(kvr_partition_options_set_prediction_ttl_ms(o, UINT64_MAX));
+    NO_PANIC(kvr_partition_options_set_approx_retention(o, UINT32_MAX));
+    NO_PANIC(kvr_partition_options_set_session_affinity(o, UINT32_MAX, 1e308, UINT64_MAX, UINT64_MAX));
+    NO_PANIC(kvr_partition_options_set_session_affinity(o, KVR_AFFINITY_SOFT, 1.0, UINT64_MAX, UINT64_MAX));
+    char why[8];
+    size_t len = 0;
+    NO_PANIC(kvr_partition_options_check(o, why, SIZE_MAX, &len));
+    kvr_partition *p = NULL;
+    NO_PANIC(kvr_engine_create_partition(e, "absurd", 6, "g", 1, o, &p));
+    kvr_partition_options_free(o);
+    if (p == NULL) {
+        CHECK(p != NULL);
+        return;
+    }
+    kvr_worker *w = NULL;
+    OK(kvr_worker_new(UINT64_MAX, 2, &w));
+    NO_PANIC(kvr_worker_set_role(w, UINT32_MAX));
+    NO_PANIC(kvr_worker_set_control_endpoint(w, UINT32_MAX, "tcp://h:1", 9));
+    OK(kvr_worker_set_control_endpoint(w, 1, "tcp://h:1", 9));
+    OK(kvr_worker_set_total_kv_blocks(w, UINT64_MAX));
+    OK(kvr_worker_set_max_batched_tokens(w, UINT64_MAX));
+    OK(kvr_partition_upsert_worker(p, w));
+    kvr_worker_free(w);
+    /* A prompt of two huge blocks' worth of tokens is not a complete block here. */
+    static const uint32_t toks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvr_request *r = new_request(toks, 8);
+    OK(kvr_request_set_expected_output_tokens(r, UINT64_MAX));
+    OK(kvr_request_set_ttl_ms(r, UINT64_MAX));
+    NO_PANIC(kvr_request_add_mm_input(r, (const uint8_t *)"i", 1, UINT64_MAX, UINT64_MAX));
+    NO_PANIC(kvr_request_add_block_key(r, SIZE_MAX, UINT64_MAX));
+    kvr_decision d;
+    memset(&d, 0, sizeof d);
+    /* A booking whose output would overflow its counters is refused, nothing booked. */
+    CHECK_ST(KVR_ERR_TOO_LARGE, kvr_partition_select_and_reserve(p, r, &d));
+    OK(kvr_request_set_expected_output_tokens(r, 1u << 20));
+    OK(kvr_partition_select_and_reserve(p, r, &d));
+    CHECK(d.selection_id != 0);
+    /* Output blocks by total (a block index + 1): a retry adds nothing. */
+    uint64_t added = 9;
+    OK(kvr_engine_set_output_blocks(e, d.selection_id, 5, &added));
+    CHECK_EQ(added, 5);
+    OK(kvr_engine_set_output_blocks(e, d.selection_id, 5, &added));
+    CHECK_EQ(added, 0);
+    OK(kvr_engine_set_output_blocks(e, d.selection_id, 3, NULL));
+    CHECK_ST(KVR_ERR_TOO_LARGE, kvr_engine_set_output_blocks(e, d.selection_id, UINT64_MAX, NULL));
+    CHECK_ST(KVR_ERR_NULL, kvr_engine_set_output_blocks(NULL, d.selection_id, 1, NULL));
+    CHECK_ST(KVR_ERR_UNKNOWN_SELECTION_ID, kvr_engine_set_output_blocks(e, UINT64_MAX - 7, 1, NULL));
+    NO_PANIC(kvr_engine_add_output_blocks(e, d.selection_id, UINT64_MAX));
+    NO_PANIC(kvr_engine_add_output_blocks(e, d.selection_id, UINT64_MAX));
+    NO_PANIC(kvr_engine_mark_prefill_complete(e, d.selection_id));
+    kvr_active_load al;
+    NO_PANIC(kvr_partition_active_load(p, UINT64_MAX, 1, &al));
+    NO_PANIC(kvr_partition_active_load(p, UINT64_MAX, UINT32_MAX, &al));
+    NO_PANIC(kvr_engine_free_booking(e, d.selection_id, NULL));
+    /* Hashes with an absurd prompt length; a reservation of an absurd rank. */
+    static const uint64_t hashes[2] = {1, 2};
+    OK(kvr_request_set_local_hashes(r, hashes, 2, UINT64_MAX));
+    memset(&d, 0, sizeof d);
+    NO_PANIC(kvr_partition_select_and_reserve(p, r, &d));
+    NO_PANIC(kvr_engine_free_booking(e, d.selection_id, NULL));
+    const uint64_t huge = UINT64_MAX;
+    NO_PANIC(kvr_partition_reserve(p, UINT64_MAX, UINT32_MAX, r, &huge, UINT64_MAX, &d));
+    NO_PANIC(kvr_partition_reserve(p, UINT64_MAX, 1, r, &huge, UINT64_MAX - 1, &d));
+    NO_PANIC(kvr_engine_add_output_blocks(e, UINT64_MAX - 1, UINT64_MAX));
+    NO_PANIC(kvr_engine_free_booking(e, UINT64_MAX - 1, NULL));
+    /* Stored events of rank UINT32_MAX: refused (not a rank of the worker) or applied. */
+    static const uint64_t L1[1] = {42};
+    NO_PANIC(store(p, UINT64_MAX, UINT32_MAX, KVR_TIER_DEVICE, false, 0, 1, L1, 1, NULL));
+    NO_PANIC(store(p, 7, UINT32_MAX, UINT32_MAX, true, UINT64_MAX, UINT64_MAX, L1, 1, NULL));
+    kvr_request_free(r);
+    kvr_partition_free(p);
+}
+
+static void test_absurd_numbers(void)
+{
+    g_section = "absurd numbers";
+    kvr_engine *e = new_engine(9);
+    absurd_partition(e);
+    /* Sizes at SIZE_MAX with real pointers: refused before anything is read. */
+    uint32_t t[4] = {0};
+    uint64_t h[4] = {0};
+    size_t n = 0;
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_hash_tokens(4, NULL, 0, NULL, 0, t, SIZE_MAX, h, h, 4, &n));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_hash_tokens(4, "l", SIZE_MAX, NULL, 0, t, 4, h, h, 4, &n));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_hash_tokens(4, NULL, 0, NULL, 0, t, 4, h, h, SIZE_MAX, &n));
+    NO_PANIC(kvr_hash_tokens(UINT32_MAX, NULL, 0, NULL, 0, t, 4, h, h, 4, &n));
+    kvr_partition *p = new_partition(e, "sizes");
+    kvr_overlap ov[2];
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_find_matches(p, h, SIZE_MAX, ov, 2, &n));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_find_matches(p, h, 1, ov, SIZE_MAX, &n));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_hash_tokens(p, NULL, 0, t, SIZE_MAX, h, h, 4, &n));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_ingest(p, 1, 0, (const uint8_t *)"t", SIZE_MAX, 0, (const uint8_t *)"x", 1, NULL));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_ingest(p, 1, 0, NULL, 0, 0, (const uint8_t *)"x", SIZE_MAX, NULL));
+    NO_PANIC(kvr_partition_ingest(p, UINT64_MAX, UINT32_MAX, NULL, 0, UINT64_MAX, STORED_IMG_A, sizeof STORED_IMG_A - 1, NULL));
+    kvr_stream_stats st[1];
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_ingress_stats(p, st, SIZE_MAX, &n));
+    const char *name = NULL;
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_decode_error_name(UINT32_MAX, &name, &n));
+    kvr_request *r = NULL;
+    OK(kvr_request_new(&r));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_tokens(r, t, SIZE_MAX));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_local_hashes(r, h, SIZE_MAX, 4));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_lora(r, "l", SIZE_MAX));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_cache_salt(r, "s", SIZE_MAX));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_add_mm_input(r, (const uint8_t *)"i", SIZE_MAX, 0, 1));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_allowed_workers(r, h, SIZE_MAX));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_session(r, "s", SIZE_MAX, NULL, 0, 0, NULL, 0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_legacy_session_id(r, "s", SIZE_MAX));
+    kvr_request_free(r);
+    kvr_worker *w = NULL;
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_worker_new(1, UINT32_MAX, &w));
+    OK(kvr_worker_new(1, 1, &w));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_worker_add_lora_adapter(w, "a", SIZE_MAX));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_worker_set_label(w, "k", SIZE_MAX, "v", 1));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_worker_set_control_endpoint(w, 0, "e", SIZE_MAX));
+    kvr_worker_free(w);
+    kvr_rank_load loads[1];
+    memset(loads, 0, sizeof loads);
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_publish_load(p, loads, SIZE_MAX, NULL));
+    kvr_subscribe_options *so = NULL;
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_new_connect("tcp://h:1", SIZE_MAX, 1, 0, &so));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_new_bind("tcp://h:1", SIZE_MAX, &so));
+    kvr_partition_free(p);
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_engine_get_partition(e, "m", SIZE_MAX, "g", 1, &p));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_engine_remove_partition(e, "m", 1, "g", SIZE_MAX));
+    kvr_partition_options *o = new_opts(4);
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_cache_namespace(o, "n", SIZE_MAX));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_remote_indexer(o, "u", SIZE_MAX, 1, 1));
+    NO_PANIC(kvr_partition_options_set_remote_indexer(o, "http://127.0.0.1:9", 18, UINT64_MAX, UINT64_MAX));
+    NO_PANIC(kvr_partition_options_set_approx_index(o, UINT64_MAX, UINT64_MAX));
+    kvr_partition_options_free(o);
+    kvr_engine_free(e);
+}
+
 /* ---- raw engine messages: kvr_partition_ingest ------------------------------------- */
 
 /* [1.0, [{"type":"BlockStored","block_hashes":[1],"parent_block_hash":nil,
@@ -3750,6 +3906,7 @@ int main(void)
     test_free_null();
     test_ingest();
     test_extra_keys();
+    test_absurd_numbers();
     test_subscribe();
     test_indexer_options();
     test_approximate_primary();

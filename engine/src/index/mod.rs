@@ -109,6 +109,8 @@ pub struct Index {
     interner: holders::Interner,
     /// Each block's parent and local hash, for [`Index::dump`] (`None`: not kept).
     lineage: Option<lineage::Lineage>,
+    /// Keep each rank's device blocks' engine names by sequence hash (`engine_names`).
+    engine_names: bool,
 }
 
 impl std::fmt::Debug for Index {
@@ -144,6 +146,7 @@ impl Index {
             totals: Totals::default(),
             interner: holders::Interner::new(),
             lineage: None,
+            engine_names: false,
         }
     }
 
@@ -153,6 +156,27 @@ impl Index {
     pub fn with_lineage(mut self, keep: bool) -> Self {
         self.lineage = keep.then(lineage::Lineage::new);
         self
+    }
+
+    /// Also keep, per rank, its device blocks' engine hashes by sequence hash (+16 B per
+    /// device holder-block, about), so a transfer hint can name the source's own blocks
+    /// ([`engine_names`](Self::engine_names)).
+    pub fn with_engine_names(mut self, keep: bool) -> Self {
+        self.engine_names = keep;
+        self
+    }
+
+    /// The engine's hashes of `rank`'s device blocks `seqs` (kvr sequence hashes), in
+    /// order, into `out` (cleared), stopping at the first block the rank does not hold on
+    /// its device or whose name is not kept. Takes the rank's writer lock briefly.
+    pub fn engine_names(&self, rank: RankId, seqs: &[u64], out: &mut Vec<u64>) {
+        out.clear();
+        if !self.engine_names {
+            return;
+        }
+        let _ = self.with_writer(rank, false, |_, w| {
+            out.extend(seqs.iter().map_while(|&s| w.names.get(s)));
+        });
     }
 
     /// Whether this index keeps lineage (can be dumped).
@@ -350,6 +374,9 @@ impl Index {
             self.prefetch_node(seq, &guard);
         };
         pipelined(w, seqs, prefetch, |w, i, seq| {
+            if self.engine_names && tier == Tier::Device {
+                w.names.insert(seq, external(i));
+            }
             match w.blocks[t].insert(external(i), seq) {
                 Some(old) if old == seq => return,
                 Some(old) => self.drop_name(entry, w, old, tier, &guard),
@@ -478,6 +505,9 @@ impl Index {
                 let names = |w: &RankWriter, _, h: u64| w.blocks[t].prefetch(h);
                 pipelined(w, chunk, names, |w, _, h| match w.blocks[t].remove(h) {
                     Some(seq) => {
+                        if tier == Tier::Device && w.names.get(seq) == Some(h) {
+                            w.names.remove(seq);
+                        }
                         seqs[n] = seq;
                         n += 1;
                     }
@@ -525,6 +555,9 @@ impl Index {
         for tier in Tier::ALL {
             let t = tier as usize;
             let mut blocks = std::mem::take(&mut w.blocks[t]);
+            if tier == Tier::Device {
+                w.names = Default::default();
+            }
             w.aliases[t].clear();
             w.aliases[t].shrink_to_fit();
             for (_, seq) in blocks.drain() {

@@ -48,6 +48,9 @@ pub(crate) struct RankWriter {
     pub(crate) aliases: [HashMixMap<u64, u32>; 3],
     /// Set once the rank is removed; a writer that finds it set must re-resolve the rank.
     pub(crate) removed: bool,
+    /// Device tier, kept only by an index `with_engine_names`: kvr's sequence hash → the
+    /// engine's block hash (one name per block: the last stored), for transfer hints.
+    pub(crate) names: RankMap,
 }
 
 impl RankWriter {
@@ -61,6 +64,7 @@ impl RankWriter {
         // control byte each.
         let alias = |cap: usize| (cap * 8 / 7 * (12 + 1)) as u64;
         self.blocks.iter().map(|m| m.bytes() as u64).sum::<u64>()
+            + self.names.bytes() as u64
             + self
                 .aliases
                 .iter()

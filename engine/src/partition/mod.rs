@@ -110,7 +110,9 @@ impl Partition {
             } else {
                 Index::new()
             }
-            .with_lineage(config.index_dump),
+            .with_lineage(config.index_dump)
+            // Transfer hints name the source's own block hashes.
+            .with_engine_names(config.hints.is_some()),
         );
         let defaults = ReservationConfig::default();
         let table_config = ReservationConfig {

@@ -356,6 +356,31 @@ impl Inner {
         Ok(())
     }
 
+    /// Raises the booking's output blocks to `total` (no change when it already has as
+    /// many): a retry of the same total adds nothing. Returns the blocks added.
+    pub(super) fn set_output_blocks(
+        &self,
+        id: SelectionId,
+        total: u64,
+    ) -> Result<u64, ReservationError> {
+        let mut g = self.shard(id).lock();
+        let Some(b) = g.live.get_mut(&id) else {
+            return match g.freed.get(id) {
+                Some(by) => Err(ReservationError::AlreadyFreed(id, by)),
+                None => Err(ReservationError::UnknownSelectionId(id)),
+            };
+        };
+        if total > MAX_PER_BOOKING {
+            return Err(ReservationError::TooLarge(id, "output_blocks"));
+        }
+        let added = total.saturating_sub(b.output_blocks);
+        if added > 0 {
+            b.output_blocks = total;
+            add(&b.rank.counters.decode_blocks, added);
+        }
+        Ok(added)
+    }
+
     /// Tells the listener (if any) about bookings the table freed on its own. Called with
     /// no lock held.
     pub(super) fn forget(&self, ids: &[SelectionId]) {

@@ -126,11 +126,19 @@ impl ReservationTable {
 
     /// Adds `n` output blocks to the booking's decode load (its total is in
     /// [`get`](Self::get)). A freed booking is [`ReservationError::AlreadyFreed`] (the
-    /// blocks would count nowhere).
+    /// blocks would count nowhere). Additive, as Dynamo's `add_output_block`: a caller
+    /// that may retry a call should use [`set_output_blocks`](Self::set_output_blocks).
     ///
     /// [`ReservationError::AlreadyFreed`]: super::ReservationError::AlreadyFreed
     pub fn add_output_blocks(&self, id: SelectionId, n: u64) -> Result<(), ReservationError> {
         self.inner.add_output_blocks(id, n)
+    }
+
+    /// The booking has produced `total` output blocks so far (a block index + 1): raises
+    /// its output blocks to `total`, so a retried call adds nothing (idempotent; a lower
+    /// total than booked changes nothing). Returns the blocks added.
+    pub fn set_output_blocks(&self, id: SelectionId, total: u64) -> Result<u64, ReservationError> {
+        self.inner.set_output_blocks(id, total)
     }
 
     /// Frees the booking: drops its prefill tokens (if not yet complete), its prompt blocks

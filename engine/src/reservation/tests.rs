@@ -283,6 +283,36 @@ fn add_output_blocks_adds_to_decode_load_and_free_drops_it() {
 }
 
 #[test]
+fn set_output_blocks_is_idempotent_and_never_lowers() {
+    let t = manual();
+    t.book(req(1, R0, &[10], 16), Instant::now()).unwrap();
+    assert_eq!(t.set_output_blocks(1, 3), Ok(3));
+    assert_eq!(t.set_output_blocks(1, 3), Ok(0), "a retry adds nothing");
+    assert_eq!(
+        t.set_output_blocks(1, 2),
+        Ok(0),
+        "a late, lower total changes nothing"
+    );
+    t.add_output_blocks(1, 1).unwrap();
+    assert_eq!(t.set_output_blocks(1, 6), Ok(2));
+    assert_eq!(t.rank_load(R0), load(16, 7, 1));
+    assert!(matches!(
+        t.set_output_blocks(1, u64::MAX),
+        Err(ReservationError::TooLarge(1, _))
+    ));
+    t.free(1).unwrap();
+    assert_eq!(
+        t.set_output_blocks(1, 9),
+        Err(ReservationError::AlreadyFreed(1, FreedBy::Caller))
+    );
+    assert_eq!(
+        t.set_output_blocks(2, 1),
+        Err(ReservationError::UnknownSelectionId(2))
+    );
+    assert_drained(&t);
+}
+
+#[test]
 fn add_output_blocks_to_a_freed_booking_is_an_error() {
     let t = manual();
     t.book(req(1, R0, &[10], 16), Instant::now()).unwrap();

@@ -108,6 +108,7 @@ impl Selector<'_> {
         let (decision, forced_rebind) = self.decision(
             i,
             prompt_tokens,
+            &seq,
             booked,
             &view,
             tiered,
@@ -291,6 +292,7 @@ impl Selector<'_> {
         &self,
         i: usize,
         prompt_tokens: u64,
+        seq: &[u64],
         booked: bool,
         view: &View<'_>,
         tiered: &TieredScores,
@@ -316,6 +318,7 @@ impl Selector<'_> {
         // 6. (booked mode) the transfer hint.
         let kv_hint = if booked {
             self.kv_hint(
+                seq,
                 rank,
                 device,
                 tiered,

@@ -72,6 +72,10 @@ pub struct KvHint {
     /// `[start, end)` in prompt blocks: from the chosen rank's device prefix to the
     /// source's, at most `max_transfer_blocks` long.
     pub block_range: (u32, u32),
+    /// The source engine's own hashes of those blocks, in order (Dynamo's
+    /// `router_hint.block_hashes`: engines with different hash seeds name blocks
+    /// differently). The range ends where the names kvr knows end.
+    pub block_hashes: Vec<u64>,
 }
 
 /// What a selection answers.

@@ -15,6 +15,7 @@ impl Selector<'_> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kv_hint(
         &self,
+        seq: &[u64],
         chosen: RankId,
         chosen_device: u32,
         tiered: &TieredScores,
@@ -36,6 +37,11 @@ impl Selector<'_> {
                 continue;
             };
             if !cfg.source_roles.contains(&info.role) {
+                continue;
+            }
+            // Not a candidate of the host's, so not a source either (and a stale rank is
+            // not in `tiered` at all: `ingress::freshness`).
+            if hooks.availability.as_ref().is_some_and(|f| !f(o.rank)) {
                 continue;
             }
             let Some(endpoint) = info
@@ -62,11 +68,19 @@ impl Selector<'_> {
             best = Some((o.device, o.rank, endpoint));
         }
         let (device, source, endpoint) = best?;
-        let end = device.min(chosen_device.saturating_add(cfg.max_transfer_blocks));
+        let end = device
+            .min(chosen_device.saturating_add(cfg.max_transfer_blocks))
+            .min(seq.len() as u32);
+        let hinted = seq.get(chosen_device as usize..end as usize)?;
+        let mut block_hashes = Vec::new();
+        self.index.engine_names(source, hinted, &mut block_hashes);
+        // Only what the source can be asked for by name.
+        let end = chosen_device + block_hashes.len() as u32;
         (end > chosen_device).then(|| KvHint {
             source,
             control_endpoint: endpoint.to_string(),
             block_range: (chosen_device, end),
+            block_hashes,
         })
     }
 }

@@ -341,6 +341,19 @@ func (e *Engine) AddOutputBlocks(selectionID, n uint64) error {
 	return check(st, "kvr_engine_add_output_blocks")
 }
 
+// SetOutputBlocks says the request has produced total output blocks so far (its last
+// block index + 1): the booking's output blocks rise to total, so a retried call adds
+// nothing (idempotent, unlike AddOutputBlocks). Returns the blocks this call added.
+func (e *Engine) SetOutputBlocks(selectionID, total uint64) (uint64, error) {
+	if e.ptr == nil {
+		return 0, ErrClosed
+	}
+	var added C.uint64_t
+	st := C.kvr_engine_set_output_blocks(e.ptr, C.uint64_t(selectionID), C.uint64_t(total), &added)
+	runtime.KeepAlive(e)
+	return uint64(added), check(st, "kvr_engine_set_output_blocks")
+}
+
 // FreedBy says how FreeBooking found a booking.
 type FreedBy uint32
 

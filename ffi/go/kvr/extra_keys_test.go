@@ -80,3 +80,19 @@ func TestFreshnessCountersOfAHostFedStream(t *testing.T) {
 		t.Fatalf("a host-fed stream never replays: %+v", s)
 	}
 }
+
+func TestSetOutputBlocksIsIdempotent(t *testing.T) {
+	e := newEngine(t)
+	p := testPartition(t, e, "output", 1)
+	d, err := p.SelectAndReserve(nil, Tokens(promptTokens(2*testBlock, 3)))
+	must(t, err)
+	for _, c := range []struct{ total, added uint64 }{{4, 4}, {4, 0}, {2, 0}, {6, 2}} {
+		got, err := e.SetOutputBlocks(d.SelectionID, c.total)
+		must(t, err)
+		if got != c.added {
+			t.Fatalf("SetOutputBlocks(%d) added %d, want %d", c.total, got, c.added)
+		}
+	}
+	_, err = e.FreeBooking(d.SelectionID)
+	must(t, err)
+}

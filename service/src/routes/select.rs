@@ -204,6 +204,11 @@ impl App {
                 source_control_endpoint: h.control_endpoint.clone(),
                 start_block: h.block_range.0,
                 hinted_blocks: h.block_range.1.saturating_sub(h.block_range.0),
+                block_hashes: h
+                    .block_hashes
+                    .iter()
+                    .map(|&b| kvr_remote::hash_to_wire(b))
+                    .collect(),
             }),
         }
     }

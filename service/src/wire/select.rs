@@ -164,6 +164,9 @@ pub struct KvHintBody {
     pub source_control_endpoint: String,
     pub start_block: u32,
     pub hinted_blocks: u32,
+    /// The source engine's own hashes of the hinted blocks (as Dynamo's
+    /// `router_hint.block_hashes`: signed i64 bits).
+    pub block_hashes: Vec<i64>,
 }
 
 /// `POST /reservations`: claims a pending selection, or (with `worker_id`) books an
