@@ -643,6 +643,12 @@ typedef struct kvr_kv_hint {
    */
   uint32_t control_endpoint_len;
   /**
+   * The source engine's block hashes written to the request's hint-names buffer
+   * (`kvr_request_set_hint_names_buffer`; 0 without one): the first
+   * `n_block_hashes` blocks of the range, by the source's own names.
+   */
+  uint32_t n_block_hashes;
+  /**
    * The source rank's control endpoint, UTF-8 and NUL-terminated.
    */
   char control_endpoint[KVR_CONTROL_ENDPOINT_CAP];
@@ -1616,6 +1622,21 @@ kvr_status kvr_request_add_mm_input(struct kvr_request *req,
 kvr_status kvr_request_add_block_key(struct kvr_request *req,
                                      size_t block,
                                      uint64_t key);
+
+/**
+ * A buffer of `cap` hashes for the transfer hint of a booked selection with this request
+ * (`kvr_partition_select_and_reserve_with_hint`): the source engine's own hashes of the
+ * hinted blocks are written there, as many as fit (`kvr_kv_hint.n_block_hashes` says how
+ * many; `block_end - block_start` is the full count). Borrowed, not copied: it must stay
+ * valid and writable, and unused by anything else, during every such selection, until the
+ * request is reset or freed or given another buffer. `(NULL, 0)` = none (the default).
+ *
+ * # Safety
+ * `req` is NULL or live and not shared; `buf` points to `cap` writable `uint64_t`s.
+ */
+kvr_status kvr_request_set_hint_names_buffer(struct kvr_request *req,
+                                             uint64_t *buf,
+                                             size_t cap);
 
 /**
  * The caller's allow-set of workers (copied). `(NULL, 0)` means "no worker allowed" (the

@@ -42,6 +42,10 @@ pub struct kvr_kv_hint {
     pub block_end: u32,
     /// Bytes of `control_endpoint` (≤ `KVR_CONTROL_ENDPOINT_MAX_LEN`).
     pub control_endpoint_len: u32,
+    /// The source engine's block hashes written to the request's hint-names buffer
+    /// (`kvr_request_set_hint_names_buffer`; 0 without one): the first
+    /// `n_block_hashes` blocks of the range, by the source's own names.
+    pub n_block_hashes: u32,
     /// The source rank's control endpoint, UTF-8 and NUL-terminated.
     pub control_endpoint: [c_char; KVR_CONTROL_ENDPOINT_CAP],
 }
@@ -54,6 +58,7 @@ impl kvr_kv_hint {
             block_start: h.block_range.0,
             block_end: h.block_range.1,
             control_endpoint_len: 0,
+            n_block_hashes: 0,
             control_endpoint: [0; KVR_CONTROL_ENDPOINT_CAP],
         };
         // Endpoints registered through C are never longer; one registered through Rust

@@ -27,6 +27,8 @@ pub struct kvr_request {
     lora: String,
     /// A tokens prompt's extra keys (cache salt, multimodal inputs, raw block keys).
     extras: BlockExtras,
+    /// The caller's buffer for a transfer hint's source block hashes (borrowed).
+    hint_names: (*mut u64, usize),
     /// The allow-set's buffer, and whether an allow-set is set.
     allowed: Vec<WorkerId>,
     allowed_set: bool,
@@ -39,8 +41,9 @@ pub struct kvr_request {
     ttl: Option<Duration>,
 }
 
-// SAFETY: the raw prompt pointers are only read, during calls whose contract requires
-// the caller to keep them valid; the request holds no thread-affine state.
+// SAFETY: the raw prompt pointers are only read, and the hint-names buffer only written,
+// during calls whose contract requires the caller to keep them valid (and the buffer used
+// by one selection at a time); the request holds no thread-affine state.
 unsafe impl Send for kvr_request {}
 // SAFETY: as above; `const kvr_request *` calls only read the request.
 unsafe impl Sync for kvr_request {}
@@ -52,6 +55,7 @@ impl kvr_request {
             hashes: None,
             lora: String::new(),
             extras: BlockExtras::new(),
+            hint_names: (std::ptr::null_mut(), 0),
             allowed: Vec::new(),
             allowed_set: false,
             pinned: None,
@@ -69,6 +73,7 @@ impl kvr_request {
         self.hashes = None;
         self.lora.clear();
         self.extras.clear();
+        self.hint_names = (std::ptr::null_mut(), 0);
         self.allowed.clear();
         self.allowed_set = false;
         self.pinned = None;
@@ -78,6 +83,23 @@ impl kvr_request {
         self.expected_output_tokens = 0;
         self.selection_id = None;
         self.ttl = None;
+    }
+
+    /// Writes a hint's source block hashes into the caller's buffer (as many as fit);
+    /// returns how many.
+    ///
+    /// # Safety
+    /// The buffer set on the request is valid and writable (the caller's contract).
+    pub(crate) unsafe fn write_hint_names(&self, names: &[u64]) -> usize {
+        // SAFETY: forwarded caller contract; checked (aligned, size) when set.
+        match unsafe { slice_mut(self.hint_names.0, self.hint_names.1) } {
+            Ok(buf) => {
+                let n = names.len().min(buf.len());
+                buf[..n].copy_from_slice(&names[..n]);
+                n
+            }
+            Err(_) => 0,
+        }
     }
 
     /// The engine's view of this request, borrowing the prompt array.
@@ -307,6 +329,31 @@ pub unsafe extern "C" fn kvr_request_add_block_key(
             r.extras
                 .block_key(block, key)
                 .map_err(|_| KVR_ERR_TOO_LARGE)?;
+            Ok(())
+        })
+    }
+}
+
+/// A buffer of `cap` hashes for the transfer hint of a booked selection with this request
+/// (`kvr_partition_select_and_reserve_with_hint`): the source engine's own hashes of the
+/// hinted blocks are written there, as many as fit (`kvr_kv_hint.n_block_hashes` says how
+/// many; `block_end - block_start` is the full count). Borrowed, not copied: it must stay
+/// valid and writable, and unused by anything else, during every such selection, until the
+/// request is reset or freed or given another buffer. `(NULL, 0)` = none (the default).
+///
+/// # Safety
+/// `req` is NULL or live and not shared; `buf` points to `cap` writable `uint64_t`s.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_request_set_hint_names_buffer(
+    req: *mut kvr_request,
+    buf: *mut u64,
+    cap: usize,
+) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_request(req, |r| {
+            slice_mut(buf, cap)?;
+            r.hint_names = (buf, cap);
             Ok(())
         })
     }

@@ -116,8 +116,11 @@ unsafe fn selection(
                 // SAFETY: checked non-NULL above; writable by the caller's contract.
                 unsafe { out.write(decision(d)) };
                 if let (Some(h), false) = (&d.kv_hint, hint.is_null()) {
+                    let mut c = kvr_kv_hint::of(h);
+                    // SAFETY: the request's names buffer is the caller's, valid by contract.
+                    c.n_block_hashes = unsafe { r.write_hint_names(&h.block_hashes) } as u32;
                     // SAFETY: non-NULL; writable by the caller's contract.
-                    unsafe { hint.write(kvr_kv_hint::of(h)) };
+                    unsafe { hint.write(c) };
                 }
                 Ok(())
             }

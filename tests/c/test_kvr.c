@@ -3721,7 +3721,23 @@ static void test_kv_hints(void)
     CHECK_EQ(h.block_end, 4);
     CHECK_EQ(h.control_endpoint_len, strlen("tcp://peer:7000"));
     CHECK(strcmp(h.control_endpoint, "tcp://peer:7000") == 0);
+    CHECK_EQ(h.n_block_hashes, 0); /* no names buffer set */
     OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    /* With a names buffer: the source's own hashes of blocks 1..4 (it stored 201 + i),
+       as many as fit. */
+    uint64_t names[8] = {0};
+    CHECK_ST(KVR_ERR_NULL, kvr_request_set_hint_names_buffer(NULL, names, 8));
+    CHECK_ST(KVR_ERR_NULL, kvr_request_set_hint_names_buffer(r, NULL, 8));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_request_set_hint_names_buffer(r, names, SIZE_MAX));
+    OK(kvr_request_set_hint_names_buffer(r, names, 2));
+    OK(kvr_partition_select_and_reserve_with_hint(p, r, &d, &h));
+    CHECK(h.n_block_hashes == 2 && names[0] == 202 && names[1] == 203 && names[2] == 0);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    OK(kvr_request_set_hint_names_buffer(r, names, 8));
+    OK(kvr_partition_select_and_reserve_with_hint(p, r, &d, &h));
+    CHECK(h.n_block_hashes == 3 && names[2] == 204 && names[3] == 0);
+    OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    OK(kvr_request_set_hint_names_buffer(r, NULL, 0));
     /* Without a hint buffer, and through the plain call: the flag says one was dropped. */
     OK(kvr_partition_select_and_reserve_with_hint(p, r, &d, NULL));
     CHECK_EQ(d.flags, KVR_DECISION_KV_HINT);

@@ -32,6 +32,9 @@ type KVHint struct {
 	BlockEnd   uint32
 	// ControlEndpoint is the source rank's control endpoint (Worker.SetControlEndpoint).
 	ControlEndpoint string
+	// BlockHashes: the source engine's own hashes of the first blocks of the range, with
+	// a request that keeps them (Request.KeepHintNames); nil otherwise.
+	BlockHashes []uint64
 }
 
 // HasHint reports whether a transfer hint came with the booking (then d.Hint is set).

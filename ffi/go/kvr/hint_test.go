@@ -57,6 +57,50 @@ func pinnedBooking(t *testing.T, e *Engine, p *Partition, tokens []uint32) Decis
 	return d
 }
 
+// sameHint compares two hints, their block hashes included.
+func sameHint(a, b KVHint) bool {
+	if len(a.BlockHashes) != len(b.BlockHashes) {
+		return false
+	}
+	for i := range a.BlockHashes {
+		if a.BlockHashes[i] != b.BlockHashes[i] {
+			return false
+		}
+	}
+	a.BlockHashes, b.BlockHashes = nil, nil
+	return a.Source == b.Source && a.BlockStart == b.BlockStart && a.BlockEnd == b.BlockEnd &&
+		a.ControlEndpoint == b.ControlEndpoint
+}
+
+func TestKVHintNamesTheSourceBlocks(t *testing.T) {
+	e := newEngine(t)
+	p, tokens := hintPartition(t, e, "names", RolePrefill, hintEndpoint, 12, WithKVHints(4, 4096, RolePrefill))
+	_, seq, err := p.HashTokens("", tokens, nil, nil)
+	must(t, err)
+	req, err := NewRequest()
+	must(t, err)
+	defer req.Close()
+	must(t, req.KeepHintNames(4))
+	must(t, req.Reset()) // the buffer holds across Reset
+	must(t, req.SetPinnedWorker(1))
+	d, err := p.SelectAndReserve(req, Tokens(tokens))
+	must(t, err)
+	if d.Hint == nil || len(d.Hint.BlockHashes) != 4 {
+		t.Fatalf("hint %+v", d.Hint)
+	}
+	for i, h := range d.Hint.BlockHashes {
+		if want := seq[2+i] ^ (2<<8 | 1); h != want { // storeOn's names for rank 2/1
+			t.Fatalf("name %d = %x, want %x", i, h, want)
+		}
+	}
+	_, err = e.FreeBooking(d.SelectionID)
+	must(t, err)
+	if err := req.KeepHintNames(-1); err == nil {
+		t.Fatal("a negative size is refused")
+	}
+	must(t, req.KeepHintNames(0))
+}
+
 func TestKVHint(t *testing.T) {
 	e := newEngine(t)
 	hints := WithKVHints(4, 4096, RolePrefill, RoleAggregated)
@@ -64,7 +108,7 @@ func TestKVHint(t *testing.T) {
 
 	d := pinnedBooking(t, e, p, tokens)
 	want := KVHint{Source: Rank{WorkerID: 2, DPRank: 1}, BlockStart: 2, BlockEnd: 12, ControlEndpoint: hintEndpoint}
-	if !d.HasHint() || d.Flags&FlagKVHint == 0 || d.Hint == nil || *d.Hint != want {
+	if !d.HasHint() || d.Flags&FlagKVHint == 0 || d.Hint == nil || !sameHint(*d.Hint, want) {
 		t.Fatalf("booked decision %+v, hint %+v; want %+v", d, d.Hint, want)
 	}
 	if d.DeviceBlocks != 2 || d.SessionRoute() != SessionNone {
@@ -85,7 +129,7 @@ func TestKVHint(t *testing.T) {
 	// without one: nothing stale comes back.
 	b, err := p.SelectAndReserve(req, Tokens(tokens))
 	must(t, err)
-	if b.Hint == nil || *b.Hint != want {
+	if b.Hint == nil || !sameHint(*b.Hint, want) {
 		t.Fatalf("booking through a reused request: %+v", b.Hint)
 	}
 	_, err = e.FreeBooking(b.SelectionID)

@@ -387,6 +387,7 @@ func (p *Partition) selection(req *Request, prompt Prompt, reserve C.int) (Decis
 		if hint != nil && d.Flags&FlagKVHint != 0 {
 			// The one allocation of a selection, and only when it carries a hint.
 			d.Hint = hintOf(hint)
+			d.Hint.BlockHashes = r.hintNames(int(hint.n_block_hashes))
 		}
 		return d, nil
 	case C.KVR_BUSY:

@@ -1,5 +1,6 @@
 package kvr
 
+// #include <stdlib.h>
 // #include "shim.h"
 import "C"
 
@@ -30,6 +31,9 @@ type Request struct {
 	// allocation per call).
 	out  C.kvr_decision
 	hint C.kvr_kv_hint
+	// names is C memory for a transfer hint's source block hashes (KeepHintNames).
+	names    *C.uint64_t
+	namesCap int
 }
 
 // NewRequest returns an empty request.
@@ -60,7 +64,56 @@ func (r *Request) Close() {
 	C.kvr_request_free(r.ptr)
 	gc()
 	r.ptr = nil
+	r.freeNames()
 	runtime.SetFinalizer(r, nil)
+}
+
+func (r *Request) freeNames() {
+	if r.names != nil {
+		C.free(unsafe.Pointer(r.names))
+		r.names, r.namesCap = nil, 0
+	}
+}
+
+// MaxHintNames bounds KeepHintNames.
+const MaxHintNames = 1 << 20
+
+// KeepHintNames makes booked selections with this request fill KVHint.BlockHashes with
+// up to n of the source engine's own hashes of the hinted blocks (engines whose hash
+// seeds differ name blocks differently). It keeps an n-entry buffer in C memory for the
+// request's lifetime (across Reset); 0 drops it.
+func (r *Request) KeepHintNames(n int) error {
+	if n < 0 || n > MaxHintNames {
+		return &Error{Status: StatusInvalidArgument, Op: "kvr_request_set_hint_names_buffer"}
+	}
+	if r.ptr == nil {
+		return ErrClosed
+	}
+	r.freeNames()
+	if n > 0 {
+		r.names = (*C.uint64_t)(C.malloc(C.size_t(n) * 8))
+		r.namesCap = n
+	}
+	return r.applyNames()
+}
+
+func (r *Request) applyNames() error {
+	return r.do("kvr_request_set_hint_names_buffer", func(p *C.kvr_request) C.kvr_status {
+		return C.kvr_request_set_hint_names_buffer(p, r.names, C.size_t(r.namesCap))
+	})
+}
+
+// hintNames copies the first n names the last hint wrote.
+func (r *Request) hintNames(n int) []uint64 {
+	if r.names == nil || n <= 0 {
+		return nil
+	}
+	if n > r.namesCap {
+		n = r.namesCap
+	}
+	out := make([]uint64, n)
+	copy(out, unsafe.Slice((*uint64)(unsafe.Pointer(r.names)), r.namesCap)[:n])
+	return out
 }
 
 // requestPool lends empty requests to selections called with a nil *Request.
@@ -86,9 +139,15 @@ func (r *Request) do(op string, f func(*C.kvr_request) C.kvr_status) error {
 
 // Reset clears every field (keeping the request's buffers).
 func (r *Request) Reset() error {
-	return r.do("kvr_request_reset", func(p *C.kvr_request) C.kvr_status {
+	if err := r.do("kvr_request_reset", func(p *C.kvr_request) C.kvr_status {
 		return C.kvr_request_reset(p)
-	})
+	}); err != nil {
+		return err
+	}
+	if r.names != nil {
+		return r.applyNames() // KeepHintNames holds across Reset
+	}
+	return nil
 }
 
 // SetLora sets the LoRA adapter ("" = none): it salts the hashes and narrows the
