@@ -289,6 +289,11 @@ impl IngressStream {
         self.track(p, |t, out| t.on_replay_end(result, out))
     }
 
+    /// The stream's number (its counters' `stream`).
+    pub fn stream(&self) -> u32 {
+        self.stream
+    }
+
     /// Whether a replay is in flight for this stream.
     pub fn replaying(&self) -> bool {
         self.tracker.replaying()

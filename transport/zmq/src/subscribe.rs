@@ -7,7 +7,9 @@
 //!   every message is that engine's, one stream.
 //! - **bind**: kvr binds one endpoint and many engines connect to it (vLLM connects when
 //!   its endpoint has no `*`). Each topic is its own stream; the worker comes from the
-//!   configured topic routes, else from the digits that end the topic (`"kv-17"` → 17).
+//!   configured topic routes, else from the digits that end the topic (`"kv-17"` → 17;
+//!   such route-less topics of one worker are its streams 0, 1, … in the order they are
+//!   first heard, so each keeps its own counters and its own clears).
 //!   Each route may name its publisher's replay ROUTER; every stream replays on its own
 //!   (concurrently, each with its own timeout), so one stuck replay delays no other.
 //!
@@ -104,6 +106,7 @@ struct Stream {
     topic: Vec<u8>,
     replay_endpoint: Option<String>,
     state: IngressStream,
+    worker: WorkerId,
     /// The last message (live or replayed) or probe; `None` before the first.
     last_heard: Option<Instant>,
 }
@@ -117,6 +120,19 @@ struct PartitionSink {
     routes: Vec<TopicRoute>,
     bind: bool,
     idle_probe_after: Option<Duration>,
+}
+
+/// The lowest stream number of `worker` no stream or route uses yet.
+fn next_stream(streams: &[Stream], routes: &[TopicRoute], worker: WorkerId) -> u32 {
+    let used = |n: u32| {
+        routes
+            .iter()
+            .any(|r| r.worker_id == worker && r.stream == n)
+            || streams
+                .iter()
+                .any(|s| s.worker == worker && s.state.stream() == n)
+    };
+    (0..).find(|&n| !used(n)).unwrap_or(0)
 }
 
 /// The worker named by the digits that end `topic`.
@@ -140,7 +156,10 @@ impl PartitionSink {
         }
         let (worker, stream, replay) = match self.routes.iter().find(|r| r.topic == topic) {
             Some(r) => (r.worker_id, r.stream, r.replay_endpoint.clone()),
-            None => (worker_from_topic(topic)?, 0, None),
+            None => {
+                let w = worker_from_topic(topic)?;
+                (w, next_stream(&self.streams, &self.routes, w), None)
+            }
         };
         self.add_stream(topic.to_vec(), worker, stream, replay);
         Some(self.streams.len() - 1)
@@ -158,6 +177,7 @@ impl PartitionSink {
             topic,
             replay_endpoint,
             state,
+            worker,
             last_heard: None,
         });
     }
@@ -347,7 +367,44 @@ pub fn subscribe_with(
 
 #[cfg(test)]
 mod tests {
-    use super::worker_from_topic;
+    use super::*;
+    use kvr::partition::{PartitionConfig, PartitionKey};
+
+    #[test]
+    fn route_less_topics_of_one_worker_are_distinct_streams() {
+        let mut sink = PartitionSink {
+            partition: Arc::new(Partition::new(
+                PartitionKey::new("m", "g"),
+                PartitionConfig::new(4),
+            )),
+            streams: Vec::new(),
+            routes: vec![TopicRoute {
+                topic: b"routed".to_vec(),
+                worker_id: 17,
+                stream: 0,
+                replay_endpoint: None,
+            }],
+            bind: true,
+            idle_probe_after: None,
+        };
+        for t in [&b"routed"[..], b"a-17", b"b-17", b"a-17", b"c-3"] {
+            sink.stream_for(t).unwrap();
+        }
+        let got: Vec<(u64, u32)> = sink
+            .streams
+            .iter()
+            .map(|s| (s.worker, s.state.stream()))
+            .collect();
+        assert_eq!(got, vec![(17, 0), (17, 1), (17, 2), (3, 0)]);
+        assert!(sink.stream_for(b"no-digits").is_none());
+        let stats: Vec<(u64, u32)> = sink
+            .partition
+            .ingress_stats()
+            .iter()
+            .map(|s| (s.worker_id, s.stream))
+            .collect();
+        assert_eq!(stats, got, "each stream has its own counters");
+    }
 
     #[test]
     fn the_worker_is_the_number_that_ends_the_topic() {
