@@ -32,6 +32,8 @@ Scenarios (issue 15's list):
                             (identifier, offset) pairs) or a cache salt (vLLM's bare string
                             on block 0, SGLang's cache_salt field): a request's mm_inputs /
                             cache_salt match only the worker holding the same ones
+  bin-hashes                blocks named by 32-byte digests (msgpack bin), an eviction lost
+                            (vLLM only: SGLang's hashes are ints; logged as a skip)
   bind-stuck-replay         kvr binds one socket (the C ABI through ctypes: kvr serve only
                             connects) and three publishers connect to it, each with its
                             topic and replay endpoint; B's replay ROUTER never answers. A
@@ -92,6 +94,8 @@ class Flavor:
         self.stored_fields = set(kv.BlockStored.__struct_fields__)
         self.removed_fields = set(kv.BlockRemoved.__struct_fields__)
         self.groups = "group_idx" in self.stored_fields and "group_idx" in self.removed_fields
+        # vLLM types a block hash as `bytes | int` (sha256 digests go out as bin).
+        self.bin_hashes = "bytes" in str(kv.BlockStored.__annotations__.get("block_hashes"))
 
     def publisher(self, dp_rank: int, endpoint: str, replay_endpoint: str | None, topic: str):
         # Both engines offset both ports by the DP rank themselves.
@@ -133,6 +137,9 @@ class Flavor:
         if "groups" in needs and not self.groups:
             return (f"{self.name}'s BlockStored/BlockRemoved have no group_idx "
                     f"(fields: {sorted(self.stored_fields)}): no hybrid KV-cache groups")
+        if "bin" in needs and not self.bin_hashes:
+            return (f"{self.name}'s block_hashes are "
+                    f"{self.kv.BlockStored.__annotations__.get('block_hashes')}: no bin hashes")
         return None
 
 
@@ -176,6 +183,7 @@ class Rank:
         # token prefixes, one per held block, by tier
         self.held: dict[str, set[tuple[int, ...]]] = {"device": set(), "host": set()}
         self.pub = None
+        self.bin = False  # name blocks by 32-byte digests (msgpack bin) instead of ints
         self.start()
 
     def start(self) -> None:
@@ -202,7 +210,7 @@ class Rank:
                medium: str = "GPU"):
         """A store in KV-cache group `group`; the truth follows the full-attention group
         (group 0), which is what a prefix hit needs."""
-        hashes = self.fl.hashes(tokens, BS)
+        hashes = self.names(tokens)
         if group == 0:
             for i in range(len(hashes)):
                 self.held[TIERS[medium]].add(tuple(tokens[: (i + 1) * BS]))
@@ -210,11 +218,18 @@ class Rank:
 
     def removed(self, tokens: list[int], first_block: int, group: int = 0,
                 medium: str = "GPU"):
-        hashes = self.fl.hashes(tokens, BS)
+        hashes = self.names(tokens)
         if group == 0:
             for i in range(first_block, len(hashes)):
                 self.held[TIERS[medium]].discard(tuple(tokens[: (i + 1) * BS]))
         return self.fl.removed(hashes[first_block:], medium, group)
+
+    def names(self, tokens: list[int]) -> list:
+        hashes = self.fl.hashes(tokens, BS)
+        if self.bin:
+            import hashlib
+            return [hashlib.sha256(str(h).encode()).digest() for h in hashes]
+        return hashes
 
     def forget(self, tokens: list[int]) -> None:
         """The truth after a recovery by clearing: these blocks are gone for good."""
@@ -486,6 +501,23 @@ def extra_keys(fl, base, check):
     return list(workers.values()), ok
 
 
+def bin_hashes(fl, base, check):
+    """Blocks named by 32-byte digests (vLLM's sha256 hashing sends them as msgpack bin):
+    stores, an eviction and a lost eviction recovered by replay."""
+    w = Worker(fl, 124)
+    w.register(base)
+    r = w.ranks[0]
+    r.bin = True
+    time.sleep(1.0)
+    p, q = prompt(17000, 5), prompt(18000, 3)
+    r.publish([r.stored(p), r.stored(q)])
+    ok = check.converge("bin-hashes (stored)", [w], [p, q])
+    r.publish([r.removed(p, 3)])
+    r.publish([r.removed(q, 1)], drop=True)
+    ok &= check.converge("bin-hashes (evicted, one eviction lost)", [w], [p, q])
+    return w, ok
+
+
 def metric(base: str, name: str, worker_id: int) -> float:
     """A per-stream gauge or counter of kvr serve's /metrics (stream 0's)."""
     text = http(base, "GET", "/metrics")[1]["<text>"]
@@ -544,6 +576,7 @@ SCENARIOS = {
     "hybrid-groups": (hybrid_groups, ("groups",), True),
     "host-tier": (host_tier, (), True),
     "extra-keys": (extra_keys, (), True),
+    "bin-hashes": (bin_hashes, ("bin",), True),
     # its own kvr serve: probes every 300 ms of silence, replays time out after 2 s
     "loss-during-idle-probe": (loss_during_idle_probe, (),
                                ["--kv-events-idle-probe-ms", "300",
