@@ -19,7 +19,8 @@ Publisher B's replay endpoint is "stuck": a ROUTER bound at its port that never 
   - C, which lost nothing, is untouched: exact, no gap, no clear.
 This is done twice: while B's replay in flight is the probe kvr makes right after
 subscribing (a join: nothing applied yet), then while it is an idle probe (B silent for
-1.5 s, probed from its last batch). The second is recovery.py's KNOWN_BUGS entry.
+1.5 s, probed from its last batch): the second found a kvr bug (the probe's failure
+did not clear the loss it held back), fixed in engine/src/ingress/sequence.
 The library path comes from KVR_LIB (recovery.py's --libkvr).
 """
 
@@ -31,7 +32,7 @@ import time
 import types
 
 from harness import free_port
-from recovery import BS, Check, Rank, log, overcounts, prompt
+from engines import BS, Check, Rank, log, overcounts, prompt
 from vllm_publisher import free_port_block
 
 # kvr's default SubscribeOptions (transport/zmq/src/subscribe.rs), which the C ABI uses:
@@ -54,7 +55,11 @@ class StreamStats(ctypes.Structure):
                 + [(n, u64) for n in ("bad_frames", "gaps", "restarts", "duplicates",
                                       "replays_requested", "replays_filled",
                                       "replays_incomplete", "clears", "batches_lost",
-                                      "last_seq", "last_batch_unix_ms")])
+                                      "last_seq", "last_batch_unix_ms", "replays_partial",
+                                      "replays_failed", "idle_probes",
+                                      "events_skipped_group", "group_switches",
+                                      "events_skipped_medium", "stale_since_unix_ms")]
+                + [("recovering", u32), ("reserved2", u32)])
 
 
 class Kvr:
