@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --manifest-path fuzz/Cargo.toml --release --example pick_seeds -- \
-//!     <ingest_frames|event_sequence> <corpus dir> <out dir> [count, default 6]
+//!     <ingest_frames|event_sequence|recovery> <corpus dir> <out dir> [count, default 6]
 //! ```
 //!
 //! Greedy: each pick adds the most to `min(counter, 20)` summed over the counters (ties:
@@ -21,6 +21,7 @@ fn main() {
     let run: fn(&[u8]) -> Vec<(&'static str, u64)> = match target {
         "ingest_frames" => |d| kvr_fuzz::ingest_frames::run_summary(d).fields(),
         "event_sequence" => |d| kvr_fuzz::event_sequence::run_summary(d).fields(),
+        "recovery" => |d| kvr_fuzz::recovery::run_summary(d).fields(),
         t => panic!("no summary for target {t}"),
     };
     let count: usize = args.get(4).map_or(6, |c| c.parse().unwrap());

@@ -17,7 +17,11 @@
 //! 4th operation and after `remove_rank` / `remove_worker`); prefix queries (device and tiered, by sequence and by
 //! local hashes) agree for the chains the operation stored and for earlier ones. Every 32
 //! operations the model re-derives itself. At the end every rank is cleared (the index
-//! must hold no node and no holder-set bytes) and every worker removed.
+//! must hold no node and no holder-set bytes) and every worker removed. The index of each
+//! shape is reused by the next input of that shape, which checks it starts empty; the
+//! model starts from the index's event totals.
+
+use std::cell::RefCell;
 
 use arbitrary::{Arbitrary, Unstructured};
 use kvr::index::{Index, IndexConfig};
@@ -198,7 +202,7 @@ enum Resolved {
 }
 
 struct Run {
-    index: Index,
+    index: &'static Index,
     model: Model,
     links: Links,
     scratch: Scratch,
@@ -291,9 +295,16 @@ pub fn run_summary(data: &[u8]) -> Summary {
     }
 }
 
-/// Runs a decoded input.
-pub fn run_input(input: &Input) -> Summary {
-    let config = match input.shape % 4 {
+thread_local! {
+    /// One index per table shape, reused by every input of that shape: building one
+    /// (up to 256 shard tables) per input cost more than running most inputs. An input
+    /// leaves its index empty (the final drain below clears every rank and removes every
+    /// worker, checked), and the next input checks it starts empty.
+    static INDEXES: RefCell<[Option<&'static Index>; 4]> = const { RefCell::new([None; 4]) };
+}
+
+fn config_of(shape: u8) -> IndexConfig {
+    match shape % 4 {
         0 => IndexConfig {
             shards: 1,
             min_shard_capacity: 4,
@@ -307,10 +318,45 @@ pub fn run_input(input: &Input) -> Summary {
             min_shard_capacity: 8,
         },
         _ => IndexConfig::default(),
-    };
+    }
+}
+
+/// The reused index of `shape`, checked empty; its event and refusal totals (kept across
+/// inputs, as across removed ranks) seed the model's.
+fn index_for(shape: u8, model: &mut Model) -> &'static Index {
+    let index = INDEXES.with(|c| {
+        *c.borrow_mut()[shape as usize % 4]
+            .get_or_insert_with(|| Box::leak(Box::new(Index::with_config(config_of(shape)))))
+    });
+    let s = index.stats();
+    assert_eq!(
+        (
+            s.ranks,
+            s.nodes,
+            s.holder_blocks,
+            s.holder_set_bytes,
+            s.tier_blocks
+        ),
+        (0, 0, 0, 0, [0; 3]),
+        "a reused index must start empty"
+    );
+    assert!(index.ranks().is_empty(), "a reused index must have no rank");
+    model.stored_events = s.stored_events;
+    model.removed_events = s.removed_events;
+    model.cleared_events = s.cleared_events;
+    model.parent_not_found = s.parent_not_found;
+    model.block_not_found = s.block_not_found;
+    index
+}
+
+/// Runs a decoded input.
+pub fn run_input(input: &Input) -> Summary {
+    let config = config_of(input.shape);
+    let mut model = Model::new();
+    let index = index_for(input.shape, &mut model);
     let mut r = Run {
-        index: Index::with_config(config),
-        model: Model::new(),
+        index,
+        model,
         links: Links::default(),
         scratch: Scratch::default(),
         known: Vec::new(),
@@ -333,7 +379,7 @@ pub fn run_input(input: &Input) -> Summary {
             Resolved::RemoveWorker(_) => (true, RANKS[0]),
         };
         check_all(
-            &r.index,
+            r.index,
             &r.model,
             &r.links,
             &touched,
@@ -357,7 +403,7 @@ pub fn run_input(input: &Input) -> Summary {
         let want = r.model.clear(rank);
         assert_eq!(r.index.clear(rank), want, "final clear of {rank}");
     }
-    assert_stats_equal(&r.index, &r.model, &|| "after clearing every rank".into());
+    assert_stats_equal(r.index, &r.model, &|| "after clearing every rank".into());
     let s = r.index.stats();
     assert_eq!(
         (s.nodes, s.holder_blocks, s.holder_set_bytes, s.tier_blocks),
@@ -378,6 +424,7 @@ pub fn run_input(input: &Input) -> Summary {
     r.sum.queries = r.scratch.queries;
     r.sum.device_hits = r.scratch.device_hits;
     r.sum.lower_tier_hits = r.scratch.lower_tier_hits;
+    crate::check::collect_garbage();
     r.sum
 }
 
@@ -552,7 +599,7 @@ impl Run {
     }
 
     fn apply(&mut self, op: &Resolved, touched: &mut Vec<u64>, ctx: &dyn Fn() -> String) {
-        let index = &self.index;
+        let index = self.index;
         let model = &mut self.model;
         match op {
             Resolved::Store {

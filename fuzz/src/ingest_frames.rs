@@ -36,7 +36,12 @@
 //! and after every clear; prefix queries (device and tiered, by sequence and by local
 //! hashes) for the chains the message stored and for earlier ones. At the end every worker is removed and the
 //! index must be empty.
+//!
+//! The partition is reused by every input of its shape (block size, namespace): each
+//! input checks it starts empty (no rank, node or holder, no ingress stream) and leaves it
+//! so (its workers removed), and the model starts from the index's event totals.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use arbitrary::{Result, Unstructured};
@@ -46,7 +51,7 @@ use kvr::ingress::decode::{
 };
 use kvr::ingress::ingest::{IngestOutcome, StreamStats};
 use kvr::partition::{Partition, PartitionConfig, PartitionKey};
-use kvr::{KvEvent, RankId, StoredBlock, Tier, WorkerId};
+use kvr::{KvEvent, RankId, StoredBlock, Tier, WorkerId, WorkerInfo};
 
 use crate::check::{check_all, Links, Scratch};
 use crate::model::Model;
@@ -646,7 +651,7 @@ struct StreamModel {
 }
 
 struct Harness {
-    p: Partition,
+    p: &'static Partition,
     bs: u32,
     namespace: Option<String>,
     model: Model,
@@ -774,17 +779,82 @@ pub fn run_summary(data: &[u8]) -> Summary {
     h.finish()
 }
 
+thread_local! {
+    /// One partition per shape (block size, namespace), reused by every input of that
+    /// shape: building one (its index's 256 shard tables, the booking table's shards) per
+    /// input cost more than running most inputs. An input leaves its partition empty
+    /// ([`Harness::finish`]: every worker removed from the index, checked, then from the
+    /// partition, which drops its ingress streams), and the next input checks it starts
+    /// empty ([`partition_for`]).
+    static PARTITIONS: RefCell<[Option<&'static Partition>; 8]> = const { RefCell::new([None; 8]) };
+}
+
+/// The reused partition of shape (`bs`, `namespace`), checked empty (no rank, node or
+/// holder; no ingress stream); its index's event and refusal totals (kept across inputs,
+/// as across removed ranks) seed the model's.
+pub(crate) fn partition_for(
+    bs: u32,
+    namespace: Option<&str>,
+    model: &mut Model,
+) -> &'static Partition {
+    assert!((1..=4).contains(&bs));
+    let shape = (bs as usize - 1) * 2 + usize::from(namespace.is_some());
+    let p = PARTITIONS.with(|c| {
+        *c.borrow_mut()[shape].get_or_insert_with(|| {
+            let mut cfg = PartitionConfig::new(bs);
+            cfg.cache_namespace = namespace.map(str::to_owned);
+            Box::leak(Box::new(Partition::new(
+                PartitionKey::new("model", "group"),
+                cfg,
+            )))
+        })
+    });
+    let s = p.index().stats();
+    assert_eq!(
+        (
+            s.ranks,
+            s.nodes,
+            s.holder_blocks,
+            s.holder_set_bytes,
+            s.tier_blocks
+        ),
+        (0, 0, 0, 0, [0; 3]),
+        "a reused partition's index must start empty"
+    );
+    assert!(
+        p.ingress_stats().is_empty(),
+        "a reused partition must start without ingress streams"
+    );
+    model.stored_events = s.stored_events;
+    model.removed_events = s.removed_events;
+    model.cleared_events = s.cleared_events;
+    model.parent_not_found = s.parent_not_found;
+    model.block_not_found = s.block_not_found;
+    p
+}
+
+/// Leaves a reused partition empty for the next input: removes `workers` (registered
+/// only to be removed: ingest needs no registration), which drops their index ranks and
+/// their ingress streams.
+pub(crate) fn release_partition(p: &Partition, workers: impl IntoIterator<Item = WorkerId>) {
+    for w in workers {
+        p.upsert_worker(WorkerInfo::new(w, 1))
+            .expect("a plain worker is valid");
+        assert!(p.remove_worker(w));
+    }
+}
+
 impl Harness {
     fn new(u: &mut Unstructured<'_>) -> Result<Self> {
         let bs = [2, 1, 4, 3][pick(u, &[4, 2, 2, 1])?];
         let namespace = u.ratio(1, 4)?.then(|| "tenant-a".to_owned());
-        let mut cfg = PartitionConfig::new(bs);
-        cfg.cache_namespace = namespace.clone();
+        let mut model = Model::new();
+        let p = partition_for(bs, namespace.as_deref(), &mut model);
         Ok(Harness {
-            p: Partition::new(PartitionKey::new("model", "group"), cfg),
+            p,
             bs,
             namespace,
-            model: Model::new(),
+            model,
             links: Links::default(),
             scratch: Scratch::default(),
             streams: Vec::new(),
@@ -1368,6 +1438,8 @@ impl Harness {
             (0, 0, 0, 0),
             "an index without ranks holds nothing"
         );
+        release_partition(self.p, 1..=WORKERS);
+        crate::check::collect_garbage();
         self.sum
     }
 }

@@ -9,6 +9,8 @@
 //!   → `Partition::ingest` → index, differential against the naive model.
 //! - [`event_sequence`]: a structured sequence of typed index operations → `Index`,
 //!   differential against the naive model.
+//! - [`recovery`]: loss / reorder / restart / replay schedules → replay-enabled ingress
+//!   streams → index, never overcounting the publishers' truth once quiescent.
 //! - [`service_bodies`]: a route selector and arbitrary bytes → `kvr serve`'s axum router
 //!   in-process (no panic, no 5xx but the documented 503s, JSON `{"error"}` on every 4xx;
 //!   the hand-read `token_ids` agree with serde on every body).
@@ -19,6 +21,7 @@ pub mod check;
 pub mod decode;
 pub mod event_sequence;
 pub mod ingest_frames;
+pub mod recovery;
 pub mod service_bodies;
 
 /// The naive reference model of the index, shared with the engine's differential test.

@@ -52,6 +52,7 @@ fn every_target_is_replayed() {
         "decode",
         "ingest_frames",
         "event_sequence",
+        "recovery",
         "service_bodies",
     ];
     for sub in ["seeds", "regressions"] {
@@ -92,6 +93,11 @@ fn replay_event_sequence() {
 }
 
 #[test]
+fn replay_recovery() {
+    assert!(replay("recovery", kvr_fuzz::recovery::run) >= 3);
+}
+
+#[test]
 fn replay_service_bodies() {
     assert!(replay("service_bodies", kvr_fuzz::service_bodies::run) >= 11);
 }
@@ -114,6 +120,13 @@ fn seeds_cover_every_path() {
     for (name, n) in e.fields() {
         assert!(n > 0, "event_sequence seeds never exercise {name}: {e:?}");
     }
+    let mut r = kvr_fuzz::recovery::Summary::default();
+    for (_, bytes) in inputs("seeds", "recovery") {
+        r.add(&kvr_fuzz::recovery::run_summary(&bytes));
+    }
+    for (name, n) in r.fields() {
+        assert!(n > 0, "recovery seeds never exercise {name}: {r:?}");
+    }
 }
 
 /// The inputs' truncations are their nearest neighbours: every prefix of every seed runs
@@ -123,6 +136,7 @@ fn replay_prefixes() {
     for (target, run) in [
         ("ingest_frames", kvr_fuzz::ingest_frames::run as fn(&[u8])),
         ("event_sequence", kvr_fuzz::event_sequence::run),
+        ("recovery", kvr_fuzz::recovery::run),
     ] {
         for (_, bytes) in inputs("seeds", target) {
             let step = (bytes.len() / 16).max(1);

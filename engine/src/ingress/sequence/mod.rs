@@ -422,7 +422,9 @@ impl SequenceTracker {
         let target = r.target();
         let covered = target.map_or(true, |t| r.next >= t) && r.verify.is_none();
         let mut partial = r.partial;
-        if !covered && r.why != Why::Probe {
+        // A probe knows of no loss, unless the live stream skipped ahead meanwhile (a held
+        // batch): then the hole before it must be covered like a gap's.
+        if !covered && (r.why != Why::Probe || target.is_some()) {
             partial = true;
             self.lose(target.map_or(0, |t| t.wrapping_sub(r.next)));
             if self.last.is_some() {

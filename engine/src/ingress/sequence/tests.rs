@@ -281,6 +281,26 @@ fn a_failed_probe_clears_nothing_and_never_holds_the_live_stream() {
     assert_eq!((s.replays_failed, s.clears, s.last_seq), (1, 0, Some(2)));
 }
 
+/// Found by fuzz target `recovery`: a probe in flight, batches 2 and 3 lost on the live
+/// stream, 4 held; the probe fails. Applying 4 over the hole without a clear left what 2
+/// and 3 removed in the index for good.
+#[test]
+fn a_failed_probe_with_a_gap_behind_it_clears_before_the_held_batches() {
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    live(&mut t, 1);
+    idle(&mut t);
+    assert!(
+        applied(&live(&mut t, 4)).is_empty(),
+        "held: 2 and 3 missing"
+    );
+    let out = end(&mut t, ReplayResult::Failed);
+    assert_eq!(clears(&out), vec![ClearCause::ReplayIncomplete]);
+    assert_eq!(applied(&out), vec![4]);
+    let s = t.stats();
+    assert_eq!((s.replays_failed, s.clears, s.batches_lost), (1, 1, 2));
+}
+
 #[test]
 fn a_loss_during_a_probe_of_a_dead_endpoint_clears_when_the_probe_fails() {
     // Found by tests/recovery (loss-during-idle-probe): the probe's replay endpoint never
