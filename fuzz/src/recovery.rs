@@ -15,11 +15,11 @@
 //! buffer as it was when asked), the replay's end (failed at any point; completed once
 //! the buffer was sent), or a quiesce-and-check.
 //!
-//! Not generated (known limits of the tracker, not checked here): a restart while a
-//! replay of the old instance is still being answered, and new-instance batches arriving
-//! while a replay started before the restart is in flight — the tracker takes live
-//! batches below the replay's next number for duplicates without comparing them, so such
-//! a restart can go unnoticed (the fuzzer found both within seconds when allowed).
+//! A restart may come while a replay of the old instance is in flight: the new
+//! instance's live batches then go back before the newest live batch, which the tracker
+//! takes for a restart (it used to take them for duplicates, so such a restart went
+//! unnoticed: found by this target). The old replay is abandoned (the transport's next
+//! request supersedes it).
 //!
 //! Checked: the stream replays exactly when it asked for a replay (the transport's
 //! replay in flight); and, once quiescent — every delayed batch delivered, then an idle
@@ -394,16 +394,13 @@ impl Run {
     ///
     /// What the frames can tell: the old instance's connection ends first (what it still
     /// had on the way arrives before anything of the new one); its replay in flight, if
-    /// any, fails (its ROUTER is gone; an engine restarts slower than a replay times out);
-    /// and the new instance's first batch arrives. Without that batch a restart can be
+    /// any, stays in flight (answered from the old buffer, or failed later); and the new
+    /// instance's first batch arrives. Without that batch a restart can be
     /// invisible (the new instance's next batch may continue the old numbering exactly),
     /// which no tracker can tell.
     fn restart(&mut self, u: &mut Unstructured<'_>, p: usize) -> Result<()> {
         for (seq, payload) in std::mem::take(&mut self.pubs[p].delayed) {
             self.live(p, seq, &payload);
-        }
-        if self.pubs[p].replay.is_some() {
-            self.replay_end(p, true);
         }
         let pb = &mut self.pubs[p];
         pb.instance += 1;
@@ -438,6 +435,11 @@ impl Run {
             eprintln!("step {}: publisher {p} {what} -> {out:?}", self.step);
         }
         let pb = &mut self.pubs[p];
+        if out.clears > 0 && out.replay_from.is_none() && !pb.stream.replaying() {
+            // A restart found while a replay of the old instance was in flight abandons
+            // it (its late batches would find no replay); the transport drops it.
+            pb.replay = None;
+        }
         if let Some(from) = out.replay_from {
             pb.replay = Some(
                 pb.buffer

@@ -141,10 +141,23 @@ struct Replay {
     partial: bool,
     /// The replay applied at least one batch.
     applied: bool,
+    /// The newest live batch heard (seq, payload digest), from the batch applied last
+    /// when the replay began: the live stream never goes back, so a live batch before it
+    /// (or at it, changed) is a new publisher instance, as outside a replay.
+    live_high: Option<(u64, u64)>,
+    /// Digests of the batches this replay applied (at most `MAX_HELD`): a live batch of
+    /// the same number must be the same batch, or the publisher restarted.
+    brought: std::collections::HashMap<u64, u64>,
 }
 
 impl Replay {
-    fn new(why: Why, verify: Option<(u64, u64)>, next: u64, held: BTreeMap<u64, Vec<u8>>) -> Self {
+    fn new(
+        why: Why,
+        verify: Option<(u64, u64)>,
+        next: u64,
+        held: BTreeMap<u64, Vec<u8>>,
+        live_high: Option<(u64, u64)>,
+    ) -> Self {
         Replay {
             why,
             verify,
@@ -153,6 +166,8 @@ impl Replay {
             held,
             partial: false,
             applied: false,
+            live_high,
+            brought: std::collections::HashMap::new(),
         }
     }
 
@@ -247,14 +262,18 @@ impl SequenceTracker {
             Why::Join | Why::Restart => None,
         };
         let next = verify.map_or(from, |v| v.0.wrapping_add(1));
+        let live_high = held.map(|(seq, p)| (seq, digest(p))).or(self.last);
         let held = held.map(|(seq, p)| (seq, p.to_vec())).into_iter().collect();
-        self.replay = Some(Replay::new(why, verify, next, held));
+        self.replay = Some(Replay::new(why, verify, next, held, live_high));
         self.stats.replays_requested += 1;
         out.push(Action::RequestReplay { from_seq: from });
     }
 
     /// A new publisher instance: clear, then apply `seq` or replay from 0 first.
     fn restart(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
+        // A replay of the old instance in flight is abandoned (the transport's next
+        // request supersedes it; its late batches find no replay and are ignored).
+        self.replay = None;
         self.stats.restarts += 1;
         self.clear(ClearCause::Restart, out);
         self.last = None;
@@ -274,7 +293,7 @@ impl SequenceTracker {
         let Some(old) = self.replay.take() else {
             return;
         };
-        self.replay = Some(Replay::new(Why::Restart, None, 0, old.held));
+        self.replay = Some(Replay::new(Why::Restart, None, 0, old.held, old.live_high));
         self.stats.replays_requested += 1;
         out.push(Action::RequestReplay { from_seq: 0 });
     }
@@ -283,7 +302,24 @@ impl SequenceTracker {
     pub fn on_live(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
         out.clear();
         if let Some(r) = &mut self.replay {
+            match r.live_high {
+                Some((high, d)) if seq < high || (seq == high && digest(payload) != d) => {
+                    // Back before the newest live batch: a new instance (found by the
+                    // fuzz target `recovery`: taken for a duplicate, it went unnoticed).
+                    return self.restart(seq, payload, out);
+                }
+                Some((high, _)) if seq == high => {
+                    self.stats.duplicates += 1;
+                    return;
+                }
+                _ => r.live_high = Some((seq, digest(payload))),
+            }
+            if r.brought.get(&seq).is_some_and(|&d| d != digest(payload)) {
+                // Another batch than the one the replay brought under this number.
+                return self.restart(seq, payload, out);
+            }
             if seq < r.next {
+                // The replay brought it already.
                 self.stats.duplicates += 1;
             } else if r.held.is_empty() && seq == r.next {
                 // No gap is known (a probe, or a join replay from 0): contiguous live
@@ -401,6 +437,11 @@ impl SequenceTracker {
             // The live stream lost these batches (a gap at the end of a burst).
             self.stats.gaps += 1;
         }
+        if let Some(r) = &mut self.replay {
+            if r.brought.len() < MAX_HELD {
+                r.brought.insert(seq, digest(payload));
+            }
+        }
         self.apply(seq, payload.to_vec(), out);
     }
 
@@ -424,7 +465,7 @@ impl SequenceTracker {
         let mut partial = r.partial;
         // A probe knows of no loss, unless the live stream skipped ahead meanwhile (a held
         // batch): then the hole before it must be covered like a gap's.
-        if !covered && (r.why != Why::Probe || target.is_some()) {
+        if !covered && r.why != Why::Probe {
             partial = true;
             self.lose(target.map_or(0, |t| t.wrapping_sub(r.next)));
             if self.last.is_some() {

@@ -331,6 +331,55 @@ fn a_loss_during_a_probe_of_a_dead_endpoint_clears_when_the_probe_fails() {
 }
 
 #[test]
+fn a_restart_while_a_replay_is_in_flight_is_a_restart() {
+    // Found by fuzz target `recovery`: during a replay, live batches below the replay's
+    // next number were taken for duplicates, so a new instance's first batches went
+    // unnoticed and the old instance's blocks stayed.
+    let mut t = SequenceTracker::new(true);
+    for s in 0..4 {
+        live(&mut t, s);
+    }
+    idle(&mut t); // a probe from 3 in flight
+    let out = live_of(&mut t, 0, 1);
+    assert_eq!(clears(&out), vec![ClearCause::Restart]);
+    assert_eq!(applied(&out), vec![0]);
+    assert!(!t.replaying(), "the old instance's replay is abandoned");
+    assert_eq!(t.stats().restarts, 1);
+    // Its late batches find no replay: ignored.
+    assert!(replayed(&mut t, 3, 0).is_empty());
+    // A gap replay, then the same number as the held batch with another payload.
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    live(&mut t, 2); // gap: 2 held, replay from 0
+    assert!(
+        live(&mut t, 2).is_empty(),
+        "the same batch again: a duplicate"
+    );
+    let out = live_of(&mut t, 2, 1);
+    assert_eq!(clears(&out), vec![ClearCause::Restart]);
+    assert_eq!(out.last(), Some(&Action::RequestReplay { from_seq: 0 }));
+    let s = t.stats();
+    assert_eq!((s.restarts, s.duplicates), (1, 1));
+}
+
+#[test]
+fn a_restart_after_a_join_replay_brought_the_old_batches_is_a_restart() {
+    // Found by fuzz target `recovery`: a join replay applied the old instance's batch 0,
+    // then the new instance's batch 0 came live and was taken for its duplicate.
+    let mut t = SequenceTracker::new(true);
+    idle(&mut t); // the probe right after subscribing: a join, nothing applied
+    assert_eq!(applied(&replayed(&mut t, 0, 0)), vec![0]);
+    assert!(
+        live(&mut t, 0).is_empty(),
+        "the same batch live: a duplicate"
+    );
+    let out = live_of(&mut t, 0, 1);
+    assert_eq!(clears(&out), vec![ClearCause::Restart]);
+    assert_eq!(applied(&out), vec![0]);
+    assert_eq!((t.stats().restarts, t.stats().duplicates), (1, 1));
+}
+
+#[test]
 fn a_join_probe_that_hears_nothing_back_counts_as_failed() {
     let mut t = SequenceTracker::new(true);
     idle(&mut t);
