@@ -361,9 +361,10 @@ fn decode_field(
 }
 
 /// A store's extra-key values, final: the LoRA name's dropped (LoRA salts the seed
-/// instead, `crate::hash::extra`) and SGLang's `salt` added to block 0; rewritten at the
-/// end of `extra_keys` from the store's `blocks` ranges (if it had `extra_keys`). Returns
-/// the store's `extras`: empty when no block keeps a key.
+/// instead, `crate::hash::extra`) and SGLang's `salt` added to block 0, in place (no
+/// allocation once the batch's buffers are warm). `blocks` is the store's range of
+/// `block_extras` if it had `extra_keys` (then one per block). Returns the store's
+/// `extras`: empty when no block keeps a key.
 fn finish_extras(
     out: &mut DecodedBatch,
     blocks: Option<Range<usize>>,
@@ -371,37 +372,53 @@ fn finish_extras(
     lora_name: Option<Range<usize>>,
     salt: Option<u64>,
 ) -> Range<usize> {
-    if blocks.is_none() && (salt.is_none() || n_blocks == 0) {
+    if n_blocks == 0 {
         return 0..0;
     }
-    let lora = lora_name.map(|r| crate::hash::extra::cache_salt_key(out.text[r].as_bytes()));
-    let first_key = blocks
-        .as_ref()
-        .and_then(|b| out.block_extras.get(b.clone()))
-        .and_then(|b| b.first())
-        .map_or(out.extra_keys.len(), |r| r.start);
-    let keys: Vec<u64> = out.extra_keys[first_key..].to_vec();
-    let old: Vec<Range<usize>> = match &blocks {
-        Some(b) => out.block_extras[b.clone()].to_vec(),
-        None => vec![first_key..first_key; n_blocks],
+    let start = match blocks {
+        Some(b) => {
+            let lora =
+                lora_name.map(|r| crate::hash::extra::cache_salt_key(out.text[r].as_bytes()));
+            // The event's keys are contiguous and in block order: compact them forward.
+            let mut write = out.block_extras[b.start].start;
+            for i in b.clone() {
+                let r = out.block_extras[i].clone();
+                let from = write;
+                for j in r {
+                    let v = out.extra_keys[j];
+                    if Some(v) != lora {
+                        out.extra_keys[write] = v;
+                        write += 1;
+                    }
+                }
+                out.block_extras[i] = from..write;
+            }
+            out.extra_keys.truncate(write);
+            b.start
+        }
+        None if salt.is_some() => {
+            let (s, k) = (out.block_extras.len(), out.extra_keys.len());
+            out.block_extras.resize(s + n_blocks, k..k);
+            s
+        }
+        None => return 0..0,
     };
-    out.extra_keys.truncate(first_key);
-    let start = blocks.map_or(out.block_extras.len(), |b| b.start);
-    out.block_extras.truncate(start);
-    for (i, r) in old.into_iter().enumerate() {
-        let from = out.extra_keys.len();
-        let own = keys[r.start - first_key..r.end - first_key].iter().copied();
-        out.extra_keys.extend(
-            own.filter(|&v| Some(v) != lora)
-                .chain(salt.filter(|_| i == 0)),
-        );
-        out.block_extras.push(from..out.extra_keys.len());
+    let end = start + n_blocks;
+    if let Some(v) = salt {
+        let at = out.block_extras[start].end;
+        out.extra_keys.insert(at, v);
+        out.block_extras[start].end += 1;
+        for r in &mut out.block_extras[start + 1..end] {
+            *r = r.start + 1..r.end + 1;
+        }
     }
-    if out.extra_keys.len() == first_key {
+    if out.block_extras[start..end].iter().all(|r| r.is_empty()) {
+        let first = out.block_extras[start].start;
+        out.extra_keys.truncate(first);
         out.block_extras.truncate(start);
         return 0..0;
     }
-    start..out.block_extras.len()
+    start..end
 }
 
 /// Appends `s` to `text` unless it equals the last name appended (one LoRA per batch is
