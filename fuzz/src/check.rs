@@ -19,6 +19,29 @@ pub fn collect_garbage() {
     }
 }
 
+/// An input's start on a reused index (`what` names it): the index must be empty (no
+/// rank, node, holder or holder-set byte), and the model's event counters start from the
+/// index's running totals (kept across inputs, as across removed ranks).
+pub fn start_on_reused(index: &Index, what: &str, model: &mut Model) {
+    let s = index.stats();
+    assert_eq!(
+        (
+            s.ranks,
+            s.nodes,
+            s.holder_blocks,
+            s.holder_set_bytes,
+            s.tier_blocks
+        ),
+        (0, 0, 0, 0, [0; 3]),
+        "a reused {what} must start empty"
+    );
+    model.stored_events = s.stored_events;
+    model.removed_events = s.removed_events;
+    model.cleared_events = s.cleared_events;
+    model.parent_not_found = s.parent_not_found;
+    model.block_not_found = s.block_not_found;
+}
+
 /// Every block the model ever stored, as a link of its chain: sequence hash → (the
 /// sequence hash before it, its local hash). Walking links back from any stored block
 /// gives a query prefix that ends exactly there.

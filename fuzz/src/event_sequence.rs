@@ -328,24 +328,8 @@ fn index_for(shape: u8, model: &mut Model) -> &'static Index {
         *c.borrow_mut()[shape as usize % 4]
             .get_or_insert_with(|| Box::leak(Box::new(Index::with_config(config_of(shape)))))
     });
-    let s = index.stats();
-    assert_eq!(
-        (
-            s.ranks,
-            s.nodes,
-            s.holder_blocks,
-            s.holder_set_bytes,
-            s.tier_blocks
-        ),
-        (0, 0, 0, 0, [0; 3]),
-        "a reused index must start empty"
-    );
+    crate::check::start_on_reused(index, "index", model);
     assert!(index.ranks().is_empty(), "a reused index must have no rank");
-    model.stored_events = s.stored_events;
-    model.removed_events = s.removed_events;
-    model.cleared_events = s.cleared_events;
-    model.parent_not_found = s.parent_not_found;
-    model.block_not_found = s.block_not_found;
     index
 }
 

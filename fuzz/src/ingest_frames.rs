@@ -809,27 +809,11 @@ pub(crate) fn partition_for(
             )))
         })
     });
-    let s = p.index().stats();
-    assert_eq!(
-        (
-            s.ranks,
-            s.nodes,
-            s.holder_blocks,
-            s.holder_set_bytes,
-            s.tier_blocks
-        ),
-        (0, 0, 0, 0, [0; 3]),
-        "a reused partition's index must start empty"
-    );
+    crate::check::start_on_reused(p.index(), "partition's index", model);
     assert!(
         p.ingress_stats().is_empty(),
         "a reused partition must start without ingress streams"
     );
-    model.stored_events = s.stored_events;
-    model.removed_events = s.removed_events;
-    model.cleared_events = s.cleared_events;
-    model.parent_not_found = s.parent_not_found;
-    model.block_not_found = s.block_not_found;
     p
 }
 

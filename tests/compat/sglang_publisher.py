@@ -32,8 +32,10 @@ import ipaddress
 import os
 import struct
 import sys
-import types
 from dataclasses import dataclass
+
+# One maker of stub modules for both engines' loaders.
+from vllm_publisher import _stub
 
 VERSION = "0.5.23"
 DEFAULT_SGLANG_DIR = os.environ.get(
@@ -42,19 +44,6 @@ DEFAULT_SGLANG_DIR = os.environ.get(
 MODULE = os.path.join("sglang", "srt", "disaggregation", "kv_events.py")
 
 _kv_events = None
-
-
-def _stub(name: str, path: str | None = None) -> types.ModuleType:
-    mod = sys.modules.get(name)
-    if mod is None:
-        mod = types.ModuleType(name)
-        if path is not None:
-            mod.__path__ = [path]  # a package
-        sys.modules[name] = mod
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], child, mod)
-    return mod
 
 
 def load_kv_events(sglang_dir: str = DEFAULT_SGLANG_DIR):

@@ -241,7 +241,13 @@ impl SequenceTracker {
     }
 
     fn apply(&mut self, seq: u64, payload: Vec<u8>, out: &mut Vec<Action>) {
-        self.last = Some((seq, digest(&payload)));
+        let d = digest(&payload);
+        self.apply_digested(seq, payload, d, out);
+    }
+
+    /// [`Self::apply`] of a batch whose digest is known.
+    fn apply_digested(&mut self, seq: u64, payload: Vec<u8>, d: u64, out: &mut Vec<Action>) {
+        self.last = Some((seq, d));
         out.push(Action::Apply { seq, payload });
     }
 
@@ -302,8 +308,10 @@ impl SequenceTracker {
     pub fn on_live(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
         out.clear();
         if let Some(r) = &mut self.replay {
+            // One digest of the batch serves every comparison below and its apply.
+            let d = digest(payload);
             match r.live_high {
-                Some((high, d)) if seq < high || (seq == high && digest(payload) != d) => {
+                Some((high, hd)) if seq < high || (seq == high && d != hd) => {
                     // Back before the newest live batch: a new instance (found by the
                     // fuzz target `recovery`: taken for a duplicate, it went unnoticed).
                     return self.restart(seq, payload, out);
@@ -312,9 +320,9 @@ impl SequenceTracker {
                     self.stats.duplicates += 1;
                     return;
                 }
-                _ => r.live_high = Some((seq, digest(payload))),
+                _ => r.live_high = Some((seq, d)),
             }
-            if r.brought.get(&seq).is_some_and(|&d| d != digest(payload)) {
+            if r.brought.get(&seq).is_some_and(|&b| b != d) {
                 // Another batch than the one the replay brought under this number.
                 return self.restart(seq, payload, out);
             }
@@ -325,7 +333,7 @@ impl SequenceTracker {
                 // No gap is known (a probe, or a join replay from 0): contiguous live
                 // batches apply at once; a failed verification later clears them anyway.
                 r.next = seq.wrapping_add(1);
-                self.apply(seq, payload.to_vec(), out);
+                self.apply_digested(seq, payload.to_vec(), d, out);
             } else if r.held.len() >= MAX_HELD {
                 // The replay is not keeping up: give it up (clear, apply what was held),
                 // then take this batch as live.
@@ -437,12 +445,13 @@ impl SequenceTracker {
             // The live stream lost these batches (a gap at the end of a burst).
             self.stats.gaps += 1;
         }
+        let d = digest(payload);
         if let Some(r) = &mut self.replay {
             if r.brought.len() < MAX_HELD {
-                r.brought.insert(seq, digest(payload));
+                r.brought.insert(seq, d);
             }
         }
-        self.apply(seq, payload.to_vec(), out);
+        self.apply_digested(seq, payload.to_vec(), d, out);
     }
 
     /// The replay in flight ended: verify, count, then apply the held live batches in
