@@ -253,6 +253,27 @@ def wait_overlap(base: str, prompt: list[int], expect: dict, timeout: float = 10
     return False
 
 
+def wait_potential(base: str, model: str, prompt: list[int], key: tuple, blocks: int,
+                   timeout: float = 10.0, rec: Recorder | None = None, what: str = "") -> bool:
+    """Poll /potential_loads until (worker, rank) `key` of `model` shows `blocks` potential
+    decode blocks for `prompt`. Dynamo registers a worker's load slot asynchronously after
+    POST /workers answers: a /select in that window once answered potential_decode_blocks
+    0 for a just-registered worker (a CI run on 3fffc7d), so steps that read a new worker's
+    load wait for its slot first, on both sides alike."""
+    deadline = time.time() + timeout
+    got = None
+    while time.time() < deadline:
+        st, body, _ = http(base, "POST", "/potential_loads", {"model_name": model, "token_ids": prompt})
+        if st == 200 and isinstance(body, list):
+            got = {(w.get("worker_id"), w.get("dp_rank")): w.get("potential_decode_blocks") for w in body}
+            if got.get(key) == blocks:
+                return True
+        time.sleep(0.05)
+    if rec:
+        rec.note(f"{what}: timed out waiting for {key} to show {blocks} potential decode blocks, last seen {got}")
+    return False
+
+
 # ---------------------------------------------------------------- the scenario
 
 def register_workers(rec: Recorder | None, base: str, fleet: Fleet, with_replay: bool = False):
@@ -492,6 +513,7 @@ def _scenario(rec: Recorder, base: str, fleet: Fleet):
     S("workers-start-rank", "POST", "/workers",
       {"worker_id": 10, "model_name": "m-start", "block_size": BS, "endpoint": "http://w10.invalid",
        "kv_events_endpoint": "tcp://127.0.0.1:9", "data_parallel_start_rank": 2})
+    wait_potential(base, "m-start", P1, (10, 2), len(P1) // BS, rec=rec, what="worker 10's load slot")
     S("select-start-rank", "POST", "/select", {"model_name": "m-start", "token_ids": P1})
     S("patch-lifecycle-draining", "PATCH", "/workers/9", {"lifecycle": "draining"})
     S("patch-lifecycle-unschedulable", "PATCH", "/workers/9", {"lifecycle": "unschedulable"})
