@@ -339,6 +339,9 @@ struct KvHint {
     uint32_t source_dp_rank = 0;
     uint32_t block_start = 0;
     uint32_t block_end = 0;
+    /// How many of the source engine's own hashes of the hinted blocks were written to
+    /// the request's hint-names buffer (Request::set_hint_names_buffer; 0 without one).
+    uint32_t n_block_hashes = 0;
     /// The source rank's control endpoint (UTF-8).
     std::string endpoint;
 
@@ -353,6 +356,7 @@ struct KvHint {
         out.source_dp_rank = h.source_dp_rank;
         out.block_start = h.block_start;
         out.block_end = h.block_end;
+        out.n_block_hashes = h.n_block_hashes;
         const std::size_t n =
             std::min<std::size_t>(h.control_endpoint_len, std::size_t{KVR_CONTROL_ENDPOINT_MAX_LEN});
         out.endpoint.assign(h.control_endpoint, n);
@@ -527,6 +531,14 @@ struct Free<kvr_worker> {
 template <>
 struct Free<kvr_request> {
     void operator()(kvr_request *p) const noexcept { kvr_request_free(p); }
+};
+template <>
+struct Free<kvr_subscribe_options> {
+    void operator()(kvr_subscribe_options *p) const noexcept { kvr_subscribe_options_free(p); }
+};
+template <>
+struct Free<kvr_subscription> {
+    void operator()(kvr_subscription *p) const noexcept { kvr_subscription_free(p); }
 };
 
 /// A move-only owner of one C handle (empty after a move; freeing empty is a no-op).
@@ -704,6 +716,13 @@ public:
     PartitionOptions &set_approx_index(uint64_t ttl_ms, uint64_t max_blocks) {
         const char *fn = "kvr_partition_options_set_approx_index";
         detail::check(kvr_partition_options_set_approx_index(live(fn), ttl_ms, max_blocks), fn);
+        return *this;
+    }
+    /// Whether selection credits a stale rank's overlap (a stream whose loss is being
+    /// replayed; kvr_stream_stats.stale_since_unix_ms); default false: it counts as none.
+    PartitionOptions &set_trust_stale_overlap(bool on) {
+        const char *fn = "kvr_partition_options_set_trust_stale_overlap";
+        detail::check(kvr_partition_options_set_trust_stale_overlap(live(fn), on ? 1u : 0u), fn);
         return *this;
     }
     PartitionOptions &set_approx_retention(Retention retention) {
@@ -931,6 +950,45 @@ public:
         return *this;
     }
 
+    // -- extra keys (kvr::hash::extra): what engines fold into a block's hash -------------
+
+    /// vLLM's cache_salt (copied; empty = none): folded into block 0 as engines fold it,
+    /// so a tokens prompt matches only blocks published under the same salt.
+    Request &set_cache_salt(std::string_view salt) {
+        const char *fn = "kvr_request_set_cache_salt";
+        detail::check(kvr_request_set_cache_salt(live(fn), salt.data(), salt.size()), fn);
+        return *this;
+    }
+    /// A multimodal input (vLLM's mm_feature.identifier, copied) over prompt tokens
+    /// [offset, offset + length); at most KVR_MAX_MM_INPUTS (Error KVR_ERR_TOO_LARGE).
+    Request &add_mm_input(std::string_view identifier, uint64_t offset, uint64_t length) {
+        const char *fn = "kvr_request_add_mm_input";
+        detail::check(kvr_request_add_mm_input(live(fn), reinterpret_cast<const uint8_t *>(identifier.data()),
+                                               identifier.size(), offset, length),
+                      fn);
+        return *this;
+    }
+    /// A raw extra-key value on block `block` (Dynamo's per-block mm_hash, or a
+    /// prompt-embeddings key); at most KVR_MAX_BLOCK_KEYS (Error KVR_ERR_TOO_LARGE).
+    Request &add_block_key(std::size_t block, uint64_t key) {
+        const char *fn = "kvr_request_add_block_key";
+        detail::check(kvr_request_add_block_key(live(fn), block, key), fn);
+        return *this;
+    }
+    /// Where a booked selection's transfer hint writes the source engine's own hashes of
+    /// the hinted blocks (KvHint::n_block_hashes says how many). BORROWED, as set_tokens,
+    /// and written by every selection with this request: one buffer per concurrent use.
+    /// An empty span = none.
+    Request &set_hint_names_buffer(Span<uint64_t> buf) {
+        const char *fn = "kvr_request_set_hint_names_buffer";
+        detail::check(kvr_request_set_hint_names_buffer(live(fn), buf.data(), buf.size()), fn);
+        return *this;
+    }
+    template <class A>
+    Request &set_hint_names_buffer(std::vector<uint64_t, A> &&) = delete;
+    template <std::size_t N>
+    Request &set_hint_names_buffer(std::array<uint64_t, N> &&) = delete;
+
 private:
     friend class Partition;
     const kvr_request *checked(const char *fn) const { return live(fn); }
@@ -1063,6 +1121,115 @@ inline int32_t hook_lora_filter(void *ud, const char *lora, std::size_t lora_len
     }
 }
 }  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// Ingress: raw engine messages and kvr's own subscriber
+// ---------------------------------------------------------------------------------------
+
+/// What one Partition::ingest call did. `status` is KVR_OK, or KVR_ERR_DECODE when the
+/// payload did not decode (nothing of it applied; decode_errors is 1); other failures
+/// throw.
+struct IngestResult : kvr_ingest_result {
+    IngestResult() noexcept : kvr_ingest_result{} {}
+    kvr_status status = KVR_OK;
+    bool decoded() const noexcept { return status == KVR_OK; }
+};
+
+/// The name of decode-error slot `kind` of kvr_stream_stats::decode_errors (e.g.
+/// "truncated"; a static string). Error KVR_ERR_INVALID_ARGUMENT for a slot kvr does not use.
+inline std::string_view decode_error_name(uint32_t kind) {
+    const char *fn = "kvr_decode_error_name";
+    const char *name = nullptr;
+    std::size_t len = 0;
+    detail::check(kvr_decode_error_name(kind, &name, &len), fn);
+    return std::string_view(name, len);
+}
+
+/// How Partition::subscribe reaches engines (kvr_subscribe_options): connect to one
+/// engine's PUB socket, or bind one socket that many engines connect to.
+class SubscribeOptions : public detail::Handle<kvr_subscribe_options> {
+public:
+    /// Connect to `endpoint` (tcp://HOST:PORT or ipc://PATH); its batches are
+    /// `worker_id`'s stream `stream`. No replay endpoint, every topic.
+    static SubscribeOptions connect(std::string_view endpoint, uint64_t worker_id, uint32_t stream = 0) {
+        return SubscribeOptions(detail::make_handle<kvr_subscribe_options>(
+            [&](kvr_subscribe_options **o) {
+                return kvr_subscribe_options_new_connect(endpoint.data(), endpoint.size(), worker_id,
+                                                         stream, o);
+            },
+            "kvr_subscribe_options_new_connect"));
+    }
+    /// Bind `endpoint` (HOST `*` = every IPv4 interface); each topic is its own stream,
+    /// its worker from a route (add_route) or from the digits ending the topic.
+    static SubscribeOptions bind(std::string_view endpoint) {
+        return SubscribeOptions(detail::make_handle<kvr_subscribe_options>(
+            [&](kvr_subscribe_options **o) {
+                return kvr_subscribe_options_new_bind(endpoint.data(), endpoint.size(), o);
+            },
+            "kvr_subscribe_options_new_bind"));
+    }
+    /// Takes ownership of a C handle (NULL = an empty object).
+    static SubscribeOptions adopt(kvr_subscribe_options *owned) noexcept { return SubscribeOptions(owned); }
+
+    /// Connect mode: the engine's replay ROUTER (empty = none); gaps are then filled by
+    /// a replay before newer batches apply.
+    SubscribeOptions &set_replay_endpoint(std::string_view endpoint) {
+        const char *fn = "kvr_subscribe_options_set_replay_endpoint";
+        detail::check(kvr_subscribe_options_set_replay_endpoint(live(fn), endpoint.data(), endpoint.size()),
+                      fn);
+        return *this;
+    }
+    /// Connect mode: only topics starting with `prefix` (empty = every topic).
+    SubscribeOptions &set_topic(std::string_view prefix) {
+        const char *fn = "kvr_subscribe_options_set_topic";
+        detail::check(kvr_subscribe_options_set_topic(live(fn), reinterpret_cast<const uint8_t *>(prefix.data()),
+                                                      prefix.size()),
+                      fn);
+        return *this;
+    }
+    /// Bind mode: messages of topic exactly `topic` are `worker_id`'s stream `stream`,
+    /// whose publisher serves replays at `replay_endpoint` (empty = none).
+    SubscribeOptions &add_route(std::string_view topic, uint64_t worker_id, uint32_t stream = 0,
+                                std::string_view replay_endpoint = {}) {
+        const char *fn = "kvr_subscribe_options_add_route";
+        detail::check(kvr_subscribe_options_add_route(live(fn), reinterpret_cast<const uint8_t *>(topic.data()),
+                                                      topic.size(), worker_id, stream,
+                                                      replay_endpoint.data(), replay_endpoint.size()),
+                      fn);
+        return *this;
+    }
+
+private:
+    friend class Partition;
+    explicit SubscribeOptions(kvr_subscribe_options *owned) noexcept : Handle(owned) {}
+    const kvr_subscribe_options *checked(const char *fn) const { return live(fn); }
+};
+
+/// A running subscription (kvr_subscription): kvr's own thread feeding the partition.
+/// Destroying it stops it (joining the thread) and frees it.
+class Subscription : public detail::Handle<kvr_subscription> {
+public:
+    Subscription() noexcept = default;
+    /// Takes ownership of a C handle (NULL = an empty object).
+    static Subscription adopt(kvr_subscription *owned) noexcept { return Subscription(owned); }
+
+    /// Stops it and joins its thread: afterwards no event of it is applied and its
+    /// sockets are closed. Idempotent.
+    void stop() {
+        const char *fn = "kvr_subscription_stop";
+        detail::check(kvr_subscription_stop(live(fn)), fn);
+    }
+    /// Whether its thread runs (false after stop(), or if it ended on an internal error).
+    bool running() const {
+        const char *fn = "kvr_subscription_is_running";
+        uint32_t on = 0;
+        detail::check(kvr_subscription_is_running(live(fn), &on), fn);
+        return on != 0;
+    }
+
+private:
+    explicit Subscription(kvr_subscription *owned) noexcept : Handle(owned) {}
+};
 
 // ---------------------------------------------------------------------------------------
 // Partition
@@ -1266,6 +1433,61 @@ public:
         return read<kvr_session_stats>(&kvr_partition_session_stats, "kvr_partition_session_stats");
     }
     /// The engine's live bookings on rank (worker_id, dp_rank).
+    /// Hands kvr one message of `worker_id`'s KV-event stream `stream` (topic, sequence
+    /// number, msgpack payload, as the engine's ZMQ frames carry them): sequence-checked,
+    /// decoded and applied. A payload that does not decode is reported in the result
+    /// (IngestResult::decoded() false), not thrown. Messages of one stream in order.
+    IngestResult ingest(uint64_t worker_id, uint32_t stream, std::string_view topic, uint64_t seq,
+                        Span<const uint8_t> payload) const {
+        const char *fn = "kvr_partition_ingest";
+        IngestResult r;
+        const kvr_status s =
+            kvr_partition_ingest(live(fn), worker_id, stream, reinterpret_cast<const uint8_t *>(topic.data()),
+                                 topic.size(), seq, payload.data(), payload.size(), &r);
+        if (s == KVR_ERR_DECODE) {
+            r.status = s;
+            return r;
+        }
+        detail::check(s, fn);
+        return r;
+    }
+
+    /// Counters of every event stream of the partition (ingested or subscribed) into
+    /// `out` (resized to the answer; its capacity is reused). Returns the stream count.
+    std::size_t ingress_stats(std::vector<kvr_stream_stats> &out) const {
+        const char *fn = "kvr_partition_ingress_stats";
+        const kvr_partition *p = live(fn);
+        for (;;) {
+            out.resize(std::max<std::size_t>(out.capacity(), 1));
+            std::size_t n = 0;
+            const kvr_status s = kvr_partition_ingress_stats(p, out.data(), out.size(), &n);
+            if (s == KVR_BUFFER_TOO_SMALL) {  // streams may be added meanwhile: loop
+                out.resize(n);
+                continue;
+            }
+            detail::check(s, fn);
+            out.resize(n);
+            return n;
+        }
+    }
+    std::vector<kvr_stream_stats> ingress_stats() const {
+        std::vector<kvr_stream_stats> out;
+        ingress_stats(out);
+        return out;
+    }
+
+    /// Subscribes the partition to engine KV events as `opts` says (copied; `opts` may be
+    /// destroyed afterwards), on a thread of kvr's own. Error KVR_ERR_INVALID_CONFIG if the
+    /// partition applies no engine events, KVR_ERR_INVALID_ARGUMENT for a malformed
+    /// endpoint; an unreachable endpoint is not an error (kvr keeps trying).
+    Subscription subscribe(const SubscribeOptions &opts) const {
+        const char *fn = "kvr_partition_subscribe";
+        const kvr_partition *p = live(fn);
+        kvr_subscription *out = nullptr;
+        detail::check(kvr_partition_subscribe(p, opts.checked(fn), &out), fn);
+        return Subscription::adopt(out);
+    }
+
     kvr_active_load active_load(uint64_t worker_id, uint32_t dp_rank) const {
         const char *fn = "kvr_partition_active_load";
         kvr_active_load out{};
@@ -1447,6 +1669,15 @@ public:
     void add_output_blocks(uint64_t selection_id, uint64_t n) const {
         const char *fn = "kvr_engine_add_output_blocks";
         detail::check(kvr_engine_add_output_blocks(live(fn), selection_id, n), fn);
+    }
+
+    /// The booking has produced `total` output blocks so far: its output blocks rise to
+    /// `total` (idempotent, unlike add_output_blocks). Returns the blocks this call added.
+    uint64_t set_output_blocks(uint64_t selection_id, uint64_t total) const {
+        const char *fn = "kvr_engine_set_output_blocks";
+        uint64_t added = 0;
+        detail::check(kvr_engine_set_output_blocks(live(fn), selection_id, total, &added), fn);
+        return added;
     }
 
     /// Frees the booking (idempotent); says how it found it.

@@ -81,4 +81,9 @@ void kv_hint_test();
 void session_hard_test();
 void session_soft_test();
 
+// Raw ingest, the subscriber, extra keys, hint names, output blocks (ingress.cpp).
+void ingress_test();
+void extras_test();
+void hint_names_test();
+
 #endif

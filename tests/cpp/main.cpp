@@ -686,6 +686,9 @@ int main() {
     test::run("kv hints", kv_hint_test);
     test::run("session affinity hard", session_hard_test);
     test::run("session affinity soft", session_soft_test);
+    test::run("ingest and subscribe", ingress_test);
+    test::run("extra keys, output blocks", extras_test);
+    test::run("hint source hashes", hint_names_test);
     test::run("threaded workload", workload_test);
     const int p = test::passed.load(), f = test::failed.load();
     std::printf("%d passed, %d failed\n", p, f);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds libkvr (release), compiles the C++ wrapper tests (three translation units
+# Builds libkvr (release), compiles the C++ wrapper tests (four translation units
 # including include/kvr.hpp) and the README example with -Wall -Wextra -Werror, links
 # them statically against libkvr.a, and runs them, then runs the tests again under valgrind
 # (0 errors, nothing definitely lost; skipped if valgrind is missing or KVR_CPP_VALGRIND=0).
@@ -24,9 +24,9 @@ printf '#include "kvr.hpp"\n' >"$out/header_only.cpp"
 "$CXX" "${CXXFLAGS[@]}" -Wpedantic -Wshadow -Wconversion -Wsign-conversion -Wold-style-cast \
     -Wnon-virtual-dtor -Woverloaded-virtual -fsyntax-only "$out/header_only.cpp"
 
-echo "== compile tests (main.cpp + routing.cpp + workload.cpp) and example.cpp"
+echo "== compile tests (main.cpp + routing.cpp + ingress.cpp + workload.cpp) and example.cpp"
 objs=()
-for src in main routing workload; do
+for src in main routing ingress workload; do
     "$CXX" "${CXXFLAGS[@]}" -c "$here/$src.cpp" -o "$out/$src.o"
     objs+=("$out/$src.o")
 done
