@@ -1,6 +1,6 @@
 //! `kvr hash`: tokens → Dynamo-compatible local and sequence block hashes as one JSON line.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 
 use clap::Args;
 use kvr::hash::{BlockHasher, HashSalt};
@@ -59,10 +59,7 @@ pub fn run(args: &HashArgs) -> Result<(), String> {
         to_json(&local)?,
         to_json(&sequence)?
     );
-    let mut out = io::stdout().lock();
-    writeln!(out, "{line}")
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("hash: writing output: {e}"))
+    crate::output::emit(&format!("{line}\n")).map_err(|e| format!("hash: {e}"))
 }
 
 fn to_json(hashes: &[u64]) -> Result<String, String> {

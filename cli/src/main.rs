@@ -2,6 +2,7 @@
 //! `kvr-service` crate's.
 
 mod hash_cmd;
+mod output;
 mod replay;
 mod tokens;
 
@@ -9,9 +10,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// kvr: a KV-cache-aware LLM routing engine.
+/// kvr: KV-cache-aware selection for LLM inference routing. Hash prompts as Dynamo does,
+/// replay a simulated cluster to compare routing policies, or serve Dynamo's selection API.
 #[derive(Debug, Parser)]
-#[command(name = "kvr", version, about)]
+#[command(name = "kvr", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

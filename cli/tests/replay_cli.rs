@@ -191,7 +191,14 @@ fn bad_input_is_refused_with_a_message() {
     refused(&["--workers", "5000"], "at most 4096 ranks");
     refused(&["--policy", "fastest"], "unknown policy \"fastest\"");
     refused(&["--policy", ","], "names no policy");
-    refused(&["--sessions", "0"], "--sessions must be at least 1");
+    refused(
+        &["--sessions", "0"],
+        "--sessions must be between 1 and 100000",
+    );
+    refused(
+        &["--sessions", "100000000"],
+        "--sessions must be between 1 and 100000",
+    );
     refused(&["--limit", "0"], "--limit must be at least 1");
     refused(&["--workers", "many"], "invalid value");
     refused(&["--kv-blocks", "10"], "needs");
@@ -223,4 +230,39 @@ fn bad_input_is_refused_with_a_message() {
         &[SMALL, &["--plot", "/nonexistent/dir/p.svg"]].concat(),
         "/nonexistent/dir/p.svg",
     );
+    // The plot's path is checked before anything else is read or built: here the trace
+    // does not exist either, and the plot is what is reported.
+    refused(
+        &[
+            "--plot",
+            "/nonexistent/dir/p.svg",
+            "--trace",
+            "/nonexistent/t.jsonl",
+        ],
+        "cannot write plot /nonexistent/dir/p.svg",
+    );
+    let dir = std::env::temp_dir();
+    refused(
+        &[SMALL, &["--plot", dir.to_str().unwrap()]].concat(),
+        "it is a directory",
+    );
+}
+
+/// `kvr replay | head -1`: the reader closes the pipe before the table is written; the
+/// command ends quietly with success (it panicked with exit 101 before).
+#[test]
+fn a_closed_stdout_pipe_ends_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvr"))
+        .arg("replay")
+        .args(SMALL)
+        .args(["--policy", "round-robin"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kvr");
+    drop(child.stdout.take()); // the read end closes before kvr writes anything
+    let out = child.wait_with_output().expect("wait for kvr");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -11,8 +11,12 @@
 //!   0, are drawn at 0.1 ms since a log axis cannot show them.
 //! * **prefix-cache hit rate** (right): one bar per policy, with the oracle's
 //!   hit rate (the best any router could do on this workload) as a dashed
-//!   horizontal line, so the gap between each policy and the ceiling is
-//!   visible at a glance.
+//!   horizontal line (its value in the panel's caption), so the gap between
+//!   each policy and the ceiling is visible at a glance.
+//!
+//! Lines differ by dash pattern as well as colour, and the first policy (kvr's
+//! own, listed first) is drawn wider and last, so a policy that coincides with
+//! it (dynamo-classic often does) cannot hide it.
 //!
 //! The SVG is written with plotters' SVG backend, which emits `<text>`
 //! elements directly, so no font stack (`ttf` feature, system fonts) is
@@ -21,6 +25,7 @@
 
 use std::path::Path;
 
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -49,6 +54,27 @@ const MIN_TTFT_MS: f64 = 0.1;
 /// Multiplicative padding of the CDF's x range on both sides.
 const X_PAD: f64 = 1.25;
 const FONT: &str = "sans-serif";
+
+/// Checks before a run that `path` can be written, so a bad `--plot` fails at once rather
+/// than after the whole simulation: it must not be a directory, and it is opened for
+/// writing (created and removed again when it did not exist).
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    let bad = |e: String| format!("cannot write plot {}: {e}", path.display());
+    if path.is_dir() {
+        return Err(bad("it is a directory".into()));
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| bad(e.to_string()))?;
+    if !existed {
+        std::fs::remove_file(path).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(())
+}
 
 /// Renders the figure and writes it to `path`.
 pub fn write_svg(path: &Path, title: &str, series: &[PlotSeries<'_>]) -> Result<(), String> {
@@ -112,17 +138,35 @@ fn draw_cdf_panel(
         .draw()?;
 
     let mut any_line = false;
-    for ((s, cdf), &color) in series.iter().zip(&cdfs).zip(colors) {
+    for (i, ((s, cdf), &color)) in series.iter().zip(&cdfs).zip(colors).enumerate() {
         if cdf.is_empty() {
             continue;
         }
         any_line = true;
-        chart
-            .draw_series(LineSeries::new(cdf.iter().copied(), color.stroke_width(2)))?
-            .label(s.policy)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+        let style = color.stroke_width(line_width(i));
+        let legend_line = move |(x, y): (i32, i32)| vec![(x, y), (x + 24, y)];
+        match line_dash(i) {
+            None => {
+                chart
+                    .draw_series(LineSeries::new(cdf.iter().copied(), style))?
+                    .label(s.policy)
+                    .legend(move |p| PathElement::new(legend_line(p), style));
+            }
+            Some((dash, gap)) => {
+                chart
+                    .draw_series(DashedLineSeries::new(cdf.iter().copied(), dash, gap, style))?
+                    .label(s.policy)
+                    .legend(move |p| DashedPathElement::new(legend_line(p), dash, gap, style));
+            }
+        }
+    }
+    // The first series (kvr's own policy, listed first) again on top, so no line drawn
+    // after it (e.g. one that coincides with it) hides it.
+    if let (Some(cdf), Some(&color)) = (cdfs.first().filter(|c| !c.is_empty()), colors.first()) {
+        chart.draw_series(LineSeries::new(
+            cdf.iter().copied(),
+            color.stroke_width(line_width(0)),
+        ))?;
     }
     if any_line {
         chart
@@ -171,8 +215,14 @@ fn draw_hit_rate_panel(
         42
     };
 
+    // The oracle's value goes in the caption, where no bar's label can run into it (drawn
+    // at the line's end, it covered the label of a bar as high as the oracle).
+    let caption = match oracle_rate(series) {
+        Some(o) => format!("prefix-cache hit rate (dashed: oracle {:.1}%)", o * 100.0),
+        None => "prefix-cache hit rate".to_string(),
+    };
     let mut chart = ChartBuilder::on(area)
-        .caption("prefix-cache hit rate", (FONT, 18))
+        .caption(&caption, (FONT, 18))
         .margin(MARGIN)
         .x_label_area_size(x_label_area)
         .y_label_area_size(Y_LABEL_AREA)
@@ -233,22 +283,6 @@ fn draw_hit_rate_panel(
                 EmptyElement::at((i as f64 + 0.5, top)) + Text::new(label, (0, dy), style.clone()),
             ))?;
         }
-    }
-
-    // The oracle's label, above its line at the right end, on a light
-    // background so that it stays readable over a bar.
-    if let Some(oracle) = oracle_rate(series) {
-        let label = format!("oracle {:.1}%", oracle * 100.0);
-        let style =
-            TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Right, VPos::Bottom));
-        let (w, h) = area.estimate_text_size(&label, &style)?;
-        let (x, y) = chart.backend_coord(&(n, oracle));
-        let (x, y) = (x - 4, y - 4);
-        root.draw(&Rectangle::new(
-            [(x - w as i32 - 3, y - h as i32 - 1), (x + 3, y + 2)],
-            WHITE.mix(0.85).filled(),
-        ))?;
-        root.draw_text(&label, &style, (x, y))?;
     }
 
     // Policy names under the bars.
@@ -345,6 +379,23 @@ fn format_ms(v: f64) -> String {
     }
 }
 
+/// Series `i`'s CDF stroke: `None` solid, else `(dash, gap)` in pixels. Four patterns
+/// cycle, so two policies whose curves coincide still differ by pattern, not only by
+/// colour; the first series is solid.
+fn line_dash(i: usize) -> Option<(u32, u32)> {
+    const PATTERNS: [Option<(u32, u32)>; 4] = [None, Some((10, 5)), Some((3, 4)), Some((18, 5))];
+    PATTERNS[i % PATTERNS.len()]
+}
+
+/// Series `i`'s CDF line width: the first series (kvr's policy) is drawn wider.
+fn line_width(i: usize) -> u32 {
+    if i == 0 {
+        3
+    } else {
+        2
+    }
+}
+
 /// Distinct colours: Tableau 10, then golden-ratio hues for any further series.
 fn series_color(i: usize) -> RGBColor {
     const TABLEAU: [RGBColor; 10] = [
@@ -408,9 +459,8 @@ mod tests {
         for text in [
             "round_robin",
             "kv_aware",
-            "oracle 80.0%",
+            "prefix-cache hit rate (dashed: oracle 80.0%)",
             "TTFT CDF",
-            "prefix-cache hit rate",
             "replay of trace.jsonl",
             "42.0%",
         ] {
@@ -458,6 +508,70 @@ mod tests {
         // Two series: side by side, only the y axis title is rotated.
         let svg = render_svg("t", &s[..2]).unwrap();
         assert_eq!(count(&svg, "rotate(270"), 1);
+    }
+
+    #[test]
+    fn lines_differ_by_pattern_and_the_first_is_drawn_last() {
+        let patterns: Vec<_> = (0..4).map(line_dash).collect();
+        for i in 0..patterns.len() {
+            for j in 0..i {
+                assert_ne!(patterns[i], patterns[j], "{i} {j}");
+            }
+        }
+        assert_eq!(line_dash(0), None);
+        assert!(line_width(0) > line_width(1));
+        let data: Vec<Vec<f64>> = (0..3).map(|i| ttfts(200, 1.0 + i as f64)).collect();
+        let s: Vec<PlotSeries<'_>> = ["kvr", "b", "c"]
+            .iter()
+            .zip(&data)
+            .map(|(n, d)| series(n, d))
+            .collect();
+        let svg = render_svg("t", &s).unwrap();
+        let stroke = |i: usize| {
+            let RGBColor(r, g, b) = series_color(i);
+            format!("stroke=\"#{r:02X}{g:02X}{b:02X}\" stroke-width=\"")
+        };
+        let starts = |needle: &str| -> Vec<usize> {
+            svg.match_indices("<polyline")
+                .map(|(i, _)| i)
+                .filter(|&i| svg[i..i + svg[i..].find("/>").unwrap()].contains(needle))
+                .collect()
+        };
+        // kvr's line: its CDF, the same again on top, its legend entry (all 3 px wide).
+        let kvr = starts(&format!("{}3\"", stroke(0)));
+        assert_eq!(kvr.len(), 3, "{kvr:?}");
+        // The copy on top comes after the last series' CDF (drawn before the legend).
+        let last = starts(&stroke(2));
+        assert!(
+            kvr[1] > last[0],
+            "kvr {kvr:?}, last series {:?}",
+            &last[..1]
+        );
+        assert!(
+            starts(&format!("{}3\"", stroke(1))).is_empty(),
+            "only kvr's line is wide"
+        );
+    }
+
+    #[test]
+    fn a_plot_path_is_checked_before_the_run() {
+        let dir = std::env::temp_dir();
+        let err = check_writable(&dir).unwrap_err();
+        assert!(err.contains("is a directory"), "{err}");
+        let missing = dir.join("kvr-no-such-dir").join("p.svg");
+        assert!(check_writable(&missing).is_err());
+        let fresh = dir.join(format!("kvr-plot-check-{}.svg", std::process::id()));
+        std::fs::remove_file(&fresh).ok();
+        check_writable(&fresh).unwrap();
+        assert!(!fresh.exists(), "the check left a file behind");
+        std::fs::write(&fresh, "keep").unwrap();
+        check_writable(&fresh).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&fresh).unwrap(),
+            "keep",
+            "the check truncated it"
+        );
+        std::fs::remove_file(&fresh).ok();
     }
 
     #[test]
@@ -543,7 +657,7 @@ mod tests {
             "nan",
             "empty",
             "normal",
-            "oracle 80.0%",
+            "prefix-cache hit rate (dashed: oracle 80.0%)",
             "n/a",
             "100.0%",
             "0.0%",
@@ -560,7 +674,10 @@ mod tests {
     #[test]
     fn only_empty_series_render() {
         let svg = render_svg("t", &[series("lonely", &[])]).unwrap();
-        assert!(has_text(&svg, "lonely") && has_text(&svg, "oracle 80.0%"));
+        assert!(
+            has_text(&svg, "lonely")
+                && has_text(&svg, "prefix-cache hit rate (dashed: oracle 80.0%)")
+        );
     }
 
     #[test]
