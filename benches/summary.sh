@@ -22,7 +22,7 @@
 #       subscriber  ZMQ PUB → kvr subscription over loopback, 3 runs       (benches/benches/subscriber.rs)
 #       replay      `kvr replay` trace simulator (release build of kvr-cli), KVR_REPLAY_RUNS runs
 #   KVR_SUB_BATCHES=n     batches per run of the subscriber bench (default 20000)
-#   KVR_REPLAY_TRACE=f    trace of the replay suite (default ../shared/traces/mooncake_conversation.jsonl
+#   KVR_REPLAY_TRACE=f    trace of the replay suite (default tests/data/mooncake_conversation.jsonl
 #                         relative to the repo root; if missing, the built-in workload)
 #   KVR_REPLAY_RUNS=n     runs of the replay suite (default 3; the median is reported)
 #
@@ -107,7 +107,7 @@ if [[ "${KVR_BENCH_SKIP_RUN:-0}" != 1 ]]; then
     echo "== replay" >&2
     mkdir -p "$replay_dir"
     replay_args=(replay --json --quiet --policy kvr,dynamo-classic)
-    trace="${KVR_REPLAY_TRACE:-../shared/traces/mooncake_conversation.jsonl}"
+    trace="${KVR_REPLAY_TRACE:-tests/data/mooncake_conversation.jsonl}"
     if [[ -f "$trace" ]]; then
       replay_args+=(--trace "$trace")
     else

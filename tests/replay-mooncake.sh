@@ -5,11 +5,7 @@
 # then). Prints the table; KVR_REPLAY_JSON=FILE also keeps the JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-trace=../shared/traces/mooncake_conversation.jsonl
-if [[ ! -f $trace ]]; then
-  echo "replay-mooncake: $trace not found (it lives next to the repository in shared/traces)" >&2
-  exit 1
-fi
+trace=tests/data/mooncake_conversation.jsonl  # vendored: tests/data/README.md
 json=${KVR_REPLAY_JSON:-$(mktemp)}
 cargo run --release -q -p kvr-cli -- replay --trace "$trace" --workers 16 --kv-blocks 16384 \
   --json --quiet >"$json"

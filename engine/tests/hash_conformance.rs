@@ -3,7 +3,10 @@
 //!
 //! Every vector in the file is checked; a vector of an unknown kind, or with a key this
 //! test does not understand, fails the test so that nothing is silently skipped.
-//! The shared directory is `$KVR_SHARED_DIR` if set, else `<workspace>/../shared`.
+//! The vectors are vendored in `engine/tests/conformance/hash_vectors.json`, so a clone
+//! on its own runs this; `$KVR_SHARED_DIR` (the shared directory) checks its copy instead,
+//! and when the shared directory sits next to the repository the vendored copy must equal
+//! it byte for byte (a vendored file that drifted from the contract fails here).
 
 use std::path::PathBuf;
 
@@ -11,12 +14,32 @@ use kvr::hash::{local_block_hash_mm, sequence_hashes, BlockHasher, HashSalt};
 use serde_json::{Map, Value};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+const VECTORS: &str = "conformance/hash_vectors.json";
+
+fn vendored_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join(VECTORS)
+}
+
 fn vectors_path() -> PathBuf {
-    let shared = match std::env::var_os("KVR_SHARED_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
+    match std::env::var_os("KVR_SHARED_DIR") {
+        Some(dir) => PathBuf::from(dir).join(VECTORS),
+        None => vendored_path(),
+    }
+}
+
+#[test]
+fn vendored_vectors_equal_the_shared_contract() {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared").join(VECTORS);
+    let Ok(contract) = std::fs::read(&shared) else {
+        return; // no shared directory next to this clone: the vendored copy is all there is
     };
-    shared.join("conformance/hash_vectors.json")
+    let vendored = std::fs::read(vendored_path()).expect("the vendored vectors");
+    assert!(
+        vendored == contract,
+        "{} differs from {}: copy the shared file over it",
+        vendored_path().display(),
+        shared.display()
+    );
 }
 
 fn load_vectors() -> Vec<Value> {
@@ -24,7 +47,7 @@ fn load_vectors() -> Vec<Value> {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
             "cannot read the hash conformance vectors at {}: {e} \
-             (set KVR_SHARED_DIR to the shared directory)",
+             (vendored in engine/tests/conformance; KVR_SHARED_DIR overrides)",
             path.display()
         )
     });
