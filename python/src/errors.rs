@@ -16,6 +16,8 @@ static ERROR_TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 /// tests/python/test_differential.py).
 pub fn kind_of(status: u16, message: &str) -> &'static str {
     match status {
+        // A rank its worker does not have: Dynamo's sequence tracker answers it.
+        404 if message.starts_with("Worker WorkerWithDpRank") => "sequence",
         404 => "not_found",
         409 => "conflict",
         429 => "overloaded",

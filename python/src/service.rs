@@ -14,6 +14,7 @@ use kvr_service::wire::worker::{PartitionFilter, WorkerPatch, WorkerRequest};
 use kvr_service::{App, ServeArgs};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyInt, PyList};
 use serde::Serialize;
 
 use crate::errors::{api_error, service_error};
@@ -34,7 +35,17 @@ fn body<T: WireBody>(obj: &Bound<'_, PyAny>) -> PyResult<T> {
     if let Ok(fast) = pythonize::depythonize::<T::Fast>(obj) {
         return Ok(fast.into());
     }
-    pythonize::depythonize::<T>(obj).map_err(|e| PyValueError::new_err(e.to_string()))
+    pythonize::depythonize::<T>(obj).map_err(|e| PyValueError::new_err(dynamo_text(&e.to_string())))
+}
+
+/// pyo3 0.27 words a failed cast "cannot be cast as 'str'"; Dynamo 1.6.1's pyo3 said
+/// "cannot be converted to 'PyString'": the same error in Dynamo's words.
+fn dynamo_text(s: &str) -> String {
+    s.replace(
+        "cannot be cast as 'str'",
+        "cannot be converted to 'PyString'",
+    )
+    .replace("cannot be cast as", "cannot be converted to")
 }
 
 /// Any serde value (the service's answers) as Python objects.
@@ -44,10 +55,79 @@ fn to_py<T: Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// A worker id: a non-negative int (ValueError otherwise, as for any bad input).
-fn worker_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-    obj.extract::<u64>()
-        .map_err(|_| PyValueError::new_err("worker_id must be an int in 0..2**64"))
+/// Dynamo's class keys a worker's `kv_events_endpoints` by int rank (JSON, by string):
+/// a worker dict's int keys become the strings the service's type reads (string keys are
+/// taken too).
+fn worker_in<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let Ok(d) = obj.cast::<PyDict>() else {
+        return Ok(obj.clone());
+    };
+    let Some(eps) = d.get_item("kv_events_endpoints")? else {
+        return Ok(obj.clone());
+    };
+    let Ok(eps) = eps.cast::<PyDict>() else {
+        return Ok(obj.clone());
+    };
+    let py = obj.py();
+    let keyed = PyDict::new(py);
+    for (k, v) in eps.iter() {
+        let k = if k.is_instance_of::<PyInt>() {
+            k.str()?.into_any()
+        } else {
+            k
+        };
+        keyed.set_item(k, v)?;
+    }
+    let out = d.copy()?;
+    out.set_item("kv_events_endpoints", keyed)?;
+    Ok(out.into_any())
+}
+
+/// A worker record as Dynamo's class answers it: `kv_events_endpoints` keyed by int rank.
+fn record_out(py: Python<'_>, record: &Bound<'_, PyAny>) -> PyResult<()> {
+    let Ok(d) = record.cast::<PyDict>() else {
+        return Ok(());
+    };
+    let Some(eps) = d.get_item("kv_events_endpoints")? else {
+        return Ok(());
+    };
+    let Ok(eps) = eps.cast::<PyDict>() else {
+        return Ok(());
+    };
+    let keyed = PyDict::new(py);
+    for (k, v) in eps.iter() {
+        match k
+            .extract::<String>()
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            Some(n) => keyed.set_item(n, v)?,
+            None => keyed.set_item(k, v)?,
+        }
+    }
+    d.set_item("kv_events_endpoints", keyed)
+}
+
+/// Records (one, a list, or `ready()`'s body with its `workers`) converted for Python,
+/// their endpoints keyed as Dynamo's class keys them.
+fn records_to_py<T: Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
+    let out = pythonize::pythonize(py, v).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let list = match out.cast::<PyDict>() {
+        Ok(d) if d.contains("workers")? => d.get_item("workers")?,
+        Ok(_) => {
+            record_out(py, &out)?;
+            None
+        }
+        Err(_) => Some(out.clone()),
+    };
+    if let Some(list) = list {
+        if let Ok(list) = list.cast::<PyList>() {
+            for r in list.iter() {
+                record_out(py, &r)?;
+            }
+        }
+    }
+    Ok(out.unbind())
 }
 
 /// The named-id sweeper's thread and its stop signal.
@@ -160,26 +240,35 @@ impl NativeService {
     }
 
     fn upsert_worker(&self, py: Python<'_>, worker: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let req: WorkerRequest = body(worker)?;
-        self.run(py, move |app| app.upsert_worker(req))
+        let req: WorkerRequest = body(&worker_in(worker)?)?;
+        let app = self.live(py)?;
+        match py.detach(|| app.upsert_worker(req)) {
+            Ok(r) => records_to_py(py, &r),
+            Err(e) => Err(api_error(py, &e)),
+        }
     }
 
     fn patch_worker(
         &self,
         py: Python<'_>,
-        worker_id: &Bound<'_, PyAny>,
+        worker_id: u64,
         patch: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
-        let id = self::worker_id(worker_id)?;
-        let p: WorkerPatch = body(patch)?;
-        self.run(py, move |app| app.patch_worker(id, p))
+        let id = worker_id;
+        let p: WorkerPatch = body(&worker_in(patch)?)?;
+        let app = self.live(py)?;
+        match py.detach(|| app.patch_worker(id, p)) {
+            Ok(r) => records_to_py(py, &r),
+            Err(e) => Err(api_error(py, &e)),
+        }
     }
 
-    fn delete_worker(&self, py: Python<'_>, worker_id: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let id = self::worker_id(worker_id)?;
+    /// (`worker_id` typed as Dynamo's: a non-int is pyo3's TypeError, as there.)
+    fn delete_worker(&self, py: Python<'_>, worker_id: u64) -> PyResult<Py<PyAny>> {
+        let id = worker_id;
         let app = &*self.app;
         match py.detach(|| app.delete_worker(id)) {
-            Ok(r) => to_py(py, &r),
+            Ok(r) => records_to_py(py, &r),
             Err(e) => Err(api_error(py, &e)),
         }
     }
@@ -196,12 +285,12 @@ impl NativeService {
             routing_group,
         };
         let app = &*self.app;
-        to_py(py, &py.detach(|| app.list_workers(&f)))
+        records_to_py(py, &py.detach(|| app.list_workers(&f)))
     }
 
     fn ready(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let app = &*self.app;
-        to_py(py, &py.detach(|| app.ready()))
+        records_to_py(py, &py.detach(|| app.ready()))
     }
 
     #[pyo3(signature = (model_name=None, routing_group=None))]
