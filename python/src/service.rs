@@ -32,10 +32,27 @@ struct Flags {
 /// HTTP service reads bodies), and only for a dict that fails through `T` itself, whose
 /// error text is the one Dynamo's class gives (it converts with serde too).
 fn body<T: WireBody>(obj: &Bound<'_, PyAny>) -> PyResult<T> {
+    if let Some(fast) = with_tokens_by_hand::<T>(obj) {
+        return Ok(fast.into());
+    }
     if let Ok(fast) = pythonize::depythonize::<T::Fast>(obj) {
         return Ok(fast.into());
     }
     pythonize::depythonize::<T>(obj).map_err(|e| PyValueError::new_err(dynamo_text(&e.to_string())))
+}
+
+/// A prompt body's `token_ids` list read directly (serde through pythonize visits each
+/// int as a generic value, most of the call at 8k tokens), the rest through serde; `None`
+/// for anything unusual (the general path then reads it, or words its error).
+fn with_tokens_by_hand<T: WireBody>(obj: &Bound<'_, PyAny>) -> Option<T::Fast> {
+    let slot = T::TOKEN_SLOT?;
+    let d = obj.cast::<PyDict>().ok()?;
+    let tokens = crate::tokens::from_list(&d.get_item("token_ids").ok()??)?;
+    let rest = d.copy().ok()?;
+    rest.del_item("token_ids").ok()?;
+    let mut fast = pythonize::depythonize::<T::Fast>(rest.as_any()).ok()?;
+    *slot(&mut fast) = Some(tokens);
+    Some(fast)
 }
 
 /// pyo3 0.27 words a failed cast "cannot be cast as 'str'"; Dynamo 1.6.1's pyo3 said

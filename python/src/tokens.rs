@@ -90,6 +90,9 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tokens> {
     if let Some(view) = View::get(obj) {
         return from_view(view);
     }
+    if let Some(v) = from_list(obj) {
+        return Ok(Tokens::Owned(v));
+    }
     let iter = obj
         .try_iter()
         .map_err(|_| PyValueError::new_err("tokens must be a sequence of ints"))?;
@@ -107,4 +110,19 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tokens> {
         out.push(u32::try_from(v).map_err(|_| out_of_range(v))?);
     }
     Ok(Tokens::Owned(out))
+}
+
+/// The hot case: a list of ints that all fit a u32 (`None` otherwise: the caller takes
+/// the general path, which also words the error).
+pub fn from_list(obj: &Bound<'_, PyAny>) -> Option<Vec<u32>> {
+    let list = obj.cast::<pyo3::types::PyList>().ok()?;
+    let mut out = Vec::with_capacity(list.len());
+    for item in list.iter() {
+        // `bool` is an int subclass: refused, as serde refuses it for u32.
+        if item.is_instance_of::<pyo3::types::PyBool>() {
+            return None;
+        }
+        out.push(item.extract::<u32>().ok()?);
+    }
+    Some(out)
 }
