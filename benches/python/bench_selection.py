@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Per-call cost of select_and_reserve + free_reservation from Python: Dynamo 1.6.1's
 dynamo.llm.SelectionService and kvr.SelectionService side by side in one run (plus kvr's
-sync twins and its typed Engine API), 16 and 64 workers, 1k- and 8k-token prompts.
+sync twins and its typed Engine API, with list prompts and with array('I') prompts read
+in place), 16 and 64 workers, 1k- and 8k-token prompts.
 
 Each worker registers with a KV-events endpoint nobody publishes on (schedulable, empty
 index: the cost measured is the call's own: dict conversion, hashing, scoring, booking).
@@ -14,6 +15,7 @@ select_and_reserve then free_reservation, prompts cycling through 32 random ones
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import random
 import statistics
@@ -104,16 +106,18 @@ def main(argv=None) -> int:
             for w in range(1, n_workers + 1):
                 part.upsert_worker(w)
             kt = median_of(args.runs, lambda: run_typed(eng, part, ps, calls))
-            rows.append((n_workers, n_tokens, d, k, ks, kt))
+            arrays = [array.array("I", p) for p in ps]
+            ka = median_of(args.runs, lambda: run_typed(eng, part, arrays, calls))
+            rows.append((n_workers, n_tokens, d, k, ks, kt, ka))
             print(f"  {n_workers} workers, {n_tokens} tokens: dynamo {d * 1e6:.1f} us, "
                   f"kvr {k * 1e6:.1f} us", file=sys.stderr)
     loop.close()
     print("| workers | prompt tokens | Dynamo (await) µs | kvr (await) µs | kvr ×cheaper "
-          "| kvr `_sync` µs | kvr `Partition.select` µs |")
-    print("|---|---|---|---|---|---|---|")
-    for n, t, d, k, ks, kt in rows:
+          "| kvr `_sync` µs | kvr `Partition.select`, list µs | same, `array('I')` µs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, t, d, k, ks, kt, ka in rows:
         print(f"| {n} | {t} | {d * 1e6:.1f} | {k * 1e6:.1f} | {d / k:.1f}× | {ks * 1e6:.1f} "
-              f"| {kt * 1e6:.1f} |")
+              f"| {kt * 1e6:.1f} | {ka * 1e6:.1f} |")
     print(f"\n(median of {args.runs} runs; per call: select_and_reserve + free_reservation)")
     return 0
 
