@@ -7,6 +7,8 @@
 # cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples,
 # then `kvr serve` against the real Dynamo 1.6.1 (tests/compat: request-by-request
 # compatibility, peer recovery both ways, the remote primary against Dynamo's indexer),
+# the Python bindings (tests/python: a wheel, pytest, the differential test against
+# Dynamo's in-process SelectionService),
 # ingress recovery against vLLM's and SGLang's real publishers (tests/recovery)
 # and the service load benchmark's smoke.
 # (The ingress end-to-end test against that publisher runs in cargo test, in kvr-zmq; it
@@ -73,6 +75,9 @@ done
 # kvr's remote primary against Dynamo's real standalone indexer.
 KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
     cargo test -p kvr-remote --release --test dynamo_indexer
+# The Python bindings (python/): the abi3 wheel built with maturin, installed in a fresh
+# venv, its pytest suite, and the differential test against Dynamo 1.6.1's class.
+bash tests/python/run.sh
 # The load benchmark's smoke (tiny; the figures mean nothing): both services.
 DYN_PYTHON="$compat_py" bash benches/service-load/run.sh --smoke --no-build --out target/service-load-smoke
 

@@ -30,14 +30,17 @@ pub fn start(app: Arc<App>) {
         return;
     }
     std::thread::spawn(move || {
-        recover(&app);
+        recover_from(&app, &app.args.indexer_peers);
         app.set_recovered();
     });
 }
 
-fn recover(app: &App) {
+/// Recovers the index from the first of `peers` whose dump answers and parses (blocking:
+/// one GET per peer tried); false when none could be used. Also the Python bindings'
+/// `recover_indexer_from_peers`.
+pub fn recover_from(app: &App, peers: &[String]) -> bool {
     let m = &app.metrics.recovery;
-    for peer in &app.args.indexer_peers {
+    for peer in peers {
         m.attempts.fetch_add(1, Ordering::Relaxed);
         let url = format!("{}/dump", peer.trim_end_matches('/'));
         match fetch(&url, app.args.recovery_max_bytes).and_then(|b| parse(&b)) {
@@ -45,7 +48,7 @@ fn recover(app: &App) {
                 let applied = apply(app, &dump);
                 m.events.fetch_add(applied, Ordering::Relaxed);
                 tracing::info!(%peer, events = applied, partitions = dump.len(), "recovered the index from a peer");
-                return;
+                return true;
             }
             Err(e) => {
                 m.failures.fetch_add(1, Ordering::Relaxed);
@@ -54,6 +57,7 @@ fn recover(app: &App) {
         }
     }
     tracing::warn!("no peer dump could be used: starting with an empty index");
+    false
 }
 
 fn fetch(url: &str, max_bytes: u64) -> Result<Vec<u8>, String> {

@@ -10,7 +10,7 @@ use crate::args::ServeArgs;
 use crate::App;
 
 /// How often caller-named selection ids whose bookings ended unseen are forgotten.
-const SWEEP_EVERY: Duration = Duration::from_secs(15);
+pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
 
 /// `kvr serve`: runs until SIGINT or SIGTERM, then stops taking connections, lets
 /// in-flight requests finish (up to `--shutdown-grace-secs`), and stops the KV-event
@@ -80,14 +80,23 @@ async fn sweep_named_ids(app: Arc<App>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     loop {
         tick.tick().await;
-        let gone = app.ids.sweep(Instant::now(), |id, key| {
-            app.registry
+        app.sweep_named_ids();
+    }
+}
+
+impl App {
+    /// Forgets the caller-named selection ids whose bookings ended unseen (expiry, a
+    /// worker leaving); hosts call it every [`SWEEP_EVERY`]. Returns how many went.
+    pub fn sweep_named_ids(&self) -> usize {
+        let gone = self.ids.sweep(Instant::now(), |id, key| {
+            self.registry
                 .partition(key)
                 .is_some_and(|e| e.partition.bookings().contains(id))
         });
         if gone > 0 {
             tracing::debug!(gone, "forgot caller-named ids of ended bookings");
         }
+        gone
     }
 }
 

@@ -23,16 +23,23 @@ use crate::App;
 
 /// `GET /dump`: every partition's index as Dynamo's events.
 pub async fn dump(State(app): State<Arc<App>>) -> Json<Dump> {
-    let mut out = Dump::new();
-    for entry in app.registry.partitions() {
-        let p = &entry.partition;
-        let d = p.dump_index();
-        if d.skipped_blocks > 0 {
-            tracing::debug!(partition = %partition_name(p.key()), skipped = d.skipped_blocks, "dump left out blocks it cannot re-create");
+    Json(app.dump())
+}
+
+impl App {
+    /// `GET /dump` without HTTP (also the Python bindings' `indexer_snapshot`).
+    pub fn dump(&self) -> Dump {
+        let mut out = Dump::new();
+        for entry in self.registry.partitions() {
+            let p = &entry.partition;
+            let d = p.dump_index();
+            if d.skipped_blocks > 0 {
+                tracing::debug!(partition = %partition_name(p.key()), skipped = d.skipped_blocks, "dump left out blocks it cannot re-create");
+            }
+            out.insert(partition_name(p.key()), partition_dump(p.block_size(), &d));
         }
-        out.insert(partition_name(p.key()), partition_dump(p.block_size(), &d));
+        out
     }
-    Json(out)
 }
 
 /// A tiered query's partition and scores; errors in the indexer's words.

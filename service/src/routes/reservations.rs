@@ -26,12 +26,7 @@ pub async fn reserve(
     State(app): State<Arc<App>>,
     Body(b): Body<ReservationBody>,
 ) -> Result<(StatusCode, Json<ReservationResponse>), ApiError> {
-    let key = PartitionKey::new(b.model_name.clone(), b.routing_group.clone());
-    let resp = match b.worker_id {
-        None => claim(&app, &b, &key)?,
-        Some(worker) => explicit(&app, &b, &key, worker)?,
-    };
-    Ok((StatusCode::CREATED, Json(resp)))
+    Ok((StatusCode::CREATED, Json(app.reserve(&b)?)))
 }
 
 /// Dynamo's words for a rank its worker does not have.
@@ -158,33 +153,17 @@ pub async fn prefill_complete(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<StatusOk>, ApiError> {
-    let n = lookup(&app, &id)?;
-    app.engine
-        .mark_prefill_complete(n)
-        .map_err(|e| lifecycle_error(&id, e))?;
+    app.prefill_complete(&id)?;
     Ok(Json(OK))
 }
 
 /// `POST /reservations/{id}/output_block`: one more output block (decode load).
-/// `decay_fraction` must be in [0, 1]; kvr checks it and books a whole block (Dynamo
-/// scales the booking's decode blocks by it, which kvr does not: see the compatibility
-/// notes).
 pub async fn output_block(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     Body(b): Body<OutputBlockBody>,
 ) -> Result<Json<StatusOk>, ApiError> {
-    if let Some(f) = b.decay_fraction {
-        if !(0.0..=1.0).contains(&f) {
-            return Err(ApiError::bad_request(
-                "decay_fraction must be between 0.0 and 1.0",
-            ));
-        }
-    }
-    let n = lookup(&app, &id)?;
-    app.engine
-        .add_output_blocks(n, 1)
-        .map_err(|e| lifecycle_error(&id, e))?;
+    app.output_block(&id, b.decay_fraction)?;
     Ok(Json(OK))
 }
 
@@ -193,12 +172,55 @@ pub async fn free(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<StatusOk>, ApiError> {
-    let n = lookup(&app, &id)?;
-    let r = app.engine.free(n);
-    app.ids.forget(&id);
-    match r.map_err(|e| lifecycle_error(&id, e))? {
-        kvr::FreeOutcome::Freed(_) => Ok(Json(OK)),
-        // Freed before, or ended with its worker: Dynamo answers 404 for both.
-        _ => Err(not_found(&id)),
+    app.free(&id)?;
+    Ok(Json(OK))
+}
+
+/// The booking operations without HTTP (the routes' core, also the Python bindings').
+impl App {
+    /// `POST /reservations`: claims a pending selection, or books an explicit one.
+    pub fn reserve(&self, b: &ReservationBody) -> Result<ReservationResponse, ApiError> {
+        let key = PartitionKey::new(b.model_name.clone(), b.routing_group.clone());
+        match b.worker_id {
+            None => claim(self, b, &key),
+            Some(worker) => explicit(self, b, &key, worker),
+        }
+    }
+
+    /// `POST /reservations/{id}/prefill_complete`.
+    pub fn prefill_complete(&self, id: &str) -> Result<(), ApiError> {
+        let n = lookup(self, id)?;
+        self.engine
+            .mark_prefill_complete(n)
+            .map_err(|e| lifecycle_error(id, e))
+    }
+
+    /// `POST /reservations/{id}/output_block`: `decay_fraction` must be in [0, 1]; kvr
+    /// checks it and books a whole block (Dynamo scales the booking's decode blocks by it,
+    /// which kvr does not: see the compatibility notes).
+    pub fn output_block(&self, id: &str, decay_fraction: Option<f64>) -> Result<(), ApiError> {
+        if let Some(f) = decay_fraction {
+            if !(0.0..=1.0).contains(&f) {
+                return Err(ApiError::bad_request(
+                    "decay_fraction must be between 0.0 and 1.0",
+                ));
+            }
+        }
+        let n = lookup(self, id)?;
+        self.engine
+            .add_output_blocks(n, 1)
+            .map_err(|e| lifecycle_error(id, e))
+    }
+
+    /// `DELETE /reservations/{id}`.
+    pub fn free(&self, id: &str) -> Result<(), ApiError> {
+        let n = lookup(self, id)?;
+        let r = self.engine.free(n);
+        self.ids.forget(id);
+        match r.map_err(|e| lifecycle_error(id, e))? {
+            kvr::FreeOutcome::Freed(_) => Ok(()),
+            // Freed before, or ended with its worker: Dynamo answers 404 for both.
+            _ => Err(not_found(id)),
+        }
     }
 }

@@ -307,36 +307,7 @@ pub async fn select(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<SelectResponse>, ApiError> {
-    let prep = app.prepare_select(&b)?;
-    let req = engine_request(&prep, &b);
-    let outcome = app
-        .engine
-        .select_in(&prep.entry.partition, &req)
-        .map_err(engine_error)?;
-    let Outcome::Selected(d) = &outcome else {
-        return Err(outcome_error(&app, &prep.key, &outcome));
-    };
-    app.count(&prep, d, false);
-    if let (Some(id), false) = (&b.selection_id, b.advisory.unwrap_or(false)) {
-        app.pending.insert(
-            id,
-            Pending {
-                key: prep.key.clone(),
-                rank: d.rank,
-                prompt: prep.prompt.clone(),
-                lora_name: b.prompt.lora_name.clone(),
-                expected_output_tokens: b.expected_output_tokens.unwrap_or(0),
-            },
-            Instant::now(),
-        );
-    }
-    let worker_load = b.advisory.unwrap_or(false);
-    Ok(Json(app.answer(
-        &prep,
-        d,
-        b.selection_id.clone(),
-        Answered::Selected { worker_load },
-    )))
+    Ok(Json(app.select(&b)?))
 }
 
 /// `POST /select_and_reserve`: the decision, booked on the chosen rank before answering.
@@ -344,52 +315,97 @@ pub async fn select_and_reserve(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<SelectResponse>, ApiError> {
-    let prep = app.prepare_select(&b)?;
-    let mut req = engine_request(&prep, &b);
-    let named = match &b.selection_id {
-        Some(s) => Some(app.name_new(s, &prep.key)?),
-        None => None,
-    };
-    req.selection_id = named;
-    let result = app
-        .engine
-        .select_and_reserve_in(&prep.entry.partition, &req);
-    let d = match result {
-        Ok(Outcome::Selected(d)) => d,
-        refused => {
-            // Nothing was booked under the caller's id: it is free again.
-            if let Some(s) = &b.selection_id {
-                app.ids.forget(s);
-            }
-            return Err(match refused {
-                Ok(o) => outcome_error(&app, &prep.key, &o),
-                Err(e) => {
-                    app.metrics.selection(SelectionOutcome::Error);
-                    engine_error(e)
-                }
-            });
+    Ok(Json(app.select_and_reserve(&b)?))
+}
+
+/// The selection operations without HTTP (the routes' core; the Python bindings call
+/// them too, so both answer alike by construction).
+impl App {
+    /// `POST /select`.
+    pub fn select(&self, b: &SelectBody) -> Result<SelectResponse, ApiError> {
+        let app = self;
+        let prep = app.prepare_select(b)?;
+        let req = engine_request(&prep, b);
+        let outcome = app
+            .engine
+            .select_in(&prep.entry.partition, &req)
+            .map_err(engine_error)?;
+        let Outcome::Selected(d) = &outcome else {
+            return Err(outcome_error(app, &prep.key, &outcome));
+        };
+        app.count(&prep, d, false);
+        if let (Some(id), false) = (&b.selection_id, b.advisory.unwrap_or(false)) {
+            app.pending.insert(
+                id,
+                Pending {
+                    key: prep.key.clone(),
+                    rank: d.rank,
+                    prompt: prep.prompt.clone(),
+                    lora_name: b.prompt.lora_name.clone(),
+                    expected_output_tokens: b.expected_output_tokens.unwrap_or(0),
+                },
+                Instant::now(),
+            );
         }
-    };
-    let id = d.selection_id.unwrap_or(0);
-    let track = b
-        .router_config_override
-        .as_ref()
-        .and_then(|o| o.track_prefill_tokens)
-        .unwrap_or(app.args.knobs.router_track_prefill_tokens);
-    if !track {
-        // Untracked prefill: the booking carries decode blocks only.
-        let _ = app.engine.mark_prefill_complete(id);
+        let worker_load = b.advisory.unwrap_or(false);
+        Ok(app.answer(
+            &prep,
+            d,
+            b.selection_id.clone(),
+            Answered::Selected { worker_load },
+        ))
     }
-    app.count(&prep, &d, true);
-    let wire_id = b.selection_id.clone().unwrap_or_else(|| app.ids.render(id));
-    Ok(Json(app.answer(
-        &prep,
-        &d,
-        Some(wire_id),
-        Answered::Booked {
-            track_prefill: track,
-        },
-    )))
+
+    /// `POST /select_and_reserve`.
+    pub fn select_and_reserve(&self, b: &SelectBody) -> Result<SelectResponse, ApiError> {
+        let app = self;
+        let prep = app.prepare_select(b)?;
+        let mut req = engine_request(&prep, b);
+        let named = match &b.selection_id {
+            Some(s) => Some(app.name_new(s, &prep.key)?),
+            None => None,
+        };
+        req.selection_id = named;
+        let result = app
+            .engine
+            .select_and_reserve_in(&prep.entry.partition, &req);
+        let d = match result {
+            Ok(Outcome::Selected(d)) => d,
+            refused => {
+                // Nothing was booked under the caller's id: it is free again.
+                if let Some(s) = &b.selection_id {
+                    app.ids.forget(s);
+                }
+                return Err(match refused {
+                    Ok(o) => outcome_error(app, &prep.key, &o),
+                    Err(e) => {
+                        app.metrics.selection(SelectionOutcome::Error);
+                        engine_error(e)
+                    }
+                });
+            }
+        };
+        let id = d.selection_id.unwrap_or(0);
+        let track = b
+            .router_config_override
+            .as_ref()
+            .and_then(|o| o.track_prefill_tokens)
+            .unwrap_or(app.args.knobs.router_track_prefill_tokens);
+        if !track {
+            // Untracked prefill: the booking carries decode blocks only.
+            let _ = app.engine.mark_prefill_complete(id);
+        }
+        app.count(&prep, &d, true);
+        let wire_id = b.selection_id.clone().unwrap_or_else(|| app.ids.render(id));
+        Ok(app.answer(
+            &prep,
+            &d,
+            Some(wire_id),
+            Answered::Booked {
+                track_prefill: track,
+            },
+        ))
+    }
 }
 
 impl App {
@@ -419,38 +435,7 @@ pub async fn potential_loads(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<Vec<RankLoadBody>>, ApiError> {
-    let prep = app.prepare_select(&b)?;
-    let p = &prep.entry.partition;
-    let scores = app.tiered(&prep);
-    let seq = sequence_hashes(&prep.prompt.hashes);
-    let loads = p.bookings().loads();
-    let bs = u64::from(p.block_size());
-    let isl = prep.prompt.prompt_tokens;
-    let mut out = Vec::new();
-    for w in p
-        .workers()
-        .iter()
-        .filter(|w| prep.entry.is_schedulable(w.worker_id))
-    {
-        for rank in w.ranks() {
-            let active = loads.get(rank);
-            let (dev, host, disk) = scores
-                .get(rank)
-                .map_or((0, 0, 0), |o| (o.device, o.host, o.disk));
-            let effective = effective_prefill(p, isl, dev, host, disk);
-            out.push(RankLoadBody {
-                worker_id: rank.worker_id,
-                dp_rank: rank.dp_rank,
-                potential_prefill_tokens: active.active_prefill_tokens + effective,
-                // Blocks already active on the rank count once (as Dynamo's do here).
-                potential_decode_blocks: active.active_decode_blocks
-                    + loads.new_blocks_not_active(rank, &seq)
-                    + u64::from(isl % bs.max(1) != 0),
-                active_requests: active.active_requests,
-            });
-        }
-    }
-    Ok(Json(out))
+    Ok(Json(app.potential_loads(&b)?))
 }
 
 /// `POST /overlap_scores`: every member rank's tiered overlap with the prompt.
@@ -458,30 +443,76 @@ pub async fn overlap_scores(
     State(app): State<Arc<App>>,
     Body(b): Body<SelectBody>,
 ) -> Result<Json<OverlapScoresBody>, ApiError> {
-    let prep = app.prepare(&b.model_name, &b.routing_group, &b.prompt, None)?;
-    let p = &prep.entry.partition;
-    let scores = app.tiered(&prep);
-    let mut workers = Vec::new();
-    for w in p.workers().iter() {
-        for rank in w.ranks() {
-            let o = scores.get(rank);
-            let (dev, host, disk) = o.map_or((0, 0, 0), |o| (o.device, o.host, o.disk));
-            workers.push(RankOverlapBody {
-                worker_id: rank.worker_id,
-                dp_rank: rank.dp_rank,
-                device_blocks: dev,
-                host_pinned_blocks: dev + host,
-                disk_blocks: dev + host + disk,
-                host_pinned_extension_blocks: host,
-                disk_extension_blocks: disk,
-                shared_beyond_device_blocks: None,
-            });
+    Ok(Json(app.overlap_scores(&b)?))
+}
+
+/// The projections without HTTP (the routes' core, also the Python bindings').
+impl App {
+    /// `POST /potential_loads`.
+    pub fn potential_loads(&self, b: &SelectBody) -> Result<Vec<RankLoadBody>, ApiError> {
+        let app = self;
+        let prep = app.prepare_select(b)?;
+        let p = &prep.entry.partition;
+        let scores = app.tiered(&prep);
+        let seq = sequence_hashes(&prep.prompt.hashes);
+        let loads = p.bookings().loads();
+        let bs = u64::from(p.block_size());
+        let isl = prep.prompt.prompt_tokens;
+        let mut out = Vec::new();
+        for w in p
+            .workers()
+            .iter()
+            .filter(|w| prep.entry.is_schedulable(w.worker_id))
+        {
+            for rank in w.ranks() {
+                let active = loads.get(rank);
+                let (dev, host, disk) = scores
+                    .get(rank)
+                    .map_or((0, 0, 0), |o| (o.device, o.host, o.disk));
+                let effective = effective_prefill(p, isl, dev, host, disk);
+                out.push(RankLoadBody {
+                    worker_id: rank.worker_id,
+                    dp_rank: rank.dp_rank,
+                    potential_prefill_tokens: active.active_prefill_tokens + effective,
+                    // Blocks already active on the rank count once (as Dynamo's do here).
+                    potential_decode_blocks: active.active_decode_blocks
+                        + loads.new_blocks_not_active(rank, &seq)
+                        + u64::from(isl % bs.max(1) != 0),
+                    active_requests: active.active_requests,
+                });
+            }
         }
+        Ok(out)
     }
-    Ok(Json(OverlapScoresBody {
-        block_size: p.block_size(),
-        num_blocks: prep.prompt.hashes.len() as u64,
-        workers,
-        shared_cache: SharedCacheBody::default(),
-    }))
+
+    /// `POST /overlap_scores`.
+    pub fn overlap_scores(&self, b: &SelectBody) -> Result<OverlapScoresBody, ApiError> {
+        let app = self;
+        let prep = app.prepare(&b.model_name, &b.routing_group, &b.prompt, None)?;
+        let p = &prep.entry.partition;
+        let scores = app.tiered(&prep);
+        let mut workers = Vec::new();
+        for w in p.workers().iter() {
+            for rank in w.ranks() {
+                let o = scores.get(rank);
+                let (dev, host, disk) = o.map_or((0, 0, 0), |o| (o.device, o.host, o.disk));
+                workers.push(RankOverlapBody {
+                    worker_id: rank.worker_id,
+                    dp_rank: rank.dp_rank,
+                    device_blocks: dev,
+                    host_pinned_blocks: dev + host,
+                    disk_blocks: dev + host + disk,
+                    host_pinned_extension_blocks: host,
+                    disk_extension_blocks: disk,
+                    shared_beyond_device_blocks: None,
+                });
+            }
+        }
+        Ok(OverlapScoresBody {
+            block_size: p.block_size(),
+            num_blocks: prep.prompt.hashes.len() as u64,
+            workers,
+            shared_cache: SharedCacheBody::default(),
+        })
+    }
 }

@@ -1,0 +1,217 @@
+"""kvr: a KV-cache-aware selection engine for LLM inference routing.
+
+``kvr.SelectionService`` is a drop-in for Dynamo 1.6.1's ``dynamo.llm.SelectionService``:
+the same constructor arguments, methods and dicts (the field names of its HTTP API), the
+same methods awaitable. Each awaitable method also has a ``*_sync`` twin for callers
+without an event loop (``select_sync``, ``select_and_reserve_sync``, ...). The work is
+kvr-service's, the engine behind ``kvr serve``, called in process with the GIL released.
+
+``kvr.Engine`` / ``kvr.Partition`` / ``kvr.Decision`` are the typed hot path (token
+arrays in, no dicts), and ``kvr.hash_tokens`` is Dynamo's ``compute_block_hash_for_seq``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+from ._errors import SelectionServiceError
+from ._kvr import Decision, Engine, NativeService, Partition, __version__, hash_tokens
+
+__all__ = [
+    "Decision",
+    "Engine",
+    "Partition",
+    "SelectionCacheConfig",
+    "SelectionService",
+    "SelectionServiceError",
+    "hash_tokens",
+    "__version__",
+]
+
+
+class SelectionCacheConfig:
+    """Bounds of the pending-selection cache (``select`` with a ``selection_id``), as
+    Dynamo's ``SelectionCacheConfig``; ``None`` keeps the default (120 s, 4096 entries,
+    256 MiB)."""
+
+    def __init__(self, *, ttl_secs: Optional[float] = None, max_entries: Optional[int] = None,
+                 max_bytes: Optional[int] = None) -> None:
+        self.ttl_secs = ttl_secs
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+
+
+def _whole_secs(name: str, v: float, lo: int = 0) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < lo:
+        raise ValueError(f"{name} must be a number of seconds >= {lo}")
+    if v > 31536000:
+        raise ValueError(f"{name} must be at most 31536000 seconds")
+    # kvr keeps whole seconds; a fraction rounds up (never shorter than asked).
+    return str(int(-(-v // 1)))
+
+
+def _argv(indexer_threads, indexer_peers, replica_sync_port, replica_sync_peers,
+          selection_cache, session_affinity_ttl_secs, remote_indexer_url) -> list[str]:
+    if isinstance(indexer_threads, bool) or not isinstance(indexer_threads, int) or indexer_threads < 1:
+        raise ValueError("indexer_threads must be an int >= 1")
+    argv: list[str] = []
+    if indexer_peers:
+        argv += ["--indexer-peers", ",".join(indexer_peers)]
+    if replica_sync_port is not None:
+        argv += ["--replica-sync-port", str(int(replica_sync_port))]
+    if replica_sync_peers:
+        argv += ["--replica-sync-peers", ",".join(replica_sync_peers)]
+    if selection_cache is not None:
+        c = selection_cache
+        ttl = getattr(c, "ttl_secs", None)
+        if ttl is not None:
+            argv += ["--selection-cache-ttl-secs", _whole_secs("ttl_secs", ttl)]
+        if getattr(c, "max_entries", None) is not None:
+            argv += ["--selection-cache-max-entries", str(int(c.max_entries))]
+        if getattr(c, "max_bytes", None) is not None:
+            argv += ["--selection-cache-max-bytes", str(int(c.max_bytes))]
+    if session_affinity_ttl_secs is not None:
+        argv += ["--session-affinity-ttl-secs",
+                 _whole_secs("session_affinity_ttl_secs", session_affinity_ttl_secs, 1)]
+    if remote_indexer_url is not None:
+        argv += ["--remote-indexer-url", str(remote_indexer_url)]
+    return argv
+
+
+class SelectionService:
+    """In-process selection service, a drop-in for ``dynamo.llm.SelectionService``.
+
+    The awaitable methods return an ``asyncio.Future`` of the running loop, as Dynamo's
+    do: bad input raises ``ValueError`` at the call, other failures
+    (``SelectionServiceError``) come out of the await. The engine answers in
+    microseconds, so the future is complete when returned; with ``remote_indexer_url``
+    (kvr's addition: overlaps from a remote primary index, a network round trip per
+    selection) the work runs on the loop's default executor instead.
+    """
+
+    def __init__(self, *, indexer_threads: int = 4, indexer_peers: Optional[list[str]] = None,
+                 replica_sync_port: Optional[int] = None,
+                 replica_sync_peers: Optional[list[str]] = None,
+                 selection_cache: Optional[SelectionCacheConfig] = None,
+                 session_affinity_ttl_secs: Optional[float] = None,
+                 remote_indexer_url: Optional[str] = None) -> None:
+        argv = _argv(indexer_threads, indexer_peers, replica_sync_port, replica_sync_peers,
+                     selection_cache, session_affinity_ttl_secs, remote_indexer_url)
+        self._core = NativeService(argv)
+        self._offload = self._core.uses_remote_index()
+
+    # -- the awaitable surface (Dynamo's), on the running loop
+    def _future(self, fn, *args) -> "asyncio.Future[Any]":
+        loop = asyncio.get_running_loop()
+        if self._offload:
+            return loop.run_in_executor(None, fn, *args)
+        fut = loop.create_future()
+        try:
+            fut.set_result(fn(*args))
+        except SelectionServiceError as e:
+            fut.set_exception(e)
+        return fut
+
+    def upsert_worker(self, worker: dict) -> "asyncio.Future[dict]":
+        return self._future(self._core.upsert_worker, worker)
+
+    def patch_worker(self, worker_id: int, patch: dict) -> "asyncio.Future[dict]":
+        return self._future(self._core.patch_worker, worker_id, patch)
+
+    def delete_worker(self, worker_id: int) -> "asyncio.Future[dict]":
+        return self._future(self._core.delete_worker, worker_id)
+
+    def select(self, request: dict) -> "asyncio.Future[dict]":
+        return self._future(self._core.select, request)
+
+    def select_and_reserve(self, request: dict) -> "asyncio.Future[dict]":
+        return self._future(self._core.select_and_reserve, request)
+
+    def create_reservation(self, request: dict) -> "asyncio.Future[dict]":
+        return self._future(self._core.create_reservation, request)
+
+    def prefill_complete(self, selection_id: str) -> "asyncio.Future[None]":
+        return self._future(self._core.prefill_complete, selection_id)
+
+    def free_reservation(self, selection_id: str) -> "asyncio.Future[None]":
+        return self._future(self._core.free_reservation, selection_id)
+
+    def potential_loads(self, request: dict) -> "asyncio.Future[list]":
+        return self._future(self._core.potential_loads, request)
+
+    def overlap_scores(self, request: dict) -> "asyncio.Future[dict]":
+        return self._future(self._core.overlap_scores, request)
+
+    def indexer_snapshot(self) -> "asyncio.Future[dict]":
+        return self._future(self._core.indexer_snapshot)
+
+    def recover_indexer_from_peers(self, peers: list[str]) -> "asyncio.Future[bool]":
+        # Blocking HTTP GETs: always off the loop.
+        return asyncio.get_running_loop().run_in_executor(
+            None, self._core.recover_indexer_from_peers, list(peers))
+
+    async def shutdown_async(self) -> None:
+        self._core.shutdown()
+
+    # -- synchronous in Dynamo too
+    def list_workers(self, *, model_name: Optional[str] = None,
+                     routing_group: Optional[str] = None) -> list:
+        return self._core.list_workers(model_name, routing_group)
+
+    def ready(self) -> dict:
+        return self._core.ready()
+
+    def loads(self, *, model_name: Optional[str] = None,
+              routing_group: Optional[str] = None) -> list:
+        return self._core.loads(model_name, routing_group)
+
+    def add_output_block(self, selection_id: str, *,
+                         decay_fraction: Optional[float] = None) -> None:
+        return self._core.add_output_block(selection_id, decay_fraction=decay_fraction)
+
+    def shutdown(self) -> None:
+        self._core.shutdown()
+
+    # -- synchronous twins of the awaitable methods (kvr's; no event loop needed)
+    def upsert_worker_sync(self, worker: dict) -> dict:
+        return self._core.upsert_worker(worker)
+
+    def patch_worker_sync(self, worker_id: int, patch: dict) -> dict:
+        return self._core.patch_worker(worker_id, patch)
+
+    def delete_worker_sync(self, worker_id: int) -> dict:
+        return self._core.delete_worker(worker_id)
+
+    def select_sync(self, request: dict) -> dict:
+        return self._core.select(request)
+
+    def select_and_reserve_sync(self, request: dict) -> dict:
+        return self._core.select_and_reserve(request)
+
+    def create_reservation_sync(self, request: dict) -> dict:
+        return self._core.create_reservation(request)
+
+    def prefill_complete_sync(self, selection_id: str) -> None:
+        return self._core.prefill_complete(selection_id)
+
+    def free_reservation_sync(self, selection_id: str) -> None:
+        return self._core.free_reservation(selection_id)
+
+    def potential_loads_sync(self, request: dict) -> list:
+        return self._core.potential_loads(request)
+
+    def overlap_scores_sync(self, request: dict) -> dict:
+        return self._core.overlap_scores(request)
+
+    def indexer_snapshot_sync(self) -> dict:
+        return self._core.indexer_snapshot()
+
+    def recover_indexer_from_peers_sync(self, peers: list[str]) -> bool:
+        return self._core.recover_indexer_from_peers(list(peers))
+
+    def __enter__(self) -> "SelectionService":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

@@ -1,0 +1,291 @@
+//! The typed hot path: `Engine` → `Partition` → `select(tokens) -> Decision`, the engine
+//! crate's root facade without dicts. Tokens come from any integer buffer (read in place
+//! when it holds u32s) or a sequence; the engine's work runs without the GIL.
+
+use std::sync::Arc;
+
+use kvr::{KvEvent, Outcome, PartitionConfig, PartitionKey, RankId, StoredBlock, Tier, WorkerInfo};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::service_error;
+use crate::tokens;
+
+fn value_error(e: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// `kvr.Engine`: partitions and the booking lifecycle by selection id.
+#[pyclass(module = "kvr._kvr", frozen)]
+pub struct Engine {
+    inner: Arc<kvr::Engine>,
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (seed=None))]
+    fn new(seed: Option<u64>) -> Self {
+        let inner = match seed {
+            Some(s) => kvr::Engine::with_seed(s),
+            None => kvr::Engine::new(),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// A new partition (one model and routing group); ValueError if it exists.
+    #[pyo3(signature = (model_name="default", routing_group="default", *, block_size=16, use_kv_events=true))]
+    fn create_partition(
+        &self,
+        model_name: &str,
+        routing_group: &str,
+        block_size: u32,
+        use_kv_events: bool,
+    ) -> PyResult<Partition> {
+        let mut c = PartitionConfig::new(block_size);
+        c.indexer.use_kv_events = use_kv_events;
+        c.validate().map_err(value_error)?;
+        let p = self
+            .inner
+            .create_partition(PartitionKey::new(model_name, routing_group), c)
+            .map_err(value_error)?;
+        Ok(Partition {
+            engine: self.inner.clone(),
+            inner: p,
+        })
+    }
+
+    /// The booking's prefill is done (its prefill tokens leave the rank's load).
+    fn mark_prefill_complete(&self, py: Python<'_>, selection_id: u64) -> PyResult<()> {
+        let e = &*self.inner;
+        py.detach(|| e.mark_prefill_complete(selection_id))
+            .map_err(|e| lifecycle_error(py, e))
+    }
+
+    #[pyo3(signature = (selection_id, n=1))]
+    fn add_output_blocks(&self, py: Python<'_>, selection_id: u64, n: u64) -> PyResult<()> {
+        let e = &*self.inner;
+        py.detach(|| e.add_output_blocks(selection_id, n))
+            .map_err(|e| lifecycle_error(py, e))
+    }
+
+    /// Ends a booking: true if it was live (false if freed before or ended with its rank).
+    fn free(&self, py: Python<'_>, selection_id: u64) -> PyResult<bool> {
+        let e = &*self.inner;
+        match py.detach(|| e.free(selection_id)) {
+            Ok(kvr::FreeOutcome::Freed(_)) => Ok(true),
+            Ok(_) => Ok(false),
+            Err(e) => Err(lifecycle_error(py, e)),
+        }
+    }
+}
+
+fn lifecycle_error(py: Python<'_>, e: kvr::EngineError) -> PyErr {
+    match e {
+        kvr::EngineError::UnknownSelectionId(id) => {
+            service_error(py, 404, "not_found", &format!("reservation {id} not found"))
+        }
+        other => value_error(other),
+    }
+}
+
+/// `kvr.Partition`: workers, their cached blocks and selection.
+#[pyclass(module = "kvr._kvr", frozen)]
+pub struct Partition {
+    engine: Arc<kvr::Engine>,
+    inner: Arc<kvr::Partition>,
+}
+
+/// `kvr.Decision`: the chosen rank and what the engine knew choosing it.
+#[pyclass(module = "kvr._kvr", frozen, get_all)]
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    /// The booking's id (`select(..., reserve=True)`), else None.
+    pub selection_id: Option<u64>,
+    pub cached_tokens: u64,
+    pub device_blocks: u32,
+    pub host_blocks: u32,
+    pub disk_blocks: u32,
+    pub projected_prefill_tokens: u64,
+    pub projected_decode_blocks: u64,
+    pub cost: f64,
+}
+
+#[pymethods]
+impl Decision {
+    fn __repr__(&self) -> String {
+        format!(
+            "Decision(worker_id={}, dp_rank={}, selection_id={}, cached_tokens={}, cost={})",
+            self.worker_id,
+            self.dp_rank,
+            self.selection_id
+                .map_or_else(|| "None".to_string(), |i| i.to_string()),
+            self.cached_tokens,
+            self.cost
+        )
+    }
+}
+
+#[pymethods]
+impl Partition {
+    #[getter]
+    fn model_name(&self) -> String {
+        self.inner.key().model.to_string()
+    }
+
+    #[getter]
+    fn routing_group(&self) -> String {
+        self.inner.key().routing_group.to_string()
+    }
+
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+
+    /// Adds or replaces a worker of `dp_size` ranks from `dp_start`.
+    #[pyo3(signature = (worker_id, *, dp_size=1, dp_start=0, total_kv_blocks=0))]
+    fn upsert_worker(
+        &self,
+        py: Python<'_>,
+        worker_id: u64,
+        dp_size: u32,
+        dp_start: u32,
+        total_kv_blocks: u64,
+    ) -> PyResult<()> {
+        let mut w = WorkerInfo::new(worker_id, dp_size);
+        w.dp_start = dp_start;
+        w.total_kv_blocks = total_kv_blocks;
+        let p = &*self.inner;
+        py.detach(|| p.upsert_worker(w)).map_err(value_error)?;
+        Ok(())
+    }
+
+    fn remove_worker(&self, py: Python<'_>, worker_id: u64) -> bool {
+        let p = &*self.inner;
+        py.detach(|| p.remove_worker(worker_id))
+    }
+
+    /// Records that a rank caches the complete blocks of `tokens` on its device (a
+    /// KV "stored" event, its hashes computed as the engines publish them); returns the
+    /// blocks stored.
+    fn store(
+        &self,
+        py: Python<'_>,
+        worker_id: u64,
+        dp_rank: u32,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        let t = tokens::extract(tokens)?;
+        let t = t.as_slice();
+        let p = &*self.inner;
+        let out = py.detach(|| {
+            let (mut local, mut seq) = (Vec::new(), Vec::new());
+            p.hasher().hash_tokens(t, &mut local, &mut seq);
+            let blocks: Vec<StoredBlock> = local
+                .iter()
+                .zip(&seq)
+                .map(|(&l, &s)| StoredBlock {
+                    external_hash: s,
+                    local_hash: l,
+                })
+                .collect();
+            p.apply_events(
+                RankId::new(worker_id, dp_rank),
+                [KvEvent::Stored {
+                    tier: Tier::Device,
+                    parent: None,
+                    blocks: &blocks,
+                }],
+            )
+        });
+        if out.ignored {
+            return Err(PyValueError::new_err(
+                "this partition takes no KV events (use_kv_events=False)",
+            ));
+        }
+        Ok(out.blocks_stored)
+    }
+
+    /// Chooses a rank for `tokens` (a sequence of ints or any integer buffer); with
+    /// `reserve`, books it and answers its selection id.
+    #[pyo3(signature = (tokens, *, reserve=false, allowed_workers=None, pinned_worker=None, lora_name=None, expected_output_tokens=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn select(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        reserve: bool,
+        allowed_workers: Option<Vec<u64>>,
+        pinned_worker: Option<u64>,
+        lora_name: Option<String>,
+        expected_output_tokens: u64,
+    ) -> PyResult<Decision> {
+        let t = tokens::extract(tokens)?;
+        let t = t.as_slice();
+        let (e, p) = (&*self.engine, &*self.inner);
+        let outcome = py.detach(|| {
+            let mut req = kvr::SelectRequest::tokens(t);
+            req.allowed_workers = allowed_workers.as_deref();
+            req.pinned_worker = pinned_worker;
+            req.lora_name = lora_name.as_deref();
+            req.expected_output_tokens = expected_output_tokens;
+            if reserve {
+                e.select_and_reserve_in(p, &req)
+            } else {
+                e.select_in(p, &req)
+            }
+        });
+        let key = p.key();
+        match outcome.map_err(value_error)? {
+            Outcome::Selected(d) => Ok(Decision {
+                worker_id: d.rank.worker_id,
+                dp_rank: d.rank.dp_rank,
+                selection_id: d.selection_id,
+                cached_tokens: d.cached_tokens,
+                device_blocks: d.overlap.device_blocks,
+                host_blocks: d.overlap.host_blocks,
+                disk_blocks: d.overlap.disk_blocks,
+                projected_prefill_tokens: d.projected_prefill_tokens,
+                projected_decode_blocks: d.projected_decode_blocks,
+                cost: d.cost,
+            }),
+            Outcome::Busy => Err(service_error(
+                py,
+                429,
+                "overloaded",
+                &format!(
+                    "all workers are busy for model={} routing_group={}",
+                    key.model, key.routing_group
+                ),
+            )),
+            _ => Err(service_error(
+                py,
+                503,
+                "not_ready",
+                &format!(
+                    "no schedulable workers for model={} routing_group={}",
+                    key.model, key.routing_group
+                ),
+            )),
+        }
+    }
+
+    /// A rank's booked load: (prefill tokens, decode blocks, active requests).
+    #[pyo3(signature = (worker_id, dp_rank=0))]
+    fn load(&self, worker_id: u64, dp_rank: u32) -> (u64, u64, u64) {
+        let l = self
+            .inner
+            .bookings()
+            .rank_load(RankId::new(worker_id, dp_rank));
+        (
+            l.active_prefill_tokens,
+            l.active_decode_blocks,
+            l.active_requests,
+        )
+    }
+}

@@ -1,0 +1,209 @@
+"""kvr.SelectionService on its own: lifecycle, the async and sync surfaces, bad input,
+errors, and concurrency from threads (the GIL released, no deadlock, loads back to 0)."""
+
+import asyncio
+import threading
+
+import pytest
+
+import kvr
+
+BS = 16
+
+
+def prompt(start, blocks=4):
+    return list(range(start, start + blocks * BS))
+
+
+@pytest.fixture
+def svc(monkeypatch):
+    # No KV-event publishers here: workers are schedulable without an events endpoint.
+    monkeypatch.setenv("DYN_ROUTER_USE_KV_EVENTS", "false")
+    s = kvr.SelectionService()
+    for w in (1, 2):
+        s.upsert_worker_sync({"worker_id": w, "model_name": "m", "block_size": BS,
+                              "endpoint": f"http://w{w}.invalid"})
+    yield s
+    s.shutdown()
+
+
+def total_active(s):
+    return sum(r["active_requests"] for p in s.loads() for r in p["loads"])
+
+
+def test_lifecycle_sync(svc):
+    assert svc.ready()["ready"] is True
+    r = svc.select_and_reserve_sync({"model_name": "m", "token_ids": prompt(0), "selection_id": "a"})
+    assert r["selection_id"] == "a" and r["worker_id"] in (1, 2)
+    assert r["isl_tokens"] == 4 * BS and len(r["sequence_hashes"]) == 4
+    assert total_active(svc) == 1
+    svc.prefill_complete_sync("a")
+    svc.add_output_block("a")
+    svc.free_reservation_sync("a")
+    assert total_active(svc) == 0
+    with pytest.raises(kvr.SelectionServiceError) as e:
+        svc.free_reservation_sync("a")
+    assert (e.value.kind, e.value.status_code) == ("not_found", 404)
+
+
+def test_pending_selection_claimed(svc):
+    s = svc.select_sync({"model_name": "m", "token_ids": prompt(100), "selection_id": "p"})
+    r = svc.create_reservation_sync({"selection_id": "p", "model_name": "m"})
+    assert r["worker_id"] == s["worker_id"]
+    with pytest.raises(kvr.SelectionServiceError) as e:
+        svc.create_reservation_sync({"selection_id": "p", "model_name": "m"})
+    assert e.value.status_code == 404
+    svc.free_reservation_sync("p")
+    assert total_active(svc) == 0
+
+
+def test_workers_crud(svc):
+    assert {w["worker_id"] for w in svc.list_workers(model_name="m")} == {1, 2}
+    assert svc.list_workers(model_name="nope") == []
+    rec = svc.patch_worker_sync(2, {"total_kv_blocks": 99})
+    assert rec["total_kv_blocks"] == 99
+    assert svc.delete_worker_sync(2)["worker_id"] == 2
+    with pytest.raises(kvr.SelectionServiceError) as e:
+        svc.delete_worker_sync(2)
+    assert e.value.kind == "not_found"
+    with pytest.raises(TypeError):
+        svc.delete_worker_sync("x")
+
+
+def test_int_rank_keys_in_and_out(monkeypatch):
+    monkeypatch.setenv("DYN_ROUTER_USE_KV_EVENTS", "false")
+    with kvr.SelectionService() as s:
+        rec = s.upsert_worker_sync({"worker_id": 5, "model_name": "m", "block_size": BS,
+                                    "data_parallel_size": 2, "endpoint": "http://x.invalid",
+                                    "kv_events_endpoints": {0: "tcp://127.0.0.1:9",
+                                                            1: "tcp://127.0.0.1:10"}})
+        assert rec["kv_events_endpoints"] == {0: "tcp://127.0.0.1:9", 1: "tcp://127.0.0.1:10"}
+
+
+def test_async_surface(svc):
+    async def main():
+        r = await svc.select_and_reserve({"model_name": "m", "token_ids": prompt(0),
+                                          "selection_id": "x"})
+        await svc.prefill_complete("x")
+        assert (await svc.overlap_scores({"model_name": "m", "token_ids": prompt(0)}))["block_size"] == BS
+        assert len(await svc.potential_loads({"model_name": "m", "token_ids": prompt(0)})) == 2
+        snap = await svc.indexer_snapshot()
+        assert isinstance(snap, dict)
+        # Failures come out of the await, as Dynamo's.
+        fut = svc.select_and_reserve({"model_name": "m", "token_ids": prompt(0), "selection_id": "x"})
+        with pytest.raises(kvr.SelectionServiceError) as e:
+            await fut
+        assert (e.value.kind, e.value.status_code) == ("conflict", 409)
+        # Many at once on one loop.
+        ids = [f"c{i}" for i in range(50)]
+        await asyncio.gather(*(svc.select_and_reserve({"model_name": "m", "token_ids": prompt(i),
+                                                       "selection_id": i_}) for i, i_ in enumerate(ids)))
+        assert total_active(svc) == 51
+        await asyncio.gather(*(svc.free_reservation(i) for i in ids + ["x"]))
+        assert total_active(svc) == 0
+        assert r["worker_id"] in (1, 2)
+    asyncio.run(main())
+
+
+def test_async_needs_a_loop(svc):
+    with pytest.raises(RuntimeError):
+        svc.select({"model_name": "m", "token_ids": prompt(0)})
+
+
+@pytest.mark.parametrize("body", [
+    {"model_name": "m", "token_ids": "x"},
+    {"model_name": "m", "token_ids": [-1]},
+    {"model_name": "m", "token_ids": [2**32]},
+    {"model_name": "m", "token_ids": [1.5]},
+    {"model_name": "m"},
+    {"model_name": 5, "token_ids": [1]},
+    {"model_name": "m", "block_hashes": [1, 2], "sequence_hashes": [1], "isl_tokens": 32},
+    5,
+    None,
+    [1, 2],
+    "select",
+])
+def test_bad_input_is_value_error(svc, body):
+    with pytest.raises(ValueError):
+        svc.select_sync(body)
+    with pytest.raises(ValueError):
+        svc.select_and_reserve_sync(body)
+    assert total_active(svc) == 0
+
+
+def test_bad_input_raises_at_the_call(svc):
+    async def main():
+        with pytest.raises(ValueError):
+            svc.select({"model_name": "m", "token_ids": "x"})  # no await needed
+    asyncio.run(main())
+
+
+def test_service_errors(svc):
+    with pytest.raises(kvr.SelectionServiceError) as e:
+        svc.select_sync({"model_name": "nope", "token_ids": [1]})
+    assert (e.value.kind, e.value.status_code) == ("not_ready", 503)
+    with pytest.raises(kvr.SelectionServiceError) as e:
+        svc.select_sync({"model_name": "m", "token_ids": [1], "allowed_worker_ids": [99]})
+    assert (e.value.kind, e.value.status_code) == ("scheduler", 503)
+    with pytest.raises(ValueError):
+        svc.add_output_block("zz", decay_fraction=2.0)
+    with pytest.raises(ValueError):
+        svc.select_and_reserve_sync({"model_name": "m", "token_ids": [1], "selection_id": ""})
+
+
+def test_constructor_arguments(monkeypatch):
+    monkeypatch.setenv("DYN_ROUTER_USE_KV_EVENTS", "false")
+    s = kvr.SelectionService(indexer_threads=2, session_affinity_ttl_secs=30,
+                             selection_cache=kvr.SelectionCacheConfig(ttl_secs=1.5, max_entries=8))
+    s.shutdown()
+    for bad in (dict(indexer_threads=0), dict(session_affinity_ttl_secs=0),
+                dict(session_affinity_ttl_secs=10**9), dict(indexer_threads="4")):
+        with pytest.raises(ValueError):
+            kvr.SelectionService(**bad)
+    with pytest.raises(TypeError):
+        kvr.SelectionService(bogus=1)
+
+
+def test_peers_recovery_without_peers_answers_false(svc):
+    assert svc.recover_indexer_from_peers_sync(["http://127.0.0.1:1"]) is False
+
+
+def test_shutdown(svc):
+    svc.shutdown()
+    svc.shutdown()  # idempotent
+    assert svc.ready()["schedulable_workers"] == 2
+    with pytest.raises(kvr.SelectionServiceError) as e:
+        svc.select_sync({"model_name": "m", "token_ids": [1]})
+    assert (e.value.kind, e.value.status_code) == ("not_ready", 503)
+
+
+def test_threads_book_and_free(svc):
+    """8 threads × 300 bookings: no deadlock, every booking freed, loads back to zero."""
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def work(t):
+        try:
+            barrier.wait()
+            for i in range(300):
+                sid = f"t{t}-{i}"
+                svc.select_and_reserve_sync({"model_name": "m", "token_ids": prompt(i * 7 + t, 8),
+                                             "selection_id": sid})
+                if i % 3 == 0:
+                    svc.prefill_complete_sync(sid)
+                    svc.add_output_block(sid)
+                svc.free_reservation_sync(sid)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "deadlock: threads still running"
+    assert not errors, errors[:3]
+    assert total_active(svc) == 0
+    for p in svc.loads():
+        for r in p["loads"]:
+            assert r["potential_prefill_tokens"] == 0 and r["potential_decode_blocks"] == 0
