@@ -16,7 +16,9 @@
 //!   replay from 0 (the new instance's first batches may have been missed too).
 //!   A replay whose verification fails (the batch at `last` differs, or the publisher's
 //!   newest batch is older than `last`) is a restart found through replay: clear, replay
-//!   from 0.
+//!   from 0; so is a replayed batch that differs from the batch of its number applied or
+//!   held while the replay ran (the old instance answered, then restarted, and its
+//!   replay arrives behind the new instance's live batches).
 //! - **idle probe** ([`SequenceTracker::on_idle`], called by the transport after a
 //!   silence and once right after subscribing): replay from `last` (verified as above) or
 //!   from 0 before anything was applied. It finds a gap at the end of a burst, a
@@ -145,8 +147,9 @@ struct Replay {
     /// when the replay began: the live stream never goes back, so a live batch before it
     /// (or at it, changed) is a new publisher instance, as outside a replay.
     live_high: Option<(u64, u64)>,
-    /// Digests of the batches this replay applied (at most `MAX_HELD`): a live batch of
-    /// the same number must be the same batch, or the publisher restarted.
+    /// Digests of the batches applied while this replay ran, replayed or live (at most
+    /// `MAX_HELD`): another batch of the same number, from either side, means the
+    /// publisher restarted.
     brought: std::collections::HashMap<u64, u64>,
 }
 
@@ -333,6 +336,9 @@ impl SequenceTracker {
                 // No gap is known (a probe, or a join replay from 0): contiguous live
                 // batches apply at once; a failed verification later clears them anyway.
                 r.next = seq.wrapping_add(1);
+                if r.brought.len() < MAX_HELD {
+                    r.brought.insert(seq, d);
+                }
                 self.apply_digested(seq, payload.to_vec(), d, out);
             } else if r.held.len() >= MAX_HELD {
                 // The replay is not keeping up: give it up (clear, apply what was held),
@@ -423,7 +429,16 @@ impl SequenceTracker {
             r.unverified = true;
         }
         if seq < r.next || r.target().is_some_and(|t| seq >= t) {
-            // Already applied, or a live batch will (or did) bring it.
+            // Already applied, or a live batch will (or did) bring it: the same batch, or
+            // the publisher restarted after answering (its old instance's replay arrives
+            // behind the new instance's live batches; found by the fuzz target `recovery`:
+            // taken for what was applied, the old batches after it overcounted).
+            let d = digest(payload);
+            let applied = r.brought.get(&seq).is_some_and(|&b| b != d);
+            let held = r.held.get(&seq).is_some_and(|p| digest(p) != d);
+            if applied || held {
+                self.restart_found(out);
+            }
             return;
         }
         let missing = seq - r.next;
