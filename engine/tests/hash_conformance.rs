@@ -17,7 +17,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 const VECTORS: &str = "conformance/hash_vectors.json";
 
 fn vendored_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join(VECTORS)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(VECTORS)
 }
 
 fn vectors_path() -> PathBuf {
@@ -29,7 +31,9 @@ fn vectors_path() -> PathBuf {
 
 #[test]
 fn vendored_vectors_equal_the_shared_contract() {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared").join(VECTORS);
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared")
+        .join(VECTORS);
     let Ok(contract) = std::fs::read(&shared) else {
         return; // no shared directory next to this clone: the vendored copy is all there is
     };
