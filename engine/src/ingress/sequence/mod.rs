@@ -32,7 +32,9 @@
 //! ask the transport for a replay, which supersedes any replay of this stream in flight).
 //! While a replay fills a known gap, live batches newer than the gap wait in a buffer and
 //! apply after the replayed range; during a probe (no gap known) contiguous live batches
-//! apply at once, so a dead replay endpoint never delays the live stream. A live batch
+//! apply at once, so a dead replay endpoint never delays the live stream of a stream that
+//! has applied anything. A join's live batches (nothing applied yet) wait for the join's
+//! replay to end (at most its timeout): nothing could tell them from an old instance's. A live batch
 //! past the next expected one during a probe makes the loss known: the probe becomes a
 //! gap recovery (counted in `gaps`; if it fails, the stream's ranks are cleared).
 
@@ -332,9 +334,14 @@ impl SequenceTracker {
             if seq < r.next {
                 // The replay brought it already.
                 self.stats.duplicates += 1;
-            } else if r.held.is_empty() && seq == r.next {
-                // No gap is known (a probe, or a join replay from 0): contiguous live
-                // batches apply at once; a failed verification later clears them anyway.
+            } else if r.held.is_empty() && seq == r.next && r.why != Why::Join {
+                // No gap is known (a probe): contiguous live batches apply at once; a
+                // failed verification later clears them anyway. Not during a join: with
+                // nothing applied there is nothing to verify a live batch against, and a
+                // join replay answered by an old publisher instance that then restarted
+                // could not be told from the new instance's first batches (found by the
+                // fuzz target `recovery`: the new batch 0 applied, the old 1 and 2
+                // replayed after it). The join's live batches wait for its replay to end.
                 r.next = seq.wrapping_add(1);
                 if r.brought.len() < MAX_HELD {
                     r.brought.insert(seq, d);
@@ -428,15 +435,26 @@ impl SequenceTracker {
             // cannot be told, so what the index holds is not trusted.
             r.unverified = true;
         }
-        if seq < r.next || r.target().is_some_and(|t| seq >= t) {
-            // Already applied, or a live batch will (or did) bring it: the same batch, or
-            // the publisher restarted after answering (its old instance's replay arrives
-            // behind the new instance's live batches; found by the fuzz target `recovery`:
-            // taken for what was applied, the old batches after it overcounted).
-            let d = digest(payload);
-            let applied = r.brought.get(&seq).is_some_and(|&b| b != d);
-            let held = r.held.get(&seq).is_some_and(|p| digest(p) != d);
-            if applied || held {
+        if seq < r.next {
+            // Already applied: the same batch, or the publisher restarted after answering
+            // (its old instance's replay arrives behind the new instance's live batches;
+            // found by the fuzz target `recovery`: taken for what was applied, the old
+            // batches after it overcounted).
+            if r.brought.get(&seq).is_some_and(|&b| b != digest(payload)) {
+                self.restart_found(out);
+            }
+            return;
+        }
+        if r.target().is_some_and(|t| seq >= t) {
+            // At or past the first held live batch: a live batch will (or did) bring it.
+            // If one is held under this number, it must be the same batch (else the
+            // publisher restarted, as above). One the live stream lost between held
+            // batches is not taken from the replay: nothing ties the replay to the live
+            // batches' instance there (the old instance's would fill the hole).
+            if r.held
+                .get(&seq)
+                .is_some_and(|p| digest(p) != digest(payload))
+            {
                 self.restart_found(out);
             }
             return;
