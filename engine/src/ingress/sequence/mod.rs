@@ -331,6 +331,13 @@ impl SequenceTracker {
                 // Another batch than the one the replay brought under this number.
                 return self.restart(seq, payload, out);
             }
+            if seq < r.next && !r.brought.contains_key(&seq) {
+                // Below what the replay applied, and not a batch it brought (one it found
+                // missing): the live stream never goes back, so a new publisher instance
+                // (found by the fuzz target `recovery`: the old instance's replay went on
+                // applying after the new instance's batch 0 was taken for a duplicate).
+                return self.restart(seq, payload, out);
+            }
             if seq < r.next {
                 // The replay brought it already.
                 self.stats.duplicates += 1;

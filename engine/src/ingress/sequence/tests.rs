@@ -427,6 +427,31 @@ fn an_old_instance_replay_behind_the_new_instance_live_batches_is_a_restart() {
 }
 
 #[test]
+fn a_live_batch_below_the_replay_that_it_did_not_bring_is_a_restart() {
+    // Found by fuzz target `recovery` (fuzz/regressions/recovery/): the join replay of the
+    // old instance brought 1 (0 no longer buffered); the new instance's 0 came live and
+    // was taken for a duplicate; the old replay's 2 then applied: an overcount.
+    let mut t = SequenceTracker::new(true);
+    idle(&mut t);
+    assert_eq!(applied(&replayed(&mut t, 1, 0)), vec![1]);
+    let out = live_of(&mut t, 0, 1);
+    assert_eq!(clears(&out), vec![ClearCause::Restart]);
+    assert_eq!(applied(&out), vec![0]);
+    assert!(!t.replaying(), "the old instance's replay is abandoned");
+    assert!(
+        replayed(&mut t, 2, 0).is_empty(),
+        "its late batches are ignored"
+    );
+    // A batch the replay did bring, live again: a duplicate, as before.
+    let mut t = SequenceTracker::new(true);
+    idle(&mut t);
+    replayed(&mut t, 0, 0);
+    replayed(&mut t, 1, 0);
+    assert!(live(&mut t, 1).is_empty());
+    assert_eq!((t.stats().duplicates, t.stats().restarts), (1, 0));
+}
+
+#[test]
 fn a_join_probe_that_hears_nothing_back_counts_as_failed() {
     let mut t = SequenceTracker::new(true);
     idle(&mut t);
