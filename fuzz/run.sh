@@ -39,9 +39,9 @@
 # 10 M executions each (KVR_FUZZ_RUNS=10000000 bash fuzz/run.sh, no sanitizer, one core,
 # from the seeds, 2026-12-02; recovery and service_bodies while CI ran on the other core):
 #   decode 81 s (123,456 exec/s), event_sequence 730 s (13,698), ingest_frames 1,444 s
-#   (6,925), recovery 1,517 s (6,591); 0 crashes. service_bodies: 8.4 M executions, 0
-#   crashes, in 27 min, its rate falling from 16,881 to < 1,000 exec/s as its inputs grew
-#   towards 4 KB and its reused router to ~0.9 GB RSS (see README, issue 20).
+#   (6,925), recovery 1,517 s (6,591), service_bodies 3,046 s (3,282; its rate fell from
+#   16,881 to ~1,000 as its inputs grew towards 4 KB and its reused router to 1,129 MB
+#   peak RSS: see README, issue 20); 0 crashes.
 set -euo pipefail
 
 fuzz_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
