@@ -152,7 +152,7 @@ struct Replay {
     /// Digests of the batches applied while this replay ran, replayed or live (at most
     /// `MAX_HELD`): another batch of the same number, from either side, means the
     /// publisher restarted.
-    brought: std::collections::HashMap<u64, u64>,
+    applied_digests: std::collections::HashMap<u64, u64>,
 }
 
 impl Replay {
@@ -172,7 +172,14 @@ impl Replay {
             partial: false,
             applied: false,
             live_high,
-            brought: std::collections::HashMap::new(),
+            applied_digests: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Remembers the digest of a batch applied while the replay runs (bounded).
+    fn note_applied(&mut self, seq: u64, d: u64) {
+        if self.applied_digests.len() < MAX_HELD {
+            self.applied_digests.insert(seq, d);
         }
     }
 
@@ -327,11 +334,11 @@ impl SequenceTracker {
                 }
                 _ => r.live_high = Some((seq, d)),
             }
-            if r.brought.get(&seq).is_some_and(|&b| b != d) {
+            if r.applied_digests.get(&seq).is_some_and(|&b| b != d) {
                 // Another batch than the one the replay brought under this number.
                 return self.restart(seq, payload, out);
             }
-            if seq < r.next && !r.brought.contains_key(&seq) {
+            if seq < r.next && !r.applied_digests.contains_key(&seq) {
                 // Below what the replay applied, and not a batch it brought (one it found
                 // missing): the live stream never goes back, so a new publisher instance
                 // (found by the fuzz target `recovery`: the old instance's replay went on
@@ -350,9 +357,7 @@ impl SequenceTracker {
                 // fuzz target `recovery`: the new batch 0 applied, the old 1 and 2
                 // replayed after it). The join's live batches wait for its replay to end.
                 r.next = seq.wrapping_add(1);
-                if r.brought.len() < MAX_HELD {
-                    r.brought.insert(seq, d);
-                }
+                r.note_applied(seq, d);
                 self.apply_digested(seq, payload.to_vec(), d, out);
             } else if r.held.len() >= MAX_HELD {
                 // The replay is not keeping up: give it up (clear, apply what was held),
@@ -447,7 +452,10 @@ impl SequenceTracker {
             // (its old instance's replay arrives behind the new instance's live batches;
             // found by the fuzz target `recovery`: taken for what was applied, the old
             // batches after it overcounted).
-            if r.brought.get(&seq).is_some_and(|&b| b != digest(payload)) {
+            if r.applied_digests
+                .get(&seq)
+                .is_some_and(|&b| b != digest(payload))
+            {
                 self.restart_found(out);
             }
             return;
@@ -487,9 +495,7 @@ impl SequenceTracker {
         }
         let d = digest(payload);
         if let Some(r) = &mut self.replay {
-            if r.brought.len() < MAX_HELD {
-                r.brought.insert(seq, d);
-            }
+            r.note_applied(seq, d);
         }
         self.apply_digested(seq, payload.to_vec(), d, out);
     }
