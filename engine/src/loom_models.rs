@@ -12,6 +12,7 @@ use crate::sync::faults::{self, Faults};
 use crate::sync::{epoch, Arc};
 
 mod freshness;
+mod prefill_rate;
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();

@@ -277,6 +277,12 @@ pub(crate) mod faults {
         /// Ingress: unlist a stale stream's ranks before performing the step's actions
         /// (the clear) instead of after.
         pub unlist_before_repair: bool,
+        /// Reservations: fold a prefill-rate observation by load-then-store instead of a
+        /// compare-and-swap loop.
+        pub lossy_rate_update: bool,
+        /// Reservations: advance a rank's last prefill completion by load-then-store
+        /// instead of `fetch_max`.
+        pub split_last_prefill_max: bool,
     }
 
     std::thread_local! {

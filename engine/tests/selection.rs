@@ -25,8 +25,12 @@ fn key() -> PartitionKey {
 
 /// An engine with one partition of `workers` single-rank workers.
 fn engine(workers: u64) -> Engine {
+    engine_with(workers, PartitionConfig::new(BS))
+}
+
+fn engine_with(workers: u64, cfg: PartitionConfig) -> Engine {
     let e = Engine::with_seed(7);
-    let p = e.create_partition(key(), PartitionConfig::new(BS)).unwrap();
+    let p = e.create_partition(key(), cfg).unwrap();
     for w in 0..workers {
         p.upsert_worker(WorkerInfo::new(w, 1)).unwrap();
     }
@@ -568,9 +572,15 @@ fn workers_come_and_go_while_selections_run() {
 #[test]
 fn prompt_blocks_already_active_on_a_rank_add_no_decode_load_there() {
     // Rank 0 runs this very prompt (prefill done): its 16 blocks are active there, so
-    // another copy adds no decode blocks. Rank 1 runs a different 8-block prompt. Costs:
-    // rank 0 = 16 prefill + 16 active + 0 new = 32; rank 1 = 16 + 8 + 16 new = 40.
-    let e = engine(2);
+    // another copy adds no decode blocks. Rank 1 runs a different 8-block prompt. Dynamo's
+    // costs: rank 0 = 16 prefill + 16 active + 0 new = 32; rank 1 = 16 + 8 + 16 new = 40.
+    let e = engine_with(
+        2,
+        PartitionConfig {
+            cost: kvr::cost::CostConfig::dynamo(),
+            ..PartitionConfig::new(BS)
+        },
+    );
     let t = prompt(16);
     let other: Vec<u32> = (10_000..10_000 + 8 * BS).collect();
     let a = e

@@ -1,16 +1,117 @@
-//! The configured knobs of the cost function: the deployment-wide [`CostConfig`]
-//! (Dynamo's defaults) and a request's [`CostOverrides`]. What they fold into is
-//! `resolved.rs`.
+//! The configured knobs of the cost function: the deployment-wide [`CostConfig`] (which
+//! model, and each model's knobs) and a request's [`CostOverrides`]. What they fold into
+//! is `resolved.rs`.
 
-/// Dynamo's default weights and knobs for the cost function (REFERENCE.md §3).
+/// Which cost a selection minimises.
 ///
-/// The defaults are Dynamo's current ones, so an unconfigured kvr scores candidates the
-/// way an unconfigured Dynamo router does. Per-request [`CostOverrides`] are folded in by
+/// * [`CostModel::Latency`] (the default): each candidate's **predicted time to first
+///   token** in ms — its booked prefill queue plus this prompt's uncached part, at the
+///   partition's prefill rate — with decode load as a tie-break that only weighs in
+///   fully when KV memory nears full or a per-token latency target is set
+///   ([`latency_cost`]).
+/// * [`CostModel::Dynamo`]: Dynamo's default scorer in block equivalents, term for term
+///   ([`cost_breakdown`]), for a deployment that must route exactly as Dynamo does.
+///
+/// Why a new default: Dynamo's cost adds decode blocks to prefill blocks one for one, so
+/// a rank holding ~80 more decode blocks loses a request to one holding ~20 fewer cached
+/// blocks; on an idle or prefill-bound cluster that spreads prefixes, lowers the hit rate
+/// and raises TTFT (`kvr replay` shows it; README.md, "Routing quality").
+///
+/// [`latency_cost`]: super::latency_cost
+/// [`cost_breakdown`]: super::cost_breakdown
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CostModel {
+    #[default]
+    Latency,
+    Dynamo,
+}
+
+impl CostModel {
+    /// The model's name in flags, wire formats and reports: `latency` or `dynamo`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CostModel::Latency => "latency",
+            CostModel::Dynamo => "dynamo",
+        }
+    }
+
+    /// The model named `s` (as [`CostModel::name`] spells it).
+    pub fn parse(s: &str) -> Option<CostModel> {
+        match s {
+            "latency" => Some(CostModel::Latency),
+            "dynamo" => Some(CostModel::Dynamo),
+            _ => None,
+        }
+    }
+}
+
+/// The knobs of the latency model ([`CostModel::Latency`]); see [`latency_cost`] for the
+/// formula. Times in ms, rates in tokens per second.
+///
+/// [`latency_cost`]: super::latency_cost
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatencyConfig {
+    /// Prefill throughput of one rank before any is measured, tokens/s (10,000: a
+    /// mid-size model on one GPU).
+    pub prefill_rate_prior: f64,
+    /// Learn the partition's prefill rate online from `mark_prefill_complete` timings
+    /// (clamped to [prior / 10, prior × 10]); `false` keeps the prior.
+    pub learn_prefill_rate: bool,
+    /// Fixed cost of one request's prefill, ms (shifts every candidate alike; it makes
+    /// the reported cost a TTFT estimate).
+    pub request_overhead_ms: f64,
+    /// Share of a rank's KV blocks in use (after this booking) above which KV memory
+    /// pressure is charged (0.9).
+    pub kv_pressure_threshold: f64,
+    /// The pressure charge at full KV memory, ms, rising linearly from the threshold (and
+    /// on beyond full): a rank about to run out of blocks queues or preempts.
+    pub kv_pressure_ms: f64,
+    /// A per-token latency target, ms (`None`, the default: no target). With one, a rank
+    /// whose predicted per-token latency exceeds it is charged the excess over the
+    /// request's expected output.
+    pub itl_target_ms: Option<f64>,
+    /// Predicted per-token latency of a lone request, ms (only read with a target).
+    pub itl_base_ms: f64,
+    /// Predicted extra per-token latency per request running on the rank, ms.
+    pub itl_per_request_ms: f64,
+    /// Tie-break: µs charged per decode block the rank would hold after this booking
+    /// (1 µs: 6,400 blocks weigh as one 64-token block of prefill at 10k tokens/s).
+    pub decode_block_us: f64,
+}
+
+impl Default for LatencyConfig {
+    fn default() -> Self {
+        Self {
+            prefill_rate_prior: 10_000.0,
+            learn_prefill_rate: true,
+            request_overhead_ms: 5.0,
+            kv_pressure_threshold: 0.9,
+            kv_pressure_ms: 1_000.0,
+            itl_target_ms: None,
+            itl_base_ms: 20.0,
+            itl_per_request_ms: 0.2,
+            decode_block_us: 1.0,
+        }
+    }
+}
+
+/// The cost function's model and knobs (REFERENCE.md §3).
+///
+/// The default model is [`CostModel::Latency`]; [`CostConfig::dynamo`] is Dynamo's
+/// current default scorer, so a kvr configured with it scores candidates the way an
+/// unconfigured Dynamo router does. The weights below are Dynamo's defaults and serve
+/// both models (the latency model reads the cache credits as the share of a block's
+/// prefill a cached copy saves, so a host block's 0.75 means its transfer costs a quarter
+/// of recomputing it). Per-request [`CostOverrides`] are folded in by
 /// [`CostConfig::resolve`], which yields the [`ResolvedCost`] the hot path reads.
 ///
 /// [`ResolvedCost`]: super::ResolvedCost
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CostConfig {
+    /// Which cost is minimised.
+    pub model: CostModel,
+    /// The latency model's knobs (read only with [`CostModel::Latency`]).
+    pub latency: LatencyConfig,
     /// Credit per device-resident cached block (before decay). 1.0 = a cached device block
     /// saves exactly one block of prefill work.
     pub overlap_score_credit: f64,
@@ -62,8 +163,11 @@ pub struct CostConfig {
 }
 
 impl Default for CostConfig {
+    /// The latency model with Dynamo's weights.
     fn default() -> Self {
         Self {
+            model: CostModel::Latency,
+            latency: LatencyConfig::default(),
             overlap_score_credit: 1.0,
             prefill_load_scale: 1.0,
             host_cache_hit_weight: 0.75,
@@ -72,6 +176,17 @@ impl Default for CostConfig {
             temperature: 0.0,
             decode_active_request_weight: 0.0,
             credit_decay: None,
+        }
+    }
+}
+
+impl CostConfig {
+    /// Dynamo's default scorer with Dynamo's default knobs: routes as an unconfigured
+    /// Dynamo router does.
+    pub fn dynamo() -> Self {
+        Self {
+            model: CostModel::Dynamo,
+            ..Self::default()
         }
     }
 }

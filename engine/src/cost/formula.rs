@@ -1,13 +1,16 @@
-//! The cost formula itself (REFERENCE.md §3): the request's and a candidate's inputs
-//! ([`RequestShape`], [`CandidateLoad`]), the term-by-term [`CostBreakdown`], the current
-//! default scorer ([`cost`], [`fill_costs`]) and the older `dynamo-classic` logit. Pure
+//! The cost formulas (REFERENCE.md §3): the request's and a candidate's inputs
+//! ([`RequestShape`], [`CandidateLoad`]), Dynamo's current default scorer term by term
+//! ([`CostBreakdown`]), the older `dynamo-classic` logit, and the dispatch on the
+//! configured model ([`cost`], [`fill_costs`]; the latency model is `latency.rs`). Pure
 //! arithmetic on its arguments; choosing among the results is `choice.rs`.
 
+use super::config::CostModel;
+use super::latency::latency_cost;
 use super::resolved::ResolvedCost;
 
-/// The request-side inputs of the cost: prompt length, block size, and the one
-/// selection-wide quantity the decay needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The request-side inputs of the cost: prompt length, block size, and the
+/// selection-wide quantities the decay and the latency model need.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RequestShape {
     /// Prompt length in tokens (ISL).
     pub isl_tokens: u64,
@@ -20,6 +23,11 @@ pub struct RequestShape {
     ///
     /// [`CostConfig::credit_decay`]: super::CostConfig::credit_decay
     pub min_active_prefill_tokens: u64,
+    /// The partition's prefill rate estimate, tokens/s (the latency model; 0 or less =
+    /// the configured prior).
+    pub prefill_rate: f64,
+    /// The request's expected output tokens (the latency model's per-token term).
+    pub expected_output_tokens: u64,
 }
 
 impl RequestShape {
@@ -31,7 +39,23 @@ impl RequestShape {
             isl_tokens,
             block_size,
             min_active_prefill_tokens: 0,
+            prefill_rate: 0.0,
+            expected_output_tokens: 0,
         }
+    }
+
+    /// The same request with the partition's prefill rate estimate (tokens/s).
+    #[inline]
+    pub const fn with_prefill_rate(mut self, tokens_per_s: f64) -> Self {
+        self.prefill_rate = tokens_per_s;
+        self
+    }
+
+    /// The same request with its expected output length.
+    #[inline]
+    pub const fn with_expected_output_tokens(mut self, tokens: u64) -> Self {
+        self.expected_output_tokens = tokens;
+        self
     }
 
     /// The same request with the selection-wide prefill minimum set.
@@ -43,7 +67,7 @@ impl RequestShape {
 
     /// B as a float, with 0 treated as 1.
     #[inline]
-    fn block_size_f64(&self) -> f64 {
+    pub(super) fn block_size_f64(&self) -> f64 {
         f64::from(self.block_size.max(1))
     }
 
@@ -83,6 +107,9 @@ pub struct CandidateLoad {
     pub new_blocks_not_active: u64,
     /// Requests booked on this rank.
     pub active_requests: u64,
+    /// The rank's KV-cache capacity in blocks (0 = unknown; the latency model's memory
+    /// pressure term is then off).
+    pub total_kv_blocks: u64,
 }
 
 /// The cost of one candidate, term by term (all in block equivalents). Useful for
@@ -109,7 +136,11 @@ pub struct CostBreakdown {
 ///
 /// [`CostConfig::credit_decay`]: super::CostConfig::credit_decay
 #[inline]
-fn credit_decay_factor(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
+pub(super) fn credit_decay_factor(
+    cfg: &ResolvedCost,
+    req: &RequestShape,
+    c: &CandidateLoad,
+) -> f64 {
     match cfg.credit_decay {
         Some(d) if d > 0.0 => {
             let excess_tokens = c
@@ -123,7 +154,8 @@ fn credit_decay_factor(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad
     }
 }
 
-/// The cost of placing the request on candidate `c`, with every term (REFERENCE.md §3).
+/// Dynamo's cost of placing the request on candidate `c` ([`CostModel::Dynamo`]), with
+/// every term (REFERENCE.md §3), in block equivalents.
 ///
 /// ```text
 /// credit  = overlap_score_credit * decay * device
@@ -165,11 +197,27 @@ pub fn cost_breakdown(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad)
     }
 }
 
-/// The cost of placing the request on candidate `c` (lower wins). REFERENCE.md §3; see
-/// [`cost_breakdown`] for the terms.
+/// The cost of placing the request on candidate `c` under the configured model (lower
+/// wins): [`latency_cost`] (ms) or Dynamo's [`cost_breakdown`] (block equivalents).
 #[inline]
 pub fn cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
-    cost_breakdown(cfg, req, c).cost
+    match cfg.model {
+        CostModel::Latency => latency_cost(cfg, req, c).cost_ms,
+        CostModel::Dynamo => cost_breakdown(cfg, req, c).cost,
+    }
+}
+
+/// `blocks` of prefill in the configured model's unit: block equivalents for Dynamo's,
+/// ms at the request's prefill rate for the latency model. Soft session affinity's
+/// penalty (given in blocks) is converted with it.
+#[inline]
+pub fn blocks_in_cost_units(cfg: &ResolvedCost, req: &RequestShape, blocks: f64) -> f64 {
+    match cfg.model {
+        CostModel::Latency => {
+            blocks * req.block_size_f64() * 1e3 / super::latency::effective_rate(cfg, req)
+        }
+        CostModel::Dynamo => blocks,
+    }
 }
 
 /// The minimum `active_prefill_tokens` over `candidates` (0 for an empty slice): the

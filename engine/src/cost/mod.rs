@@ -2,11 +2,13 @@
 //!
 //! This is step 5 of selection (DESIGN.md §7): given, for every surviving candidate rank,
 //! its cached prefix (per tier), the host's shared-cache hits beyond it, and the engine's
-//! live bookings on it, compute a cost in *block equivalents* (lower wins), then choose.
-//! The formula is Dynamo's current default scorer, reproduced term for term from
-//! REFERENCE.md §3 so that kvr routes exactly as a Dynamo router configured the same way
-//! would; the booking terms it reads (active prefill tokens, active decode blocks with
-//! shared prompt blocks counted once per rank) are REFERENCE.md §4.
+//! live bookings on it, compute a cost (lower wins), then choose. Two models
+//! ([`CostModel`]): the default prices a candidate in ms of predicted TTFT
+//! ([`latency_cost`]); [`CostModel::Dynamo`] is Dynamo's current default scorer in block
+//! equivalents, reproduced term for term from REFERENCE.md §3 so that kvr can route
+//! exactly as a Dynamo router configured the same way would. The booking terms both read
+//! (active prefill tokens, active decode blocks with shared prompt blocks counted once
+//! per rank) are REFERENCE.md §4.
 //!
 //! Everything here is a pure function of its arguments: no I/O, no locks, no allocation.
 //! The caller owns any buffers ([`fill_costs`] writes into a slice it is given) and the
@@ -16,15 +18,18 @@
 mod choice;
 mod config;
 mod formula;
+mod latency;
 mod resolved;
 mod rng;
 
 pub use choice::choose;
-pub use config::{CostConfig, CostOverrides};
+pub use config::{CostConfig, CostModel, CostOverrides, LatencyConfig};
 pub use formula::{
-    classic_logit, cost, cost_breakdown, fill_costs, min_active_prefill_tokens, CandidateLoad,
-    CostBreakdown, RequestShape, CLASSIC_OVERLAP_SCORE_WEIGHT,
+    blocks_in_cost_units, classic_logit, cost, cost_breakdown, fill_costs,
+    min_active_prefill_tokens, CandidateLoad, CostBreakdown, RequestShape,
+    CLASSIC_OVERLAP_SCORE_WEIGHT,
 };
+pub use latency::{latency_cost, LatencyBreakdown};
 pub use resolved::ResolvedCost;
 pub use rng::{RandomSource, SelectionRng};
 

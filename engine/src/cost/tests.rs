@@ -7,12 +7,14 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 fn defaults() -> ResolvedCost {
-    ResolvedCost::default()
+    ResolvedCost::dynamo()
 }
 
 #[test]
 fn defaults_match_dynamo() {
-    let c = CostConfig::default();
+    assert_eq!(CostConfig::default().model, CostModel::Latency);
+    let c = CostConfig::dynamo();
+    assert_eq!(c.model, CostModel::Dynamo);
     assert_eq!(c.overlap_score_credit, 1.0);
     assert_eq!(c.prefill_load_scale, 1.0);
     assert_eq!(c.host_cache_hit_weight, 0.75);
@@ -83,7 +85,7 @@ fn shared_multiplier() {
     assert!(close(cost(&defaults(), &req, &c), 18.0));
     let cfg = CostConfig {
         shared_cache_multiplier: 0.5,
-        ..Default::default()
+        ..CostConfig::dynamo()
     }
     .resolve(&CostOverrides::NONE);
     // credit 2 + 0.5*4 = 4 → 6 + 10 = 16.
@@ -111,7 +113,7 @@ fn prefill_scale_and_active_request_weight() {
     let cfg = CostConfig {
         prefill_load_scale: 2.0,
         decode_active_request_weight: 3.0,
-        ..Default::default()
+        ..CostConfig::dynamo()
     }
     .resolve(&CostOverrides::NONE);
     // prefill (32 + 160)/16 = 12, credit 2 → 10, scaled 20; decode 4 + 10; requests 2*3.
@@ -131,7 +133,7 @@ fn prefill_scale_and_active_request_weight() {
 fn decay_on() {
     let cfg = CostConfig {
         credit_decay: Some(1.0),
-        ..Default::default()
+        ..CostConfig::dynamo()
     }
     .resolve(&CostOverrides::NONE);
     // ISL 160, B 16: request_blocks 10. Candidate: 320 active prefill tokens, 6 device.
@@ -180,7 +182,7 @@ fn decay_on() {
 fn fill_costs_uses_the_batch_minimum() {
     let cfg = CostConfig {
         credit_decay: Some(1.0),
-        ..Default::default()
+        ..CostConfig::dynamo()
     }
     .resolve(&CostOverrides::NONE);
     let req = RequestShape::new(160, 16);
@@ -222,7 +224,7 @@ fn fill_costs_rejects_mismatched_output() {
 fn zero_block_size_and_zero_isl_are_total() {
     let cfg = CostConfig {
         credit_decay: Some(1.0),
-        ..Default::default()
+        ..CostConfig::dynamo()
     }
     .resolve(&CostOverrides::NONE);
     let c = CandidateLoad {
@@ -245,7 +247,7 @@ fn overrides_take_precedence() {
         shared_cache_multiplier: 0.1,
         host_cache_hit_weight: 0.5,
         credit_decay: Some(2.0),
-        ..Default::default()
+        ..CostConfig::dynamo()
     };
     let none = cfg.resolve(&CostOverrides::default());
     assert_eq!(none.overlap_score_credit, 2.0);

@@ -9,6 +9,7 @@ use crossbeam_utils::CachePadded;
 
 use super::listeners::{ForgetListener, SweepListener};
 use super::rank::{add, RankMap, RankState};
+use super::rate::PrefillRate;
 use super::shard::{shard_hash, Booking, Shard};
 use super::types::{
     BookingOrigin, BookingRequest, BookingView, FreeOutcome, FreedBy, Released, ReservationConfig,
@@ -45,6 +46,10 @@ pub(super) struct Inner {
     /// held: what else expires on the table's clock (an approximate index's records)
     /// rides on its sweep instead of needing a thread of its own.
     pub(super) on_sweep: Option<SweepListener>,
+    /// The partition's learned prefill rate (`rate.rs`).
+    pub(super) prefill_rate: PrefillRate,
+    /// The zero of the ranks' last-prefill-completion clocks.
+    epoch: Instant,
 }
 
 impl Inner {
@@ -65,6 +70,8 @@ impl Inner {
             on_forget: None,
             on_end: None,
             on_sweep: None,
+            prefill_rate: PrefillRate::default(),
+            epoch: Instant::now(),
             config,
         }
     }
@@ -305,7 +312,36 @@ impl Inner {
         Ok(FreeOutcome::Freed(released))
     }
 
-    pub(super) fn mark_prefill_complete(&self, id: SelectionId) -> Result<(), ReservationError> {
+    /// Nanoseconds from the table's epoch to `t` (0 for an instant before it).
+    fn clock_ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// One observation of the prefill rate: `tokens` served from the later of the
+    /// booking's creation and the rank's previous completion until `now` (`rate.rs`).
+    fn observe_prefill(&self, rank: &RankState, tokens: u64, created: Instant, now: Instant) {
+        let t = self.clock_ns(now);
+        let last = &rank.counters.last_prefill_done_ns;
+        #[cfg(loom)]
+        let prev = if faults::get().split_last_prefill_max {
+            let p = last.load(Ordering::Relaxed);
+            last.store(p.max(t), Ordering::Relaxed);
+            p
+        } else {
+            last.fetch_max(t, Ordering::Relaxed)
+        };
+        #[cfg(not(loom))]
+        let prev = last.fetch_max(t, Ordering::Relaxed);
+        let start = self.clock_ns(created).max(prev);
+        let secs = t.saturating_sub(start) as f64 / 1e9;
+        self.prefill_rate.observe(tokens, secs);
+    }
+
+    pub(super) fn mark_prefill_complete(
+        &self,
+        id: SelectionId,
+        now: Instant,
+    ) -> Result<(), ReservationError> {
         let mut g = self.shard(id).lock();
         let Some(b) = g.live.get_mut(&id) else {
             // A freed booking holds no prefill tokens: the state the call asks for holds.
@@ -331,6 +367,10 @@ impl Inner {
         b.prefill_done = true;
         let (st, tokens) = (&b.rank, b.prefill_tokens);
         self.sub(&st.counters.prefill_tokens, tokens, "active_prefill_tokens");
+        // A replica's booking was made on another clock: its timing says nothing here.
+        if b.origin == BookingOrigin::Local {
+            self.observe_prefill(st, tokens, b.created, now);
+        }
         Ok(())
     }
 

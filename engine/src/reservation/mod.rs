@@ -83,6 +83,7 @@ mod inner;
 mod listeners;
 mod loads;
 mod rank;
+pub(crate) mod rate;
 mod shard;
 mod sweep;
 mod table;

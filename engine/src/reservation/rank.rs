@@ -37,6 +37,9 @@ pub(super) struct Counters {
     /// Distinct active prompt blocks (= the refcount map's length), so a rank with none
     /// answers `new_blocks_not_active` without its lock.
     pub(super) prompt_blocks: AtomicU64,
+    /// When the rank's latest prefill completed, ns from the table's epoch (advanced by
+    /// `fetch_max`: the prefill-rate estimator's service windows, `rate.rs`).
+    pub(super) last_prefill_done_ns: AtomicU64,
 }
 
 /// The prompt-block map capacity an idle rank keeps (see [`RankBlocks::maybe_shrink`]).

@@ -119,9 +119,34 @@ impl ReservationTable {
     }
 
     /// Drops the booking's prefill tokens (its prefill ran). Idempotent: a second call, or
-    /// a call on a recently freed booking, is `Ok` and changes nothing.
+    /// a call on a recently freed booking, is `Ok` and changes nothing. The call's time
+    /// (now) is an observation of the partition's prefill rate
+    /// ([`prefill_rate`](Self::prefill_rate)).
     pub fn mark_prefill_complete(&self, id: SelectionId) -> Result<(), ReservationError> {
-        self.inner.mark_prefill_complete(id)
+        self.inner.mark_prefill_complete(id, Instant::now())
+    }
+
+    /// [`mark_prefill_complete`](Self::mark_prefill_complete) at time `now` (a replay's
+    /// simulated clock, or a host that timestamps its events).
+    pub fn mark_prefill_complete_at(
+        &self,
+        id: SelectionId,
+        now: Instant,
+    ) -> Result<(), ReservationError> {
+        self.inner.mark_prefill_complete(id, now)
+    }
+
+    /// The partition's prefill throughput per rank learned from `mark_prefill_complete`
+    /// timings, tokens/s: `None` until a few prefills were observed. Lock-free (one
+    /// atomic load). How it is estimated: `reservation/rate.rs`.
+    pub fn prefill_rate(&self) -> Option<f64> {
+        self.inner.prefill_rate.get()
+    }
+
+    /// The estimator's packed averages (loom models).
+    #[cfg(loom)]
+    pub(crate) fn prefill_rate_packed(&self) -> u64 {
+        self.inner.prefill_rate.packed()
     }
 
     /// Adds `n` output blocks to the booking's decode load (its total is in
@@ -241,6 +266,8 @@ impl ReservationTable {
             tracked_ranks: self.inner.ranks.load().len(),
             expired_total: self.inner.expired_total.load(Ordering::Relaxed),
             counter_underflows: self.inner.underflows.load(Ordering::Relaxed),
+            prefill_rate: self.inner.prefill_rate.get(),
+            prefill_rate_observations: self.inner.prefill_rate.observations(),
             #[cfg(not(loom))]
             sweeper_started: self.sweeper.started.load(Ordering::Relaxed),
             #[cfg(loom)]

@@ -203,7 +203,7 @@ impl fmt::Display for ReservationError {
 impl std::error::Error for ReservationError {}
 
 /// Counters about the table itself.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ReservationStats {
     /// Live bookings.
     pub bookings: usize,
@@ -216,4 +216,11 @@ pub struct ReservationStats {
     pub counter_underflows: u64,
     /// Whether the background sweep thread was started.
     pub sweeper_started: bool,
+    /// The learned prefill rate per rank, tokens/s (`None` until a few prefills were
+    /// observed; see [`ReservationTable::prefill_rate`]).
+    ///
+    /// [`ReservationTable::prefill_rate`]: super::ReservationTable::prefill_rate
+    pub prefill_rate: Option<f64>,
+    /// Prefill completions observed by the rate estimator.
+    pub prefill_rate_observations: u64,
 }

@@ -8,8 +8,8 @@ use std::time::Instant;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
-    choose, cost, fill_costs, min_active_prefill_tokens, CandidateLoad, RandomSource, RequestShape,
-    ResolvedCost,
+    blocks_in_cost_units, choose, cost, fill_costs, min_active_prefill_tokens, CandidateLoad,
+    CostModel, RandomSource, RequestShape, ResolvedCost,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
 use crate::index::TieredScores;
@@ -101,10 +101,14 @@ impl Selector<'_> {
         self.eligible(req, &view, tiered, &shared, seq.len(), candidates)?;
         // 5. cost (4, the session, decides how far costs must be resolved).
         let cfg = self.config().cost.resolve(&req.overrides);
-        let shape = RequestShape::new(prompt_tokens, self.block_size());
+        let mut shape = RequestShape::new(prompt_tokens, self.block_size())
+            .with_expected_output_tokens(req.expected_output_tokens);
+        if cfg.model == CostModel::Latency {
+            shape = shape.with_prefill_rate(self.prefill_rate(&cfg));
+        }
         let steering = self.steering(req, now, &candidates.eligible);
         self.resolve_costs(&cfg, shape, &steering.steer, &view, &seq, candidates);
-        let i = pick(candidates, &steering.steer, cfg.temperature, rng);
+        let i = pick(candidates, &steering.steer, &cfg, &shape, rng);
         let (decision, forced_rebind) = self.decision(
             i,
             prompt_tokens,
@@ -197,6 +201,10 @@ impl Selector<'_> {
                 continue;
             }
             let device = t.map_or(0, |o| o.device);
+            let total_kv_blocks = view
+                .workers
+                .get(rank.worker_id)
+                .map_or(0, |w| w.total_kv_blocks);
             c.eligible.push(rank);
             c.inputs.push(CandidateLoad {
                 device_blocks: device as u64,
@@ -209,6 +217,7 @@ impl Selector<'_> {
                 // `resolve_costs`, and only where they can change the choice.
                 new_blocks_not_active: n_blocks as u64,
                 active_requests: active.active_requests,
+                total_kv_blocks,
             });
         }
         if c.eligible.is_empty() {
@@ -245,16 +254,27 @@ impl Selector<'_> {
         }
     }
 
+    /// The prefill rate this selection prices with: the partition's learned estimate
+    /// (clamped to a tenth to ten times the prior, so a host that marks prefills complete
+    /// at odd times cannot make the estimate absurd), or the prior.
+    fn prefill_rate(&self, cfg: &ResolvedCost) -> f64 {
+        let prior = cfg.latency.prefill_rate_prior;
+        match self.bookings.prefill_rate() {
+            Some(r) if cfg.latency.learn_prefill_rate => r.clamp(prior / 10.0, prior * 10.0),
+            _ => prior,
+        }
+    }
+
     /// Step 5: every candidate's cost into `c.costs`.
     ///
     /// The decode term needs, per busy rank, how many prompt blocks are not active on it
-    /// yet (a lock and a few lookups a rank). Cost rises by exactly one per such block, so
-    /// with the term at its upper bound (the whole prompt) every cost is an upper bound;
-    /// at temperature 0 a rank whose cost with the term at 0 exceeds the smallest upper
-    /// bound can never win or tie, and keeps its bound. (At T > 0, or when a session
-    /// steers, every cost matters, so all are resolved.) Resolving changes no candidate's
-    /// prefill tokens, so the credit decay's reference point stays and only the resolved
-    /// ranks' costs are recomputed.
+    /// yet (a lock and a few lookups a rank). Both models' costs only rise with that
+    /// count, so with it at its upper bound (the whole prompt) every cost is an upper
+    /// bound and with it at 0 a lower bound; at temperature 0 a rank whose lower bound
+    /// exceeds the smallest upper bound can never win or tie, and keeps its bound. (At
+    /// T > 0, or when a session steers, every cost matters, so all are resolved.)
+    /// Resolving changes no candidate's prefill tokens, so the credit decay's reference
+    /// point stays and only the resolved ranks' costs are recomputed.
     fn resolve_costs(
         &self,
         cfg: &ResolvedCost,
@@ -268,15 +288,21 @@ impl Selector<'_> {
         c.costs.resize(c.inputs.len(), 0.0);
         fill_costs(cfg, &shape, &c.inputs, &mut c.costs);
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
-        let bound = if !steered && cfg.temperature <= 0.0 {
-            let min_upper = c.costs.iter().copied().fold(f64::INFINITY, f64::min);
-            min_upper + seq.len() as f64
-        } else {
-            f64::INFINITY
-        };
+        let prune = !steered && cfg.temperature <= 0.0;
+        let min_upper = c.costs.iter().copied().fold(f64::INFINITY, f64::min);
         let shape = shape.with_min_active_prefill_tokens(min_active_prefill_tokens(&c.inputs));
         for k in 0..c.inputs.len() {
-            if c.inputs[k].active_requests != 0 && c.costs[k] <= bound {
+            if c.inputs[k].active_requests == 0 {
+                continue;
+            }
+            let can_win = !prune || {
+                let lower = CandidateLoad {
+                    new_blocks_not_active: 0,
+                    ..c.inputs[k]
+                };
+                cost(cfg, &shape, &lower) <= min_upper
+            };
+            if can_win {
                 // Bookings carry whole chains from block 0, so the rank's active blocks
                 // are prefix-closed and the chain form (log n lookups) is exact.
                 c.inputs[k].new_blocks_not_active =
@@ -352,8 +378,15 @@ impl Selector<'_> {
 }
 
 /// The choice: the session's pinned rank if it is eligible; else the lowest cost (a
-/// preferred rank's cost lowered by its penalty first), softmax-sampled at T > 0.
-fn pick(c: &mut Candidates, steer: &Steer, temperature: f64, rng: &mut impl RandomSource) -> usize {
+/// preferred rank's cost lowered by its penalty first, converted from blocks to the
+/// model's unit), softmax-sampled at T > 0.
+fn pick(
+    c: &mut Candidates,
+    steer: &Steer,
+    cfg: &ResolvedCost,
+    shape: &RequestShape,
+    rng: &mut impl RandomSource,
+) -> usize {
     let pinned = match *steer {
         Steer::Pin(r) => c.eligible.iter().position(|&e| e == r),
         Steer::Prefer {
@@ -361,14 +394,15 @@ fn pick(c: &mut Candidates, steer: &Steer, temperature: f64, rng: &mut impl Rand
             penalty_blocks,
         } => {
             if let Some(k) = c.eligible.iter().position(|&e| e == rank) {
-                c.costs[k] -= penalty_blocks;
+                c.costs[k] -= blocks_in_cost_units(cfg, shape, penalty_blocks);
             }
             None
         }
         _ => None,
     };
-    pinned
-        .unwrap_or_else(|| choose(&c.costs, temperature, rng).expect("at least one eligible rank"))
+    pinned.unwrap_or_else(|| {
+        choose(&c.costs, cfg.temperature, rng).expect("at least one eligible rank")
+    })
 }
 
 #[cfg(test)]

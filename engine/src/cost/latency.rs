@@ -1,0 +1,231 @@
+//! The latency model ([`CostModel::Latency`], kvr's default): a candidate's cost is its
+//! predicted time to first token in ms, plus charges that only matter near the limits of
+//! KV memory or of a per-token latency target.
+//!
+//! Why TTFT and not Dynamo's sum of blocks: a router exists to cut TTFT, and on most
+//! clusters prefill is what a request waits for. Dynamo's cost adds a rank's decode
+//! blocks to its prefill blocks one for one, so it spends cache hits to balance decode
+//! load that costs the request nothing until memory or per-token latency runs short.
+//! Here decode load is a tie-break until then.
+//!
+//! [`CostModel::Latency`]: super::CostModel::Latency
+
+use super::formula::{credit_decay_factor, CandidateLoad, RequestShape};
+use super::resolved::ResolvedCost;
+
+/// The latency model's terms for one candidate, all in ms (see [`latency_cost`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatencyBreakdown {
+    /// The prefill rate used, tokens/s.
+    pub prefill_rate: f64,
+    /// Prompt tokens the rank must compute (or bring from a slower tier, weighted):
+    /// `max(0, ISL - credit × B)`.
+    pub uncached_tokens: f64,
+    /// Predicted TTFT: `overhead + (active_prefill_tokens + uncached) / rate`.
+    pub ttft_ms: f64,
+    /// KV memory pressure charge.
+    pub kv_ms: f64,
+    /// Per-token latency target charge.
+    pub itl_ms: f64,
+    /// Decode-load tie-break.
+    pub tiebreak_ms: f64,
+    /// `ttft_ms + kv_ms + itl_ms + tiebreak_ms`.
+    pub cost_ms: f64,
+}
+
+/// The prefill rate a selection uses: the partition's estimate when there is one
+/// (`req.prefill_rate > 0`), else the configured prior; never below 1 token/s, so the
+/// division stays finite.
+#[inline]
+pub(super) fn effective_rate(cfg: &ResolvedCost, req: &RequestShape) -> f64 {
+    let r = if req.prefill_rate > 0.0 {
+        req.prefill_rate
+    } else {
+        cfg.latency.prefill_rate_prior
+    };
+    if r.is_finite() && r >= 1.0 {
+        r
+    } else {
+        1.0
+    }
+}
+
+/// The latency model's cost of placing the request on candidate `c`, term by term.
+///
+/// ```text
+/// credit   = overlap_score_credit × decay × device + host_w × host + disk_w × disk
+///          + shared_mult × shared_beyond_device                   (blocks, as Dynamo's)
+/// uncached = max(0, ISL − credit × B)                              (tokens)
+/// ttft     = request_overhead_ms + 1000 × (active_prefill_tokens + uncached) / rate
+/// decode   = active_decode_blocks + new_blocks_not_active          (after this booking)
+/// kv       = kv_pressure_ms × max(0, decode / total_kv_blocks − θ) / (1 − θ)
+///                                          (θ = kv_pressure_threshold; 0 if capacity unknown)
+/// itl      = max(0, itl_base_ms + itl_per_request_ms × (active_requests + 1) − target)
+///          × expected_output_tokens                                (0 without a target)
+/// tie      = decode_block_us / 1000 × decode
+/// cost     = ttft + kv + itl + tie                                 (ms; lower wins)
+/// ```
+///
+/// `rate` is the partition's prefill rate learned from `mark_prefill_complete` timings
+/// (REFERENCE.md §4's bookings; the estimator is `reservation/rate.rs`), or the prior.
+/// The booked prefill tokens are what the rank has queued, since a booking's prefill is
+/// its uncached part; a host or disk block's credit below 1 is the cost of bringing it
+/// back relative to recomputing it. `decode_active_request_weight` adds
+/// `weight × active_requests` blocks to `decode` (off by default, as in Dynamo).
+#[inline]
+pub fn latency_cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> LatencyBreakdown {
+    let l = &cfg.latency;
+    let b = req.block_size_f64();
+    let decay = credit_decay_factor(cfg, req, c);
+    let credit_blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
+        + cfg.host_cache_hit_weight * c.host_blocks as f64
+        + cfg.disk_cache_hit_weight * c.disk_blocks as f64
+        + cfg.shared_cache_multiplier * c.shared_blocks_beyond_device as f64;
+    let uncached_tokens = (req.isl_tokens as f64 - credit_blocks * b).max(0.0);
+    let rate = effective_rate(cfg, req);
+    let ttft_ms =
+        l.request_overhead_ms + 1e3 * (c.active_prefill_tokens as f64 + uncached_tokens) / rate;
+    let decode = c.active_decode_blocks as f64
+        + c.new_blocks_not_active as f64
+        + cfg.decode_active_request_weight * c.active_requests as f64;
+    let kv_ms = if c.total_kv_blocks > 0 {
+        let theta = l.kv_pressure_threshold.clamp(0.0, 0.999);
+        let over = decode / c.total_kv_blocks as f64 - theta;
+        if over > 0.0 {
+            l.kv_pressure_ms * over / (1.0 - theta)
+        } else {
+            0.0
+        }
+    } else {
+        0.0
+    };
+    let itl_ms = match l.itl_target_ms {
+        Some(target) => {
+            let predicted = l.itl_base_ms + l.itl_per_request_ms * (c.active_requests as f64 + 1.0);
+            (predicted - target).max(0.0) * req.expected_output_tokens as f64
+        }
+        None => 0.0,
+    };
+    let tiebreak_ms = l.decode_block_us * 1e-3 * decode;
+    LatencyBreakdown {
+        prefill_rate: rate,
+        uncached_tokens,
+        ttft_ms,
+        kv_ms,
+        itl_ms,
+        tiebreak_ms,
+        cost_ms: ttft_ms + kv_ms + itl_ms + tiebreak_ms,
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::cost::{cost, CostConfig, LatencyConfig};
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn ttft_is_queue_plus_uncached_at_the_rate() {
+        let cfg = CostConfig::default();
+        // ISL 1,000, B 100: 4 device blocks cached → 600 uncached; 400 queued; 10k/s.
+        let req = RequestShape::new(1_000, 100);
+        let c = CandidateLoad {
+            device_blocks: 4,
+            active_prefill_tokens: 400,
+            active_decode_blocks: 1_000,
+            new_blocks_not_active: 6,
+            ..CandidateLoad::default()
+        };
+        let b = latency_cost(&cfg, &req, &c);
+        assert!(close(b.uncached_tokens, 600.0));
+        assert!(close(b.ttft_ms, 5.0 + 100.0));
+        assert!(close(b.tiebreak_ms, 1.006));
+        assert_eq!((b.kv_ms, b.itl_ms), (0.0, 0.0));
+        assert!(close(cost(&cfg, &req, &c), b.cost_ms));
+        // The learned rate replaces the prior; host blocks cost a quarter of a block.
+        let req = req.with_prefill_rate(20_000.0);
+        let c = CandidateLoad {
+            host_blocks: 4,
+            ..c
+        };
+        let b = latency_cost(&cfg, &req, &c);
+        assert!(close(b.uncached_tokens, 300.0));
+        assert!(close(b.ttft_ms, 5.0 + 35.0));
+    }
+
+    #[test]
+    fn cache_beats_decode_load_until_memory_runs_short() {
+        let cfg = CostConfig::default();
+        let req = RequestShape::new(6_400, 64);
+        // A holds 50 more cached blocks but 2,000 more decode blocks than B.
+        let a = CandidateLoad {
+            device_blocks: 80,
+            active_decode_blocks: 4_000,
+            new_blocks_not_active: 20,
+            total_kv_blocks: 16_384,
+            ..CandidateLoad::default()
+        };
+        let b = CandidateLoad {
+            device_blocks: 30,
+            active_decode_blocks: 2_000,
+            new_blocks_not_active: 70,
+            total_kv_blocks: 16_384,
+            ..CandidateLoad::default()
+        };
+        assert!(cost(&cfg, &req, &a) < cost(&cfg, &req, &b));
+        // Dynamo's cost prefers B (decode blocks outweigh cached ones).
+        let dynamo = CostConfig::dynamo();
+        assert!(cost(&dynamo, &req, &a) > cost(&dynamo, &req, &b));
+        // A nearly full: the pressure charge (ms at full memory) turns it.
+        let full = CandidateLoad {
+            active_decode_blocks: 16_000,
+            ..a
+        };
+        let k = latency_cost(&cfg, &req, &full);
+        assert!(k.kv_ms > 700.0, "{k:?}");
+        assert!(cost(&cfg, &req, &full) > cost(&cfg, &req, &b));
+        // Unknown capacity: no pressure term.
+        let unknown = CandidateLoad {
+            total_kv_blocks: 0,
+            ..full
+        };
+        assert_eq!(latency_cost(&cfg, &req, &unknown).kv_ms, 0.0);
+    }
+
+    #[test]
+    fn a_per_token_target_charges_the_excess_over_the_output() {
+        let cfg = CostConfig {
+            latency: LatencyConfig {
+                itl_target_ms: Some(25.0),
+                ..LatencyConfig::default()
+            },
+            ..CostConfig::default()
+        };
+        let req = RequestShape::new(640, 64).with_expected_output_tokens(100);
+        // 20 + 0.2 × 49 = 29.8 ms per token: 4.8 over the target × 100 tokens.
+        let busy = CandidateLoad {
+            active_requests: 48,
+            ..CandidateLoad::default()
+        };
+        assert!(close(latency_cost(&cfg, &req, &busy).itl_ms, 480.0));
+        let idle = CandidateLoad::default();
+        assert_eq!(latency_cost(&cfg, &req, &idle).itl_ms, 0.0);
+    }
+
+    #[test]
+    fn absurd_rates_and_sizes_stay_finite() {
+        let mut cfg = CostConfig::default();
+        cfg.latency.prefill_rate_prior = 0.0;
+        let req = RequestShape::new(u64::MAX, 0).with_prefill_rate(f64::NAN);
+        let c = CandidateLoad {
+            active_prefill_tokens: u64::MAX,
+            active_decode_blocks: u64::MAX,
+            total_kv_blocks: 1,
+            ..CandidateLoad::default()
+        };
+        assert!(latency_cost(&cfg, &req, &c).cost_ms.is_finite());
+    }
+}
