@@ -52,6 +52,7 @@ fn json_output_is_one_object_of_the_documented_schema() {
         names,
         [
             "kvr",
+            "kvr-dynamo",
             "kvr-approx",
             "kvr-predict",
             "round-robin",
@@ -68,19 +69,26 @@ fn json_output_is_one_object_of_the_documented_schema() {
                 "block_ops_per_s",
                 "bytes_per_holder_block",
                 "cached_tokens",
+                "e2e_ms",
                 "events_applied",
                 "hit_rate",
+                "learned_prefill_rate",
                 "load_imbalance",
                 "oracle_hit_rate",
                 "policy",
                 "prompt_tokens",
                 "requests",
                 "select_ns",
+                "tpot_ms",
                 "ttft_ms"
             ]
         );
         assert_eq!(keys(&p["ttft_ms"]), ["p50", "p90", "p99"]);
         assert_eq!(keys(&p["select_ns"]), ["p50", "p99"]);
+        assert_eq!(keys(&p["tpot_ms"]), ["p50", "p90", "p99"]);
+        assert_eq!(keys(&p["e2e_ms"]), ["p50", "p90", "p99"]);
+        assert!(p["tpot_ms"]["p50"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["e2e_ms"]["p50"].as_f64().unwrap() >= p["ttft_ms"]["p50"].as_f64().unwrap());
         let f = |k: &str| p[k].as_f64().unwrap();
         let hit = f("hit_rate");
         assert!(
@@ -94,10 +102,64 @@ fn json_output_is_one_object_of_the_documented_schema() {
     }
     assert!(policies[0]["events_applied"].as_u64().unwrap() > 0);
     assert!(
-        policies[2]["events_applied"].as_u64().unwrap() > 0,
+        policies[3]["events_applied"].as_u64().unwrap() > 0,
         "kvr-predict reads events"
     );
-    assert_eq!(policies[3]["events_applied"].as_u64().unwrap(), 0);
+    assert_eq!(policies[4]["events_applied"].as_u64().unwrap(), 0);
+    // kvr learned the simulated ranks' prefill rate from its prefill completions (the
+    // default 10k tokens/s per rank, slowed by the decode steps prefill shares).
+    let rate = policies[0]["learned_prefill_rate"].as_f64().unwrap();
+    assert!((2_000.0..=12_000.0).contains(&rate), "{rate}");
+}
+
+#[test]
+fn a_sweep_reports_every_policy_at_every_setting() {
+    let svg = temp("sweep.svg");
+    let out = kvr(&[
+        SMALL,
+        &[
+            "--policy",
+            "kvr,least-loaded",
+            "--sweep",
+            "rate=1,4",
+            "--json",
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    ]
+    .concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["sweep"]["key"], "rate");
+    let points = v["sweep"]["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for (p, want) in points.iter().zip([1.0, 4.0]) {
+        assert_eq!(p["value"].as_f64().unwrap(), want);
+        let names: Vec<_> = p["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["policy"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["kvr", "least-loaded"]);
+    }
+    let body = std::fs::read_to_string(&svg).unwrap();
+    assert!(body.contains("<svg") && body.contains("least-loaded") && body.contains("4×"));
+    std::fs::remove_file(svg).ok();
+    let text = kvr(&[
+        SMALL,
+        &["--policy", "kvr", "--sweep", "event-delay-ms=0,500"],
+    ]
+    .concat());
+    let stdout = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        stdout.contains("TTFT p90 (s) by event-delay-ms") && stdout.contains("500 ms"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -191,6 +253,21 @@ fn bad_input_is_refused_with_a_message() {
     refused(&["--workers", "5000"], "at most 4096 ranks");
     refused(&["--policy", "fastest"], "unknown policy \"fastest\"");
     refused(&["--policy", ","], "names no policy");
+    refused(&["--sweep", "rate=0"], "--sweep must be rate=N");
+    refused(&["--sweep", "speed=1,2"], "--sweep must be rate=N");
+    refused(&["--temperature=-1"], "--temperature must be zero or more");
+    refused(
+        &["--queue-externality", "nan"],
+        "--queue-externality must be zero or more",
+    );
+    refused(
+        &["--max-batched-tokens", "0"],
+        "--max-batched-tokens must be at least 1",
+    );
+    refused(
+        &["--agent-share", "0.8", "--unique-share", "0.5"],
+        "sum to at most 1",
+    );
     refused(
         &["--sessions", "0"],
         "--sessions must be between 1 and 100000",

@@ -36,6 +36,8 @@ pub struct Admission {
     pub computed: Vec<bool>,
     /// Anonymous blocks taken beyond the complete prompt blocks.
     pub extra_blocks: u32,
+    /// Output blocks cached by [`KvCache::commit_output`] (held after the prompt's).
+    pub output_blocks: u32,
 }
 
 /// A run of blocks newly stored by [`KvCache::commit`]: `hashes[start..end]` chained
@@ -178,6 +180,7 @@ impl KvCache {
             hit_blocks: hit,
             computed,
             extra_blocks: needed - prompt_new,
+            output_blocks: 0,
         })
     }
 
@@ -195,22 +198,7 @@ impl KvCache {
                 self.used -= 1;
                 continue;
             }
-            let slot = Slot {
-                hash: h,
-                refs: 1,
-                prev: NIL,
-                next: NIL,
-            };
-            let s = match self.free_slots.pop() {
-                Some(s) => {
-                    self.slots[s as usize] = slot;
-                    s
-                }
-                None => {
-                    self.slots.push(slot);
-                    (self.slots.len() - 1) as u32
-                }
-            };
+            let s = self.new_slot(h);
             self.map.insert(h, s);
             match runs.last_mut() {
                 Some(r) if r.end == i => r.end = i + 1,
@@ -223,9 +211,66 @@ impl KvCache {
         runs
     }
 
-    /// The request ended: its prompt blocks are released (tail first into the LRU) and its
-    /// anonymous blocks freed.
+    /// Decode filled the blocks `hashes[from..]` (output tokens, chained on the prompt's
+    /// `hashes[..from]`): they become cached out of the request's anonymous blocks, so a
+    /// later turn that carries the answer reuses them (vLLM caches decode blocks too). A
+    /// block already cached is shared instead. Returns the runs newly stored.
+    pub fn commit_output(
+        &mut self,
+        hashes: &[u64],
+        from: usize,
+        adm: &mut Admission,
+    ) -> Vec<StoredRun> {
+        let mut runs: Vec<StoredRun> = Vec::new();
+        let n = (hashes.len() - from).min(adm.extra_blocks as usize);
+        for (i, &h) in hashes.iter().enumerate().skip(from).take(n) {
+            adm.extra_blocks -= 1;
+            if let Some(&s) = self.map.get(&h) {
+                self.hold(s);
+                self.used -= 1;
+                continue;
+            }
+            let s = self.new_slot(h);
+            self.map.insert(h, s);
+            match runs.last_mut() {
+                Some(r) if r.end == i => r.end = i + 1,
+                _ => runs.push(StoredRun {
+                    start: i,
+                    end: i + 1,
+                }),
+            }
+        }
+        adm.output_blocks = n as u32;
+        runs
+    }
+
+    /// A slot for a newly cached block, held once.
+    fn new_slot(&mut self, hash: u64) -> u32 {
+        let slot = Slot {
+            hash,
+            refs: 1,
+            prev: NIL,
+            next: NIL,
+        };
+        match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = slot;
+                s
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    /// The request ended: its prompt blocks and cached output blocks (`hashes`, the whole
+    /// chain) are released (tail first into the LRU) and its anonymous blocks freed.
     pub fn release(&mut self, hashes: &[u64], adm: &Admission) {
+        debug_assert_eq!(
+            hashes.len(),
+            adm.computed.len() + adm.output_blocks as usize
+        );
         for h in hashes.iter().rev() {
             let s = self.map[h];
             let slot = &mut self.slots[s as usize];
@@ -321,6 +366,23 @@ mod tests {
         );
         c.release(&[1, 2, 3], &g);
         c.check().unwrap();
+    }
+
+    #[test]
+    fn decode_blocks_become_cached_for_the_next_turn() {
+        let mut c = KvCache::new(8);
+        let mut ev = Vec::new();
+        // Two prompt blocks, room for three more (output).
+        let mut a = c.admit(&[1, 2], 5, &mut ev).unwrap();
+        c.commit(&[1, 2], &a);
+        assert_eq!(c.used(), 5);
+        // Decode filled two blocks (the third is the answer's partial tail).
+        let runs = c.commit_output(&[1, 2, 3, 4], 2, &mut a);
+        assert_eq!(runs, vec![StoredRun { start: 2, end: 4 }]);
+        assert_eq!((a.extra_blocks, a.output_blocks, c.used()), (1, 2, 5));
+        c.release(&[1, 2, 3, 4], &a);
+        c.check().unwrap();
+        assert_eq!((c.used(), c.prefix_hits(&[1, 2, 3, 4, 5])), (4, 4));
     }
 
     #[test]

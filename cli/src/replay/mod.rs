@@ -9,11 +9,14 @@
 //! model's defaults (10k prefill tokens/s per rank, 20 ms per output token) are a mid-size
 //! model on one GPU, chosen so prefill dominates TTFT as it does in practice.
 
+mod checks;
 pub mod kv_cache;
 pub mod plot;
 pub mod policy;
 pub mod report;
+pub mod sglang_tree;
 pub mod sim;
+pub mod sweep;
 #[cfg(test)]
 mod tests;
 pub mod workload;
@@ -25,7 +28,7 @@ use std::time::Duration;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvr::cost::CostConfig;
+use kvr::cost::{CostConfig, LatencyConfig};
 use kvr::engine::Engine;
 use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
 use kvr::session::{AffinityMode, SessionConfig};
@@ -80,21 +83,33 @@ pub struct ReplayArgs {
     /// Requests a rank runs at once (vLLM's max_num_seqs).
     #[arg(long, default_value_t = 256)]
     pub max_running: u32,
+    /// Tokens a rank's step processes at most: decodes plus prefill chunks (vLLM's
+    /// max_num_batched_tokens).
+    #[arg(long, default_value_t = 8_192)]
+    pub max_batched_tokens: u32,
     /// Delay from a rank emitting KV events to the router applying them, ms.
     #[arg(long, default_value_t = 20.0)]
     pub event_delay_ms: f64,
-    /// Arrival-time compression: 2 replays the trace twice as fast.
+    /// Load: a trace's arrivals (or the built-in workload's session starts) come this many
+    /// times as fast; a conversation's next turn still waits for the previous answer.
     #[arg(long, default_value_t = 1.0)]
     pub speed: f64,
     /// Seed of the built-in workload and of the policies' random choices.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Built-in workload: conversations.
+    /// Built-in workload: sessions (conversations, agent runs, long prompts).
     #[arg(long, default_value_t = GeneratorConfig::default().sessions)]
     pub sessions: u32,
-    /// Built-in workload: conversations started per second.
+    /// Built-in workload: sessions started per second.
     #[arg(long, default_value_t = GeneratorConfig::default().session_rate)]
     pub session_rate: f64,
+    /// Built-in workload: share of sessions that are agent runs (long shared tool
+    /// preamble, many short turns).
+    #[arg(long, default_value_t = GeneratorConfig::default().agent_share)]
+    pub agent_share: f64,
+    /// Built-in workload: share of sessions that are one long prompt of unique content.
+    #[arg(long, default_value_t = GeneratorConfig::default().unique_share)]
+    pub unique_share: f64,
     /// kvr's cost: multiplier on the credited prefill term (Dynamo's
     /// `prefill_load_scale`; > 1 weighs cache hits and prefill balance over decode load).
     #[arg(long, default_value_t = 1.0)]
@@ -111,6 +126,25 @@ pub struct ReplayArgs {
     /// kvr's cost: credit per cached device block (Dynamo's `overlap_score_credit`).
     #[arg(long, default_value_t = 1.0)]
     pub overlap_credit: f64,
+    /// kvr's choice: softmax temperature (0 = lowest cost wins).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// kvr's cost: load-dependent decay of the device credit (Dynamo's
+    /// `overlap_score_credit_decay`; 0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub credit_decay: f64,
+    /// kvr's latency cost: weight of the queue externality (what a cache miss costs the
+    /// requests queued behind it; 0 = price only the request's own TTFT).
+    #[arg(long, default_value_t = kvr::cost::LatencyConfig::default().queue_externality)]
+    pub queue_externality: f64,
+    /// kvr's cost: block equivalents charged per active request on a rank.
+    #[arg(long, default_value_t = 0.0)]
+    pub active_request_weight: f64,
+    /// Replay at several settings of one knob, every policy at each: `rate=1,4,16` (load
+    /// multipliers) or `event-delay-ms=0,20,200,2000`. Prints a table per setting and
+    /// TTFT p90 by setting; `--plot` then draws TTFT p90 against the setting.
+    #[arg(long, value_name = "KEY=V1,V2,…")]
+    pub sweep: Option<String>,
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
@@ -147,6 +181,7 @@ impl ReplayArgs {
             ("kv-blocks", self.kv_blocks),
             ("block-size", self.block_size),
             ("max-running", self.max_running),
+            ("max-batched-tokens", self.max_batched_tokens),
         ] {
             if v == 0 {
                 return Err(format!("--{name} must be at least 1"));
@@ -165,10 +200,23 @@ impl ReplayArgs {
         non_negative("event-delay-ms", self.event_delay_ms)?;
         non_negative("prefill-load-scale", self.prefill_load_scale)?;
         non_negative("overlap-credit", self.overlap_credit)?;
+        non_negative("temperature", self.temperature)?;
+        non_negative("credit-decay", self.credit_decay)?;
+        non_negative("queue-externality", self.queue_externality)?;
+        non_negative("active-request-weight", self.active_request_weight)?;
         positive("prediction-ttl-ms", self.prediction_ttl_ms)?;
         let cost = CostConfig {
             prefill_load_scale: self.prefill_load_scale,
             overlap_score_credit: self.overlap_credit,
+            temperature: self.temperature,
+            credit_decay: (self.credit_decay > 0.0).then_some(self.credit_decay),
+            decode_active_request_weight: self.active_request_weight,
+            latency: LatencyConfig {
+                // The simulated ranks' true rate is the prior; kvr learns it anyway.
+                prefill_rate_prior: self.prefill_rate,
+                queue_externality: self.queue_externality,
+                ..LatencyConfig::default()
+            },
             ..CostConfig::default()
         };
         let affinity = match self.affinity.as_deref() {
@@ -195,6 +243,7 @@ impl ReplayArgs {
             tpot_ms: self.tpot_ms,
             batch_slowdown: self.batch_slowdown,
             max_running: self.max_running,
+            max_batched_tokens: self.max_batched_tokens,
             event_delay_ms: self.event_delay_ms,
             speed: self.speed,
             seed: self.seed,
@@ -239,10 +288,22 @@ impl ReplayArgs {
                 if !(self.session_rate.is_finite() && self.session_rate > 0.0) {
                     return Err("--session-rate must be a positive number".into());
                 }
+                let share = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
+                if !share(self.agent_share)
+                    || !share(self.unique_share)
+                    || self.agent_share + self.unique_share > 1.0
+                {
+                    return Err(
+                        "--agent-share and --unique-share must be in [0, 1] and sum to at most 1"
+                            .into(),
+                    );
+                }
                 workload::generate(&GeneratorConfig {
                     seed: self.seed,
                     sessions: self.sessions,
                     session_rate: self.session_rate,
+                    agent_share: self.agent_share,
+                    unique_share: self.unique_share,
                     ..GeneratorConfig::default()
                 })
             }
@@ -258,8 +319,9 @@ impl ReplayArgs {
 }
 
 /// Share of prompt tokens an infinite cache shared by all ranks would serve: each
-/// request's leading complete blocks that any earlier request already computed, short of
-/// the block holding its last token (always recomputed, as on the ranks).
+/// request's leading complete blocks that any earlier request already computed (its
+/// prompt, or its answer's complete blocks, as the ranks cache them), short of the block
+/// holding its last token (always recomputed, as on the ranks).
 pub fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
     let hasher = policy::hasher(block_size);
     let (mut local, mut seq, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
@@ -275,6 +337,10 @@ pub fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
             .count()
             .min(usable);
         cached += hits as u64 * u64::from(block_size);
+        tokens.extend(
+            (0..r.output_tokens.saturating_sub(1)).map(|j| workload::token_at(r.output_content, j)),
+        );
+        hasher.hash_tokens(&tokens, &mut local, &mut seq);
         seen.extend(seq.iter().copied());
     }
     let prompt = w.prompt_tokens();
@@ -293,7 +359,7 @@ pub fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
         .create_partition(
             key,
             PartitionConfig {
-                cost: cfg.cost,
+                cost: kind.cost(cfg.cost),
                 indexer: kind.indexer(Duration::from_secs_f64(cfg.prediction_ttl_ms / 1e3)),
                 sessions: cfg
                     .affinity
@@ -354,11 +420,16 @@ fn workload_json(w: &Workload, cfg: &SimConfig) -> serde_json::Value {
         "tpot_ms": cfg.tpot_ms,
         "batch_slowdown": cfg.batch_slowdown,
         "max_running": cfg.max_running,
+        "max_batched_tokens": cfg.max_batched_tokens,
         "event_delay_ms": cfg.event_delay_ms,
         "speed": cfg.speed,
         "seed": cfg.seed,
         "prefill_load_scale": cfg.cost.prefill_load_scale,
         "overlap_credit": cfg.cost.overlap_score_credit,
+        "temperature": cfg.cost.temperature,
+        "credit_decay": cfg.cost.credit_decay,
+        "active_request_weight": cfg.cost.decode_active_request_weight,
+        "queue_externality": cfg.cost.latency.queue_externality,
         "prediction_ttl_ms": cfg.prediction_ttl_ms,
         "affinity": cfg.affinity.map(|a| format!("{a:?}")),
     })
@@ -371,6 +442,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
     }
     let cfg = args.sim_config()?;
     let policies = args.policies()?;
+    let sweep = args.sweep.as_deref().map(sweep::parse).transpose()?;
     let w = args.workload()?;
     for (i, r) in w.requests.iter().enumerate() {
         let need = cfg.blocks_needed(r.input_tokens, r.output_tokens);
@@ -397,6 +469,9 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?
             .progress_chars("=> "),
     );
+    if let Some((key, values)) = sweep {
+        return run_sweep(args, &cfg, &w, &policies, key, &values, oracle, &bar);
+    }
     let results = replay(&cfg, &w, &policies, &bar);
     bar.finish_and_clear();
 
@@ -451,6 +526,75 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         .iter()
         .flat_map(|r| r.problems.iter().map(move |p| format!("{}: {p}", r.policy)))
         .collect();
+    if !problems.is_empty() {
+        return Err(format!(
+            "the simulation broke its invariants:\n  {}",
+            problems.join("\n  ")
+        ));
+    }
+    Ok(())
+}
+
+/// `--sweep`: every policy at every setting, then the tables (or JSON) and the plot.
+#[allow(clippy::too_many_arguments)]
+fn run_sweep(
+    args: &ReplayArgs,
+    cfg: &SimConfig,
+    w: &Workload,
+    policies: &[PolicyKind],
+    key: sweep::SweepKey,
+    values: &[f64],
+    oracle: f64,
+    bar: &ProgressBar,
+) -> Result<(), String> {
+    let mut points = Vec::new();
+    let mut problems = Vec::new();
+    for &v in values {
+        let at = key.apply(cfg, v);
+        let results = replay(&at, w, policies, bar);
+        for r in &results {
+            problems.extend(
+                r.problems
+                    .iter()
+                    .map(|p| format!("{} at {}: {p}", r.policy, key.label(v))),
+            );
+        }
+        points.push(sweep::SweepPoint {
+            value: v,
+            reports: results
+                .iter()
+                .map(|r| PolicyReport::new(r, oracle))
+                .collect(),
+        });
+    }
+    bar.finish_and_clear();
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{}: TTFT p90 by {}, {} ranks × {} KV blocks",
+            w.name,
+            key.name(),
+            cfg.workers * cfg.dp_size,
+            cfg.kv_blocks
+        );
+        sweep::write_svg(path, &title, key, &points, policies)?;
+    }
+    let text = if args.json {
+        sweep::json(key, w, &workload_json(w, cfg), &points)
+    } else {
+        format!(
+            "workload {}: {} requests, {} prompt tokens; {} ranks × {} KV blocks of {} tokens\n\
+             oracle hit rate (one infinite cache): {:.1} %\n\n{}",
+            w.name,
+            w.requests.len(),
+            w.prompt_tokens(),
+            cfg.workers * cfg.dp_size,
+            cfg.kv_blocks,
+            cfg.block_size,
+            oracle * 100.0,
+            sweep::table(key, &points),
+        )
+    };
+    crate::output::emit(&text)?;
     if !problems.is_empty() {
         return Err(format!(
             "the simulation broke its invariants:\n  {}",

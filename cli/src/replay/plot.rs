@@ -53,7 +53,7 @@ pub const MAX_CDF_POINTS: usize = 500;
 const MIN_TTFT_MS: f64 = 0.1;
 /// Multiplicative padding of the CDF's x range on both sides.
 const X_PAD: f64 = 1.25;
-const FONT: &str = "sans-serif";
+pub(super) const FONT: &str = "sans-serif";
 
 /// Checks before a run that `path` can be written, so a bad `--plot` fails at once rather
 /// than after the whole simulation: it must not be a directory, and it is opened for
@@ -364,7 +364,7 @@ fn oracle_rate(series: &[PlotSeries<'_>]) -> Option<f64> {
 }
 
 /// A millisecond axis label with about three significant digits: "0.1", "2.5", "40", "1200".
-fn format_ms(v: f64) -> String {
+pub(super) fn format_ms(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
     } else {
@@ -382,13 +382,13 @@ fn format_ms(v: f64) -> String {
 /// Series `i`'s CDF stroke: `None` solid, else `(dash, gap)` in pixels. Four patterns
 /// cycle, so two policies whose curves coincide still differ by pattern, not only by
 /// colour; the first series is solid.
-fn line_dash(i: usize) -> Option<(u32, u32)> {
+pub(super) fn line_dash(i: usize) -> Option<(u32, u32)> {
     const PATTERNS: [Option<(u32, u32)>; 4] = [None, Some((10, 5)), Some((3, 4)), Some((18, 5))];
     PATTERNS[i % PATTERNS.len()]
 }
 
 /// Series `i`'s CDF line width: the first series (kvr's policy) is drawn wider.
-fn line_width(i: usize) -> u32 {
+pub(super) fn line_width(i: usize) -> u32 {
     if i == 0 {
         3
     } else {
@@ -397,7 +397,7 @@ fn line_width(i: usize) -> u32 {
 }
 
 /// Distinct colours: Tableau 10, then golden-ratio hues for any further series.
-fn series_color(i: usize) -> RGBColor {
+pub(super) fn series_color(i: usize) -> RGBColor {
     const TABLEAU: [RGBColor; 10] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),

@@ -4,8 +4,11 @@
 //! policies differ only in how they pick the rank. Calls take the simulated time, so
 //! booking expiry and the approximate index's TTL run on the trace's clock.
 //!
-//! * `kvr` — [`Partition::select_and_reserve`] with Dynamo's default cost, on the index
-//!   fed by the simulated engines' KV events.
+//! * `kvr` — [`Partition::select_and_reserve`] with kvr's default cost (the latency
+//!   model: predicted TTFT, `kvr::cost::latency_cost`), on the index fed by the simulated
+//!   engines' KV events.
+//! * `kvr-dynamo` — the same with Dynamo's cost (`CostModel::Dynamo`): what a Dynamo
+//!   router configured alike picks.
 //! * `kvr-approx` — the same selection with events off: the partition's indexer policy is
 //!   the approximate primary, which holds what kvr itself booked for 120 s (DESIGN.md §5).
 //! * `kvr-predict` — events on plus the prediction side index: what kvr booked counts
@@ -15,8 +18,8 @@
 //!   computed plus `block_size` × active decode blocks (prompt blocks counted once per
 //!   rank, output blocks as they grow).
 //! * `sglang` — SGLang router's cache-aware rule on its own kind of state: a prefix tree
-//!   of the requests it routed (here: the same approximate primary as `kvr-approx`;
-//!   SGLang's router has no KV events) and running requests per worker. When `max - min > 64` and
+//!   of the requests it routed, bounded by size only ([`SglangTree`]; SGLang's router
+//!   has no KV events), and running requests per worker. When `max - min > 64` and
 //!   `max > 1.5 × min` it balances (fewest running requests); otherwise it takes the
 //!   worker with the longest prefix match if the match covers more than 30 % of the
 //!   prompt, else the least-loaded one. (SGLang sends that last case to the worker with
@@ -37,10 +40,13 @@ use kvr::reservation::FreeOutcome;
 use kvr::select::{Outcome, SelectRequest, SessionContext};
 use kvr::RankId;
 
+use super::sglang_tree::{SglangTree, DEFAULT_MAX_ENTRIES};
+
 /// A routing policy of `kvr replay`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyKind {
     Kvr,
+    KvrDynamo,
     KvrApprox,
     KvrPredict,
     RoundRobin,
@@ -51,8 +57,9 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 8] = [
+    pub const ALL: [PolicyKind; 9] = [
         PolicyKind::Kvr,
+        PolicyKind::KvrDynamo,
         PolicyKind::KvrApprox,
         PolicyKind::KvrPredict,
         PolicyKind::RoundRobin,
@@ -65,6 +72,7 @@ impl PolicyKind {
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Kvr => "kvr",
+            PolicyKind::KvrDynamo => "kvr-dynamo",
             PolicyKind::KvrApprox => "kvr-approx",
             PolicyKind::KvrPredict => "kvr-predict",
             PolicyKind::RoundRobin => "round-robin",
@@ -89,7 +97,10 @@ impl PolicyKind {
     pub fn uses_events(self) -> bool {
         matches!(
             self,
-            PolicyKind::Kvr | PolicyKind::KvrPredict | PolicyKind::DynamoClassic
+            PolicyKind::Kvr
+                | PolicyKind::KvrDynamo
+                | PolicyKind::KvrPredict
+                | PolicyKind::DynamoClassic
         )
     }
 
@@ -97,8 +108,22 @@ impl PolicyKind {
     pub fn selects_in_engine(self) -> bool {
         matches!(
             self,
-            PolicyKind::Kvr | PolicyKind::KvrApprox | PolicyKind::KvrPredict
+            PolicyKind::Kvr
+                | PolicyKind::KvrDynamo
+                | PolicyKind::KvrApprox
+                | PolicyKind::KvrPredict
         )
+    }
+
+    /// The cost the partition selects with: Dynamo's for `kvr-dynamo`, else `cost`.
+    pub fn cost(self, cost: kvr::cost::CostConfig) -> kvr::cost::CostConfig {
+        match self {
+            PolicyKind::KvrDynamo => kvr::cost::CostConfig {
+                model: kvr::cost::CostModel::Dynamo,
+                ..cost
+            },
+            _ => cost,
+        }
     }
 
     /// The partition's indexer policy: events off (the approximate primary, fed by the
@@ -106,7 +131,7 @@ impl PolicyKind {
     /// `kvr-predict`.
     pub fn indexer(self, prediction_ttl: Duration) -> IndexerConfig {
         match self {
-            PolicyKind::KvrApprox | PolicyKind::Sglang => IndexerConfig {
+            PolicyKind::KvrApprox => IndexerConfig {
                 use_kv_events: false,
                 ..IndexerConfig::default()
             },
@@ -140,6 +165,9 @@ pub struct Router {
     overlaps: OverlapScores,
     costs: Vec<f64>,
     ties: Vec<usize>,
+    /// The `sglang` policy's tree of routed prompts, and its match buffer.
+    tree: SglangTree,
+    matched: Vec<u32>,
     /// Lifecycle calls that succeeded: bookings, prefill completions, frees.
     pub booked: u64,
     pub prefilled: u64,
@@ -175,6 +203,8 @@ impl Router {
             overlaps: OverlapScores::new(),
             costs: Vec::new(),
             ties: Vec::new(),
+            tree: SglangTree::new(DEFAULT_MAX_ENTRIES),
+            matched: Vec::new(),
             booked: 0,
             prefilled: 0,
             freed: 0,
@@ -210,13 +240,14 @@ impl Router {
         let id = self.next_id;
         self.next_id += 1;
         let decision = match self.kind {
-            PolicyKind::Kvr | PolicyKind::KvrApprox | PolicyKind::KvrPredict => {
-                match p.select_and_reserve(&req, id, now, &mut self.rng) {
-                    Ok(Outcome::Selected(d)) => d,
-                    Ok(other) => return Err(format!("selection answered {other:?}")),
-                    Err(e) => return Err(e.to_string()),
-                }
-            }
+            PolicyKind::Kvr
+            | PolicyKind::KvrDynamo
+            | PolicyKind::KvrApprox
+            | PolicyKind::KvrPredict => match p.select_and_reserve(&req, id, now, &mut self.rng) {
+                Ok(Outcome::Selected(d)) => d,
+                Ok(other) => return Err(format!("selection answered {other:?}")),
+                Err(e) => return Err(e.to_string()),
+            },
             _ => {
                 let rank = self.pick(tokens);
                 p.reserve(rank, Some(&req), None, id, now)
@@ -290,24 +321,27 @@ impl Router {
                 let max = running.iter().copied().fold(0.0, f64::max);
                 let min = running.iter().copied().fold(f64::INFINITY, f64::min);
                 let imbalanced = max - min > SGLANG_BALANCE_ABS && max > SGLANG_BALANCE_REL * min;
+                self.hasher
+                    .hash_tokens(tokens, &mut self.local, &mut self.seq);
+                let mut chosen = None;
                 if !imbalanced {
-                    self.hasher.local_hashes(tokens, &mut self.local);
-                    p.index().find_matches_into(&self.local, &mut self.overlaps);
-                    if let Some((_, best)) = self.overlaps.best() {
-                        let rate = f64::from(best) * f64::from(b) / tokens.len().max(1) as f64;
-                        if rate > SGLANG_CACHE_THRESHOLD {
-                            let ov = &self.overlaps;
-                            let ranks = &self.ranks;
-                            let keys: Vec<f64> = (0..ranks.len())
-                                .map(|i| -f64::from(ov.get(ranks[i])))
-                                .collect();
-                            self.argmin_into(|i| keys[i]);
-                            return self.pick_tie();
-                        }
+                    self.tree
+                        .match_prefix(&self.seq, self.ranks.len(), &mut self.matched);
+                    let best = self.matched.iter().copied().max().unwrap_or(0);
+                    let rate = f64::from(best) * f64::from(b) / tokens.len().max(1) as f64;
+                    if rate > SGLANG_CACHE_THRESHOLD {
+                        let keys: Vec<f64> = self.matched.iter().map(|&m| -f64::from(m)).collect();
+                        self.argmin_into(|i| keys[i]);
+                        chosen = Some(self.pick_tie());
                     }
                 }
-                self.argmin_into(|i| running[i]);
-                self.pick_tie()
+                let rank = chosen.unwrap_or_else(|| {
+                    self.argmin_into(|i| running[i]);
+                    self.pick_tie()
+                });
+                let w = self.ranks.iter().position(|&r| r == rank).expect("a rank") as u32;
+                self.tree.insert(&self.seq, w);
+                rank
             }
             PolicyKind::DynamoClassic => {
                 self.hasher
@@ -331,16 +365,19 @@ impl Router {
                 let i = choose(&self.costs, 0.0, &mut self.rng).unwrap_or(0);
                 self.ranks[i]
             }
-            PolicyKind::Kvr | PolicyKind::KvrApprox | PolicyKind::KvrPredict => {
+            PolicyKind::Kvr
+            | PolicyKind::KvrDynamo
+            | PolicyKind::KvrApprox
+            | PolicyKind::KvrPredict => {
                 unreachable!("selected by the engine")
             }
         }
     }
 
-    pub fn prefill_done(&mut self, id: u64) -> Result<(), String> {
+    pub fn prefill_done(&mut self, id: u64, now: Instant) -> Result<(), String> {
         self.partition
             .bookings()
-            .mark_prefill_complete(id)
+            .mark_prefill_complete_at(id, now)
             .map_err(|e| e.to_string())?;
         self.prefilled += 1;
         Ok(())

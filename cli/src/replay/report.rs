@@ -11,6 +11,24 @@ pub struct Ttft {
     pub p99: f64,
 }
 
+/// Percentiles of a per-token or end-to-end latency, ms.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+pub struct Latency {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Latency {
+    fn of(sorted: &[f64]) -> Self {
+        Latency {
+            p50: percentile(sorted, 50.0),
+            p90: percentile(sorted, 90.0),
+            p99: percentile(sorted, 99.0),
+        }
+    }
+}
+
 #[derive(Serialize, Clone, Copy, Debug, PartialEq)]
 pub struct SelectNs {
     pub p50: f64,
@@ -29,6 +47,12 @@ pub struct PolicyReport {
     /// The reuse one infinite cache would get on the same arrivals.
     pub oracle_hit_rate: f64,
     pub ttft_ms: Ttft,
+    /// Mean time per output token after the first, per request (ms).
+    pub tpot_ms: Latency,
+    /// Arrival to last token, per request (ms).
+    pub e2e_ms: Latency,
+    /// The prefill rate kvr learned from `mark_prefill_complete` timings, tokens/s.
+    pub learned_prefill_rate: Option<f64>,
     /// Max / mean prefill tokens computed per rank.
     pub load_imbalance: f64,
     /// Wall time of the routing call.
@@ -75,6 +99,9 @@ impl PolicyReport {
                 p90: percentile(&r.ttft_ms, 90.0),
                 p99: percentile(&r.ttft_ms, 99.0),
             },
+            tpot_ms: Latency::of(&r.tpot_ms),
+            e2e_ms: Latency::of(&r.e2e_ms),
+            learned_prefill_rate: r.learned_prefill_rate,
             load_imbalance: ratio(max as f64, total as f64 / ranks),
             select_ns: SelectNs {
                 p50: percentile(&select, 50.0),
@@ -87,7 +114,7 @@ impl PolicyReport {
     }
 }
 
-fn secs(ms: f64) -> String {
+pub(super) fn secs_cell(ms: f64) -> String {
     if ms >= 10_000.0 {
         format!("{:.1}", ms / 1e3)
     } else {
@@ -95,7 +122,7 @@ fn secs(ms: f64) -> String {
     }
 }
 
-fn si(x: f64) -> String {
+pub(super) fn si(x: f64) -> String {
     match x {
         x if x >= 1e6 => format!("{:.2} M", x / 1e6),
         x if x >= 1e3 => format!("{:.1} k", x / 1e3),
@@ -111,23 +138,28 @@ pub fn table(reports: &[PolicyReport]) -> String {
         "TTFT p50 s",
         "p90 s",
         "p99 s",
+        "TPOT p50 ms",
+        "p90 ms",
+        "e2e p90 s",
         "imbalance",
         "select p50 µs",
         "p99 µs",
         "events",
-        "block ops/s",
         "B/holder-block",
     ];
-    let rows: Vec<[String; 11]> = reports
+    let rows: Vec<[String; 13]> = reports
         .iter()
         .map(|r| {
             let events = r.events_applied > 0;
             [
                 r.policy.clone(),
                 format!("{:.1} %", r.hit_rate * 100.0),
-                secs(r.ttft_ms.p50),
-                secs(r.ttft_ms.p90),
-                secs(r.ttft_ms.p99),
+                secs_cell(r.ttft_ms.p50),
+                secs_cell(r.ttft_ms.p90),
+                secs_cell(r.ttft_ms.p99),
+                format!("{:.1}", r.tpot_ms.p50),
+                format!("{:.1}", r.tpot_ms.p90),
+                secs_cell(r.e2e_ms.p90),
                 format!("{:.2}", r.load_imbalance),
                 format!("{:.2}", r.select_ns.p50 / 1e3),
                 format!("{:.2}", r.select_ns.p99 / 1e3),
@@ -135,11 +167,6 @@ pub fn table(reports: &[PolicyReport]) -> String {
                     si(r.events_applied as f64)
                 } else {
                     "off".into()
-                },
-                if events {
-                    si(r.block_ops_per_s)
-                } else {
-                    "-".into()
                 },
                 if r.bytes_per_holder_block > 0.0 {
                     format!("{:.1}", r.bytes_per_holder_block)

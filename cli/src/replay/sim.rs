@@ -1,28 +1,46 @@
 //! The simulated cluster: a discrete-event model of inference ranks behind the router
-//! under test.
+//! under test, each scheduled as vLLM's engine schedules a step.
 //!
-//! Per rank: a paged KV cache with prefix caching ([`KvCache`]), a waiting queue, one
-//! prefill pipeline and a decode batch. Time is simulated (ms); only the router's calls
-//! and the ingest of events run for real, and their wall time is what is measured.
+//! Per rank: a paged KV cache with prefix caching ([`KvCache`]), a waiting queue and the
+//! running requests. The rank runs **steps** back to back while it has work; each step
+//! batches one token for every decoding request and, in the token budget left
+//! (`max_batched_tokens`), chunks of prefill — the running prefills first, then waiting
+//! requests admitted in arrival order (vLLM's chunked prefill). Time is simulated (ms);
+//! only the router's calls and the ingest of events run for real, and their wall time is
+//! what is measured.
 //!
-//! * **Arrival**: the router routes and books the request; it joins the rank's queue.
-//! * **Admission** (FIFO, head of line): when the rank runs fewer than `max_running`
-//!   requests and its cache can hold the request's blocks (prompt and output), evicting
-//!   unheld cached blocks least recently used first. Evictions are reported to the
-//!   router as `BlockRemoved` events. The leading prompt blocks found in the cache are the
-//!   request's cached tokens.
-//! * **Prefill**: one request at a time per rank, `overhead + uncached tokens / rate`.
-//!   When it ends, the computed blocks are cached and reported (`BlockStored`, with
-//!   the engine's own block hashes and the blocks' tokens, as vLLM publishes them), the
-//!   router is told `mark_prefill_complete`, and the first token is out (TTFT).
-//! * **Decode**: `output tokens × tpot × (1 + slowdown × (decoding requests − 1))`,
-//!   fixed when decode starts; each completed output block is reported to the router
-//!   (`add_output_blocks`); at the end the blocks are released and the router frees the
-//!   booking.
+//! * **Arrival**: the router routes and books the request; it joins the rank's queue. A
+//!   conversation's later turn arrives its think time after the previous turn's answer
+//!   ended ([`Request::follows`]); other requests at their arrival time ÷ `speed`.
+//! * **Scheduling** (when a step is planned, FIFO, head of line): a waiting request is
+//!   admitted when the rank runs fewer than `max_running` requests, budget is left and
+//!   its cache can hold the request's blocks (prompt and output), evicting unheld cached
+//!   blocks least recently used first (reported as `BlockRemoved`). The cache is looked up
+//!   *then*, not at arrival, as vLLM and Dynamo's mocker do: a request queued behind one
+//!   with the same prefix finds the blocks that one computed. The leading prompt blocks
+//!   found are its cached tokens; the last prompt token is always computed.
+//! * **A step** takes `tpot × (1 + batch_slowdown × (decoding − 1))` if it decodes, plus
+//!   `prefill_overhead + prefill tokens / prefill_rate` if it prefills: a decode step that
+//!   carries a prefill chunk is slower, so per-token latency pays for co-scheduled
+//!   prefill.
+//! * **Prefill end** (the step that computed a request's last prompt chunk): its computed
+//!   blocks are cached and reported (`BlockStored`, with the engine's own block hashes
+//!   and the blocks' tokens, as vLLM publishes them), the router is told
+//!   `mark_prefill_complete` (at the simulated time: kvr learns its prefill rate from
+//!   it), and the first token is out (TTFT).
+//! * **Decode**: one token a step; each completed output block is reported to the router
+//!   (`add_output_blocks`). At the end the output's complete blocks are cached and
+//!   reported too (the answer's tokens are the request's `output_content`, so the next
+//!   turn, whose prompt carries the answer, reuses them), the blocks are released, and
+//!   the router frees the booking. TPOT is (end − first token) / (output − 1).
 //!
 //! Events reach the router through kvr's real ingress path ([`Partition::ingest`]: the
-//! msgpack batch is sequence-checked, decoded, hashed and applied), `event_delay` after
-//! the rank emitted them, one stream per rank in order.
+//! msgpack batch is sequence-checked, decoded, hashed and applied), one batch per step
+//! that changed the cache, `event_delay` after the step, one stream per rank in order.
+//!
+//! What is not modelled: preemption (a request reserves its output's blocks when it is
+//! admitted, so KV memory pressure shows as queueing), speculative decoding, and
+//! prefill/decode disaggregation.
 
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -35,9 +53,10 @@ use kvr::partition::Partition;
 use kvr::RankId;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+pub use super::checks::router_problems;
 use super::kv_cache::{Admission, KvCache};
 use super::policy::Router;
-use super::workload::Workload;
+use super::workload::{token_at, Workload};
 
 /// The cluster's shape and speed.
 #[derive(Clone, Debug)]
@@ -49,19 +68,23 @@ pub struct SimConfig {
     pub block_size: u32,
     /// Prefill throughput of one rank, tokens per second.
     pub prefill_rate: f64,
-    /// Fixed cost of one prefill, ms.
+    /// Fixed cost of a step that prefills, ms.
     pub prefill_overhead_ms: f64,
     /// Time per output token of a lone request, ms.
     pub tpot_ms: f64,
     /// Extra time per output token for each other decoding request on the rank.
     pub batch_slowdown: f64,
     pub max_running: u32,
+    /// Tokens one step may process (vLLM's `max_num_batched_tokens`).
+    pub max_batched_tokens: u32,
     /// Delay from a rank emitting an event batch to the router applying it, ms.
     pub event_delay_ms: f64,
-    /// Arrival times are divided by this.
+    /// Open-loop arrival times are divided by this (a trace's timestamps, the built-in
+    /// workload's session starts); a later turn still waits for its predecessor.
     pub speed: f64,
     pub seed: u64,
-    /// The cost knobs of kvr's own selection (policies `kvr`, `kvr-approx`, `kvr-predict`).
+    /// The cost knobs of kvr's own selection (policies `kvr`, `kvr-approx`, `kvr-predict`;
+    /// `kvr-dynamo` uses them with Dynamo's model).
     pub cost: kvr::cost::CostConfig,
     /// How long `kvr-predict`'s side index believes a booking, ms.
     pub prediction_ttl_ms: f64,
@@ -92,10 +115,15 @@ pub struct RunResult {
     pub policy: &'static str,
     pub requests: u64,
     pub prompt_tokens: u64,
-    /// Prompt tokens the ranks found cached at admission.
+    /// Prompt tokens the ranks found cached when they scheduled the request.
     pub cached_tokens: u64,
     /// Every request's TTFT, ms, sorted.
     pub ttft_ms: Vec<f64>,
+    /// Every request's mean time per output token after the first, ms, sorted (requests
+    /// with at least two output tokens).
+    pub tpot_ms: Vec<f64>,
+    /// Every request's arrival to last token, ms, sorted.
+    pub e2e_ms: Vec<f64>,
     /// Prefill tokens computed per rank.
     pub prefill_tokens_per_rank: Vec<u64>,
     /// Wall time of each routing call, ns, sorted.
@@ -111,15 +139,15 @@ pub struct RunResult {
     pub makespan_ms: f64,
     /// Wall time of the whole run, s.
     pub wall_secs: f64,
+    /// The prefill rate kvr learned (tokens/s), if the policy books through it.
+    pub learned_prefill_rate: Option<f64>,
     /// Broken invariants (empty when the run was clean).
     pub problems: Vec<String>,
 }
 
 enum Ev {
     Arrive(u32),
-    PrefillDone(u32),
-    OutputBlock(u32),
-    Complete(u32),
+    StepEnd(u32),
     Deliver {
         rank: u32,
         seq: u64,
@@ -153,35 +181,40 @@ impl Ord for Item {
 
 struct InFlight {
     arrival_ms: f64,
-    rank: usize,
     id: u64,
     tokens: Vec<u32>,
-    /// The rank's engine hashes of the prompt's complete blocks.
+    /// The rank's engine hashes of the prompt's complete blocks (then of the output's,
+    /// once cached at the end).
     hashes: Vec<u64>,
     output_tokens: u32,
+    output_content: u64,
     admission: Option<Admission>,
-    /// Output blocks still to report, and the time one takes.
-    out_blocks_left: u32,
-    block_ms: f64,
+    /// Prompt tokens still to compute (set when scheduled).
+    prefill_left: u32,
+    /// Output tokens produced so far.
+    generated: u32,
+    first_token_ms: f64,
 }
 
 struct Rank {
     id: RankId,
     cache: KvCache,
     waiting: VecDeque<u32>,
-    prefill_free_at: f64,
-    running: u32,
-    decoding: u32,
+    /// Admitted requests, in admission order (prefilling or decoding).
+    running: Vec<u32>,
+    /// The step in flight: (request, prefill tokens in it; 0 = one decode token).
+    step: Vec<(u32, u32)>,
+    busy: bool,
     next_seq: u64,
     prefill_tokens: u64,
 }
 
-/// The engine's block hash, as a vLLM-like engine computes it: its own function of the
-/// parent's hash and the block's tokens (not kvr's; kvr learns the mapping from events).
+/// The engine's block hashes, as a vLLM-like engine computes them: its own function of
+/// the parent's hash and the block's tokens (not kvr's; kvr learns the mapping from
+/// events). Appends the hashes of `tokens`' complete blocks after `out`'s last.
 fn engine_hashes(tokens: &[u32], block_size: usize, bytes: &mut Vec<u8>, out: &mut Vec<u64>) {
-    out.clear();
-    let mut parent = 0x766c_6c6d_5f72_6f6f_u64;
-    for block in tokens.chunks_exact(block_size) {
+    let mut parent = out.last().copied().unwrap_or(0x766c_6c6d_5f72_6f6f_u64);
+    for block in tokens[out.len() * block_size..].chunks_exact(block_size) {
         bytes.clear();
         bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
         parent = xxh3_64_with_seed(bytes, parent);
@@ -192,15 +225,20 @@ fn engine_hashes(tokens: &[u32], block_size: usize, bytes: &mut Vec<u8>, out: &m
 struct Sim<'a> {
     cfg: &'a SimConfig,
     router: &'a mut Router,
+    workload: &'a Workload,
     heap: BinaryHeap<Item>,
     n: u64,
     ranks: Vec<Rank>,
     flights: HashMap<u32, InFlight>,
+    /// The turn that follows each request (its conversation's next), if any.
+    next_turn: Vec<Option<u32>>,
     base: Instant,
     res: RunResult,
     evicted: Vec<u64>,
     bytes: Vec<u8>,
     enc: BatchEncoder,
+    /// Events encoded since the rank's last batch went out.
+    pending_events: bool,
     /// The router reads the ranks' KV events.
     events: bool,
     completed: u64,
@@ -212,15 +250,22 @@ impl Sim<'_> {
         self.heap.push(Item { t, n: self.n, ev });
     }
 
+    fn instant(&self, now: f64) -> Instant {
+        self.base + Duration::from_secs_f64(now.max(0.0) / 1e3)
+    }
+
     fn fail(&mut self, msg: String) {
         if self.res.problems.len() < 20 {
             self.res.problems.push(msg);
         }
     }
 
-    /// Sends the batch in `self.enc` from `rank`; it reaches the router `event_delay`
-    /// later. (Without events, no batch is built at all.)
+    /// Sends the events encoded for `rank` as one batch; it reaches the router
+    /// `event_delay` later.
     fn emit(&mut self, rank: usize, now: f64) {
+        if !std::mem::take(&mut self.pending_events) {
+            return;
+        }
         let r = &mut self.ranks[rank];
         let payload = self.enc.finish(now / 1e3, Some(r.id.dp_rank));
         let seq = r.next_seq;
@@ -236,12 +281,73 @@ impl Sim<'_> {
         );
     }
 
-    fn try_admit(&mut self, rank: usize, now: f64) {
+    fn arrive(&mut self, i: u32, now: f64, tokens: &mut Vec<u32>) {
+        let b = self.cfg.block_size as usize;
+        let req = &self.workload.requests[i as usize];
+        req.tokens_into(tokens);
+        let t0 = Instant::now();
+        let routed = self
+            .router
+            .route(tokens, req.output_tokens, req.session, self.instant(now));
+        self.res.select_ns.push(t0.elapsed().as_nanos() as u64);
+        let routed = match routed {
+            Ok(r) => r,
+            Err(e) => return self.fail(format!("request {i} not routed: {e}")),
+        };
+        let rank = self.cfg.rank_index(routed.rank);
+        let mut hashes = Vec::new();
+        engine_hashes(tokens, b, &mut self.bytes, &mut hashes);
+        self.flights.insert(
+            i,
+            InFlight {
+                arrival_ms: now,
+                id: routed.selection_id,
+                tokens: tokens.clone(),
+                hashes,
+                output_tokens: req.output_tokens.max(1),
+                output_content: req.output_content,
+                admission: None,
+                prefill_left: 0,
+                generated: 0,
+                first_token_ms: 0.0,
+            },
+        );
+        self.ranks[rank].waiting.push_back(i);
+        if !self.ranks[rank].busy {
+            self.plan_step(rank, now);
+        }
+    }
+
+    /// Plans the rank's next step at `now` (decodes, running prefills, then admissions in
+    /// the budget left) and schedules its end; the rank goes idle if there is no work.
+    fn plan_step(&mut self, rank: usize, now: f64) {
         let b = self.cfg.block_size;
-        while let Some(&i) = self.ranks[rank].waiting.front() {
+        let mut budget = self.cfg.max_batched_tokens;
+        let mut step = std::mem::take(&mut self.ranks[rank].step);
+        step.clear();
+        let (mut decoding, mut prefill) = (0u32, 0u64);
+        for &i in &self.ranks[rank].running {
+            let f = &self.flights[&i];
+            if f.prefill_left == 0 {
+                step.push((i, 0));
+                decoding += 1;
+                budget = budget.saturating_sub(1);
+            }
+        }
+        for &i in &self.ranks[rank].running {
+            let left = self.flights[&i].prefill_left;
+            if left > 0 && budget > 0 {
+                let take = left.min(budget);
+                step.push((i, take));
+                budget -= take;
+                prefill += u64::from(take);
+            }
+        }
+        while budget > 0 {
             let r = &mut self.ranks[rank];
-            if r.running >= self.cfg.max_running {
-                return;
+            let Some(&i) = r.waiting.front() else { break };
+            if r.running.len() as u32 >= self.cfg.max_running {
+                break;
             }
             let f = self
                 .flights
@@ -252,142 +358,172 @@ impl Sim<'_> {
                 .blocks_needed(f.tokens.len() as u32, f.output_tokens);
             self.evicted.clear();
             let Some(adm) = r.cache.admit(&f.hashes, total, &mut self.evicted) else {
-                return;
+                break;
             };
             r.waiting.pop_front();
-            r.running += 1;
+            r.running.push(i);
             // As vLLM: the last prompt token is always computed (its logits start decode),
             // so a fully cached prompt still recomputes its last block.
             let usable = (f.tokens.len() as u32).saturating_sub(1) / b;
-            let cached = u64::from(adm.hit_blocks.min(usable)) * u64::from(b);
-            let prefill = f.tokens.len() as u64 - cached;
-            r.prefill_tokens += prefill;
-            let start = r.prefill_free_at.max(now);
-            let done =
-                start + self.cfg.prefill_overhead_ms + prefill as f64 * 1e3 / self.cfg.prefill_rate;
-            r.prefill_free_at = done;
+            let cached = adm.hit_blocks.min(usable) * b;
+            f.prefill_left = f.tokens.len() as u32 - cached;
             f.admission = Some(adm);
-            self.res.cached_tokens += cached;
-            self.at(done, Ev::PrefillDone(i));
+            r.prefill_tokens += u64::from(f.prefill_left);
+            self.res.cached_tokens += u64::from(cached);
+            let take = f.prefill_left.min(budget);
+            step.push((i, take));
+            budget -= take;
+            prefill += u64::from(take);
             if !self.evicted.is_empty() {
                 self.res.evictions += self.evicted.len() as u64;
                 if self.events {
                     self.enc.removed(&self.evicted, Medium::Gpu);
-                    self.emit(rank, now);
+                    self.pending_events = true;
                 }
             }
         }
+        self.emit(rank, now);
+        let r = &mut self.ranks[rank];
+        if step.is_empty() {
+            r.busy = false;
+            r.step = step;
+            return;
+        }
+        let mut ms = 0.0;
+        if decoding > 0 {
+            ms += self.cfg.tpot_ms * (1.0 + self.cfg.batch_slowdown * f64::from(decoding - 1));
+        }
+        if prefill > 0 {
+            ms += self.cfg.prefill_overhead_ms + prefill as f64 * 1e3 / self.cfg.prefill_rate;
+        }
+        r.step = step;
+        r.busy = true;
+        self.at(now + ms, Ev::StepEnd(rank as u32));
     }
 
-    fn step(&mut self, now: f64, ev: Ev, workload: &Workload, tokens: &mut Vec<u32>) {
+    /// The step ended: prefills that finished store their blocks and emit their first
+    /// token, decodes advance, finished requests end; then the next step is planned.
+    fn step_end(&mut self, rank: usize, now: f64, tokens: &mut Vec<u32>) {
+        let step = std::mem::take(&mut self.ranks[rank].step);
+        for &(i, take) in &step {
+            if take > 0 {
+                let f = self.flights.get_mut(&i).expect("in flight");
+                f.prefill_left -= take;
+                if f.prefill_left == 0 {
+                    self.prefill_done(i, rank, now);
+                }
+            } else {
+                self.decode_token(i, rank, now, tokens);
+            }
+        }
+        self.ranks[rank].step = step;
+        self.plan_step(rank, now);
+    }
+
+    fn prefill_done(&mut self, i: u32, rank: usize, now: f64) {
         let b = self.cfg.block_size as usize;
-        match ev {
-            Ev::Arrive(i) => {
-                let req = &workload.requests[i as usize];
-                req.tokens_into(tokens);
-                let sim_now = self.base + Duration::from_secs_f64(now.max(0.0) / 1e3);
-                let t0 = Instant::now();
-                let routed = self
-                    .router
-                    .route(tokens, req.output_tokens, req.session, sim_now);
-                self.res.select_ns.push(t0.elapsed().as_nanos() as u64);
-                let routed = match routed {
-                    Ok(r) => r,
-                    Err(e) => return self.fail(format!("request {i} not routed: {e}")),
-                };
-                let rank = self.cfg.rank_index(routed.rank);
-                let mut hashes = Vec::new();
-                engine_hashes(tokens, b, &mut self.bytes, &mut hashes);
-                self.flights.insert(
-                    i,
-                    InFlight {
-                        arrival_ms: now,
-                        rank,
-                        id: routed.selection_id,
-                        tokens: tokens.clone(),
-                        hashes,
-                        output_tokens: req.output_tokens,
-                        admission: None,
-                        out_blocks_left: 0,
-                        block_ms: 0.0,
-                    },
-                );
-                self.ranks[rank].waiting.push_back(i);
-                self.try_admit(rank, now);
+        let f = self.flights.get_mut(&i).expect("in flight");
+        let r = &mut self.ranks[rank];
+        let adm = f.admission.as_ref().expect("admitted");
+        let runs = r.cache.commit(&f.hashes, adm);
+        for run in runs.iter().filter(|_| self.events) {
+            let parent = run.start.checked_sub(1).map(|p| f.hashes[p]);
+            self.enc.stored(
+                &f.hashes[run.start..run.end],
+                parent,
+                &f.tokens[run.start * b..run.end * b],
+                b as u32,
+                Medium::Gpu,
+                None,
+            );
+            self.pending_events = true;
+        }
+        f.generated = 1;
+        f.first_token_ms = now;
+        self.res.ttft_ms.push(now - f.arrival_ms);
+        let (id, done) = (f.id, f.output_tokens <= 1);
+        let at = self.instant(now);
+        if let Err(e) = self.router.prefill_done(id, at) {
+            self.fail(format!("mark_prefill_complete({id}): {e}"));
+        }
+        if done {
+            self.complete(i, rank, now, &mut Vec::new());
+        }
+    }
+
+    fn decode_token(&mut self, i: u32, rank: usize, now: f64, tokens: &mut Vec<u32>) {
+        let b = self.cfg.block_size;
+        let f = self.flights.get_mut(&i).expect("in flight");
+        f.generated += 1;
+        let (id, generated, out) = (f.id, f.generated, f.output_tokens);
+        // Output blocks completed strictly before the request ends.
+        if generated < out && generated % b == 0 {
+            if let Err(e) = self.router.output_block(id) {
+                self.fail(format!("add_output_blocks({id}): {e}"));
             }
-            Ev::PrefillDone(i) => {
-                let f = self.flights.get_mut(&i).expect("in flight");
-                let rank = f.rank;
-                let r = &mut self.ranks[rank];
-                let adm = f.admission.as_ref().expect("admitted");
-                let runs = r.cache.commit(&f.hashes, adm);
-                for run in runs.iter().filter(|_| self.events) {
-                    let parent = run.start.checked_sub(1).map(|p| f.hashes[p]);
-                    self.enc.stored(
-                        &f.hashes[run.start..run.end],
-                        parent,
-                        &f.tokens[run.start * b..run.end * b],
-                        b as u32,
-                        Medium::Gpu,
-                        None,
-                    );
-                }
-                r.decoding += 1;
-                let tpot =
-                    self.cfg.tpot_ms * (1.0 + self.cfg.batch_slowdown * f64::from(r.decoding - 1));
-                self.res.ttft_ms.push(now - f.arrival_ms);
-                let (id, out) = (f.id, f.output_tokens);
-                // Output blocks completed strictly before the request ends.
-                f.out_blocks_left = out.saturating_sub(1) / b as u32;
-                f.block_ms = tpot * b as f64;
-                let has_blocks = f.out_blocks_left > 0;
-                let block_ms = f.block_ms;
-                if self.events && !runs.is_empty() {
-                    self.emit(rank, now);
-                }
-                if let Err(e) = self.router.prefill_done(id) {
-                    self.fail(format!("mark_prefill_complete({id}): {e}"));
-                }
-                if has_blocks {
-                    self.at(now + block_ms, Ev::OutputBlock(i));
-                }
-                self.at(now + f64::from(out) * tpot, Ev::Complete(i));
-            }
-            Ev::OutputBlock(i) => {
-                let f = self.flights.get_mut(&i).expect("in flight");
-                f.out_blocks_left -= 1;
-                let (id, more, block_ms) = (f.id, f.out_blocks_left > 0, f.block_ms);
-                if let Err(e) = self.router.output_block(id) {
-                    self.fail(format!("add_output_blocks({id}): {e}"));
-                }
-                if more {
-                    self.at(now + block_ms, Ev::OutputBlock(i));
-                }
-            }
-            Ev::Complete(i) => {
-                let f = self.flights.remove(&i).expect("in flight");
-                let r = &mut self.ranks[f.rank];
-                r.cache
-                    .release(&f.hashes, f.admission.as_ref().expect("admitted"));
-                r.running -= 1;
-                r.decoding -= 1;
-                self.completed += 1;
-                self.res.makespan_ms = now;
-                if let Err(e) = self.router.free(f.id) {
-                    self.fail(format!("free({}): {e}", f.id));
-                }
-                self.try_admit(f.rank, now);
-            }
-            Ev::Deliver { rank, seq, payload } => {
-                let id = self.ranks[rank as usize].id;
-                let p: &Partition = self.router.partition();
-                let t0 = Instant::now();
-                let out = p.ingest(id.worker_id, id.dp_rank, b"kv-events", seq, &payload);
-                self.res.ingest_secs += t0.elapsed().as_secs_f64();
-                if out.decode_errors > 0 || out.clears > 0 || out.batches_applied != 1 {
-                    self.fail(format!("event batch {seq} of {id:?}: {out:?}"));
-                }
-            }
+        }
+        if generated == out {
+            self.complete(i, rank, now, tokens);
+        }
+    }
+
+    /// The request's last token is out: its answer's complete blocks are cached and
+    /// reported, its blocks released, its booking freed, and its conversation's next
+    /// turn (if any) arrives after the user's think time.
+    fn complete(&mut self, i: u32, rank: usize, now: f64, tokens: &mut Vec<u32>) {
+        let b = self.cfg.block_size as usize;
+        let mut f = self.flights.remove(&i).expect("in flight");
+        let r = &mut self.ranks[rank];
+        r.running.retain(|&x| x != i);
+        let mut adm = f.admission.take().expect("admitted");
+        // The last generated token has no KV yet: the cached sequence ends before it.
+        tokens.clear();
+        tokens.extend_from_slice(&f.tokens);
+        tokens.extend((0..f.output_tokens - 1).map(|j| token_at(f.output_content, j)));
+        let prompt_blocks = f.hashes.len();
+        engine_hashes(tokens, b, &mut self.bytes, &mut f.hashes);
+        let runs = r.cache.commit_output(&f.hashes, prompt_blocks, &mut adm);
+        f.hashes
+            .truncate(prompt_blocks + adm.output_blocks as usize);
+        for run in runs.iter().filter(|_| self.events) {
+            let parent = run.start.checked_sub(1).map(|p| f.hashes[p]);
+            self.enc.stored(
+                &f.hashes[run.start..run.end],
+                parent,
+                &tokens[run.start * b..run.end * b],
+                b as u32,
+                Medium::Gpu,
+                None,
+            );
+            self.pending_events = true;
+        }
+        r.cache.release(&f.hashes, &adm);
+        self.completed += 1;
+        self.res.makespan_ms = now;
+        if f.output_tokens > 1 {
+            let tpot = (now - f.first_token_ms) / f64::from(f.output_tokens - 1);
+            self.res.tpot_ms.push(tpot);
+        }
+        self.res.e2e_ms.push(now - f.arrival_ms);
+        if let Err(e) = self.router.free(f.id) {
+            self.fail(format!("free({}): {e}", f.id));
+        }
+        if let Some(next) = self.next_turn[i as usize] {
+            let think = self.workload.requests[next as usize]
+                .follows
+                .map_or(0.0, |(_, t)| t);
+            self.at(now + think, Ev::Arrive(next));
+        }
+    }
+
+    fn deliver(&mut self, rank: u32, seq: u64, payload: &[u8]) {
+        let id = self.ranks[rank as usize].id;
+        let p: &Partition = self.router.partition();
+        let t0 = Instant::now();
+        let out = p.ingest(id.worker_id, id.dp_rank, b"kv-events", seq, payload);
+        self.res.ingest_secs += t0.elapsed().as_secs_f64();
+        if out.decode_errors > 0 || out.clears > 0 || out.batches_applied != 1 {
+            self.fail(format!("event batch {seq} of {id:?}: {out:?}"));
         }
     }
 }
@@ -418,21 +554,29 @@ pub fn run_keeping_caches(
             id,
             cache: KvCache::new(cfg.kv_blocks),
             waiting: VecDeque::new(),
-            prefill_free_at: 0.0,
-            running: 0,
-            decoding: 0,
+            running: Vec::new(),
+            step: Vec::new(),
+            busy: false,
             next_seq: 0,
             prefill_tokens: 0,
         })
         .collect();
     let events = router.kind().uses_events();
+    let mut next_turn = vec![None; workload.requests.len()];
+    for (i, r) in workload.requests.iter().enumerate() {
+        if let Some((prev, _)) = r.follows {
+            next_turn[prev as usize] = Some(i as u32);
+        }
+    }
     let mut sim = Sim {
         cfg,
         router,
+        workload,
         heap: BinaryHeap::new(),
         n: 0,
         ranks,
         flights: HashMap::new(),
+        next_turn,
         base: Instant::now(),
         res: RunResult {
             policy: "",
@@ -443,20 +587,26 @@ pub fn run_keeping_caches(
         evicted: Vec::new(),
         bytes: Vec::new(),
         enc: BatchEncoder::new(),
+        pending_events: false,
         events,
         completed: 0,
     };
     sim.res.policy = sim.router.kind().name();
     let t0 = workload.requests.first().map_or(0.0, |r| r.arrival_ms);
     for (i, r) in workload.requests.iter().enumerate() {
-        sim.at((r.arrival_ms - t0) / cfg.speed, Ev::Arrive(i as u32));
+        if r.follows.is_none() {
+            sim.at((r.arrival_ms - t0) / cfg.speed, Ev::Arrive(i as u32));
+        }
     }
     let mut tokens = Vec::new();
     while let Some(Item { t, ev, .. }) = sim.heap.pop() {
-        let arrival = matches!(ev, Ev::Arrive(_));
-        sim.step(t, ev, workload, &mut tokens);
-        if arrival {
-            progress();
+        match ev {
+            Ev::Arrive(i) => {
+                sim.arrive(i, t, &mut tokens);
+                progress();
+            }
+            Ev::StepEnd(rank) => sim.step_end(rank as usize, t, &mut tokens),
+            Ev::Deliver { rank, seq, payload } => sim.deliver(rank, seq, &payload),
         }
     }
     sim.finish(wall)
@@ -479,81 +629,19 @@ impl Sim<'_> {
             self.res.blocks_applied += s.blocks_stored + s.blocks_removed;
         }
         self.res.index = p.index().stats();
+        self.res.learned_prefill_rate = p.bookings().prefill_rate();
         self.res.prefill_tokens_per_rank = self.ranks.iter().map(|r| r.prefill_tokens).collect();
-        self.res.ttft_ms.sort_by(f64::total_cmp);
+        for v in [
+            &mut self.res.ttft_ms,
+            &mut self.res.tpot_ms,
+            &mut self.res.e2e_ms,
+        ] {
+            v.sort_by(f64::total_cmp);
+        }
         self.res.select_ns.sort_unstable();
         self.res.problems.extend(problems);
         self.res.wall_secs = wall.elapsed().as_secs_f64();
         let caches = self.ranks.into_iter().map(|r| (r.id, r.cache)).collect();
         (self.res, caches)
     }
-}
-
-/// The end-of-run invariants of a router whose requests have all ended: kvr holds no
-/// booking and every rank's booking counters are back to zero; no event was refused,
-/// failed to decode or went missing; and (with events) the index holds exactly what each
-/// rank's cache holds.
-pub fn router_problems(router: &Router, caches: &[(RankId, &KvCache)]) -> Vec<String> {
-    let mut problems = Vec::new();
-    let p = router.partition();
-    if router.booked != router.freed || router.prefilled != router.booked {
-        problems.push(format!(
-            "{} booked, {} marked prefill-complete, {} freed",
-            router.booked, router.prefilled, router.freed
-        ));
-    }
-    if let Some(s) = p.session_stats() {
-        if s.leases > 0 || s.unknown_lease_releases > 0 {
-            problems.push(format!("session leases outlived their bookings: {s:?}"));
-        }
-    }
-    let indexer = p.indexer_stats();
-    if indexer.record_failures > 0 {
-        problems.push(format!("recording bookings failed: {indexer:?}"));
-    }
-    let bookings = p.bookings();
-    let stats = bookings.stats();
-    if stats.expired_total + stats.counter_underflows > 0 {
-        problems.push(format!(
-            "bookings expired or counters underflowed: {stats:?}"
-        ));
-    }
-    if !bookings.is_empty() {
-        problems.push(format!("{} bookings left", bookings.len()));
-    }
-    let loads = bookings.loads();
-    for (id, cache) in caches {
-        let l = loads.get(*id);
-        if !l.is_zero() {
-            problems.push(format!("rank {id:?} still has load {l:?}"));
-        }
-        if let Err(e) = cache.check() {
-            problems.push(format!("rank {id:?} cache: {e}"));
-        }
-    }
-    if let Err(e) = bookings.audit() {
-        problems.push(format!("booking audit: {e}"));
-    }
-    for s in p.ingress_stats() {
-        let decode_errors: u64 = s.decode_errors.iter().map(|e| e.1).sum();
-        if s.events_rejected + s.block_size_mismatches + decode_errors + s.sequence.gaps > 0 {
-            problems.push(format!("stream {}/{}: {s:?}", s.worker_id, s.stream));
-        }
-    }
-    if router.kind().uses_events() {
-        let index = p.index().stats();
-        if index.parent_not_found + index.block_not_found > 0 {
-            problems.push(format!("index refused events: {index:?}"));
-        }
-        for (id, cache) in caches {
-            let held = p.index().rank_stats(*id).map_or(0, |s| s.holder_blocks);
-            if held != cache.cached() as u64 {
-                problems.push(format!(
-                    "rank {id:?}: index holds {held} blocks, its cache {}",
-                    cache.cached()
-                ));
-            }
-        }
-    }
-    problems
 }

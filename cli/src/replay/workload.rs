@@ -31,6 +31,14 @@ pub struct Request {
     pub output_tokens: u32,
     /// The conversation this turn belongs to (built-in workload only).
     pub session: Option<u64>,
+    /// Content id of the tokens the request generates (token `j` of the answer is
+    /// [`token_at`]`(output_content, j)`): a later turn whose prompt holds the answer as
+    /// segment `(output_content, output_tokens)` reuses the blocks the answer filled.
+    pub output_content: u64,
+    /// The previous turn of its conversation (an index into the workload's requests) and
+    /// the user's think time after that turn's answer, ms: the turn arrives then (closed
+    /// loop), not at `arrival_ms`. `None`: an open-loop arrival at `arrival_ms`.
+    pub follows: Option<(u32, f64)>,
 }
 
 impl Request {
@@ -43,6 +51,9 @@ impl Request {
         }
     }
 }
+
+/// Content ids at or above this are unique per request (outputs nobody reuses).
+const UNIQUE_CONTENT: u64 = 1 << 62;
 
 /// Token `j` of content `id`: SplitMix64 of the pair, reduced to the vocabulary.
 pub fn token_at(id: u64, j: u32) -> u32 {
@@ -108,7 +119,7 @@ pub fn load_mooncake(path: &Path) -> Result<Workload, String> {
         }
         let rec: MooncakeLine =
             serde_json::from_str(&line).map_err(|e| at(format!("not a trace record: {e}")))?;
-        requests.push(mooncake_request(&rec, last_ts).map_err(at)?);
+        requests.push(mooncake_request(&rec, last_ts, requests.len()).map_err(at)?);
         last_ts = rec.timestamp;
     }
     if requests.is_empty() {
@@ -121,7 +132,7 @@ pub fn load_mooncake(path: &Path) -> Result<Workload, String> {
     })
 }
 
-fn mooncake_request(rec: &MooncakeLine, last_ts: f64) -> Result<Request, String> {
+fn mooncake_request(rec: &MooncakeLine, last_ts: f64, n: usize) -> Result<Request, String> {
     let chunk = u64::from(MOONCAKE_CHUNK_TOKENS);
     if !rec.timestamp.is_finite() || rec.timestamp < 0.0 {
         return Err(format!("timestamp {} is not a time", rec.timestamp));
@@ -162,6 +173,9 @@ fn mooncake_request(rec: &MooncakeLine, last_ts: f64) -> Result<Request, String>
         input_tokens: rec.input_length as u32,
         output_tokens: rec.output_length as u32,
         session: None,
+        // The trace does not say what was generated: nothing reuses it.
+        output_content: UNIQUE_CONTENT + n as u64,
+        follows: None,
     })
 }
 
@@ -169,14 +183,21 @@ fn mooncake_request(rec: &MooncakeLine, last_ts: f64) -> Result<Request, String>
 #[derive(Clone, Debug)]
 pub struct GeneratorConfig {
     pub seed: u64,
-    /// Conversations to generate.
+    /// Sessions to generate (conversations, agent runs and single long prompts together).
     pub sessions: u32,
-    /// Conversations started per second (Poisson).
+    /// Sessions started per second (Poisson).
     pub session_rate: f64,
     /// Distinct system prompts, chosen with Zipf-like popularity.
     pub system_prompts: u32,
     /// Distinct tool preambles; about half the conversations carry one.
     pub tool_preambles: u32,
+    /// Share of sessions that are agent runs: a long tool preamble shared by every run of
+    /// its agent (few agents), then many short turns (tool calls and their results) with
+    /// short pauses.
+    pub agent_share: f64,
+    /// Share of sessions that are one long prompt of unique content (a document to
+    /// summarise, retrieval results): little reuse, heavy prefill.
+    pub unique_share: f64,
 }
 
 impl Default for GeneratorConfig {
@@ -187,6 +208,8 @@ impl Default for GeneratorConfig {
             session_rate: 2.0,
             system_prompts: 12,
             tool_preambles: 6,
+            agent_share: 0.2,
+            unique_share: 0.1,
         }
     }
 }
@@ -199,12 +222,39 @@ fn exponential(rng: &mut SelectionRng, mean: f64) -> f64 {
     -mean * (1.0 - rng.next_f64()).ln()
 }
 
-/// The built-in workload: multi-turn conversations over shared system prompts and tool
-/// preambles, started as a Poisson process. Each turn's prompt is the previous turn's
-/// prompt, the assistant's answer to it and a new user message, so a conversation's turns
-/// share a growing prefix, and conversations share their system prompt (and preamble).
-/// A turn arrives after the previous one plus its expected answer time and a think time
-/// (the workload is open-loop: arrivals do not wait for the simulated answers).
+/// What kind of session the generator makes, and its turns' shape.
+#[derive(Clone, Copy)]
+enum SessionKind {
+    Chat,
+    Agent,
+    Unique,
+}
+
+/// One generated turn before the arrivals are sorted: its session and place in it.
+struct Turn {
+    req: Request,
+    session: u64,
+    turn: u32,
+    think_ms: f64,
+}
+
+/// The built-in workload: sessions started as a Poisson process, of three kinds
+/// ([`GeneratorConfig::agent_share`], [`GeneratorConfig::unique_share`], the rest
+/// conversations):
+///
+/// * **conversations** over shared system prompts (Zipf popularity) and, for half of
+///   them, a tool preamble; 1–16 turns, each prompt the previous prompt, the assistant's
+///   answer and a new user message (32–768 tokens), answers of 16–512 tokens, think times
+///   of 8 s on average;
+/// * **agent runs** of one of four agents (each a 4–12k-token tool preamble after a
+///   system prompt): 4–24 short turns (a tool result of 16–256 tokens, a call of 16–128),
+///   1.5 s pauses (the tool running);
+/// * **single long prompts** of 4–16k unique tokens with 64–512-token answers.
+///
+/// A later turn of a session follows its predecessor ([`Request::follows`]): it arrives
+/// its think time after the previous answer is complete, so a slower cluster sees later
+/// turns later, as real users do. `arrival_ms` is the nominal time had the answer taken
+/// 25 ms a token (kept for the order of the list and for open-loop tools).
 /// Deterministic in `seed`.
 pub fn generate(cfg: &GeneratorConfig) -> Workload {
     let mut rng = SelectionRng::from_seed(cfg.seed ^ 0x6B76_725F_7265_706C);
@@ -219,11 +269,14 @@ pub fn generate(cfg: &GeneratorConfig) -> Workload {
     let tools: Vec<(u64, u32)> = (0..cfg.tool_preambles.max(1))
         .map(|_| (fresh(), uniform(&mut rng, 512, 2_048)))
         .collect();
+    let agents: Vec<(u64, u32)> = (0..4)
+        .map(|_| (fresh(), uniform(&mut rng, 4_096, 12_288)))
+        .collect();
     // Zipf(1) popularity over system prompts.
     let weights: Vec<f64> = (0..systems.len()).map(|k| 1.0 / (k + 1) as f64).collect();
     let total: f64 = weights.iter().sum();
 
-    let mut requests = Vec::new();
+    let mut turns: Vec<Turn> = Vec::new();
     let mut start_ms = 0.0;
     for session in 0..u64::from(cfg.sessions) {
         start_ms += exponential(&mut rng, 1_000.0 / cfg.session_rate.max(1e-9));
@@ -236,29 +289,83 @@ pub fn generate(cfg: &GeneratorConfig) -> Workload {
             }
             pick -= w;
         }
+        let u = rng.next_f64();
+        let kind = if u < cfg.agent_share {
+            SessionKind::Agent
+        } else if u < cfg.agent_share + cfg.unique_share {
+            SessionKind::Unique
+        } else {
+            SessionKind::Chat
+        };
         let mut segments = vec![systems[sys]];
-        if rng.next_u64() % 2 == 0 {
-            segments.push(tools[(rng.next_u64() % tools.len() as u64) as usize]);
-        }
-        let turns = 1 + (exponential(&mut rng, 3.0) as u32).min(15);
+        let n_turns = match kind {
+            SessionKind::Chat => {
+                if rng.next_u64() % 2 == 0 {
+                    segments.push(tools[(rng.next_u64() % tools.len() as u64) as usize]);
+                }
+                1 + (exponential(&mut rng, 3.0) as u32).min(15)
+            }
+            SessionKind::Agent => {
+                segments.push(agents[(rng.next_u64() % agents.len() as u64) as usize]);
+                uniform(&mut rng, 4, 24)
+            }
+            SessionKind::Unique => {
+                segments.push((fresh(), uniform(&mut rng, 4_096, 16_384)));
+                1
+            }
+        };
         let mut at = start_ms;
-        for _ in 0..turns {
-            segments.push((fresh(), uniform(&mut rng, 32, 768)));
-            let output = uniform(&mut rng, 16, 512);
+        for turn in 0..n_turns {
+            let (user, output, think) = match kind {
+                SessionKind::Chat => (
+                    uniform(&mut rng, 32, 768),
+                    uniform(&mut rng, 16, 512),
+                    exponential(&mut rng, 8_000.0),
+                ),
+                SessionKind::Agent => (
+                    uniform(&mut rng, 16, 256),
+                    uniform(&mut rng, 16, 128),
+                    exponential(&mut rng, 1_500.0),
+                ),
+                SessionKind::Unique => (uniform(&mut rng, 16, 64), uniform(&mut rng, 64, 512), 0.0),
+            };
+            segments.push((fresh(), user));
             let input: u32 = segments.iter().map(|s| s.1).sum();
-            requests.push(Request {
-                arrival_ms: at,
-                segments: segments.clone(),
-                input_tokens: input,
-                output_tokens: output,
-                session: Some(session),
+            let answer = fresh();
+            turns.push(Turn {
+                req: Request {
+                    arrival_ms: at,
+                    segments: segments.clone(),
+                    input_tokens: input,
+                    output_tokens: output,
+                    session: Some(session),
+                    output_content: answer,
+                    follows: None,
+                },
+                session,
+                turn,
+                think_ms: think,
             });
             // The assistant's answer joins the conversation's context.
-            segments.push((fresh(), output));
-            at += f64::from(output) * 25.0 + exponential(&mut rng, 8_000.0);
+            segments.push((answer, output));
+            at += f64::from(output) * 25.0 + think;
         }
     }
-    requests.sort_by(|a, b| a.arrival_ms.total_cmp(&b.arrival_ms));
+    turns.sort_by(|a, b| a.req.arrival_ms.total_cmp(&b.req.arrival_ms));
+    // Link each later turn to its predecessor's index in the sorted list (a session's
+    // turns stay in order: each nominal arrival is after the previous one).
+    let mut last: std::collections::HashMap<u64, (u32, u32)> = std::collections::HashMap::new();
+    let mut requests = Vec::with_capacity(turns.len());
+    for (i, t) in turns.into_iter().enumerate() {
+        let mut req = t.req;
+        if t.turn > 0 {
+            let (prev, prev_turn) = last[&t.session];
+            debug_assert_eq!(prev_turn + 1, t.turn);
+            req.follows = Some((prev, t.think_ms));
+        }
+        last.insert(t.session, (i as u32, t.turn));
+        requests.push(req);
+    }
     Workload {
         name: "built-in".into(),
         requests,
@@ -268,6 +375,8 @@ pub fn generate(cfg: &GeneratorConfig) -> Workload {
             ("session_rate", cfg.session_rate),
             ("system_prompts", f64::from(cfg.system_prompts)),
             ("tool_preambles", f64::from(cfg.tool_preambles)),
+            ("agent_share", cfg.agent_share),
+            ("unique_share", cfg.unique_share),
         ],
     }
 }

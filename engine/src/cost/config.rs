@@ -74,6 +74,13 @@ pub struct LatencyConfig {
     pub itl_base_ms: f64,
     /// Predicted extra per-token latency per request running on the rank, ms.
     pub itl_per_request_ms: f64,
+    /// Weight of the queue externality (2; 0 = price only this request's TTFT): a
+    /// prompt's uncached tokens also delay the requests that will queue behind them on
+    /// the rank, about as many as an average candidate has queued now, so under load a
+    /// cache miss costs more than its own prefill (see [`latency_cost`]).
+    ///
+    /// [`latency_cost`]: super::latency_cost
+    pub queue_externality: f64,
     /// Tie-break: µs charged per decode block the rank would hold after this booking
     /// (1 µs: 6,400 blocks weigh as one 64-token block of prefill at 10k tokens/s).
     pub decode_block_us: f64,
@@ -90,6 +97,7 @@ impl Default for LatencyConfig {
             itl_target_ms: None,
             itl_base_ms: 20.0,
             itl_per_request_ms: 0.2,
+            queue_externality: 2.0,
             decode_block_us: 1.0,
         }
     }

@@ -28,6 +28,9 @@ pub struct RequestShape {
     pub prefill_rate: f64,
     /// The request's expected output tokens (the latency model's per-token term).
     pub expected_output_tokens: u64,
+    /// Mean `active_prefill_tokens` over this selection's eligible candidates (the
+    /// latency model's queue externality; [`fill_costs`] sets it).
+    pub mean_active_prefill_tokens: f64,
 }
 
 impl RequestShape {
@@ -41,7 +44,25 @@ impl RequestShape {
             min_active_prefill_tokens: 0,
             prefill_rate: 0.0,
             expected_output_tokens: 0,
+            mean_active_prefill_tokens: 0.0,
         }
+    }
+
+    /// The same request with the selection-wide quantities taken from `candidates` (the
+    /// eligible set): the minimum and the mean of their booked prefill tokens.
+    #[inline]
+    pub fn with_selection_stats(self, candidates: &[CandidateLoad]) -> Self {
+        let mut s = self.with_min_active_prefill_tokens(min_active_prefill_tokens(candidates));
+        s.mean_active_prefill_tokens = if candidates.is_empty() {
+            0.0
+        } else {
+            candidates
+                .iter()
+                .map(|c| c.active_prefill_tokens as f64)
+                .sum::<f64>()
+                / candidates.len() as f64
+        };
+        s
     }
 
     /// The same request with the partition's prefill rate estimate (tokens/s).
@@ -250,7 +271,7 @@ pub fn fill_costs(
         candidates.len(),
         "fill_costs: output slice length must match the candidate count"
     );
-    let req = req.with_min_active_prefill_tokens(min_active_prefill_tokens(candidates));
+    let req = req.with_selection_stats(candidates);
     for (slot, c) in out.iter_mut().zip(candidates) {
         *slot = cost(cfg, &req, c);
     }

@@ -23,6 +23,8 @@ pub struct LatencyBreakdown {
     pub uncached_tokens: f64,
     /// Predicted TTFT: `overhead + (active_prefill_tokens + uncached) / rate`.
     pub ttft_ms: f64,
+    /// What the uncached work costs the requests that will queue behind it.
+    pub externality_ms: f64,
     /// KV memory pressure charge.
     pub kv_ms: f64,
     /// Per-token latency target charge.
@@ -57,14 +59,22 @@ pub(super) fn effective_rate(cfg: &ResolvedCost, req: &RequestShape) -> f64 {
 ///          + shared_mult × shared_beyond_device                   (blocks, as Dynamo's)
 /// uncached = max(0, ISL − credit × B)                              (tokens)
 /// ttft     = request_overhead_ms + 1000 × (active_prefill_tokens + uncached) / rate
+/// behind   = min(16, mean active_prefill_tokens over the candidates / ISL)
+/// extern   = queue_externality × behind × 1000 × uncached / rate
 /// decode   = active_decode_blocks + new_blocks_not_active          (after this booking)
 /// kv       = kv_pressure_ms × max(0, decode / total_kv_blocks − θ) / (1 − θ)
 ///                                          (θ = kv_pressure_threshold; 0 if capacity unknown)
 /// itl      = max(0, itl_base_ms + itl_per_request_ms × (active_requests + 1) − target)
 ///          × expected_output_tokens                                (0 without a target)
 /// tie      = decode_block_us / 1000 × decode
-/// cost     = ttft + kv + itl + tie                                 (ms; lower wins)
+/// cost     = ttft + extern + kv + itl + tie                        (ms; lower wins)
 /// ```
+///
+/// `behind` estimates how many requests will wait behind this one's prefill: in steady
+/// state about as many as are queued now on an average rank, in prompts of this size. On
+/// an idle cluster it is 0 and the cost is the request's own TTFT; under load a cache
+/// miss also delays everyone queued after it, so cache hits weigh more — greedy TTFT
+/// alone spreads prompts away from their caches exactly when the lost hits hurt most.
 ///
 /// `rate` is the partition's prefill rate learned from `mark_prefill_complete` timings
 /// (REFERENCE.md §4's bookings; the estimator is `reservation/rate.rs`), or the prior.
@@ -85,6 +95,8 @@ pub fn latency_cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -
     let rate = effective_rate(cfg, req);
     let ttft_ms =
         l.request_overhead_ms + 1e3 * (c.active_prefill_tokens as f64 + uncached_tokens) / rate;
+    let behind = (req.mean_active_prefill_tokens / (req.isl_tokens.max(1) as f64)).clamp(0.0, 16.0);
+    let externality_ms = l.queue_externality * behind * 1e3 * uncached_tokens / rate;
     let decode = c.active_decode_blocks as f64
         + c.new_blocks_not_active as f64
         + cfg.decode_active_request_weight * c.active_requests as f64;
@@ -111,10 +123,11 @@ pub fn latency_cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -
         prefill_rate: rate,
         uncached_tokens,
         ttft_ms,
+        externality_ms,
         kv_ms,
         itl_ms,
         tiebreak_ms,
-        cost_ms: ttft_ms + kv_ms + itl_ms + tiebreak_ms,
+        cost_ms: ttft_ms + externality_ms + kv_ms + itl_ms + tiebreak_ms,
     }
 }
 

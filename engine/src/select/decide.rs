@@ -8,8 +8,8 @@ use std::time::Instant;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
-    blocks_in_cost_units, choose, cost, fill_costs, min_active_prefill_tokens, CandidateLoad,
-    CostModel, RandomSource, RequestShape, ResolvedCost,
+    blocks_in_cost_units, choose, cost, fill_costs, CandidateLoad, CostModel, RandomSource,
+    RequestShape, ResolvedCost,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
 use crate::index::TieredScores;
@@ -290,7 +290,7 @@ impl Selector<'_> {
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
         let prune = !steered && cfg.temperature <= 0.0;
         let min_upper = c.costs.iter().copied().fold(f64::INFINITY, f64::min);
-        let shape = shape.with_min_active_prefill_tokens(min_active_prefill_tokens(&c.inputs));
+        let shape = shape.with_selection_stats(&c.inputs);
         for k in 0..c.inputs.len() {
             if c.inputs[k].active_requests == 0 {
                 continue;
