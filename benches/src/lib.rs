@@ -430,6 +430,9 @@ pub struct SelectionConfig {
     pub private_blocks_per_rank: usize,
     pub bookings_per_rank: usize,
     pub seed: u64,
+    /// The partition's cost model (`KVR_SEL_COST=dynamo|latency` in the selection bench,
+    /// default latency: kvr's default), so the two compare side by side.
+    pub cost_model: kvr::cost::CostModel,
 }
 
 impl SelectionConfig {
@@ -445,6 +448,10 @@ impl SelectionConfig {
             private_blocks_per_rank: 1_024,
             bookings_per_rank: 4,
             seed: DEFAULT_SEED ^ 0x005e_1ec7,
+            cost_model: std::env::var("KVR_SEL_COST")
+                .ok()
+                .and_then(|m| kvr::cost::CostModel::parse(&m))
+                .unwrap_or_default(),
         }
     }
 
@@ -487,7 +494,16 @@ pub fn build_selection(config: SelectionConfig) -> SelectionWorkload {
     let engine = std::sync::Arc::new(Engine::with_seed(config.seed));
     let key = PartitionKey::new("bench-model", "default");
     let part = engine
-        .create_partition(key.clone(), PartitionConfig::new(config.block_size))
+        .create_partition(
+            key.clone(),
+            PartitionConfig {
+                cost: kvr::cost::CostConfig {
+                    model: config.cost_model,
+                    ..kvr::cost::CostConfig::default()
+                },
+                ..PartitionConfig::new(config.block_size)
+            },
+        )
         .expect("a fresh engine has no partitions");
     let hasher = *part.hasher();
 

@@ -5,7 +5,7 @@
 //! arithmetic on its arguments; choosing among the results is `choice.rs`.
 
 use super::config::CostModel;
-use super::latency::latency_cost;
+use super::latency::LatencyPrep;
 use super::resolved::ResolvedCost;
 
 /// The request-side inputs of the cost: prompt length, block size, and the
@@ -219,12 +219,54 @@ pub fn cost_breakdown(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad)
 }
 
 /// The cost of placing the request on candidate `c` under the configured model (lower
-/// wins): [`latency_cost`] (ms) or Dynamo's [`cost_breakdown`] (block equivalents).
+/// wins): [`latency_cost`] (ms) or Dynamo's [`cost_breakdown`] (block equivalents). For
+/// many candidates of one request, [`CostEval`] prepares the request's part once.
+///
+/// [`latency_cost`]: super::latency_cost
 #[inline]
 pub fn cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
-    match cfg.model {
-        CostModel::Latency => latency_cost(cfg, req, c).cost_ms,
-        CostModel::Dynamo => cost_breakdown(cfg, req, c).cost,
+    CostEval::new(cfg, req).cost(c)
+}
+
+/// One request's costs under the configured model, with what depends only on the request
+/// and the knobs computed once.
+#[derive(Clone, Copy, Debug)]
+pub struct CostEval<'a> {
+    cfg: &'a ResolvedCost,
+    req: RequestShape,
+    latency: Option<LatencyPrep>,
+}
+
+impl<'a> CostEval<'a> {
+    #[inline]
+    pub fn new(cfg: &'a ResolvedCost, req: &RequestShape) -> Self {
+        Self {
+            cfg,
+            req: *req,
+            latency: (cfg.model == CostModel::Latency).then(|| LatencyPrep::new(cfg, req)),
+        }
+    }
+
+    /// The cost of candidate `c` (see [`cost`]).
+    #[inline]
+    pub fn cost(&self, c: &CandidateLoad) -> f64 {
+        match &self.latency {
+            Some(p) => p.cost(self.cfg, &self.req, c).cost_ms,
+            None => cost_breakdown(self.cfg, &self.req, c).cost,
+        }
+    }
+
+    /// The part of `c`'s cost due to its `new_blocks_not_active` (exactly: the cost with
+    /// them minus the cost with none). Both models' costs only rise with that count, so
+    /// selection prices every candidate with the whole prompt counted new (an upper
+    /// bound), and a candidate whose cost minus this share exceeds the best upper bound
+    /// cannot win and is never resolved.
+    #[inline]
+    pub fn new_blocks_share(&self, c: &CandidateLoad) -> f64 {
+        match &self.latency {
+            Some(p) => p.new_blocks_share(self.cfg, c),
+            None => c.new_blocks_not_active as f64,
+        }
     }
 }
 
@@ -272,8 +314,9 @@ pub fn fill_costs(
         "fill_costs: output slice length must match the candidate count"
     );
     let req = req.with_selection_stats(candidates);
+    let eval = CostEval::new(cfg, &req);
     for (slot, c) in out.iter_mut().zip(candidates) {
-        *slot = cost(cfg, &req, c);
+        *slot = eval.cost(c);
     }
 }
 

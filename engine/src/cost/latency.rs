@@ -52,82 +52,113 @@ pub(super) fn effective_rate(cfg: &ResolvedCost, req: &RequestShape) -> f64 {
     }
 }
 
-/// The latency model's cost of placing the request on candidate `c`, term by term.
-///
-/// ```text
-/// credit   = overlap_score_credit × decay × device + host_w × host + disk_w × disk
-///          + shared_mult × shared_beyond_device                   (blocks, as Dynamo's)
-/// uncached = max(0, ISL − credit × B)                              (tokens)
-/// ttft     = request_overhead_ms + 1000 × (active_prefill_tokens + uncached) / rate
-/// behind   = min(16, mean active_prefill_tokens over the candidates / ISL)
-/// extern   = queue_externality × behind × 1000 × uncached / rate
-/// decode   = active_decode_blocks + new_blocks_not_active          (after this booking)
-/// kv       = kv_pressure_ms × max(0, decode / total_kv_blocks − θ) / (1 − θ)
-///                                          (θ = kv_pressure_threshold; 0 if capacity unknown)
-/// itl      = max(0, itl_base_ms + itl_per_request_ms × (active_requests + 1) − target)
-///          × expected_output_tokens                                (0 without a target)
-/// tie      = decode_block_us / 1000 × decode
-/// cost     = ttft + extern + kv + itl + tie                        (ms; lower wins)
-/// ```
-///
-/// `behind` estimates how many requests will wait behind this one's prefill: in steady
-/// state about as many as are queued now on an average rank, in prompts of this size. On
-/// an idle cluster it is 0 and the cost is the request's own TTFT; under load a cache
-/// miss also delays everyone queued after it, so cache hits weigh more — greedy TTFT
-/// alone spreads prompts away from their caches exactly when the lost hits hurt most.
-///
-/// `rate` is the partition's prefill rate learned from `mark_prefill_complete` timings
-/// (REFERENCE.md §4's bookings; the estimator is `reservation/rate.rs`), or the prior.
-/// The booked prefill tokens are what the rank has queued, since a booking's prefill is
-/// its uncached part; a host or disk block's credit below 1 is the cost of bringing it
-/// back relative to recomputing it. `decode_active_request_weight` adds
-/// `weight × active_requests` blocks to `decode` (off by default, as in Dynamo).
 #[inline]
 pub fn latency_cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> LatencyBreakdown {
-    let l = &cfg.latency;
-    let b = req.block_size_f64();
-    let decay = credit_decay_factor(cfg, req, c);
-    let credit_blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
-        + cfg.host_cache_hit_weight * c.host_blocks as f64
-        + cfg.disk_cache_hit_weight * c.disk_blocks as f64
-        + cfg.shared_cache_multiplier * c.shared_blocks_beyond_device as f64;
-    let uncached_tokens = (req.isl_tokens as f64 - credit_blocks * b).max(0.0);
-    let rate = effective_rate(cfg, req);
-    let ttft_ms =
-        l.request_overhead_ms + 1e3 * (c.active_prefill_tokens as f64 + uncached_tokens) / rate;
-    let behind = (req.mean_active_prefill_tokens / (req.isl_tokens.max(1) as f64)).clamp(0.0, 16.0);
-    let externality_ms = l.queue_externality * behind * 1e3 * uncached_tokens / rate;
-    let decode = c.active_decode_blocks as f64
-        + c.new_blocks_not_active as f64
-        + cfg.decode_active_request_weight * c.active_requests as f64;
-    let kv_ms = if c.total_kv_blocks > 0 {
+    LatencyPrep::new(cfg, req).cost(cfg, req, c)
+}
+
+/// What a latency-model cost needs from the request and the knobs alone, computed once
+/// per selection (the divisions stay out of the per-candidate loop).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LatencyPrep {
+    rate: f64,
+    /// ms of prefill per token at `rate`.
+    ms_per_token: f64,
+    /// The externality's ms per uncached token: `queue_externality × behind × ms/token`.
+    extern_ms_per_token: f64,
+    theta: f64,
+    /// The pressure charge per unit of KV-use share above the threshold.
+    pressure_ms_per_share: f64,
+    tie_ms_per_block: f64,
+}
+
+impl LatencyPrep {
+    #[inline]
+    pub(super) fn new(cfg: &ResolvedCost, req: &RequestShape) -> Self {
+        let l = &cfg.latency;
+        let rate = effective_rate(cfg, req);
+        let ms_per_token = 1e3 / rate;
+        let behind =
+            (req.mean_active_prefill_tokens / (req.isl_tokens.max(1) as f64)).clamp(0.0, 16.0);
         let theta = l.kv_pressure_threshold.clamp(0.0, 0.999);
-        let over = decode / c.total_kv_blocks as f64 - theta;
-        if over > 0.0 {
-            l.kv_pressure_ms * over / (1.0 - theta)
+        Self {
+            rate,
+            ms_per_token,
+            extern_ms_per_token: l.queue_externality * behind * ms_per_token,
+            theta,
+            pressure_ms_per_share: l.kv_pressure_ms / (1.0 - theta),
+            tie_ms_per_block: l.decode_block_us * 1e-3,
+        }
+    }
+
+    /// The part of `c`'s cost due to its `new_blocks_not_active` (its tie-break share and
+    /// the pressure they add): the cost with them, minus the cost with none.
+    #[inline]
+    pub(super) fn new_blocks_share(&self, cfg: &ResolvedCost, c: &CandidateLoad) -> f64 {
+        let n = c.new_blocks_not_active as f64;
+        let mut share = self.tie_ms_per_block * n;
+        if c.total_kv_blocks > 0 {
+            let base = c.active_decode_blocks as f64
+                + cfg.decode_active_request_weight * c.active_requests as f64;
+            let total = c.total_kv_blocks as f64;
+            let hi = ((base + n) / total - self.theta).max(0.0);
+            let lo = (base / total - self.theta).max(0.0);
+            share += self.pressure_ms_per_share * (hi - lo);
+        }
+        share
+    }
+
+    /// [`latency_cost`] with this preparation.
+    #[inline(always)]
+    pub(super) fn cost(
+        &self,
+        cfg: &ResolvedCost,
+        req: &RequestShape,
+        c: &CandidateLoad,
+    ) -> LatencyBreakdown {
+        let l = &cfg.latency;
+        let decay = credit_decay_factor(cfg, req, c);
+        let credit_blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
+            + cfg.host_cache_hit_weight * c.host_blocks as f64
+            + cfg.disk_cache_hit_weight * c.disk_blocks as f64
+            + cfg.shared_cache_multiplier * c.shared_blocks_beyond_device as f64;
+        let uncached_tokens =
+            (req.isl_tokens as f64 - credit_blocks * req.block_size_f64()).max(0.0);
+        let ttft_ms = l.request_overhead_ms
+            + self.ms_per_token * (c.active_prefill_tokens as f64 + uncached_tokens);
+        let externality_ms = self.extern_ms_per_token * uncached_tokens;
+        let decode = c.active_decode_blocks as f64
+            + c.new_blocks_not_active as f64
+            + cfg.decode_active_request_weight * c.active_requests as f64;
+        let kv_ms = if c.total_kv_blocks > 0 {
+            let over = decode / c.total_kv_blocks as f64 - self.theta;
+            if over > 0.0 {
+                self.pressure_ms_per_share * over
+            } else {
+                0.0
+            }
         } else {
             0.0
+        };
+        let itl_ms = match l.itl_target_ms {
+            Some(target) => {
+                let predicted =
+                    l.itl_base_ms + l.itl_per_request_ms * (c.active_requests as f64 + 1.0);
+                (predicted - target).max(0.0) * req.expected_output_tokens as f64
+            }
+            None => 0.0,
+        };
+        let tiebreak_ms = self.tie_ms_per_block * decode;
+        LatencyBreakdown {
+            prefill_rate: self.rate,
+            uncached_tokens,
+            ttft_ms,
+            externality_ms,
+            kv_ms,
+            itl_ms,
+            tiebreak_ms,
+            cost_ms: ttft_ms + externality_ms + kv_ms + itl_ms + tiebreak_ms,
         }
-    } else {
-        0.0
-    };
-    let itl_ms = match l.itl_target_ms {
-        Some(target) => {
-            let predicted = l.itl_base_ms + l.itl_per_request_ms * (c.active_requests as f64 + 1.0);
-            (predicted - target).max(0.0) * req.expected_output_tokens as f64
-        }
-        None => 0.0,
-    };
-    let tiebreak_ms = l.decode_block_us * 1e-3 * decode;
-    LatencyBreakdown {
-        prefill_rate: rate,
-        uncached_tokens,
-        ttft_ms,
-        externality_ms,
-        kv_ms,
-        itl_ms,
-        tiebreak_ms,
-        cost_ms: ttft_ms + externality_ms + kv_ms + itl_ms + tiebreak_ms,
     }
 }
 
@@ -209,6 +240,42 @@ mod tests {
     }
 
     #[test]
+    fn under_load_a_miss_also_pays_for_the_queue_behind_it() {
+        let cfg = CostConfig::default();
+        // 6,400-token prompt; A holds 60 blocks but has 3,200 tokens queued; B holds none
+        // and is idle. Alone, A's TTFT is 3,200 + 2,560 = 5,760 tokens, B's 6,400: A.
+        let cached = CandidateLoad {
+            device_blocks: 60,
+            active_prefill_tokens: 3_200,
+            ..CandidateLoad::default()
+        };
+        let idle = CandidateLoad::default();
+        let both = [cached, idle];
+        let req = RequestShape::new(6_400, 64).with_selection_stats(&both);
+        assert_eq!(req.mean_active_prefill_tokens, 1_600.0);
+        let (a, b) = (
+            latency_cost(&cfg, &req, &cached),
+            latency_cost(&cfg, &req, &idle),
+        );
+        // behind = 1,600 / 6,400 = 0.25: B's 6,400 uncached tokens cost 2 × 0.25 × 640 ms.
+        assert!(close(b.externality_ms, 320.0), "{b:?}");
+        assert!(close(a.externality_ms, 2.0 * 0.25 * 256.0), "{a:?}");
+        assert!(a.cost_ms < b.cost_ms);
+        // Off: only the request's own TTFT counts (the same choice here, by less).
+        let greedy = CostConfig {
+            latency: LatencyConfig {
+                queue_externality: 0.0,
+                ..LatencyConfig::default()
+            },
+            ..CostConfig::default()
+        };
+        assert_eq!(latency_cost(&greedy, &req, &idle).externality_ms, 0.0);
+        // An idle cluster: no queue, no externality.
+        let calm = RequestShape::new(6_400, 64).with_selection_stats(&[idle, idle]);
+        assert_eq!(latency_cost(&cfg, &calm, &idle).externality_ms, 0.0);
+    }
+
+    #[test]
     fn a_per_token_target_charges_the_excess_over_the_output() {
         let cfg = CostConfig {
             latency: LatencyConfig {
@@ -240,5 +307,32 @@ mod tests {
             ..CandidateLoad::default()
         };
         assert!(latency_cost(&cfg, &req, &c).cost_ms.is_finite());
+    }
+
+    #[test]
+    fn the_new_blocks_share_is_exactly_what_they_add() {
+        let cfg = CostConfig::default();
+        let req = RequestShape::new(6_400, 64);
+        for (decode, total) in [(0, 0), (14_700, 16_384), (20_000, 16_384), (10, 100)] {
+            let with = CandidateLoad {
+                active_decode_blocks: decode,
+                total_kv_blocks: total,
+                active_requests: 1,
+                new_blocks_not_active: 100,
+                ..CandidateLoad::default()
+            };
+            let without = CandidateLoad {
+                new_blocks_not_active: 0,
+                ..with
+            };
+            let eval = crate::cost::CostEval::new(&cfg, &req);
+            let share = eval.new_blocks_share(&with);
+            let diff = eval.cost(&with) - eval.cost(&without);
+            assert!(
+                (share - diff).abs() < 1e-9,
+                "{decode}/{total}: {share} vs {diff}"
+            );
+            assert!(share >= 0.0);
+        }
     }
 }

@@ -26,7 +26,7 @@ pub use choice::choose;
 pub use config::{CostConfig, CostModel, CostOverrides, LatencyConfig};
 pub use formula::{
     blocks_in_cost_units, classic_logit, cost, cost_breakdown, fill_costs,
-    min_active_prefill_tokens, CandidateLoad, CostBreakdown, RequestShape,
+    min_active_prefill_tokens, CandidateLoad, CostBreakdown, CostEval, RequestShape,
     CLASSIC_OVERLAP_SCORE_WEIGHT,
 };
 pub use latency::{latency_cost, LatencyBreakdown};

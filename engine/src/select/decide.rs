@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
-    blocks_in_cost_units, choose, cost, fill_costs, CandidateLoad, CostModel, RandomSource,
+    blocks_in_cost_units, choose, fill_costs, CandidateLoad, CostEval, CostModel, RandomSource,
     RequestShape, ResolvedCost,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
@@ -270,8 +270,9 @@ impl Selector<'_> {
     /// The decode term needs, per busy rank, how many prompt blocks are not active on it
     /// yet (a lock and a few lookups a rank). Both models' costs only rise with that
     /// count, so with it at its upper bound (the whole prompt) every cost is an upper
-    /// bound and with it at 0 a lower bound; at temperature 0 a rank whose lower bound
-    /// exceeds the smallest upper bound can never win or tie, and keeps its bound. (At
+    /// bound, and that minus the count's share ([`CostEval::new_blocks_share`]) a lower
+    /// bound; at temperature 0 a rank whose lower bound exceeds the smallest upper bound
+    /// can never win or tie, and keeps its bound. (At
     /// T > 0, or when a session steers, every cost matters, so all are resolved.)
     /// Resolving changes no candidate's prefill tokens, so the credit decay's reference
     /// point stays and only the resolved ranks' costs are recomputed.
@@ -291,23 +292,18 @@ impl Selector<'_> {
         let prune = !steered && cfg.temperature <= 0.0;
         let min_upper = c.costs.iter().copied().fold(f64::INFINITY, f64::min);
         let shape = shape.with_selection_stats(&c.inputs);
+        let eval = CostEval::new(cfg, &shape);
         for k in 0..c.inputs.len() {
             if c.inputs[k].active_requests == 0 {
                 continue;
             }
-            let can_win = !prune || {
-                let lower = CandidateLoad {
-                    new_blocks_not_active: 0,
-                    ..c.inputs[k]
-                };
-                cost(cfg, &shape, &lower) <= min_upper
-            };
+            let can_win = !prune || c.costs[k] - eval.new_blocks_share(&c.inputs[k]) <= min_upper;
             if can_win {
                 // Bookings carry whole chains from block 0, so the rank's active blocks
                 // are prefix-closed and the chain form (log n lookups) is exact.
                 c.inputs[k].new_blocks_not_active =
                     view.loads.new_blocks_not_active_chain(c.eligible[k], seq);
-                c.costs[k] = cost(cfg, &shape, &c.inputs[k]);
+                c.costs[k] = eval.cost(&c.inputs[k]);
             }
         }
     }

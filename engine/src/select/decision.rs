@@ -27,6 +27,8 @@ pub struct Decision {
     pub projected_prefill_tokens: u64,
     /// The rank's decode blocks once this request is booked on it.
     pub projected_decode_blocks: u64,
+    /// The chosen rank's cost in the partition's model: predicted TTFT plus charges, ms
+    /// (`CostModel::Latency`, the default), or block equivalents (`CostModel::Dynamo`).
     pub cost: f64,
     pub session: Option<SessionContext>,
     /// How session affinity steered this decision: `None` without a session table or a
