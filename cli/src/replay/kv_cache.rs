@@ -190,25 +190,31 @@ impl KvCache {
     pub fn commit(&mut self, hashes: &[u64], adm: &Admission) -> Vec<StoredRun> {
         let mut runs: Vec<StoredRun> = Vec::new();
         for (i, &h) in hashes.iter().enumerate() {
-            if !adm.computed[i] {
-                continue;
-            }
-            if let Some(&s) = self.map.get(&h) {
-                self.hold(s);
-                self.used -= 1;
-                continue;
-            }
-            let s = self.new_slot(h);
-            self.map.insert(h, s);
-            match runs.last_mut() {
-                Some(r) if r.end == i => r.end = i + 1,
-                _ => runs.push(StoredRun {
-                    start: i,
-                    end: i + 1,
-                }),
+            if adm.computed[i] {
+                self.store_computed(i, h, &mut runs);
             }
         }
         runs
+    }
+
+    /// A block the request computed (an anonymous block of its own, at position `i`)
+    /// becomes cached, or, if another request stored it meanwhile, is shared and the
+    /// anonymous copy given back. A newly stored block extends `runs`.
+    fn store_computed(&mut self, i: usize, h: u64, runs: &mut Vec<StoredRun>) {
+        if let Some(&s) = self.map.get(&h) {
+            self.hold(s);
+            self.used -= 1;
+            return;
+        }
+        let s = self.new_slot(h);
+        self.map.insert(h, s);
+        match runs.last_mut() {
+            Some(r) if r.end == i => r.end = i + 1,
+            _ => runs.push(StoredRun {
+                start: i,
+                end: i + 1,
+            }),
+        }
     }
 
     /// Decode filled the blocks `hashes[from..]` (output tokens, chained on the prompt's
@@ -224,22 +230,9 @@ impl KvCache {
         let mut runs: Vec<StoredRun> = Vec::new();
         let n = (hashes.len() - from).min(adm.extra_blocks as usize);
         for (i, &h) in hashes.iter().enumerate().skip(from).take(n) {
-            adm.extra_blocks -= 1;
-            if let Some(&s) = self.map.get(&h) {
-                self.hold(s);
-                self.used -= 1;
-                continue;
-            }
-            let s = self.new_slot(h);
-            self.map.insert(h, s);
-            match runs.last_mut() {
-                Some(r) if r.end == i => r.end = i + 1,
-                _ => runs.push(StoredRun {
-                    start: i,
-                    end: i + 1,
-                }),
-            }
+            self.store_computed(i, h, &mut runs);
         }
+        adm.extra_blocks -= n as u32;
         adm.output_blocks = n as u32;
         runs
     }

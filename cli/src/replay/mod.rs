@@ -329,18 +329,20 @@ pub fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
     let mut cached = 0u64;
     for r in &w.requests {
         r.tokens_into(&mut tokens);
-        hasher.hash_tokens(&tokens, &mut local, &mut seq);
+        let prompt_blocks = tokens.len() / block_size as usize;
         let usable = tokens.len().saturating_sub(1) / block_size as usize;
-        let hits = seq
+        // The answer's tokens after the prompt's: the chained hashes of the prompt's
+        // complete blocks are the first ones of the whole sequence's.
+        tokens.extend(
+            (0..r.output_tokens.saturating_sub(1)).map(|j| workload::token_at(r.output_content, j)),
+        );
+        hasher.hash_tokens(&tokens, &mut local, &mut seq);
+        let hits = seq[..prompt_blocks]
             .iter()
             .take_while(|h| seen.contains(*h))
             .count()
             .min(usable);
         cached += hits as u64 * u64::from(block_size);
-        tokens.extend(
-            (0..r.output_tokens.saturating_sub(1)).map(|j| workload::token_at(r.output_content, j)),
-        );
-        hasher.hash_tokens(&tokens, &mut local, &mut seq);
         seen.extend(seq.iter().copied());
     }
     let prompt = w.prompt_tokens();

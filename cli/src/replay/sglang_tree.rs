@@ -43,20 +43,18 @@ impl SglangTree {
     pub fn match_prefix(&self, chain: &[u64], workers: usize, out: &mut Vec<u32>) {
         out.clear();
         out.resize(workers, 0);
-        let mut alive = vec![true; workers];
         for (depth, h) in chain.iter().enumerate() {
             let Some(holders) = self.blocks.get(h) else {
                 break;
             };
+            // A worker still matches while it held every block so far (its count is the
+            // depth); extend those that hold this one too.
             let mut any = false;
-            for w in 0..workers {
-                if alive[w] {
-                    if holders.iter().any(|&(x, _)| x as usize == w) {
-                        out[w] = depth as u32 + 1;
-                        any = true;
-                    } else {
-                        alive[w] = false;
-                    }
+            for &(w, _) in holders {
+                let m = &mut out[w as usize];
+                if *m == depth as u32 {
+                    *m += 1;
+                    any = true;
                 }
             }
             if !any {

@@ -54,7 +54,7 @@ use kvr::RankId;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 pub use super::checks::router_problems;
-use super::kv_cache::{Admission, KvCache};
+use super::kv_cache::{Admission, KvCache, StoredRun};
 use super::policy::Router;
 use super::workload::{token_at, Workload};
 
@@ -220,6 +220,29 @@ fn engine_hashes(tokens: &[u32], block_size: usize, bytes: &mut Vec<u8>, out: &m
         parent = xxh3_64_with_seed(bytes, parent);
         out.push(parent);
     }
+}
+
+/// Encodes a `BlockStored` per run of newly cached blocks (`hashes[run]`, chained on the
+/// block before it, with their `tokens`), as vLLM publishes them. Whether any was.
+fn encode_stored(
+    enc: &mut BatchEncoder,
+    runs: &[StoredRun],
+    hashes: &[u64],
+    tokens: &[u32],
+    b: usize,
+) -> bool {
+    for run in runs {
+        let parent = run.start.checked_sub(1).map(|p| hashes[p]);
+        enc.stored(
+            &hashes[run.start..run.end],
+            parent,
+            &tokens[run.start * b..run.end * b],
+            b as u32,
+            Medium::Gpu,
+            None,
+        );
+    }
+    !runs.is_empty()
 }
 
 struct Sim<'a> {
@@ -410,7 +433,7 @@ impl Sim<'_> {
                 let f = self.flights.get_mut(&i).expect("in flight");
                 f.prefill_left -= take;
                 if f.prefill_left == 0 {
-                    self.prefill_done(i, rank, now);
+                    self.prefill_done(i, rank, now, tokens);
                 }
             } else {
                 self.decode_token(i, rank, now, tokens);
@@ -420,23 +443,14 @@ impl Sim<'_> {
         self.plan_step(rank, now);
     }
 
-    fn prefill_done(&mut self, i: u32, rank: usize, now: f64) {
+    fn prefill_done(&mut self, i: u32, rank: usize, now: f64, tokens: &mut Vec<u32>) {
         let b = self.cfg.block_size as usize;
         let f = self.flights.get_mut(&i).expect("in flight");
         let r = &mut self.ranks[rank];
         let adm = f.admission.as_ref().expect("admitted");
         let runs = r.cache.commit(&f.hashes, adm);
-        for run in runs.iter().filter(|_| self.events) {
-            let parent = run.start.checked_sub(1).map(|p| f.hashes[p]);
-            self.enc.stored(
-                &f.hashes[run.start..run.end],
-                parent,
-                &f.tokens[run.start * b..run.end * b],
-                b as u32,
-                Medium::Gpu,
-                None,
-            );
-            self.pending_events = true;
+        if self.events {
+            self.pending_events |= encode_stored(&mut self.enc, &runs, &f.hashes, &f.tokens, b);
         }
         f.generated = 1;
         f.first_token_ms = now;
@@ -447,7 +461,7 @@ impl Sim<'_> {
             self.fail(format!("mark_prefill_complete({id}): {e}"));
         }
         if done {
-            self.complete(i, rank, now, &mut Vec::new());
+            self.complete(i, rank, now, tokens);
         }
     }
 
@@ -485,17 +499,8 @@ impl Sim<'_> {
         let runs = r.cache.commit_output(&f.hashes, prompt_blocks, &mut adm);
         f.hashes
             .truncate(prompt_blocks + adm.output_blocks as usize);
-        for run in runs.iter().filter(|_| self.events) {
-            let parent = run.start.checked_sub(1).map(|p| f.hashes[p]);
-            self.enc.stored(
-                &f.hashes[run.start..run.end],
-                parent,
-                &tokens[run.start * b..run.end * b],
-                b as u32,
-                Medium::Gpu,
-                None,
-            );
-            self.pending_events = true;
+        if self.events {
+            self.pending_events |= encode_stored(&mut self.enc, &runs, &f.hashes, tokens, b);
         }
         r.cache.release(&f.hashes, &adm);
         self.completed += 1;

@@ -5,7 +5,7 @@ use kvr::ingress::encode::BatchEncoder;
 
 use super::policy::PolicyKind;
 use super::sim::{self, router_problems, SimConfig};
-use super::workload::{generate, GeneratorConfig, Request, Workload};
+use super::workload::{generate, GeneratorConfig, Request, Workload, UNIQUE_CONTENT};
 use super::{oracle_hit_rate, router_for};
 
 /// A small cluster that must evict: 3 workers × 2 DP ranks, 32-token blocks, room for
@@ -229,7 +229,7 @@ fn oracle_counts_leading_blocks_seen_before() {
         segments,
         output_tokens: 1,
         session: None,
-        output_content: 1 << 62,
+        output_content: UNIQUE_CONTENT,
         follows: None,
     };
     let w = Workload {
@@ -257,7 +257,7 @@ fn a_fully_cached_prompt_still_computes_its_last_block() {
         input_tokens: 256,
         output_tokens: 4,
         session: None,
-        output_content: 1 << 62,
+        output_content: UNIQUE_CONTENT,
         follows: None,
     };
     let second = Request {

@@ -53,7 +53,7 @@ impl Request {
 }
 
 /// Content ids at or above this are unique per request (outputs nobody reuses).
-const UNIQUE_CONTENT: u64 = 1 << 62;
+pub const UNIQUE_CONTENT: u64 = 1 << 62;
 
 /// Token `j` of content `id`: SplitMix64 of the pair, reduced to the vocabulary.
 pub fn token_at(id: u64, j: u32) -> u32 {

@@ -157,11 +157,7 @@ pub struct CostBreakdown {
 ///
 /// [`CostConfig::credit_decay`]: super::CostConfig::credit_decay
 #[inline]
-pub(super) fn credit_decay_factor(
-    cfg: &ResolvedCost,
-    req: &RequestShape,
-    c: &CandidateLoad,
-) -> f64 {
+fn credit_decay_factor(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
     match cfg.credit_decay {
         Some(d) if d > 0.0 => {
             let excess_tokens = c
@@ -173,6 +169,18 @@ pub(super) fn credit_decay_factor(
         }
         _ => 1.0,
     }
+}
+
+/// The device-credit decay and the total cache credit of candidate `c`, in blocks: each
+/// tier's cached blocks at its weight (both models read the cache through this).
+#[inline]
+pub(super) fn credit(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> (f64, f64) {
+    let decay = credit_decay_factor(cfg, req, c);
+    let blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
+        + cfg.host_cache_hit_weight * c.host_blocks as f64
+        + cfg.disk_cache_hit_weight * c.disk_blocks as f64
+        + cfg.shared_cache_multiplier * c.shared_blocks_beyond_device as f64;
+    (decay, blocks)
 }
 
 /// Dynamo's cost of placing the request on candidate `c` ([`CostModel::Dynamo`]), with
@@ -195,11 +203,7 @@ pub(super) fn credit_decay_factor(
 #[inline]
 pub fn cost_breakdown(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> CostBreakdown {
     let b = req.block_size_f64();
-    let decay = credit_decay_factor(cfg, req, c);
-    let credit_blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
-        + cfg.host_cache_hit_weight * c.host_blocks as f64
-        + cfg.disk_cache_hit_weight * c.disk_blocks as f64
-        + cfg.shared_cache_multiplier * c.shared_blocks_beyond_device as f64;
+    let (decay, credit_blocks) = credit(cfg, req, c);
     // Sum in f64: u64 + u64 could overflow on absurd inputs; f64 cannot.
     let raw_prefill_blocks = (c.active_prefill_tokens as f64 + req.isl_tokens as f64) / b;
     let adjusted_prefill_blocks = (raw_prefill_blocks - credit_blocks).max(0.0);

@@ -10,7 +10,7 @@
 //!
 //! [`CostModel::Latency`]: super::CostModel::Latency
 
-use super::formula::{credit_decay_factor, CandidateLoad, RequestShape};
+use super::formula::{credit, CandidateLoad, RequestShape};
 use super::resolved::ResolvedCost;
 
 /// The latency model's terms for one candidate, all in ms (see [`latency_cost`]).
@@ -57,6 +57,13 @@ pub fn latency_cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -
     LatencyPrep::new(cfg, req).cost(cfg, req, c)
 }
 
+/// The decode load `c`'s rank holds before this booking, in blocks (with the configured
+/// charge per active request).
+#[inline]
+fn held_decode_blocks(cfg: &ResolvedCost, c: &CandidateLoad) -> f64 {
+    c.active_decode_blocks as f64 + cfg.decode_active_request_weight * c.active_requests as f64
+}
+
 /// What a latency-model cost needs from the request and the knobs alone, computed once
 /// per selection (the divisions stay out of the per-candidate loop).
 #[derive(Clone, Copy, Debug)]
@@ -96,16 +103,18 @@ impl LatencyPrep {
     #[inline]
     pub(super) fn new_blocks_share(&self, cfg: &ResolvedCost, c: &CandidateLoad) -> f64 {
         let n = c.new_blocks_not_active as f64;
-        let mut share = self.tie_ms_per_block * n;
-        if c.total_kv_blocks > 0 {
-            let base = c.active_decode_blocks as f64
-                + cfg.decode_active_request_weight * c.active_requests as f64;
-            let total = c.total_kv_blocks as f64;
-            let hi = ((base + n) / total - self.theta).max(0.0);
-            let lo = (base / total - self.theta).max(0.0);
-            share += self.pressure_ms_per_share * (hi - lo);
+        let held = held_decode_blocks(cfg, c);
+        self.tie_ms_per_block * n + self.kv_ms(held + n, c) - self.kv_ms(held, c)
+    }
+
+    /// The KV pressure charge of `decode` blocks on `c`'s rank (0 with its capacity
+    /// unknown, or below the threshold).
+    #[inline]
+    fn kv_ms(&self, decode: f64, c: &CandidateLoad) -> f64 {
+        if c.total_kv_blocks == 0 {
+            return 0.0;
         }
-        share
+        self.pressure_ms_per_share * (decode / c.total_kv_blocks as f64 - self.theta).max(0.0)
     }
 
     /// [`latency_cost`] with this preparation.
@@ -117,29 +126,14 @@ impl LatencyPrep {
         c: &CandidateLoad,
     ) -> LatencyBreakdown {
         let l = &cfg.latency;
-        let decay = credit_decay_factor(cfg, req, c);
-        let credit_blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
-            + cfg.host_cache_hit_weight * c.host_blocks as f64
-            + cfg.disk_cache_hit_weight * c.disk_blocks as f64
-            + cfg.shared_cache_multiplier * c.shared_blocks_beyond_device as f64;
+        let (_, credit_blocks) = credit(cfg, req, c);
         let uncached_tokens =
             (req.isl_tokens as f64 - credit_blocks * req.block_size_f64()).max(0.0);
         let ttft_ms = l.request_overhead_ms
             + self.ms_per_token * (c.active_prefill_tokens as f64 + uncached_tokens);
         let externality_ms = self.extern_ms_per_token * uncached_tokens;
-        let decode = c.active_decode_blocks as f64
-            + c.new_blocks_not_active as f64
-            + cfg.decode_active_request_weight * c.active_requests as f64;
-        let kv_ms = if c.total_kv_blocks > 0 {
-            let over = decode / c.total_kv_blocks as f64 - self.theta;
-            if over > 0.0 {
-                self.pressure_ms_per_share * over
-            } else {
-                0.0
-            }
-        } else {
-            0.0
-        };
+        let decode = held_decode_blocks(cfg, c) + c.new_blocks_not_active as f64;
+        let kv_ms = self.kv_ms(decode, c);
         let itl_ms = match l.itl_target_ms {
             Some(target) => {
                 let predicted =

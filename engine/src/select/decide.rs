@@ -8,8 +8,8 @@ use std::time::Instant;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
-    blocks_in_cost_units, choose, fill_costs, CandidateLoad, CostEval, CostModel, RandomSource,
-    RequestShape, ResolvedCost,
+    blocks_in_cost_units, choose, CandidateLoad, CostEval, CostModel, RandomSource, RequestShape,
+    ResolvedCost,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
 use crate::index::TieredScores;
@@ -272,8 +272,8 @@ impl Selector<'_> {
     /// count, so with it at its upper bound (the whole prompt) every cost is an upper
     /// bound, and that minus the count's share ([`CostEval::new_blocks_share`]) a lower
     /// bound; at temperature 0 a rank whose lower bound exceeds the smallest upper bound
-    /// can never win or tie, and keeps its bound. (At
-    /// T > 0, or when a session steers, every cost matters, so all are resolved.)
+    /// can never win or tie, and keeps its bound. (At T > 0, or when a session steers,
+    /// every cost matters, so all are resolved.)
     /// Resolving changes no candidate's prefill tokens, so the credit decay's reference
     /// point stays and only the resolved ranks' costs are recomputed.
     fn resolve_costs(
@@ -285,14 +285,14 @@ impl Selector<'_> {
         seq: &[u64],
         c: &mut Candidates,
     ) {
+        // As `fill_costs`, keeping the evaluator for the resolved ranks.
+        let shape = shape.with_selection_stats(&c.inputs);
+        let eval = CostEval::new(cfg, &shape);
         c.costs.clear();
-        c.costs.resize(c.inputs.len(), 0.0);
-        fill_costs(cfg, &shape, &c.inputs, &mut c.costs);
+        c.costs.extend(c.inputs.iter().map(|i| eval.cost(i)));
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
         let prune = !steered && cfg.temperature <= 0.0;
         let min_upper = c.costs.iter().copied().fold(f64::INFINITY, f64::min);
-        let shape = shape.with_selection_stats(&c.inputs);
-        let eval = CostEval::new(cfg, &shape);
         for k in 0..c.inputs.len() {
             if c.inputs[k].active_requests == 0 {
                 continue;
