@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::cost::CostConfig;
+use crate::cost::{CostConfig, LatencyConfig};
 use crate::indexer::{IndexerConfig, IndexerConfigError, ResolvedIndexer};
 use crate::session::{AffinityMode, SessionConfig};
 use crate::workers::BackendRole;
@@ -109,6 +109,10 @@ pub enum ConfigError {
     /// A session-affinity setting (named) is refused: a negative or non-finite soft
     /// penalty.
     Sessions(&'static str),
+    /// A latency-model knob (named) is outside its range: NaN or infinite, a prefill-rate
+    /// prior that is not positive, a negative time or weight, a pressure threshold
+    /// outside [0, 1], or a per-token target that is not positive.
+    OutOfRange(&'static str),
     /// The indexer configuration (DESIGN.md §5), e.g. a remote primary with events off.
     Indexer(IndexerConfigError),
 }
@@ -121,6 +125,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::NotFinite(what) => write!(f, "{what} must be finite"),
             ConfigError::Hints(what) => write!(f, "transfer hints: {what}"),
             ConfigError::Sessions(what) => write!(f, "session affinity: {what}"),
+            ConfigError::OutOfRange(what) => write!(f, "{what} is out of range"),
             ConfigError::Indexer(e) => write!(f, "{e}"),
         }
     }
@@ -176,6 +181,9 @@ impl PartitionConfig {
         if let Some((_, name)) = knobs.iter().find(|(v, _)| !v.is_finite()) {
             return Err(ConfigError::NotFinite(name));
         }
+        if let Some(name) = latency_out_of_range(&c.latency) {
+            return Err(ConfigError::OutOfRange(name));
+        }
         if let Some(h) = &self.hints {
             if h.max_transfer_blocks == 0 {
                 return Err(ConfigError::Hints("max_transfer_blocks must be at least 1"));
@@ -195,4 +203,34 @@ impl PartitionConfig {
         }
         Ok(self.indexer.check()?)
     }
+}
+
+/// The first latency-model knob outside its range, by field name. Every knob is read
+/// even when the Dynamo model is configured, so a switch of model cannot expose a bad one.
+fn latency_out_of_range(l: &LatencyConfig) -> Option<&'static str> {
+    let ok_non_negative = |v: f64| v.is_finite() && v >= 0.0;
+    let checks = [
+        (
+            l.prefill_rate_prior.is_finite() && l.prefill_rate_prior > 0.0,
+            "prefill_rate_prior",
+        ),
+        (
+            ok_non_negative(l.request_overhead_ms),
+            "request_overhead_ms",
+        ),
+        (
+            ok_non_negative(l.kv_pressure_threshold) && l.kv_pressure_threshold <= 1.0,
+            "kv_pressure_threshold",
+        ),
+        (ok_non_negative(l.kv_pressure_ms), "kv_pressure_ms"),
+        (
+            l.itl_target_ms.map_or(true, |t| t.is_finite() && t > 0.0),
+            "itl_target_ms",
+        ),
+        (ok_non_negative(l.itl_base_ms), "itl_base_ms"),
+        (ok_non_negative(l.itl_per_request_ms), "itl_per_request_ms"),
+        (ok_non_negative(l.queue_externality), "queue_externality"),
+        (ok_non_negative(l.decode_block_us), "decode_block_us"),
+    ];
+    checks.iter().find(|(ok, _)| !ok).map(|(_, name)| *name)
 }

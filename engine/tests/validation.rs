@@ -66,6 +66,23 @@ fn partition_configurations_the_c_abi_refuses_are_refused() {
     let e = refused(c);
     assert!(matches!(e, ConfigError::Sessions(_)));
     assert!(e.to_string().contains("soft penalty"), "{e}");
+    // Each latency knob outside its range is refused by name.
+    type Set = fn(&mut kvr::cost::LatencyConfig);
+    let cases: [(Set, &str); 6] = [
+        (|l| l.prefill_rate_prior = 0.0, "prefill_rate_prior"),
+        (|l| l.request_overhead_ms = -1.0, "request_overhead_ms"),
+        (|l| l.kv_pressure_threshold = 1.5, "kv_pressure_threshold"),
+        (|l| l.itl_target_ms = Some(0.0), "itl_target_ms"),
+        (|l| l.queue_externality = f64::NAN, "queue_externality"),
+        (|l| l.decode_block_us = f64::INFINITY, "decode_block_us"),
+    ];
+    for (set, name) in cases {
+        let mut c = PartitionConfig::new(16);
+        set(&mut c.cost.latency);
+        let e = refused(c);
+        assert_eq!(e, ConfigError::OutOfRange(name));
+        assert!(e.to_string().contains(name), "{e}");
+    }
     // The indexer's own refusal comes through typed.
     let mut c = PartitionConfig::new(16);
     c.indexer.use_kv_events = false;

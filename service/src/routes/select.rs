@@ -473,11 +473,15 @@ impl App {
                 out.push(RankLoadBody {
                     worker_id: rank.worker_id,
                     dp_rank: rank.dp_rank,
-                    potential_prefill_tokens: active.active_prefill_tokens + effective,
+                    // Saturating: a body may claim an absurd `isl_tokens`.
+                    potential_prefill_tokens: active
+                        .active_prefill_tokens
+                        .saturating_add(effective),
                     // Blocks already active on the rank count once (as Dynamo's do here).
-                    potential_decode_blocks: active.active_decode_blocks
-                        + loads.new_blocks_not_active(rank, &seq)
-                        + u64::from(isl % bs.max(1) != 0),
+                    potential_decode_blocks: active
+                        .active_decode_blocks
+                        .saturating_add(loads.new_blocks_not_active(rank, &seq))
+                        .saturating_add(u64::from(isl % bs.max(1) != 0)),
                     active_requests: active.active_requests,
                 });
             }
