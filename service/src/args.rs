@@ -106,6 +106,45 @@ pub struct Knobs {
         default_value_t = 0.0
     )]
     pub decode_active_request_weight: f64,
+    /// Which cost a selection minimises: `latency` (kvr's default: each rank's predicted
+    /// time to first token, decode load a tie-break) or `dynamo` (Dynamo's scorer, term
+    /// for term: what an unconfigured Dynamo router routes by).
+    #[arg(long, env = "KVR_COST_MODEL", default_value = "latency", value_parser = parse_cost_model)]
+    pub cost_model: kvr::cost::CostModel,
+    /// Latency model: one rank's prefill throughput, tokens/s, before any is measured.
+    #[arg(long, env = "KVR_PREFILL_RATE_PRIOR", default_value_t = 10_000.0)]
+    pub prefill_rate_prior: f64,
+    /// Latency model: learn the prefill rate from prefill-complete timings (off: keep the
+    /// prior).
+    #[arg(long, env = "KVR_LEARN_PREFILL_RATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub learn_prefill_rate: bool,
+    /// Latency model: fixed cost of one request's prefill, ms.
+    #[arg(long, env = "KVR_REQUEST_OVERHEAD_MS", default_value_t = 5.0)]
+    pub request_overhead_ms: f64,
+    /// Latency model: share of a rank's KV blocks in use above which memory pressure is
+    /// charged.
+    #[arg(long, env = "KVR_KV_PRESSURE_THRESHOLD", default_value_t = 0.9)]
+    pub kv_pressure_threshold: f64,
+    /// Latency model: the pressure charge at full KV memory, ms.
+    #[arg(long, env = "KVR_KV_PRESSURE_MS", default_value_t = 1_000.0)]
+    pub kv_pressure_ms: f64,
+    /// Latency model: a per-token latency target, ms (unset: none).
+    #[arg(long, env = "KVR_ITL_TARGET_MS")]
+    pub itl_target_ms: Option<f64>,
+    /// Latency model: predicted per-token latency of a lone request, ms (read with a
+    /// target).
+    #[arg(long, env = "KVR_ITL_BASE_MS", default_value_t = 20.0)]
+    pub itl_base_ms: f64,
+    /// Latency model: extra per-token latency per running request, ms.
+    #[arg(long, env = "KVR_ITL_PER_REQUEST_MS", default_value_t = 0.2)]
+    pub itl_per_request_ms: f64,
+    /// Latency model: weight of the delay a miss imposes on the requests queued behind
+    /// it (0: price only this request's TTFT).
+    #[arg(long, env = "KVR_QUEUE_EXTERNALITY", default_value_t = 2.0)]
+    pub queue_externality: f64,
+    /// Latency model: tie-break, µs per decode block the rank would hold.
+    #[arg(long, env = "KVR_DECODE_BLOCK_US", default_value_t = 1.0)]
+    pub decode_block_us: f64,
     /// Track booked prefill tokens in the load (off: a booking adds decode blocks only).
     #[arg(long, env = "DYN_ROUTER_TRACK_PREFILL_TOKENS", default_value_t = true, action = clap::ArgAction::Set)]
     pub router_track_prefill_tokens: bool,
@@ -116,6 +155,11 @@ pub struct Knobs {
     /// shared prompt blocks, which is that behaviour.
     #[arg(long, env = "DYN_ROUTER_ASSUME_KV_REUSE", default_value_t = true, action = clap::ArgAction::Set)]
     pub router_assume_kv_reuse: bool,
+}
+
+fn parse_cost_model(s: &str) -> Result<kvr::cost::CostModel, String> {
+    kvr::cost::CostModel::parse(s)
+        .ok_or_else(|| format!("unknown cost model {s:?} (latency or dynamo)"))
 }
 
 impl ServeArgs {

@@ -115,6 +115,19 @@ fn partition_config(args: &ServeArgs) -> Result<PartitionConfig, String> {
         disk_cache_hit_weight: k.disk_cache_hit_weight,
         temperature: k.router_temperature,
         decode_active_request_weight: k.decode_active_request_weight,
+        model: k.cost_model,
+        latency: kvr::cost::LatencyConfig {
+            prefill_rate_prior: k.prefill_rate_prior,
+            learn_prefill_rate: k.learn_prefill_rate,
+            request_overhead_ms: k.request_overhead_ms,
+            kv_pressure_threshold: k.kv_pressure_threshold,
+            kv_pressure_ms: k.kv_pressure_ms,
+            itl_target_ms: k.itl_target_ms,
+            itl_base_ms: k.itl_base_ms,
+            itl_per_request_ms: k.itl_per_request_ms,
+            queue_externality: k.queue_externality,
+            decode_block_us: k.decode_block_us,
+        },
         ..c.cost
     };
     c.booking_ttl = args.booking_ttl();

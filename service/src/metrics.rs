@@ -14,6 +14,8 @@
 //! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` (+ `outcome`) | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total` (requested), `replay_outcomes_total` (`outcome`: `filled`, `partial`, `failed`), `restarts_total`, `idle_probes_total`, `clears_total`, `batches_lost_total`, `recovering` (1 while a replay is in flight), `stale_seconds` (how long a known loss has been waiting for its replay; 0 = fresh) |
 //! | `kvr_index_blocks`, `kvr_index_nodes`, `kvr_index_bytes`, `kvr_index_bytes_per_holder_block` | gauge | `model` | index size |
 //! | `kvr_bookings_active` | gauge | `model` | live bookings |
+//! | `kvr_prefill_rate_tokens_per_second` | gauge | `model` | the latency cost's learned prefill rate of one rank (0 until a prefill completion is timed; the prior is used meanwhile) |
+//! | `kvr_prefill_rate_observations_total` | counter | `model` | prefill completions folded into that rate |
 //! | `kvr_workers` | gauge | `model`, `lifecycle` | registered workers |
 //! | `kvr_pending_selections` | gauge | | pending-selection cache entries |
 //! | `kvr_recovery_*` | counter | | peer `/dump` recovery: `attempts_total`, `failures_total`, `events_total` |
@@ -251,6 +253,7 @@ impl Collector for EngineCollector {
         let (mut blocks, mut nodes, mut bytes, mut per_block, mut bookings) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut decode, mut prefill) = (Vec::new(), Vec::new());
+        let (mut rate_gauge, mut rate_obs) = (Vec::new(), Vec::new());
         for entry in self.workers.partitions() {
             let p = &entry.partition;
             let model = format!("{}:{}", p.key().model, p.key().routing_group);
@@ -323,6 +326,9 @@ impl Collector for EngineCollector {
             };
             per_block.push((ml(&[]), ConstGauge::new(pb)));
             bookings.push((ml(&[]), ConstGauge::new(p.bookings().len() as i64)));
+            let rs = p.bookings().stats();
+            rate_gauge.push((ml(&[]), ConstGauge::new(rs.prefill_rate.unwrap_or(0.0))));
+            rate_obs.push((ml(&[]), ConstCounter::new(rs.prefill_rate_observations)));
             for (rank, load) in p.bookings().loads().ranks() {
                 let l: Labels = vec![
                     ("worker_id", rank.worker_id.to_string()),
@@ -452,6 +458,20 @@ impl Collector for EngineCollector {
             "Live bookings",
             g,
             &bookings,
+        )?;
+        family(
+            &mut enc,
+            "kvr_prefill_rate_tokens_per_second",
+            "Learned prefill rate of one rank (0: none measured yet)",
+            g,
+            &rate_gauge,
+        )?;
+        family(
+            &mut enc,
+            "kvr_prefill_rate_observations",
+            "Prefill completions folded into the learned rate",
+            c,
+            &rate_obs,
         )?;
         family(
             &mut enc,
