@@ -57,10 +57,14 @@ echo "== kvr serve vs Dynamo 1.6.1 (tests/compat: the pinned wheel in a cached v
 # publisher, from PyPI (tests/compat/ensure-venv.sh caches them under ~/.cache/kvr).
 cargo build --release -q -p kvr-cli -p kvr-service-load -p libkvr
 compat_py="$(bash tests/compat/ensure-venv.sh | tail -n1)"
-kvr_cmd='target/release/kvr serve --port {port}'
+# kvr with Dynamo's cost model routes as Dynamo does, request by request; its latency
+# default differs on exactly the decode-heavy step (the control that the flag matters).
+kvr_cmd='target/release/kvr serve --port {port} --cost-model dynamo'
 "$compat_py" tests/compat/harness.py compare --self-check
 "$compat_py" tests/compat/harness.py compare --self-test-negative
 "$compat_py" tests/compat/harness.py compare --kvr-cmd "$kvr_cmd"
+"$compat_py" tests/compat/harness.py compare --kvr-cmd 'target/release/kvr serve --port {port}' \
+    --expect-differ select-P3-decode-heavy
 for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
     set -- $ab
     "$compat_py" tests/compat/harness.py peers --a "$1" --b "$2" --kvr-cmd "$kvr_cmd"

@@ -454,6 +454,26 @@ def _scenario(rec: Recorder, base: str, fleet: Fleet):
     S("loads-filter-model", "GET", f"/loads?model_name={MODEL}")
     S("loads-filter-unknown", "GET", "/loads?model_name=nope")
 
+    # --- decode-heavy ranks holding part of the prompt: the cost models disagree here.
+    # Dynamo's scorer adds decode blocks to prefill blocks one for one (w1/0: 4 new + 4;
+    # w2/1: 4 new + 14; w2/0, holding P3's first 2 blocks: 2 new + 44), so it picks w1/0;
+    # kvr's latency default prices the uncached prefill (w2/0: 32 tokens, the others 64)
+    # and uses decode load only as a tie-break, so it picks w2/0. kvr runs the comparison
+    # with --cost-model dynamo; `compare --expect-differ` runs its default to show this
+    # step tells the two apart.
+    S("reserve-decode-heavy-w2r0", "POST", "/reservations",
+      {"selection_id": "heavy-1", "model_name": MODEL, "worker_id": 2, "dp_rank": 0,
+       "token_ids": tokens(50_000, 40 * BS)})
+    S("prefill-complete-decode-heavy", "POST", "/reservations/heavy-1/prefill_complete")
+    S("reserve-decode-medium-w2r1", "POST", "/reservations",
+      {"selection_id": "heavy-2", "model_name": MODEL, "worker_id": 2, "dp_rank": 1,
+       "token_ids": tokens(60_000, 10 * BS)})
+    S("prefill-complete-decode-medium", "POST", "/reservations/heavy-2/prefill_complete")
+    S("loads-decode-heavy", "GET", "/loads")
+    S("select-P3-decode-heavy", "POST", "/select", sel(P3))
+    S("free-decode-heavy", "DELETE", "/reservations/heavy-1")
+    S("free-decode-medium", "DELETE", "/reservations/heavy-2")
+
     # --- removal and clear events
     fleet.w1.remove(0, P1, BS, first_block=2)
     wait_overlap(base, P1, {(1, 0): 2}, republish=lambda: fleet.w1.remove(0, P1, BS, first_block=2),
@@ -749,6 +769,14 @@ def cmd_compare(args):
     notes = ta["notes"] + tb["notes"]
     print(f"\n{len(ta['steps'])} steps; {len(unexplained)} unexplained, {len(allowed)} allowed differences; "
           f"transcripts and logs in {log_dir}" + (f"\nnotes: {notes}" if notes else ""))
+    if args.expect_differ:
+        # A control: exactly these steps must differ (e.g. kvr's latency cost model routes
+        # the decode-heavy step differently from Dynamo's scorer, and nothing else changes).
+        want = set(args.expect_differ)
+        got = {r[0] for r in unexplained}
+        ok = got == want
+        print(f"expect-differ {sorted(want)}: differing steps {sorted(got)}: {'PASS' if ok else 'FAIL'}")
+        return 0 if ok else 1
     return 1 if unexplained else 0
 
 
@@ -875,6 +903,8 @@ def main(argv=None):
     c.add_argument("--self-test-negative", action="store_true",
                    help="negative control: perturbed copies of a Dynamo transcript must fail")
     c.add_argument("--known", default=os.path.join(HERE, "known-differences.md"))
+    c.add_argument("--expect-differ", action="append", default=[], metavar="STEP",
+                   help="control: pass only if exactly these steps differ (repeatable)")
     p = sub.add_parser("peers", parents=[common])
     p.add_argument("--a", choices=("dynamo", "kvr"), default="dynamo")
     p.add_argument("--b", choices=("dynamo", "kvr"), default="dynamo")
