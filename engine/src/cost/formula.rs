@@ -1,11 +1,9 @@
 //! The cost formulas (REFERENCE.md §3): the request's and a candidate's inputs
 //! ([`RequestShape`], [`CandidateLoad`]), Dynamo's current default scorer term by term
 //! ([`CostBreakdown`]), the older `dynamo-classic` logit, and the dispatch on the
-//! configured model ([`cost`], [`fill_costs`]; the latency model is `latency.rs`). Pure
+//! configured model ([`cost`](super::cost()), [`fill_costs`](super::fill_costs); the latency model is `latency.rs`). Pure
 //! arithmetic on its arguments; choosing among the results is `choice.rs`.
 
-use super::config::CostModel;
-use super::latency::LatencyPrep;
 use super::resolved::ResolvedCost;
 
 /// The request-side inputs of the cost: prompt length, block size, and the
@@ -17,8 +15,8 @@ pub struct RequestShape {
     /// Tokens per KV block (B). 0 is treated as 1 so the functions stay total.
     pub block_size: u32,
     /// Minimum `active_prefill_tokens` over this selection's eligible candidates; only the
-    /// credit decay reads it (see [`CostConfig::credit_decay`]). [`fill_costs`] computes it
-    /// itself; callers of [`cost`] on single candidates must set it (0 is correct when
+    /// credit decay reads it (see [`CostConfig::credit_decay`]). [`fill_costs`](super::fill_costs) computes it
+    /// itself; callers of [`cost`](super::cost()) on single candidates must set it (0 is correct when
     /// the decay is off, and makes the decay absolute rather than relative when it is on).
     ///
     /// [`CostConfig::credit_decay`]: super::CostConfig::credit_decay
@@ -29,7 +27,7 @@ pub struct RequestShape {
     /// The request's expected output tokens (the latency model's per-token term).
     pub expected_output_tokens: u64,
     /// Mean `active_prefill_tokens` over this selection's eligible candidates (the
-    /// latency model's queue externality; [`fill_costs`] sets it).
+    /// latency model's queue externality; [`fill_costs`](super::fill_costs) sets it).
     pub mean_active_prefill_tokens: f64,
 }
 
@@ -134,7 +132,7 @@ pub struct CandidateLoad {
 }
 
 /// The cost of one candidate, term by term (all in block equivalents). Useful for
-/// explaining a decision and for tests; [`cost`] is its `cost` field.
+/// explaining a decision and for tests; [`cost`](super::cost()) is its `cost` field.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CostBreakdown {
     /// `(active_prefill_tokens + ISL) / B`.
@@ -183,7 +181,7 @@ pub(super) fn credit(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) 
     (decay, blocks)
 }
 
-/// Dynamo's cost of placing the request on candidate `c` ([`CostModel::Dynamo`]), with
+/// Dynamo's cost of placing the request on candidate `c` ([`CostModel::Dynamo`](super::CostModel::Dynamo)), with
 /// every term (REFERENCE.md §3), in block equivalents.
 ///
 /// ```text
@@ -222,71 +220,6 @@ pub fn cost_breakdown(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad)
     }
 }
 
-/// The cost of placing the request on candidate `c` under the configured model (lower
-/// wins): [`latency_cost`] (ms) or Dynamo's [`cost_breakdown`] (block equivalents). For
-/// many candidates of one request, [`CostEval`] prepares the request's part once.
-///
-/// [`latency_cost`]: super::latency_cost
-#[inline]
-pub fn cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
-    CostEval::new(cfg, req).cost(c)
-}
-
-/// One request's costs under the configured model, with what depends only on the request
-/// and the knobs computed once.
-#[derive(Clone, Copy, Debug)]
-pub struct CostEval<'a> {
-    cfg: &'a ResolvedCost,
-    req: RequestShape,
-    latency: Option<LatencyPrep>,
-}
-
-impl<'a> CostEval<'a> {
-    #[inline]
-    pub fn new(cfg: &'a ResolvedCost, req: &RequestShape) -> Self {
-        Self {
-            cfg,
-            req: *req,
-            latency: (cfg.model == CostModel::Latency).then(|| LatencyPrep::new(cfg, req)),
-        }
-    }
-
-    /// The cost of candidate `c` (see [`cost`]).
-    #[inline]
-    pub fn cost(&self, c: &CandidateLoad) -> f64 {
-        match &self.latency {
-            Some(p) => p.cost(self.cfg, &self.req, c).cost_ms,
-            None => cost_breakdown(self.cfg, &self.req, c).cost,
-        }
-    }
-
-    /// The part of `c`'s cost due to its `new_blocks_not_active` (exactly: the cost with
-    /// them minus the cost with none). Both models' costs only rise with that count, so
-    /// selection prices every candidate with the whole prompt counted new (an upper
-    /// bound), and a candidate whose cost minus this share exceeds the best upper bound
-    /// cannot win and is never resolved.
-    #[inline]
-    pub fn new_blocks_share(&self, c: &CandidateLoad) -> f64 {
-        match &self.latency {
-            Some(p) => p.new_blocks_share(self.cfg, c),
-            None => c.new_blocks_not_active as f64,
-        }
-    }
-}
-
-/// `blocks` of prefill in the configured model's unit: block equivalents for Dynamo's,
-/// ms at the request's prefill rate for the latency model. Soft session affinity's
-/// penalty (given in blocks) is converted with it.
-#[inline]
-pub fn blocks_in_cost_units(cfg: &ResolvedCost, req: &RequestShape, blocks: f64) -> f64 {
-    match cfg.model {
-        CostModel::Latency => {
-            blocks * req.block_size_f64() * 1e3 / super::latency::effective_rate(cfg, req)
-        }
-        CostModel::Dynamo => blocks,
-    }
-}
-
 /// The minimum `active_prefill_tokens` over `candidates` (0 for an empty slice): the
 /// reference point of the credit decay.
 #[inline]
@@ -296,32 +229,6 @@ pub fn min_active_prefill_tokens(candidates: &[CandidateLoad]) -> u64 {
         .map(|c| c.active_prefill_tokens)
         .min()
         .unwrap_or(0)
-}
-
-/// Costs of all `candidates` into `out` (same order), with the decay's selection-wide
-/// minimum computed from `candidates` (overriding `req.min_active_prefill_tokens`).
-/// `candidates` must be exactly the eligible set, as in Dynamo: the minimum is taken over
-/// the ranks that can actually be chosen.
-///
-/// # Panics
-/// If `out.len() != candidates.len()` (a caller bug; silently truncating would drop
-/// candidates from the choice).
-pub fn fill_costs(
-    cfg: &ResolvedCost,
-    req: &RequestShape,
-    candidates: &[CandidateLoad],
-    out: &mut [f64],
-) {
-    assert_eq!(
-        out.len(),
-        candidates.len(),
-        "fill_costs: output slice length must match the candidate count"
-    );
-    let req = req.with_selection_stats(candidates);
-    let eval = CostEval::new(cfg, &req);
-    for (slot, c) in out.iter_mut().zip(candidates) {
-        *slot = eval.cost(c);
-    }
 }
 
 /// Dynamo's 2025 default for the classic formula's `overlap_score_weight`.
@@ -338,7 +245,7 @@ pub const CLASSIC_OVERLAP_SCORE_WEIGHT: f64 = 1.0;
 /// tier, so host/disk/shared hits and the new knobs are ignored. As in Dynamo's
 /// `new_tokens`, `ISL - overlap * B` saturates at 0 (a cached prefix longer than the
 /// prompt, e.g. after a block-size mismatch, adds no prefill rather than subtracting).
-/// Lower is better; [`choose`] picks among these exactly as among [`cost`]s.
+/// Lower is better; [`choose`] picks among these exactly as among [`cost`](super::cost())s.
 ///
 /// [`choose`]: super::choose
 #[inline]

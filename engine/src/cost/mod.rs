@@ -17,6 +17,7 @@
 
 mod choice;
 mod config;
+mod eval;
 mod formula;
 mod latency;
 mod resolved;
@@ -24,10 +25,10 @@ mod rng;
 
 pub use choice::choose;
 pub use config::{CostConfig, CostModel, CostOverrides, LatencyConfig};
+pub use eval::{blocks_in_cost_units, cost, fill_costs, CostEval};
 pub use formula::{
-    blocks_in_cost_units, classic_logit, cost, cost_breakdown, fill_costs,
-    min_active_prefill_tokens, CandidateLoad, CostBreakdown, CostEval, RequestShape,
-    CLASSIC_OVERLAP_SCORE_WEIGHT,
+    classic_logit, cost_breakdown, min_active_prefill_tokens, CandidateLoad, CostBreakdown,
+    RequestShape, CLASSIC_OVERLAP_SCORE_WEIGHT,
 };
 pub use latency::{latency_cost, LatencyBreakdown};
 pub use resolved::ResolvedCost;

@@ -1,0 +1,97 @@
+//! The cost under the configured model: the one place that dispatches between Dynamo's
+//! scorer (`formula.rs`) and the latency model (`latency.rs`), so neither of those imports
+//! the other.
+
+use super::config::CostModel;
+use super::formula::{cost_breakdown, CandidateLoad, RequestShape};
+use super::latency::{effective_rate, LatencyPrep};
+use super::resolved::ResolvedCost;
+
+/// The cost of placing the request on candidate `c` under the configured model (lower
+/// wins): [`latency_cost`] (ms) or Dynamo's [`cost_breakdown`] (block equivalents). For
+/// many candidates of one request, [`CostEval`] prepares the request's part once.
+///
+/// [`latency_cost`]: super::latency_cost
+#[inline]
+pub fn cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
+    CostEval::new(cfg, req).cost(c)
+}
+
+/// One request's costs under the configured model, with what depends only on the request
+/// and the knobs computed once.
+#[derive(Clone, Copy, Debug)]
+pub struct CostEval<'a> {
+    cfg: &'a ResolvedCost,
+    req: RequestShape,
+    latency: Option<LatencyPrep>,
+}
+
+impl<'a> CostEval<'a> {
+    #[inline]
+    pub fn new(cfg: &'a ResolvedCost, req: &RequestShape) -> Self {
+        Self {
+            cfg,
+            req: *req,
+            latency: (cfg.model == CostModel::Latency).then(|| LatencyPrep::new(cfg, req)),
+        }
+    }
+
+    /// The cost of candidate `c` (see [`cost`]).
+    #[inline]
+    pub fn cost(&self, c: &CandidateLoad) -> f64 {
+        match &self.latency {
+            Some(p) => p.cost(self.cfg, &self.req, c).cost_ms,
+            None => cost_breakdown(self.cfg, &self.req, c).cost,
+        }
+    }
+
+    /// The part of `c`'s cost due to its `new_blocks_not_active` (exactly: the cost with
+    /// them minus the cost with none). Both models' costs only rise with that count, so
+    /// selection prices every candidate with the whole prompt counted new (an upper
+    /// bound), and a candidate whose cost minus this share exceeds the best upper bound
+    /// cannot win and is never resolved.
+    #[inline]
+    pub fn new_blocks_share(&self, c: &CandidateLoad) -> f64 {
+        match &self.latency {
+            Some(p) => p.new_blocks_share(self.cfg, c),
+            None => c.new_blocks_not_active as f64,
+        }
+    }
+}
+
+/// `blocks` of prefill in the configured model's unit: block equivalents for Dynamo's,
+/// ms at the request's prefill rate for the latency model. Soft session affinity's
+/// penalty (given in blocks) is converted with it.
+#[inline]
+pub fn blocks_in_cost_units(cfg: &ResolvedCost, req: &RequestShape, blocks: f64) -> f64 {
+    match cfg.model {
+        CostModel::Latency => blocks * req.block_size_f64() * 1e3 / effective_rate(cfg, req),
+        CostModel::Dynamo => blocks,
+    }
+}
+
+/// Costs of all `candidates` into `out` (same order), with the decay's selection-wide
+/// minimum computed from `candidates` (overriding `req.min_active_prefill_tokens`).
+/// `candidates` must be exactly the eligible set, as in Dynamo: the minimum is taken over
+/// the ranks that can actually be chosen.
+///
+/// # Panics
+/// If `out.len() != candidates.len()` (a caller bug; silently truncating would drop
+/// candidates from the choice).
+pub fn fill_costs(
+    cfg: &ResolvedCost,
+    req: &RequestShape,
+    candidates: &[CandidateLoad],
+    out: &mut [f64],
+) {
+    assert_eq!(
+        out.len(),
+        candidates.len(),
+        "fill_costs: output slice length must match the candidate count"
+    );
+    let req = req.with_selection_stats(candidates);
+    let eval = CostEval::new(cfg, &req);
+    for (slot, c) in out.iter_mut().zip(candidates) {
+        *slot = eval.cost(c);
+    }
+}
