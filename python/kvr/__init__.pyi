@@ -102,6 +102,7 @@ class Decision:
     disk_blocks: int
     projected_prefill_tokens: int
     projected_decode_blocks: int
+    # In the partition's cost model's unit: ms (latency) or block equivalents (dynamo).
     cost: float
 
 class Partition:

@@ -1,6 +1,11 @@
 //! The typed hot path: `Engine` → `Partition` → `select(tokens) -> Decision`, the engine
 //! crate's root facade without dicts. Tokens come from any integer buffer (read in place
 //! when it holds u32s) or a sequence; the engine's work runs without the GIL.
+//!
+//! A partition minimises the cost model it was created with: `cost_model="latency"` (the
+//! engine's default: predicted time to first token, ms, with the latency knobs as keyword
+//! arguments) or `"dynamo"` (Dynamo's scorer, block equivalents); `Decision.cost` is in
+//! that model's unit.
 
 use std::sync::Arc;
 
