@@ -8,6 +8,12 @@ kvr-service's, the engine behind ``kvr serve``, called in process with the GIL r
 
 ``kvr.Engine`` / ``kvr.Partition`` / ``kvr.Decision`` are the typed hot path (token
 arrays in, no dicts), and ``kvr.hash_tokens`` is Dynamo's ``compute_block_hash_for_seq``.
+
+Cost models: kvr minimises each rank's predicted time to first token by default
+(``cost_model="latency"``; costs in ms). To route exactly as Dynamo does, pass
+``cost_model="dynamo"`` to ``SelectionService(...)`` or ``Engine.create_partition(...)``
+(or set ``KVR_COST_MODEL=dynamo`` for the service); its costs are Dynamo's block
+equivalents. Both take the latency model's knobs as keyword arguments.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from ._errors import SelectionServiceError
 from ._kvr import Decision, Engine, NativeService, Partition, __version__, hash_tokens
 
 __all__ = [
+    "COST_MODELS",
     "Decision",
     "Engine",
     "Partition",
@@ -49,6 +56,48 @@ def _whole_secs(name: str, v: float, lo: int = 0) -> str:
         raise ValueError(f"{name} must be at most 31536000 seconds")
     # kvr keeps whole seconds; a fraction rounds up (never shorter than asked).
     return str(int(-(-v // 1)))
+
+
+#: kvr's cost models (``cost_model=``): ``"latency"`` (the default, predicted time to first
+#: token in ms) and ``"dynamo"`` (Dynamo's default scorer, term for term).
+COST_MODELS = ("latency", "dynamo")
+
+#: The latency model's knobs as ``SelectionService`` keyword arguments, each mapped to its
+#: ``kvr serve`` flag (``None`` = the flag's default, or its ``KVR_*`` environment variable).
+_LATENCY_FLAGS = {
+    "prefill_rate_prior": "--prefill-rate-prior",
+    "learn_prefill_rate": "--learn-prefill-rate",
+    "request_overhead_ms": "--request-overhead-ms",
+    "kv_pressure_threshold": "--kv-pressure-threshold",
+    "kv_pressure_ms": "--kv-pressure-ms",
+    "itl_target_ms": "--itl-target-ms",
+    "itl_base_ms": "--itl-base-ms",
+    "itl_per_request_ms": "--itl-per-request-ms",
+    "queue_externality": "--queue-externality",
+    "decode_block_us": "--decode-block-us",
+}
+
+
+def _cost_argv(cost_model, latency: dict) -> list[str]:
+    argv: list[str] = []
+    if cost_model is not None:
+        if cost_model not in COST_MODELS:
+            raise ValueError(f"unknown cost_model {cost_model!r} (valid: "
+                             + ", ".join(repr(m) for m in COST_MODELS) + ")")
+        argv += ["--cost-model", cost_model]
+    for name, flag in _LATENCY_FLAGS.items():
+        v = latency[name]
+        if v is None:
+            continue
+        if name == "learn_prefill_rate":
+            if not isinstance(v, bool):
+                raise ValueError("learn_prefill_rate must be a bool")
+            argv += [flag, "true" if v else "false"]
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{name} must be a number")
+        argv += [flag, repr(float(v))]
+    return argv
 
 
 def _argv(indexer_threads, indexer_peers, replica_sync_port, replica_sync_peers,
@@ -88,6 +137,18 @@ class SelectionService:
     microseconds, so the future is complete when returned; with ``remote_indexer_url``
     (kvr's addition: overlaps from a remote primary index, a network round trip per
     selection) the work runs on the loop's default executor instead.
+
+    kvr's other additions, all keyword-only and all ``None`` by default (then ``kvr
+    serve``'s default, or its environment variable, applies): ``cost_model`` —
+    ``"latency"`` (kvr's default: each rank's predicted time to first token, in ms) or
+    ``"dynamo"`` (Dynamo's default scorer term for term, in block equivalents; what a
+    deployment that must route exactly as Dynamo does sets), ``--cost-model`` /
+    ``KVR_COST_MODEL``; and the latency model's knobs ``prefill_rate_prior``,
+    ``learn_prefill_rate``, ``request_overhead_ms``, ``kv_pressure_threshold``,
+    ``kv_pressure_ms``, ``itl_target_ms``, ``itl_base_ms``, ``itl_per_request_ms``,
+    ``queue_externality``, ``decode_block_us`` (``--prefill-rate-prior`` /
+    ``KVR_PREFILL_RATE_PRIOR`` and so on). An unknown model or a knob out of range is a
+    ``ValueError``.
     """
 
     def __init__(self, *, indexer_threads: int = 4, indexer_peers: Optional[list[str]] = None,
@@ -95,9 +156,27 @@ class SelectionService:
                  replica_sync_peers: Optional[list[str]] = None,
                  selection_cache: Optional[SelectionCacheConfig] = None,
                  session_affinity_ttl_secs: Optional[float] = None,
-                 remote_indexer_url: Optional[str] = None) -> None:
+                 remote_indexer_url: Optional[str] = None,
+                 cost_model: Optional[str] = None,
+                 prefill_rate_prior: Optional[float] = None,
+                 learn_prefill_rate: Optional[bool] = None,
+                 request_overhead_ms: Optional[float] = None,
+                 kv_pressure_threshold: Optional[float] = None,
+                 kv_pressure_ms: Optional[float] = None,
+                 itl_target_ms: Optional[float] = None,
+                 itl_base_ms: Optional[float] = None,
+                 itl_per_request_ms: Optional[float] = None,
+                 queue_externality: Optional[float] = None,
+                 decode_block_us: Optional[float] = None) -> None:
         argv = _argv(indexer_threads, indexer_peers, replica_sync_port, replica_sync_peers,
                      selection_cache, session_affinity_ttl_secs, remote_indexer_url)
+        argv += _cost_argv(cost_model, dict(
+            prefill_rate_prior=prefill_rate_prior, learn_prefill_rate=learn_prefill_rate,
+            request_overhead_ms=request_overhead_ms,
+            kv_pressure_threshold=kv_pressure_threshold, kv_pressure_ms=kv_pressure_ms,
+            itl_target_ms=itl_target_ms, itl_base_ms=itl_base_ms,
+            itl_per_request_ms=itl_per_request_ms, queue_externality=queue_externality,
+            decode_block_us=decode_block_us))
         self._core = NativeService(argv)
         self._offload = self._core.uses_remote_index()
 

@@ -10,6 +10,7 @@ JsonLike = Any
 Tokens = Union[Sequence[int], Any]
 
 __version__: str
+COST_MODELS: tuple[str, ...]
 
 def hash_tokens(
     tokens: Tokens,
@@ -41,6 +42,19 @@ class SelectionService:
         selection_cache: Optional[SelectionCacheConfig] = None,
         session_affinity_ttl_secs: Optional[float] = None,
         remote_indexer_url: Optional[str] = None,
+        # kvr's cost model ("latency", the default, or "dynamo") and the latency model's
+        # knobs; None keeps `kvr serve`'s default (or its KVR_* environment variable).
+        cost_model: Optional[str] = None,
+        prefill_rate_prior: Optional[float] = None,
+        learn_prefill_rate: Optional[bool] = None,
+        request_overhead_ms: Optional[float] = None,
+        kv_pressure_threshold: Optional[float] = None,
+        kv_pressure_ms: Optional[float] = None,
+        itl_target_ms: Optional[float] = None,
+        itl_base_ms: Optional[float] = None,
+        itl_per_request_ms: Optional[float] = None,
+        queue_externality: Optional[float] = None,
+        decode_block_us: Optional[float] = None,
     ) -> None: ...
     def shutdown(self) -> None: ...
     async def shutdown_async(self) -> None: ...
@@ -88,6 +102,7 @@ class Decision:
     disk_blocks: int
     projected_prefill_tokens: int
     projected_decode_blocks: int
+    # In the partition's cost model's unit: ms (latency) or block equivalents (dynamo).
     cost: float
 
 class Partition:
@@ -97,6 +112,14 @@ class Partition:
     def routing_group(self) -> str: ...
     @property
     def block_size(self) -> int: ...
+    @property
+    def cost_model(self) -> str:
+        """"latency" or "dynamo"."""
+        ...
+    def prefill_rate(self) -> Optional[float]:
+        """The learned prefill rate, tokens/s; None until a few prefills were measured."""
+        ...
+    def prefill_rate_observations(self) -> int: ...
     def upsert_worker(self, worker_id: int, *, dp_size: int = 1, dp_start: int = 0,
                       total_kv_blocks: int = 0) -> None: ...
     def remove_worker(self, worker_id: int) -> bool: ...
@@ -108,8 +131,27 @@ class Partition:
 
 class Engine:
     def __init__(self, seed: Optional[int] = None) -> None: ...
-    def create_partition(self, model_name: str = "default", routing_group: str = "default", *,
-                         block_size: int = 16, use_kv_events: bool = True) -> Partition: ...
+    def create_partition(
+        self,
+        model_name: str = "default",
+        routing_group: str = "default",
+        *,
+        block_size: int = 16,
+        use_kv_events: bool = True,
+        # "latency" (predicted TTFT, ms) or "dynamo" (Dynamo's scorer, block equivalents).
+        cost_model: str = "latency",
+        # The latency model's knobs; None = the engine's default (shown in brackets).
+        prefill_rate_prior: Optional[float] = None,  # tokens/s [10000]
+        learn_prefill_rate: Optional[bool] = None,  # [True]
+        request_overhead_ms: Optional[float] = None,  # [5]
+        kv_pressure_threshold: Optional[float] = None,  # share of KV blocks, 0..1 [0.9]
+        kv_pressure_ms: Optional[float] = None,  # [1000]
+        itl_target_ms: Optional[float] = None,  # [None: no target]
+        itl_base_ms: Optional[float] = None,  # [20]
+        itl_per_request_ms: Optional[float] = None,  # [0.2]
+        queue_externality: Optional[float] = None,  # [2]
+        decode_block_us: Optional[float] = None,  # [1]
+    ) -> Partition: ...
     def mark_prefill_complete(self, selection_id: int) -> None: ...
     def add_output_blocks(self, selection_id: int, n: int = 1) -> None: ...
     def free(self, selection_id: int) -> bool: ...

@@ -1,9 +1,15 @@
 //! The typed hot path: `Engine` → `Partition` → `select(tokens) -> Decision`, the engine
 //! crate's root facade without dicts. Tokens come from any integer buffer (read in place
 //! when it holds u32s) or a sequence; the engine's work runs without the GIL.
+//!
+//! A partition minimises the cost model it was created with: `cost_model="latency"` (the
+//! engine's default: predicted time to first token, ms, with the latency knobs as keyword
+//! arguments) or `"dynamo"` (Dynamo's scorer, block equivalents); `Decision.cost` is in
+//! that model's unit.
 
 use std::sync::Arc;
 
+use kvr::cost::CostModel;
 use kvr::{KvEvent, Outcome, PartitionConfig, PartitionKey, RankId, StoredBlock, Tier, WorkerInfo};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -35,17 +41,65 @@ impl Engine {
         }
     }
 
-    /// A new partition (one model and routing group); ValueError if it exists.
-    #[pyo3(signature = (model_name="default", routing_group="default", *, block_size=16, use_kv_events=true))]
+    /// A new partition (one model and routing group); ValueError if it exists, for an
+    /// unknown `cost_model` or a latency knob out of range. A knob left `None` keeps the
+    /// engine's default (`kvr::cost::LatencyConfig::default()`); `itl_target_ms=None` is
+    /// no per-token latency target.
+    #[pyo3(signature = (
+        model_name="default", routing_group="default", *, block_size=16, use_kv_events=true,
+        cost_model="latency", prefill_rate_prior=None, learn_prefill_rate=None,
+        request_overhead_ms=None, kv_pressure_threshold=None, kv_pressure_ms=None,
+        itl_target_ms=None, itl_base_ms=None, itl_per_request_ms=None, queue_externality=None,
+        decode_block_us=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn create_partition(
         &self,
         model_name: &str,
         routing_group: &str,
         block_size: u32,
         use_kv_events: bool,
+        cost_model: &str,
+        prefill_rate_prior: Option<f64>,
+        learn_prefill_rate: Option<bool>,
+        request_overhead_ms: Option<f64>,
+        kv_pressure_threshold: Option<f64>,
+        kv_pressure_ms: Option<f64>,
+        itl_target_ms: Option<f64>,
+        itl_base_ms: Option<f64>,
+        itl_per_request_ms: Option<f64>,
+        queue_externality: Option<f64>,
+        decode_block_us: Option<f64>,
     ) -> PyResult<Partition> {
         let mut c = PartitionConfig::new(block_size);
         c.indexer.use_kv_events = use_kv_events;
+        c.cost.model = CostModel::parse(cost_model).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "unknown cost_model {cost_model:?} (valid: {:?}, {:?})",
+                CostModel::Latency.name(),
+                CostModel::Dynamo.name()
+            ))
+        })?;
+        let l = &mut c.cost.latency;
+        let set = |slot: &mut f64, v: Option<f64>| {
+            if let Some(v) = v {
+                *slot = v;
+            }
+        };
+        set(&mut l.prefill_rate_prior, prefill_rate_prior);
+        if let Some(v) = learn_prefill_rate {
+            l.learn_prefill_rate = v;
+        }
+        set(&mut l.request_overhead_ms, request_overhead_ms);
+        set(&mut l.kv_pressure_threshold, kv_pressure_threshold);
+        set(&mut l.kv_pressure_ms, kv_pressure_ms);
+        if itl_target_ms.is_some() {
+            l.itl_target_ms = itl_target_ms;
+        }
+        set(&mut l.itl_base_ms, itl_base_ms);
+        set(&mut l.itl_per_request_ms, itl_per_request_ms);
+        set(&mut l.queue_externality, queue_externality);
+        set(&mut l.decode_block_us, decode_block_us);
         c.validate().map_err(value_error)?;
         let p = self
             .inner
@@ -145,6 +199,25 @@ impl Partition {
     #[getter]
     fn block_size(&self) -> u32 {
         self.inner.block_size()
+    }
+
+    /// The cost model selections minimise: `"latency"` or `"dynamo"`.
+    #[getter]
+    fn cost_model(&self) -> &'static str {
+        self.inner.config().cost.model.name()
+    }
+
+    /// The prefill rate learned from `mark_prefill_complete` timings, tokens/s (one rank's
+    /// throughput, before the latency model clamps it to [prior / 10, prior × 10]); None
+    /// until a few prefills that took measurable time were observed.
+    fn prefill_rate(&self) -> Option<f64> {
+        self.inner.bookings().prefill_rate()
+    }
+
+    /// Prefills observed for the learned rate so far (local bookings marked
+    /// prefill-complete with a non-empty prefill).
+    fn prefill_rate_observations(&self) -> u64 {
+        self.inner.bookings().stats().prefill_rate_observations
     }
 
     /// Adds or replaces a worker of `dp_size` ranks from `dp_start`.

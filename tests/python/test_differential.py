@@ -1,7 +1,7 @@
 """Differential test: the HTTP compatibility harness's scripted sequence
 (tests/compat/harness.py `_scenario`, fed by vLLM 0.33.0's real KV-event publisher) run
-against Dynamo 1.6.1's `dynamo.llm.SelectionService` and against `kvr.SelectionService`,
-in process, and the transcripts compared by the harness's own rules
+against Dynamo 1.6.1's `dynamo.llm.SelectionService` and against `kvr.SelectionService`
+(with `cost_model="dynamo"`, Dynamo's scorer), in process, and the transcripts compared by the harness's own rules
 (`compare_transcripts`: status, body, error texts) with the allow-lists of
 tests/compat/known-differences.md and tests/python/known-differences.md.
 
@@ -56,7 +56,10 @@ def transcripts():
     harness.http = inproc
     try:
         ta = run_side("dynamo", dynamo_llm.SelectionService(), DynamoError, inproc)
-        tb = run_side("kvr", kvr.SelectionService(), kvr.SelectionServiceError, inproc)
+        # kvr's default cost model (latency) routes differently by design; with Dynamo's
+        # model the answers must be Dynamo's.
+        tb = run_side("kvr", kvr.SelectionService(cost_model="dynamo"),
+                      kvr.SelectionServiceError, inproc)
     finally:
         harness.http = real
     return ta, tb
