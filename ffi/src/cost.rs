@@ -270,9 +270,10 @@ mod tests {
     use crate::handles::{kvr_partition_options_free, kvr_partition_options_new};
 
     type Setter = unsafe extern "C" fn(*mut kvr_partition_options, f64) -> kvr_status;
+    type Direct = fn(&mut PartitionConfig, f64);
 
     /// Each f64 setter and how it would write the value into a config directly.
-    fn setters() -> Vec<(&'static str, Setter, fn(&mut PartitionConfig, f64))> {
+    fn setters() -> Vec<(&'static str, Setter, Direct)> {
         vec![
             (
                 "prefill_rate_prior",
