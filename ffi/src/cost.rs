@@ -386,6 +386,37 @@ mod tests {
         }
     }
 
+    /// Options no setter would produce (a knob out of range, written directly): the check
+    /// names the knob, and creating a partition is `KVR_ERR_INVALID_CONFIG`.
+    #[test]
+    fn an_out_of_range_knob_is_an_invalid_config_with_its_name() {
+        use crate::handles::{kvr_engine_create_partition, kvr_engine_free, kvr_engine_new};
+        use crate::indexer::kvr_partition_options_check;
+        let o = new_opts();
+        // SAFETY: `o` is live and used by this thread only (every call below); the buffer
+        // and the out-parameters are writable; the strings are their lengths.
+        unsafe {
+            (*o).config.cost.latency.kv_pressure_threshold = 1.5;
+            let mut why = [0u8; 128];
+            let mut len = 0usize;
+            let st = kvr_partition_options_check(o, why.as_mut_ptr().cast(), why.len(), &mut len);
+            assert_eq!(st, KVR_ERR_INVALID_CONFIG);
+            let text = std::str::from_utf8(&why[..len]).unwrap();
+            assert_eq!(text, "kv_pressure_threshold is out of range");
+            let mut e = std::ptr::null_mut();
+            assert_eq!(kvr_engine_new(std::ptr::null(), &mut e), KVR_OK);
+            let mut p = std::ptr::null_mut();
+            let st = kvr_engine_create_partition(e, c"m".as_ptr(), 1, c"g".as_ptr(), 1, o, &mut p);
+            assert_eq!(st, KVR_ERR_INVALID_CONFIG);
+            assert!(p.is_null());
+            (*o).config.cost.latency.kv_pressure_threshold = 0.9;
+            let st = kvr_partition_options_check(o, why.as_mut_ptr().cast(), why.len(), &mut len);
+            assert_eq!((st, len), (KVR_OK, 0));
+            kvr_engine_free(e);
+            kvr_partition_options_free(o);
+        }
+    }
+
     #[test]
     fn the_cost_model_codes_are_stable_and_unknown_ones_refused() {
         let o = new_opts();
