@@ -37,6 +37,21 @@
 #include <stdint.h>
 
 /**
+ * Cost model: each candidate's predicted time to first token in ms (its booked prefill
+ * queue plus the prompt's uncached part at the partition's prefill rate), with decode
+ * load as a tie-break until KV memory nears full or a per-token latency target is set.
+ * The default.
+ */
+#define KVR_COST_MODEL_LATENCY 0
+
+/**
+ * Cost model: Dynamo's default scorer, term for term, in block equivalents (prefill
+ * blocks after cache credit plus decode blocks), for a deployment that must route
+ * exactly as Dynamo does.
+ */
+#define KVR_COST_MODEL_DYNAMO 1
+
+/**
  * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
  * plus scheme, port and path).
  */
@@ -262,7 +277,8 @@ typedef struct kvr_partition kvr_partition;
 
 /**
  * Partition options (opaque; created with a block size, set with
- * `kvr_partition_options_set_*`). Unset values are Dynamo's defaults.
+ * `kvr_partition_options_set_*`). Unset values are the defaults: the latency cost model
+ * (`KVR_COST_MODEL_LATENCY`) with its default knobs, and Dynamo's weights.
  */
 typedef struct kvr_partition_options kvr_partition_options;
 
@@ -623,7 +639,9 @@ typedef struct kvr_decision {
    */
   uint64_t projected_decode_blocks;
   /**
-   * The chosen rank's cost (block equivalents; NaN for explicit reservations).
+   * The chosen rank's cost: a predicted TTFT in ms with `KVR_COST_MODEL_LATENCY` (the
+   * default), block equivalents with `KVR_COST_MODEL_DYNAMO`; NaN for explicit
+   * reservations.
    */
   double cost;
 } kvr_decision;
@@ -979,6 +997,142 @@ extern "C" {
  * `KVR_ABI_CHECK()`), so linking it against a library of another ABI generation fails.
  */
 extern const uint32_t kvr_abi_2;
+
+/**
+ * Which cost the partition's selections minimise: `KVR_COST_MODEL_LATENCY` (the
+ * default; `kvr_decision.cost` is then a TTFT estimate in ms) or `KVR_COST_MODEL_DYNAMO`
+ * (`kvr_decision.cost` in block equivalents). Any other value is
+ * `KVR_ERR_INVALID_ARGUMENT` and changes nothing. The latency knobs
+ * (`kvr_partition_options_set_prefill_rate_prior` and the others) are kept, and checked,
+ * whichever model is set.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_cost_model(struct kvr_partition_options *opts,
+                                                uint32_t model);
+
+/**
+ * Latency model: prefill throughput of one rank, tokens/s, before any is learned
+ * (default 10,000; finite and > 0, else `KVR_ERR_INVALID_ARGUMENT`). A learned rate is
+ * kept within [prior / 10, prior × 10].
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_prefill_rate_prior(struct kvr_partition_options *opts,
+                                                        double tokens_per_s);
+
+/**
+ * Latency model: whether the partition learns its prefill rate from the timings of
+ * `kvr_engine_mark_prefill_complete` (non-zero, the default) or keeps the prior (0).
+ * `kvr_partition_prefill_rate` reports what was learned either way.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_learn_prefill_rate(struct kvr_partition_options *opts,
+                                                        uint32_t on);
+
+/**
+ * Latency model: fixed cost of one request's prefill, ms (default 5; finite and ≥ 0).
+ * It shifts every candidate alike and makes the reported cost a TTFT estimate.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_request_overhead_ms(struct kvr_partition_options *opts,
+                                                         double ms);
+
+/**
+ * Latency model: share of a rank's KV blocks in use (after the booking) above which KV
+ * memory pressure is charged (default 0.9; in [0, 1], else `KVR_ERR_INVALID_ARGUMENT`).
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_kv_pressure_threshold(struct kvr_partition_options *opts,
+                                                           double share);
+
+/**
+ * Latency model: the KV pressure charge at full KV memory, ms, rising linearly from the
+ * threshold (default 1,000; finite and ≥ 0).
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_kv_pressure_ms(struct kvr_partition_options *opts,
+                                                    double ms);
+
+/**
+ * Latency model: a per-token latency target, ms. A rank whose predicted per-token
+ * latency exceeds it is charged the excess over the request's expected output. Default:
+ * no target. `ms` > 0 (finite) sets the target; **0 clears it** (no target); negative,
+ * NaN or infinite values are `KVR_ERR_INVALID_ARGUMENT` and change nothing.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_itl_target_ms(struct kvr_partition_options *opts,
+                                                   double ms);
+
+/**
+ * Latency model: predicted per-token latency of a lone request, ms (default 20; finite
+ * and ≥ 0; only read with a target, `kvr_partition_options_set_itl_target_ms`).
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_itl_base_ms(struct kvr_partition_options *opts,
+                                                 double ms);
+
+/**
+ * Latency model: predicted extra per-token latency per request running on the rank, ms
+ * (default 0.2; finite and ≥ 0; only read with a target).
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_itl_per_request_ms(struct kvr_partition_options *opts,
+                                                        double ms);
+
+/**
+ * Latency model: weight of the queue externality (default 2; 0 = price only this
+ * request's TTFT; finite and ≥ 0): a prompt's uncached tokens also delay the requests
+ * that will queue behind them, so under load a cache miss costs more than its own
+ * prefill.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_queue_externality(struct kvr_partition_options *opts,
+                                                       double weight);
+
+/**
+ * Latency model's tie-break: µs charged per decode block the rank would hold after the
+ * booking (default 1; finite and ≥ 0).
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_partition_options_set_decode_block_us(struct kvr_partition_options *opts,
+                                                     double us);
+
+/**
+ * The partition's prefill throughput per rank learned from the timings of
+ * `kvr_engine_mark_prefill_complete`, tokens/s, in `*out_rate`, and the prefill
+ * completions observed so far in `*out_observations`. `*out_rate` is 0 while none is
+ * learned (fewer than a few completions observed, or none took measurable time); the
+ * call is then still `KVR_OK`. The rate is the estimate itself: a selection with the
+ * latency model and learning on uses it within [prior / 10, prior × 10], else the prior.
+ * O(shards) (it counts the live bookings' shards); fine for a metrics scrape.
+ *
+ * # Safety
+ * `partition` is NULL or live; `out_rate` and `out_observations` are NULL or writable.
+ */
+kvr_status kvr_partition_prefill_rate(const struct kvr_partition *partition,
+                                      double *out_rate,
+                                      uint64_t *out_observations);
 
 /**
  * New engine options with every value at its default. Free with
@@ -1447,10 +1601,11 @@ kvr_status kvr_partition_options_set_approx_retention(struct kvr_partition_optio
                                                       uint32_t retention);
 
 /**
- * Checks the options as `kvr_engine_create_partition` would, without creating anything.
- * `KVR_OK` if a partition can be made from them: `why` then gets kvr's notices about them,
- * joined by "; " (empty if none — e.g. capacity-bounded retention falling back to TTL).
- * `KVR_ERR_INVALID_CONFIG` if not: `why` gets the reason. `why` receives the first
+ * Checks the options as `kvr_engine_create_partition` would (`PartitionConfig::validate`
+ * and the indexer policy), without creating anything. `KVR_OK` if a partition can be made
+ * from them: `why` then gets kvr's notices about them, joined by "; " (empty if none —
+ * e.g. capacity-bounded retention falling back to TTL). `KVR_ERR_INVALID_CONFIG` if not:
+ * `why` gets the reason. `why` receives the first
  * `min(*why_len, why_cap)` bytes of the text (UTF-8, not NUL-terminated; `(NULL, 0)` to
  * only learn the length); `*why_len` is the text's full length.
  *

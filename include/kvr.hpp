@@ -291,6 +291,22 @@ enum class Retention : uint32_t {
     CapacityBounded = KVR_RETENTION_CAPACITY_BOUNDED,
 };
 
+/// Which cost a partition's selections minimise (KVR_COST_MODEL_*).
+enum class CostModel : uint32_t {
+    /// Predicted time to first token in ms, decode load as a tie-break (the default).
+    Latency = KVR_COST_MODEL_LATENCY,
+    /// Dynamo's default scorer in block equivalents, term for term.
+    Dynamo = KVR_COST_MODEL_DYNAMO,
+};
+
+/// A partition's learned prefill rate (Partition::prefill_rate()).
+struct PrefillRate {
+    /// Tokens/s per rank; empty until a few prefill completions were observed.
+    std::optional<double> tokens_per_s;
+    /// Prefill completions observed so far.
+    uint64_t observations = 0;
+};
+
 /// Session affinity mode (KVR_AFFINITY_*).
 enum class Affinity : uint32_t {
     Off = KVR_AFFINITY_OFF,
@@ -681,6 +697,77 @@ public:
     PartitionOptions &set_busy_prefill_tokens(uint64_t tokens) {
         const char *fn = "kvr_partition_options_set_busy_prefill_tokens";
         detail::check(kvr_partition_options_set_busy_prefill_tokens(live(fn), tokens), fn);
+        return *this;
+    }
+
+    // -- cost model (kvr_partition_options_set_cost_model) and the latency model's knobs --
+    // Each setter throws (KVR_ERR_INVALID_ARGUMENT) for what PartitionConfig::validate
+    // refuses, and a refused value changes nothing.
+
+    /// Which cost the selections minimise (default CostModel::Latency).
+    PartitionOptions &set_cost_model(CostModel model) {
+        const char *fn = "kvr_partition_options_set_cost_model";
+        detail::check(kvr_partition_options_set_cost_model(live(fn), static_cast<uint32_t>(model)), fn);
+        return *this;
+    }
+    /// Prefill tokens/s of one rank before any is learned (default 10,000; > 0).
+    PartitionOptions &set_prefill_rate_prior(double tokens_per_s) {
+        const char *fn = "kvr_partition_options_set_prefill_rate_prior";
+        detail::check(kvr_partition_options_set_prefill_rate_prior(live(fn), tokens_per_s), fn);
+        return *this;
+    }
+    /// Whether the prefill rate is learned from mark_prefill_complete timings (default true).
+    PartitionOptions &set_learn_prefill_rate(bool on) {
+        const char *fn = "kvr_partition_options_set_learn_prefill_rate";
+        detail::check(kvr_partition_options_set_learn_prefill_rate(live(fn), on ? 1u : 0u), fn);
+        return *this;
+    }
+    /// Fixed cost of one prefill, ms (default 5; ≥ 0).
+    PartitionOptions &set_request_overhead_ms(double ms) {
+        const char *fn = "kvr_partition_options_set_request_overhead_ms";
+        detail::check(kvr_partition_options_set_request_overhead_ms(live(fn), ms), fn);
+        return *this;
+    }
+    /// KV-use share above which pressure is charged (default 0.9; in [0, 1]).
+    PartitionOptions &set_kv_pressure_threshold(double share) {
+        const char *fn = "kvr_partition_options_set_kv_pressure_threshold";
+        detail::check(kvr_partition_options_set_kv_pressure_threshold(live(fn), share), fn);
+        return *this;
+    }
+    /// The pressure charge at full KV memory, ms (default 1,000; ≥ 0).
+    PartitionOptions &set_kv_pressure_ms(double ms) {
+        const char *fn = "kvr_partition_options_set_kv_pressure_ms";
+        detail::check(kvr_partition_options_set_kv_pressure_ms(live(fn), ms), fn);
+        return *this;
+    }
+    /// A per-token latency target, ms (> 0); 0 clears it (the default: none).
+    PartitionOptions &set_itl_target_ms(double ms) {
+        const char *fn = "kvr_partition_options_set_itl_target_ms";
+        detail::check(kvr_partition_options_set_itl_target_ms(live(fn), ms), fn);
+        return *this;
+    }
+    /// Predicted per-token latency of a lone request, ms (default 20; ≥ 0).
+    PartitionOptions &set_itl_base_ms(double ms) {
+        const char *fn = "kvr_partition_options_set_itl_base_ms";
+        detail::check(kvr_partition_options_set_itl_base_ms(live(fn), ms), fn);
+        return *this;
+    }
+    /// Extra per-token latency per running request, ms (default 0.2; ≥ 0).
+    PartitionOptions &set_itl_per_request_ms(double ms) {
+        const char *fn = "kvr_partition_options_set_itl_per_request_ms";
+        detail::check(kvr_partition_options_set_itl_per_request_ms(live(fn), ms), fn);
+        return *this;
+    }
+    /// Weight of the queue externality (default 2; 0 = off; ≥ 0).
+    PartitionOptions &set_queue_externality(double weight) {
+        const char *fn = "kvr_partition_options_set_queue_externality";
+        detail::check(kvr_partition_options_set_queue_externality(live(fn), weight), fn);
+        return *this;
+    }
+    /// Tie-break: µs per decode block held after the booking (default 1; ≥ 0).
+    PartitionOptions &set_decode_block_us(double us) {
+        const char *fn = "kvr_partition_options_set_decode_block_us";
+        detail::check(kvr_partition_options_set_decode_block_us(live(fn), us), fn);
         return *this;
     }
 
@@ -1423,6 +1510,20 @@ public:
     }
     kvr_booking_stats booking_stats() const {
         return read<kvr_booking_stats>(&kvr_partition_booking_stats, "kvr_partition_booking_stats");
+    }
+    /// The prefill rate learned from mark_prefill_complete timings (empty until a few
+    /// completions were observed) and the completions observed.
+    PrefillRate prefill_rate() const {
+        const char *fn = "kvr_partition_prefill_rate";
+        double rate = 0.0;
+        uint64_t observations = 0;
+        detail::check(kvr_partition_prefill_rate(live(fn), &rate, &observations), fn);
+        PrefillRate out;
+        if (rate > 0.0) {
+            out.tokens_per_s = rate;
+        }
+        out.observations = observations;
+        return out;
     }
     /// The indexer's policy (policy_of()) and what it recorded or asked.
     kvr_indexer_stats indexer_stats() const {

@@ -41,7 +41,8 @@ pub struct kvr_engine_options {
 }
 
 /// Partition options (opaque; created with a block size, set with
-/// `kvr_partition_options_set_*`). Unset values are Dynamo's defaults.
+/// `kvr_partition_options_set_*`). Unset values are the defaults: the latency cost model
+/// (`KVR_COST_MODEL_LATENCY`) with its default knobs, and Dynamo's weights.
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct kvr_partition_options {
@@ -265,11 +266,11 @@ pub unsafe extern "C" fn kvr_partition_options_set_trust_stale_overlap(
 }
 
 /// Sets one cost knob or busy threshold if `valid(value)` (else
-/// `KVR_ERR_INVALID_ARGUMENT`; a NULL handle is `KVR_ERR_NULL` first).
+/// `KVR_ERR_INVALID_ARGUMENT`, nothing changed; a NULL handle is `KVR_ERR_NULL` first).
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call.
-unsafe fn set_checked(
+pub(crate) unsafe fn set_checked(
     opts: *mut kvr_partition_options,
     value: f64,
     valid: impl FnOnce(f64) -> bool,

@@ -170,10 +170,11 @@ pub unsafe extern "C" fn kvr_partition_options_set_approx_retention(
     }
 }
 
-/// Checks the options as `kvr_engine_create_partition` would, without creating anything.
-/// `KVR_OK` if a partition can be made from them: `why` then gets kvr's notices about them,
-/// joined by "; " (empty if none — e.g. capacity-bounded retention falling back to TTL).
-/// `KVR_ERR_INVALID_CONFIG` if not: `why` gets the reason. `why` receives the first
+/// Checks the options as `kvr_engine_create_partition` would (`PartitionConfig::validate`
+/// and the indexer policy), without creating anything. `KVR_OK` if a partition can be made
+/// from them: `why` then gets kvr's notices about them, joined by "; " (empty if none —
+/// e.g. capacity-bounded retention falling back to TTL). `KVR_ERR_INVALID_CONFIG` if not:
+/// `why` gets the reason. `why` receives the first
 /// `min(*why_len, why_cap)` bytes of the text (UTF-8, not NUL-terminated; `(NULL, 0)` to
 /// only learn the length); `*why_len` is the text's full length.
 ///
@@ -197,10 +198,20 @@ pub unsafe extern "C" fn kvr_partition_options_check(
         let buf = unsafe { slice_mut(why.cast::<u8>(), why_cap) }?;
         // The remote URL gets its HTTP client first, as `kvr_engine_create_partition` gives
         // it (the engine builds none), so a URL the client cannot use is reported here.
-        let checked = kvr_remote::with_http_client(&o.config.indexer).and_then(|c| c.check());
+        // Then the whole configuration is validated as the engine will (every
+        // `ConfigError`, e.g. a latency knob `OutOfRange`, with its message), and only a
+        // valid one reports the indexer's notices.
+        let checked = kvr_remote::with_http_client(&o.config.indexer)
+            .map_err(|e| e.0)
+            .and_then(|indexer| {
+                let mut config = o.config.clone();
+                config.indexer = indexer;
+                config.validate().map_err(|e| e.to_string())?;
+                config.indexer.check().map_err(|e| e.0)
+            });
         let (text, status) = match checked {
             Ok(r) => (r.notices.join("; "), Ok(())),
-            Err(e) => (e.0, Err(KVR_ERR_INVALID_CONFIG)),
+            Err(reason) => (reason, Err(KVR_ERR_INVALID_CONFIG)),
         };
         let n = text.len().min(buf.len());
         buf[..n].copy_from_slice(&text.as_bytes()[..n]);

@@ -6,7 +6,8 @@
 //! ([`index`]) and selections ([`select`]) come out, steered by session affinity
 //! ([`session`]) and carrying transfer hints ([`hint`]); bookings are freed through the
 //! engine ([`select`]); host hooks ([`hooks`]) and statistics ([`stats`]) hang off a
-//! partition ([`handles`]). Engines' own KV-event messages come in
+//! partition ([`handles`]), whose options choose the cost model and its knobs
+//! ([`cost`]). Engines' own KV-event messages come in
 //! raw through the host ([`ingress`]) or through kvr's own ZMQ subscriber ([`subscribe`]).
 //!
 //! Conventions, everywhere:
@@ -29,6 +30,7 @@
 
 #![allow(clippy::missing_safety_doc)] // each export's `# Safety` is in its doc comment
 
+pub mod cost;
 pub mod handles;
 pub mod hint;
 pub mod hooks;
@@ -43,6 +45,7 @@ pub mod status;
 pub mod subscribe;
 pub mod workers;
 
+pub use cost::*;
 pub use handles::*;
 pub use hint::*;
 pub use hooks::*;

@@ -37,7 +37,9 @@ pub struct kvr_decision {
     pub projected_prefill_tokens: u64,
     /// The rank's decode blocks once this request is booked on it.
     pub projected_decode_blocks: u64,
-    /// The chosen rank's cost (block equivalents; NaN for explicit reservations).
+    /// The chosen rank's cost: a predicted TTFT in ms with `KVR_COST_MODEL_LATENCY` (the
+    /// default), block equivalents with `KVR_COST_MODEL_DYNAMO`; NaN for explicit
+    /// reservations.
     pub cost: f64,
 }
 

@@ -144,14 +144,24 @@ static kvr_engine *new_engine(uint64_t seed)
     return e;
 }
 
-static kvr_partition_options *new_opts(uint32_t block_size)
+/* Partition options for `block_size` with cost model `model` (KVR_COST_MODEL_*). */
+static kvr_partition_options *new_opts_model(uint32_t block_size, uint32_t model)
 {
     kvr_partition_options *o = NULL;
-    if (kvr_partition_options_new(block_size, &o) != KVR_OK) {
+    if (kvr_partition_options_new(block_size, &o) != KVR_OK ||
+        kvr_partition_options_set_cost_model(o, model) != KVR_OK) {
         fprintf(stderr, "fatal: cannot create partition options\n");
         exit(2);
     }
     return o;
+}
+
+/* The fixtures' options: Dynamo's cost model, set explicitly. The exact costs the tests
+   assert (CHECK_COST, the layouts' comments) are Dynamo's formula in block equivalents
+   (REFERENCE.md §3); the default, the latency model, is tested by test_latency_cost. */
+static kvr_partition_options *new_opts(uint32_t block_size)
+{
+    return new_opts_model(block_size, KVR_COST_MODEL_DYNAMO);
 }
 
 /* Creates partition (model, "g") with `o` (consumed). */
@@ -241,7 +251,8 @@ static int find_ov(const kvr_overlap *ov, size_t n, uint64_t worker, uint32_t ra
  *   worker 1: blocks 0-2 on device, 3-4 in host memory, 5 on disk
  *   worker 2: blocks 0-5 on device
  *   worker 3: nothing
- * Costs with default knobs (REFERENCE.md §3; prefill = ISL/B = 6, decode = 6 new blocks):
+ * Dynamo's costs with default knobs (REFERENCE.md §3; prefill = ISL/B = 6, decode = 6 new
+ * blocks):
  *   w1: max(0, 6 - (3 + 0.75*2 + 0.25*1)) + 6 = 7.25
  *   w2: max(0, 6 - 6) + 6 = 6
  *   w3: 6 + 6 = 12
@@ -3887,6 +3898,255 @@ static void test_session_affinity(void)
     kvr_engine_free(e);
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* The latency cost model (the default) and its knobs                                   */
+/* ------------------------------------------------------------------------------------ */
+
+/* A latency cost in ms, to 1e-6 relative (the prefill rate divides, so the sums are not
+   exact binary fractions as Dynamo's are). */
+#define CHECK_MS(a, b)                                                                    \
+    do {                                                                                  \
+        double a_ = (a);                                                                  \
+        double b_ = (b);                                                                  \
+        if (fabs(a_ - b_) <= 1e-6 * fmax(1.0, fabs(b_))) {                                \
+            g_passed++;                                                                   \
+        } else {                                                                          \
+            g_failed++;                                                                   \
+            fprintf(stderr, "FAIL [%s] line %d: %s == %s (%.9f != %.9f)\n", g_section,   \
+                    __LINE__, #a, #b, a_, b_);                                            \
+        }                                                                                 \
+    } while (0)
+
+/* The advisory decision for prompt T with only worker `w` allowed and `out_tokens`
+   expected output tokens. */
+static kvr_decision select_on(const kvr_partition *p, uint64_t w, uint64_t out_tokens)
+{
+    kvr_request *r = new_request(T, NT);
+    OK(kvr_request_set_allowed_workers(r, &w, 1));
+    OK(kvr_request_set_expected_output_tokens(r, out_tokens));
+    kvr_decision d;
+    memset(&d, SENTINEL, sizeof d);
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.worker_id, w);
+    kvr_request_free(r);
+    return d;
+}
+
+static void test_latency_options(void)
+{
+    g_section = "latency/options";
+    kvr_partition_options *o = NULL;
+    OK(kvr_partition_options_new(BS, &o));
+
+    /* The model: two stable codes; anything else refused; NULL refused. */
+    OK(kvr_partition_options_set_cost_model(o, KVR_COST_MODEL_DYNAMO));
+    OK(kvr_partition_options_set_cost_model(o, KVR_COST_MODEL_LATENCY));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_cost_model(o, 2));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_cost_model(o, UINT32_MAX));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_cost_model(NULL, KVR_COST_MODEL_LATENCY));
+    CHECK(KVR_COST_MODEL_LATENCY == 0 && KVR_COST_MODEL_DYNAMO == 1);
+
+    OK(kvr_partition_options_set_learn_prefill_rate(o, 0));
+    OK(kvr_partition_options_set_learn_prefill_rate(o, 1));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_learn_prefill_rate(NULL, 1));
+
+    /* Times and weights: finite and >= 0. */
+    const f64_setter non_negative[] = {
+        kvr_partition_options_set_request_overhead_ms,
+        kvr_partition_options_set_kv_pressure_ms,
+        kvr_partition_options_set_itl_base_ms,
+        kvr_partition_options_set_itl_per_request_ms,
+        kvr_partition_options_set_queue_externality,
+        kvr_partition_options_set_decode_block_us,
+        kvr_partition_options_set_kv_pressure_threshold, /* and <= 1, below */
+        kvr_partition_options_set_itl_target_ms,         /* 0 clears it, below */
+    };
+    for (size_t i = 0; i < sizeof non_negative / sizeof non_negative[0]; i++) {
+        OK(non_negative[i](o, 0.5));
+        OK(non_negative[i](o, 0.0));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT, non_negative[i](o, NAN));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT, non_negative[i](o, INFINITY));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT, non_negative[i](o, -INFINITY));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT, non_negative[i](o, -1.0));
+        CHECK_ST(KVR_ERR_INVALID_ARGUMENT, non_negative[i](o, -1e-9));
+        CHECK_ST(KVR_ERR_NULL, non_negative[i](NULL, 0.5));
+        CHECK_ST(KVR_ERR_NULL, non_negative[i](NULL, NAN)); /* NULL is reported first */
+    }
+    /* The prior is a rate: > 0. */
+    OK(kvr_partition_options_set_prefill_rate_prior(o, 1.0));
+    OK(kvr_partition_options_set_prefill_rate_prior(o, 1e-3));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_prefill_rate_prior(o, 0.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_prefill_rate_prior(o, -0.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_prefill_rate_prior(o, -5.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_prefill_rate_prior(o, NAN));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_prefill_rate_prior(o, INFINITY));
+    CHECK_ST(KVR_ERR_NULL, kvr_partition_options_set_prefill_rate_prior(NULL, 1.0));
+    OK(kvr_partition_options_set_prefill_rate_prior(o, 10000.0));
+    /* The threshold is a share: [0, 1]. */
+    OK(kvr_partition_options_set_kv_pressure_threshold(o, 1.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_kv_pressure_threshold(o, 1.5));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_kv_pressure_threshold(o, 1.0 + 1e-9));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_kv_pressure_threshold(o, -0.1));
+    OK(kvr_partition_options_set_kv_pressure_threshold(o, 0.9));
+    /* The per-token target: > 0 sets it, 0 clears it. */
+    OK(kvr_partition_options_set_itl_target_ms(o, 30.0));
+    OK(kvr_partition_options_set_itl_target_ms(o, 0.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_itl_target_ms(o, -30.0));
+    /* Back to the defaults; a partition can be made from the options. */
+    OK(kvr_partition_options_set_request_overhead_ms(o, 5.0));
+    OK(kvr_partition_options_set_kv_pressure_ms(o, 1000.0));
+    OK(kvr_partition_options_set_itl_base_ms(o, 20.0));
+    OK(kvr_partition_options_set_itl_per_request_ms(o, 0.2));
+    OK(kvr_partition_options_set_queue_externality(o, 2.0));
+    OK(kvr_partition_options_set_decode_block_us(o, 1.0));
+    char why[256];
+    size_t why_len = 0;
+    OK(kvr_partition_options_check(o, why, sizeof why, &why_len));
+    CHECK_EQ(why_len, 0);
+    kvr_partition_options_free(o);
+}
+
+/*
+ * The latency model on the standard layout (default knobs: rate prior 10,000 tokens/s,
+ * overhead 5 ms, 1 µs per decode block after the booking; no bookings, so no queue, no
+ * externality; KV capacity unknown, so no pressure; no per-token target):
+ *   cost = 5 + uncached_tokens / 10,000 * 1000 + 6 blocks * 0.001
+ *   w2: 24 tokens cached              -> 5 + 0   + 0.006 = 5.006
+ *   w1: 19 tokens credited (4.75 blk) -> 5 + 0.5 + 0.006 = 5.506
+ *   w3: nothing cached                -> 5 + 2.4 + 0.006 = 7.406
+ */
+static void test_latency_cost(void)
+{
+    g_section = "latency/cost";
+    kvr_engine *e = new_engine(23);
+    /* The default model: options with no model set. */
+    kvr_partition_options *o = NULL;
+    OK(kvr_partition_options_new(BS, &o));
+    kvr_partition *p = new_partition_with(e, "latency", o);
+    setup_standard(p);
+    kvr_request *r = new_request(T, NT);
+    kvr_decision d;
+    memset(&d, SENTINEL, sizeof d);
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.worker_id, 2); /* the cached rank */
+    CHECK_EQ(d.cached_tokens, NT);
+    CHECK_MS(d.cost, 5.006);
+    CHECK(d.cost >= 5.0); /* never below the request overhead */
+    CHECK_MS(select_on(p, 1, 0).cost, 5.506);
+    CHECK_MS(select_on(p, 3, 0).cost, 7.406);
+    kvr_partition_free(p);
+
+    /* The same layout with Dynamo's model set explicitly: block equivalents. */
+    p = new_partition_with(e, "dynamo", new_opts_model(BS, KVR_COST_MODEL_DYNAMO));
+    setup_standard(p);
+    OK(kvr_partition_select(p, r, &d));
+    CHECK_EQ(d.worker_id, 2);
+    CHECK_COST(d.cost, 6.0);
+    kvr_partition_free(p);
+
+    /* Knobs reach the cost; a refused value changes nothing (the model stays latency,
+       the overhead 1 ms). Rate 1,000 tokens/s: a token costs 1 ms; no tie-break. */
+    o = new_opts_model(BS, KVR_COST_MODEL_LATENCY);
+    OK(kvr_partition_options_set_request_overhead_ms(o, 1.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_request_overhead_ms(o, -1.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_cost_model(o, 7));
+    OK(kvr_partition_options_set_prefill_rate_prior(o, 1000.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_prefill_rate_prior(o, 0.0));
+    OK(kvr_partition_options_set_decode_block_us(o, 0.0));
+    OK(kvr_partition_options_set_kv_pressure_threshold(o, 0.5));
+    OK(kvr_partition_options_set_kv_pressure_ms(o, 100.0));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_partition_options_set_kv_pressure_threshold(o, 2.0));
+    p = new_partition_with(e, "knobs", o);
+    setup_standard(p);
+    /* Worker 4: nothing cached, 6 KV blocks, so the booking's 6 blocks fill it: share
+       1.0, charged 100 ms * (1.0 - 0.5) / (1 - 0.5) = 100 ms. */
+    add_worker_full(p, 4, 1, 6, 0, NULL);
+    CHECK_MS(select_on(p, 2, 0).cost, 1.0);
+    CHECK_MS(select_on(p, 1, 0).cost, 1.0 + 5.0);
+    CHECK_MS(select_on(p, 3, 0).cost, 1.0 + 24.0);
+    CHECK_MS(select_on(p, 4, 0).cost, 1.0 + 24.0 + 100.0);
+    kvr_partition_free(p);
+
+    /* A per-token target: predicted 20 + 0.5 * (0 + 1) = 20.5 ms > 10, so the excess is
+       charged per expected output token: 10.5 * 4 = 42 ms. Cleared (0): no charge. */
+    for (int cleared = 0; cleared < 2; cleared++) {
+        o = new_opts_model(BS, KVR_COST_MODEL_LATENCY);
+        OK(kvr_partition_options_set_decode_block_us(o, 0.0));
+        OK(kvr_partition_options_set_itl_target_ms(o, 10.0));
+        OK(kvr_partition_options_set_itl_base_ms(o, 20.0));
+        OK(kvr_partition_options_set_itl_per_request_ms(o, 0.5));
+        OK(kvr_partition_options_set_queue_externality(o, 0.0));
+        if (cleared) {
+            OK(kvr_partition_options_set_itl_target_ms(o, 0.0));
+        }
+        p = new_partition_with(e, cleared ? "itl-cleared" : "itl", o);
+        setup_standard(p);
+        CHECK_MS(select_on(p, 2, 4).cost, 5.0 + (cleared ? 0.0 : 42.0));
+        CHECK_MS(select_on(p, 2, 0).cost, 5.0); /* no output expected: no charge */
+        kvr_partition_free(p);
+    }
+    kvr_request_free(r);
+    kvr_engine_free(e);
+}
+
+/* Books prompt U on worker 1 and completes its prefill `n` times (each after ~2 ms). */
+static void complete_prefills(kvr_engine *e, const kvr_partition *p, int n)
+{
+    kvr_request *r = new_request(U, NT);
+    for (int i = 0; i < n; i++) {
+        kvr_decision d;
+        OK(kvr_partition_select_and_reserve(p, r, &d));
+        CHECK_EQ(d.projected_prefill_tokens, NT);
+        sleep_ms(2);
+        OK(kvr_engine_mark_prefill_complete(e, d.selection_id));
+        OK(kvr_engine_free_booking(e, d.selection_id, NULL));
+    }
+    kvr_request_free(r);
+}
+
+static void test_prefill_rate(void)
+{
+    g_section = "latency/prefill rate";
+    kvr_engine *e = new_engine(29);
+    for (int learn = 1; learn >= 0; learn--) {
+        kvr_partition_options *o = new_opts_model(BS, KVR_COST_MODEL_LATENCY);
+        OK(kvr_partition_options_set_learn_prefill_rate(o, (uint32_t)learn));
+        kvr_partition *p = new_partition_with(e, learn ? "learn" : "prior", o);
+        add_worker(p, 1);
+
+        /* None before any completion: rate 0, KVR_OK. */
+        double rate = -1.0;
+        uint64_t seen = 99;
+        OK(kvr_partition_prefill_rate(p, &rate, &seen));
+        CHECK(rate == 0.0);
+        CHECK_EQ(seen, 0);
+        CHECK_ST(KVR_ERR_NULL, kvr_partition_prefill_rate(NULL, &rate, &seen));
+        CHECK_ST(KVR_ERR_NULL, kvr_partition_prefill_rate(p, NULL, &seen));
+        CHECK_ST(KVR_ERR_NULL, kvr_partition_prefill_rate(p, &rate, NULL));
+
+        /* A few completions are needed before the estimate is used. */
+        complete_prefills(e, p, 1);
+        OK(kvr_partition_prefill_rate(p, &rate, &seen));
+        CHECK(rate == 0.0);
+        CHECK_EQ(seen, 1);
+        complete_prefills(e, p, 7);
+        OK(kvr_partition_prefill_rate(p, &rate, &seen));
+        CHECK_EQ(seen, 8);
+        /* 24 tokens in >= 2 ms each: positive, at most 12,000 tokens/s. */
+        CHECK(rate > 0.0 && rate <= 12000.0 * 1.01);
+
+        /* Selection uses it, within [prior / 10, prior * 10], only when learning. */
+        kvr_request *r = new_request(U, NT);
+        kvr_decision d;
+        OK(kvr_partition_select(p, r, &d));
+        const double used = learn ? fmin(fmax(rate, 1000.0), 100000.0) : 10000.0;
+        CHECK_MS(d.cost, 5.0 + NT * 1000.0 / used + NB * 0.001);
+        kvr_request_free(r);
+        kvr_partition_free(p);
+    }
+    kvr_engine_free(e);
+}
+
 int main(void)
 {
     for (uint32_t i = 0; i < NT; i++) {
@@ -3930,6 +4190,9 @@ int main(void)
     test_remote_primary();
     test_kv_hints();
     test_session_affinity();
+    test_latency_options();
+    test_latency_cost();
+    test_prefill_rate();
     const char *slow = getenv("KVR_C_TEST_SLOW");
     if (slow != NULL && strcmp(slow, "1") == 0) {
         test_too_many_ranks();

@@ -3,11 +3,13 @@
 // (the other translation units including kvr.hpp).
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -668,6 +670,68 @@ void test_move_semantics() {
     // Moved-from and empty objects are destroyed here without effect.
 }
 
+
+// The cost model: the latency default (a TTFT estimate in ms), Dynamo's when set, each
+// latency knob reaching the cost, refusals, and the learned prefill rate.
+void test_cost_model() {
+    auto close = [](double a, double b) { return std::fabs(a - b) <= 1e-6 * std::fmax(1.0, std::fabs(b)); };
+    kvr::Engine engine(kvr::EngineOptions().set_seed(3));
+    std::vector<uint32_t> toks = prompt(9, 64);  // 4 blocks of 16, cached nowhere
+    kvr::Request req;
+    req.set_tokens(toks);
+
+    // Default: 5 ms + 64 tokens at 10,000/s + 4 decode blocks at 1 µs.
+    kvr::Partition lat = engine.create_partition("m", "latency", kvr::PartitionOptions(16));
+    add_workers(lat, 1, 2);
+    CHECK(close(lat.select(req)->cost, 5.0 + 6.4 + 0.004));
+    // Dynamo: 4 prefill blocks + 4 decode blocks.
+    kvr::Partition dyn = engine.create_partition(
+        "m", "dynamo", kvr::PartitionOptions(16).set_cost_model(kvr::CostModel::Dynamo));
+    add_workers(dyn, 1, 2);
+    CHECK(close(dyn.select(req)->cost, 8.0));
+
+    kvr::PartitionOptions knobs(16);
+    knobs.set_cost_model(kvr::CostModel::Latency)
+        .set_prefill_rate_prior(1000.0)
+        .set_learn_prefill_rate(false)
+        .set_request_overhead_ms(1.0)
+        .set_kv_pressure_threshold(0.95)
+        .set_kv_pressure_ms(10.0)
+        .set_itl_target_ms(25.0)
+        .set_itl_target_ms(0.0)  // cleared
+        .set_itl_base_ms(20.0)
+        .set_itl_per_request_ms(0.2)
+        .set_queue_externality(0.0)
+        .set_decode_block_us(0.0);
+    CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, knobs.set_cost_model(static_cast<kvr::CostModel>(5)));
+    CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, knobs.set_prefill_rate_prior(0.0));
+    CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, knobs.set_kv_pressure_threshold(1.5));
+    CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, knobs.set_itl_target_ms(-1.0));
+    CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, knobs.set_request_overhead_ms(std::nan("")));
+    CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, knobs.set_decode_block_us(-1.0));
+    kvr::Partition tuned = engine.create_partition("m", "tuned", knobs);
+    add_workers(tuned, 1, 2);
+    CHECK(close(tuned.select(req)->cost, 1.0 + 64.0));  // the refusals changed nothing
+
+    // The learned rate: none, then positive after a few completed prefills.
+    kvr::PrefillRate none = lat.prefill_rate();
+    CHECK(!none.tokens_per_s.has_value());
+    CHECK_EQ(none.observations, 0u);
+    for (int i = 0; i < 8; ++i) {
+        kvr::Selection s = lat.select_and_reserve(req);
+        CHECK(s.selected());
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        engine.mark_prefill_complete(s->selection_id);
+        CHECK(engine.free_booking(s->selection_id) == kvr::FreedBy::Now);
+    }
+    kvr::PrefillRate learned = lat.prefill_rate();
+    CHECK_EQ(learned.observations, 8u);
+    CHECK(learned.tokens_per_s.has_value() && *learned.tokens_per_s > 0.0);
+    CHECK(!tuned.prefill_rate().tokens_per_s.has_value());
+    kvr::Partition moved = std::move(tuned);
+    CHECK_THROWS(KVR_ERR_NULL, tuned.prefill_rate());
+}
+
 }  // namespace
 
 int main() {
@@ -680,6 +744,7 @@ int main() {
     test::run("events and lookups", test_events_and_lookups);
     test::run("hooks", test_hooks);
     test::run("move semantics", test_move_semantics);
+    test::run("cost model", test_cost_model);
     test::run("invalid config", invalid_config_test);
     test::run("indexer policies", indexer_policies_test);
     test::run("approximate primary", approximate_primary_test);

@@ -94,7 +94,9 @@ func (e *Engine) MintSelectionID() (uint64, error) {
 	return uint64(id), check(st, "kvr_engine_mint_selection_id")
 }
 
-// PartitionOption configures CreatePartition. Unset values are Dynamo's defaults.
+// PartitionOption configures CreatePartition. Unset values are the defaults: the
+// latency cost model (CostModelLatency, cost.go) with its default knobs, and Dynamo's
+// weights.
 type PartitionOption func(*C.kvr_partition_options) error
 
 func f64Option(set func(*C.kvr_partition_options, C.double) C.kvr_status, op string, v float64) PartitionOption {

@@ -185,7 +185,8 @@ type Decision struct {
 	ProjectedPrefillTokens uint64
 	// ProjectedDecodeBlocks: the rank's decode blocks once this request is booked on it.
 	ProjectedDecodeBlocks uint64
-	// Cost of the chosen rank in block equivalents (NaN for explicit reservations).
+	// Cost of the chosen rank: a predicted TTFT in ms with CostModelLatency (the
+	// default), block equivalents with CostModelDynamo; NaN for explicit reservations.
 	Cost float64
 	// Flags: whether a transfer hint came with the booking (HasHint) and how session
 	// affinity steered the choice (SessionRoute).
