@@ -16,6 +16,11 @@
 //! - `apply_<shape>/store_fresh_128k`: 131,072 holder-blocks (1,024 single-holder chains or
 //!   128 8-way chains) stored into an empty index, growth included. Elements = blocks.
 //!
+//! - `find_matches_<shape>/miss/{1,32,128,512}`: `find_matches_into` on a prompt nobody
+//!   holds (random local hashes): it hashes block 0 and the next 16 only, so its cost
+//!   should not grow with the length; `miss_hash_all/{n}` is the old path (the whole
+//!   chain hashed, then the walk), measured in the same run for the ratio.
+//!
 //! The find_matches benches run before the apply benches, which churn the index.
 
 use std::hint::black_box;
@@ -51,6 +56,35 @@ fn find_matches(c: &mut Criterion, w: &Workload) {
             b.iter(|| {
                 let q = &w.chains.local(order.next())[..n];
                 w.index.find_matches_into(black_box(q), &mut out);
+                black_box(out.len())
+            })
+        });
+    }
+    // Misses: prompts of random local hashes, a few of them cycled.
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for n in [1usize, 32, 128, 512] {
+        let prompts: Vec<Vec<u64>> = (0..64).map(|_| (0..n).map(|_| next()).collect()).collect();
+        let mut i = 0;
+        g.bench_function(format!("miss/{n}"), |b| {
+            b.iter(|| {
+                i = (i + 1) % prompts.len();
+                w.index.find_matches_into(black_box(&prompts[i]), &mut out);
+                black_box(out.len())
+            })
+        });
+        let mut seq = Vec::with_capacity(n);
+        g.bench_function(format!("miss_hash_all/{n}"), |b| {
+            b.iter(|| {
+                i = (i + 1) % prompts.len();
+                seq.clear();
+                kvr::hash::extend_sequence_hashes(None, black_box(&prompts[i]), &mut seq);
+                w.index.find_matches_by_sequence(&seq, &mut out);
                 black_box(out.len())
             })
         });

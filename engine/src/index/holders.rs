@@ -184,7 +184,6 @@ impl Holders {
     pub(crate) const EMPTY: Holders = Holders(0);
 
     #[inline(always)]
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn is_empty(self) -> bool {
         self.0 == 0
     }

@@ -220,6 +220,30 @@ impl Index {
         self.shard(key).table(guard).probe(key)
     }
 
+    /// Hashes `local_hashes` into `seq` (cleared first) unless nobody holds block 0, so a
+    /// miss costs the same whatever the prompt's length: block 0 is hashed and its slot
+    /// prefetched, the next [`PREFETCH_AHEAD`] blocks are hashed while that load is in
+    /// flight, and the rest only if block 0 has a holder (on any tier). Returns whether
+    /// it has (`false`: no rank holds any prefix of the prompt; `seq` is then partial).
+    #[inline]
+    fn hash_if_block0_held(&self, local_hashes: &[u64], seq: &mut Vec<u64>) -> bool {
+        seq.clear();
+        let Some((&first, rest)) = local_hashes.split_first() else {
+            return false;
+        };
+        extend_sequence_hashes(None, &[first], seq);
+        let guard = epoch::pin();
+        let probe = self.prepare(seq[0], &guard);
+        probe.prefetch();
+        let (head, tail) = rest.split_at(rest.len().min(PREFETCH_AHEAD));
+        extend_sequence_hashes(Some(seq[0]), head, seq);
+        if probe.get().is_empty() {
+            return false;
+        }
+        extend_sequence_hashes(seq.last().copied(), tail, seq);
+        true
+    }
+
     /// Device overlap of a prompt given as local (per-block) hashes.
     pub fn find_matches(&self, local_hashes: &[u64]) -> OverlapScores {
         let mut out = OverlapScores::new();
@@ -232,8 +256,11 @@ impl Index {
         // The chain in one of the thread's spare buffers: no allocation once warm,
         // whether or not the caller reuses `out`.
         let mut seq = crate::recycle::take_hashes();
-        extend_sequence_hashes(None, local_hashes, &mut seq);
-        self.find_matches_by_sequence(&seq, out);
+        if self.hash_if_block0_held(local_hashes, &mut seq) {
+            self.find_matches_by_sequence(&seq, out);
+        } else {
+            out.scores.clear();
+        }
         crate::recycle::give_hashes(seq);
     }
 
@@ -345,8 +372,11 @@ impl Index {
         // The chain in one of the thread's spare buffers: no allocation once warm,
         // whether or not the caller reuses `out`.
         let mut seq = crate::recycle::take_hashes();
-        extend_sequence_hashes(None, local_hashes, &mut seq);
-        self.find_matches_tiered_by_sequence(&seq, out);
+        if self.hash_if_block0_held(local_hashes, &mut seq) {
+            self.find_matches_tiered_by_sequence(&seq, out);
+        } else {
+            out.entries.clear();
+        }
         crate::recycle::give_hashes(seq);
     }
 
