@@ -1294,6 +1294,19 @@ impl Harness {
         groups: &[(Option<u32>, Option<SpecKind>)],
     ) {
         let dp = b.dp.unwrap_or(st);
+        // The workers here are never registered while they publish: a DP rank of
+        // MAX_DP_SIZE or more refuses the whole batch, counted, touching nothing else (no
+        // rank, no group state, no ranks_seen).
+        if dp >= kvr::workers::MAX_DP_SIZE {
+            let n = b.events.len() as u64;
+            let s = &mut self.streams[si].stats;
+            s.batches += 1;
+            s.events += n;
+            s.events_rejected += n;
+            s.dp_rank_refused += 1;
+            self.sum.events_rejected += n;
+            return;
+        }
         let sm = &mut self.streams[si];
         if !sm.ranks_seen.contains(&dp) {
             sm.ranks_seen.push(dp);

@@ -282,6 +282,19 @@ impl Index {
         parent: Option<u64>,
         blocks: &[StoredBlock],
     ) -> Result<usize, IndexError> {
+        // A store that cannot add a block to an unknown rank leaves no rank behind: a
+        // refused event (an unknown parent on a rank with no blocks) or an empty one is
+        // counted and nothing else, so garbage events cannot grow the rank directory.
+        if (parent.is_some() || blocks.is_empty()) && self.ranks.get(rank).is_none() {
+            self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
+            return match parent {
+                Some(p) => {
+                    self.totals.parent_not_found.fetch_add(1, Ordering::Relaxed);
+                    Err(IndexError::ParentNotFound { parent: p })
+                }
+                None => Ok(0),
+            };
+        }
         self.with_writer(rank, true, |entry, w| {
             entry.counters.stored_events.fetch_add(1, Ordering::Relaxed);
             self.totals.stored_events.fetch_add(1, Ordering::Relaxed);

@@ -40,8 +40,15 @@ pub struct StreamStats {
     pub events: u64,
     pub blocks_stored: u64,
     pub blocks_removed: u64,
-    /// Events the index refused (unknown parent, rank limit).
+    /// Events the index refused (unknown parent, rank limit), and the events of batches
+    /// refused for their DP rank.
     pub events_rejected: u64,
+    /// Batches refused because they name a DP rank the worker does not have (outside its
+    /// `dp_start..dp_start + dp_size`, or at least [`MAX_DP_SIZE`] for a worker not yet
+    /// registered): the wire never picks which ranks exist.
+    ///
+    /// [`MAX_DP_SIZE`]: crate::workers::MAX_DP_SIZE
+    pub dp_rank_refused: u64,
     /// Stores refused because their block size is not the partition's.
     pub block_size_mismatches: u64,
     /// Events skipped because their KV-cache group is not the one routing follows
@@ -201,6 +208,13 @@ pub trait EventSink {
     fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]);
     /// The counters and sequence state of the streams feeding this sink.
     fn streams(&self) -> &IngressRegistry;
+    /// Whether `worker`'s events may name DP rank `dp`. A rank the worker does not have is
+    /// never a selection candidate, so its blocks could only take memory: its batches are
+    /// refused and counted ([`StreamStats::dp_rank_refused`]). Every rank by default.
+    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
+        let _ = (worker, dp);
+        true
+    }
 }
 
 /// A shared sink is a sink (a subscription holds its partition by `Arc`).
@@ -219,6 +233,9 @@ impl<S: EventSink + ?Sized> EventSink for StdArc<S> {
     }
     fn streams(&self) -> &IngressRegistry {
         (**self).streams()
+    }
+    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
+        (**self).accepts_dp_rank(worker, dp)
     }
 }
 
@@ -394,6 +411,16 @@ impl IngressStream {
             return false;
         }
         let dp = self.batch.data_parallel_rank.unwrap_or(self.stream);
+        if !p.accepts_dp_rank(self.worker_id, dp) {
+            let n = self.batch.events.len() as u64;
+            let mut s = self.stats.lock();
+            s.batches += 1;
+            s.events += n;
+            s.events_rejected += n;
+            s.dp_rank_refused += 1;
+            s.last_batch_unix_ms = now_unix_ms();
+            return true;
+        }
         if !self.ranks_seen.contains(&dp) {
             self.ranks_seen.push(dp);
         }

@@ -4,6 +4,7 @@
 use super::Partition;
 use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, WorkerId};
 use crate::ingress::ingest::{EventSink, IngestOutcome, IngressRegistry, StreamStats};
+use crate::workers::MAX_DP_SIZE;
 
 /// What [`Partition::apply_events`] did with a batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,6 +48,15 @@ impl EventSink for Partition {
 
     fn streams(&self) -> &IngressRegistry {
         &self.ingress
+    }
+
+    /// A registered worker's own ranks; below [`MAX_DP_SIZE`] for one not registered yet
+    /// (engines may publish before the host registers them).
+    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
+        match self.workers().get(worker) {
+            Some(w) => w.has_rank(dp),
+            None => dp < MAX_DP_SIZE,
+        }
     }
 }
 

@@ -205,6 +205,16 @@ impl Model {
         blocks: &[StoredBlock],
     ) -> Result<usize, IndexError> {
         self.stored_events += 1;
+        // As the index: a store that cannot add a block to an unknown rank creates none.
+        if (parent.is_some() || blocks.is_empty()) && !self.ranks.contains_key(&rank) {
+            return match parent {
+                Some(p) => {
+                    self.parent_not_found += 1;
+                    Err(IndexError::ParentNotFound { parent: p })
+                }
+                None => Ok(0),
+            };
+        }
         let rm = self.ranks.entry(rank).or_default();
         rm.stored_events += 1;
         let mut prev = match parent {
