@@ -1125,7 +1125,7 @@ kvr_status kvr_partition_options_set_decode_block_us(struct kvr_partition_option
  * learned (fewer than a few completions observed, or none took measurable time); the
  * call is then still `KVR_OK`. The rate is the estimate itself: a selection with the
  * latency model and learning on uses it within [prior / 10, prior × 10], else the prior.
- * O(shards) (it counts the live bookings' shards); fine for a metrics scrape.
+ * Lock-free (two atomic loads).
  *
  * # Safety
  * `partition` is NULL or live; `out_rate` and `out_observations` are NULL or writable.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::cost::{CostConfig, LatencyConfig};
+use crate::cost::CostConfig;
 use crate::indexer::{IndexerConfig, IndexerConfigError, ResolvedIndexer};
 use crate::session::{AffinityMode, SessionConfig};
 use crate::workers::BackendRole;
@@ -181,7 +181,7 @@ impl PartitionConfig {
         if let Some((_, name)) = knobs.iter().find(|(v, _)| !v.is_finite()) {
             return Err(ConfigError::NotFinite(name));
         }
-        if let Some(name) = latency_out_of_range(&c.latency) {
+        if let Some(name) = c.latency.out_of_range() {
             return Err(ConfigError::OutOfRange(name));
         }
         if let Some(h) = &self.hints {
@@ -203,34 +203,4 @@ impl PartitionConfig {
         }
         Ok(self.indexer.check()?)
     }
-}
-
-/// The first latency-model knob outside its range, by field name. Every knob is read
-/// even when the Dynamo model is configured, so a switch of model cannot expose a bad one.
-fn latency_out_of_range(l: &LatencyConfig) -> Option<&'static str> {
-    let ok_non_negative = |v: f64| v.is_finite() && v >= 0.0;
-    let checks = [
-        (
-            l.prefill_rate_prior.is_finite() && l.prefill_rate_prior > 0.0,
-            "prefill_rate_prior",
-        ),
-        (
-            ok_non_negative(l.request_overhead_ms),
-            "request_overhead_ms",
-        ),
-        (
-            ok_non_negative(l.kv_pressure_threshold) && l.kv_pressure_threshold <= 1.0,
-            "kv_pressure_threshold",
-        ),
-        (ok_non_negative(l.kv_pressure_ms), "kv_pressure_ms"),
-        (
-            l.itl_target_ms.map_or(true, |t| t.is_finite() && t > 0.0),
-            "itl_target_ms",
-        ),
-        (ok_non_negative(l.itl_base_ms), "itl_base_ms"),
-        (ok_non_negative(l.itl_per_request_ms), "itl_per_request_ms"),
-        (ok_non_negative(l.queue_externality), "queue_externality"),
-        (ok_non_negative(l.decode_block_us), "decode_block_us"),
-    ];
-    checks.iter().find(|(ok, _)| !ok).map(|(_, name)| *name)
 }

@@ -5,10 +5,11 @@
 //! `PartitionConfig::validate` would refuse for its knob (the tests below hold the two
 //! together), so options that every setter accepted make a partition.
 
-use kvr::cost::CostModel;
+use kvr::cost::{CostModel, LatencyConfig};
+#[cfg(test)]
 use kvr::PartitionConfig;
 
-use crate::handles::{kvr_partition, kvr_partition_options, set_checked};
+use crate::handles::{kvr_partition, kvr_partition_options};
 use crate::status::*;
 
 /// Cost model: each candidate's predicted time to first token in ms (its booked prefill
@@ -47,22 +48,30 @@ pub unsafe extern "C" fn kvr_partition_options_set_cost_model(
     })
 }
 
-/// Finite and ≥ 0: the range of the latency model's times and weights.
-fn non_negative(v: f64) -> bool {
-    v.is_finite() && v >= 0.0
-}
-
-/// Sets a latency time or weight; negative, NaN or infinite values are refused.
+/// Sets one latency knob: `set` writes `value` into a copy of the options' latency
+/// knobs, which is kept only if every knob is then in range
+/// (`LatencyConfig::out_of_range`, the ranges `PartitionConfig::validate` checks);
+/// otherwise `KVR_ERR_INVALID_ARGUMENT` and nothing changes. A NULL handle is
+/// `KVR_ERR_NULL`.
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call.
-unsafe fn set_non_negative(
+unsafe fn set_latency<T>(
     opts: *mut kvr_partition_options,
-    value: f64,
-    set: impl FnOnce(&mut PartitionConfig, f64),
+    value: T,
+    set: impl FnOnce(&mut LatencyConfig, T),
 ) -> kvr_status {
-    // SAFETY: forwarded caller contract.
-    unsafe { set_checked(opts, value, non_negative, set) }
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let o = unsafe { handle_mut(opts) }?;
+        let mut l = o.config.cost.latency;
+        set(&mut l, value);
+        if l.out_of_range().is_some() {
+            return Err(KVR_ERR_INVALID_ARGUMENT);
+        }
+        o.config.cost.latency = l;
+        Ok(())
+    })
 }
 
 /// Latency model: prefill throughput of one rank, tokens/s, before any is learned
@@ -77,14 +86,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_prefill_rate_prior(
     tokens_per_s: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        set_checked(
-            opts,
-            tokens_per_s,
-            |v| v.is_finite() && v > 0.0,
-            |c, v| c.cost.latency.prefill_rate_prior = v,
-        )
-    }
+    unsafe { set_latency(opts, tokens_per_s, |l, v| l.prefill_rate_prior = v) }
 }
 
 /// Latency model: whether the partition learns its prefill rate from the timings of
@@ -98,12 +100,8 @@ pub unsafe extern "C" fn kvr_partition_options_set_learn_prefill_rate(
     opts: *mut kvr_partition_options,
     on: u32,
 ) -> kvr_status {
-    guard(|| {
-        // SAFETY: forwarded caller contract.
-        let o = unsafe { handle_mut(opts) }?;
-        o.config.cost.latency.learn_prefill_rate = on != 0;
-        Ok(())
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe { set_latency(opts, on != 0, |l, v| l.learn_prefill_rate = v) }
 }
 
 /// Latency model: fixed cost of one request's prefill, ms (default 5; finite and ≥ 0).
@@ -117,7 +115,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_request_overhead_ms(
     ms: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe { set_non_negative(opts, ms, |c, v| c.cost.latency.request_overhead_ms = v) }
+    unsafe { set_latency(opts, ms, |l, v| l.request_overhead_ms = v) }
 }
 
 /// Latency model: share of a rank's KV blocks in use (after the booking) above which KV
@@ -131,14 +129,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_kv_pressure_threshold(
     share: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        set_checked(
-            opts,
-            share,
-            |v| non_negative(v) && v <= 1.0,
-            |c, v| c.cost.latency.kv_pressure_threshold = v,
-        )
-    }
+    unsafe { set_latency(opts, share, |l, v| l.kv_pressure_threshold = v) }
 }
 
 /// Latency model: the KV pressure charge at full KV memory, ms, rising linearly from the
@@ -152,7 +143,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_kv_pressure_ms(
     ms: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe { set_non_negative(opts, ms, |c, v| c.cost.latency.kv_pressure_ms = v) }
+    unsafe { set_latency(opts, ms, |l, v| l.kv_pressure_ms = v) }
 }
 
 /// Latency model: a per-token latency target, ms. A rank whose predicted per-token
@@ -167,12 +158,9 @@ pub unsafe extern "C" fn kvr_partition_options_set_itl_target_ms(
     opts: *mut kvr_partition_options,
     ms: f64,
 ) -> kvr_status {
+    // 0 (or -0) clears the target; anything else must be a valid target.
     // SAFETY: forwarded caller contract.
-    unsafe {
-        set_checked(opts, ms, non_negative, |c, v| {
-            c.cost.latency.itl_target_ms = (v > 0.0).then_some(v);
-        })
-    }
+    unsafe { set_latency(opts, ms, |l, v| l.itl_target_ms = (v != 0.0).then_some(v)) }
 }
 
 /// Latency model: predicted per-token latency of a lone request, ms (default 20; finite
@@ -186,7 +174,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_itl_base_ms(
     ms: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe { set_non_negative(opts, ms, |c, v| c.cost.latency.itl_base_ms = v) }
+    unsafe { set_latency(opts, ms, |l, v| l.itl_base_ms = v) }
 }
 
 /// Latency model: predicted extra per-token latency per request running on the rank, ms
@@ -200,7 +188,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_itl_per_request_ms(
     ms: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe { set_non_negative(opts, ms, |c, v| c.cost.latency.itl_per_request_ms = v) }
+    unsafe { set_latency(opts, ms, |l, v| l.itl_per_request_ms = v) }
 }
 
 /// Latency model: weight of the queue externality (default 2; 0 = price only this
@@ -216,7 +204,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_queue_externality(
     weight: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe { set_non_negative(opts, weight, |c, v| c.cost.latency.queue_externality = v) }
+    unsafe { set_latency(opts, weight, |l, v| l.queue_externality = v) }
 }
 
 /// Latency model's tie-break: µs charged per decode block the rank would hold after the
@@ -230,7 +218,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_decode_block_us(
     us: f64,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe { set_non_negative(opts, us, |c, v| c.cost.latency.decode_block_us = v) }
+    unsafe { set_latency(opts, us, |l, v| l.decode_block_us = v) }
 }
 
 /// The partition's prefill throughput per rank learned from the timings of
@@ -239,7 +227,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_decode_block_us(
 /// learned (fewer than a few completions observed, or none took measurable time); the
 /// call is then still `KVR_OK`. The rate is the estimate itself: a selection with the
 /// latency model and learning on uses it within [prior / 10, prior × 10], else the prior.
-/// O(shards) (it counts the live bookings' shards); fine for a metrics scrape.
+/// Lock-free (two atomic loads).
 ///
 /// # Safety
 /// `partition` is NULL or live; `out_rate` and `out_observations` are NULL or writable.
@@ -255,11 +243,11 @@ pub unsafe extern "C" fn kvr_partition_prefill_rate(
         if out_rate.is_null() || out_observations.is_null() {
             return Err(KVR_ERR_NULL);
         }
-        let s = p.partition.bookings().stats();
+        let b = p.partition.bookings();
         // SAFETY: both checked non-NULL above; writable by the caller's contract.
         unsafe {
-            write_out(out_rate, s.prefill_rate.unwrap_or(0.0))?;
-            write_out(out_observations, s.prefill_rate_observations)
+            write_out(out_rate, b.prefill_rate().unwrap_or(0.0))?;
+            write_out(out_observations, b.prefill_rate_observations())
         }
     })
 }

@@ -270,7 +270,7 @@ pub unsafe extern "C" fn kvr_partition_options_set_trust_stale_overlap(
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call.
-pub(crate) unsafe fn set_checked(
+unsafe fn set_checked(
     opts: *mut kvr_partition_options,
     value: f64,
     valid: impl FnOnce(f64) -> bool,

@@ -74,10 +74,9 @@ impl Engine {
         let mut c = PartitionConfig::new(block_size);
         c.indexer.use_kv_events = use_kv_events;
         c.cost.model = CostModel::parse(cost_model).ok_or_else(|| {
+            let valid: Vec<&str> = CostModel::ALL.iter().map(|m| m.name()).collect();
             PyValueError::new_err(format!(
-                "unknown cost_model {cost_model:?} (valid: {:?}, {:?})",
-                CostModel::Latency.name(),
-                CostModel::Dynamo.name()
+                "unknown cost_model {cost_model:?} (valid: {valid:?})"
             ))
         })?;
         let l = &mut c.cost.latency;
@@ -217,7 +216,7 @@ impl Partition {
     /// Prefills observed for the learned rate so far (local bookings marked
     /// prefill-complete with a non-empty prefill).
     fn prefill_rate_observations(&self) -> u64 {
-        self.inner.bookings().stats().prefill_rate_observations
+        self.inner.bookings().prefill_rate_observations()
     }
 
     /// Adds or replaces a worker of `dp_size` ranks from `dp_start`.

@@ -158,8 +158,10 @@ pub struct Knobs {
 }
 
 fn parse_cost_model(s: &str) -> Result<kvr::cost::CostModel, String> {
-    kvr::cost::CostModel::parse(s)
-        .ok_or_else(|| format!("unknown cost model {s:?} (latency or dynamo)"))
+    kvr::cost::CostModel::parse(s).ok_or_else(|| {
+        let valid: Vec<&str> = kvr::cost::CostModel::ALL.iter().map(|m| m.name()).collect();
+        format!("unknown cost model {s:?} (valid: {})", valid.join(", "))
+    })
 }
 
 impl ServeArgs {

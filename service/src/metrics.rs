@@ -326,9 +326,9 @@ impl Collector for EngineCollector {
             };
             per_block.push((ml(&[]), ConstGauge::new(pb)));
             bookings.push((ml(&[]), ConstGauge::new(p.bookings().len() as i64)));
-            let rs = p.bookings().stats();
-            rate_gauge.push((ml(&[]), ConstGauge::new(rs.prefill_rate.unwrap_or(0.0))));
-            rate_obs.push((ml(&[]), ConstCounter::new(rs.prefill_rate_observations)));
+            let b = p.bookings();
+            rate_gauge.push((ml(&[]), ConstGauge::new(b.prefill_rate().unwrap_or(0.0))));
+            rate_obs.push((ml(&[]), ConstCounter::new(b.prefill_rate_observations())));
             for (rank, load) in p.bookings().loads().ranks() {
                 let l: Labels = vec![
                     ("worker_id", rank.worker_id.to_string()),

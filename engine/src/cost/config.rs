@@ -35,13 +35,12 @@ impl CostModel {
         }
     }
 
+    /// Every model, the default first (for listing the valid names in a refusal).
+    pub const ALL: [CostModel; 2] = [CostModel::Latency, CostModel::Dynamo];
+
     /// The model named `s` (as [`CostModel::name`] spells it).
     pub fn parse(s: &str) -> Option<CostModel> {
-        match s {
-            "latency" => Some(CostModel::Latency),
-            "dynamo" => Some(CostModel::Dynamo),
-            _ => None,
-        }
+        CostModel::ALL.into_iter().find(|m| m.name() == s)
     }
 }
 
@@ -100,6 +99,46 @@ impl Default for LatencyConfig {
             queue_externality: 2.0,
             decode_block_us: 1.0,
         }
+    }
+}
+
+impl LatencyConfig {
+    /// The first knob outside its range, by field name (`None`: all in range). The one
+    /// statement of the ranges: [`PartitionConfig::validate`] refuses a configuration
+    /// with such a knob (`ConfigError::OutOfRange`), and the C ABI's setters refuse the
+    /// value that would make one. Ranges: the prior finite and > 0; the threshold in
+    /// [0, 1]; a target, if set, finite and > 0; every other time or weight finite and
+    /// ≥ 0. Read whichever model is configured, so a switch of model cannot expose a
+    /// bad knob.
+    ///
+    /// [`PartitionConfig::validate`]: crate::PartitionConfig::validate
+    pub fn out_of_range(&self) -> Option<&'static str> {
+        let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+        let checks = [
+            (
+                self.prefill_rate_prior.is_finite() && self.prefill_rate_prior > 0.0,
+                "prefill_rate_prior",
+            ),
+            (
+                non_negative(self.request_overhead_ms),
+                "request_overhead_ms",
+            ),
+            (
+                non_negative(self.kv_pressure_threshold) && self.kv_pressure_threshold <= 1.0,
+                "kv_pressure_threshold",
+            ),
+            (non_negative(self.kv_pressure_ms), "kv_pressure_ms"),
+            (
+                self.itl_target_ms
+                    .map_or(true, |t| t.is_finite() && t > 0.0),
+                "itl_target_ms",
+            ),
+            (non_negative(self.itl_base_ms), "itl_base_ms"),
+            (non_negative(self.itl_per_request_ms), "itl_per_request_ms"),
+            (non_negative(self.queue_externality), "queue_externality"),
+            (non_negative(self.decode_block_us), "decode_block_us"),
+        ];
+        checks.iter().find(|(ok, _)| !ok).map(|(_, name)| *name)
     }
 }
 

@@ -282,20 +282,11 @@ impl Index {
         parent: Option<u64>,
         blocks: &[StoredBlock],
     ) -> Result<usize, IndexError> {
-        // A store that cannot add a block to an unknown rank leaves no rank behind: a
-        // refused event (an unknown parent on a rank with no blocks) or an empty one is
-        // counted and nothing else, so garbage events cannot grow the rank directory.
-        if (parent.is_some() || blocks.is_empty()) && self.ranks.get(rank).is_none() {
-            self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
-            return match parent {
-                Some(p) => {
-                    self.totals.parent_not_found.fetch_add(1, Ordering::Relaxed);
-                    Err(IndexError::ParentNotFound { parent: p })
-                }
-                None => Ok(0),
-            };
-        }
-        self.with_writer(rank, true, |entry, w| {
+        // Only a store that can add a block creates its rank: a refused event (an unknown
+        // parent on a rank that holds nothing) or an empty one leaves no rank behind, so
+        // garbage events cannot grow the rank directory.
+        let create = parent.is_none() && !blocks.is_empty();
+        let stored = self.with_writer(rank, create, |entry, w| {
             entry.counters.stored_events.fetch_add(1, Ordering::Relaxed);
             self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
             let mut prev = match parent {
@@ -336,8 +327,18 @@ impl Index {
                 .as_ref()
                 .map(|l| (l, &link as &dyn Fn(usize) -> lineage::Link));
             Ok(self.store_chain(entry, w, tier, |i| blocks[i].external_hash, &seqs, lineage))
-        })?
-        .expect("created ranks always resolve")
+        })?;
+        stored.unwrap_or_else(|| {
+            // No such rank, and this store would not make one: counted, nothing else.
+            self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
+            match parent {
+                Some(p) => {
+                    self.totals.parent_not_found.fetch_add(1, Ordering::Relaxed);
+                    Err(IndexError::ParentNotFound { parent: p })
+                }
+                None => Ok(0),
+            }
+        })
     }
 
     /// Stores a chain given by its sequence hashes (first block first), each block named

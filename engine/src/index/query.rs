@@ -226,14 +226,18 @@ impl Index {
     /// flight, and the rest only if block 0 has a holder (on any tier). Returns whether
     /// it has (`false`: no rank holds any prefix of the prompt; `seq` is then partial).
     #[inline]
-    fn hash_if_block0_held(&self, local_hashes: &[u64], seq: &mut Vec<u64>) -> bool {
+    fn hash_if_block0_held(
+        &self,
+        local_hashes: &[u64],
+        seq: &mut Vec<u64>,
+        guard: &epoch::Guard,
+    ) -> bool {
         seq.clear();
         let Some((&first, rest)) = local_hashes.split_first() else {
             return false;
         };
         extend_sequence_hashes(None, &[first], seq);
-        let guard = epoch::pin();
-        let probe = self.prepare(seq[0], &guard);
+        let probe = self.prepare(seq[0], guard);
         probe.prefetch();
         let (head, tail) = rest.split_at(rest.len().min(PREFETCH_AHEAD));
         extend_sequence_hashes(Some(seq[0]), head, seq);
@@ -256,8 +260,10 @@ impl Index {
         // The chain in one of the thread's spare buffers: no allocation once warm,
         // whether or not the caller reuses `out`.
         let mut seq = crate::recycle::take_hashes();
-        if self.hash_if_block0_held(local_hashes, &mut seq) {
-            self.find_matches_by_sequence(&seq, out);
+        // One pin serves the first probe and the walk.
+        let guard = epoch::pin();
+        if self.hash_if_block0_held(local_hashes, &mut seq, &guard) {
+            self.device_walk(&seq, out, &guard);
         } else {
             out.scores.clear();
         }
@@ -267,13 +273,17 @@ impl Index {
     /// Device overlap of a prompt given as sequence hashes (see [`crate::hash`]): the
     /// index work alone. Takes no lock and never waits for a writer.
     pub fn find_matches_by_sequence(&self, seq: &[u64], out: &mut OverlapScores) {
+        self.device_walk(seq, out, &epoch::pin());
+    }
+
+    /// [`Index::find_matches_by_sequence`] inside the caller's pin.
+    fn device_walk(&self, seq: &[u64], out: &mut OverlapScores, guard: &epoch::Guard) {
         out.scores.clear();
         let n = seq.len();
         if n == 0 {
             return;
         }
-        let guard = epoch::pin();
-        let mut words = ProbeStream::new(self, seq, &guard);
+        let mut words = ProbeStream::new(self, seq, guard);
         let dev = Tier::Device.bit();
         let mut active = std::mem::take(&mut out.active);
         let mut done = std::mem::take(&mut out.done);
@@ -350,7 +360,7 @@ impl Index {
         done.extend(active.drain(..).map(|s| (s, n as u32)));
         // Translate after the walk: every slot read above is still owned by its rank
         // while `guard` is pinned, and a rank created meanwhile is already listed.
-        let rank_of = self.ranks.translator(&guard);
+        let rank_of = self.ranks.translator(guard);
         out.scores.extend(
             done.iter()
                 .filter_map(|&(s, score)| rank_of(s).map(|r| (r, score))),
@@ -372,8 +382,10 @@ impl Index {
         // The chain in one of the thread's spare buffers: no allocation once warm,
         // whether or not the caller reuses `out`.
         let mut seq = crate::recycle::take_hashes();
-        if self.hash_if_block0_held(local_hashes, &mut seq) {
-            self.find_matches_tiered_by_sequence(&seq, out);
+        // One pin serves the first probe and the walk.
+        let guard = epoch::pin();
+        if self.hash_if_block0_held(local_hashes, &mut seq, &guard) {
+            self.tiered_walk(&seq, out, &guard);
         } else {
             out.entries.clear();
         }
@@ -383,6 +395,11 @@ impl Index {
     /// Tiered overlap by sequence hashes: per rank the device prefix `d`, then how many
     /// further contiguous blocks the host tier holds, then the disk tier.
     pub fn find_matches_tiered_by_sequence(&self, seq: &[u64], out: &mut TieredScores) {
+        self.tiered_walk(seq, out, &epoch::pin());
+    }
+
+    /// [`Index::find_matches_tiered_by_sequence`] inside the caller's pin.
+    fn tiered_walk(&self, seq: &[u64], out: &mut TieredScores, guard: &epoch::Guard) {
         out.entries.clear();
         let n = seq.len();
         if n == 0 {
@@ -399,8 +416,7 @@ impl Index {
                 false
             }
         }
-        let guard = epoch::pin();
-        let mut words = ProbeStream::new(self, seq, &guard);
+        let mut words = ProbeStream::new(self, seq, guard);
         let mut live = std::mem::take(&mut out.live);
         let mut done = std::mem::take(&mut out.done);
         live.clear();
@@ -435,7 +451,7 @@ impl Index {
             i += 1;
         }
         done.append(&mut live);
-        let rank_of = self.ranks.translator(&guard);
+        let rank_of = self.ranks.translator(guard);
         out.entries.extend(done.iter().filter_map(|w| {
             rank_of(w.slot).map(|rank| TieredOverlap {
                 rank,

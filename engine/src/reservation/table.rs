@@ -143,6 +143,13 @@ impl ReservationTable {
         self.inner.prefill_rate.get()
     }
 
+    /// Prefill completions folded into [`ReservationTable::prefill_rate`] so far.
+    /// Lock-free (one atomic load), unlike [`ReservationTable::stats`], which counts the
+    /// live bookings under every shard's lock.
+    pub fn prefill_rate_observations(&self) -> u64 {
+        self.inner.prefill_rate.observations()
+    }
+
     /// The estimator's packed averages (loom models).
     #[cfg(loom)]
     pub(crate) fn prefill_rate_packed(&self) -> u64 {
