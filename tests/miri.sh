@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Miri over the unit tests of kvr's unsafe-heavy modules: the holder words and their
+# Miri over the unit tests of kvr's unsafe-heavy modules: the run index (index/runs: runs'
+# states and local-hash arrays, their epoch-deferred frees, a reader racing a writer that
+# grows, branches and retires runs); the holder words and their
 # interned heap sets (index/holders.rs), the node table's raw slot arrays, its rebuilds
 # and epoch-deferred frees (index/table.rs), and the index as a whole (index/tests.rs:
 # stores, removals, clears, worker removal with slot reuse through the epoch, inline ↔
@@ -37,8 +39,8 @@
 #   3 minutes alone; rebuilds are run by the tests above);
 # - idmap::tests::behaves_like_a_hash_map (200k operations with full scans; the id map is
 #   the node table's `Shard`, checked above);
-# - index::rank_map::tests::* (differential tests of 10^5 operations or 5,040
-#   permutations; the module's only unsafe is a prefetch hint, run by index::tests).
+# - index::block_map::tests::* (differential tests of 10^5 operations; the module's only
+#   unsafe is a prefetch hint, run by index::tests and index::runs::tests).
 #
 # Installs what it needs (rustup's nightly with miri and rust-src). If that fails it
 # skips with a message and exit 0, unless CI is set: then it fails.
@@ -78,6 +80,7 @@ TESTS=(
     index::table::tests::
     index::table::rebuild_tests::
     index::tests::
+    index::runs::
 )
 
 start=$(date +%s)

@@ -13,6 +13,7 @@ use crate::sync::{epoch, Arc};
 
 mod freshness;
 mod prefill_rate;
+mod runs;
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
@@ -35,15 +36,7 @@ fn must_fail(test_name: &str, fault: Faults, needle: &str, f: impl Fn() + Sync +
         eprintln!("negative control passed: loom found no failure");
         return;
     }
-    let exe = std::env::current_exe().expect("test binary path");
-    let out = std::process::Command::new(exe)
-        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-        .env("KVR_LOOM_CHILD", "1")
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .expect("run the negative control in a child process");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (out, stdout, stderr) = run_child(test_name, needle);
     assert!(
         !out.status.success(),
         "negative control {fault:?} passed: loom found no failure\n{stdout}\n{stderr}"
@@ -51,6 +44,61 @@ fn must_fail(test_name: &str, fault: Faults, needle: &str, f: impl Fn() + Sync +
     assert!(
         stderr.contains(needle) || stdout.contains(needle),
         "negative control {fault:?} failed for another reason than {needle:?}:\n{stderr}"
+    );
+}
+
+/// Loom 0.7's own assertion that fails spuriously in its store-history bookkeeping
+/// (`rt/atomic.rs`, "TODO: this sometimes fails"; tokio-rs/loom#252, #389), and its
+/// report that the exploration itself went astray (which the same bug provokes: a load
+/// is matched to a store the execution cannot have seen, a schedule it recorded is not
+/// found again). Either is a failure of loom, not of the model: loom's verdict on that
+/// run means nothing. Seen on the run index's models, about one run in six.
+const LOOM_INTERNAL_BUG: [&str; 2] = [
+    "loom-0.7.3/src/rt/atomic.rs:751",
+    "Reached unexpected exploration state",
+];
+
+/// Runs this test binary filtered to `test_name` in a child process (`KVR_LOOM_CHILD`
+/// set), again up to seven times while it dies of [`LOOM_INTERNAL_BUG`] and shows nothing
+/// else that was asked for (`needle`, for a negative control). Returns the last run.
+fn run_child(test_name: &str, needle: &str) -> (std::process::Output, String, String) {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let out = std::process::Command::new(&exe)
+            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+            .env("KVR_LOOM_CHILD", "1")
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("run the loom model in a child process");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let loom_bug = LOOM_INTERNAL_BUG
+            .iter()
+            .any(|b| stderr.contains(b) || stdout.contains(b));
+        let wanted = !needle.is_empty() && (stderr.contains(needle) || stdout.contains(needle));
+        if out.status.success() || !loom_bug || wanted || attempt == 8 {
+            if attempt > 1 {
+                eprintln!("{test_name}: attempt {attempt} (earlier ones hit loom's own bug)");
+            }
+            return (out, stdout, stderr);
+        }
+    }
+}
+
+/// Runs `check` (a [`model`] or [`model_reclaiming`] call) in a child process that is
+/// retried when loom trips over its own bug ([`LOOM_INTERNAL_BUG`]); any other failure
+/// fails the test.
+fn in_child(test_name: &str, check: impl FnOnce()) {
+    if std::env::var_os("KVR_LOOM_CHILD").is_some() {
+        check();
+        return;
+    }
+    let (out, stdout, stderr) = run_child(test_name, "");
+    assert!(
+        out.status.success(),
+        "loom model {test_name} failed:\n{stdout}\n{stderr}"
     );
 }
 

@@ -283,6 +283,12 @@ pub(crate) mod faults {
         /// Reservations: advance a rank's last prefill completion by load-then-store
         /// instead of `fetch_max`.
         pub split_last_prefill_max: bool,
+        /// Run index: publish a run's new state with `Relaxed` instead of `Release`.
+        pub relaxed_run_state: bool,
+        /// Run index: free an outgrown local-hash array at once instead of deferring it.
+        pub free_locals_now: bool,
+        /// Run index: free an unlinked run at once instead of deferring it.
+        pub free_run_now: bool,
     }
 
     std::thread_local! {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
 
-use kvr::index::{Index, OverlapScores};
+use kvr::index::{Index, OverlapScores, RunIndex};
 use kvr::{RankId, StoredBlock, Tier};
 
 use crate::workload::{Block, Query};
@@ -38,7 +38,14 @@ pub trait Backend: Sync + Send + Sized {
 }
 
 /// The backends by name, for dispatch.
-pub const NAMES: [&str; 5] = ["kvr", "kvr-seq", "smg-chain", "smg-positional", "naive"];
+pub const NAMES: [&str; 6] = [
+    "kvr",
+    "kvr-seq",
+    "kvr-runs",
+    "smg-chain",
+    "smg-positional",
+    "naive",
+];
 
 // ---------------------------------------------------------------------------------------
 // kvr
@@ -125,6 +132,50 @@ impl Backend for KvrSeq {
 
     fn answer(&self, s: &OverlapScores, out: &mut Vec<(u32, u32)>) {
         self.0.answer(s, out)
+    }
+}
+
+/// kvr's run index (the chain-native design), queried with local hashes.
+pub struct KvrRuns {
+    pub index: RunIndex,
+}
+
+impl Backend for KvrRuns {
+    type Writers = KvrWriters;
+    type Scratch = OverlapScores;
+
+    fn new(_workers: usize) -> (Self, KvrWriters) {
+        (
+            KvrRuns {
+                index: RunIndex::new(),
+            },
+            KvrWriters { buf: Vec::new() },
+        )
+    }
+
+    fn store(&self, w: &mut KvrWriters, worker: u32, parent: Option<u64>, blocks: &[Block]) {
+        w.buf.clear();
+        w.buf.extend(blocks.iter().map(|b| StoredBlock {
+            external_hash: b.ext,
+            local_hash: b.local,
+        }));
+        let _ = self.index.store(rank(worker), Tier::Device, parent, &w.buf);
+    }
+
+    fn remove(&self, _w: &mut KvrWriters, worker: u32, exts: &[u64]) {
+        self.index.remove(rank(worker), Tier::Device, exts);
+    }
+
+    #[inline]
+    fn lookup(&self, s: &mut OverlapScores, q: &Query) -> usize {
+        self.index.find_matches_into(&q.local, s);
+        s.len()
+    }
+
+    fn answer(&self, s: &OverlapScores, out: &mut Vec<(u32, u32)>) {
+        out.clear();
+        out.extend(s.iter().map(|(r, n)| (r.worker_id as u32, n)));
+        out.sort_unstable();
     }
 }
 
@@ -296,6 +347,7 @@ mod tests {
     fn kvr_is_exact() {
         agree::<Kvr>();
         agree::<KvrSeq>();
+        agree::<KvrRuns>();
     }
 
     #[test]

@@ -10,14 +10,15 @@
 //! may cut a score short. Nodes no rank holds are dropped, so memory follows live blocks.
 
 pub mod approx;
+mod block_map;
 mod dump;
 mod event;
 mod holders;
 mod lineage;
 mod query;
-mod rank_map;
 mod ranks;
 pub mod remote;
+pub mod runs;
 mod stats;
 pub(crate) mod table;
 #[cfg(loom)]
@@ -29,6 +30,7 @@ pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, 
 pub use lineage::Link;
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
 pub use remote::{RemoteConfig, RemoteError, RemoteIndex, RemoteStats};
+pub use runs::RunIndex;
 pub use stats::{IndexStats, RankStats};
 /// A fast hasher for already-random or small integer keys (ranks, hashes).
 pub type RankHasher = crate::hash::mix::HashMix;

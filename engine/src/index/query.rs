@@ -23,10 +23,10 @@ const PREFETCH_AHEAD: usize = 16;
 /// keep lookups allocation-free (it keeps the walk's buffers too).
 #[derive(Clone, Debug, Default)]
 pub struct OverlapScores {
-    scores: Vec<(RankId, u32)>,
+    pub(crate) scores: Vec<(RankId, u32)>,
     /// Walk state: slot-sorted ranks still matching, and ranks done with their score.
-    active: Vec<u32>,
-    done: Vec<(u32, u32)>,
+    pub(crate) active: Vec<u32>,
+    pub(crate) done: Vec<(u32, u32)>,
 }
 
 impl PartialEq for OverlapScores {
@@ -91,9 +91,9 @@ pub struct TieredOverlap {
 /// warmed-up lookup allocates nothing however many ranks hold the prompt.
 #[derive(Clone, Debug, Default)]
 pub struct TieredScores {
-    entries: Vec<TieredOverlap>,
-    live: Vec<Walk>,
-    done: Vec<Walk>,
+    pub(crate) entries: Vec<TieredOverlap>,
+    pub(crate) live: Vec<Walk>,
+    pub(crate) done: Vec<Walk>,
 }
 
 impl PartialEq for TieredScores {
@@ -106,10 +106,10 @@ impl Eq for TieredScores {}
 
 /// One rank's progress through the tiers during a tiered walk.
 #[derive(Clone, Copy, Debug)]
-struct Walk {
-    slot: u32,
-    phase: usize,
-    counts: [u32; 3],
+pub(crate) struct Walk {
+    pub(crate) slot: u32,
+    pub(crate) phase: usize,
+    pub(crate) counts: [u32; 3],
 }
 
 impl TieredScores {

@@ -9,9 +9,9 @@
 //! are taken out of the tables first, and its slot goes back to the free list only
 //! through the epoch collector, after every reader pinned at that time has finished.
 
+use super::block_map::BlockMap as RankMap;
 use super::event::RankId;
 use super::holders::MAX_SLOTS;
-use super::rank_map::RankMap;
 use crate::hash::mix::HashMixMap;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{epoch, Arc, Mutex, ShardedMap};
@@ -73,11 +73,26 @@ impl RankWriter {
     }
 }
 
+/// A rank's writer-side state, as the registry needs to know it.
+pub(crate) trait WriterState: Default + Send {
+    /// A state whose rank is already removed (what a writer that loses a race finds).
+    fn removed() -> Self;
+}
+
+impl WriterState for RankWriter {
+    fn removed() -> Self {
+        RankWriter {
+            removed: true,
+            ..RankWriter::default()
+        }
+    }
+}
+
 /// One rank known to the index.
-pub(crate) struct RankEntry {
+pub(crate) struct RankEntry<W = RankWriter> {
     pub(crate) id: RankId,
     pub(crate) slot: u32,
-    pub(crate) writer: Mutex<RankWriter>,
+    pub(crate) writer: Mutex<W>,
     pub(crate) counters: RankCounters,
 }
 
@@ -119,15 +134,15 @@ struct Directory {
     by_slot: Box<[Option<RankId>]>,
 }
 
-pub(crate) struct RankRegistry {
-    by_id: ShardedMap<RankId, Arc<RankEntry>>,
+pub(crate) struct RankRegistry<W = RankWriter> {
+    by_id: ShardedMap<RankId, Arc<RankEntry<W>>>,
     /// Guards copy-on-write updates of `directory`; never taken by readers.
     directory_writer: Mutex<()>,
     directory: epoch::Atomic<Directory>,
     slots: Mutex<SlotAllocator>,
 }
 
-impl RankRegistry {
+impl<W: WriterState> RankRegistry<W> {
     pub(crate) fn new() -> Self {
         RankRegistry {
             by_id: ShardedMap::new(),
@@ -143,12 +158,12 @@ impl RankRegistry {
         }
     }
 
-    pub(crate) fn get(&self, id: RankId) -> Option<Arc<RankEntry>> {
+    pub(crate) fn get(&self, id: RankId) -> Option<Arc<RankEntry<W>>> {
         self.by_id.get(&id)
     }
 
     /// The rank's entry, created with a fresh slot on first sight. `None` when out of slots.
-    pub(crate) fn get_or_create(&self, id: RankId) -> Option<Arc<RankEntry>> {
+    pub(crate) fn get_or_create(&self, id: RankId) -> Option<Arc<RankEntry<W>>> {
         if let Some(e) = self.by_id.get(&id) {
             return Some(e);
         }
@@ -159,7 +174,7 @@ impl RankRegistry {
                 Some(slot) => Arc::new(RankEntry {
                     id,
                     slot,
-                    writer: Mutex::new(RankWriter::default()),
+                    writer: Mutex::new(W::default()),
                     counters: RankCounters::default(),
                 }),
                 None => {
@@ -167,10 +182,7 @@ impl RankRegistry {
                     Arc::new(RankEntry {
                         id,
                         slot: u32::MAX,
-                        writer: Mutex::new(RankWriter {
-                            removed: true,
-                            ..RankWriter::default()
-                        }),
+                        writer: Mutex::new(W::removed()),
                         counters: RankCounters::default(),
                     })
                 }
@@ -225,7 +237,7 @@ impl RankRegistry {
 
     /// Forgets `id`: the caller has already emptied its holders. Its slot is reusable once
     /// every reader pinned now has finished.
-    pub(crate) fn forget(&self, entry: &RankEntry) {
+    pub(crate) fn forget(&self, entry: &RankEntry<W>) {
         self.by_id.remove(&entry.id);
         self.set_directory(entry.slot, None);
         let reusable = Arc::new(AtomicBool::new(false));
@@ -243,12 +255,12 @@ impl RankRegistry {
         guard.flush();
     }
 
-    pub(crate) fn entries(&self) -> Vec<Arc<RankEntry>> {
+    pub(crate) fn entries(&self) -> Vec<Arc<RankEntry<W>>> {
         self.by_id.entries().into_iter().map(|(_, v)| v).collect()
     }
 }
 
-impl Drop for RankRegistry {
+impl<W> Drop for RankRegistry<W> {
     fn drop(&mut self) {
         // SAFETY: `&mut self`: no reader can reach the directory any more.
         unsafe {

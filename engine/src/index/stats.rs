@@ -93,7 +93,7 @@ impl Index {
     }
 }
 
-fn rank_stats(e: &super::ranks::RankEntry) -> RankStats {
+pub(crate) fn rank_stats<W>(e: &super::ranks::RankEntry<W>) -> RankStats {
     let c = &e.counters;
     let ld = |a: &crate::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     RankStats {

@@ -430,6 +430,28 @@ impl Shard {
         })
     }
 
+    /// Every non-zero word (for an owner tearing the table down, or a snapshot taken
+    /// under the writer lock).
+    pub(crate) fn live_words(&self, guard: &epoch::Guard) -> Vec<u64> {
+        let _w = self.writer.lock();
+        let t = self.table(guard);
+        (0..t.cap + tail(t.cap))
+            .map(|i| t.slot(i).word.load(Ordering::Relaxed))
+            .filter(|&w| w != 0)
+            .collect()
+    }
+
+    /// Clears `key`'s word if it is `expected`; returns whether it was.
+    pub(crate) fn clear_word_if(&self, key: u64, expected: u64, guard: &epoch::Guard) -> bool {
+        self.modify(key, guard, |old| {
+            if old == expected && old != 0 {
+                (Some(0), true)
+            } else {
+                (None, false)
+            }
+        })
+    }
+
     /// Under the writer lock: computes `key`'s new word from its old one (`None` = leave
     /// it), publishes it (inserting the key, growing the table if its probe tail is full),
     /// and rebuilds the table when it is too full or too empty.

@@ -7,3 +7,4 @@
 pub mod model;
 pub mod partition;
 pub mod rng;
+pub mod under_test;

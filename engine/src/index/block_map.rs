@@ -1,0 +1,531 @@
+//! A compact `u64 → u64` map for a rank's engine hashes → block places (and the few other
+//! per-rank maps of the same shape): bucketized cuckoo hashing.
+//!
+//! Why: a rank map takes one insert per stored block and one removal per evicted block, at
+//! random keys, so its cost is memory traffic. Here a key lives in one of two buckets of
+//! eight slots, and a bucket keeps its eight keys in one cache line and their values in the
+//! next, so any operation reads at most two key lines (prefetched ahead by the apply
+//! loops) and writes in place: no probe sequences, no cluster shifting, no tombstones.
+//! Two choices of an eight-slot bucket fill to well over 90 % before an insert has to
+//! move entries, so the table runs at 74-92 % load (growing by 1.25×), about 19 bytes an
+//! entry.
+//!
+//! Keys are stored mixed (`mix`, a bijection with `mix(0) == 0`), so mixed key 0 marks an
+//! empty slot and a real key 0 lives in a field of its own.
+//!
+//! Writer-only (the rank's mutex serializes access), so plain fields, no atomics.
+
+use std::fmt;
+
+const WAYS: usize = 8;
+const EMPTY: u64 = 0;
+/// Grow when an insert would fill more than this fraction of the slots.
+const MAX_LOAD_NUM: usize = 23;
+const MAX_LOAD_DEN: usize = 25;
+/// Growth ×1.25 (see the module docs); shrink by half below a quarter full.
+const GROW_NUM: usize = 5;
+const GROW_DEN: usize = 4;
+const SHRINK_BELOW_DIV: usize = 4;
+/// Displacements an insert may make before the table grows instead.
+const MAX_KICKS: usize = 256;
+
+const MIX_K1: u64 = 0x9e37_79b9_7f4a_7c15;
+const MIX_K2: u64 = 0xbf58_476d_1ce4_e5b9;
+const MIX_K1_INV: u64 = mul_inverse(MIX_K1);
+const MIX_K2_INV: u64 = mul_inverse(MIX_K2);
+
+/// Inverse of an odd `k` modulo 2^64 (Newton's iteration).
+const fn mul_inverse(k: u64) -> u64 {
+    let mut inv = k;
+    let mut i = 0;
+    while i < 5 {
+        inv = inv.wrapping_mul(2u64.wrapping_sub(k.wrapping_mul(inv)));
+        i += 1;
+    }
+    inv
+}
+
+/// Scrambles a key (a bijection with `mix(0) == 0`), so structured keys spread.
+#[inline]
+fn mix(key: u64) -> u64 {
+    let h = (key ^ (key >> 32)).wrapping_mul(MIX_K1);
+    (h ^ (h >> 32)).wrapping_mul(MIX_K2)
+}
+
+#[inline]
+fn unmix(h: u64) -> u64 {
+    let h = h.wrapping_mul(MIX_K2_INV);
+    let k = (h ^ (h >> 32)).wrapping_mul(MIX_K1_INV);
+    k ^ (k >> 32)
+}
+
+/// Eight keys in one cache line, their values in the next.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Bucket {
+    keys: [u64; WAYS],
+    values: [u64; WAYS],
+}
+
+const EMPTY_BUCKET: Bucket = Bucket {
+    keys: [EMPTY; WAYS],
+    values: [0; WAYS],
+};
+
+/// The two buckets of mixed key `h` among `n` (distinct when `n > 1`).
+#[inline(always)]
+fn buckets(h: u64, n: usize) -> (usize, usize) {
+    let a = ((h as u128 * n as u128) >> 64) as usize;
+    let g = h.rotate_left(29).wrapping_mul(MIX_K1) ^ (h >> 17);
+    let mut b = ((g as u128 * n as u128) >> 64) as usize;
+    if b == a && n > 1 {
+        b = if a + 1 == n { 0 } else { a + 1 };
+    }
+    (a, b)
+}
+
+impl Bucket {
+    #[inline(always)]
+    fn find(&self, h: u64) -> Option<usize> {
+        let mut hit = 0u32;
+        for (i, &k) in self.keys.iter().enumerate() {
+            hit |= u32::from(k == h) << i;
+        }
+        (hit != 0).then(|| hit.trailing_zeros() as usize)
+    }
+
+    #[inline(always)]
+    fn free(&self) -> Option<usize> {
+        self.find(EMPTY)
+    }
+}
+
+/// Bucketized cuckoo `u64 → u64` map (module docs).
+#[derive(Default, Clone)]
+pub(crate) struct BlockMap {
+    buckets: Box<[Bucket]>,
+    /// Occupied slots (excludes `zero`).
+    used: usize,
+    /// The value of key 0, which cannot live in a bucket.
+    zero: Option<u64>,
+    /// Where the next displacement starts (varies the victims; deterministic).
+    kick: u32,
+}
+
+fn max_used(buckets: usize) -> usize {
+    buckets * WAYS * MAX_LOAD_NUM / MAX_LOAD_DEN
+}
+
+/// Fewest buckets that hold `n` entries within the load bound.
+fn buckets_for(n: usize) -> usize {
+    let mut b = (n * MAX_LOAD_DEN).div_ceil(WAYS * MAX_LOAD_NUM).max(1);
+    while max_used(b) < n {
+        b += 1;
+    }
+    b
+}
+
+impl BlockMap {
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.used + usize::from(self.zero.is_some())
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots allocated.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn capacity(&self) -> usize {
+        self.buckets.len() * WAYS
+    }
+
+    /// Heap bytes allocated by the table.
+    pub(crate) fn bytes(&self) -> usize {
+        std::mem::size_of_val::<[Bucket]>(&self.buckets)
+    }
+
+    #[inline]
+    fn locate(&self, h: u64) -> Option<(usize, usize)> {
+        let (a, b) = buckets(h, self.buckets.len());
+        if let Some(i) = self.buckets[a].find(h) {
+            return Some((a, i));
+        }
+        self.buckets[b].find(h).map(|i| (b, i))
+    }
+
+    pub(crate) fn get(&self, key: u64) -> Option<u64> {
+        if key == 0 {
+            return self.zero;
+        }
+        if self.buckets.is_empty() {
+            return None;
+        }
+        self.locate(mix(key))
+            .map(|(b, i)| self.buckets[b].values[i])
+    }
+
+    /// Hints the CPU to load `key`'s two key lines (the apply loops call it a few blocks
+    /// ahead, so the operation does not wait on memory).
+    #[inline]
+    pub(crate) fn prefetch(&self, key: u64) {
+        if self.buckets.is_empty() {
+            return;
+        }
+        let (a, b) = buckets(mix(key), self.buckets.len());
+        for i in [a, b] {
+            let p = &self.buckets[i] as *const Bucket;
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of
+            // the x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = p;
+        }
+    }
+
+    /// Inserts or overwrites; returns the previous value.
+    pub(crate) fn insert(&mut self, key: u64, value: u64) -> Option<u64> {
+        if key == 0 {
+            return self.zero.replace(value);
+        }
+        let h = mix(key);
+        if !self.buckets.is_empty() {
+            if let Some((b, i)) = self.locate(h) {
+                return Some(std::mem::replace(&mut self.buckets[b].values[i], value));
+            }
+        }
+        if self.used + 1 > max_used(self.buckets.len()) {
+            self.grow();
+        }
+        while !self.place(h, value, true) {
+            self.grow();
+        }
+        self.used += 1;
+        None
+    }
+
+    fn grow(&mut self) {
+        let n = self.buckets.len();
+        let to = (n * GROW_NUM / GROW_DEN)
+            .max(n + 1)
+            .max(buckets_for(self.used + 1));
+        self.resize(to);
+    }
+
+    /// Puts an absent mixed key in: a free slot of either bucket (the emptier one), else
+    /// displacing entries to their other bucket. `false` (the entry and the table as they
+    /// were) if no room was found within [`MAX_KICKS`] moves.
+    ///
+    /// `balance`: put it in the emptier bucket (an insert, whose check for the key loaded
+    /// both); else the first with room (a rehash, which then mostly walks the new table in
+    /// order, as homes are monotone in the mixed key).
+    fn place(&mut self, h: u64, value: u64, balance: bool) -> bool {
+        let n = self.buckets.len();
+        let (a, b) = buckets(h, n);
+        let free = |bk: &Bucket| bk.keys.iter().filter(|&&k| k == EMPTY).count();
+        let at = if balance {
+            let (fa, fb) = (free(&self.buckets[a]), free(&self.buckets[b]));
+            (fa > 0 || fb > 0).then_some(if fa >= fb { a } else { b })
+        } else if self.buckets[a].free().is_some() {
+            Some(a)
+        } else if self.buckets[b].free().is_some() {
+            Some(b)
+        } else {
+            None
+        };
+        if let Some(at) = at {
+            let i = self.buckets[at].free().expect("a bucket with room");
+            self.buckets[at].keys[i] = h;
+            self.buckets[at].values[i] = value;
+            return true;
+        }
+        // Random-walk cuckoo: evict a victim, move it to its other bucket; record the
+        // path so a failed walk can be undone.
+        let mut path: smallvec::SmallVec<[(usize, usize); 32]> = smallvec::SmallVec::new();
+        let (mut cur_h, mut cur_v, mut at) = (h, value, a);
+        for _ in 0..MAX_KICKS {
+            self.kick = self.kick.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            let i = (self.kick >> 16) as usize % WAYS;
+            let bucket = &mut self.buckets[at];
+            let victim = (bucket.keys[i], bucket.values[i]);
+            bucket.keys[i] = cur_h;
+            bucket.values[i] = cur_v;
+            path.push((at, i));
+            (cur_h, cur_v) = victim;
+            let (x, y) = buckets(cur_h, n);
+            at = if x == at { y } else { x };
+            if let Some(j) = self.buckets[at].free() {
+                self.buckets[at].keys[j] = cur_h;
+                self.buckets[at].values[j] = cur_v;
+                return true;
+            }
+        }
+        // Undo: walk the path back, restoring each victim.
+        while let Some((b, i)) = path.pop() {
+            let bucket = &mut self.buckets[b];
+            let placed = (bucket.keys[i], bucket.values[i]);
+            bucket.keys[i] = cur_h;
+            bucket.values[i] = cur_v;
+            (cur_h, cur_v) = placed;
+        }
+        debug_assert_eq!(cur_h, h);
+        false
+    }
+
+    /// Removes `key`; returns its value. Shrinks the table below a quarter full.
+    pub(crate) fn remove(&mut self, key: u64) -> Option<u64> {
+        if key == 0 {
+            return self.zero.take();
+        }
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let (b, i) = self.locate(mix(key))?;
+        let v = self.buckets[b].values[i];
+        self.buckets[b].keys[i] = EMPTY;
+        self.used -= 1;
+        let n = self.buckets.len();
+        if n > 1 && self.used * SHRINK_BELOW_DIV < n * WAYS {
+            self.resize((n / 2).max(buckets_for(self.used)));
+        }
+        Some(v)
+    }
+
+    /// Every entry once, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let zero = self.zero.map(|v| (0, v));
+        zero.into_iter().chain(self.buckets.iter().flat_map(|b| {
+            b.keys
+                .iter()
+                .zip(&b.values)
+                .filter(|(k, _)| **k != EMPTY)
+                .map(|(&k, &v)| (unmix(k), v))
+        }))
+    }
+
+    /// Takes every entry out, leaving the map empty with its table freed.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (u64, u64)> {
+        let all: Vec<(u64, u64)> = self.iter().collect();
+        *self = Self::default();
+        all.into_iter()
+    }
+
+    /// Rehashes every entry into `n` buckets (more if some do not fit).
+    fn resize(&mut self, mut n: usize) {
+        loop {
+            let old = std::mem::replace(&mut self.buckets, vec![EMPTY_BUCKET; n].into());
+            let mut ok = true;
+            'all: for b in old.iter() {
+                for (&k, &v) in b.keys.iter().zip(&b.values) {
+                    if k != EMPTY && !self.place(k, v, false) {
+                        ok = false;
+                        break 'all;
+                    }
+                }
+            }
+            if ok {
+                return;
+            }
+            // Rare: undo by retrying from the old table with more room.
+            self.buckets = old;
+            n += n / 8 + 1;
+        }
+    }
+}
+
+impl fmt::Debug for BlockMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct SplitMix(u64);
+
+    impl SplitMix {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            ((self.next() as u128 * n as u128) >> 64) as u64
+        }
+    }
+
+    fn check(m: &BlockMap, model: &HashMap<u64, u64>) {
+        assert_eq!(m.len(), model.len());
+        let occupied: usize = m
+            .buckets
+            .iter()
+            .map(|b| b.keys.iter().filter(|&&k| k != EMPTY).count())
+            .sum();
+        assert_eq!(occupied, m.used);
+        assert!(m.used <= max_used(m.buckets.len()).max(m.used));
+        for (b, bucket) in m.buckets.iter().enumerate() {
+            for &k in bucket.keys.iter().filter(|&&k| k != EMPTY) {
+                let (x, y) = buckets(k, m.buckets.len());
+                assert!(b == x || b == y, "entry outside its buckets");
+            }
+        }
+        let mut seen: HashMap<u64, u64> = m.iter().collect();
+        assert_eq!(seen.len(), model.len());
+        for (k, v) in model {
+            assert_eq!(m.get(*k), Some(*v));
+            seen.remove(k);
+        }
+        assert!(seen.is_empty());
+    }
+
+    fn differential(range: u64, ops: usize, seed: u64) {
+        let mut rng = SplitMix(seed);
+        let mut m = BlockMap::new();
+        let mut model: HashMap<u64, u64> = HashMap::new();
+        for i in 0..ops {
+            let k = rng.below(range);
+            match rng.below(10) {
+                0..=5 => assert_eq!(m.insert(k, i as u64), model.insert(k, i as u64)),
+                6..=8 => assert_eq!(m.remove(k), model.remove(&k)),
+                _ => assert_eq!(m.get(k), model.get(&k).copied()),
+            }
+            if i % 4_999 == 0 {
+                check(&m, &model);
+            }
+        }
+        check(&m, &model);
+        for k in 0..range.min(1_000) {
+            assert_eq!(m.get(k), model.get(&k).copied());
+        }
+    }
+
+    #[test]
+    fn differential_small_key_ranges() {
+        for (range, seed) in [(2, 1), (17, 2), (100, 3), (1_000, 4)] {
+            differential(range, 60_000, seed);
+        }
+    }
+
+    #[test]
+    fn differential_large_key_ranges() {
+        differential(50_000, 300_000, 5);
+        differential(u64::MAX, 100_000, 6);
+    }
+
+    #[test]
+    fn structured_keys_and_zero() {
+        let mut m = BlockMap::new();
+        let mut model = HashMap::new();
+        for i in 0..20_000u64 {
+            let k = i << 20;
+            m.insert(k, i);
+            model.insert(k, i);
+        }
+        assert_eq!(m.insert(0, 7), model.insert(0, 7));
+        check(&m, &model);
+        for i in (0..20_000u64).step_by(3) {
+            assert_eq!(m.remove(i << 20), model.remove(&(i << 20)));
+        }
+        check(&m, &model);
+        let drained: HashMap<u64, u64> = m.drain().collect();
+        assert_eq!(drained, model);
+        assert!(m.is_empty() && m.capacity() == 0);
+    }
+
+    #[test]
+    fn grows_and_shrinks_back() {
+        let mut m = BlockMap::new();
+        for k in 1..=100_000u64 {
+            m.insert(k, k);
+        }
+        let big = m.capacity();
+        for k in 1..=100_000u64 {
+            assert_eq!(m.remove(k), Some(k));
+        }
+        assert!(m.capacity() < big / 100, "{} of {big}", m.capacity());
+    }
+
+    /// Bytes per entry over a growth from empty: the load stays high.
+    #[test]
+    fn bytes_per_entry_over_growth() {
+        let mut m = BlockMap::new();
+        let mut rng = SplitMix(9);
+        let mut samples = Vec::new();
+        for i in 1..=200_000u64 {
+            m.insert(rng.next() | 1, i);
+            if i >= 1_000 && i % 97 == 0 {
+                samples.push(m.bytes() as f64 / m.len() as f64);
+            }
+        }
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        assert!(mean < 21.0, "mean {mean:.1} bytes an entry");
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod timing {
+    use super::*;
+
+    /// `cargo test --release -p kvr --lib block_map::timing -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn steady_churn_ns_per_op() {
+        for size in [8_000usize, 1_000_000] {
+            let mut m = BlockMap::new();
+            let mut keys: std::collections::VecDeque<u64> = Default::default();
+            let mut x = 0x1234_5678u64;
+            let mut next = || {
+                x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z ^ (z >> 31)
+            };
+            for _ in 0..size {
+                let k = next();
+                m.insert(k, k);
+                keys.push_back(k);
+            }
+            let ops = 2_000_000;
+            let t = std::time::Instant::now();
+            for _ in 0..ops {
+                let k = next();
+                m.insert(k, k);
+                keys.push_back(k);
+                let old = keys.pop_front().unwrap();
+                m.remove(old);
+            }
+            let ns = t.elapsed().as_nanos() as f64 / (2 * ops) as f64;
+            let mut h: std::collections::HashMap<u64, u64> = Default::default();
+            for &k in &keys {
+                h.insert(k, k);
+            }
+            let t = std::time::Instant::now();
+            for _ in 0..ops {
+                let k = next();
+                h.insert(k, k);
+                keys.push_back(k);
+                let old = keys.pop_front().unwrap();
+                h.remove(&old);
+            }
+            let hs = t.elapsed().as_nanos() as f64 / (2 * ops) as f64;
+            eprintln!(
+                "size {size}: BlockMap {ns:.1} ns/op, std HashMap {hs:.1} ns/op, {:.1} B/entry",
+                m.bytes() as f64 / m.len() as f64
+            );
+        }
+    }
+}

@@ -1,0 +1,618 @@
+//! Events on the run index.
+//!
+//! A store walks down the trie from its parent block (or the root), one run at a time,
+//! under that run's mutex: a block whose local hash is the run's next one is that block;
+//! else a child hanging there is followed; else the run is extended at its end, or a new
+//! child starts. The stretch of blocks placed in one run is recorded in the rank's maps,
+//! and once the event is applied every run it touched gets this rank's cover republished.
+//! A writer pins each run it enters until that publish, so a run cannot die between a
+//! writer placing blocks in it and the writer counting itself among its holders.
+
+use smallvec::SmallVec;
+
+use super::hold::Cover;
+use super::run::{retire_run, BlockRef, Run, RunWriter, MAX_RUN};
+use super::{RunIndex, RunRankWriter};
+use crate::index::event::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier};
+use crate::index::ranks::{RankEntry, Tally};
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{epoch, MutexGuard};
+
+/// Blocks whose rank-map slots are prefetched ahead of the one being recorded.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Runs an event touched, with the pins it holds on each.
+#[derive(Default)]
+struct Touched {
+    runs: SmallVec<[(usize, u32); 8]>,
+}
+
+impl Touched {
+    fn add(&mut self, addr: usize, pins: u32) {
+        match self.runs.iter_mut().find(|(a, _)| *a == addr) {
+            Some(e) => e.1 += pins,
+            None => self.runs.push((addr, pins)),
+        }
+    }
+}
+
+/// A branch key already names another triple: the blocks behind it are not indexed.
+struct Collision;
+
+/// A run this rank holds or has pinned, from its address.
+///
+/// # Safety
+/// `addr` names a run that the calling writer holds blocks of, or has pinned: such a run
+/// is not retired.
+unsafe fn run_at<'a>(addr: usize) -> &'a Run {
+    // SAFETY: forwarded.
+    unsafe { &*(addr as *const Run) }
+}
+
+fn has_children_at(w: &RunWriter, at: u32) -> bool {
+    w.branch_at.iter().any(|&(o, _)| o == at)
+}
+
+impl RunIndex {
+    /// Applies one event of `rank`. Events of one rank must be applied in order.
+    pub fn apply(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
+        match *event {
+            KvEvent::Stored {
+                tier,
+                parent,
+                blocks,
+            } => self
+                .store(rank, tier, parent, blocks)
+                .map(|stored| ApplyOutcome {
+                    stored,
+                    ..Default::default()
+                }),
+            KvEvent::Removed {
+                tier,
+                external_hashes,
+            } => Ok(self.remove(rank, tier, external_hashes)),
+            KvEvent::Cleared => Ok(ApplyOutcome {
+                removed: self.clear(rank),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Runs `f` on the rank's live writer state, creating the rank if asked.
+    fn with_writer<R>(
+        &self,
+        rank: RankId,
+        create: bool,
+        f: impl FnOnce(&RankEntry<RunRankWriter>, &mut RunRankWriter) -> R,
+    ) -> Result<Option<R>, IndexError> {
+        loop {
+            let entry = if create {
+                match self.ranks.get_or_create(rank) {
+                    Some(e) => e,
+                    None => {
+                        self.totals.too_many_ranks.fetch_add(1, Ordering::Relaxed);
+                        return Err(IndexError::TooManyRanks);
+                    }
+                }
+            } else {
+                match self.ranks.get(rank) {
+                    Some(e) => e,
+                    None => return Ok(None),
+                }
+            };
+            let mut w = entry.writer.lock();
+            if w.removed {
+                continue;
+            }
+            let r = f(&entry, &mut w);
+            settle(&entry, &mut w.tally);
+            entry
+                .counters
+                .map_bytes
+                .store(w.map_bytes(), Ordering::Relaxed);
+            return Ok(Some(r));
+        }
+    }
+
+    /// Stores `blocks` on `rank`'s `tier` after `parent`. Returns the blocks newly held on
+    /// that tier. An unknown parent rejects the whole store.
+    pub fn store(
+        &self,
+        rank: RankId,
+        tier: Tier,
+        parent: Option<u64>,
+        blocks: &[StoredBlock],
+    ) -> Result<usize, IndexError> {
+        let create = parent.is_none() && !blocks.is_empty();
+        let stored = self.with_writer(rank, create, |entry, w| {
+            entry.counters.stored_events.fetch_add(1, Ordering::Relaxed);
+            self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
+            let start = match parent {
+                None => None,
+                Some(p) => match w.resolve(p) {
+                    Some(r) => Some(r),
+                    None => {
+                        entry
+                            .counters
+                            .parent_not_found
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.totals.parent_not_found.fetch_add(1, Ordering::Relaxed);
+                        return Err(IndexError::ParentNotFound { parent: p });
+                    }
+                },
+            };
+            let guard = epoch::pin();
+            let mut touched = Touched::default();
+            let mut placed: Vec<BlockRef> = Vec::new();
+            let mut cursor = start;
+            let mut stored = 0;
+            let mut i = 0;
+            while i < blocks.len() {
+                placed.clear();
+                match self.place(cursor, &blocks[i..], &mut touched, &mut placed, &guard) {
+                    Ok(n) => {
+                        let stretch = &blocks[i..i + n];
+                        let t = tier as usize;
+                        for b in stretch.iter().take(PREFETCH_AHEAD) {
+                            w.blocks[t].prefetch(b.external_hash);
+                        }
+                        for (j, (b, &r)) in stretch.iter().zip(&placed).enumerate() {
+                            if let Some(next) = stretch.get(j + PREFETCH_AHEAD) {
+                                w.blocks[t].prefetch(next.external_hash);
+                            }
+                            stored +=
+                                self.record(w, tier, b.external_hash, r, &mut touched) as usize;
+                        }
+                        cursor = placed.last().copied();
+                        i += n;
+                    }
+                    Err(Collision) => {
+                        self.totals
+                            .branch_collisions
+                            .fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+            self.finish(entry.slot, w, &touched, &guard);
+            Ok(stored)
+        })?;
+        stored.unwrap_or_else(|| {
+            self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
+            match parent {
+                Some(p) => {
+                    self.totals.parent_not_found.fetch_add(1, Ordering::Relaxed);
+                    Err(IndexError::ParentNotFound { parent: p })
+                }
+                None => Ok(0),
+            }
+        })
+    }
+
+    /// Places the first blocks of `rest` after `cursor` (the rank's last block, or the
+    /// root): finds or makes the run the first one goes in, then takes every following
+    /// block that is that run's next. Pushes their places to `out`; returns how many.
+    fn place(
+        &self,
+        cursor: Option<BlockRef>,
+        rest: &[StoredBlock],
+        touched: &mut Touched,
+        out: &mut Vec<BlockRef>,
+        guard: &epoch::Guard,
+    ) -> Result<usize, Collision> {
+        let l = rest[0].local_hash;
+        let room = rest.len().min(MAX_RUN as usize);
+        let locals =
+            || -> SmallVec<[u64; 128]> { rest[..room].iter().map(|b| b.local_hash).collect() };
+        let (run, mut w, k): (&Run, MutexGuard<'_, RunWriter>, u32) = loop {
+            match cursor {
+                None => {
+                    if let Some(r) = self.branches.find(0, 0, l, guard) {
+                        let w = r.writer.lock();
+                        if w.dead {
+                            continue;
+                        }
+                        break (r, w, 0);
+                    }
+                    let r = self.new_run(0, 0, &locals());
+                    match self.branches.link(r, guard) {
+                        Ok(()) => {
+                            let w = r.writer.lock();
+                            break (r, w, 0);
+                        }
+                        Err(existing) => {
+                            self.discard(r);
+                            // SAFETY: a linked run, alive while `guard` is pinned.
+                            let e = unsafe { &*(existing as usize as *const Run) };
+                            if e.parent == 0 && e.at == 0 && e.first == l {
+                                continue; // another writer made it first: use theirs
+                            }
+                            return Err(Collision);
+                        }
+                    }
+                }
+                Some(cur) => {
+                    // SAFETY: the rank holds its cursor block, so its run is live.
+                    let p = unsafe { run_at(cur.run_addr()) };
+                    let k = cur.offset() + 1;
+                    let mut pw = p.writer.lock();
+                    debug_assert!(!pw.dead, "a run the writer holds died");
+                    if k < pw.len && p.local_at(&pw, k) == l {
+                        break (p, pw, k);
+                    }
+                    if has_children_at(&pw, k) {
+                        if let Some(c) = self.branches.find(cur.run_addr(), k, l, guard) {
+                            drop(pw);
+                            let cw = c.writer.lock();
+                            if cw.dead {
+                                continue;
+                            }
+                            break (c, cw, 0);
+                        }
+                    }
+                    if k == pw.len && k < MAX_RUN {
+                        let before = pw.len;
+                        p.append(&mut pw, &locals()[..room.min((MAX_RUN - k) as usize)]);
+                        self.totals
+                            .run_blocks
+                            .fetch_add((pw.len - before) as i64, Ordering::Relaxed);
+                        break (p, pw, k);
+                    }
+                    let c = self.new_run(cur.run_addr(), k, &locals());
+                    match self.branches.link(c, guard) {
+                        Ok(()) => {
+                            pw.children += 1;
+                            match pw.branch_at.iter_mut().find(|(o, _)| *o == k) {
+                                Some(e) => e.1 += 1,
+                                None => {
+                                    let at = pw.branch_at.partition_point(|(o, _)| *o < k);
+                                    pw.branch_at.insert(at, (k, 1));
+                                }
+                            }
+                            drop(pw);
+                            let cw = c.writer.lock();
+                            break (c, cw, 0);
+                        }
+                        Err(_) => {
+                            // Children of `p` are made under its lock, which we hold, and
+                            // none is at (k, l): the key belongs to another triple.
+                            self.discard(c);
+                            return Err(Collision);
+                        }
+                    }
+                }
+            }
+        };
+        w.pins += 1;
+        touched.add(run as *const Run as usize, 1);
+        let mut j = 0u32;
+        while (j as usize) < rest.len()
+            && k + j < w.len
+            && run.local_at(&w, k + j) == rest[j as usize].local_hash
+        {
+            out.push(BlockRef::new(run, k + j));
+            j += 1;
+        }
+        debug_assert!(j >= 1);
+        Ok(j as usize)
+    }
+
+    /// A new run (not linked yet), counted in the totals.
+    fn new_run(&self, parent: usize, at: u32, locals: &[u64]) -> &Run {
+        let p = Box::into_raw(Run::new(parent, at, locals, 0));
+        // Exposed with the box's full permission: the run is freed later from its address
+        // (`retire_run`, `discard`, the index's drop), not from a shared reference.
+        let _ = p as usize; // an `as` cast exposes the provenance
+                            // SAFETY: just allocated and initialised; freed only once unlinked and retired.
+        let r: &Run = unsafe { &*p };
+        self.totals.runs.fetch_add(1, Ordering::Relaxed);
+        self.totals
+            .run_blocks
+            .fetch_add(locals.len() as i64, Ordering::Relaxed);
+        r
+    }
+
+    /// Frees a run that was never linked.
+    fn discard(&self, r: &Run) {
+        let w = r.writer.lock();
+        self.totals.runs.fetch_sub(1, Ordering::Relaxed);
+        self.totals
+            .run_blocks
+            .fetch_sub(w.len as i64, Ordering::Relaxed);
+        drop(w);
+        // SAFETY: boxed by `Run::new` and leaked in `new_run`; never linked, so no one
+        // else can reach it.
+        drop(unsafe { Box::from_raw((r as *const Run as usize) as *mut Run) });
+    }
+
+    /// Records that `external` names the block at `r` on `tier` for this rank; returns
+    /// whether the rank holds that block on that tier anew.
+    fn record(
+        &self,
+        w: &mut RunRankWriter,
+        tier: Tier,
+        external: u64,
+        r: BlockRef,
+        touched: &mut Touched,
+    ) -> bool {
+        let t = tier as usize;
+        if self.engine_names && tier == Tier::Device {
+            w.names.insert(r.0, external);
+        }
+        match w.blocks[t].insert(external, r.0) {
+            Some(old) if old == r.0 => return false,
+            Some(old) => drop_name(w, t, BlockRef(old), touched),
+            None => {}
+        }
+        let hold = w.holds.entry(r.run_addr()).or_default();
+        let any = hold.has_any(r.offset());
+        if !hold.set(t, r.offset()) {
+            // Another engine hash of this rank already names this block.
+            *w.aliases[t].entry(r.0).or_insert(0) += 1;
+            return false;
+        }
+        w.tally.tier_blocks[t] += 1;
+        if !any {
+            w.tally.holder_blocks += 1;
+        }
+        touched.add(r.run_addr(), 0);
+        true
+    }
+
+    /// Publishes this rank's new cover in every run the event touched, releases its pins,
+    /// and retires runs left with no holder, child or writer.
+    fn finish(&self, slot: u32, w: &mut RunRankWriter, touched: &Touched, guard: &epoch::Guard) {
+        for &(addr, pins) in &touched.runs {
+            // SAFETY: the rank held blocks of it before this event or pinned it.
+            let run = unsafe { run_at(addr) };
+            let (cover, counted, empty) = match w.holds.get(&addr) {
+                Some(h) => (h.cover(slot), h.counted, h.is_empty()),
+                None => (Cover::default(), false, true),
+            };
+            let mut rw = run.writer.lock();
+            if !empty && !counted {
+                rw.holds += 1;
+                if let Some(h) = w.holds.get_mut(&addr) {
+                    h.counted = true;
+                }
+            }
+            if empty {
+                if counted {
+                    rw.holds -= 1;
+                }
+                w.holds.remove(&addr);
+            }
+            rw.pins -= pins;
+            let v = run.view(guard);
+            let old = v.cover(slot).copied();
+            let new = (!cover.is_empty()).then_some(cover);
+            if old != new || v.len != rw.len as usize {
+                let mut covers: SmallVec<[Cover; 8]> = v
+                    .covers
+                    .iter()
+                    .filter(|c| c.slot != slot)
+                    .copied()
+                    .collect();
+                if let Some(c) = new {
+                    let at = covers.partition_point(|x| x.slot < slot);
+                    covers.insert(at, c);
+                }
+                run.publish(&mut rw, &covers, guard);
+                let bytes = run.bytes(&rw, covers.len()) as u32;
+                self.totals
+                    .run_bytes
+                    .fetch_add(bytes as i64 - rw.accounted as i64, Ordering::Relaxed);
+                rw.accounted = bytes;
+            }
+            self.reap(run, rw, guard);
+        }
+    }
+
+    /// Retires `run` if nothing keeps it (no holder, child or writer), then its parent if
+    /// that leaves the parent with nothing either.
+    fn reap<'a>(&self, mut run: &'a Run, mut rw: MutexGuard<'a, RunWriter>, guard: &epoch::Guard) {
+        loop {
+            if rw.holds != 0 || rw.pins != 0 || rw.children != 0 || rw.dead {
+                return;
+            }
+            rw.dead = true;
+            self.branches.unlink(run, guard);
+            self.totals.runs.fetch_sub(1, Ordering::Relaxed);
+            self.totals
+                .run_bytes
+                .fetch_sub(rw.accounted as i64, Ordering::Relaxed);
+            self.totals
+                .run_blocks
+                .fetch_sub(rw.len as i64, Ordering::Relaxed);
+            let (parent, at) = (run.parent, run.at);
+            drop(rw);
+            // SAFETY: unlinked just now under its lock (no new writer can enter: `dead`),
+            // held by no rank and pinned by no writer, so no rank map names it; boxed by
+            // `Run::new`; retired once (`dead` was unset).
+            unsafe { retire_run(run, guard) };
+            if parent == 0 {
+                return;
+            }
+            // SAFETY: the parent counted this run among its children until the lines
+            // below, so it has not been retired.
+            run = unsafe { run_at(parent) };
+            rw = run.writer.lock();
+            rw.children -= 1;
+            if let Some(i) = rw.branch_at.iter().position(|(o, _)| *o == at) {
+                rw.branch_at[i].1 -= 1;
+                if rw.branch_at[i].1 == 0 {
+                    rw.branch_at.remove(i);
+                }
+            }
+        }
+    }
+
+    /// Removes blocks (by the engine's hashes) from `rank`'s `tier`. Unknown hashes are
+    /// counted as `block_not_found`; the rest still apply.
+    pub fn remove(&self, rank: RankId, tier: Tier, external_hashes: &[u64]) -> ApplyOutcome {
+        let counted = |c: Option<&AtomicU64>, n: usize| {
+            if n > 0 {
+                self.totals
+                    .block_not_found
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                if let Some(c) = c {
+                    c.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+        };
+        self.totals.removed_events.fetch_add(1, Ordering::Relaxed);
+        let r = self.with_writer(rank, false, |entry, w| {
+            entry
+                .counters
+                .removed_events
+                .fetch_add(1, Ordering::Relaxed);
+            let guard = epoch::pin();
+            let t = tier as usize;
+            let mut out = ApplyOutcome::default();
+            let mut touched = Touched::default();
+            for &h in external_hashes.iter().take(PREFETCH_AHEAD) {
+                w.blocks[t].prefetch(h);
+            }
+            for (j, &h) in external_hashes.iter().enumerate() {
+                if let Some(&next) = external_hashes.get(j + PREFETCH_AHEAD) {
+                    w.blocks[t].prefetch(next);
+                }
+                match w.blocks[t].remove(h) {
+                    Some(r) => {
+                        if tier == Tier::Device && w.names.get(r) == Some(h) {
+                            w.names.remove(r);
+                        }
+                        drop_name(w, t, BlockRef(r), &mut touched);
+                        out.removed += 1;
+                    }
+                    None => out.not_found += 1,
+                }
+            }
+            self.finish(entry.slot, w, &touched, &guard);
+            counted(Some(&entry.counters.block_not_found), out.not_found);
+            out
+        });
+        match r {
+            Ok(Some(out)) => out,
+            _ => {
+                counted(None, external_hashes.len());
+                ApplyOutcome {
+                    not_found: external_hashes.len(),
+                    ..Default::default()
+                }
+            }
+        }
+    }
+
+    /// Drops every block of `rank` (a prefix-cache reset). Returns the names removed.
+    pub fn clear(&self, rank: RankId) -> usize {
+        self.totals.cleared_events.fetch_add(1, Ordering::Relaxed);
+        self.with_writer(rank, false, |entry, w| {
+            entry
+                .counters
+                .cleared_events
+                .fetch_add(1, Ordering::Relaxed);
+            self.empty_rank(entry, w)
+        })
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+    }
+
+    fn empty_rank(&self, entry: &RankEntry<RunRankWriter>, w: &mut RunRankWriter) -> usize {
+        let guard = epoch::pin();
+        let removed: usize = w.blocks.iter().map(|m| m.len()).sum();
+        for t in 0..3 {
+            w.blocks[t] = Default::default();
+            w.aliases[t] = Default::default();
+        }
+        w.names = Default::default();
+        let mut touched = Touched::default();
+        for (&addr, hold) in w.holds.iter_mut() {
+            let (tiers, any) = hold.counts();
+            for (total, n) in w.tally.tier_blocks.iter_mut().zip(tiers) {
+                *total -= n;
+            }
+            w.tally.holder_blocks -= any;
+            hold.clear_all();
+            touched.add(addr, 0);
+        }
+        self.finish(entry.slot, w, &touched, &guard);
+        settle(entry, &mut w.tally);
+        entry
+            .counters
+            .map_bytes
+            .store(w.map_bytes(), Ordering::Relaxed);
+        removed
+    }
+
+    /// Drops every rank of `worker_id`. Returns the number of ranks removed.
+    pub fn remove_worker(&self, worker_id: u64) -> usize {
+        let mut n = 0;
+        for entry in self.ranks.entries() {
+            if entry.id.worker_id != worker_id {
+                continue;
+            }
+            let mut w = entry.writer.lock();
+            if w.removed {
+                continue;
+            }
+            self.empty_rank(&entry, &mut w);
+            w.removed = true;
+            self.ranks.forget(&entry);
+            n += 1;
+        }
+        n
+    }
+
+    /// Removes one rank entirely (its blocks, counters and slot).
+    pub fn remove_rank(&self, rank: RankId) -> bool {
+        let Some(entry) = self.ranks.get(rank) else {
+            return false;
+        };
+        let mut w = entry.writer.lock();
+        if w.removed {
+            return false;
+        }
+        self.empty_rank(&entry, &mut w);
+        w.removed = true;
+        self.ranks.forget(&entry);
+        true
+    }
+}
+
+/// One engine name of the block at `r` on tier `t` went away: release the block unless
+/// another name still holds it.
+fn drop_name(w: &mut RunRankWriter, t: usize, r: BlockRef, touched: &mut Touched) {
+    if let Some(n) = w.aliases[t].get_mut(&r.0) {
+        *n -= 1;
+        if *n == 0 {
+            w.aliases[t].remove(&r.0);
+        }
+        return;
+    }
+    if let Some(hold) = w.holds.get_mut(&r.run_addr()) {
+        if hold.clear(t, r.offset()) {
+            w.tally.tier_blocks[t] -= 1;
+            if !hold.has_any(r.offset()) {
+                w.tally.holder_blocks -= 1;
+            }
+            touched.add(r.run_addr(), 0);
+        }
+    }
+}
+
+/// Applies one event's counter changes at once.
+fn settle(entry: &RankEntry<RunRankWriter>, tally: &mut Tally) {
+    let tally = std::mem::take(tally);
+    let c = &entry.counters;
+    let add = |a: &AtomicU64, d: i64| {
+        if d != 0 {
+            a.fetch_add(d as u64, Ordering::Relaxed);
+        }
+    };
+    for t in 0..3 {
+        add(&c.tier_blocks[t], tally.tier_blocks[t]);
+    }
+    add(&c.holder_blocks, tally.holder_blocks);
+}
