@@ -36,6 +36,9 @@ impl Touched {
     }
 }
 
+/// The places of one stretch of a store (on the stack for stretches up to 128 blocks).
+type Places = SmallVec<[BlockRef; 128]>;
+
 /// A branch key already names another triple: the blocks behind it are not indexed.
 struct Collision;
 
@@ -143,7 +146,7 @@ impl RunIndex {
             };
             let guard = epoch::pin();
             let mut touched = Touched::default();
-            let mut placed: Vec<BlockRef> = Vec::new();
+            let mut placed: Places = SmallVec::new();
             let mut cursor = start;
             let mut stored = 0;
             let mut i = 0;
@@ -197,7 +200,7 @@ impl RunIndex {
         cursor: Option<BlockRef>,
         rest: &[StoredBlock],
         touched: &mut Touched,
-        out: &mut Vec<BlockRef>,
+        out: &mut Places,
         guard: &epoch::Guard,
     ) -> Result<usize, Collision> {
         let l = rest[0].local_hash;
@@ -355,7 +358,7 @@ impl RunIndex {
         if !any {
             w.tally.holder_blocks += 1;
         }
-        touched.add(r.run_addr(), 0);
+        // The run is already among those touched: `place` pinned it.
         true
     }
 
