@@ -28,7 +28,7 @@ impl IdMap {
     pub(crate) fn get(&self, key: u64) -> Option<u64> {
         let k = table_key(key);
         let guard = epoch::pin();
-        let w = self.shard(k).table(&guard).probe(k).get().0;
+        let w = self.shard(k).table(&guard).probe(k).get();
         (w != 0).then_some(w)
     }
 

@@ -37,10 +37,6 @@ pub enum Tier {
 
 impl Tier {
     pub const ALL: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
-
-    pub(crate) const fn bit(self) -> u8 {
-        1 << self as u8
-    }
 }
 
 /// A routing domain: requests of one model (and routing group) go to its workers only.

@@ -430,6 +430,15 @@ impl IndexState {
         }
     }
 
+    /// The keys the local primary is looked up by (`crate::index`'s "Keys"): a prompt's
+    /// local hashes when engine events feed it, its sequence hashes when bookings do.
+    pub(crate) fn primary_keys<'a>(&self, local: &'a [u64], seq: &'a [u64]) -> &'a [u64] {
+        match self.policy {
+            IndexerPolicy::ApproximatePrimary => seq,
+            _ => local,
+        }
+    }
+
     /// Raises `tiered` to the side index's device prefixes, per rank (prediction).
     /// `predicted` and `merged` are the caller's reused buffers (no allocation once warm).
     pub(crate) fn merge_prediction(
@@ -440,7 +449,8 @@ impl IndexState {
         merged: &mut Vec<TieredOverlap>,
     ) {
         let Some(side) = &self.side else { return };
-        side.find_matches_tiered_by_sequence(seqs, predicted);
+        // The side index is fed by bookings: keyed by sequence hashes.
+        side.find_matches_tiered_into(seqs, predicted);
         if predicted.is_empty() {
             return;
         }

@@ -252,10 +252,8 @@ pub(crate) mod faults {
 
     #[derive(Clone, Copy, Default, Debug)]
     pub struct Faults {
-        /// Publish slots and holder sets with `Relaxed` instead of `Release`.
+        /// Publish table slots and swapped tables with `Relaxed` instead of `Release`.
         pub relaxed_publish: bool,
-        /// Free a replaced holder set at once instead of deferring it past readers' epochs.
-        pub free_holders_now: bool,
         /// Free a replaced table at once instead of deferring it.
         pub free_table_now: bool,
         /// Hand a removed rank's slot back for reuse at once instead of after readers' epochs.

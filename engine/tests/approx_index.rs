@@ -27,6 +27,12 @@ fn rank(w: u64) -> RankId {
     RankId::new(w, 0)
 }
 
+/// A lookup of a prompt given as local hashes: the approximate index is fed by bookings,
+/// so it is keyed by sequence hashes (`kvr::index` "Keys").
+fn lookup(index: &Index, locals: &[u64]) -> kvr::index::OverlapScores {
+    index.find_matches(&sequence_hashes(locals))
+}
+
 fn recorder() -> ApproxRecorder {
     ApproxRecorder::new(ApproxConfig::default())
 }
@@ -64,18 +70,18 @@ fn record_shows_overlap_for_that_rank() {
     );
     assert_eq!(rec.len(), 3);
     assert!(!rec.is_empty());
-    let m = index.find_matches(&prompt);
+    let m = lookup(&index, &prompt);
     assert_eq!(m.as_slice(), &[(rank(1), 3)]);
-    assert_eq!(index.find_matches(&[11, 12]).get(rank(1)), 2);
-    assert_eq!(index.find_matches(&[11, 99, 13]).get(rank(1)), 1);
-    assert!(index.find_matches(&[12, 13]).is_empty());
-    assert_eq!(index.find_matches(&prompt).get(rank(2)), 0);
+    assert_eq!(lookup(&index, &[11, 12]).get(rank(1)), 2);
+    assert_eq!(lookup(&index, &[11, 99, 13]).get(rank(1)), 1);
+    assert!(lookup(&index, &[12, 13]).is_empty());
+    assert_eq!(lookup(&index, &prompt).get(rank(2)), 0);
 
     // The blocks are named by their sequence hashes: removing the last by that name works.
     let seqs = sequence_hashes(&prompt);
     let removed = index.remove(rank(1), Tier::Device, &seqs[2..]);
     assert_eq!((removed.removed, removed.not_found), (1, 0));
-    assert_eq!(index.find_matches(&prompt).get(rank(1)), 2);
+    assert_eq!(lookup(&index, &prompt).get(rank(1)), 2);
 
     let s = rec.stats();
     assert_eq!(
@@ -96,8 +102,8 @@ fn shared_prefix_on_one_rank_is_counted_once() {
     assert_eq!((out.stored, out.refreshed), (1, 2));
     assert_eq!(rec.len(), 5);
     assert_eq!(device_blocks(&index, rank(1)), 5);
-    assert_eq!(index.find_matches(&a).get(rank(1)), 4);
-    assert_eq!(index.find_matches(&b).get(rank(1)), 3);
+    assert_eq!(lookup(&index, &a).get(rank(1)), 4);
+    assert_eq!(lookup(&index, &b).get(rank(1)), 3);
     // Same content at another position is another block.
     rec.record(&index, rank(1), &[5, 5, 5], t0).unwrap();
     assert_eq!(rec.len(), 8);
@@ -118,12 +124,12 @@ fn ttl_expires_exactly_at_the_deadline() {
     let just_before = t0 + TTL - Duration::from_nanos(1);
     assert_eq!(rec.expire(&index, just_before), 0);
     assert_eq!(rec.len(), 3);
-    assert_eq!(index.find_matches(&p).get(rank(1)), 3);
+    assert_eq!(lookup(&index, &p).get(rank(1)), 3);
     // A record at the deadline expires what is due as a side effect.
     let out = rec.record(&index, rank(2), &[50], t0 + TTL).unwrap();
     assert_eq!(out.expired, 3);
     assert_eq!(rec.len(), 1);
-    assert!(index.find_matches(&p).is_empty());
+    assert!(lookup(&index, &p).is_empty());
     assert_eq!(device_blocks(&index, rank(1)), 0);
     assert_eq!(rec.stats().blocks_expired, 3);
     assert_eq!(index.stats().block_not_found, 0);
@@ -143,15 +149,15 @@ fn rerecording_refreshes_the_deadline() {
     assert_eq!((out.stored, out.refreshed), (0, 2));
     // The unrefreshed tail goes at the original deadline, the refreshed prefix stays.
     assert_eq!(rec.expire(&index, t0 + TTL), 2);
-    assert_eq!(index.find_matches(&p).get(rank(1)), 2);
+    assert_eq!(lookup(&index, &p).get(rank(1)), 2);
     assert_eq!(rec.len(), 2);
     assert_eq!(
         rec.expire(&index, t0 + secs(60) + TTL - Duration::from_nanos(1)),
         0
     );
-    assert_eq!(index.find_matches(&p).get(rank(1)), 2);
+    assert_eq!(lookup(&index, &p).get(rank(1)), 2);
     assert_eq!(rec.expire(&index, t0 + secs(60) + TTL), 2);
-    assert!(index.find_matches(&p).is_empty());
+    assert!(lookup(&index, &p).is_empty());
     assert!(rec.is_empty());
     assert_eq!(rec.stats().blocks_refreshed, 2);
 }
@@ -189,13 +195,13 @@ fn size_bound_prunes_to_80_percent_deepest_first() {
     for i in 0..5 {
         // Oldest prompts included: their shallow blocks survive, only the tails go.
         assert_eq!(
-            index.find_matches(&prefixed_prompt(i)).get(rank(1)),
+            lookup(&index, &prefixed_prompt(i)).get(rank(1)),
             24,
             "prompt {i}"
         );
     }
     let prefix: Vec<u64> = (1..=10).collect();
-    assert_eq!(index.find_matches(&prefix).get(rank(1)), 10);
+    assert_eq!(lookup(&index, &prefix).get(rank(1)), 10);
     assert_eq!(index.stats().block_not_found, 0);
 }
 
@@ -215,7 +221,7 @@ fn prune_ties_at_the_cut_depth_go_oldest_first() {
     // Prune 27: depths 29..=25 (25 records) and the two oldest records at depth 24.
     assert_eq!(rec.len(), 83);
     let got: Vec<u32> = (0..5)
-        .map(|i| index.find_matches(&prefixed_prompt(i)).get(rank(1)))
+        .map(|i| lookup(&index, &prefixed_prompt(i)).get(rank(1)))
         .collect();
     assert_eq!(got, vec![24, 24, 25, 25, 25]);
 }
@@ -231,13 +237,13 @@ fn ranks_are_independent() {
     // Rank 1's records do not make rank 2's "refreshed".
     assert_eq!((out.stored, out.refreshed), (4, 0));
     assert_eq!(rec.len(), 7);
-    let m = index.find_matches(&p);
+    let m = lookup(&index, &p);
     assert_eq!(m.as_slice(), &[(rank(1), 3), (rank(2), 4)]);
     // Rank 2's booking refreshed nothing of rank 1.
     assert_eq!(rec.expire(&index, t0 + TTL), 3);
-    assert_eq!(index.find_matches(&p).as_slice(), &[(rank(2), 4)]);
+    assert_eq!(lookup(&index, &p).as_slice(), &[(rank(2), 4)]);
     assert_eq!(rec.expire(&index, t0 + secs(30) + TTL), 4);
-    assert!(index.find_matches(&p).is_empty());
+    assert!(lookup(&index, &p).is_empty());
 }
 
 #[test]
@@ -252,14 +258,14 @@ fn forget_rank_drops_its_records_only() {
     rec.forget_rank(rank(1));
     rec.forget_rank(rank(9)); // unknown: nothing happens
     assert_eq!(rec.len(), 2);
-    assert_eq!(index.find_matches(&p).as_slice(), &[(rank(2), 2)]);
+    assert_eq!(lookup(&index, &p).as_slice(), &[(rank(2), 2)]);
     // Rank 1 comes back: its blocks are new again and stored from scratch.
     let out = rec.record(&index, rank(1), &p, t0 + secs(10)).unwrap();
     assert_eq!((out.stored, out.refreshed), (3, 0));
-    assert_eq!(index.find_matches(&p).get(rank(1)), 3);
+    assert_eq!(lookup(&index, &p).get(rank(1)), 3);
     // The forgotten records' old deadline passes without touching the index.
     assert_eq!(rec.expire(&index, t0 + TTL), 2);
-    assert_eq!(index.find_matches(&p).as_slice(), &[(rank(1), 3)]);
+    assert_eq!(lookup(&index, &p).as_slice(), &[(rank(1), 3)]);
     assert_eq!(index.stats().block_not_found, 0);
     assert_eq!(rec.expire(&index, t0 + secs(10) + TTL), 3);
     assert!(rec.is_empty());
@@ -282,15 +288,15 @@ fn now_going_backwards_loses_nothing_not_due() {
     assert_eq!(rec.expire(&index, t0 + TTL - Duration::from_nanos(1)), 0);
     assert_eq!(rec.len(), 5);
     assert_eq!(rec.expire(&index, t0 + TTL), 2);
-    assert_eq!(index.find_matches(&b).get(rank(1)), 2);
-    assert_eq!(index.find_matches(&a).get(rank(1)), 3);
+    assert_eq!(lookup(&index, &b).get(rank(1)), 2);
+    assert_eq!(lookup(&index, &a).get(rank(1)), 3);
     // Backwards again: nothing is due.
     assert_eq!(rec.expire(&index, t0 + secs(1)), 0);
     assert_eq!(rec.len(), 3);
     assert_eq!(rec.expire(&index, t1 + TTL - Duration::from_nanos(1)), 0);
     assert_eq!(rec.expire(&index, t1 + TTL), 3);
     assert!(rec.is_empty());
-    assert!(index.find_matches(&a).is_empty());
+    assert!(lookup(&index, &a).is_empty());
     assert_eq!(index.stats().block_not_found, 0);
 }
 
@@ -330,7 +336,7 @@ fn index_refusal_is_returned_and_counted() {
     assert_eq!(rec.stats().records, 0);
     // A rank the index already tracks still records.
     rec.record(&index, RankId::new(7, 0), &[1, 2], t0).unwrap();
-    assert_eq!(index.find_matches(&[1, 2]).get(RankId::new(7, 0)), 2);
+    assert_eq!(lookup(&index, &[1, 2]).get(RankId::new(7, 0)), 2);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -531,7 +537,7 @@ fn differential(seed: u64, ops: usize, backwards: bool) {
         assert!(rec.len() <= config.max_blocks, "over bound; {}", ctx(&log));
         for _ in 0..4 {
             let q = query_prompt(&mut rng, &pool);
-            index.find_matches_into(&q, &mut scores);
+            index.find_matches_into(&sequence_hashes(&q), &mut scores);
             assert_eq!(
                 scores.as_slice(),
                 model.matches(&q, &ranks).as_slice(),

@@ -417,9 +417,8 @@ fn reader(sh: &Shared, seed: u64) -> ReaderCounts {
                 .find_matches_into(&sh.locals[ch][..len], &mut reuse);
             reported.extend(reuse.iter().map(|(r, s)| (r, [s, 0, 0])));
         } else {
-            sh.index
-                .find_matches_by_sequence(&sh.seqs[ch][..len], &mut reuse);
-            reported.extend(reuse.iter().map(|(r, s)| (r, [s, 0, 0])));
+            let m = sh.index.find_matches(&sh.locals[ch][..len]);
+            reported.extend(m.iter().map(|(r, s)| (r, [s, 0, 0])));
         }
         c.queries += 1;
         for w in reported.windows(2) {

@@ -30,7 +30,7 @@ use common::model::{self, assert_rank_stats_equal, assert_stats_equal, Model, TI
 use common::rng::{env_u64, Rng};
 use common::under_test::UnderTest;
 use kvr::hash::sequence_hashes;
-use kvr::index::{Index, IndexConfig, OverlapScores, RunIndex};
+use kvr::index::{Index, IndexConfig, OverlapScores};
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 /// dp size of workers 1..=7 (18 ranks).
@@ -778,30 +778,3 @@ fn differential_tiny_tables() {
     }
 }
 
-/// The run index against the same model and workload.
-#[test]
-fn differential_run_index() {
-    let seed = env_u64("KVR_DIFF_SEED").unwrap_or(0x6b76_7221);
-    let ops = env_ops(200_000);
-    let c = run_on("differential_run_index", seed, ops, RunIndex::new(), 16);
-    assert_coverage(&c, ops);
-}
-
-#[test]
-fn differential_run_index_seeds() {
-    let ops = env_ops(25_000);
-    let seeds: Vec<u64> = match env_u64("KVR_DIFF_SEED") {
-        Some(s) => vec![s],
-        None => (11..=16).collect(),
-    };
-    for seed in seeds {
-        let c = run_on(
-            "differential_run_index_seeds",
-            seed,
-            ops,
-            RunIndex::new(),
-            4,
-        );
-        assert_coverage(&c, ops);
-    }
-}

@@ -236,7 +236,7 @@ fn chains_become_one_event_and_other_tiers_name_their_parent() {
 }
 
 #[test]
-fn without_lineage_nothing_is_dumped_and_all_is_counted() {
+fn every_event_fed_index_dumps_without_asking_for_lineage() {
     let index = Index::new();
     let r = RankId::new(1, 0);
     let blocks = [StoredBlock {
@@ -254,6 +254,19 @@ fn without_lineage_nothing_is_dumped_and_all_is_counted() {
         )
         .unwrap();
     let d = index.dump();
+    assert_eq!(d.stores.len(), 1);
+    assert_eq!(d.stores[0].blocks, blocks.to_vec());
+    assert_eq!(d.skipped_blocks, 0);
+}
+
+#[test]
+fn an_index_fed_by_bookings_dumps_nothing_and_counts_all() {
+    // Keyed by sequence hashes: there are no local hashes to write out.
+    let index = Index::new();
+    let r = RankId::new(1, 0);
+    index.store_sequences(r, Tier::Device, &[7, 8]).unwrap();
+    assert!(!index.keeps_lineage());
+    let d = index.dump();
     assert!(d.stores.is_empty());
-    assert_eq!(d.skipped_blocks, 1);
+    assert_eq!(d.skipped_blocks, 2);
 }

@@ -19,7 +19,7 @@ use kvr::reservation::BookingRequest;
 use kvr::select::{Outcome, SelectRequest};
 use kvr::RankId;
 
-use common::partition::{book, prompt, seqs, B};
+use common::partition::{book, locals, prompt, seqs, B};
 
 fn config(indexer: IndexerConfig) -> PartitionConfig {
     PartitionConfig {
@@ -54,8 +54,12 @@ fn device_overlap(p: &Partition, tokens: &[u32]) -> Vec<(RankId, u32)> {
     let mut rng = SelectionRng::from_seed(0);
     let _ = p.select(&SelectRequest::tokens(tokens), &mut rng);
     let mut t = kvr::index::TieredScores::new();
-    p.index()
-        .find_matches_tiered_by_sequence(&seqs(tokens), &mut t);
+    // The primary's keys (`kvr::index` "Keys"): sequence hashes when bookings feed it.
+    let keys = match p.indexer_policy() {
+        IndexerPolicy::ApproximatePrimary => seqs(tokens),
+        _ => locals(tokens),
+    };
+    p.index().find_matches_tiered_into(&keys, &mut t);
     t.iter().map(|o| (o.rank, o.device)).collect()
 }
 

@@ -8,9 +8,9 @@
 //!
 //! This is the *approximate TTL primary* of DESIGN.md §5 ("events off"), and later the
 //! short-TTL prediction side index of "events on + prediction TTL". It writes into an
-//! ordinary [`Index`], naming each block by its sequence hash (as its external hash), so
-//! queries keep using the lock-free `find_matches*` paths unchanged and two prompts that
-//! share a prefix name the same blocks. Recording a booking from `select_and_reserve`
+//! ordinary [`Index`] ([`Index::store_sequences`]), naming and keying each block by its
+//! sequence hash, so queries (by sequence hashes) keep using the lock-free `find_matches*`
+//! paths unchanged and two prompts that share a prefix name the same blocks. Recording a booking from `select_and_reserve`
 //! (after the booking succeeds) is issue 7's wiring, not this module's.
 //!
 //! Concurrency: the bookkeeping sits behind one mutex (`crate::sync::Mutex`). That is
@@ -473,6 +473,7 @@ impl ApproxRecorder {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::hash::sequence_hashes;
 
     fn rank(w: u64) -> RankId {
         RankId::new(w, 0)
@@ -550,7 +551,7 @@ mod tests {
         assert_eq!(rec.len(), 2);
         // The refused calls refreshed nothing: the first record's deadline still holds.
         assert_eq!(rec.expire(&index, t0 + ApproxConfig::default().ttl), 2);
-        assert!(index.find_matches(&[1, 2]).is_empty());
+        assert!(index.find_matches(&sequence_hashes(&[1, 2])).is_empty());
     }
 
     #[test]
@@ -580,6 +581,7 @@ mod tests {
         rec.record(&index, rank(1), &[1, 2], t0).unwrap();
         assert_eq!(rec.expire(&index, t0 + Duration::from_secs(1 << 40)), 0);
         assert_eq!(rec.len(), 2);
-        assert_eq!(index.find_matches(&[1, 2]).get(rank(1)), 2);
+        // An index fed by bookings is keyed by sequence hashes.
+        assert_eq!(index.find_matches(&sequence_hashes(&[1, 2])).get(rank(1)), 2);
     }
 }

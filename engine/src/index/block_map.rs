@@ -345,6 +345,7 @@ impl BlockMap {
     }
 
     /// Takes every entry out, leaving the map empty with its table freed.
+    #[cfg(test)]
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = (u64, u64)> {
         let all: Vec<(u64, u64)> = self.iter().collect();
         *self = Self::default();

@@ -7,14 +7,25 @@
 //! parent (an engine hash of the same rank, possibly on another tier, or none). Applying
 //! the events in order to an empty index gives the same holders, tiers and engine names.
 //!
-//! A block whose lineage is unknown (an index built without it) or whose parent the rank
-//! no longer holds (a hole left by a mid-chain removal) cannot be re-created with its
-//! sequence hash, so it and its descendants are left out and counted: a dump never
-//! overcounts what a peer will believe.
+//! A block's lineage is its place in the trie: its local hash in its run, and its parent
+//! the block before it (in the run, or in the run it branches off). A block whose parent
+//! the rank no longer holds (a hole left by a mid-chain removal) cannot be re-created with
+//! its prefix, so it and its descendants are left out and counted: a dump never
+//! overcounts what a peer will believe. An index keyed by sequence hashes (fed by
+//! bookings) has no local hashes to write and dumps nothing.
 
 use std::collections::HashMap;
 
-use super::{Index, Link, RankId, StoredBlock, Tier};
+use super::run::{BlockRef, Run};
+use super::{Index, RankId, StoredBlock, Tier};
+use crate::sync::epoch;
+
+/// A block's parent (a block id, `BlockRef`'s word) and local hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Link {
+    parent: Option<u64>,
+    local: u64,
+}
 
 /// One `Stored` event of a dump.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,9 +52,29 @@ impl Index {
     /// after another. Lookups are not blocked.
     pub fn dump(&self) -> IndexDump {
         let mut out = IndexDump::default();
-        let Some(lineage) = &self.lineage else {
+        if !self.keeps_lineage() {
             out.skipped_blocks = self.stats().holder_blocks;
             return out;
+        }
+        let guard = epoch::pin();
+        // The link of a block the rank holds: under its writer lock its runs are live.
+        let link_of = |id: u64| -> Link {
+            let r = BlockRef(id);
+            // SAFETY: the rank (whose writer lock the caller holds) holds this block, so
+            // its run, and the parent run a run with a holder keeps, are not retired.
+            let run = unsafe { &*(r.run_addr() as *const Run) };
+            let local = run.view(&guard).locals[r.offset() as usize]
+                .load(crate::sync::atomic::Ordering::Relaxed);
+            let parent = if r.offset() > 0 {
+                Some(BlockRef::new(run, r.offset() - 1).0)
+            } else if run.parent != 0 {
+                // SAFETY: as above (a run with a child is kept).
+                let p = unsafe { &*(run.parent as *const Run) };
+                Some(BlockRef::new(p, run.at - 1).0)
+            } else {
+                None
+            };
+            Link { parent, local }
         };
         let mut entries = self.ranks.entries();
         entries.sort_by_key(|e| e.id);
@@ -52,7 +83,7 @@ impl Index {
             if w.removed {
                 continue;
             }
-            // The rank's engine name of every sequence hash it holds (any tier).
+            // The rank's engine name of every block it holds (any tier).
             let mut name: HashMap<u64, u64> = HashMap::new();
             for map in &w.blocks {
                 for (external, seq) in map.iter() {
@@ -73,7 +104,7 @@ impl Index {
                         base = known.map(|(d, _)| d + 1);
                         break;
                     }
-                    match lineage.get(s).filter(|_| name.contains_key(&s)) {
+                    match name.contains_key(&s).then(|| link_of(s)) {
                         Some(link) => {
                             path.push((s, link));
                             cur = link.parent;

@@ -1,22 +1,14 @@
-//! Lookups: how many leading blocks of a prompt each rank holds. Lock-free.
+//! Lookups: how many leading blocks of a prompt each rank holds. Lock-free walks down the
+//! trie.
 //!
-//! A query pins an epoch once, then probes the node table block by block; the probes of
-//! the next few blocks are prefetched while the current one is examined, so a long
-//! prompt's walk overlaps its cache misses. Ranks drop out at their first missing block;
-//! once a single rank is left the walk only tests that rank's bit (the early exit: no
-//! more set intersection), and it stops as soon as no rank is left.
+//! A walk pins an epoch, finds the run that starts the prompt (one branch-table probe),
+//! counts how many of the prompt's keys equal the run's, settles each rank by its cover
+//! there, and probes the branch table again only where the prompt goes on past what
+//! matched. A prompt nobody holds costs one probe, whatever its length.
 
 use super::event::{RankId, Tier};
-use super::holders::{
-    entry_slot_of, entry_tiers_of, inline_entries, sole_holder_word, HolderView, Holders,
-};
-use super::table::{table_key, Probe};
 use super::Index;
-use crate::hash::extend_sequence_hashes;
 use crate::sync::epoch;
-
-/// Blocks probed ahead of the one being examined.
-const PREFETCH_AHEAD: usize = 16;
 
 /// Device-tier overlap per rank: the number of leading query blocks it holds.
 /// Ranks with no overlap are absent. Sorted by rank. Reuse one value across queries to
@@ -169,198 +161,84 @@ impl TieredScores {
     }
 }
 
-/// Feeds a walk its blocks' holder words in order, with the probes of the next
-/// [`PREFETCH_AHEAD`] blocks prepared and prefetched, so their cache misses overlap.
-struct ProbeStream<'a, 'g> {
-    index: &'a Index,
-    seq: &'a [u64],
-    guard: &'g epoch::Guard,
-    ring: [Probe<'g>; PREFETCH_AHEAD],
-    next: usize,
-}
-
-impl<'a, 'g> ProbeStream<'a, 'g> {
-    #[inline(always)]
-    fn new(index: &'a Index, seq: &'a [u64], guard: &'g epoch::Guard) -> Self {
-        let first = index.prepare(seq[0], guard);
-        let mut ring = [first; PREFETCH_AHEAD];
-        for (i, &s) in seq.iter().enumerate().take(PREFETCH_AHEAD) {
-            let p = index.prepare(s, guard);
-            p.prefetch();
-            ring[i] = p;
-        }
-        ProbeStream {
-            index,
-            seq,
-            guard,
-            ring,
-            next: 0,
-        }
-    }
-
-    /// The holder word of the next block. Never called past the end of `seq`.
-    #[inline(always)]
-    fn next_word(&mut self) -> Holders {
-        let i = self.next;
-        self.next += 1;
-        let p = self.ring[i % PREFETCH_AHEAD];
-        if let Some(&ahead) = self.seq.get(i + PREFETCH_AHEAD) {
-            let q = self.index.prepare(ahead, self.guard);
-            q.prefetch();
-            self.ring[i % PREFETCH_AHEAD] = q;
-        }
-        p.get()
-    }
-}
-
 impl Index {
-    #[inline(always)]
-    fn prepare<'g>(&self, seq: u64, guard: &'g epoch::Guard) -> Probe<'g> {
-        let key = table_key(seq);
-        self.shard(key).table(guard).probe(key)
-    }
-
-    /// Hashes `local_hashes` into `seq` (cleared first) unless nobody holds block 0, so a
-    /// miss costs the same whatever the prompt's length: block 0 is hashed and its slot
-    /// prefetched, the next [`PREFETCH_AHEAD`] blocks are hashed while that load is in
-    /// flight, and the rest only if block 0 has a holder (on any tier). Returns whether
-    /// it has (`false`: no rank holds any prefix of the prompt; `seq` is then partial).
-    #[inline]
-    fn hash_if_block0_held(
-        &self,
-        local_hashes: &[u64],
-        seq: &mut Vec<u64>,
-        guard: &epoch::Guard,
-    ) -> bool {
-        seq.clear();
-        let Some((&first, rest)) = local_hashes.split_first() else {
-            return false;
-        };
-        extend_sequence_hashes(None, &[first], seq);
-        let probe = self.prepare(seq[0], guard);
-        probe.prefetch();
-        let (head, tail) = rest.split_at(rest.len().min(PREFETCH_AHEAD));
-        extend_sequence_hashes(Some(seq[0]), head, seq);
-        if probe.get().is_empty() {
-            return false;
-        }
-        extend_sequence_hashes(seq.last().copied(), tail, seq);
-        true
-    }
-
-    /// Device overlap of a prompt given as local (per-block) hashes.
-    pub fn find_matches(&self, local_hashes: &[u64]) -> OverlapScores {
+    /// Device overlap of a prompt given as local hashes.
+    pub fn find_matches(&self, locals: &[u64]) -> OverlapScores {
         let mut out = OverlapScores::new();
-        self.find_matches_into(local_hashes, &mut out);
+        self.find_matches_into(locals, &mut out);
         out
     }
 
-    /// As [`Index::find_matches`], into a reused result.
-    pub fn find_matches_into(&self, local_hashes: &[u64], out: &mut OverlapScores) {
-        // The chain in one of the thread's spare buffers: no allocation once warm,
-        // whether or not the caller reuses `out`.
-        let mut seq = crate::recycle::take_hashes();
-        // One pin serves the first probe and the walk.
-        let guard = epoch::pin();
-        if self.hash_if_block0_held(local_hashes, &mut seq, &guard) {
-            self.device_walk(&seq, out, &guard);
-        } else {
-            out.scores.clear();
-        }
-        crate::recycle::give_hashes(seq);
-    }
-
-    /// Device overlap of a prompt given as sequence hashes (see [`crate::hash`]): the
-    /// index work alone. Takes no lock and never waits for a writer.
-    pub fn find_matches_by_sequence(&self, seq: &[u64], out: &mut OverlapScores) {
-        self.device_walk(seq, out, &epoch::pin());
-    }
-
-    /// [`Index::find_matches_by_sequence`] inside the caller's pin.
-    fn device_walk(&self, seq: &[u64], out: &mut OverlapScores, guard: &epoch::Guard) {
+    /// As [`RunIndex::find_matches`], into a reused result (allocation-free once warm).
+    pub fn find_matches_into(&self, locals: &[u64], out: &mut OverlapScores) {
         out.scores.clear();
-        let n = seq.len();
-        if n == 0 {
+        let Some(&first) = locals.first() else {
             return;
-        }
-        let mut words = ProbeStream::new(self, seq, guard);
-        let dev = Tier::Device.bit();
+        };
+        let guard = epoch::pin();
+        let Some(mut run) = self.branches.find(0, 0, first, &guard) else {
+            return;
+        };
         let mut active = std::mem::take(&mut out.active);
         let mut done = std::mem::take(&mut out.done);
         active.clear();
         done.clear();
-        let mut prev = words.next_word();
-        // SAFETY: the word was loaded with Acquire inside `guard`, which stays pinned for
-        // the whole walk (this holds for every `view`/`tiers_of`/`for_each` below).
-        unsafe {
-            prev.for_each(|slot, tiers| {
-                if tiers & dev != 0 {
-                    active.push(slot)
+        let mut pos = 0usize;
+        let mut first_run = true;
+        loop {
+            let v = run.view(&guard);
+            let m = v.matching(&locals[pos..]);
+            if m == 0 {
+                break;
+            }
+            if first_run {
+                first_run = false;
+                for c in v.covers.iter().filter(|c| c.d > 0) {
+                    if (c.d as usize) < m {
+                        done.push((c.slot, c.d as u32));
+                    } else {
+                        active.push(c.slot);
+                    }
                 }
-            })
-        };
-        let mut sole = if active.len() == 1 {
-            sole_holder_word(active[0], dev)
-        } else {
-            0
-        };
-        let mut i = 1;
-        while i < n && !active.is_empty() {
-            let w = words.next_word();
-            let at = i as u32;
-            if w == prev {
-                // Same holders as the previous block (holder sets are interned, so equal
-                // sets are equal words): the active ranks all continue.
-                i += 1;
-                continue;
-            }
-            prev = w;
-            if active.len() == 1 && sole == 0 {
-                sole = sole_holder_word(active[0], dev);
-            }
-            if active.len() == 1 {
-                // Early exit from set intersection: one comparison per block while the
-                // rank is the node's sole, device-only holder, else one bit test.
-                // SAFETY: see above.
-                if w.0 != sole && unsafe { w.tiers_of(active[0]) } & dev == 0 {
-                    done.push((active[0], at));
+            } else if active.len() == 1 {
+                let s = active[0];
+                let d = v.cover(s).map_or(0, |c| c.d as usize);
+                if d < m {
+                    done.push((s, (pos + d) as u32));
                     active.clear();
                 }
             } else {
-                // SAFETY: see above.
-                match unsafe { w.view() } {
-                    HolderView::Empty => done.extend(active.drain(..).map(|s| (s, at))),
-                    HolderView::Inline(word) => active.retain(|s| {
-                        let held = inline_entries(word).any(|(e, t)| e == *s && t & dev != 0);
-                        if !held {
-                            done.push((*s, at));
-                        }
-                        held
-                    }),
-                    HolderView::Heap(entries) => {
-                        // Both sides are slot-sorted: one merge pass.
-                        let mut j = 0;
-                        active.retain(|s| {
-                            while j < entries.len() && entry_slot_of(entries[j]) < *s {
-                                j += 1;
-                            }
-                            let held = j < entries.len()
-                                && entry_slot_of(entries[j]) == *s
-                                && entry_tiers_of(entries[j]) & dev != 0;
-                            if !held {
-                                done.push((*s, at));
-                            }
-                            held
-                        });
+                // Both slot-sorted: one merge pass.
+                let covers = v.covers;
+                let mut j = 0;
+                active.retain(|&s| {
+                    while j < covers.len() && covers[j].slot < s {
+                        j += 1;
                     }
-                }
+                    let d = match covers.get(j) {
+                        Some(c) if c.slot == s => c.d as usize,
+                        _ => 0,
+                    };
+                    if d < m {
+                        done.push((s, (pos + d) as u32));
+                    }
+                    d >= m
+                });
             }
-            i += 1;
+            pos += m;
+            if active.is_empty() || pos == locals.len() {
+                break;
+            }
+            let here = run as *const _ as usize;
+            match self.branches.find(here, m as u32, locals[pos], &guard) {
+                Some(c) => run = c,
+                None => break,
+            }
         }
-        done.extend(active.drain(..).map(|s| (s, n as u32)));
-        // Translate after the walk: every slot read above is still owned by its rank
-        // while `guard` is pinned, and a rank created meanwhile is already listed.
-        let rank_of = self.ranks.translator(guard);
+        done.extend(active.drain(..).map(|s| (s, pos as u32)));
+        // Translate after the walk: every slot read above is still owned by its rank while
+        // `guard` is pinned (slots are reused only past the epoch).
+        let rank_of = self.ranks.translator(&guard);
         out.scores.extend(
             done.iter()
                 .filter_map(|&(s, score)| rank_of(s).map(|r| (r, score))),
@@ -371,87 +249,89 @@ impl Index {
     }
 
     /// Tiered overlap of a prompt given as local hashes.
-    pub fn find_matches_tiered(&self, local_hashes: &[u64]) -> TieredScores {
+    pub fn find_matches_tiered(&self, locals: &[u64]) -> TieredScores {
         let mut out = TieredScores::new();
-        self.find_matches_tiered_into(local_hashes, &mut out);
+        self.find_matches_tiered_into(locals, &mut out);
         out
     }
 
-    /// As [`Index::find_matches_tiered`], into a reused result.
-    pub fn find_matches_tiered_into(&self, local_hashes: &[u64], out: &mut TieredScores) {
-        // The chain in one of the thread's spare buffers: no allocation once warm,
-        // whether or not the caller reuses `out`.
-        let mut seq = crate::recycle::take_hashes();
-        // One pin serves the first probe and the walk.
-        let guard = epoch::pin();
-        if self.hash_if_block0_held(local_hashes, &mut seq, &guard) {
-            self.tiered_walk(&seq, out, &guard);
-        } else {
-            out.entries.clear();
-        }
-        crate::recycle::give_hashes(seq);
-    }
-
-    /// Tiered overlap by sequence hashes: per rank the device prefix `d`, then how many
-    /// further contiguous blocks the host tier holds, then the disk tier.
-    pub fn find_matches_tiered_by_sequence(&self, seq: &[u64], out: &mut TieredScores) {
-        self.tiered_walk(seq, out, &epoch::pin());
-    }
-
-    /// [`Index::find_matches_tiered_by_sequence`] inside the caller's pin.
-    fn tiered_walk(&self, seq: &[u64], out: &mut TieredScores, guard: &epoch::Guard) {
+    /// Per rank the device prefix, then how many further contiguous blocks the host tier
+    /// holds, then the disk tier; into a reused result.
+    pub fn find_matches_tiered_into(&self, locals: &[u64], out: &mut TieredScores) {
         out.entries.clear();
-        let n = seq.len();
-        if n == 0 {
+        let Some(&first) = locals.first() else {
             return;
-        }
-        fn step(w: &mut Walk, tiers: u8) -> bool {
-            while w.phase < 3 && tiers & (1 << w.phase) == 0 {
-                w.phase += 1;
-            }
-            if w.phase < 3 {
-                w.counts[w.phase] += 1;
-                true
-            } else {
-                false
-            }
-        }
-        let mut words = ProbeStream::new(self, seq, guard);
+        };
+        let guard = epoch::pin();
+        let Some(mut run) = self.branches.find(0, 0, first, &guard) else {
+            return;
+        };
         let mut live = std::mem::take(&mut out.live);
         let mut done = std::mem::take(&mut out.done);
         live.clear();
         done.clear();
-        // SAFETY: loaded with Acquire inside `guard`, which stays pinned for the whole walk
-        // (this holds for every `for_each`/`tiers_of` below).
-        unsafe {
-            words.next_word().for_each(|slot, tiers| {
-                let mut w = Walk {
-                    slot,
-                    phase: 0,
-                    counts: [0; 3],
-                };
-                if step(&mut w, tiers) {
-                    live.push(w);
-                }
-            })
-        };
-        let mut i = 1;
-        while i < n && !live.is_empty() {
-            let word = words.next_word();
-            let mut k = 0;
-            while k < live.len() {
-                // SAFETY: see above.
-                let tiers = unsafe { word.tiers_of(live[k].slot) };
-                if step(&mut live[k], tiers) {
-                    k += 1;
-                } else {
-                    done.push(live.swap_remove(k));
-                }
+        let mut pos = 0usize;
+        let mut first_run = true;
+        loop {
+            let v = run.view(&guard);
+            let m = v.matching(&locals[pos..]);
+            if m == 0 {
+                break;
             }
-            i += 1;
+            if first_run {
+                first_run = false;
+                for c in v.covers {
+                    let r = c.walk(0, m as u32);
+                    let w = Walk {
+                        slot: c.slot,
+                        phase: r.phase.unwrap_or(0) as usize,
+                        counts: r.counts,
+                    };
+                    match r.phase {
+                        Some(_) => live.push(w),
+                        None if r.counts != [0; 3] => done.push(w),
+                        None => {}
+                    }
+                }
+            } else {
+                let covers = v.covers;
+                let mut j = 0;
+                live.retain_mut(|w| {
+                    while j < covers.len() && covers[j].slot < w.slot {
+                        j += 1;
+                    }
+                    let c = match covers.get(j) {
+                        Some(c) if c.slot == w.slot => *c,
+                        _ => Default::default(),
+                    };
+                    let r = c.walk(w.phase as u8, m as u32);
+                    for t in 0..3 {
+                        w.counts[t] += r.counts[t];
+                    }
+                    match r.phase {
+                        Some(p) => {
+                            w.phase = p as usize;
+                            true
+                        }
+                        None => {
+                            done.push(*w);
+                            false
+                        }
+                    }
+                });
+            }
+            pos += m;
+            if live.is_empty() || pos == locals.len() {
+                break;
+            }
+            let here = run as *const _ as usize;
+            match self.branches.find(here, m as u32, locals[pos], &guard) {
+                Some(c) => run = c,
+                None => break,
+            }
         }
         done.append(&mut live);
-        let rank_of = self.ranks.translator(guard);
+        let rank_of = self.ranks.translator(&guard);
         out.entries.extend(done.iter().filter_map(|w| {
             rank_of(w.slot).map(|rank| TieredOverlap {
                 rank,
@@ -463,5 +343,61 @@ impl Index {
         out.entries.sort_unstable_by_key(|e| e.rank);
         out.live = live;
         out.done = done;
+    }
+}
+
+impl Index {
+    /// The engine's hashes of `rank`'s device blocks at positions `range` of the prompt
+    /// `keys`, in order, into `out` (cleared), stopping at the first block the rank does not
+    /// hold on its device or whose name is not kept: what a transfer hint names. Empty
+    /// unless the index keeps names ([`Index::with_engine_names`]). Walks the trie without
+    /// a lock, then reads the rank's names under its writer lock, briefly.
+    pub fn engine_names(
+        &self,
+        rank: RankId,
+        keys: &[u64],
+        range: std::ops::Range<usize>,
+        out: &mut Vec<u64>,
+    ) {
+        out.clear();
+        if !self.engine_names || range.is_empty() || range.end > keys.len() {
+            return;
+        }
+        let Some(entry) = self.ranks.get(rank) else {
+            return;
+        };
+        let guard = epoch::pin();
+        // The places of positions `range`, as far as the trie has them.
+        let mut places: Vec<u64> = Vec::with_capacity(range.len());
+        let Some(mut run) = self.branches.find(0, 0, keys[0], &guard) else {
+            return;
+        };
+        let mut pos = 0usize;
+        while pos < range.end {
+            let v = run.view(&guard);
+            let m = v.matching(&keys[pos..range.end]);
+            for off in 0..m {
+                if pos + off >= range.start {
+                    places.push(super::run::BlockRef::new(run, off as u32).0);
+                }
+            }
+            pos += m;
+            if m == 0 || pos >= range.end {
+                break;
+            }
+            match self.branches.find(run as *const _ as usize, m as u32, keys[pos], &guard) {
+                Some(c) => run = c,
+                None => break,
+            }
+        }
+        let w = entry.writer.lock();
+        if w.removed {
+            return;
+        }
+        let device = Tier::Device as usize;
+        out.extend(places.iter().map_while(|&r| {
+            let name = w.names.get(r)?;
+            (w.blocks[device].get(name) == Some(r)).then_some(name)
+        }));
     }
 }

@@ -1,20 +1,22 @@
-//! Ranks: their slots in holder sets, the slot → rank directory readers translate with,
-//! and each rank's writer-side state (the engine's external hashes → kvr's chain).
+//! Ranks: their slots (what runs' covers name), the slot → rank directory readers
+//! translate with, and the registry of each rank's writer-side state.
 //!
 //! Writers of one rank serialize on that rank's mutex (one writer per rank is the proven
 //! design); different ranks never share a writer lock here.
 //!
-//! Slot reuse is the one hazard: a reader that loaded a holder word naming slot `s` must
-//! never translate `s` into a rank that got the slot later. So a removed rank's holders
-//! are taken out of the tables first, and its slot goes back to the free list only
+//! Slot reuse is the one hazard: a reader that loaded a cover naming slot `s` must never
+//! translate `s` into a rank that got the slot later. So a removed rank's covers are taken
+//! out of the runs first, and its slot goes back to the free list only
 //! through the epoch collector, after every reader pinned at that time has finished.
 
-use super::block_map::BlockMap as RankMap;
 use super::event::RankId;
-use super::holders::MAX_SLOTS;
-use crate::hash::mix::HashMixMap;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{epoch, Arc, Mutex, ShardedMap};
+
+/// Bits of a rank slot: at most 2^18 ranks per index (a bound on the slot directory,
+/// which readers index by slot).
+pub(crate) const SLOT_BITS: u32 = 18;
+pub(crate) const MAX_SLOTS: u32 = 1 << SLOT_BITS;
 
 /// Per-rank counters, readable without the rank's lock.
 #[derive(Default)]
@@ -34,43 +36,6 @@ pub(crate) struct RankCounters {
 pub(crate) struct Tally {
     pub(crate) tier_blocks: [i64; 3],
     pub(crate) holder_blocks: i64,
-    pub(crate) heap_bytes: i64,
-}
-
-/// Writer-side state of one rank, behind its mutex.
-#[derive(Default)]
-pub(crate) struct RankWriter {
-    pub(crate) tally: Tally,
-    /// Per tier: the engine's block hash → kvr's sequence hash.
-    pub(crate) blocks: [RankMap; 3],
-    /// Per tier: sequence hashes this rank stored under more than one external hash,
-    /// with the number of extra names. The holder bit goes only when the last name goes.
-    pub(crate) aliases: [HashMixMap<u64, u32>; 3],
-    /// Set once the rank is removed; a writer that finds it set must re-resolve the rank.
-    pub(crate) removed: bool,
-    /// Device tier, kept only by an index `with_engine_names`: kvr's sequence hash → the
-    /// engine's block hash (one name per block: the last stored), for transfer hints.
-    pub(crate) names: RankMap,
-}
-
-impl RankWriter {
-    /// kvr's sequence hash of a block this rank stored on any tier.
-    pub(crate) fn resolve(&self, external: u64) -> Option<u64> {
-        self.blocks.iter().find_map(|m| m.get(external))
-    }
-
-    pub(crate) fn map_bytes(&self) -> u64 {
-        // Aliases are rare; estimate hashbrown's buckets (capacity * 8 / 7) with a
-        // control byte each.
-        let alias = |cap: usize| (cap * 8 / 7 * (12 + 1)) as u64;
-        self.blocks.iter().map(|m| m.bytes() as u64).sum::<u64>()
-            + self.names.bytes() as u64
-            + self
-                .aliases
-                .iter()
-                .map(|m| alias(m.capacity()))
-                .sum::<u64>()
-    }
 }
 
 /// A rank's writer-side state, as the registry needs to know it.
@@ -79,17 +44,8 @@ pub(crate) trait WriterState: Default + Send {
     fn removed() -> Self;
 }
 
-impl WriterState for RankWriter {
-    fn removed() -> Self {
-        RankWriter {
-            removed: true,
-            ..RankWriter::default()
-        }
-    }
-}
-
 /// One rank known to the index.
-pub(crate) struct RankEntry<W = RankWriter> {
+pub(crate) struct RankEntry<W> {
     pub(crate) id: RankId,
     pub(crate) slot: u32,
     pub(crate) writer: Mutex<W>,
@@ -134,7 +90,7 @@ struct Directory {
     by_slot: Box<[Option<RankId>]>,
 }
 
-pub(crate) struct RankRegistry<W = RankWriter> {
+pub(crate) struct RankRegistry<W> {
     by_id: ShardedMap<RankId, Arc<RankEntry<W>>>,
     /// Guards copy-on-write updates of `directory`; never taken by readers.
     directory_writer: Mutex<()>,

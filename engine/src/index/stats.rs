@@ -9,7 +9,8 @@ use crate::sync::atomic::Ordering;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IndexStats {
     pub ranks: u64,
-    /// Nodes (distinct prefixes) held by at least one rank.
+    /// Blocks stored in live runs: the distinct prefixes the index keeps. A block no rank
+    /// holds any more stays counted until its run goes (when nothing holds any of it).
     pub nodes: u64,
     /// (rank, block) pairs held on any tier.
     pub holder_blocks: u64,
@@ -17,13 +18,15 @@ pub struct IndexStats {
     pub tier_blocks: [u64; 3],
     /// All index memory: `table_bytes + holder_set_bytes + rank_map_bytes`.
     pub bytes: u64,
-    /// The node tables (the lock-free read structure).
+    /// The lock-free read structure: the branch table and the runs (headers, states with
+    /// their covers, local-hash arrays).
     pub table_bytes: u64,
-    /// Heap holder sets of nodes with more than three holders.
+    /// Always 0: kvr's first index kept heap holder sets; covers live in the runs' states
+    /// (counted in `table_bytes`).
     pub holder_set_bytes: u64,
     /// The ranks' external-hash maps (writer side; estimated from their capacities).
     pub rank_map_bytes: u64,
-    /// Heap bytes of the lineage kept for dumps (0 without `Index::with_lineage`).
+    /// Always 0: the runs are the lineage a dump needs.
     pub lineage_bytes: u64,
     pub stored_events: u64,
     pub removed_events: u64,
@@ -67,13 +70,11 @@ impl Index {
             parent_not_found: t.parent_not_found.load(Ordering::Relaxed),
             block_not_found: t.block_not_found.load(Ordering::Relaxed),
             too_many_ranks: t.too_many_ranks.load(Ordering::Relaxed),
-            holder_set_bytes: t.holder_set_bytes.load(Ordering::Relaxed).max(0) as u64,
+            nodes: t.run_blocks.load(Ordering::Relaxed).max(0) as u64,
+            table_bytes: self.branches.table_bytes()
+                + t.run_bytes.load(Ordering::Relaxed).max(0) as u64,
             ..Default::default()
         };
-        for sh in self.shards.iter() {
-            s.nodes += sh.live_nodes();
-            s.table_bytes += sh.table_bytes();
-        }
         for e in self.ranks.entries() {
             let r = rank_stats(&e);
             s.ranks += 1;
@@ -83,7 +84,6 @@ impl Index {
             }
             s.rank_map_bytes += r.rank_map_bytes;
         }
-        s.lineage_bytes = self.lineage.as_ref().map_or(0, |l| l.bytes());
         s.bytes = s.table_bytes + s.holder_set_bytes + s.rank_map_bytes + s.lineage_bytes;
         s
     }

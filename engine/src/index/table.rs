@@ -1,7 +1,7 @@
-//! The flat node table: sequence hash → holder word, one open-addressing table per shard.
-//!
-//! A node is identified by its chained sequence hash, so a walk of depth D is D
-//! independent probes that can all be in flight at once, not D dependent pointer chases.
+//! A sharded `u64 → u64` table with lock-free reads: one open-addressing table per shard.
+//! The index's branch table (children of runs, see `branch`) and the engine's
+//! selection-id map (`crate::idmap`) are built on it. (It was kvr's first index: one node
+//! per block keyed by its sequence hash.)
 //!
 //! Layout: a table is one allocation of `(key, word)` slots, aligned to 256 bytes, so the
 //! shard's single atomic table word carries both the slots' address and a capacity code
@@ -10,7 +10,7 @@
 //!
 //! Protocol (see `crate::docs` for the proofs):
 //! - a slot's key goes from empty to one key exactly once per table; the writer stores the
-//!   holder word first and then the key with `Release`, the reader loads the key with
+//!   word first and then the key with `Release`, the reader loads the key with
 //!   `Acquire` and then the word, so a found key always comes with its published word;
 //! - a removed node keeps its key with an empty word ("dead"); the same key coming back
 //!   revives the slot. Keys are never erased in place, so a reader never sees a key and
@@ -24,7 +24,6 @@
 use std::alloc::{dealloc, handle_alloc_error, Layout};
 use std::marker::PhantomData;
 
-use super::holders::{self, Holders};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 use crate::sync::UnsafeCell;
@@ -261,23 +260,9 @@ pub(crate) struct Probe<'g> {
 }
 
 impl Probe<'_> {
-    /// Hints the CPU to start loading the key's home slot.
+    /// The key's word (0 if absent). Lock-free; never waits for a writer.
     #[inline(always)]
-    pub(crate) fn prefetch(&self) {
-        let p = self.slot as *const Slot;
-        #[cfg(all(target_arch = "x86_64", not(loom)))]
-        // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
-        // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
-        unsafe {
-            core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0)
-        };
-        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
-        let _ = p;
-    }
-
-    /// The key's holder word (empty if absent). Lock-free; never waits for a writer.
-    #[inline(always)]
-    pub(crate) fn get(&self) -> Holders {
+    pub(crate) fn get(&self) -> u64 {
         #[cfg(loom)]
         // SAFETY: the header lives as long as the table (`'g`).
         unsafe {
@@ -291,10 +276,10 @@ impl Probe<'_> {
             let slot = unsafe { &*p };
             let k = slot.key.load(Ordering::Acquire);
             if k == self.key {
-                return Holders(slot.word.load(Ordering::Acquire));
+                return slot.word.load(Ordering::Acquire);
             }
             if k == EMPTY {
-                return Holders::EMPTY;
+                return 0;
             }
             // SAFETY: see above; the next slot exists because this one was not the sentinel.
             p = unsafe { p.add(1) };
@@ -319,16 +304,6 @@ pub(crate) struct Shard {
     table_bytes: AtomicU64,
     /// Live nodes (read by stats).
     live: AtomicU64,
-}
-
-/// The change one holder update made.
-pub(crate) struct TierChange {
-    pub(crate) before: u8,
-    pub(crate) after: u8,
-    pub(crate) heap_delta: isize,
-    /// The node went from no holder at all (of any rank) to one: exactly one writer sees
-    /// this per such transition, as writers of a shard serialize.
-    pub(crate) born: bool,
 }
 
 impl Shard {
@@ -358,53 +333,9 @@ impl Shard {
         self.table_bytes.load(Ordering::Relaxed)
     }
 
+    #[cfg(test)]
     pub(crate) fn live_nodes(&self) -> u64 {
         self.live.load(Ordering::Relaxed)
-    }
-
-    /// Adds (`set = true`) or removes `tier_bits` for `slot` on the node `key`.
-    pub(crate) fn update(
-        &self,
-        key: u64,
-        slot: u32,
-        tier_bits: u8,
-        set: bool,
-        interner: &holders::Interner,
-        guard: &epoch::Guard,
-    ) -> TierChange {
-        let (change, retired) = self.modify(key, guard, |old| {
-            let old = Holders(old);
-            // SAFETY: `modify` runs this under the shard's writer lock with `old` loaded
-            // under it, so a heap set it points to is alive and this node owns a reference.
-            let before = unsafe { old.tiers_of(slot) };
-            let after = if set {
-                before | tier_bits
-            } else {
-                before & !tier_bits
-            };
-            let unchanged = TierChange {
-                before,
-                after,
-                heap_delta: 0,
-                born: false,
-            };
-            if after == before {
-                return (None, (unchanged, None));
-            }
-            // SAFETY: as above.
-            let rw = unsafe { holders::rewrite(interner, old, slot, after) };
-            let change = TierChange {
-                heap_delta: rw.heap_delta,
-                born: old.0 == 0 && rw.word.0 != 0,
-                ..unchanged
-            };
-            (Some(rw.word.0), (change, rw.retired))
-        });
-        if let Some(p) = retired {
-            // The word that named it has been replaced: retire it past current readers.
-            retire_holders(p, guard);
-        }
-        change
     }
 
     /// Sets `key`'s word to `value` (0 removes it) and returns the old word: the node table
@@ -576,24 +507,6 @@ fn publish_ordering() -> Ordering {
     Ordering::Release
 }
 
-fn retire_holders(p: *mut holders::HeapHolders, guard: &epoch::Guard) {
-    #[cfg(loom)]
-    if crate::sync::faults::get().free_holders_now {
-        // Negative control (loom models only): "free" at once while readers may hold the
-        // set. It is poisoned through a loom-tracked write and leaked rather than freed, so
-        // the model reports the race instead of touching freed memory.
-        // SAFETY: the set is still allocated (leaked, never freed).
-        unsafe { holders::HeapHolders::poison(p) };
-        return;
-    }
-    let addr = p as usize;
-    // SAFETY: the set is unreachable from the table (its word was replaced under the
-    // writer lock), and the closure runs only after every guard pinned now is dropped.
-    unsafe {
-        guard.defer_unchecked(move || holders::free_heap(addr as *mut holders::HeapHolders));
-    }
-}
-
 fn retire_table(word: usize, guard: &epoch::Guard) {
     #[cfg(loom)]
     if crate::sync::faults::get().free_table_now {
@@ -636,22 +549,21 @@ mod rebuild_tests {
 
     #[test]
     fn smallest_table_is_rebuilt_at_the_seventh_key() {
-        let interner = holders::Interner::new();
         let shard = Shard::new(8);
         let before = shard.table_bytes();
         let guard = epoch::pin();
         for k in 1..=6u64 {
-            shard.update(k << 60 | 1, 0, 1, true, &interner, &guard);
+            shard.set_word(k << 60 | 1, 1, &guard);
         }
         assert_eq!(shard.table_bytes(), before);
-        shard.update(7 << 60 | 1, 0, 1, true, &interner, &guard);
+        shard.set_word(7 << 60 | 1, 1, &guard);
         assert!(
             shard.table_bytes() > before,
             "{} vs {before}",
             shard.table_bytes()
         );
         for k in 1..=7u64 {
-            assert!(!shard.table(&guard).probe(k << 60 | 1).get().is_empty());
+            assert_ne!(shard.table(&guard).probe(k << 60 | 1).get(), 0);
         }
     }
 }
@@ -664,21 +576,18 @@ mod tail_tests {
     fn keys_sharing_one_home_at_the_end_grow_the_table_until_they_fit() {
         // 200 keys whose high 32 bits are all ones: every capacity homes them at the very
         // end of the table, where only the tail can absorb them.
-        let interner = holders::Interner::new();
         let shard = Shard::new(8);
         let guard = epoch::pin();
         let keys: Vec<u64> = (1..=200u64).map(|k| (u32::MAX as u64) << 32 | k).collect();
         for &k in &keys {
-            shard.update(k, 3, 1, true, &interner, &guard);
+            shard.set_word(k, k, &guard);
         }
         for &k in &keys {
-            let w = shard.table(&guard).probe(k).get();
-            // SAFETY: loaded inside `guard`.
-            assert_eq!(unsafe { w.tiers_of(3) }, 1);
+            assert_eq!(shard.table(&guard).probe(k).get(), k);
         }
-        assert!(shard.table(&guard).probe(12345).get().is_empty());
+        assert_eq!(shard.table(&guard).probe(12345).get(), 0);
         for &k in &keys {
-            shard.update(k, 3, 1, false, &interner, &guard);
+            shard.set_word(k, 0, &guard);
         }
         assert_eq!(shard.live_nodes(), 0);
     }

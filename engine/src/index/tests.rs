@@ -57,24 +57,6 @@ fn mid_chain_removal_cuts_score_and_unknown_removals_count() {
     assert_eq!(idx.rank_stats(R0).unwrap().holder_blocks, 5);
 }
 
-#[test]
-fn many_holders_spill_to_heap_and_back() {
-    let idx = Index::new();
-    let ranks: Vec<RankId> = (0..10).map(|w| RankId::new(w, 0)).collect();
-    for r in &ranks {
-        idx.store(*r, Tier::Device, None, &blocks(0..3)).unwrap();
-    }
-    let m = idx.find_matches(&locals(0..3));
-    assert_eq!(m.len(), 10);
-    assert!(m.iter().all(|(_, s)| s == 3));
-    assert!(idx.stats().holder_set_bytes > 0);
-    for r in &ranks[..8] {
-        idx.clear(*r);
-    }
-    let m = idx.find_matches(&locals(0..3));
-    assert_eq!(m.as_slice(), &[(ranks[8], 3), (ranks[9], 3)]);
-    assert_eq!(idx.stats().holder_set_bytes, 0);
-}
 
 #[test]
 fn tiers_make_a_tiered_prefix() {
@@ -129,7 +111,8 @@ fn remove_worker_drops_all_its_ranks_and_slots_are_reused() {
     assert_eq!(m.as_slice(), &[(R0, 1)]);
     assert_eq!(idx.ranks(), vec![R0]);
     let s = idx.stats();
-    assert_eq!((s.holder_blocks, s.nodes), (1, 1));
+    // R0's one block keeps the run R1 stored (3 blocks) until R0 lets it go too.
+    assert_eq!((s.holder_blocks, s.nodes), (1, 3));
     // Events for a removed worker bring it back as a new rank with only new blocks.
     idx.store(R1, Tier::Device, None, &blocks(0..1)).unwrap();
     assert_eq!(idx.find_matches(&locals(0..3)).get(R1), 1);
@@ -184,33 +167,6 @@ fn index_is_send_and_sync() {
     shared::<Index>();
 }
 
-#[test]
-fn equal_holder_sets_are_shared_and_outlive_one_nodes_change() {
-    let idx = Index::new();
-    let ranks: Vec<RankId> = (0..5).map(|w| RankId::new(w, 0)).collect();
-    for r in &ranks {
-        idx.store(*r, Tier::Device, None, &blocks(0..64)).unwrap();
-    }
-    // 64 nodes, one interned set of five holders.
-    let one_set = idx.stats().holder_set_bytes;
-    assert!(
-        one_set > 0 && one_set < 64,
-        "one set, not 64: {one_set} bytes"
-    );
-    // One node changes (rank 0 evicts block 10): the other 63 keep the shared set.
-    idx.remove(ranks[0], Tier::Device, &[10]);
-    let m = idx.find_matches(&locals(0..64));
-    assert_eq!(m.get(ranks[0]), 10);
-    for r in &ranks[1..] {
-        assert_eq!(m.get(*r), 64);
-    }
-    // Two distinct sets now: {0..4} and {1..4}.
-    assert!(idx.stats().holder_set_bytes > one_set);
-    for r in &ranks {
-        idx.clear(*r);
-    }
-    assert_eq!(idx.stats().holder_set_bytes, 0);
-}
 
 /// Small enough for Miri (tests/miri.sh), which checks it for data races and
 /// use-after-free: a reader walks a chain while a writer adds and drops four more holders
@@ -250,4 +206,151 @@ fn a_reader_races_a_churning_writer() {
     }
     writer.join().unwrap();
     assert_eq!(idx.find_matches(&locals(0..8)).as_slice(), &[(R1, 8)]);
+}
+
+#[test]
+fn many_holders_share_one_run_each_with_its_cover() {
+    let idx = Index::new();
+    let ranks: Vec<RankId> = (0..64).map(|w| RankId::new(w, 0)).collect();
+    for (i, &r) in ranks.iter().enumerate() {
+        // Rank i holds the first i + 1 blocks of one 64-block chain.
+        idx.store(r, Tier::Device, None, &blocks(0..i as u64 + 1))
+            .unwrap();
+    }
+    assert_eq!(idx.run_counts().0, 1, "one run, 64 covers");
+    let m = idx.find_matches(&locals(0..64));
+    assert_eq!(m.len(), 64);
+    for (i, &r) in ranks.iter().enumerate() {
+        assert_eq!(m.get(r), i as u32 + 1);
+    }
+    for &r in &ranks {
+        idx.clear(r);
+    }
+    assert_eq!(idx.run_counts().0, 0);
+}
+
+
+fn rank(w: u64) -> RankId {
+    RankId::new(w, 0)
+}
+
+fn salted(locals: &[u64], salt: u64) -> Vec<StoredBlock> {
+    locals
+        .iter()
+        .map(|&l| StoredBlock {
+            external_hash: l ^ salt,
+            local_hash: l,
+        })
+        .collect()
+}
+
+#[test]
+fn store_lookup_branch_and_remove() {
+    let idx = Index::new();
+    let a: Vec<u64> = (1..=10).collect();
+    idx.store(rank(1), Tier::Device, None, &salted(&a, 0))
+        .unwrap();
+    assert_eq!(idx.find_matches(&a).as_slice(), &[(rank(1), 10)]);
+    assert_eq!(idx.find_matches(&a[..4]).as_slice(), &[(rank(1), 4)]);
+    // Rank 2 shares 5 blocks, then diverges: a child at offset 5.
+    let mut b = a[..5].to_vec();
+    b.extend([100, 101, 102]);
+    idx.store(rank(2), Tier::Device, None, &salted(&b, 7))
+        .unwrap();
+    assert_eq!(
+        idx.find_matches(&b).as_slice(),
+        &[(rank(1), 5), (rank(2), 8)]
+    );
+    assert_eq!(
+        idx.find_matches(&a).as_slice(),
+        &[(rank(1), 10), (rank(2), 5)]
+    );
+    // A hole in rank 1's chain cuts its score there.
+    let out = idx.remove(rank(1), Tier::Device, &[3]);
+    assert_eq!(out.removed, 1);
+    assert_eq!(
+        idx.find_matches(&a).as_slice(),
+        &[(rank(1), 2), (rank(2), 5)]
+    );
+    // Re-storing the hole heals it.
+    idx.store(rank(1), Tier::Device, Some(2), &salted(&[3], 0))
+        .unwrap();
+    assert_eq!(
+        idx.find_matches(&a).as_slice(),
+        &[(rank(1), 10), (rank(2), 5)]
+    );
+    // Everything gone: every run retired.
+    idx.clear(rank(1));
+    idx.clear(rank(2));
+    assert!(idx.find_matches(&a).is_empty());
+    assert_eq!(idx.run_counts().0, 0);
+    assert_eq!(idx.stats().holder_blocks, 0);
+}
+
+#[test]
+fn appends_extend_a_run_and_tiers_compose() {
+    let idx = Index::new();
+    idx.store(rank(1), Tier::Device, None, &salted(&[1, 2], 0))
+        .unwrap();
+    idx.store(rank(1), Tier::Device, Some(2), &salted(&[3, 4], 0))
+        .unwrap();
+    assert_eq!(
+        idx.run_counts().0,
+        1,
+        "the store at the end extends the run"
+    );
+    idx.store(rank(1), Tier::Host, Some(4), &salted(&[5, 6], 0))
+        .unwrap();
+    let t = idx.find_matches_tiered(&[1, 2, 3, 4, 5, 6, 7]);
+    let e = t.get(rank(1)).unwrap();
+    assert_eq!((e.device, e.host, e.disk), (4, 2, 0));
+    assert_eq!(idx.find_matches(&[1, 2, 3, 4, 5, 6]).get(rank(1)), 4);
+}
+
+/// A reader thread walks chains while a writer grows them (array growth), branches off
+/// them and removes them (runs retired): under Miri, for data races and use-after-free.
+#[test]
+fn a_reader_races_a_writer_that_grows_branches_and_retires_runs() {
+    let idx = crate::sync::StdArc::new(Index::new());
+    let rounds = if cfg!(miri) { 6 } else { 300 };
+    let chain: Vec<u64> = (1..=24).collect();
+    let reader = {
+        let idx = idx.clone();
+        let chain = chain.clone();
+        std::thread::spawn(move || {
+            let mut out = crate::index::OverlapScores::new();
+            for _ in 0..rounds * 4 {
+                idx.find_matches_into(&chain, &mut out);
+                for (_, n) in out.iter() {
+                    assert!(n as usize <= chain.len());
+                }
+                let _ = idx.find_matches_tiered(&chain[..7]);
+            }
+        })
+    };
+    for r in 0..rounds {
+        let salt = r as u64 * 1_000;
+        // Grow one block at a time (appends past the array's capacity).
+        idx.store(rank(1), Tier::Device, None, &salted(&chain[..1], salt))
+            .unwrap();
+        for i in 1..chain.len() {
+            idx.store(
+                rank(1),
+                Tier::Device,
+                Some(chain[i - 1] ^ salt),
+                &salted(&chain[i..=i], salt),
+            )
+            .unwrap();
+        }
+        // Another rank branches off half-way, then everything goes.
+        let mut b = chain[..12].to_vec();
+        b.push(999);
+        idx.store(rank(2), Tier::Host, None, &salted(&b, salt + 1))
+            .unwrap();
+        idx.clear(rank(2));
+        let all: Vec<u64> = chain.iter().map(|l| l ^ salt).collect();
+        assert_eq!(idx.remove(rank(1), Tier::Device, &all).removed, chain.len());
+    }
+    reader.join().unwrap();
+    assert_eq!(idx.run_counts().0, 0);
 }

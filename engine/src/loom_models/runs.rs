@@ -3,7 +3,7 @@
 //! table, and a run unlinked and retired while a reader walks it.
 
 use super::{churn_epoch, in_child, model, model_reclaiming, must_fail, note_reclaimed};
-use crate::index::runs::RunIndex;
+use crate::index::Index as RunIndex;
 use crate::index::{RankId, StoredBlock, Tier};
 use crate::sync::faults::{self, Faults};
 use crate::sync::Arc;

@@ -80,9 +80,10 @@ impl Selector<'_> {
         if !member {
             return Err(SelectError::UnknownRank(rank));
         }
+        let mut scratch = Scratch::take();
         let (seq, prompt_tokens, expected, ttl) = match prompt {
             Some(r) => {
-                let (seq, n) = self.sequence_of(r);
+                let (seq, n) = self.sequence_into(r, &mut scratch.local, crate::recycle::take_hashes());
                 (seq, n, r.expected_output_tokens, r.ttl)
             }
             None => (Vec::new(), prefill_tokens.unwrap_or(0), 0, None),
@@ -90,10 +91,16 @@ impl Selector<'_> {
         let device = if seq.is_empty() {
             0
         } else {
+            let local: &[u64] = match prompt.map(|r| &r.prompt) {
+                Some(Prompt::LocalHashes { hashes, .. }) => hashes,
+                _ => &scratch.local,
+            };
             let mut t = TieredScores::new();
-            self.index.find_matches_tiered_by_sequence(&seq, &mut t);
+            self.index
+                .find_matches_tiered_into(self.indexing.primary_keys(local, &seq), &mut t);
             t.get(rank).map_or(0, |o| o.device)
         };
+        Scratch::put(scratch);
         let cached = (device as u64 * self.block_size() as u64).min(prompt_tokens);
         let prefill = prefill_tokens.unwrap_or(prompt_tokens - cached);
         let active = self.bookings.rank_load(rank);
@@ -133,15 +140,8 @@ impl Selector<'_> {
         })
     }
 
-    /// Sequence hashes of a request's prompt and its length in tokens.
-    pub(super) fn sequence_of(&self, req: &SelectRequest<'_>) -> (Vec<u64>, u64) {
-        let mut scratch = Scratch::take();
-        let seq = crate::recycle::take_hashes();
-        let r = self.sequence_into(req, &mut scratch.local, seq);
-        Scratch::put(scratch);
-        r
-    }
-
+    /// Sequence hashes of a request's prompt and its length in tokens; a tokens prompt's
+    /// local hashes land in `local` (a hashes prompt carries its own).
     pub(super) fn sequence_into(
         &self,
         req: &SelectRequest<'_>,

@@ -112,7 +112,7 @@ impl Selector<'_> {
         let (decision, forced_rebind) = self.decision(
             i,
             prompt_tokens,
-            &seq,
+            self.indexing.primary_keys(local, &seq),
             booked,
             &view,
             tiered,
@@ -314,7 +314,7 @@ impl Selector<'_> {
         &self,
         i: usize,
         prompt_tokens: u64,
-        seq: &[u64],
+        keys: &[u64],
         booked: bool,
         view: &View<'_>,
         tiered: &TieredScores,
@@ -340,7 +340,7 @@ impl Selector<'_> {
         // 6. (booked mode) the transfer hint.
         let kv_hint = if booked {
             self.kv_hint(
-                seq,
+                keys,
                 rank,
                 device,
                 tiered,

@@ -15,7 +15,7 @@ impl Selector<'_> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kv_hint(
         &self,
-        seq: &[u64],
+        keys: &[u64],
         chosen: RankId,
         chosen_device: u32,
         tiered: &TieredScores,
@@ -70,10 +70,13 @@ impl Selector<'_> {
         let (device, source, endpoint) = best?;
         let end = device
             .min(chosen_device.saturating_add(cfg.max_transfer_blocks))
-            .min(seq.len() as u32);
-        let hinted = seq.get(chosen_device as usize..end as usize)?;
+            .min(keys.len() as u32);
+        if end <= chosen_device {
+            return None;
+        }
         let mut block_hashes = Vec::new();
-        self.index.engine_names(source, hinted, &mut block_hashes);
+        self.index
+            .engine_names(source, keys, chosen_device as usize..end as usize, &mut block_hashes);
         // Only what the source can be asked for by name.
         let end = chosen_device + block_hashes.len() as u32;
         (end > chosen_device).then(|| KvHint {

@@ -32,7 +32,8 @@ impl Selector<'_> {
             None => {
                 // Loaded before the index is read (`ingress::freshness`).
                 let stale = (!self.config.trust_stale_overlap).then(|| self.freshness.now());
-                self.index.find_matches_tiered_by_sequence(seq, tiered);
+                let keys = self.indexing.primary_keys(local, seq);
+                self.index.find_matches_tiered_into(keys, tiered);
                 if let Some(stale) = stale.filter(|s| !s.is_empty()) {
                     let n = tiered.forget_ranks(|r| stale.contains(r));
                     self.counters

@@ -16,6 +16,14 @@ pub fn prompt(seed: u32) -> Vec<u32> {
 }
 
 /// The sequence hashes of `tokens` (no salt).
+/// The local hashes of a tokens prompt (block size `B`, no salt).
+pub fn locals(tokens: &[u32]) -> Vec<u64> {
+    let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
+    let (mut local, mut seq) = (Vec::new(), Vec::new());
+    h.hash_tokens(tokens, &mut local, &mut seq);
+    local
+}
+
 pub fn seqs(tokens: &[u32]) -> Vec<u64> {
     let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
     let (mut l, mut s) = (Vec::new(), Vec::new());

@@ -10,11 +10,11 @@
 
 use smallvec::SmallVec;
 
+use super::event::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier};
 use super::hold::Cover;
+use super::ranks::{RankEntry, Tally};
 use super::run::{retire_run, BlockRef, Run, RunWriter, MAX_RUN};
-use super::{RunIndex, RunRankWriter};
-use crate::index::event::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier};
-use crate::index::ranks::{RankEntry, Tally};
+use super::{Index, RankWriter};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{epoch, MutexGuard};
 
@@ -56,7 +56,7 @@ fn has_children_at(w: &RunWriter, at: u32) -> bool {
     w.branch_at.iter().any(|&(o, _)| o == at)
 }
 
-impl RunIndex {
+impl Index {
     /// Applies one event of `rank`. Events of one rank must be applied in order.
     pub fn apply(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
         match *event {
@@ -86,7 +86,7 @@ impl RunIndex {
         &self,
         rank: RankId,
         create: bool,
-        f: impl FnOnce(&RankEntry<RunRankWriter>, &mut RunRankWriter) -> R,
+        f: impl FnOnce(&RankEntry<RankWriter>, &mut RankWriter) -> R,
     ) -> Result<Option<R>, IndexError> {
         loop {
             let entry = if create {
@@ -190,6 +190,28 @@ impl RunIndex {
                 None => Ok(0),
             }
         })
+    }
+
+    /// Stores a chain given by its sequence hashes (first block first), each block named
+    /// by its sequence hash and keyed by it too: how kvr records what it booked (the
+    /// approximate index, the prediction side index), where no engine names the blocks and
+    /// no local hash is known. Such an index is looked up by sequence hashes (module docs).
+    /// Returns the blocks newly stored.
+    pub fn store_sequences(
+        &self,
+        rank: RankId,
+        tier: Tier,
+        seqs: &[u64],
+    ) -> Result<usize, IndexError> {
+        self.keyed_by_sequence.store(true, Ordering::Relaxed);
+        let blocks: SmallVec<[StoredBlock; 128]> = seqs
+            .iter()
+            .map(|&s| StoredBlock {
+                external_hash: s,
+                local_hash: s,
+            })
+            .collect();
+        self.store(rank, tier, None, &blocks)
     }
 
     /// Places the first blocks of `rest` after `cursor` (the rank's last block, or the
@@ -332,7 +354,7 @@ impl RunIndex {
     /// whether the rank holds that block on that tier anew.
     fn record(
         &self,
-        w: &mut RunRankWriter,
+        w: &mut RankWriter,
         tier: Tier,
         external: u64,
         r: BlockRef,
@@ -364,7 +386,7 @@ impl RunIndex {
 
     /// Publishes this rank's new cover in every run the event touched, releases its pins,
     /// and retires runs left with no holder, child or writer.
-    fn finish(&self, slot: u32, w: &mut RunRankWriter, touched: &Touched, guard: &epoch::Guard) {
+    fn finish(&self, slot: u32, w: &mut RankWriter, touched: &Touched, guard: &epoch::Guard) {
         for &(addr, pins) in &touched.runs {
             // SAFETY: the rank held blocks of it before this event or pinned it.
             let run = unsafe { run_at(addr) };
@@ -522,7 +544,7 @@ impl RunIndex {
         .unwrap_or(0)
     }
 
-    fn empty_rank(&self, entry: &RankEntry<RunRankWriter>, w: &mut RunRankWriter) -> usize {
+    fn empty_rank(&self, entry: &RankEntry<RankWriter>, w: &mut RankWriter) -> usize {
         let guard = epoch::pin();
         let removed: usize = w.blocks.iter().map(|m| m.len()).sum();
         for t in 0..3 {
@@ -586,7 +608,7 @@ impl RunIndex {
 
 /// One engine name of the block at `r` on tier `t` went away: release the block unless
 /// another name still holds it.
-fn drop_name(w: &mut RunRankWriter, t: usize, r: BlockRef, touched: &mut Touched) {
+fn drop_name(w: &mut RankWriter, t: usize, r: BlockRef, touched: &mut Touched) {
     if let Some(n) = w.aliases[t].get_mut(&r.0) {
         *n -= 1;
         if *n == 0 {
@@ -606,7 +628,7 @@ fn drop_name(w: &mut RunRankWriter, t: usize, r: BlockRef, touched: &mut Touched
 }
 
 /// Applies one event's counter changes at once.
-fn settle(entry: &RankEntry<RunRankWriter>, tally: &mut Tally) {
+fn settle(entry: &RankEntry<RankWriter>, tally: &mut Tally) {
     let tally = std::mem::take(tally);
     let c = &entry.counters;
     let add = |a: &AtomicU64, d: i64| {

@@ -60,7 +60,7 @@ impl Branches {
         guard: &'g epoch::Guard,
     ) -> Option<&'g Run> {
         let key = branch_key(parent, at, local);
-        let w = self.shard(key).table(guard).probe(key).get().0;
+        let w = self.shard(key).table(guard).probe(key).get();
         if w == 0 {
             return None;
         }
