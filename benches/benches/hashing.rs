@@ -3,7 +3,8 @@
 //!
 //! - `hashing/hash_tokens/bs{16,64}`: a 4,096-token prompt, elements = tokens.
 //! - `hashing/sequence_chain/{32,128}`: local → sequence hashes only (the extra work
-//!   `find_matches_into` does over `find_matches_by_sequence`), elements = blocks.
+//!   what a booking records per rank, and what a client may send precomputed), elements =
+//!   blocks.
 
 use std::hint::black_box;
 

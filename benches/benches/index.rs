@@ -2,8 +2,6 @@
 //! 128-block chains, in two shapes (see `kvr_benches::Shape`). One thread.
 //!
 //! Per shape (`single` | `shared8`), the index is built once, then:
-//! - `find_matches_<shape>/by_sequence/{32,128}`: `find_matches_by_sequence` — the index
-//!   work alone, query given as sequence hashes. Elements = queries.
 //! - `find_matches_<shape>/from_local/{32,128}`: `find_matches_into` — local hashes in,
 //!   so it also computes the sequence chain. Elements = queries.
 //!   Queries are stored chains drawn uniformly (a long pre-drawn list, cycled), truncated
@@ -17,9 +15,7 @@
 //!   128 8-way chains) stored into an empty index, growth included. Elements = blocks.
 //!
 //! - `find_matches_<shape>/miss/{1,32,128,512}`: `find_matches_into` on a prompt nobody
-//!   holds (random local hashes): it hashes block 0 and the next 16 only, so its cost
-//!   should not grow with the length; `miss_hash_all/{n}` is the old path (the whole
-//!   chain hashed, then the walk), measured in the same run for the ratio.
+//!   holds (random local hashes): one branch-table probe, whatever the length.
 //!
 //! The find_matches benches run before the apply benches, which churn the index.
 
@@ -44,14 +40,6 @@ fn find_matches(c: &mut Criterion, w: &Workload) {
     let mut out = OverlapScores::new();
     for n in QUERY_LENS {
         let mut order = QueryOrder::for_chains(w.chains.len());
-        g.bench_function(format!("by_sequence/{n}"), |b| {
-            b.iter(|| {
-                let q = &w.chains.seq(order.next())[..n];
-                w.index.find_matches_by_sequence(black_box(q), &mut out);
-                black_box(out.len())
-            })
-        });
-        let mut order = QueryOrder::for_chains(w.chains.len());
         g.bench_function(format!("from_local/{n}"), |b| {
             b.iter(|| {
                 let q = &w.chains.local(order.next())[..n];
@@ -75,16 +63,6 @@ fn find_matches(c: &mut Criterion, w: &Workload) {
             b.iter(|| {
                 i = (i + 1) % prompts.len();
                 w.index.find_matches_into(black_box(&prompts[i]), &mut out);
-                black_box(out.len())
-            })
-        });
-        let mut seq = Vec::with_capacity(n);
-        g.bench_function(format!("miss_hash_all/{n}"), |b| {
-            b.iter(|| {
-                i = (i + 1) % prompts.len();
-                seq.clear();
-                kvr::hash::extend_sequence_hashes(None, black_box(&prompts[i]), &mut seq);
-                w.index.find_matches_by_sequence(&seq, &mut out);
                 black_box(out.len())
             })
         });

@@ -30,7 +30,6 @@ const QUERY_LENS: [usize; 2] = [32, 128];
 
 #[derive(Clone, Copy)]
 enum Variant {
-    BySequence,
     FromLocal,
 }
 
@@ -44,12 +43,10 @@ fn measure(w: &Workload, variant: Variant, n: usize, calls: usize, warmup: usize
         let i = order.next();
         buf.clear();
         match variant {
-            Variant::BySequence => buf.extend_from_slice(&w.chains.seq(i)[..n]),
             Variant::FromLocal => buf.extend_from_slice(&w.chains.local(i)[..n]),
         }
         let t = Instant::now();
         match variant {
-            Variant::BySequence => w.index.find_matches_by_sequence(black_box(&buf), &mut out),
             Variant::FromLocal => w.index.find_matches_into(black_box(&buf), &mut out),
         }
         let d = t.elapsed();
@@ -80,10 +77,7 @@ fn main() {
     let only = std::env::var("KVR_LAT_ONLY").unwrap_or_default();
     let name_of =
         |shape: Shape, vname: &str, n: usize| format!("find_matches_{}/{vname}/{n}", shape.label());
-    const VARIANTS: [(Variant, &str); 2] = [
-        (Variant::BySequence, "by_sequence"),
-        (Variant::FromLocal, "from_local"),
-    ];
+    const VARIANTS: [(Variant, &str); 1] = [(Variant::FromLocal, "from_local")];
 
     let mut lats = Vec::new();
     let mut mems = String::new();

@@ -28,8 +28,6 @@ use std::time::Instant;
 
 use common::model::{self, assert_rank_stats_equal, assert_stats_equal, Model, TIERS};
 use common::rng::{env_u64, Rng};
-use common::under_test::UnderTest;
-use kvr::hash::sequence_hashes;
 use kvr::index::{Index, IndexConfig, OverlapScores};
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
@@ -476,7 +474,7 @@ impl Gen<'_> {
     }
 }
 
-fn apply_op<I: UnderTest>(index: &I, model: &mut Model, op: &Op, cov: &mut Coverage) {
+fn apply_op(index: &Index, model: &mut Model, op: &Op, cov: &mut Coverage) {
     match op {
         Op::Store {
             rank,
@@ -558,8 +556,8 @@ fn apply_op<I: UnderTest>(index: &I, model: &mut Model, op: &Op, cov: &mut Cover
     }
 }
 
-fn check_query<I: UnderTest>(
-    index: &I,
+fn check_query(
+    index: &Index,
     model: &Model,
     q: &[u64],
     reuse: &mut OverlapScores,
@@ -589,9 +587,6 @@ fn check_query<I: UnderTest>(
     }
     index.find_matches_into(q, reuse);
     assert_eq!(reuse, &got, "find_matches_into vs find_matches");
-    if index.find_matches_by_sequence(&sequence_hashes(q), reuse) {
-        assert_eq!(reuse, &got, "find_matches_by_sequence vs find_matches");
-    }
 
     let want_t = model.find_matches_tiered(q);
     let got_t = index.find_matches_tiered(q);
@@ -630,16 +625,7 @@ fn run(
     config: IndexConfig,
     stats_every: usize,
 ) -> Coverage {
-    run_on(name, seed, ops, Index::with_config(config), stats_every)
-}
-
-fn run_on<I: UnderTest>(
-    name: &'static str,
-    seed: u64,
-    ops: usize,
-    index: I,
-    stats_every: usize,
-) -> Coverage {
+    let index = Index::with_config(config);
     let started = Instant::now();
     let mut report = FailureReport {
         name,
@@ -777,4 +763,3 @@ fn differential_tiny_tables() {
         assert_coverage(&c, ops);
     }
 }
-

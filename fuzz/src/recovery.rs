@@ -35,7 +35,6 @@ use std::collections::VecDeque;
 
 use arbitrary::{Result, Unstructured};
 use kvr::hash::{local_block_hash, HashSalt};
-use kvr::index::TieredScores;
 use kvr::ingress::decode::Medium;
 use kvr::ingress::encode::BatchEncoder;
 use kvr::ingress::ingest::{IngestOutcome, IngressStream};
@@ -165,7 +164,6 @@ struct Run {
     truth: Model,
     links: Links,
     enc: BatchEncoder,
-    scores: TieredScores,
     sum: Summary,
     step: usize,
     /// `KVR_FUZZ_TRACE` set: every step is printed (to read a finding).
@@ -230,7 +228,6 @@ impl Run {
             truth: Model::new(),
             links: Links::default(),
             enc: BatchEncoder::new(),
-            scores: TieredScores::default(),
             sum: Summary::default(),
             step: 0,
             trace: std::env::var_os("KVR_FUZZ_TRACE").is_some(),
@@ -526,24 +523,25 @@ impl Run {
             let mut held = 0u64;
             for k in 0..self.links.len() {
                 let seq = self.links.nth(k).unwrap();
-                index.find_matches_tiered_by_sequence(&[seq], &mut self.scores);
-                let Some(t) = self.scores.as_slice().iter().find(|t| t.rank == rank) else {
+                let Some(locals) = self.links.locals_to(seq) else {
                     continue;
                 };
+                let tiers = index.block_tiers(rank, &locals);
+                if tiers == 0 {
+                    continue;
+                }
                 held += 1;
-                let tier = if t.device > 0 {
-                    Tier::Device
-                } else if t.host > 0 {
-                    Tier::Host
-                } else {
-                    Tier::Disk
-                };
-                assert!(
-                    truth.is_some_and(|rm| rm.holds(tier, seq)),
-                    "overcount: the index holds block {seq:#x} for {rank} on {tier:?} once \
-                     quiescent, the publisher does not; step {}",
-                    self.step
-                );
+                for tier in Tier::ALL {
+                    if tiers & (1 << tier as u8) == 0 {
+                        continue;
+                    }
+                    assert!(
+                        truth.is_some_and(|rm| rm.holds(tier, seq)),
+                        "overcount: the index holds block {seq:#x} for {rank} on {tier:?} once \
+                         quiescent, the publisher does not; step {}",
+                        self.step
+                    );
+                }
             }
             let rs = index.rank_stats(rank).unwrap_or_default();
             assert_eq!(

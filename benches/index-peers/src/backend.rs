@@ -2,15 +2,14 @@
 //! reference), and SMG's two (`smg`).
 //!
 //! Every backend gets the same events (engine hash + local hash per block, a parent engine
-//! hash) and the same queries (local hashes; `kvr-seq` is kvr given the sequence hashes a
-//! client may send precomputed). Writer state a backend keeps per worker (SMG's block maps)
+//! hash) and the same queries (local hashes). Writer state a backend keeps per worker (SMG's block maps)
 //! lives in `Writers`, owned by the one thread applying events, as each design intends.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
 
-use kvr::index::{Index, OverlapScores, RunIndex};
+use kvr::index::{Index, OverlapScores};
 use kvr::{RankId, StoredBlock, Tier};
 
 use crate::workload::{Block, Query};
@@ -38,26 +37,16 @@ pub trait Backend: Sync + Send + Sized {
 }
 
 /// The backends by name, for dispatch.
-pub const NAMES: [&str; 6] = [
-    "kvr",
-    "kvr-seq",
-    "kvr-runs",
-    "smg-chain",
-    "smg-positional",
-    "naive",
-];
+pub const NAMES: [&str; 4] = ["kvr", "smg-chain", "smg-positional", "naive"];
 
 // ---------------------------------------------------------------------------------------
 // kvr
 // ---------------------------------------------------------------------------------------
 
-/// kvr's event-driven index, queried with local hashes (it chains them itself).
+/// kvr's index (the run index), queried with local hashes.
 pub struct Kvr {
     pub index: Index,
 }
-
-/// kvr's index queried with precomputed sequence hashes (the index work alone).
-pub struct KvrSeq(pub Kvr);
 
 fn rank(worker: u32) -> RankId {
     RankId::new(worker as u64, 0)
@@ -76,78 +65,6 @@ impl Backend for Kvr {
         (
             Kvr {
                 index: Index::new(),
-            },
-            KvrWriters { buf: Vec::new() },
-        )
-    }
-
-    fn store(&self, w: &mut KvrWriters, worker: u32, parent: Option<u64>, blocks: &[Block]) {
-        w.buf.clear();
-        w.buf.extend(blocks.iter().map(|b| StoredBlock {
-            external_hash: b.ext,
-            local_hash: b.local,
-        }));
-        let _ = self.index.store(rank(worker), Tier::Device, parent, &w.buf);
-    }
-
-    fn remove(&self, _w: &mut KvrWriters, worker: u32, exts: &[u64]) {
-        self.index.remove(rank(worker), Tier::Device, exts);
-    }
-
-    #[inline]
-    fn lookup(&self, s: &mut OverlapScores, q: &Query) -> usize {
-        self.index.find_matches_into(&q.local, s);
-        s.len()
-    }
-
-    fn answer(&self, s: &OverlapScores, out: &mut Vec<(u32, u32)>) {
-        out.clear();
-        out.extend(s.iter().map(|(r, n)| (r.worker_id as u32, n)));
-        out.sort_unstable();
-    }
-}
-
-impl Backend for KvrSeq {
-    type Writers = KvrWriters;
-    type Scratch = OverlapScores;
-
-    fn new(workers: usize) -> (Self, KvrWriters) {
-        let (k, w) = Kvr::new(workers);
-        (KvrSeq(k), w)
-    }
-
-    fn store(&self, w: &mut KvrWriters, worker: u32, parent: Option<u64>, blocks: &[Block]) {
-        self.0.store(w, worker, parent, blocks)
-    }
-
-    fn remove(&self, w: &mut KvrWriters, worker: u32, exts: &[u64]) {
-        self.0.remove(w, worker, exts)
-    }
-
-    #[inline]
-    fn lookup(&self, s: &mut OverlapScores, q: &Query) -> usize {
-        self.0.index.find_matches_by_sequence(&q.seq, s);
-        s.len()
-    }
-
-    fn answer(&self, s: &OverlapScores, out: &mut Vec<(u32, u32)>) {
-        self.0.answer(s, out)
-    }
-}
-
-/// kvr's run index (the chain-native design), queried with local hashes.
-pub struct KvrRuns {
-    pub index: RunIndex,
-}
-
-impl Backend for KvrRuns {
-    type Writers = KvrWriters;
-    type Scratch = OverlapScores;
-
-    fn new(_workers: usize) -> (Self, KvrWriters) {
-        (
-            KvrRuns {
-                index: RunIndex::new(),
             },
             KvrWriters { buf: Vec::new() },
         )
@@ -346,8 +263,6 @@ mod tests {
     #[test]
     fn kvr_is_exact() {
         agree::<Kvr>();
-        agree::<KvrSeq>();
-        agree::<KvrRuns>();
     }
 
     #[test]

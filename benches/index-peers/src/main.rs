@@ -22,7 +22,7 @@ use std::process::Command;
 
 use clap::Parser;
 
-use backend::{Kvr, KvrRuns, KvrSeq, Naive, NAMES};
+use backend::{Kvr, Naive, NAMES};
 use measure::{Record, RunSpec};
 use workload::Profile;
 
@@ -38,10 +38,10 @@ struct Args {
     /// Profiles: single (one holder per block), shared8 (eight).
     #[arg(long, default_value = "single,shared8", value_delimiter = ',')]
     profiles: Vec<String>,
-    /// Backends: kvr, kvr-seq, kvr-runs, smg-chain, smg-positional, naive.
+    /// Backends: kvr, smg-chain, smg-positional, naive.
     #[arg(
         long,
-        default_value = "kvr,kvr-seq,kvr-runs,smg-chain,smg-positional,naive",
+        default_value = "kvr,smg-chain,smg-positional,naive",
         value_delimiter = ','
     )]
     backends: Vec<String>,
@@ -87,8 +87,6 @@ fn parse_size(s: &str) -> Result<usize, String> {
 fn run_child(backend: &str, spec: &RunSpec) -> Result<Record, String> {
     Ok(match backend {
         "kvr" => measure::run::<Kvr>(backend, spec),
-        "kvr-seq" => measure::run::<KvrSeq>(backend, spec),
-        "kvr-runs" => measure::run::<KvrRuns>(backend, spec),
         "smg-chain" => measure::run::<smg::SmgChain>(backend, spec),
         "smg-positional" => measure::run::<smg::SmgPositional>(backend, spec),
         "naive" => measure::run::<Naive>(backend, spec),

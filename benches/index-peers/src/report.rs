@@ -148,7 +148,7 @@ pub fn tables(
     s
 }
 
-/// kvr (and kvr-seq) over smg-chain, per cell: > 1 means kvr is better.
+/// kvr over smg-chain, per cell: > 1 means kvr is better.
 fn ratios(s: &mut String, records: &[Record], sizes: &[usize], profiles: &[Profile]) {
     let _ = writeln!(
         s,
@@ -156,13 +156,12 @@ fn ratios(s: &mut String, records: &[Record], sizes: &[usize], profiles: &[Profi
     );
     let _ = writeln!(
         s,
-        "| size | profile | store | churn | heap bytes | cold q32 p50 | cold q128 p50 | cold q128 p99 | hot q128 p50 | miss 128 p50 | kvr-seq cold q128 p50 |"
+        "| size | profile | store | churn | heap bytes | cold q32 p50 | cold q128 p50 | cold q128 p99 | hot q128 p50 | miss 128 p50 |"
     );
-    let _ = writeln!(s, "|{}", "---|".repeat(11));
+    let _ = writeln!(s, "|{}", "---|".repeat(10));
     for &size in sizes {
         for &profile in profiles {
             let k = cell(records, "kvr", profile, size);
-            let q = cell(records, "kvr-seq", profile, size);
             let c = cell(records, "smg-chain", profile, size);
             if k.is_empty() || c.is_empty() {
                 continue;
@@ -172,7 +171,7 @@ fn ratios(s: &mut String, records: &[Record], sizes: &[usize], profiles: &[Profi
                 |a: &[&Record], set: &str, p: fn(&Latency) -> f64| lat(&c, set, p) / lat(a, set, p);
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
+                "| {} | {} | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
                 size_label(size),
                 profile.label(),
                 up(&|r| r.store_blocks_per_s),
@@ -183,7 +182,6 @@ fn ratios(s: &mut String, records: &[Record], sizes: &[usize], profiles: &[Profi
                 down(&k, "cold128", |l| l.p99),
                 down(&k, "hot128", |l| l.p50),
                 down(&k, "miss128", |l| l.p50),
-                if q.is_empty() { f64::NAN } else { down(&q, "cold128", |l| l.p50) },
             );
         }
     }

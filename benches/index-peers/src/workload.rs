@@ -278,14 +278,12 @@ pub fn build(gen: &mut Generator, holder_blocks: usize) -> Built {
 #[derive(Clone, Debug)]
 pub struct Query {
     pub local: Vec<u64>,
-    pub seq: Vec<u64>,
     pub expect: Vec<(u32, u32)>,
 }
 
 impl Query {
     fn new(local: Vec<u64>, expect: Vec<(u32, u32)>) -> Self {
-        let seq = sequence_hashes(&local);
-        Query { local, seq, expect }
+        Query { local, expect }
     }
 }
 

@@ -582,6 +582,9 @@ mod tests {
         assert_eq!(rec.expire(&index, t0 + Duration::from_secs(1 << 40)), 0);
         assert_eq!(rec.len(), 2);
         // An index fed by bookings is keyed by sequence hashes.
-        assert_eq!(index.find_matches(&sequence_hashes(&[1, 2])).get(rank(1)), 2);
+        assert_eq!(
+            index.find_matches(&sequence_hashes(&[1, 2])).get(rank(1)),
+            2
+        );
     }
 }

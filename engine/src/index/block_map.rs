@@ -541,11 +541,16 @@ mod timing {
         let mut x = 7u64;
         let before = KICKS.with(|k| k.get());
         for _ in 0..31_000 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             m.insert(x >> 1 | 1, 1);
         }
         let kicks = KICKS.with(|k| k.get()) - before;
-        eprintln!("kicks per insert while growing: {:.2}", kicks as f64 / 31_000.0);
+        eprintln!(
+            "kicks per insert while growing: {:.2}",
+            kicks as f64 / 31_000.0
+        );
         for load in [0.5, 0.7, 0.8, 0.84, 0.9] {
             let n = 1000;
             let mut m = BlockMap {
@@ -556,7 +561,9 @@ mod timing {
             let count = (n as f64 * WAYS as f64 * load) as usize;
             let mut failed = 0;
             for _ in 0..count {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 if !m.place(mix(x >> 1 | 1), 1, true) {
                     failed += 1;
                 }
@@ -568,7 +575,10 @@ mod timing {
                 same += (a == b) as u32;
                 adj += (a.abs_diff(b) <= 1) as u32;
             }
-            eprintln!("load {load}: {:.3} kicks/insert, {failed} failed; adjacent {adj} same {same}", kicks as f64 / count as f64);
+            eprintln!(
+                "load {load}: {:.3} kicks/insert, {failed} failed; adjacent {adj} same {same}",
+                kicks as f64 / count as f64
+            );
         }
     }
 
@@ -602,7 +612,10 @@ mod timing {
             }
             let ns = t.elapsed().as_nanos() as f64 / (2 * ops) as f64;
             let kicks = (KICKS.with(|k| k.get()) - k0) as f64 / ops as f64;
-            eprintln!("  load {:.2}, kicks/insert {kicks:.3}", m.used as f64 / m.capacity() as f64);
+            eprintln!(
+                "  load {:.2}, kicks/insert {kicks:.3}",
+                m.used as f64 / m.capacity() as f64
+            );
             let mut h: std::collections::HashMap<u64, u64> = Default::default();
             for &k in &keys {
                 h.insert(k, k);

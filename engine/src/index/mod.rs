@@ -68,10 +68,10 @@ pub use stats::{IndexStats, RankStats};
 /// A fast hasher for already-random or small integer keys (ranks, hashes).
 pub type RankHasher = crate::hash::mix::HashMix;
 
-use block_map::BlockMap as RankMap;
-use ranks::{RankRegistry, Tally, WriterState};
 use crate::hash::mix::HashMixMap;
 use crate::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use block_map::BlockMap as RankMap;
+use ranks::{RankRegistry, Tally, WriterState};
 
 /// The most ranks one index tracks at once (covers keep a 32-bit slot; the registry hands
 /// out at most this many).
@@ -247,7 +247,6 @@ impl Index {
             self.totals.branch_collisions.load(Ordering::Relaxed),
         )
     }
-
 }
 
 impl Drop for Index {
@@ -261,7 +260,6 @@ impl Drop for Index {
         self.branches.drain_runs();
     }
 }
-
 
 #[cfg(all(test, not(loom)))]
 mod tests;

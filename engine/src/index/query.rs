@@ -367,29 +367,8 @@ impl Index {
             return;
         };
         let guard = epoch::pin();
-        // The places of positions `range`, as far as the trie has them.
         let mut places: Vec<u64> = Vec::with_capacity(range.len());
-        let Some(mut run) = self.branches.find(0, 0, keys[0], &guard) else {
-            return;
-        };
-        let mut pos = 0usize;
-        while pos < range.end {
-            let v = run.view(&guard);
-            let m = v.matching(&keys[pos..range.end]);
-            for off in 0..m {
-                if pos + off >= range.start {
-                    places.push(super::run::BlockRef::new(run, off as u32).0);
-                }
-            }
-            pos += m;
-            if m == 0 || pos >= range.end {
-                break;
-            }
-            match self.branches.find(run as *const _ as usize, m as u32, keys[pos], &guard) {
-                Some(c) => run = c,
-                None => break,
-            }
-        }
+        self.places(keys, range, &guard, &mut places);
         let w = entry.writer.lock();
         if w.removed {
             return;
@@ -399,5 +378,75 @@ impl Index {
             let name = w.names.get(r)?;
             (w.blocks[device].get(name) == Some(r)).then_some(name)
         }));
+    }
+}
+
+impl Index {
+    /// The places (`BlockRef` words) of positions `range` of the prompt `keys`, as far as
+    /// the trie has them (a prompt that leaves the trie early gives fewer).
+    fn places(
+        &self,
+        keys: &[u64],
+        range: std::ops::Range<usize>,
+        guard: &epoch::Guard,
+        out: &mut Vec<u64>,
+    ) {
+        let Some(&first) = keys.first() else {
+            return;
+        };
+        let Some(mut run) = self.branches.find(0, 0, first, guard) else {
+            return;
+        };
+        let end = range.end.min(keys.len());
+        let mut pos = 0usize;
+        while pos < end {
+            let v = run.view(guard);
+            let m = v.matching(&keys[pos..end]);
+            for off in 0..m {
+                if pos + off >= range.start {
+                    out.push(super::run::BlockRef::new(run, off as u32).0);
+                }
+            }
+            pos += m;
+            if m == 0 || pos >= end {
+                break;
+            }
+            match self
+                .branches
+                .find(run as *const _ as usize, m as u32, keys[pos], guard)
+            {
+                Some(c) => run = c,
+                None => break,
+            }
+        }
+    }
+
+    /// On which tiers `rank` holds the last block of the prompt `keys` (bit `t` for tier
+    /// `t`; 0: not held, or the prompt is not in the index), whatever it holds before it:
+    /// a block-level check for tests and diagnostics (lookups score prefixes). Takes the
+    /// rank's writer lock briefly.
+    pub fn block_tiers(&self, rank: RankId, keys: &[u64]) -> u8 {
+        let Some(entry) = self.ranks.get(rank) else {
+            return 0;
+        };
+        let guard = epoch::pin();
+        let mut places = Vec::with_capacity(1);
+        self.places(
+            keys,
+            keys.len().saturating_sub(1)..keys.len(),
+            &guard,
+            &mut places,
+        );
+        let Some(&r) = places.first() else {
+            return 0;
+        };
+        let r = super::run::BlockRef(r);
+        let w = entry.writer.lock();
+        match w.holds.get(&r.run_addr()) {
+            Some(h) if !w.removed => (0..3)
+                .filter(|&t| h.has(t, r.offset()))
+                .fold(0u8, |m, t| m | 1 << t),
+            _ => 0,
+        }
     }
 }

@@ -57,7 +57,6 @@ fn mid_chain_removal_cuts_score_and_unknown_removals_count() {
     assert_eq!(idx.rank_stats(R0).unwrap().holder_blocks, 5);
 }
 
-
 #[test]
 fn tiers_make_a_tiered_prefix() {
     let idx = Index::new();
@@ -167,7 +166,6 @@ fn index_is_send_and_sync() {
     shared::<Index>();
 }
 
-
 /// Small enough for Miri (tests/miri.sh), which checks it for data races and
 /// use-after-free: a reader walks a chain while a writer adds and drops four more holders
 /// under it (the word goes inline → heap → inline; heap sets and rebuilt tables are
@@ -228,7 +226,6 @@ fn many_holders_share_one_run_each_with_its_cover() {
     }
     assert_eq!(idx.run_counts().0, 0);
 }
-
 
 fn rank(w: u64) -> RankId {
     RankId::new(w, 0)

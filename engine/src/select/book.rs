@@ -83,7 +83,8 @@ impl Selector<'_> {
         let mut scratch = Scratch::take();
         let (seq, prompt_tokens, expected, ttl) = match prompt {
             Some(r) => {
-                let (seq, n) = self.sequence_into(r, &mut scratch.local, crate::recycle::take_hashes());
+                let (seq, n) =
+                    self.sequence_into(r, &mut scratch.local, crate::recycle::take_hashes());
                 (seq, n, r.expected_output_tokens, r.ttl)
             }
             None => (Vec::new(), prefill_tokens.unwrap_or(0), 0, None),

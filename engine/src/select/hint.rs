@@ -75,8 +75,12 @@ impl Selector<'_> {
             return None;
         }
         let mut block_hashes = Vec::new();
-        self.index
-            .engine_names(source, keys, chosen_device as usize..end as usize, &mut block_hashes);
+        self.index.engine_names(
+            source,
+            keys,
+            chosen_device as usize..end as usize,
+            &mut block_hashes,
+        );
         // Only what the source can be asked for by name.
         let end = chosen_device + block_hashes.len() as u32;
         (end > chosen_device).then(|| KvHint {

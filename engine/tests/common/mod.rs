@@ -7,4 +7,3 @@
 pub mod model;
 pub mod partition;
 pub mod rng;
-pub mod under_test;

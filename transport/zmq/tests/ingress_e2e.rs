@@ -25,8 +25,9 @@ fn python_ready() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// (worker, dp rank, tier index) → the sequence hashes the rank holds on that tier.
-type Truth = BTreeMap<(u64, u32, usize), BTreeSet<u64>>;
+/// (worker, dp rank, tier index) → the blocks the rank holds on that tier, each as its
+/// prompt's local hashes up to and including it.
+type Truth = BTreeMap<(u64, u32, usize), BTreeSet<Vec<u64>>>;
 
 fn tier_index(name: &str) -> usize {
     match name {
@@ -57,7 +58,8 @@ fn truth_of(phase: &Value, block_size: usize) -> Truth {
             let h = BlockHasher::new(block_size, HashSalt::new(lora, None)).unwrap();
             let (mut local, mut seq) = (Vec::new(), Vec::new());
             h.hash_tokens(&tokens, &mut local, &mut seq);
-            set.insert(*seq.last().expect("a held block has a full prefix"));
+            assert!(!seq.is_empty(), "a held block has a full prefix");
+            set.insert(local);
         }
     }
     t
@@ -79,18 +81,12 @@ fn compare(p: &Partition, truth: &Truth) -> Vec<String> {
             ));
             continue;
         }
-        for s in seqs {
-            let mut out = kvr::index::TieredScores::new();
-            p.index().find_matches_tiered_by_sequence(&[*s], &mut out);
-            let o = out.get(rank);
-            let present = match (tier, o) {
-                (0, Some(o)) => o.device == 1,
-                (1, Some(o)) => o.device == 1 || o.host == 1,
-                (2, Some(o)) => o.device + o.host + o.disk == 1,
-                _ => false,
-            };
-            if !present {
-                diffs.push(format!("{rank} tier {tier}: block {s:#x} missing"));
+        for prefix in seqs {
+            if p.index().block_tiers(rank, prefix) & (1 << tier) == 0 {
+                let last = prefix.last().copied().unwrap_or(0);
+                diffs.push(format!(
+                    "{rank} tier {tier}: block (local {last:#x}) missing"
+                ));
             }
         }
     }
