@@ -31,12 +31,17 @@ fn partition(indexer: IndexerConfig, workers: u64) -> Partition {
     p
 }
 
-/// The index's device overlap of `tokens` on `rank` (`find_matches` takes local hashes).
+/// The index's device overlap of `tokens` on `rank`, by the primary's keys (`kvr::index`
+/// "Keys": local hashes when events feed it, sequence hashes when bookings do).
 fn overlap(p: &Partition, tokens: &[u32], rank: RankId) -> u32 {
     let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
     let (mut local, mut seq) = (Vec::new(), Vec::new());
     h.hash_tokens(tokens, &mut local, &mut seq);
-    p.index().find_matches(&local).get(rank)
+    let keys = match p.indexer_policy() {
+        kvr::indexer::IndexerPolicy::ApproximatePrimary => seq,
+        _ => local,
+    };
+    p.index().find_matches(&keys).get(rank)
 }
 
 #[test]

@@ -107,6 +107,9 @@ pub(crate) struct RankWriter {
     pub(crate) aliases: [HashMixMap<u64, u32>; 3],
     /// Per run this rank holds blocks of (by address): which offsets, per tier.
     pub(crate) holds: HashMixMap<usize, hold::Hold>,
+    /// Heap bytes of the holds' spilled bitmaps (runs over 128 blocks), kept as they
+    /// change so an event's byte count stays O(1).
+    pub(crate) hold_heap: usize,
     pub(crate) removed: bool,
     /// Device tier, kept only `with_engine_names`: block → the engine hash last stored.
     pub(crate) names: RankMap,
@@ -134,11 +137,7 @@ impl RankWriter {
         let alias = |cap: usize| (cap * 8 / 7 * (12 + 1)) as u64;
         let holds = (self.holds.capacity() * 8 / 7)
             * (std::mem::size_of::<(usize, hold::Hold)>() + 1)
-            + self
-                .holds
-                .values()
-                .map(hold::Hold::heap_bytes)
-                .sum::<usize>();
+            + self.hold_heap;
         self.blocks.iter().map(|m| m.bytes() as u64).sum::<u64>()
             + self.names.bytes() as u64
             + self

@@ -371,7 +371,10 @@ impl Index {
         }
         let hold = w.holds.entry(r.run_addr()).or_default();
         let any = hold.has_any(r.offset());
-        if !hold.set(t, r.offset()) {
+        let heap = hold.heap_bytes();
+        let newly = hold.set(t, r.offset());
+        w.hold_heap = w.hold_heap + hold.heap_bytes() - heap;
+        if !newly {
             // Another engine hash of this rank already names this block.
             *w.aliases[t].entry(r.0).or_insert(0) += 1;
             return false;
@@ -405,7 +408,9 @@ impl Index {
                 if counted {
                     rw.holds -= 1;
                 }
-                w.holds.remove(&addr);
+                if let Some(h) = w.holds.remove(&addr) {
+                    w.hold_heap -= h.heap_bytes();
+                }
             }
             rw.pins -= pins;
             let v = run.view(guard);
