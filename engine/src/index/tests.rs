@@ -209,15 +209,16 @@ fn a_reader_races_a_churning_writer() {
 #[test]
 fn many_holders_share_one_run_each_with_its_cover() {
     let idx = Index::new();
-    let ranks: Vec<RankId> = (0..64).map(|w| RankId::new(w, 0)).collect();
+    let n: u64 = if cfg!(miri) { 12 } else { 64 };
+    let ranks: Vec<RankId> = (0..n).map(|w| RankId::new(w, 0)).collect();
     for (i, &r) in ranks.iter().enumerate() {
         // Rank i holds the first i + 1 blocks of one 64-block chain.
         idx.store(r, Tier::Device, None, &blocks(0..i as u64 + 1))
             .unwrap();
     }
-    assert_eq!(idx.run_counts().0, 1, "one run, 64 covers");
-    let m = idx.find_matches(&locals(0..64));
-    assert_eq!(m.len(), 64);
+    assert_eq!(idx.run_counts().0, 1, "one run, a cover per rank");
+    let m = idx.find_matches(&locals(0..n));
+    assert_eq!(m.len(), n as usize);
     for (i, &r) in ranks.iter().enumerate() {
         assert_eq!(m.get(r), i as u32 + 1);
     }
