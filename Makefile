@@ -15,10 +15,13 @@
 # ABI is KVR_ABI_VERSION (include/kvr.h): it changes with every incompatible ABI change.
 #
 # Variables: PREFIX (/usr/local), DESTDIR (staging root, empty), PROFILE (cargo profile:
-# release, or dist for smaller binaries without the release profile's line tables),
+# release, reusing the suite's build, or dist: smaller, a separate LTO build of ~8 min),
 # CARGO_TARGET_DIR (honoured, default target/), CARGO, STRIP.
 # Installed libraries and binaries are stripped of debug info (`strip --strip-debug`): a
 # release libkvr.a carries the line tables of every crate, the standard library's included.
+# Sizes (x86_64, 0.4.0): libkvr.a 100.7 MB built with the release profile, 30.9 MB
+# installed; with PROFILE=dist (fat LTO, no debug info; what `make dist` uses) 8.5 MB
+# installed, libkvr.so 3.2 MB, kvr 6.6 MB.
 
 PREFIX ?= /usr/local
 DESTDIR ?=
