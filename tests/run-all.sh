@@ -11,27 +11,46 @@
 # Dynamo's in-process SelectionService),
 # ingress recovery against vLLM's and SGLang's real publishers (tests/recovery)
 # and the service load benchmark's smoke.
+# then the install test (make install into a temp prefix; the C, C++ and Go examples built
+# against the installed tree, outside the repository, with pkg-config and CMake).
 # (The ingress end-to-end test against that publisher runs in cargo test, in kvr-zmq; it
-# needs python3 with pyzmq and msgspec, which .ci/run installs, and skips without them.)
+# needs python3 with pyzmq and msgspec: the project venv below has them.)
+#
+# Runs on a stock Debian/Ubuntu machine with the tools tests/env/check-tools.sh lists
+# (checked first, with one message naming what is missing). Honours CARGO_TARGET_DIR
+# (default: target/ here); every build and scratch file goes there. Python packages go
+# into project venvs under ~/.cache/kvr, never the system Python. Reads no file outside
+# the repository, and leaves no tracked file modified (cargo runs --locked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root="$(pwd)"
 
-# The e2e publisher's Python packages (ffi/go/run.sh likewise installs Go if missing).
-python3 -c "import zmq, msgspec" 2>/dev/null || python3 -m pip install -q pyzmq msgspec
+bash tests/env/check-tools.sh
+target="${CARGO_TARGET_DIR:-$root/target}"
+mkdir -p "$target"
+target="$(cd "$target" && pwd)"
+export CARGO_TARGET_DIR="$target"
+echo "== CARGO_TARGET_DIR=$target"
+
+# The suite's Python packages (pyzmq, msgspec) in the project venv, first on PATH: every
+# `python3` below, and those the cargo tests start, is that venv's.
+venv_bin="$(bash tests/env/ensure-venv.sh | tail -n1)"
+export PATH="$venv_bin:$PATH"
+echo "== python3 is $(command -v python3)"
 
 echo "== cargo test --workspace --release"
-cargo test --workspace --release
+cargo test --workspace --release --locked
 # The transports on their own (outside the workspace's unified features): kvr-zmq (the ZMQ
 # transport, pyzmq interop, the ingress e2e test) and kvr-remote (the HTTP client, and
 # selection on a remote primary against failing servers).
-cargo test -p kvr-zmq -p kvr-remote --release
+cargo test -p kvr-zmq -p kvr-remote --release --locked
 
 echo "== fuzz replay (fuzz/: every seed and kept crasher through its target, on stable)"
-cargo test --manifest-path fuzz/Cargo.toml  # debug: overflow checks on
+cargo test --manifest-path fuzz/Cargo.toml --locked  # debug: overflow checks on
 
 echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
-    cargo test -p kvr --release --lib --target-dir target/loom loom_models
+    cargo test -p kvr --release --lib --locked --target-dir "$target/loom" loom_models
 
 echo "== C host (tests/c)"
 bash tests/c/run.sh
@@ -41,6 +60,9 @@ bash tests/cpp/run.sh
 
 echo "== Go package (ffi/go)"
 bash ffi/go/run.sh
+
+echo "== install paths (tests/install: make install, cargo install; C, C++, Go against the installed tree)"
+bash tests/install/run.sh
 
 echo "== ingress e2e publisher self-test (tests/e2e)"
 python3 tests/e2e/selftest.py
@@ -55,15 +77,15 @@ python3 tests/check-module-cycles.py --self-test
 echo "== kvr serve vs Dynamo 1.6.1 (tests/compat: the pinned wheel in a cached venv)"
 # The real Dynamo selection service and indexer, and vLLM 0.33.0's real KV-event
 # publisher, from PyPI (tests/compat/ensure-venv.sh caches them under ~/.cache/kvr).
-cargo build --release -q -p kvr-cli -p kvr-service-load -p libkvr
+cargo build --release -q --locked -p kvr-cli -p kvr-service-load -p libkvr
 compat_py="$(bash tests/compat/ensure-venv.sh | tail -n1)"
 # kvr with Dynamo's cost model routes as Dynamo does, request by request; its latency
 # default differs on exactly the decode-heavy step (the control that the flag matters).
-kvr_cmd='target/release/kvr serve --port {port} --cost-model dynamo'
+kvr_cmd="$target/release/kvr serve --port {port} --cost-model dynamo"
 "$compat_py" tests/compat/harness.py compare --self-check
 "$compat_py" tests/compat/harness.py compare --self-test-negative
 "$compat_py" tests/compat/harness.py compare --kvr-cmd "$kvr_cmd"
-"$compat_py" tests/compat/harness.py compare --kvr-cmd 'target/release/kvr serve --port {port}' \
+"$compat_py" tests/compat/harness.py compare --kvr-cmd "$target/release/kvr serve --port {port}" \
     --expect-differ select-P3-decode-heavy
 for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
     set -- $ab
@@ -73,7 +95,7 @@ done
 # Ingress recovery (gap at the end of a burst, late join, restarts, a dead replay
 # endpoint, hybrid groups, host tiers; bind mode with a stuck replay through libkvr's C
 # ABI) against vLLM 0.33.0's and SGLang 0.5.23's real publishers, and its negative control.
-# (kvr and libkvr.so from target/release, or $CARGO_TARGET_DIR/release.)
+# (kvr and libkvr.so from $CARGO_TARGET_DIR/release.)
 "$compat_py" tests/recovery/recovery.py --publisher all
 "$compat_py" tests/recovery/recovery.py --publisher all --negative
 # kvr's remote primary against Dynamo's real standalone indexer.
@@ -83,7 +105,8 @@ KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
 # venv, its pytest suite, and the differential test against Dynamo 1.6.1's class.
 bash tests/python/run.sh
 # The load benchmark's smoke (tiny; the figures mean nothing): both services.
-DYN_PYTHON="$compat_py" bash benches/service-load/run.sh --smoke --no-build --out target/service-load-smoke
+KVR_BIN="$target/release/kvr" DYN_PYTHON="$compat_py" \
+    bash benches/service-load/run.sh --smoke --no-build --out "$target/service-load-smoke"
 
 echo "== miri (unit tests of the unsafe-heavy index modules, tests/miri.sh)"
 bash tests/miri.sh

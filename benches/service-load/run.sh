@@ -8,8 +8,8 @@
 #       [--rates r1,r2,r3 | --fractions 0.25,0.5,0.8] [--out DIR] [--no-build]
 #       [-- extra kvr-service-load flags]
 #
-# Environment: KVR_BIN (default target/release/kvr), DYN_PYTHON (default
-# /work/venv/dyn/bin/python), CARGO_TARGET_DIR, SERVER_CPU / LOADGEN_CPU (0 / 1),
+# Environment: KVR_BIN (default $CARGO_TARGET_DIR/release/kvr, else target/release/kvr),
+# DYN_PYTHON (default: the venv of tests/compat/ensure-venv.sh), CARGO_TARGET_DIR, SERVER_CPU / LOADGEN_CPU (0 / 1),
 # PORT_BASE (28200), ZMQ_BASE (29200).
 set -euo pipefail
 
@@ -57,9 +57,9 @@ esac
 out=${out:-$(mktemp -d /tmp/service-load.XXXXXX)}
 mkdir -p "$out"
 
-kvr_bin=${KVR_BIN:-target/release/kvr}
-dyn_python=${DYN_PYTHON:-/work/venv/dyn/bin/python}
 target=${CARGO_TARGET_DIR:-target}
+kvr_bin=${KVR_BIN:-$target/release/kvr}
+dyn_python=${DYN_PYTHON:-${KVR_COMPAT_VENV:-$HOME/.cache/kvr/compat-venv}/bin/python}
 loadgen=$target/release/kvr-service-load
 server_cpu=${SERVER_CPU:-0} loadgen_cpu=${LOADGEN_CPU:-1}
 if [ "$(nproc --all)" -lt 2 ]; then server_cpu=0 loadgen_cpu=0; fi

@@ -46,3 +46,77 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod help_tests {
+    //! `kvr --help` and every subcommand's help say what the binary does: every option
+    //! shown has a help line (hidden ones: Dynamo's accepted-but-ignored flags), and `replay --policy` names every policy there is.
+
+    use clap::CommandFactory;
+
+    use super::Cli;
+    use crate::replay::policy::PolicyKind;
+
+    /// `cmd`'s options and subcommands (recursively) that have no help text, as
+    /// `path --flag` or `path sub`.
+    fn undocumented(cmd: &clap::Command, path: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for arg in cmd.get_arguments() {
+            let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+            if !builtin
+                && !arg.is_hide_set()
+                && arg.get_help().is_none()
+                && arg.get_long_help().is_none()
+            {
+                out.push(format!(
+                    "{path} --{}",
+                    arg.get_long().unwrap_or(arg.get_id().as_str())
+                ));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            let sub_path = format!("{path} {}", sub.get_name());
+            if sub.get_about().is_none() && sub.get_name() != "help" {
+                out.push(sub_path.clone());
+            }
+            out.extend(undocumented(sub, &sub_path));
+        }
+        out
+    }
+
+    #[test]
+    fn every_option_and_subcommand_has_help() {
+        let missing = undocumented(&Cli::command(), "kvr");
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
+
+    #[test]
+    fn the_help_check_finds_an_undocumented_option() {
+        let cmd = clap::Command::new("x")
+            .arg(clap::Arg::new("documented").long("documented").help("yes"))
+            .arg(clap::Arg::new("bare").long("bare"));
+        assert_eq!(undocumented(&cmd, "x"), ["x --bare"]);
+    }
+
+    #[test]
+    fn replay_help_names_every_policy_and_promises_nothing() {
+        let mut cmd = Cli::command();
+        let top = cmd.render_long_help().to_string();
+        assert!(
+            !top.contains("later"),
+            "kvr --help promises later work: {top}"
+        );
+        let replay = cmd
+            .find_subcommand_mut("replay")
+            .expect("replay")
+            .render_help()
+            .to_string();
+        for p in PolicyKind::ALL {
+            assert!(
+                replay.contains(p.name()),
+                "kvr replay --help does not name policy {}",
+                p.name()
+            );
+        }
+    }
+}

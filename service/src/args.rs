@@ -94,12 +94,17 @@ pub struct Knobs {
         default_value_t = 1.0
     )]
     pub overlap_score_credit: f64,
+    /// Multiplier on the (credited) prefill term; > 1 favours cache locality and prefill
+    /// balance over decode balance.
     #[arg(long, env = "DYN_ROUTER_PREFILL_LOAD_SCALE", default_value_t = 1.0)]
     pub prefill_load_scale: f64,
+    /// Credit per cached block in host memory (cheaper to bring back than to recompute).
     #[arg(long, env = "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", default_value_t = 0.75)]
     pub host_cache_hit_weight: f64,
+    /// Credit per cached block on disk.
     #[arg(long, env = "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", default_value_t = 0.25)]
     pub disk_cache_hit_weight: f64,
+    /// Block equivalents charged per active request on a rank (0 = off).
     #[arg(
         long,
         env = "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT",

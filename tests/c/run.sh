@@ -4,7 +4,7 @@
 # natively and under valgrind (0 errors, 0 definitely lost), then does the same for the
 # README example (tests/c/example.c).
 #
-# Works from any directory. Environment: CC (default gcc); KVR_C_TEST_SLOW=1 adds the
+# Works from any directory; builds into $CARGO_TARGET_DIR (default target/). Environment: CC (default gcc); KVR_C_TEST_SLOW=1 adds the
 # rank-limit test to the native run (2^18 ranks: slow, see test_kvr.c); RUST_BACKTRACE is
 # set to 0 unless KVR_C_RUST_BACKTRACE says otherwise (one known-issue check makes kvr
 # catch a panic, which prints one line on stderr).
@@ -14,9 +14,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 
 CC="${CC:-gcc}"
-OUT="$ROOT/target/c-tests"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+mkdir -p "$TARGET"
+TARGET="$(cd "$TARGET" && pwd)"
+export CARGO_TARGET_DIR="$TARGET"
+OUT="$TARGET/c-tests"
 CFLAGS=(-std=c11 -Wall -Wextra -Werror -O1 -g -I include)
-LIBS=(target/release/libkvr.a -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
+LIBS=("$TARGET/release/libkvr.a" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 VALGRIND=(valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite)
 export RUST_BACKTRACE="${KVR_C_RUST_BACKTRACE:-0}"
 mkdir -p "$OUT"
@@ -47,8 +51,8 @@ under_valgrind() {
 }
 
 section "1/6 cargo build --release -p libkvr"
-cargo build --release -p libkvr
-ls -l target/release/libkvr.a | awk '{print "  " $5 " bytes  " $NF}'
+cargo build --release --locked -p libkvr
+ls -l "$TARGET/release/libkvr.a" | awk '{print "  " $5 " bytes  " $NF}'
 
 section "2/6 header coverage: every function in include/kvr.h is called by tests/c/test_kvr.c"
 mapfile -t FUNCS < <(grep -oE '\bkvr_[a-z0-9_]+\(' include/kvr.h | tr -d '(' | sort -u | grep -vx 'kvr_status')

@@ -3,7 +3,7 @@
 # including include/kvr.hpp) and the README example with -Wall -Wextra -Werror, links
 # them statically against libkvr.a, and runs them, then runs the tests again under valgrind
 # (0 errors, nothing definitely lost; skipped if valgrind is missing or KVR_CPP_VALGRIND=0).
-# Works from any directory.
+# Works from any directory; builds into $CARGO_TARGET_DIR (default target/).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -12,12 +12,16 @@ cd "$root"
 CXX="${CXX:-g++}"
 CXXFLAGS=(-std=c++17 -Wall -Wextra -Werror -O2 -pthread -I"$root/include")
 LIBS=(-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
-out="$root/target/cpp-tests"
+target="${CARGO_TARGET_DIR:-$root/target}"
+mkdir -p "$target"
+target="$(cd "$target" && pwd)"
+export CARGO_TARGET_DIR="$target"
+out="$target/cpp-tests"
 mkdir -p "$out"
 
 echo "== cargo build --release -p libkvr"
-cargo build --release -p libkvr
-lib="$root/target/release/libkvr.a"
+cargo build --release --locked -p libkvr
+lib="$target/release/libkvr.a"
 
 echo "== header alone, stricter warnings"
 printf '#include "kvr.hpp"\n' >"$out/header_only.cpp"

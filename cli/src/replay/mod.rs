@@ -53,10 +53,11 @@ pub struct ReplayArgs {
     /// `hash_ids` of 512 tokens). Without one, the built-in workload is generated.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Policies to compare, comma-separated, or `all`: kvr, kvr-approx, kvr-predict,
-    /// round-robin, random, least-loaded, sglang, dynamo-classic.
+    /// Policies to compare, comma-separated, or `all`: kvr, kvr-dynamo, kvr-approx,
+    /// kvr-predict, round-robin, random, least-loaded, sglang, dynamo-classic.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub policy: String,
+    /// Workers (engines) in the simulated cluster.
     #[arg(long, default_value_t = 16)]
     pub workers: u32,
     /// Data-parallel ranks per worker.

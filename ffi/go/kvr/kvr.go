@@ -80,9 +80,12 @@
 // call (to shake out lifetime bugs: a missing KeepAlive or an early finalizer).
 package kvr
 
+// Linking: the compiler and linker flags come from pkg-config's kvr module (kvr.pc, which
+// `make install` installs under PREFIX/lib/pkgconfig): set PKG_CONFIG_PATH to that
+// directory. Inside the repository, ffi/go/run.sh generates a kvr.pc for the build tree.
+
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../../include
-#cgo LDFLAGS: ${SRCDIR}/../../../target/release/libkvr.a -lgcc_s -lutil -lrt -lpthread -lm -ldl
+#cgo pkg-config: kvr
 #include <stdlib.h>
 #include "shim.h"
 
