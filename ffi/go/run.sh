@@ -132,4 +132,12 @@ awk '
         }
     }' "$bench_out"
 
+# Over a plain C host, paired rounds in one process (the figure the README quotes): the
+# binding's overhead per selection and the cgo transition floor under it.
+# KVR_GO_PAIRED_ROUNDS (default 51; the README's figures use 301).
+rounds="${KVR_GO_PAIRED_ROUNDS:-51}"
+"$target/go/bin/kvr.test" -test.run '^$' \
+    -test.bench '^Benchmark(SelectOverheadPaired|CgoFloorPaired)$' -test.benchtime "${rounds}x" |
+    grep '^Benchmark'
+
 step "ffi/go: all checks passed"

@@ -1,7 +1,9 @@
 package kvr
 
 import (
+	"sort"
 	"testing"
+	"time"
 )
 
 // benchPartition: 64 workers, block size 16, a 256-token prompt (16 blocks) of which
@@ -119,6 +121,87 @@ func BenchmarkSelectC(b *testing.B) {
 	if err := benchSelectLoop(p, req, tokens, uint64(b.N)); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// BenchmarkSelectPlainC: the same selections as a plain C host makes them (set the
+// request's prompt, select, through kvr.h only), in a C loop: BenchmarkSelect −
+// BenchmarkSelectPlainC is what a Go gateway pays over a C server for one selection.
+func BenchmarkSelectPlainC(b *testing.B) {
+	_, p, tokens, _ := benchPartition(b)
+	req, err := NewRequest()
+	must(b, err)
+	defer req.Close()
+	b.ResetTimer()
+	if err := benchPlainCLoop(p, req, tokens, uint64(b.N)); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkSelectOverheadPaired: the binding's overhead over a plain C host, measured
+// robustly on a shared machine: rounds of 1,000 selections through Go's Select and
+// 1,000 through the plain C loop, alternated; reports the median over the rounds of the
+// per-selection difference (ns-over-c/op) and of each side (go-ns/op, c-ns/op).
+// b.N counts rounds.
+func BenchmarkSelectOverheadPaired(b *testing.B) {
+	_, p, tokens, _ := benchPartition(b)
+	req, err := NewRequest()
+	must(b, err)
+	defer req.Close()
+	prompt := Tokens(tokens)
+	const per = 1000
+	var diffs, gos, cs []float64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		for j := 0; j < per; j++ {
+			if d, err := p.Select(req, prompt); err != nil || d.Outcome != Selected {
+				b.Fatal(d, err)
+			}
+		}
+		t1 := time.Now()
+		if err := benchPlainCLoop(p, req, tokens, per); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		g := float64(t1.Sub(t0).Nanoseconds()) / per
+		c := float64(t2.Sub(t1).Nanoseconds()) / per
+		gos, cs, diffs = append(gos, g), append(cs, c), append(diffs, g-c)
+	}
+	b.StopTimer()
+	median := func(v []float64) float64 {
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	b.ReportMetric(median(diffs), "ns-over-c/op")
+	b.ReportMetric(median(gos), "go-ns/op")
+	b.ReportMetric(median(cs), "c-ns/op")
+}
+
+// BenchmarkCgoFloorPaired: what one Go→C call costs over the same call made from C, on
+// this machine: rounds of 1,000 ABIVersion() calls through cgo and 1,000 in a C loop,
+// alternated; the median over the rounds of the per-call difference (ns-over-c/op). The
+// floor under BenchmarkSelectOverheadPaired's figure. b.N counts rounds.
+func BenchmarkCgoFloorPaired(b *testing.B) {
+	const per = 1000
+	var diffs []float64
+	var sum uint32
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		for j := 0; j < per; j++ {
+			sum += ABIVersion()
+		}
+		t1 := time.Now()
+		sum += benchABILoop(per)
+		t2 := time.Now()
+		diffs = append(diffs, float64(t1.Sub(t0).Nanoseconds()-t2.Sub(t1).Nanoseconds())/per)
+	}
+	b.StopTimer()
+	if sum == 0 {
+		b.Fatal("ABIVersion returned 0")
+	}
+	sort.Float64s(diffs)
+	b.ReportMetric(diffs[len(diffs)/2], "ns-over-c/op")
 }
 
 // BenchmarkSelectWithHook: Select with an Overloaded hook, a C→Go callback per

@@ -21,3 +21,22 @@ func benchSelectLoop(p *Partition, req *Request, tokens []uint32, iters uint64) 
 	runtime.KeepAlive(tokens)
 	return check(st, "kvr_partition_select")
 }
+
+// benchPlainCLoop runs iters advisory selections of tokens as a plain C host would (set
+// the prompt, select; the public header only), in one C loop: BenchmarkSelectPlainC.
+func benchPlainCLoop(p *Partition, req *Request, tokens []uint32, iters uint64) error {
+	if p.ptr == nil || req.ptr == nil {
+		return ErrClosed
+	}
+	tp, tn := cu32(tokens)
+	st := C.kvrgo_bench_plain_c_loop(uptr(unsafe.Pointer(p.ptr)), uptr(unsafe.Pointer(req.ptr)), tp, tn, C.uint64_t(iters))
+	runtime.KeepAlive(p)
+	runtime.KeepAlive(req)
+	runtime.KeepAlive(tokens)
+	return check(st, "kvr_partition_select")
+}
+
+// benchABILoop calls kvr_abi_version iters times in one C loop (BenchmarkCgoFloorPaired).
+func benchABILoop(iters uint64) uint32 {
+	return uint32(C.kvrgo_bench_abi_loop(C.uint64_t(iters)))
+}

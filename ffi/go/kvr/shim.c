@@ -179,6 +179,35 @@ kvr_status kvrgo_bench_select_loop(uintptr_t p, uintptr_t req, const uint32_t *t
   return KVR_OK;
 }
 
+/* A plain C host's loop, for the binding's overhead: what a C server does per selection
+   (set the request's prompt, select), through the public header only. */
+kvr_status kvrgo_bench_plain_c_loop(uintptr_t p, uintptr_t req, const uint32_t *tokens,
+                                    size_t n_tokens, uint64_t iters) {
+  const kvr_partition *part = (const kvr_partition *)p;
+  kvr_request *r = (kvr_request *)req;
+  kvr_decision d;
+  for (uint64_t i = 0; i < iters; i++) {
+    kvr_status st = kvr_request_set_tokens(r, tokens, n_tokens);
+    if (st == KVR_OK) {
+      st = kvr_partition_select(part, r, &d);
+    }
+    if (st != KVR_OK) {
+      return st;
+    }
+  }
+  (void)kvr_request_set_tokens(r, NULL, 0);
+  return KVR_OK;
+}
+
+/* kvr_abi_version() iters times in C: the C side of the cgo floor's paired benchmark. */
+uint32_t kvrgo_bench_abi_loop(uint64_t iters) {
+  uint32_t sum = 0;
+  for (uint64_t i = 0; i < iters; i++) {
+    sum += kvr_abi_version();
+  }
+  return sum;
+}
+
 /* Trampolines: the C signatures kvr calls, forwarding to the exported Go functions with
    user_data as the integer handle it is. */
 

@@ -111,6 +111,9 @@ kvr_status kvrgo_set_hooks(const kvr_partition *p, uintptr_t handle, uint32_t ma
    status, or KVR_OK. */
 kvr_status kvrgo_bench_select_loop(uintptr_t p, uintptr_t req, const uint32_t *tokens,
                                    size_t n_tokens, uint64_t iters);
+uint32_t kvrgo_bench_abi_loop(uint64_t iters);
+kvr_status kvrgo_bench_plain_c_loop(uintptr_t p, uintptr_t req, const uint32_t *tokens,
+                                    size_t n_tokens, uint64_t iters);
 
 /* Status a helper returns when it cannot allocate its scratch (never a kvr status). */
 #define KVRGO_ERR_NOMEM 0xFFFF0001u
