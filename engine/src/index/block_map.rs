@@ -85,6 +85,21 @@ fn buckets(h: u64, n: usize) -> (usize, usize) {
 }
 
 impl Bucket {
+    /// The slot holding `h`, the first free slot, and the number of free slots.
+    #[inline(always)]
+    fn scan(&self, h: u64) -> (Option<usize>, usize, u32) {
+        let (mut hit, mut free) = (0u32, 0u32);
+        for (i, &(k, _)) in self.slots.iter().enumerate() {
+            hit |= u32::from(k == h) << i;
+            free |= u32::from(k == EMPTY) << i;
+        }
+        (
+            (hit != 0).then(|| hit.trailing_zeros() as usize),
+            free.trailing_zeros() as usize,
+            free.count_ones(),
+        )
+    }
+
     #[inline(always)]
     fn find(&self, h: u64) -> Option<usize> {
         let mut hit = 0u32;
@@ -217,9 +232,23 @@ impl BlockMap {
             return self.zero.replace(value);
         }
         let h = mix(key);
-        if !self.buckets.is_empty() {
-            if let Some((b, i)) = self.locate(h) {
+        let n = self.buckets.len();
+        if n > 0 {
+            // One pass over both buckets: the key, or the emptier bucket's first free slot.
+            let (a, b) = buckets(h, n);
+            let (ka, fa, free_a) = self.buckets[a].scan(h);
+            if let Some(i) = ka {
+                return Some(std::mem::replace(&mut self.buckets[a].slots[i].1, value));
+            }
+            let (kb, fb, free_b) = self.buckets[b].scan(h);
+            if let Some(i) = kb {
                 return Some(std::mem::replace(&mut self.buckets[b].slots[i].1, value));
+            }
+            if self.used < max_used(n) && (free_a > 0 || free_b > 0) {
+                let (at, i) = if free_a >= free_b { (a, fa) } else { (b, fb) };
+                self.buckets[at].slots[i] = (h, value);
+                self.used += 1;
+                return None;
             }
         }
         if self.used + 1 > max_used(self.buckets.len()) {
