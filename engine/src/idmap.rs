@@ -1,5 +1,5 @@
-//! A `u64 → u64` map with lock-free reads: the node table's shards (see
-//! `index::table`) holding plain words instead of holder sets. The engine's selection-id
+//! A `u64 → u64` map with lock-free reads: the sharded table of `index::table` (the one
+//! under the index's branch table). The engine's selection-id
 //! → partition index is one: a lifecycle call finds its booking's partition without a
 //! lock; writers serialize per shard.
 

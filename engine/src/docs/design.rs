@@ -7,17 +7,24 @@
 //!
 //! # The index's layout
 //!
-//! - **Node table** (`index::table`): per shard, an open-addressing array of
-//!   `(key: AtomicU64, word: AtomicU64)` slots. The key is the block's sequence hash (the
-//!   chain over local hashes, so equal keys mean equal prefixes); the word is the holder
-//!   set. Shard = low bits of the key; home slot = high bits (multiply-shift).
-//! - **Holder word** (`index::holders`): `0` = nobody; low bit set = up to three
-//!   `(slot, tiers)` entries inline; otherwise a pointer to an immutable, slot-sorted heap
-//!   set. Heap sets are interned (hash-consed): one set per distinct content, shared by
-//!   every node it describes and reference-counted under the interner shard's lock, so
-//!   equal holder sets are equal words.
-//! - **Rank writer state** (`index::ranks`): per rank, behind that rank's mutex: the
-//!   engine's external hash → sequence hash, per tier. Never read by lookups.
+//! - **Runs** (`index::run`): the prompt trie as runs of blocks. A run has a fixed address;
+//!   readers load its `state` word (`Acquire`): a pointer to an immutable `State` holding the
+//!   visible length, a pointer to the run's local-hash array, and one 16-byte `Cover` per
+//!   holding rank (slot-sorted). The local-hash array is append-only: writers fill slots past
+//!   every published length, then publish a state that shows them; an outgrown array is
+//!   replaced by a copy. Runs are never split.
+//! - **Covers** (`index::hold`): per (rank, run), how far that rank's walk goes in the run
+//!   for each tier phase it can enter in (device, host, disk): computed by the rank's writer
+//!   from its exact per-tier bitmaps of the run's offsets (`Hold`, writer side only).
+//! - **Branch table** (`index::branch` over `index::table`): children by (parent run,
+//!   offset, first local hash) → run address, in the sharded lock-free `u64 → u64` table
+//!   (per shard an open-addressing array of `(key: AtomicU64, word: AtomicU64)` slots;
+//!   shard = low bits of the key, home slot = high bits). A lookup checks the child it finds
+//!   against the triple, so a key collision cannot send a walk down a wrong branch.
+//! - **Rank writer state** (`index::ranks`, `index::RankWriter`): per rank, behind that
+//!   rank's mutex: per tier the engine's hash → the block's place (`BlockRef`: run address
+//!   and offset in one word), in a bucketized cuckoo map (`index::block_map`), and per run
+//!   it holds a `Hold`. Never read by lookups.
 //! - **Slot directory**: slot → rank, an immutable array swapped whole.
 //!
 //! The invariants these keep are in [`super::invariants`], the orderings in
@@ -50,15 +57,15 @@
 //!
 //! # The selection-id index (`idmap`)
 //!
-//! Selection id → partition number uses the node table's shards with plain words (0 =
-//! absent): the same key-then-word publication, rebuild and epoch reclamation as the index
-//! (and the same loom models), so a lifecycle call reads it lock-free. An id is claimed
+//! Selection id → partition number uses the sharded table (`index::table`) with plain
+//! words (0 = absent): the same key-then-word publication, rebuild and epoch reclamation as
+//! the branch table (and the same loom models), so a lifecycle call reads it lock-free. An id is claimed
 //! with `insert_new` (a caller-supplied duplicate is refused) before its booking is made,
 //! and removed when the booking is freed or the selection booked nothing; partitions are
 //! found by number in an arc-swapped vector. A miss, or an id whose partition no longer
 //! knows it, falls back to scanning the partitions' tables (replica bookings). Writers of
-//! the id index (claim, remove) serialize on the node-table shard's mutex, like the
-//! index's writers.
+//! the id index (claim, remove) serialize on the table shard's mutex, like the branch
+//! table's writers.
 //!
 //! # Session affinity (`session`)
 //!

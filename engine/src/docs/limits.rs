@@ -7,17 +7,18 @@
 //!
 //! | limit | value | where |
 //! |---|---|---|
-//! | ranks per index (live, plus removed ones whose slot is still deferred) | 2^18 = 262,144; past it an event or recording of a new rank is refused (`IndexError::TooManyRanks`) | [`MAX_RANKS`] (`index::holders::SLOT_BITS` = 18) |
-//! | holders stored inline in a node's word | 3 `(slot, tiers)` entries of 21 bits; a 4th moves the set to the heap | `index::holders::INLINE_CAP` |
-//! | tiers | 3: device, host, disk (3 bits per entry) | [`Tier`] |
-//! | node-table shards | 256 by default, rounded up to a power of two | [`IndexConfig::shards`] |
+//! | ranks per index (live, plus removed ones whose slot is still deferred) | 2^18 = 262,144; past it an event or recording of a new rank is refused (`IndexError::TooManyRanks`) | [`MAX_RANKS`] (`index::ranks::SLOT_BITS` = 18) |
+//! | blocks of one run | 2,048; a chain goes on in a child run at that offset | `index::run::MAX_RUN` |
+//! | a rank's covers per run | one 16-byte `Cover` (counts of at most 65,535, above any run's length) | `index::hold::Cover` |
+//! | tiers | 3: device, host, disk | [`Tier`] |
+//! | branch-table shards | 64 by default, rounded up to a power of two | [`IndexConfig::shards`] |
 //! | smallest shard table | 64 slots by default | [`IndexConfig::min_shard_capacity`] |
+//! | branch-key collision (two (run, offset, local) triples with one 64-bit key) | the store stops there, its later blocks unindexed and counted (`Index::run_counts`); never an overcount | `index::branch::branch_key` |
+//! | rank maps | bucketized cuckoo, 8-slot buckets, 61-92 % full, growing by 1.5× | `index::block_map` |
 //! | table rebuild | when live + dead slots exceed 85 % of capacity; shrink below 1/8 live; a rebuilt table starts at ~62 % | `index::table::{MAX_LOAD_PCT, SHRINK_RATIO, TARGET_LOAD_PCT}` |
 //! | probe tail past the last home slot | `max(capacity / 64, 32)` slots, the last one an always-empty sentinel | `index::table::tail` |
 //! | table capacities | `(8 + m) << e` (steps of 1/8); the capacity code lives in the low 8 bits of the 256-byte-aligned table pointer | `index::table::TABLE_ALIGN` |
-//! | holder-interner shards | 64 per index | `index::holders::INTERN_SHARDS` |
-//! | sequence hash 0 | stored under `0x9e37_79b9_7f4a_7c15` instead, so the two share a node (probability 2^-64 per block, accepted) | `index::table::ZERO_ALIAS` |
-//! | blocks of a prompt chained without allocating | 256 (longer prompts allocate their sequence hashes) | `index::query::SeqBuf` |
+//! | table key 0 | stored under `0x9e37_79b9_7f4a_7c15` instead (a branch key is a 64-bit mix, so this costs a collision at probability 2^-64, handled as above) | `index::table::ZERO_ALIAS` |
 //!
 //! # Identifiers
 //!

@@ -27,9 +27,9 @@
 //!
 //! | lock | scope | guards |
 //! |---|---|---|
-//! | rank writer | one index rank | its external-hash maps (`index::ranks`) |
-//! | node-table shard writer | one of the index's 256 shards (default) | inserts, word swaps, rebuilds |
-//! | holder-interner shard | one of 64 per index | the heap holder sets' refcounts |
+//! | rank writer | one index rank | its engine-hash → place maps and its holds (`index::RankWriter`) |
+//! | run writer | one run of the index | appends, children, holder and writer counts, publishing its state (`index::run`) |
+//! | branch-table shard writer | one of the index's 64 shards (default) | linking and unlinking runs, rebuilds |
 //! | rank registry | dashmap, per shard | rank id → rank entry |
 //! | slot allocator, directory writer | one index | rank slots; copy-on-write of the slot directory |
 //! | id-index shard writer | one of the engine's 64 id shards | selection id → partition number |
@@ -43,8 +43,8 @@
 //! | ingress streams | per partition (dashmap) and per stream | a host-fed stream's sequence state and counters |
 //! | engine numbering, partitions | one engine (mutex, dashmap) | creating and removing partitions |
 //!
-//! Lock orders (each a chain, never reversed): index rank → node-table shard →
-//! holder-interner shard; index rank → rank registry shard (removal) and rank registry
+//! Lock orders (each a chain, never reversed): index rank → one run at a time →
+//! branch-table shard (a leaf); index rank → rank registry shard (removal) and rank registry
 //! shard → slot allocator, directory writer (creation), never the registry before a rank;
 //! booking shard → booking rank; session shard → lease shard; approximate recorder → the
 //! index's write locks. The booking registry writer, membership and load-publish mutexes
@@ -56,11 +56,11 @@
 //!
 //! | path | lock-free? | locks taken / what may wait | why that is acceptable |
 //! |---|---|---|---|
-//! | [`Index::find_matches`], [`Index::find_matches_tiered`] and their `_into` / `_by_sequence` forms; C `kvr_partition_find_matches[_tiered]` | **yes** | none: one `epoch::pin()`, `Acquire` loads of each block's shard table and slots, one load of the slot directory ([`super::invariants`], [`super::ordering`]) | — |
-//! | [`Index::apply`] / [`Index::store`] / [`Index::remove`] / [`Index::clear`] (engine events) | no | rank registry shard lock (read; write on a rank's first event), the rank's writer mutex for the whole event, per block its node-table shard mutex (nested), the interner shard mutex (nested) when a heap holder set is built or released; a new rank also takes the index's slot-allocator and directory-writer mutexes | one writer per rank is the design; ranks contend only on one shard at one moment, for a few dozen ns; rank creation is rare; readers never take these |
+//! | [`Index::find_matches`], [`Index::find_matches_tiered`] and their `_into` forms; C `kvr_partition_find_matches[_tiered]` | **yes** | none: one `epoch::pin()`, per run reached one branch-table probe (`Acquire` loads of the shard's table and slot) and one `Acquire` load of the run's state, one load of the slot directory ([`super::invariants`], [`super::ordering`]) | — |
+//! | [`Index::apply`] / [`Index::store`] / [`Index::remove`] / [`Index::clear`] (engine events) | no | rank registry shard lock (read; write on a rank's first event), the rank's writer mutex for the whole event, per run the event places blocks in or changes the rank's cover in: that run's mutex (one at a time, nested in the rank's), and a branch-table shard mutex (nested) when a run is linked or unlinked; a new rank also takes the index's slot-allocator and directory-writer mutexes | one writer per rank is the design; ranks contend only when they change the same run at the same moment (once per event and run, not per block); rank creation is rare; readers never take these |
 //! | [`Partition::ingest`] (C `kvr_partition_ingest`) | no | the partition's stream map (dashmap shard, write lock to find-or-create), the stream's mutex for the whole message (and its counters' mutex), then [`Index::apply`]'s locks | messages of one stream are ordered anyway; streams proceed in parallel |
 //! | ZMQ subscriber (`ingress::transport`, `ingress::subscribe`) | no | its own thread waits on the socket (tokio, current-thread) and applies each message through the stream it owns (its counters' mutex, then [`Index::apply`]'s locks); a waker mutex links the thread and its handle | off every host thread |
-//! | [`Index::remove_worker`] / [`Index::remove_rank`] | no | per rank: writer mutex, node-table and interner shard mutexes (clearing its bits), rank registry shard (write), directory-writer and slot-allocator mutexes; the slot's reuse is deferred through the epoch | membership changes are rare |
+//! | [`Index::remove_worker`] / [`Index::remove_rank`] | no | per rank: writer mutex, each of its runs' mutexes in turn (withdrawing its cover; retiring runs left empty, with a branch-table shard mutex), rank registry shard (write), directory-writer and slot-allocator mutexes; the slot's reuse is deferred through the epoch | membership changes are rare |
 //! | advisory [`Partition::select`] / [`Engine::select_in`] (C `kvr_partition_select`) | **no**; lock-free only when no candidate rank has active booked prompt blocks, the request names no session (or the partition keeps no session table) and the primary is not remote | the index query (lock-free), worker set, hooks, load snapshot, booking counters and the prediction index (lock-free: arc-swap loads, atomics, an index query); but, for each candidate with active booked prompt blocks whose cost can still win, **that rank's booking mutex** (prompt-block refcounts: how many of the prompt's blocks are not active there yet); with session affinity, **one or two session-shard mutexes** (the session's and its parent's entry); a remote primary: a blocking HTTP query (below) | the rank mutex is held for at most `log n` lookups and is contended only by bookings and frees of that rank; the session shard for one map lookup |
 //! | [`Engine::select`] (by key) | no | as above, plus the engine's partition map (dashmap shard, read lock) to find the partition | hosts on a hot path use the handle form ([`Engine::select_in`]) |
 //! | [`Partition::select_and_reserve`] / [`Engine::select_and_reserve_in`] (C `kvr_partition_select_and_reserve[_with_hint]`) | no | the engine's id-index shard mutex (claiming the id; again to drop it if nothing was booked); the decision's locks (above); then the booking: the booking registry writer mutex on the rank's first booking only (alone), the id's **booking shard mutex** with the **rank's booking mutex** nested in it; with events off or a prediction index, the partition's **approximate-recorder mutex** with the index's write locks nested (recording after the booking stands); with sessions, the session shard then lease shard mutexes (bind); the first booking of a table also spawns its sweep thread | each lock is sharded by id, rank or session, or held for one map update; the recorder mutex is partition-wide, which is why recording happens after the booking and is only in the two policies that need it |

@@ -5,9 +5,9 @@
 //! only. Each atomic protocol argued here has a loom model in `loom_models.rs` and a
 //! negative control that must fail.
 //!
-//! - [`design`]: the layout of every concurrent structure (the index's node table, holder
-//!   words, rank state and slot directory; the load view; bookings; the selection-id
-//!   index; session affinity).
+//! - [`design`]: the layout of every concurrent structure (the index's runs, covers,
+//!   branch table, rank state and slot directory; the load view; bookings; the
+//!   selection-id index; session affinity).
 //! - [`invariants`]: what the index's writers maintain, and what a concurrent reader may
 //!   therefore see.
 //! - [`ordering`]: the memory orderings of each publication step, and reclamation.

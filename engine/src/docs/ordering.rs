@@ -6,10 +6,10 @@
 //!
 //! | step | writer | reader | why |
 //! |---|---|---|---|
-//! | new node | word `Relaxed`, then key `Release` | key `Acquire`, then word `Acquire` | a matched key carries its first word |
-//! | holder set swap | new set built, word `Release` | word `Acquire` | the set's entries are visible before its pointer |
+//! | run state | locals written `Relaxed` past the published length, new state built, pointer `Release` (a load and a store under the run's mutex) | pointer `Acquire`, then its fields and locals | the length, covers and locals a reader sees were published together |
+//! | new run (branch link) | run built with its first state, then the table slot: word `Relaxed`, key `Release` | key `Acquire`, then word `Acquire`, then the run's fields | a found child is a whole run |
 //! | table swap | new table filled, pointer `Release` (swap) | pointer `Acquire` | the copied slots are visible before the table |
-//! | directory swap | new array built, pointer `Release` | pointer `Acquire`, loaded *after* the walk | a slot seen in a word is already in the directory |
+//! | directory swap | new array built, pointer `Release` | pointer `Acquire`, loaded *after* the walk | a slot seen in a cover is already in the directory |
 //!
 //! Reclamation is crossbeam-epoch's: a reader pins once per query; a writer defers each
 //! free past the current epoch (the seqcst fences are crossbeam's).

@@ -19,14 +19,14 @@
 //! whole costs one probe and one scan; a prompt nobody holds, one probe.
 //!
 //! Structure (see `run`, `hold`, `branch`):
-//! - a [`run::Run`] is a stretch of the trie: an append-only array of local hashes, and
-//!   per holding rank a [`hold::Cover`] (how far that rank's walk goes in it, per tier
+//! - a `run::Run` is a stretch of the trie: an append-only array of local hashes, and
+//!   per holding rank a `hold::Cover` (how far that rank's walk goes in it, per tier
 //!   phase), published together as one immutable state;
 //! - children hang off a run at any offset, keyed by (run, offset, next local hash) in the
 //!   branch table; runs are never split: a rank that stops holding a block in the middle
 //!   of a run just covers less of it;
-//! - each rank keeps, behind its mutex, its engine hashes → block places ([`run::BlockRef`])
-//!   per tier, and per run it holds the exact offsets per tier ([`hold::Hold`]).
+//! - each rank keeps, behind its mutex, its engine hashes → block places (`run::BlockRef`)
+//!   per tier, and per run it holds the exact offsets per tier (`hold::Hold`).
 //!
 //! Readers take no lock: a branch-table probe and a `state` load with `Acquire`, inside an
 //! epoch guard. Writers take their rank's mutex for the event, and one run's mutex at a
@@ -100,7 +100,7 @@ impl Default for IndexConfig {
 #[derive(Default)]
 pub(crate) struct RankWriter {
     pub(crate) tally: Tally,
-    /// Per tier: the engine's block hash → where the block lives ([`run::BlockRef`]).
+    /// Per tier: the engine's block hash → where the block lives (`run::BlockRef`).
     pub(crate) blocks: [RankMap; 3],
     /// Per tier: blocks this rank stored under more than one engine hash, with the number
     /// of extra names. The block is released only when its last name goes.

@@ -169,7 +169,7 @@ impl Index {
         out
     }
 
-    /// As [`RunIndex::find_matches`], into a reused result (allocation-free once warm).
+    /// As [`Index::find_matches`], into a reused result (allocation-free once warm).
     pub fn find_matches_into(&self, locals: &[u64], out: &mut OverlapScores) {
         out.scores.clear();
         let Some(&first) = locals.first() else {

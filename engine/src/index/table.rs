@@ -338,8 +338,7 @@ impl Shard {
         self.live.load(Ordering::Relaxed)
     }
 
-    /// Sets `key`'s word to `value` (0 removes it) and returns the old word: the node table
-    /// used as a plain `u64 → u64` map with lock-free reads (see `crate::idmap`).
+    /// Sets `key`'s word to `value` (0 removes it) and returns the old word.
     pub(crate) fn set_word(&self, key: u64, value: u64, guard: &epoch::Guard) -> u64 {
         self.modify(key, guard, |old| {
             if old == value {
