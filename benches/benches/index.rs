@@ -2,8 +2,10 @@
 //! 128-block chains, in two shapes (see `kvr_benches::Shape`). One thread.
 //!
 //! Per shape (`single` | `shared8`), the index is built once, then:
-//! - `find_matches_<shape>/from_local/{32,128}`: `find_matches_into` — local hashes in,
-//!   so it also computes the sequence chain. Elements = queries.
+//! - `find_matches_<shape>/from_local/{32,128}`: `find_matches_into` — local hashes in.
+//!   Elements = queries.
+//! - `find_matches_<shape>/tiered/{32,128}`: `find_matches_tiered_into` on the same
+//!   queries (nothing on host or disk): the tiered walk selection uses, beside it.
 //!   Queries are stored chains drawn uniformly (a long pre-drawn list, cycled), truncated
 //!   to 32 or 128 blocks; every query matches its holders in full.
 //! - `apply_<shape>/store_steady`: one new 128-block chain stored on its holders (1 or 8
@@ -23,7 +25,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvr::index::{Index, OverlapScores};
+use kvr::index::{Index, OverlapScores, TieredScores};
 use kvr::Tier;
 use kvr_benches::{
     build_index, index_config, ChainEvents, EventGen, QueryOrder, Shape, Workload, WorkloadConfig,
@@ -45,6 +47,17 @@ fn find_matches(c: &mut Criterion, w: &Workload) {
                 let q = &w.chains.local(order.next())[..n];
                 w.index.find_matches_into(black_box(q), &mut out);
                 black_box(out.len())
+            })
+        });
+        // The same queries through the tiered walk (what selection uses), nothing on the
+        // host or disk tiers: its cost beside the device-only walk's.
+        let mut order = QueryOrder::for_chains(w.chains.len());
+        let mut tiered = TieredScores::new();
+        g.bench_function(format!("tiered/{n}"), |b| {
+            b.iter(|| {
+                let q = &w.chains.local(order.next())[..n];
+                w.index.find_matches_tiered_into(black_box(q), &mut tiered);
+                black_box(tiered.len())
             })
         });
     }

@@ -47,6 +47,14 @@ impl Cover {
     /// The walk over the first `m` blocks of the run, entering in `phase`.
     #[inline]
     pub(crate) fn walk(&self, phase: u8, m: u32) -> Reach {
+        if phase == 0 && (self.h0 | self.k0) == 0 {
+            // Device only from this run's start (the common case): the device walk's work.
+            let d = (self.d as u32).min(m);
+            return Reach {
+                counts: [d, 0, 0],
+                phase: (d == m).then_some(0),
+            };
+        }
         let runs: [u32; 3] = match phase {
             0 => [self.d as u32, self.h0 as u32, self.k0 as u32],
             1 => [0, self.h1 as u32, self.k1 as u32],
