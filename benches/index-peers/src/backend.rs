@@ -34,6 +34,12 @@ pub trait Backend: Sync + Send + Sized {
 
     /// The last lookup's answer, `(worker, blocks)` sorted by worker.
     fn answer(&self, s: &Self::Scratch, out: &mut Vec<(u32, u32)>);
+
+    /// The index's own account of its bytes, if it keeps one: (read structure, writer
+    /// maps), in bytes.
+    fn own_bytes(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// The backends by name, for dispatch.
@@ -93,6 +99,11 @@ impl Backend for Kvr {
         out.clear();
         out.extend(s.iter().map(|(r, n)| (r.worker_id as u32, n)));
         out.sort_unstable();
+    }
+
+    fn own_bytes(&self) -> Option<(u64, u64)> {
+        let s = self.index.stats();
+        Some((s.table_bytes + s.holder_set_bytes, s.rank_map_bytes))
     }
 }
 

@@ -50,6 +50,12 @@ pub struct Record {
     pub churn_blocks_per_s: f64,
     pub heap_bytes_per_holder_block: f64,
     pub rss_bytes_per_holder_block: f64,
+    /// The index's own account, where it keeps one: its read structure and its writer
+    /// maps, bytes per holder-block.
+    #[serde(default)]
+    pub own_read_bytes_per_holder_block: Option<f64>,
+    #[serde(default)]
+    pub own_writer_bytes_per_holder_block: Option<f64>,
     /// Query set name → latency (`cold32`, `cold128`, `hot32`, `hot128`, `miss{n}`, `splice`).
     pub latency: Vec<(String, Latency)>,
     /// Queries whose answer credited some worker more blocks than it holds, and fewer.
@@ -173,6 +179,8 @@ pub fn run<B: Backend>(name: &str, spec: &RunSpec) -> Record {
         heap_bytes_per_holder_block: heap as f64 / hb,
         rss_bytes_per_holder_block: rss as f64 / hb,
         timer_overhead_ns: timer_overhead(),
+        own_read_bytes_per_holder_block: b.own_bytes().map(|(r, _)| r as f64 / hb),
+        own_writer_bytes_per_holder_block: b.own_bytes().map(|(_, w)| w as f64 / hb),
         ..Default::default()
     };
     drop(built.stores);
