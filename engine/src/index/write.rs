@@ -29,6 +29,11 @@ struct Touched {
 
 impl Touched {
     fn add(&mut self, addr: usize, pins: u32) {
+        // Consecutive blocks mostly share a run: the last entry first.
+        if let Some(last) = self.runs.last_mut().filter(|(a, _)| *a == addr) {
+            last.1 += pins;
+            return;
+        }
         match self.runs.iter_mut().find(|(a, _)| *a == addr) {
             Some(e) => e.1 += pins,
             None => self.runs.push((addr, pins)),
@@ -154,18 +159,8 @@ impl Index {
                 placed.clear();
                 match self.place(cursor, &blocks[i..], &mut touched, &mut placed, &guard) {
                     Ok(n) => {
-                        let stretch = &blocks[i..i + n];
-                        let t = tier as usize;
-                        for b in stretch.iter().take(PREFETCH_AHEAD) {
-                            w.blocks[t].prefetch(b.external_hash);
-                        }
-                        for (j, (b, &r)) in stretch.iter().zip(&placed).enumerate() {
-                            if let Some(next) = stretch.get(j + PREFETCH_AHEAD) {
-                                w.blocks[t].prefetch(next.external_hash);
-                            }
-                            stored +=
-                                self.record(w, tier, b.external_hash, r, &mut touched) as usize;
-                        }
+                        stored +=
+                            self.record_stretch(w, tier, &blocks[i..i + n], &placed, &mut touched);
                         cursor = placed.last().copied();
                         i += n;
                     }
@@ -350,41 +345,85 @@ impl Index {
         drop(unsafe { Box::from_raw((r as *const Run as usize) as *mut Run) });
     }
 
-    /// Records that `external` names the block at `r` on `tier` for this rank; returns
-    /// whether the rank holds that block on that tier anew.
-    fn record(
+    /// Records a stretch of a store: block `j` of `stretch` is named by its engine hash
+    /// and lives at `places[j]`, all in one run. Returns the blocks the rank holds on
+    /// `tier` anew. The common case (new names) takes the run's hold once for the stretch;
+    /// a name that moves from another block drops that block first, as one block at a time
+    /// would.
+    fn record_stretch(
         &self,
         w: &mut RankWriter,
         tier: Tier,
-        external: u64,
-        r: BlockRef,
+        stretch: &[StoredBlock],
+        places: &[BlockRef],
         touched: &mut Touched,
-    ) -> bool {
+    ) -> usize {
         let t = tier as usize;
-        if self.engine_names && tier == Tier::Device {
-            w.names.insert(r.0, external);
+        let run = places[0].run_addr();
+        let names_kept = self.engine_names && tier == Tier::Device;
+        let mut stored = 0;
+        let mut j = 0;
+        for b in stretch.iter().take(PREFETCH_AHEAD) {
+            w.blocks[t].prefetch(b.external_hash);
         }
-        match w.blocks[t].insert(external, r.0) {
-            Some(old) if old == r.0 => return false,
-            Some(old) => drop_name(w, t, BlockRef(old), touched),
-            None => {}
-        }
-        let hold = w.holds.entry(r.run_addr()).or_default();
-        let any = hold.has_any(r.offset());
-        let heap = hold.heap_bytes();
-        let newly = hold.set(t, r.offset());
-        w.hold_heap = w.hold_heap + hold.heap_bytes() - heap;
-        if !newly {
-            // Another engine hash of this rank already names this block.
-            *w.aliases[t].entry(r.0).or_insert(0) += 1;
-            return false;
-        }
-        w.tally.tier_blocks[t] += 1;
-        if !any {
-            w.tally.holder_blocks += 1;
+        while j < stretch.len() {
+            // The block whose name moved from another block, if the loop stopped at one.
+            let mut moved = None;
+            {
+                let RankWriter {
+                    blocks,
+                    holds,
+                    names,
+                    tally,
+                    hold_heap,
+                    aliases,
+                    ..
+                } = &mut *w;
+                let hold = holds.entry(run).or_default();
+                let heap = hold.heap_bytes();
+                while j < stretch.len() {
+                    if let Some(next) = stretch.get(j + PREFETCH_AHEAD) {
+                        blocks[t].prefetch(next.external_hash);
+                    }
+                    let (external, r) = (stretch[j].external_hash, places[j]);
+                    if names_kept {
+                        names.insert(r.0, external);
+                    }
+                    match blocks[t].insert(external, r.0) {
+                        Some(old) if old == r.0 => {
+                            j += 1;
+                            continue;
+                        }
+                        Some(old) => {
+                            moved = Some(BlockRef(old));
+                            break;
+                        }
+                        None => {}
+                    }
+                    stored += hold_block(hold, tally, &mut aliases[t], t, r) as usize;
+                    j += 1;
+                }
+                *hold_heap = *hold_heap + hold.heap_bytes() - heap;
+            }
+            if let Some(old) = moved {
+                drop_name(w, t, old, touched);
+                let r = places[j];
+                let RankWriter {
+                    holds,
+                    tally,
+                    hold_heap,
+                    aliases,
+                    ..
+                } = &mut *w;
+                let hold = holds.entry(run).or_default();
+                let heap = hold.heap_bytes();
+                stored += hold_block(hold, tally, &mut aliases[t], t, r) as usize;
+                *hold_heap = *hold_heap + hold.heap_bytes() - heap;
+                j += 1;
+            }
         }
         // The run is already among those touched: `place` pinned it.
-        true
+        stored
     }
 
     /// Publishes this rank's new cover in every run the event touched, releases its pins,
@@ -611,10 +650,34 @@ impl Index {
     }
 }
 
+/// The rank now names the block at `r` on tier `t` (`hold` is its hold of `r`'s run):
+/// holds it anew (returns true) or counts one more name of a block it held already.
+fn hold_block(
+    hold: &mut super::hold::Hold,
+    tally: &mut Tally,
+    aliases: &mut crate::hash::mix::HashMixMap<u64, u32>,
+    t: usize,
+    r: BlockRef,
+) -> bool {
+    let any = hold.has_any(r.offset());
+    if !hold.set(t, r.offset()) {
+        // Another engine hash of this rank already names this block.
+        *aliases.entry(r.0).or_insert(0) += 1;
+        return false;
+    }
+    tally.tier_blocks[t] += 1;
+    if !any {
+        tally.holder_blocks += 1;
+    }
+    true
+}
+
 /// One engine name of the block at `r` on tier `t` went away: release the block unless
 /// another name still holds it.
 fn drop_name(w: &mut RankWriter, t: usize, r: BlockRef, touched: &mut Touched) {
-    if let Some(n) = w.aliases[t].get_mut(&r.0) {
+    if w.aliases[t].is_empty() {
+        // No block of this tier has a second name (the common case): skip the lookup.
+    } else if let Some(n) = w.aliases[t].get_mut(&r.0) {
         *n -= 1;
         if *n == 0 {
             w.aliases[t].remove(&r.0);
