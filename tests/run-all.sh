@@ -45,6 +45,11 @@ cargo test --workspace --release --locked
 # selection on a remote primary against failing servers).
 cargo test -p kvr-zmq -p kvr-remote --release --locked
 
+echo "== the index side by side with SMG's and a naive map (benches/index-peers), its smoke"
+# 20K holder-blocks, one run: every backend's answers checked exact (the full run and its
+# tables: docs/benchmarks.md, "The index side by side").
+cargo run --release --locked -q -p kvr-index-peers -- --quick > /dev/null
+
 echo "== fuzz replay (fuzz/: every seed and kept crasher through its target, on stable)"
 cargo test --manifest-path fuzz/Cargo.toml --locked  # debug: overflow checks on
 

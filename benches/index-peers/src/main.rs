@@ -65,6 +65,10 @@ struct Args {
     /// The CI smoke: 20K holder-blocks, one run, short phases.
     #[arg(long)]
     quick: bool,
+    /// Render the tables and plot from saved `results.json` files (comma-separated)
+    /// instead of running: sizes, profiles and backends as found in them.
+    #[arg(long, value_delimiter = ',')]
+    from_json: Vec<std::path::PathBuf>,
     /// Internal: run one backend in this process and print its record.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -139,6 +143,36 @@ fn main() {
         return;
     }
 
+    if !args.from_json.is_empty() {
+        let mut records: Vec<Record> = Vec::new();
+        for p in &args.from_json {
+            let text = std::fs::read_to_string(p)
+                .unwrap_or_else(|e| fail(&format!("{}: {e}", p.display())));
+            let mut r: Vec<Record> = serde_json::from_str(&text)
+                .unwrap_or_else(|e| fail(&format!("{}: {e}", p.display())));
+            records.append(&mut r);
+        }
+        let mut backends: Vec<String> = Vec::new();
+        for r in &records {
+            if !backends.contains(&r.backend) {
+                backends.push(r.backend.clone());
+            }
+        }
+        let runs = records
+            .iter()
+            .filter(|r| r.backend == backends[0] && r.profile == records[0].profile)
+            .filter(|r| r.holder_blocks == records[0].holder_blocks)
+            .count();
+        render(
+            &records,
+            &sizes,
+            &profiles,
+            &backends,
+            runs,
+            args.out.as_deref(),
+        );
+        return;
+    }
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&format!("own path: {e}")));
     let total = args.runs * sizes.len() * profiles.len() * args.backends.len();
     let mut records: Vec<Record> = Vec::with_capacity(total);
@@ -181,9 +215,39 @@ fn main() {
         }
     }
 
-    let tables = report::tables(&records, &sizes, &profiles, &args.backends, args.runs);
+    render(
+        &records,
+        &sizes,
+        &profiles,
+        &args.backends,
+        args.runs,
+        args.out.as_deref(),
+    );
+    let inexact: Vec<String> = records
+        .iter()
+        .filter(|r| {
+            r.backend.starts_with("kvr") || r.backend == "naive" || r.backend == "smg-chain"
+        })
+        .filter(|r| r.overcounts > 0)
+        .map(|r| format!("{} {} {}", r.backend, r.profile, r.holder_blocks))
+        .collect();
+    if !inexact.is_empty() {
+        fail(&format!("an exact backend overcounted: {inexact:?}"));
+    }
+}
+
+/// Prints the tables and, with `out`, writes results.json, tables.md and the plot there.
+fn render(
+    records: &[Record],
+    sizes: &[usize],
+    profiles: &[Profile],
+    backends: &[String],
+    runs: usize,
+    out: Option<&std::path::Path>,
+) {
+    let tables = report::tables(records, sizes, profiles, backends, runs);
     println!("{tables}");
-    if let Some(out) = &args.out {
+    if let Some(out) = out {
         let write = |name: &str, body: &str| {
             let p = out.join(name);
             std::fs::write(&p, body).unwrap_or_else(|e| fail(&format!("{}: {e}", p.display())));
@@ -195,19 +259,8 @@ fn main() {
         write("tables.md", &tables);
         write(
             "lookup-vs-size.svg",
-            &plot::lookup_vs_size(&records, &sizes, &args.backends),
+            &plot::lookup_vs_size(records, sizes, backends),
         );
-    }
-    let inexact: Vec<String> = records
-        .iter()
-        .filter(|r| {
-            r.backend.starts_with("kvr") || r.backend == "naive" || r.backend == "smg-chain"
-        })
-        .filter(|r| r.overcounts > 0)
-        .map(|r| format!("{} {} {}", r.backend, r.profile, r.holder_blocks))
-        .collect();
-    if !inexact.is_empty() {
-        fail(&format!("an exact backend overcounted: {inexact:?}"));
     }
 }
 

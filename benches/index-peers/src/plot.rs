@@ -54,10 +54,17 @@ pub fn lookup_vs_size(records: &[Record], sizes: &[usize], backends: &[String]) 
         sizes.iter().copied().min().unwrap_or(1) as f64,
         sizes.iter().copied().max().unwrap_or(2) as f64,
     );
-    let all: Vec<f64> = records
+    // The range of what is drawn: the medians.
+    let all: Vec<f64> = backends
         .iter()
-        .flat_map(|r| r.latency.iter().filter(|(n, _)| n == "cold128"))
-        .flat_map(|(_, l)| [l.p50, l.p99])
+        .flat_map(|b| {
+            Profile::ALL.into_iter().flat_map(move |p| {
+                [0.5, 0.99]
+                    .into_iter()
+                    .flat_map(move |q| series(records, b, p, sizes, q))
+            })
+        })
+        .map(|(_, y)| y)
         .filter(|v| v.is_finite() && *v > 0.0)
         .collect();
     let ymin = all.iter().copied().fold(f64::INFINITY, f64::min).max(1.0) / 1.3;
