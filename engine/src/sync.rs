@@ -287,6 +287,9 @@ pub(crate) mod faults {
         pub free_locals_now: bool,
         /// Run index: free an unlinked run at once instead of deferring it.
         pub free_run_now: bool,
+        /// Rank directory: free an outgrown slot → rank array at once instead of deferring
+        /// it.
+        pub free_directory_now: bool,
     }
 
     std::thread_local! {
@@ -312,6 +315,19 @@ pub(crate) mod faults {
 
     pub fn frees() -> usize {
         FREES.with(|c| c.get())
+    }
+
+    std::thread_local! {
+        static DIRECTORY_FREES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Counts a real free of an outgrown rank-directory array.
+    pub fn note_directory_free() {
+        DIRECTORY_FREES.with(|c| c.set(c.get() + 1));
+    }
+
+    pub fn directory_frees() -> usize {
+        DIRECTORY_FREES.with(|c| c.get())
     }
 
     std::thread_local! {

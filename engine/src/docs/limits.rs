@@ -7,7 +7,7 @@
 //!
 //! | limit | value | where |
 //! |---|---|---|
-//! | ranks per index (live, plus removed ones whose slot is still deferred) | 2^18 = 262,144; past it an event or recording of a new rank is refused (`IndexError::TooManyRanks`) | [`MAX_RANKS`] (`index::holders::SLOT_BITS` = 18) |
+//! | ranks per index (live, plus removed ones whose slot is still deferred) | 2^18 = 262,144; past it an event or recording of a new rank is refused (`IndexError::TooManyRanks`) | [`MAX_RANKS`] (`index::ranks::SLOT_BITS` = 18) |
 //! | holders stored inline in a node's word | 3 `(slot, tiers)` entries of 21 bits; a 4th moves the set to the heap | `index::holders::INLINE_CAP` |
 //! | tiers | 3: device, host, disk (3 bits per entry) | [`Tier`] |
 //! | node-table shards | 256 by default, rounded up to a power of two | [`IndexConfig::shards`] |

@@ -31,7 +31,7 @@
 //! | node-table shard writer | one of the index's 256 shards (default) | inserts, word swaps, rebuilds |
 //! | holder-interner shard | one of 64 per index | the heap holder sets' refcounts |
 //! | rank registry | dashmap, per shard | rank id → rank entry |
-//! | slot allocator, directory writer | one index | rank slots; copy-on-write of the slot directory |
+//! | slot allocator, directory writer | one index | rank slots; in-place writes and doubling growth of the slot directory |
 //! | id-index shard writer | one of the engine's 64 id shards | selection id → partition number |
 //! | booking shard | one of a table's 64 shards (default) | live bookings, recently freed ids |
 //! | booking rank | one rank of one partition | prompt-block refcounts |
