@@ -187,7 +187,20 @@ fn table_rebuild_publication_negative_relaxed_swap() {
     must_fail(
         "loom_models::table_rebuild_publication_negative_relaxed_swap",
         Faults {
-            relaxed_publish: true,
+            relaxed_table_swap: true,
+            ..Faults::default()
+        },
+        "Causality violation",
+        rebuild_and_reclaim_table,
+    );
+}
+
+#[test]
+fn table_rebuild_publication_negative_relaxed_table_load() {
+    must_fail(
+        "loom_models::table_rebuild_publication_negative_relaxed_table_load",
+        Faults {
+            relaxed_table_load: true,
             ..Faults::default()
         },
         "Causality violation",

@@ -252,8 +252,20 @@ pub(crate) mod faults {
 
     #[derive(Clone, Copy, Default, Debug)]
     pub struct Faults {
-        /// Publish table slots and swapped tables with `Relaxed` instead of `Release`.
-        pub relaxed_publish: bool,
+        /// Table: publish a new slot's key with `Relaxed` instead of `Release`.
+        pub relaxed_slot_key: bool,
+        /// Table: store a word over a slot that has its key (a dead slot revived) with
+        /// `Relaxed` instead of `Release`.
+        pub relaxed_slot_word: bool,
+        /// Table: swap a rebuilt table in with `Relaxed` instead of `Release`.
+        pub relaxed_table_swap: bool,
+        /// Table: a reader loads a slot's key with `Relaxed` instead of `Acquire`.
+        pub relaxed_key_load: bool,
+        /// Table: a reader loads a found slot's word with `Relaxed` instead of `Acquire`.
+        pub relaxed_word_load: bool,
+        /// Table: a reader loads the shard's table word with `Relaxed` instead of
+        /// `Acquire`.
+        pub relaxed_table_load: bool,
         /// Free a replaced table at once instead of deferring it.
         pub free_table_now: bool,
         /// Hand a removed rank's slot back for reuse at once instead of after readers' epochs.
