@@ -281,9 +281,18 @@ pub(crate) mod faults {
         /// Reservations: update a rank counter by load-then-store instead of an atomic
         /// read-modify-write.
         pub split_counter_rmw: bool,
+        /// Reservations: a booking adds to the rank state it looked up even when it finds
+        /// that state retired (its rank removed meanwhile) instead of retrying.
+        pub book_ignores_retired: bool,
         /// Selection: re-load the reported-load snapshot for every candidate instead of
         /// once per selection.
         pub reload_load_per_rank: bool,
+        /// Load view: publish a batch as one snapshot swap per entry, in order, instead of
+        /// one swap for the whole batch.
+        pub load_publish_per_entry: bool,
+        /// Load view: publish without the publisher mutex (copy, apply and swap of two
+        /// publishers may interleave).
+        pub load_publish_unlocked: bool,
         /// Ingress: unlist a stale stream's ranks before performing the step's actions
         /// (the clear) instead of after.
         pub unlist_before_repair: bool,
