@@ -11,6 +11,7 @@ use crate::index::{Index, IndexConfig, RankId, StoredBlock, Tier};
 use crate::sync::faults::{self, Faults};
 use crate::sync::{epoch, Arc};
 
+mod approx;
 mod directory;
 mod freshness;
 mod load;

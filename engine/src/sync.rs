@@ -284,6 +284,12 @@ pub(crate) mod faults {
         /// Reservations: a booking adds to the rank state it looked up even when it finds
         /// that state retired (its rank removed meanwhile) instead of retrying.
         pub book_ignores_retired: bool,
+        /// Approximate recorder: reserve room for new records by load-then-store instead
+        /// of a compare-and-swap loop.
+        pub split_room_reservation: bool,
+        /// Approximate recorder: a recording adds to the rank's records it looked up even
+        /// when it finds them retired (the rank forgotten meanwhile) instead of retrying.
+        pub record_ignores_retired: bool,
         /// Selection: re-load the reported-load snapshot for every candidate instead of
         /// once per selection.
         pub reload_load_per_rank: bool,
