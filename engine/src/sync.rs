@@ -61,6 +61,55 @@ pub(crate) type StdArc<T> = std::sync::Arc<T>;
 /// Epoch-based reclamation (crossbeam-epoch; loom-aware under `crossbeam_loom`).
 pub(crate) use crossbeam_epoch as epoch;
 
+/// A lookup's epoch guard: the index's queries pin through this, so that a loom model can
+/// remove the pin (the `unpinned_query` fault) and show that the pin is what keeps a
+/// retired run alive under a walking reader. Outside loom it is exactly `epoch::pin()`.
+pub(crate) struct QueryGuard {
+    #[cfg(not(loom))]
+    guard: epoch::Guard,
+    #[cfg(loom)]
+    guard: Option<epoch::Guard>,
+}
+
+/// Pins the current thread for one lookup.
+#[inline]
+pub(crate) fn query_pin() -> QueryGuard {
+    #[cfg(not(loom))]
+    {
+        QueryGuard {
+            guard: epoch::pin(),
+        }
+    }
+    #[cfg(loom)]
+    {
+        QueryGuard {
+            guard: (!faults::get().unpinned_query).then(epoch::pin),
+        }
+    }
+}
+
+impl core::ops::Deref for QueryGuard {
+    type Target = epoch::Guard;
+
+    #[inline]
+    fn deref(&self) -> &epoch::Guard {
+        #[cfg(not(loom))]
+        {
+            &self.guard
+        }
+        #[cfg(loom)]
+        {
+            match &self.guard {
+                Some(g) => g,
+                // SAFETY: only under loom, with the `unpinned_query` fault a negative
+                // control sets on purpose: the model then *expects* the use after free
+                // this allows to be reported by loom (it is the mutation under test).
+                None => unsafe { epoch::unprotected() },
+            }
+        }
+    }
+}
+
 /// A mutex whose poisoning is ignored: every critical section in kvr leaves its data
 /// consistent before any call that could panic, so a panic elsewhere must not wedge a rank.
 #[derive(Debug, Default)]
@@ -317,6 +366,9 @@ pub(crate) mod faults {
         /// Rank directory: free an outgrown slot → rank array at once instead of deferring
         /// it.
         pub free_directory_now: bool,
+        /// Queries: `find_matches` and the tiered query walk without pinning the epoch
+        /// (crossbeam's unprotected guard), so a retired run may be freed under them.
+        pub unpinned_query: bool,
     }
 
     std::thread_local! {

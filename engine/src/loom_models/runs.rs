@@ -305,3 +305,29 @@ fn run_retirement_tiered_negative_free_now() {
         last_holder_leaves_tiered,
     );
 }
+
+#[test]
+fn run_retirement_negative_unpinned_query() {
+    must_fail(
+        "loom_models::runs::run_retirement_negative_unpinned_query",
+        Faults {
+            unpinned_query: true,
+            ..Faults::default()
+        },
+        "Causality violation",
+        last_holder_leaves,
+    );
+}
+
+#[test]
+fn run_retirement_tiered_negative_unpinned_query() {
+    must_fail(
+        "loom_models::runs::run_retirement_tiered_negative_unpinned_query",
+        Faults {
+            unpinned_query: true,
+            ..Faults::default()
+        },
+        "Causality violation",
+        last_holder_leaves_tiered,
+    );
+}
