@@ -596,6 +596,12 @@ typedef struct kvr_stream_stats {
    */
   uint32_t recovering;
   uint32_t reserved2;
+  /**
+   * Batches refused because they name a DP rank the worker does not have (at or above
+   * its `dp_size`, or at least `KVR_MAX_DP_SIZE` for a worker not yet registered): the
+   * wire never picks which ranks exist. Their events count in `events_rejected` too.
+   */
+  uint64_t dp_rank_refused;
 } kvr_stream_stats;
 
 /**

@@ -56,6 +56,7 @@ cargo test --manifest-path fuzz/Cargo.toml --locked  # debug: overflow checks on
 echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
     cargo test -p kvr --release --lib --locked --target-dir "$target/loom" loom_models
+bash tests/loom-mutations.sh --check
 
 echo "== C host (tests/c)"
 bash tests/c/run.sh

@@ -417,8 +417,9 @@ impl IndexState {
         }
     }
 
-    /// Forgets a removed worker: the approximate recorder's records of its ranks and its
-    /// entries in the prediction side index (the caller removed it from the primary).
+    /// Forgets a removed worker: the approximate recorder's records of its ranks, then
+    /// its entries in the prediction side index (the caller removes it from the primary
+    /// afterwards: records first, see `ApproxRecorder::forget_rank`).
     pub(crate) fn forget_worker(&self, worker: WorkerId, ranks: impl Iterator<Item = RankId>) {
         if let Some(rec) = &self.recorder {
             for rank in ranks {

@@ -1,8 +1,8 @@
 //! kvr: an in-process selection engine for KV-cache-aware LLM inference routing, with
 //! lock-free index lookups: `find_matches` and the tiered queries take no lock and never
 //! wait for a writer. Everything that changes state takes mutexes, sharded where frequent (events:
-//! per rank and per index shard; bookings: per booking shard and per rank, plus one
-//! recorder mutex per partition with events off or a prediction index; membership and
+//! per rank and per index shard; bookings: per booking shard and per rank, plus with
+//! events off or a prediction index the rank's recorder mutex; membership and
 //! load publishing: one per partition), and selection itself reads a booked rank's
 //! prompt-block refcounts and a session's entry under their mutexes. The per-path table
 //! is [`docs::locking`].

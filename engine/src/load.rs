@@ -117,8 +117,20 @@ impl LoadView {
     }
 
     /// Publishes one batch of reports: later entries for the same rank win. Readers see
-    /// either none or all of the batch.
+    /// either none or all of the batch, and concurrent publishers' batches are applied one
+    /// after the other, none lost (loom model `load_snapshot_batches`).
     pub fn publish(&self, batch: &[(RankId, RankLoad)]) -> u64 {
+        #[cfg(loom)]
+        if crate::sync::faults::get().load_publish_per_entry {
+            // Negative control: one swap per entry, in order (readers see half a batch).
+            let mut version = 0;
+            for (rank, load) in batch {
+                version = self.update(|loads| {
+                    loads.insert(*rank, *load);
+                });
+            }
+            return version;
+        }
         self.update(|loads| {
             for (rank, load) in batch {
                 loads.insert(*rank, *load);
@@ -132,6 +144,10 @@ impl LoadView {
     }
 
     fn update(&self, f: impl FnOnce(&mut RankMapOf<RankLoad>)) -> u64 {
+        // Negative control: no publisher lock (two copy-apply-swaps interleave).
+        #[cfg(loom)]
+        let _p = (!crate::sync::faults::get().load_publish_unlocked).then(|| self.publish.lock());
+        #[cfg(not(loom))]
         let _p = self.publish.lock();
         let cur = self.current.load();
         let mut loads = cur.loads.clone();

@@ -11,16 +11,30 @@ use crate::index::{Index, IndexConfig, RankId, StoredBlock, Tier};
 use crate::sync::faults::{self, Faults};
 use crate::sync::{epoch, Arc};
 
+mod approx;
+mod directory;
 mod freshness;
+mod load;
 mod prefill_rate;
+mod reservations;
 mod runs;
+mod sessions;
 
+/// Checks `f` under loom (preemption bound 3 unless `LOOM_MAX_PREEMPTIONS` says
+/// otherwise) and prints how many executions it explored.
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    use crate::sync::std_atomic::{AtomicUsize, Ordering};
     let mut b = loom::model::Builder::new();
     if b.preemption_bound.is_none() {
         b.preemption_bound = Some(3);
     }
-    b.check(f);
+    let runs = crate::sync::StdArc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    b.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        f()
+    });
+    eprintln!("loom: {} executions", runs.load(Ordering::Relaxed));
 }
 
 /// Runs `f` under loom with `fault` injected and requires loom to reject it with a
@@ -186,7 +200,20 @@ fn table_rebuild_publication_negative_relaxed_swap() {
     must_fail(
         "loom_models::table_rebuild_publication_negative_relaxed_swap",
         Faults {
-            relaxed_publish: true,
+            relaxed_table_swap: true,
+            ..Faults::default()
+        },
+        "Causality violation",
+        rebuild_and_reclaim_table,
+    );
+}
+
+#[test]
+fn table_rebuild_publication_negative_relaxed_table_load() {
+    must_fail(
+        "loom_models::table_rebuild_publication_negative_relaxed_table_load",
+        Faults {
+            relaxed_table_load: true,
             ..Faults::default()
         },
         "Causality violation",
@@ -245,169 +272,6 @@ fn rank_slot_reuse_negative_reuse_now() {
         remove_rank_then_reuse_slot,
     );
 }
-
-// ---------------------------------------------------------------------------------------
-// Reservations (`crate::reservation`): booking vs concurrent free, sweep and
-// mark-prefill-complete. No lost and no doubled counter update; exactly one remover.
-// ---------------------------------------------------------------------------------------
-
-use crate::reservation::{
-    ActiveLoad, BookingRequest, FreeOutcome, FreedBy, ReservationConfig, ReservationTable,
-};
-use std::time::{Duration, Instant};
-
-const RANK: RankId = RankId::new(1, 0);
-
-/// Two shards (so the ids below may land in different ones) and no sweep thread.
-fn reservations() -> Arc<ReservationTable> {
-    Arc::new(ReservationTable::new(ReservationConfig {
-        shards: 2,
-        sweep_interval: None,
-        ..ReservationConfig::default()
-    }))
-}
-
-fn booking(id: u64, blocks: &[u64], prefill: u64, ttl: Option<Duration>) -> BookingRequest {
-    BookingRequest {
-        selection_id: id,
-        rank: RANK,
-        prompt_blocks: blocks.to_vec(),
-        prefill_tokens: prefill,
-        expected_output_tokens: 0,
-        ttl,
-    }
-}
-
-fn active(prefill: u64, decode: u64, requests: u64) -> ActiveLoad {
-    ActiveLoad {
-        active_prefill_tokens: prefill,
-        active_decode_blocks: decode,
-        active_requests: requests,
-    }
-}
-
-/// The race left exactly booking 2 (16 prefill tokens, one prompt block): its counters
-/// are exact, and freeing it brings every counter back to zero.
-fn only_booking_2_left_then_drain(t: &ReservationTable) {
-    assert_eq!(
-        t.rank_load(RANK),
-        active(16, 1, 1),
-        "lost or doubled counter update"
-    );
-    t.free(2).unwrap();
-    assert_eq!(t.rank_load(RANK), ActiveLoad::default(), "counters leaked");
-    t.audit().unwrap();
-}
-
-/// Booking 1 (expired) is freed by its caller while a sweep runs; booking 2 shares a
-/// prompt block with it and stays. Exactly one of the two removes booking 1, its
-/// contribution is subtracted once, and the shared block survives for booking 2.
-fn free_races_sweep() {
-    let t = reservations();
-    let now = Instant::now();
-    t.book(booking(1, &[10, 11], 32, Some(Duration::ZERO)), now)
-        .unwrap();
-    t.book(booking(2, &[10], 16, None), now).unwrap();
-    let t2 = t.clone();
-    let freer = loom::thread::spawn(move || t2.free(1).unwrap());
-    let swept = t.sweep_expired(now);
-    let freed = freer.join().unwrap();
-    let by_free = matches!(freed, FreeOutcome::Freed(_));
-    assert_eq!(
-        usize::from(by_free) + swept,
-        1,
-        "booking freed {} times ({freed:?}, swept {swept})",
-        usize::from(by_free) + swept
-    );
-    if !by_free {
-        assert_eq!(freed, FreeOutcome::AlreadyFreed(FreedBy::Expired));
-    }
-    only_booking_2_left_then_drain(&t);
-}
-
-#[test]
-fn reservation_free_races_sweep() {
-    model(free_races_sweep);
-}
-
-#[test]
-fn reservation_free_races_sweep_negative_release_before_remove() {
-    must_fail(
-        "loom_models::reservation_free_races_sweep_negative_release_before_remove",
-        Faults {
-            release_before_remove: true,
-            ..Faults::default()
-        },
-        "would go negative",
-        free_races_sweep,
-    );
-}
-
-/// A booking is marked prefill-complete while it is freed: its prefill tokens are
-/// subtracted exactly once, whichever comes first.
-fn mark_prefill_races_free() {
-    let t = reservations();
-    let now = Instant::now();
-    t.book(booking(1, &[10], 32, None), now).unwrap();
-    let t2 = t.clone();
-    let marker = loom::thread::spawn(move || t2.mark_prefill_complete(1));
-    let freed = t.free(1).unwrap();
-    assert_eq!(marker.join().unwrap(), Ok(()));
-    assert!(matches!(freed, FreeOutcome::Freed(_)));
-    assert_eq!(t.rank_load(RANK), ActiveLoad::default(), "counters leaked");
-    t.audit().unwrap();
-}
-
-#[test]
-fn reservation_mark_prefill_races_free() {
-    model(mark_prefill_races_free);
-}
-
-#[test]
-fn reservation_mark_prefill_races_free_negative_flag_after_release() {
-    must_fail(
-        "loom_models::reservation_mark_prefill_races_free_negative_flag_after_release",
-        Faults {
-            prefill_flag_after_release: true,
-            ..Faults::default()
-        },
-        "would go negative",
-        mark_prefill_races_free,
-    );
-}
-
-/// A booking on a rank races the free of another booking on the same rank, sharing a
-/// prompt block (ids 1 and 2 sit in different shards, so nothing but the counters'
-/// atomicity and the rank's refcount lock orders them). No update is lost.
-fn book_races_free() {
-    let t = reservations();
-    let now = Instant::now();
-    t.book(booking(1, &[10, 11], 32, None), now).unwrap();
-    let t2 = t.clone();
-    let freer = loom::thread::spawn(move || t2.free(1).unwrap());
-    t.book(booking(2, &[10], 16, None), now).unwrap();
-    assert!(matches!(freer.join().unwrap(), FreeOutcome::Freed(_)));
-    only_booking_2_left_then_drain(&t);
-}
-
-#[test]
-fn reservation_book_races_free() {
-    model(book_races_free);
-}
-
-#[test]
-fn reservation_book_races_free_negative_split_rmw() {
-    must_fail(
-        "loom_models::reservation_book_races_free_negative_split_rmw",
-        Faults {
-            split_counter_rmw: true,
-            ..Faults::default()
-        },
-        "lost or doubled counter update",
-        book_races_free,
-    );
-}
-
 // ---------------------------------------------------------------------------------------
 // Selection-id index vs partition-scan fallback (engine)
 // ---------------------------------------------------------------------------------------
@@ -484,209 +348,5 @@ fn selection_id_index_negative_no_scan_fallback() {
         },
         "a replica booking is found by the partition scan",
         index_and_scan_route_every_free,
-    );
-}
-
-// ---------------------------------------------------------------------------------------
-// Load snapshot swap vs a selection reading it (partition)
-// ---------------------------------------------------------------------------------------
-
-/// Two single-rank workers with 100 KV blocks each and a busy threshold at half of them;
-/// one is reported at 90 blocks (busy), the other at 10. A host publishes one batch that
-/// swaps the two while a selection runs: every snapshot has exactly one busy rank, so a
-/// selection that reads one snapshot throughout always finds a free rank. Reading the
-/// load per candidate can see the old busy rank and the new busy rank together.
-fn load_swap_never_tears_a_selection() {
-    use crate::cost::SelectionRng;
-    use crate::load::RankLoad;
-    use crate::partition::{BusyThresholds, Partition, PartitionConfig, PartitionKey, WorkerInfo};
-    use crate::select::{Outcome, SelectRequest};
-    let mut config = PartitionConfig::new(4);
-    config.busy = BusyThresholds {
-        decode_blocks_fraction: Some(0.5),
-        ..BusyThresholds::default()
-    };
-    let p = Arc::new(Partition::new(PartitionKey::new("m", "g"), config));
-    for w in [1, 2] {
-        let mut info = WorkerInfo::new(w, 1);
-        info.total_kv_blocks = 100;
-        p.upsert_worker(info).unwrap();
-    }
-    let (a, b) = (RankId::new(1, 0), RankId::new(2, 0));
-    let used = |n| RankLoad {
-        kv_blocks_used: n,
-        kv_blocks_total: 100,
-        ..RankLoad::default()
-    };
-    p.load_view().publish(&[(a, used(90)), (b, used(10))]);
-    let host = p.clone();
-    let publisher = loom::thread::spawn(move || {
-        host.load_view().publish(&[(a, used(10)), (b, used(90))]);
-    });
-    let tokens = [1, 2, 3, 4];
-    let outcome = p.select(
-        &SelectRequest::tokens(&tokens),
-        &mut SelectionRng::from_seed(7),
-    );
-    assert!(
-        matches!(outcome, Outcome::Selected(_)),
-        "torn load view: a selection saw both ranks busy ({outcome:?})"
-    );
-    publisher.join().unwrap();
-}
-
-#[test]
-fn load_snapshot_swap_vs_selection() {
-    model(load_swap_never_tears_a_selection);
-}
-
-#[test]
-fn load_snapshot_negative_reload_per_rank() {
-    must_fail(
-        "loom_models::load_snapshot_negative_reload_per_rank",
-        Faults {
-            reload_load_per_rank: true,
-            ..Faults::default()
-        },
-        "torn load view",
-        load_swap_never_tears_a_selection,
-    );
-}
-
-// ---------------------------------------------------------------------------------------
-// Session affinity (`crate::session`): a turn's lease release vs the session's next turn.
-// The session faults live on the table (`SessionTable::with_faults`), not in
-// `sync::faults`, so the negative controls pass `Faults::default()` to `must_fail`.
-// ---------------------------------------------------------------------------------------
-
-use crate::session::SessionContext;
-use crate::session::{BindOutcome, LeaseRelease, SessionConfig, SessionFaults, SessionTable};
-
-/// Two session shards and two lease shards (leases 1, 2 and 7 need not share a lock).
-fn sessions(faults: SessionFaults) -> Arc<SessionTable> {
-    Arc::new(SessionTable::with_faults(
-        SessionConfig {
-            shards: 2,
-            max_entries: 64,
-            ..SessionConfig::default()
-        },
-        faults,
-    ))
-}
-
-fn turn(session_final: bool) -> SessionContext {
-    SessionContext {
-        session_id: "s".to_string(),
-        session_final,
-        ..SessionContext::default()
-    }
-}
-
-/// Turn N (lease 1, final) ends while turn N+1 (lease 2) binds. Whichever goes first,
-/// the session ends bound with lease 2 held — N+1 either kept N's entry or started a
-/// fresh one after N released it — and then releasing lease 2 leaves nothing behind
-/// (nothing at all if N+1 was final too; an idle entry that expires otherwise).
-fn release_races_next_turn(next_final: bool, faults: SessionFaults) {
-    let t = sessions(faults);
-    let now = Instant::now();
-    assert!(matches!(
-        t.bind(&turn(true), RANK, 1, false, now),
-        BindOutcome::Created(_)
-    ));
-    let t2 = t.clone();
-    let releaser = loom::thread::spawn(move || t2.release_lease(1, now));
-    let bound = t.bind(&turn(next_final), RANK, 2, false, now);
-    let released = releaser.join().unwrap();
-    let leases = t.entry("s").map(|e| e.leases);
-    assert_eq!(
-        leases,
-        Some(vec![2]),
-        "lost lease: turn N+1's lease 2 is not held by its session ({bound:?}, {released:?})"
-    );
-    t.audit().unwrap();
-    assert!(
-        matches!(
-            (bound, released),
-            (BindOutcome::Kept(_), LeaseRelease::Released)
-                | (BindOutcome::Created(_), LeaseRelease::SessionEnded)
-        ),
-        "inconsistent outcomes {bound:?} / {released:?}"
-    );
-    let end = t.release_lease(2, now);
-    if next_final {
-        assert_eq!(end, LeaseRelease::SessionEnded);
-    } else {
-        assert_eq!(end, LeaseRelease::Released);
-        assert_eq!(t.reap(now + t.idle_ttl()), 1);
-    }
-    assert_eq!(t.len(), 0, "leaked entry");
-    assert_eq!(t.stats().leases, 0, "leaked lease");
-    t.audit().unwrap();
-}
-
-#[test]
-fn session_release_races_next_turn() {
-    model(|| release_races_next_turn(false, SessionFaults::default()));
-    model(|| release_races_next_turn(true, SessionFaults::default()));
-}
-
-#[test]
-fn session_release_races_next_turn_negative_split_release() {
-    must_fail(
-        "loom_models::session_release_races_next_turn_negative_split_release",
-        Faults::default(),
-        "lost lease",
-        || {
-            release_races_next_turn(
-                false,
-                SessionFaults {
-                    split_last_lease_release: true,
-                    ..SessionFaults::default()
-                },
-            )
-        },
-    );
-}
-
-/// A final turn's booking (lease 7) ends while its bind is still to come (or in flight):
-/// whichever goes first, the lease is not left held and the session is released.
-fn early_release_vs_bind(faults: SessionFaults) {
-    let t = sessions(faults);
-    let now = Instant::now();
-    let t2 = t.clone();
-    let releaser = loom::thread::spawn(move || t2.release_lease(7, now));
-    let bound = t.bind(&turn(true), RANK, 7, false, now);
-    let released = releaser.join().unwrap();
-    assert!(matches!(bound, BindOutcome::Created(_)), "{bound:?}");
-    assert_eq!(
-        t.stats().leases,
-        0,
-        "leaked lease: lease 7 ended but is held ({released:?})"
-    );
-    assert_eq!(
-        t.len(),
-        0,
-        "leaked entry: the final session was not released"
-    );
-    t.audit().unwrap();
-}
-
-#[test]
-fn session_early_release_vs_bind() {
-    model(|| early_release_vs_bind(SessionFaults::default()));
-}
-
-#[test]
-fn session_early_release_vs_bind_negative_ignore_memory() {
-    must_fail(
-        "loom_models::session_early_release_vs_bind_negative_ignore_memory",
-        Faults::default(),
-        "leaked lease",
-        || {
-            early_release_vs_bind(SessionFaults {
-                ignore_early_release: true,
-                ..SessionFaults::default()
-            })
-        },
     );
 }

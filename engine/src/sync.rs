@@ -61,6 +61,55 @@ pub(crate) type StdArc<T> = std::sync::Arc<T>;
 /// Epoch-based reclamation (crossbeam-epoch; loom-aware under `crossbeam_loom`).
 pub(crate) use crossbeam_epoch as epoch;
 
+/// A lookup's epoch guard: the index's queries pin through this, so that a loom model can
+/// remove the pin (the `unpinned_query` fault) and show that the pin is what keeps a
+/// retired run alive under a walking reader. Outside loom it is exactly `epoch::pin()`.
+pub(crate) struct QueryGuard {
+    #[cfg(not(loom))]
+    guard: epoch::Guard,
+    #[cfg(loom)]
+    guard: Option<epoch::Guard>,
+}
+
+/// Pins the current thread for one lookup.
+#[inline]
+pub(crate) fn query_pin() -> QueryGuard {
+    #[cfg(not(loom))]
+    {
+        QueryGuard {
+            guard: epoch::pin(),
+        }
+    }
+    #[cfg(loom)]
+    {
+        QueryGuard {
+            guard: (!faults::get().unpinned_query).then(epoch::pin),
+        }
+    }
+}
+
+impl core::ops::Deref for QueryGuard {
+    type Target = epoch::Guard;
+
+    #[inline]
+    fn deref(&self) -> &epoch::Guard {
+        #[cfg(not(loom))]
+        {
+            &self.guard
+        }
+        #[cfg(loom)]
+        {
+            match &self.guard {
+                Some(g) => g,
+                // SAFETY: only under loom, with the `unpinned_query` fault a negative
+                // control sets on purpose: the model then *expects* the use after free
+                // this allows to be reported by loom (it is the mutation under test).
+                None => unsafe { epoch::unprotected() },
+            }
+        }
+    }
+}
+
 /// A mutex whose poisoning is ignored: every critical section in kvr leaves its data
 /// consistent before any call that could panic, so a panic elsewhere must not wedge a rank.
 #[derive(Debug, Default)]
@@ -252,8 +301,20 @@ pub(crate) mod faults {
 
     #[derive(Clone, Copy, Default, Debug)]
     pub struct Faults {
-        /// Publish table slots and swapped tables with `Relaxed` instead of `Release`.
-        pub relaxed_publish: bool,
+        /// Table: publish a new slot's key with `Relaxed` instead of `Release`.
+        pub relaxed_slot_key: bool,
+        /// Table: store a word over a slot that has its key (a dead slot revived) with
+        /// `Relaxed` instead of `Release`.
+        pub relaxed_slot_word: bool,
+        /// Table: swap a rebuilt table in with `Relaxed` instead of `Release`.
+        pub relaxed_table_swap: bool,
+        /// Table: a reader loads a slot's key with `Relaxed` instead of `Acquire`.
+        pub relaxed_key_load: bool,
+        /// Table: a reader loads a found slot's word with `Relaxed` instead of `Acquire`.
+        pub relaxed_word_load: bool,
+        /// Table: a reader loads the shard's table word with `Relaxed` instead of
+        /// `Acquire`.
+        pub relaxed_table_load: bool,
         /// Free a replaced table at once instead of deferring it.
         pub free_table_now: bool,
         /// Hand a removed rank's slot back for reuse at once instead of after readers' epochs.
@@ -269,9 +330,24 @@ pub(crate) mod faults {
         /// Reservations: update a rank counter by load-then-store instead of an atomic
         /// read-modify-write.
         pub split_counter_rmw: bool,
+        /// Reservations: a booking adds to the rank state it looked up even when it finds
+        /// that state retired (its rank removed meanwhile) instead of retrying.
+        pub book_ignores_retired: bool,
+        /// Approximate recorder: reserve room for new records by load-then-store instead
+        /// of a compare-and-swap loop.
+        pub split_room_reservation: bool,
+        /// Approximate recorder: a recording adds to the rank's records it looked up even
+        /// when it finds them retired (the rank forgotten meanwhile) instead of retrying.
+        pub record_ignores_retired: bool,
         /// Selection: re-load the reported-load snapshot for every candidate instead of
         /// once per selection.
         pub reload_load_per_rank: bool,
+        /// Load view: publish a batch as one snapshot swap per entry, in order, instead of
+        /// one swap for the whole batch.
+        pub load_publish_per_entry: bool,
+        /// Load view: publish without the publisher mutex (copy, apply and swap of two
+        /// publishers may interleave).
+        pub load_publish_unlocked: bool,
         /// Ingress: unlist a stale stream's ranks before performing the step's actions
         /// (the clear) instead of after.
         pub unlist_before_repair: bool,
@@ -287,6 +363,12 @@ pub(crate) mod faults {
         pub free_locals_now: bool,
         /// Run index: free an unlinked run at once instead of deferring it.
         pub free_run_now: bool,
+        /// Rank directory: free an outgrown slot → rank array at once instead of deferring
+        /// it.
+        pub free_directory_now: bool,
+        /// Queries: `find_matches` and the tiered query walk without pinning the epoch
+        /// (crossbeam's unprotected guard), so a retired run may be freed under them.
+        pub unpinned_query: bool,
     }
 
     std::thread_local! {
@@ -312,6 +394,19 @@ pub(crate) mod faults {
 
     pub fn frees() -> usize {
         FREES.with(|c| c.get())
+    }
+
+    std::thread_local! {
+        static DIRECTORY_FREES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Counts a real free of an outgrown rank-directory array.
+    pub fn note_directory_free() {
+        DIRECTORY_FREES.with(|c| c.set(c.get() + 1));
+    }
+
+    pub fn directory_frees() -> usize {
+        DIRECTORY_FREES.with(|c| c.get())
     }
 
     std::thread_local! {

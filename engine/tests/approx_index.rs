@@ -1,8 +1,8 @@
 //! The approximate (booking-fed) index: `ApproxRecorder` writing into an `Index`.
 //!
 //! Scenario tests pin each retention rule (overlap after a record, shared prefixes counted
-//! once, TTL expiry exactly at the deadline, refresh, pruning deepest first with its
-//! tie-break, rank independence, `forget_rank`, a `now` that goes backwards), and a
+//! once, TTL expiry exactly at the deadline, refresh, the size bound and the maintenance
+//! pass's prune, deepest first with its tie-break, rank independence, `forget_rank`, a `now` that goes backwards), and a
 //! differential test drives the recorder and a naive model — a map (rank, sequence hash)
 //! → (deadline, depth) — with the same random operations, comparing every outcome,
 //! `len()`, the index's per-rank block counts and `find_matches` of random prompts.
@@ -125,16 +125,20 @@ fn ttl_expires_exactly_at_the_deadline() {
     assert_eq!(rec.expire(&index, just_before), 0);
     assert_eq!(rec.len(), 3);
     assert_eq!(lookup(&index, &p).get(rank(1)), 3);
-    // A record at the deadline expires what is due as a side effect.
+    // Another rank's booking leaves rank 1's records alone (recording is per rank).
     let out = rec.record(&index, rank(2), &[50], t0 + TTL).unwrap();
-    assert_eq!(out.expired, 3);
-    assert_eq!(rec.len(), 1);
+    assert_eq!(out.expired, 0);
+    assert_eq!(rec.len(), 4);
+    // Rank 1's own booking at the deadline expires what of it is due as a side effect.
+    let out = rec.record(&index, rank(1), &[60], t0 + TTL).unwrap();
+    assert_eq!((out.stored, out.expired), (1, 3));
+    assert_eq!(rec.len(), 2);
     assert!(lookup(&index, &p).is_empty());
-    assert_eq!(device_blocks(&index, rank(1)), 0);
+    assert_eq!(device_blocks(&index, rank(1)), 1);
     assert_eq!(rec.stats().blocks_expired, 3);
     assert_eq!(index.stats().block_not_found, 0);
-    // And the explicit call.
-    assert_eq!(rec.expire(&index, t0 + TTL + TTL), 1);
+    // And the explicit call (the maintenance pass) expires every rank's.
+    assert_eq!(rec.expire(&index, t0 + TTL + TTL), 2);
     assert!(rec.is_empty());
 }
 
@@ -170,7 +174,7 @@ fn prefixed_prompt(i: u64) -> Vec<u64> {
 }
 
 #[test]
-fn size_bound_prunes_to_80_percent_deepest_first() {
+fn size_bound_holds_and_the_maintenance_pass_prunes_deepest_first() {
     let index = Index::new();
     let rec = ApproxRecorder::new(ApproxConfig {
         max_blocks: 100,
@@ -181,27 +185,44 @@ fn size_bound_prunes_to_80_percent_deepest_first() {
         let out = rec
             .record(&index, rank(1), &prefixed_prompt(i), t0 + secs(i))
             .unwrap();
-        assert_eq!(out.pruned, 0);
+        assert_eq!(out.over_bound, 0);
     }
     assert_eq!(rec.len(), 90);
-    // 110 > 100: prune 30 to reach 80. Depths 29..=24 hold five records each.
+    // 110 > 100: the booking records its prompt up to the first block that does not fit
+    // (the shared 10, then 10 of its own), never a block without its parent.
     let out = rec
         .record(&index, rank(1), &prefixed_prompt(4), t0 + secs(4))
         .unwrap();
-    assert_eq!((out.stored, out.pruned), (20, 30));
+    assert_eq!((out.stored, out.refreshed, out.over_bound), (10, 10, 10));
+    assert_eq!(rec.len(), 100);
+    assert_eq!(lookup(&index, &prefixed_prompt(4)).get(rank(1)), 20);
+    assert_eq!(rec.stats().blocks_over_bound, 10);
+    // At the bound nothing more is recorded until the maintenance pass prunes.
+    let out = rec.record(&index, rank(2), &[7], t0 + secs(4)).unwrap();
+    assert_eq!((out.stored, out.over_bound), (0, 1));
+    assert_eq!(rec.stats().blocks_pruned, 0);
+    // The pass prunes to 80 %, deepest first: depths 29..=25 hold four records each.
+    assert_eq!(rec.expire(&index, t0 + secs(4)), 0);
     assert_eq!(rec.len(), 80);
     assert_eq!(device_blocks(&index, rank(1)), 80);
-    assert_eq!(rec.stats().blocks_pruned, 30);
-    for i in 0..5 {
+    assert_eq!(rec.stats().blocks_pruned, 20);
+    for i in 0..4 {
         // Oldest prompts included: their shallow blocks survive, only the tails go.
         assert_eq!(
             lookup(&index, &prefixed_prompt(i)).get(rank(1)),
-            24,
+            25,
             "prompt {i}"
         );
     }
+    assert_eq!(lookup(&index, &prefixed_prompt(4)).get(rank(1)), 20);
     let prefix: Vec<u64> = (1..=10).collect();
     assert_eq!(lookup(&index, &prefix).get(rank(1)), 10);
+    // Room again: the rest of prompt 4 is recorded.
+    let out = rec
+        .record(&index, rank(1), &prefixed_prompt(4), t0 + secs(5))
+        .unwrap();
+    assert_eq!((out.stored, out.over_bound), (10, 0));
+    assert_eq!(lookup(&index, &prefixed_prompt(4)).get(rank(1)), 30);
     assert_eq!(index.stats().block_not_found, 0);
 }
 
@@ -218,12 +239,14 @@ fn prune_ties_at_the_cut_depth_go_oldest_first() {
         rec.record(&index, rank(1), &prefixed_prompt(i), t0 + secs(i))
             .unwrap();
     }
-    // Prune 27: depths 29..=25 (25 records) and the two oldest records at depth 24.
+    assert_eq!(rec.len(), 100);
+    // Prune 17: depths 29..=26 (16 records) and the oldest record at depth 25.
+    rec.expire(&index, t0 + secs(5));
     assert_eq!(rec.len(), 83);
     let got: Vec<u32> = (0..5)
         .map(|i| lookup(&index, &prefixed_prompt(i)).get(rank(1)))
         .collect();
-    assert_eq!(got, vec![24, 24, 25, 25, 25]);
+    assert_eq!(got, vec![25, 26, 26, 26, 20]);
 }
 
 #[test]
@@ -315,17 +338,21 @@ fn empty_prompt_is_a_no_op() {
 }
 
 /// End to end through a real index filled to `MAX_RANKS` (the module's unit test covers
-/// the same path with a refusing index). Ignored: the index copies its slot directory on
-/// every rank creation, so creating 2^18 ranks is quadratic (about 9 minutes).
+/// the same path with a refusing index). Each rank stores one block of its own (a store
+/// of nothing creates no rank). The slot directory grows by doubling, so creating 2^18
+/// ranks is linear (it used to copy the directory per new rank: about 9 minutes).
 #[test]
-#[ignore = "fills the index to MAX_RANKS: minutes"]
 fn index_refusal_is_returned_and_counted() {
     let index = Index::new();
     let rec = recorder();
     let t0 = Instant::now();
     for w in 0..u64::from(MAX_RANKS) {
+        let block = kvr::StoredBlock {
+            external_hash: w,
+            local_hash: w | 1 << 63,
+        };
         index
-            .store(RankId::new(w, 0), Tier::Device, None, &[])
+            .store(RankId::new(w, 0), Tier::Device, None, &[block])
             .unwrap();
     }
     let before = rec.len();
@@ -349,6 +376,8 @@ struct Model {
     target: usize,
     recs: HashMap<(RankId, u64), (Instant, u32)>,
     stats: ApproxStats,
+    /// A recording was cut short by the bound: the next `expire` prunes.
+    prune_wanted: bool,
 }
 
 impl Model {
@@ -358,7 +387,20 @@ impl Model {
             return out;
         }
         let deadline = now + self.ttl;
-        for (depth, seq) in sequence_hashes(locals).into_iter().enumerate() {
+        let seqs = sequence_hashes(locals);
+        // At the bound: only up to the first new block that does not fit.
+        let new: Vec<usize> = (0..seqs.len())
+            .filter(|&i| !self.recs.contains_key(&(r, seqs[i])))
+            .collect();
+        let room = self.max - self.recs.len();
+        let keep = if new.len() <= room {
+            seqs.len()
+        } else {
+            self.prune_wanted = true;
+            new[room]
+        };
+        out.over_bound = seqs.len() - keep;
+        for (depth, &seq) in seqs[..keep].iter().enumerate() {
             match self.recs.get_mut(&(r, seq)) {
                 Some(e) => {
                     e.0 = e.0.max(deadline);
@@ -373,8 +415,23 @@ impl Model {
         self.stats.records += 1;
         self.stats.blocks_recorded += out.stored as u64;
         self.stats.blocks_refreshed += out.refreshed as u64;
-        out.expired = self.expire(now);
-        if self.recs.len() > self.max {
+        self.stats.blocks_over_bound += out.over_bound as u64;
+        // Only this rank's records expire.
+        let before = self.recs.len();
+        self.recs.retain(|k, v| k.0 != r || v.0 > now);
+        out.expired = before - self.recs.len();
+        self.stats.blocks_expired += out.expired as u64;
+        out
+    }
+
+    /// The maintenance pass: every rank's expiry, then the prune a cut-short recording
+    /// asked for.
+    fn expire(&mut self, now: Instant) -> usize {
+        let before = self.recs.len();
+        self.recs.retain(|_, v| v.0 > now);
+        let n = before - self.recs.len();
+        self.stats.blocks_expired += n as u64;
+        if std::mem::take(&mut self.prune_wanted) && self.recs.len() > self.target {
             let mut all: Vec<_> = self.recs.iter().map(|(&k, &v)| (k, v)).collect();
             // Deepest first, then the soonest deadline, then rank, then hash.
             all.sort_by(|a, b| {
@@ -384,17 +441,8 @@ impl Model {
             for (k, _) in &all[..excess] {
                 self.recs.remove(k);
             }
-            out.pruned = excess;
             self.stats.blocks_pruned += excess as u64;
         }
-        out
-    }
-
-    fn expire(&mut self, now: Instant) -> usize {
-        let before = self.recs.len();
-        self.recs.retain(|_, v| v.0 > now);
-        let n = before - self.recs.len();
-        self.stats.blocks_expired += n as u64;
         n
     }
 
@@ -474,6 +522,7 @@ fn differential(seed: u64, ops: usize, backwards: bool) {
         target: (config.max_blocks as f64 * 0.8).floor() as usize,
         recs: HashMap::new(),
         stats: ApproxStats::default(),
+        prune_wanted: false,
     };
     let ranks: Vec<RankId> = (1..=3)
         .flat_map(|w| (0..2).map(move |d| RankId::new(w, d)))
@@ -519,8 +568,8 @@ fn differential(seed: u64, ops: usize, backwards: bool) {
             }
             17 => {
                 log.push(format!("t={t_ms} forget {r}"));
-                index.remove_rank(r);
                 rec.forget_rank(r);
+                index.remove_rank(r);
                 model.forget(r);
             }
             _ => {

@@ -79,6 +79,10 @@ pub struct kvr_stream_stats {
     /// 1 while a replay is in flight (recovering, or stale if `stale_since_unix_ms`).
     pub recovering: u32,
     pub reserved2: u32,
+    /// Batches refused because they name a DP rank the worker does not have (at or above
+    /// its `dp_size`, or at least `KVR_MAX_DP_SIZE` for a worker not yet registered): the
+    /// wire never picks which ranks exist. Their events count in `events_rejected` too.
+    pub dp_rank_refused: u64,
 }
 
 fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
@@ -124,6 +128,7 @@ fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
         stale_since_unix_ms: s.stale_since_unix_ms,
         recovering: u32::from(q.recovering),
         reserved2: 0,
+        dp_rank_refused: s.dp_rank_refused,
     }
 }
 

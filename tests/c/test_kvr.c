@@ -2862,6 +2862,21 @@ static void test_ingest(void)
         decode_total += st[0].decode_errors[i];
     }
     CHECK_EQ(decode_total, 1);
+    CHECK_EQ(st[0].dp_rank_refused, 0);
+
+    /* A batch naming DP rank 1024 (KVR_MAX_DP_SIZE) of a worker not registered is refused
+       and counted: the wire never picks which ranks exist. Stream 7: the same batch, its
+       last byte (data_parallel_rank 0) replaced by msgpack 1024. */
+    uint8_t far[sizeof STORED_0123 + 2];
+    memcpy(far, STORED_0123, n - 1);
+    memcpy(far + n - 1, "\xcd\x04\x00", 3);
+    OK(kvr_partition_ingest(p, 1, 7, NULL, 0, 0, far, n + 2, &r));
+    CHECK_EQ(r.batches_applied, 1);
+    OK(kvr_partition_ingress_stats(p, st, 2, &ns));
+    CHECK_EQ(ns, 2);
+    const kvr_stream_stats *s7 = st[0].stream == 7 ? &st[0] : &st[1];
+    CHECK(s7->stream == 7 && s7->dp_rank_refused == 1 && s7->events_rejected == 1);
+    CHECK_EQ(s7->blocks_stored, 0);
 
     const char *name = NULL;
     size_t len = 0;

@@ -6,8 +6,11 @@
 //! prompt-block refcounts, a session's entry, a booking's shard). No path takes an
 //! engine-wide lock on the selection or event path; the locks that span a whole index,
 //! table or partition are taken only when ranks, workers or partitions come and go, to
-//! publish load (one mutex per partition, never taken by readers), or, with events off or
-//! a prediction index, to record a booking (one mutex per partition).
+//! publish load (one mutex per partition, never taken by readers), or by maintenance off
+//! the selection path (the approximate recorder's expiry and prune, on the sweep thread).
+//! With events off or a prediction index, a booking records under its rank's own
+//! recorder mutex; no booking takes a lock shared by all ranks of its partition (shown by
+//! `engine/tests/approx_rank_locks.rs`).
 //!
 //! "Lock-free" below means: no mutex, no reader-writer lock, no spin on another thread's
 //! progress, no retry loop; the path completes in a bounded number of its own steps
@@ -31,12 +34,14 @@
 //! | run writer | one run of the index | appends, children, holder and writer counts, publishing its state (`index::run`) |
 //! | branch-table shard writer | one of the index's 64 shards (default) | linking and unlinking runs, rebuilds |
 //! | rank registry | dashmap, per shard | rank id → rank entry |
-//! | slot allocator, directory writer | one index | rank slots; copy-on-write of the slot directory |
+//! | slot allocator, directory writer | one index | rank slots; in-place writes and doubling growth of the slot directory |
 //! | id-index shard writer | one of the engine's 64 id shards | selection id → partition number |
 //! | booking shard | one of a table's 64 shards (default) | live bookings, recently freed ids |
 //! | booking rank | one rank of one partition | prompt-block refcounts |
 //! | booking registry writer | one partition | copy-on-write of the rank → counters map |
-//! | approximate recorder | one partition (events off, or prediction) | the records and their expiry queue |
+//! | approximate recorder: rank records | one rank of one partition (events off, or prediction) | that rank's records and expiry queue |
+//! | approximate recorder: registry writer | one partition | copy-on-write of the rank → records map (a rank's first recording, `forget_rank`) |
+//! | approximate recorder: maintenance | one partition | serializes expiry-and-prune passes (the sweep); never taken by a booking |
 //! | load publish | one partition | copy-on-write of the load snapshot |
 //! | membership | one partition | copy-on-write of the worker set |
 //! | session shard, lease shard | one of 64 each per session table | entries; lease → session |
@@ -46,8 +51,8 @@
 //! Lock orders (each a chain, never reversed): index rank → one run at a time →
 //! branch-table shard (a leaf); index rank → rank registry shard (removal) and rank registry
 //! shard → slot allocator, directory writer (creation), never the registry before a rank;
-//! booking shard → booking rank; session shard → lease shard; approximate recorder → the
-//! index's write locks. The booking registry writer, membership and load-publish mutexes
+//! booking shard → booking rank; session shard → lease shard; recorder maintenance →
+//! recorder rank → the index's write locks (the recorder's registry writer alone). The booking registry writer, membership and load-publish mutexes
 //! are each taken with no other lock held. No path holds two shards of one kind at once,
 //! except [`ReservationTable::audit`], which locks every booking shard of its table (a
 //! checking tool, not a serving path).
@@ -63,13 +68,13 @@
 //! | [`Index::remove_worker`] / [`Index::remove_rank`] | no | per rank: writer mutex, each of its runs' mutexes in turn (withdrawing its cover; retiring runs left empty, with a branch-table shard mutex), rank registry shard (write), directory-writer and slot-allocator mutexes; the slot's reuse is deferred through the epoch | membership changes are rare |
 //! | advisory [`Partition::select`] / [`Engine::select_in`] (C `kvr_partition_select`) | **no**; lock-free only when no candidate rank has active booked prompt blocks, the request names no session (or the partition keeps no session table) and the primary is not remote | the index query (lock-free), worker set, hooks, load snapshot, booking counters and the prediction index (lock-free: arc-swap loads, atomics, an index query); but, for each candidate with active booked prompt blocks whose cost can still win, **that rank's booking mutex** (prompt-block refcounts: how many of the prompt's blocks are not active there yet); with session affinity, **one or two session-shard mutexes** (the session's and its parent's entry); a remote primary: a blocking HTTP query (below) | the rank mutex is held for at most `log n` lookups and is contended only by bookings and frees of that rank; the session shard for one map lookup |
 //! | [`Engine::select`] (by key) | no | as above, plus the engine's partition map (dashmap shard, read lock) to find the partition | hosts on a hot path use the handle form ([`Engine::select_in`]) |
-//! | [`Partition::select_and_reserve`] / [`Engine::select_and_reserve_in`] (C `kvr_partition_select_and_reserve[_with_hint]`) | no | the engine's id-index shard mutex (claiming the id; again to drop it if nothing was booked); the decision's locks (above); then the booking: the booking registry writer mutex on the rank's first booking only (alone), the id's **booking shard mutex** with the **rank's booking mutex** nested in it; with events off or a prediction index, the partition's **approximate-recorder mutex** with the index's write locks nested (recording after the booking stands); with sessions, the session shard then lease shard mutexes (bind); the first booking of a table also spawns its sweep thread | each lock is sharded by id, rank or session, or held for one map update; the recorder mutex is partition-wide, which is why recording happens after the booking and is only in the two policies that need it |
-//! | [`Partition::reserve`] / [`Engine::reserve_in`] (C `kvr_partition_reserve`) | no | as booked selection without scoring: id-index shard, an index query (lock-free), the rank's booking mutex (new blocks), booking shard → rank mutexes, the recorder mutex when it records | as above |
+//! | [`Partition::select_and_reserve`] / [`Engine::select_and_reserve_in`] (C `kvr_partition_select_and_reserve[_with_hint]`) | no | the engine's id-index shard mutex (claiming the id; again to drop it if nothing was booked); the decision's locks (above); then the booking: the booking registry writer mutex on the rank's first booking only (alone), the id's **booking shard mutex** with the **rank's booking mutex** nested in it; with events off or a prediction index, the **chosen rank's recorder mutex** with the index's write locks for that rank nested (recording after the booking stands; the recorder's registry writer mutex on the rank's first recording only, alone); with sessions, the session shard then lease shard mutexes (bind); the first booking of a table also spawns its sweep thread | each lock is sharded by id, rank or session, or held for one map update; none is shared by all ranks of the partition |
+//! | [`Partition::reserve`] / [`Engine::reserve_in`] (C `kvr_partition_reserve`) | no | as booked selection without scoring: id-index shard, an index query (lock-free), the rank's booking mutex (new blocks), booking shard → rank mutexes, the rank's recorder mutex when it records | as above |
 //! | [`Engine::mark_prefill_complete`] (C `kvr_engine_mark_prefill_complete`) | no | id index read (lock-free); the booking's **shard mutex** (to find which partition still knows it, then to flip the flag and subtract, an atomic) | one shard of 64 |
 //! | [`Engine::add_output_blocks`] (C `kvr_engine_add_output_blocks`) | no | as `mark_prefill_complete`: the booking's shard mutex, an atomic add | as above |
 //! | [`Engine::free`] (C `kvr_engine_free_booking`) | no | id index read (lock-free); the booking's shard mutex (status, then taking it out); after dropping it, the rank's booking mutex (refcounts); with sessions, the lease shard then session shard (lease release); the id-index shard mutex (removing the id) | none nested but session → lease; all sharded |
 //! | lifecycle call for a replica booking or an unknown id | no | as above, plus a scan: the engine's partition map (dashmap, every shard read-locked in turn) and one booking shard per partition | replica bookings are the rare case |
-//! | TTL sweep ([`ReservationTable::sweep_expired`], the table's sweep thread) | no | each booking shard mutex in turn (skipped by its earliest-expiry bound), then per expired booking its rank's mutex; the id-index shard mutex per freed id; session lease/session shards; then the approximate recorder's expiry (recorder mutex, index write locks) | runs on its own thread, shard by shard, never holding two shards |
+//! | TTL sweep ([`ReservationTable::sweep_expired`], the table's sweep thread) | no | each booking shard mutex in turn (skipped by its earliest-expiry bound), then per expired booking its rank's mutex; the id-index shard mutex per freed id; session lease/session shards; then the approximate recorder's maintenance pass ([`ApproxRecorder::expire`]: its maintenance mutex, then each rank's recorder mutex in turn with the index's write locks nested: expiry, and the prune when a booking found the records at their bound) | runs on its own thread, shard by shard and rank by rank, never holding two shards or two ranks |
 //! | [`Partition::upsert_worker`] (C `kvr_partition_upsert_worker`) | no | the partition's membership mutex; the worker set is then swapped whole (arc-swap) | membership changes are rare; selections read the set without the lock |
 //! | [`Partition::remove_worker`] (C `kvr_partition_remove_worker`) | no | membership mutex, then (not nested) [`Index::remove_worker`]'s locks, the load-publish mutex, per rank [`ReservationTable::remove_rank`] (registry writer, each booking shard in turn, rank mutexes) and every session shard in turn | as above |
 //! | [`LoadView::publish`] (C `kvr_partition_publish_load`) | no | the partition's load-publish mutex (copy, apply, swap) | publishers only wait for each other; readers never take it |
@@ -79,7 +84,8 @@
 //! | [`SessionTable::lookup`] | no | the session's shard mutex (and the parent's, one after the other) | one hash lookup; sharded by session |
 //! | [`SessionTable::bind`] | no | session shard mutex, lease shard mutex nested | as above |
 //! | [`SessionTable::release_lease`] | no | lease shard, then (not nested) the owner's session shard with the lease shard nested | as above |
-//! | [`ApproxRecorder::record`] (events off, prediction) | no | the recorder's mutex (one per partition), nested in it [`Index::store`]'s locks (and [`Index::remove`]'s for expiry and pruning) | only booked paths record, after the booking stands |
+//! | [`ApproxRecorder::record`] (events off, prediction) | no | the rank's recorder mutex, nested in it [`Index::store`]'s locks (and [`Index::remove`]'s for the rank's own expiry); the size bound is one atomic count (a compare-and-swap loop); the rank → records map is read lock-free (arc-swap), written under the registry mutex on a rank's first recording | only booked paths record, after the booking stands; bookings of different ranks share no lock here |
+//! | [`ApproxRecorder::expire`] (the maintenance pass) | no | the maintenance mutex, then each rank's recorder mutex in turn (index write locks nested) | off the selection path: the sweep thread |
 //! | prediction-index query (inside selection) | **yes** | an index query on the side index | — |
 //! | remote primary query ([`RemoteIndex`], feature `remote`) | no | a blocking HTTP request on the calling thread, bounded by the connect and request timeouts ([`super::limits`]); the client's connection pool | the policy is opt-in; a failure or timeout means no overlap, never a failed selection |
 //! | engine: [`Engine::create_partition`] / [`Engine::remove_partition`] | no | the engine's numbering mutex, the partition map (dashmap write lock); removal then each booking shard in turn (its live ids) and the id-index shard mutex per live booking | rare |
@@ -136,5 +142,6 @@
 //! [`SessionTable::bind`]: crate::session::SessionTable::bind
 //! [`SessionTable::release_lease`]: crate::session::SessionTable::release_lease
 //! [`ApproxRecorder::record`]: crate::index::ApproxRecorder::record
+//! [`ApproxRecorder::expire`]: crate::index::ApproxRecorder::expire
 //! [`RemoteIndex`]: crate::index::RemoteIndex
 //! [`ReservationTable::audit`]: crate::reservation::ReservationTable::audit

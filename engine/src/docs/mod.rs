@@ -14,9 +14,12 @@
 //! - [`locking`]: per public path, whether it is lock-free and, if not, which locks it
 //!   takes and what it may wait for.
 //! - [`limits`]: the fixed limits (ranks, inline sizes, id ranges, endpoint lengths, …).
+//! - [`mutations`]: every step a loom negative control weakens, the model that catches
+//!   it, and the one command that shows them all caught.
 
 pub mod design;
 pub mod invariants;
 pub mod limits;
 pub mod locking;
+pub mod mutations;
 pub mod ordering;

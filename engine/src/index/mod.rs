@@ -46,6 +46,7 @@
 pub mod approx;
 mod block_map;
 mod branch;
+mod directory;
 mod dump;
 mod event;
 pub(crate) mod hold;
@@ -237,6 +238,12 @@ impl Index {
         let mut v: Vec<RankId> = self.ranks.entries().iter().map(|e| e.id).collect();
         v.sort_unstable();
         v
+    }
+
+    /// Cells of the slot → rank directory (the loom models check its growth).
+    #[cfg(loom)]
+    pub(crate) fn directory_capacity(&self) -> usize {
+        self.ranks.directory_capacity()
     }
 
     /// Live runs, and stores cut short by a branch-key collision.

@@ -8,7 +8,7 @@
 
 use super::event::{RankId, Tier};
 use super::Index;
-use crate::sync::epoch;
+use crate::sync::{self, epoch};
 
 /// Device-tier overlap per rank: the number of leading query blocks it holds.
 /// Ranks with no overlap are absent. Sorted by rank. Reuse one value across queries to
@@ -175,7 +175,7 @@ impl Index {
         let Some(&first) = locals.first() else {
             return;
         };
-        let guard = epoch::pin();
+        let guard = sync::query_pin();
         let Some(mut run) = self.branches.find(0, 0, first, &guard) else {
             return;
         };
@@ -262,7 +262,7 @@ impl Index {
         let Some(&first) = locals.first() else {
             return;
         };
-        let guard = epoch::pin();
+        let guard = sync::query_pin();
         let Some(mut run) = self.branches.find(0, 0, first, &guard) else {
             return;
         };

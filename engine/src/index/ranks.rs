@@ -1,5 +1,5 @@
 //! Ranks: their slots (what runs' covers name), the slot → rank directory readers
-//! translate with, and the registry of each rank's writer-side state.
+//! translate with (`directory`), and the registry of each rank's writer-side state.
 //!
 //! Writers of one rank serialize on that rank's mutex (one writer per rank is the proven
 //! design); different ranks never share a writer lock here.
@@ -9,6 +9,7 @@
 //! out of the runs first, and its slot goes back to the free list only
 //! through the epoch collector, after every reader pinned at that time has finished.
 
+use super::directory::Directory;
 use super::event::RankId;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{epoch, Arc, Mutex, ShardedMap};
@@ -84,17 +85,10 @@ impl SlotAllocator {
     }
 }
 
-/// Slot → rank, as an immutable array swapped whole (copy-on-write under the
-/// directory lock; ranks come and go rarely). Readers load it inside their epoch.
-struct Directory {
-    by_slot: Box<[Option<RankId>]>,
-}
-
+/// Slot → rank, one cell per slot, grown by doubling (module `directory` docs).
 pub(crate) struct RankRegistry<W> {
     by_id: ShardedMap<RankId, Arc<RankEntry<W>>>,
-    /// Guards copy-on-write updates of `directory`; never taken by readers.
-    directory_writer: Mutex<()>,
-    directory: epoch::Atomic<Directory>,
+    directory: Directory,
     slots: Mutex<SlotAllocator>,
 }
 
@@ -102,10 +96,7 @@ impl<W: WriterState> RankRegistry<W> {
     pub(crate) fn new() -> Self {
         RankRegistry {
             by_id: ShardedMap::new(),
-            directory_writer: Mutex::new(()),
-            directory: epoch::Atomic::new(Directory {
-                by_slot: Box::new([]),
-            }),
+            directory: Directory::new(),
             slots: Mutex::new(SlotAllocator {
                 free: Vec::new(),
                 next: 0,
@@ -158,26 +149,7 @@ impl<W: WriterState> RankRegistry<W> {
     }
 
     fn set_directory(&self, slot: u32, id: Option<RankId>) {
-        let _w = self.directory_writer.lock();
-        let guard = epoch::pin();
-        let cur = self.directory.load(Ordering::Acquire, &guard);
-        // SAFETY: never null; replaced only under `directory_writer`, old versions retired
-        // through the epoch, so it is alive while `guard` is pinned.
-        let cur = unsafe { cur.deref() };
-        let mut by_slot = cur.by_slot.to_vec();
-        if by_slot.len() <= slot as usize {
-            by_slot.resize(slot as usize + 1, None);
-        }
-        by_slot[slot as usize] = id;
-        let prev = self.directory.swap(
-            epoch::Owned::new(Directory {
-                by_slot: by_slot.into_boxed_slice(),
-            }),
-            Ordering::Release,
-            &guard,
-        );
-        // SAFETY: swapped out under the directory lock; destroyed after current readers.
-        unsafe { guard.defer_destroy(prev) };
+        self.directory.set(slot, id);
     }
 
     /// Translates slots to ranks for one reader, inside its epoch.
@@ -185,10 +157,13 @@ impl<W: WriterState> RankRegistry<W> {
         &self,
         guard: &'g epoch::Guard,
     ) -> impl Fn(u32) -> Option<RankId> + 'g {
-        let d = self.directory.load(Ordering::Acquire, guard);
-        // SAFETY: never null; retired through the epoch, so alive while `guard` is pinned.
-        let d: &'g Directory = unsafe { d.deref() };
-        move |slot| d.by_slot.get(slot as usize).copied().flatten()
+        self.directory.translator(guard)
+    }
+
+    /// Cells of the slot directory (its capacity).
+    #[cfg(loom)]
+    pub(crate) fn directory_capacity(&self) -> usize {
+        self.directory.capacity()
     }
 
     /// Forgets `id`: the caller has already emptied its holders. Its slot is reusable once
@@ -213,15 +188,5 @@ impl<W: WriterState> RankRegistry<W> {
 
     pub(crate) fn entries(&self) -> Vec<Arc<RankEntry<W>>> {
         self.by_id.entries().into_iter().map(|(_, v)| v).collect()
-    }
-}
-
-impl<W> Drop for RankRegistry<W> {
-    fn drop(&mut self) {
-        // SAFETY: `&mut self`: no reader can reach the directory any more.
-        unsafe {
-            let guard = epoch::unprotected();
-            drop(self.directory.load(Ordering::Relaxed, guard).into_owned());
-        }
     }
 }

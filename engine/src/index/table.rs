@@ -274,9 +274,9 @@ impl Probe<'_> {
             // until it meets the key or an empty slot; the last of the `cap + tail(cap)` slots
             // is never filled, so `p` stays inside the table, which outlives `'g`.
             let slot = unsafe { &*p };
-            let k = slot.key.load(Ordering::Acquire);
+            let k = slot.key.load(read_ordering(Fault::KeyLoad));
             if k == self.key {
-                return slot.word.load(Ordering::Acquire);
+                return slot.word.load(read_ordering(Fault::WordLoad));
             }
             if k == EMPTY {
                 return 0;
@@ -322,7 +322,7 @@ impl Shard {
     /// The current table, valid while `guard` is pinned.
     #[inline(always)]
     pub(crate) fn table<'g>(&self, _guard: &'g epoch::Guard) -> TableRef<'g> {
-        let word = self.table.load(Ordering::Acquire);
+        let word = self.table.load(read_ordering(Fault::TableLoad));
         // SAFETY: the word always names a live table (set in `new`, replaced only by
         // another live table), and a replaced table is retired through the epoch, so it
         // outlives `_guard`.
@@ -404,7 +404,10 @@ impl Shard {
             return r;
         };
         if found {
-            table.slot(i).word.store(new, publish_ordering());
+            table
+                .slot(i)
+                .word
+                .store(new, publish_ordering(Fault::SlotWord));
             if old == 0 && new != 0 {
                 w.live += 1;
             } else if old != 0 && new == 0 {
@@ -421,7 +424,7 @@ impl Shard {
             }
             let s = table.slot(i);
             s.word.store(new, Ordering::Relaxed);
-            s.key.store(key, publish_ordering());
+            s.key.store(key, publish_ordering(Fault::SlotKey));
             w.used += 1;
             w.live += 1;
         }
@@ -458,7 +461,7 @@ impl Shard {
         w.used = live;
         self.table_bytes
             .store(new.bytes() as u64, Ordering::Relaxed);
-        let prev = self.table.swap(word, publish_ordering());
+        let prev = self.table.swap(word, publish_ordering(Fault::TableSwap));
         // The heap sets the old table points to now belong to the new one: only the
         // table itself is retired.
         retire_table(prev, guard);
@@ -497,13 +500,61 @@ impl Drop for Shard {
     }
 }
 
+/// The publication and read steps of the protocol (module docs), each of which a loom
+/// negative control can weaken to `Relaxed` on its own (`crate::sync::faults`).
+#[derive(Clone, Copy)]
+enum Fault {
+    /// A new slot's key (`Release`): `relaxed_slot_key`.
+    SlotKey,
+    /// A word stored over a slot that already has its key, e.g. a dead slot revived
+    /// (`Release`): `relaxed_slot_word`.
+    SlotWord,
+    /// A rebuilt table swapped in (`Release`): `relaxed_table_swap`.
+    TableSwap,
+    /// A reader's load of a slot's key (`Acquire`): `relaxed_key_load`.
+    KeyLoad,
+    /// A reader's load of a found slot's word (`Acquire`): `relaxed_word_load`.
+    WordLoad,
+    /// A reader's load of the shard's table word (`Acquire`): `relaxed_table_load`.
+    TableLoad,
+}
+
+/// Whether a loom negative control weakens `step` (never outside loom).
 #[inline(always)]
-fn publish_ordering() -> Ordering {
+fn weakened(step: Fault) -> bool {
     #[cfg(loom)]
-    if crate::sync::faults::get().relaxed_publish {
+    {
+        let f = crate::sync::faults::get();
+        match step {
+            Fault::SlotKey => f.relaxed_slot_key,
+            Fault::SlotWord => f.relaxed_slot_word,
+            Fault::TableSwap => f.relaxed_table_swap,
+            Fault::KeyLoad => f.relaxed_key_load,
+            Fault::WordLoad => f.relaxed_word_load,
+            Fault::TableLoad => f.relaxed_table_load,
+        }
+    }
+    #[cfg(not(loom))]
+    {
+        let _ = step;
+        false
+    }
+}
+
+#[inline(always)]
+fn publish_ordering(step: Fault) -> Ordering {
+    if weakened(step) {
         return Ordering::Relaxed;
     }
     Ordering::Release
+}
+
+#[inline(always)]
+fn read_ordering(step: Fault) -> Ordering {
+    if weakened(step) {
+        return Ordering::Relaxed;
+    }
+    Ordering::Acquire
 }
 
 fn retire_table(word: usize, guard: &epoch::Guard) {

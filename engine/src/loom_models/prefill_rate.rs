@@ -11,7 +11,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{booking, model, must_fail, reservations};
+use super::reservations::{booking, reservations};
+use super::{model, must_fail};
 use crate::reservation::rate::fold;
 use crate::sync::faults::Faults;
 

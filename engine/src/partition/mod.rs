@@ -6,7 +6,7 @@
 
 use crate::config::ConfigError;
 use crate::hash::{BlockHasher, HashSalt};
-use crate::index::{Index, IndexConfig, WorkerId};
+use crate::index::{Index, IndexConfig, RankId, WorkerId};
 use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
 use crate::ingress::ingest::IngressRegistry;
 use crate::load::LoadView;
@@ -179,6 +179,16 @@ impl Partition {
         self.indexing.fail_next_records(n);
     }
 
+    /// Test hook: with events off or a prediction index, `hook` is called with the rank
+    /// each time a booking's recording holds that rank's records (before it writes the
+    /// index), so a test can hold it there. Not part of the API.
+    #[doc(hidden)]
+    pub fn set_record_hook_for_test(&self, hook: Option<StdArc<dyn Fn(RankId) + Send + Sync>>) {
+        if let Some(rec) = &self.indexing.recorder {
+            rec.set_record_hook(hook);
+        }
+    }
+
     /// The indexer policy in force (DESIGN.md §5).
     pub fn indexer_policy(&self) -> &IndexerPolicy {
         &self.indexing.policy
@@ -299,8 +309,11 @@ impl Partition {
     /// the ingress streams of its engine messages (a rejoin starts a fresh sequence).
     fn forget_worker_state(&self, info: &WorkerInfo) {
         let id = info.worker_id;
-        self.index.remove_worker(id);
+        // The recorder's records first, then the index: a booking recorded in between
+        // then lands in fresh records (which expire) and its blocks are removed, instead
+        // of leaving blocks in the index that no record would ever expire.
         self.indexing.forget_worker(id, info.ranks());
+        self.index.remove_worker(id);
         self.load.remove_worker(id);
         for rank in info.ranks() {
             self.bookings.remove_rank(rank);

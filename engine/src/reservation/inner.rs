@@ -158,7 +158,11 @@ impl Inner {
             // shard lock.
             let new_prompt_blocks = {
                 let mut b = state.blocks.lock();
-                if b.retired {
+                #[cfg(loom)]
+                let retired = b.retired && !faults::get().book_ignores_retired;
+                #[cfg(not(loom))]
+                let retired = b.retired;
+                if retired {
                     // The rank was removed after we looked it up; its registry entry is
                     // gone, so the next lookup creates (or finds) the new state.
                     continue;

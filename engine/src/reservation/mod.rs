@@ -53,6 +53,13 @@
 //! 5. *Prompt-block refcounts and the decode counter change together under the rank's
 //!    mutex*, so at every quiescent point `active_decode_blocks = |active prompt blocks| +
 //!    Σ output blocks` ([`ReservationTable::audit`] checks this exactly).
+//! 6. *A booking never lands on a removed rank's counters.* `remove_rank` takes the rank's
+//!    state out of the registry, then marks it retired (under the rank's mutex), then
+//!    frees the rank's bookings shard by shard. A booking that looked the state up before
+//!    the removal finds the mark under the same mutex and retries with the rank's new
+//!    state; so a booking racing the removal is either freed by it or counted afresh,
+//!    never left on counters nothing reads or frees. Loom model
+//!    `reservation_book_races_remove_rank`, negative control `book_ignores_retired`.
 //!
 //! As a last line of defence every subtraction is checked: an underflow (which the
 //! protocol above rules out) panics in debug builds and under loom, and in release builds

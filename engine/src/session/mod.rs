@@ -122,9 +122,11 @@
 //! ends bound with `L'` held, and no entry is ever left final and lease-less (which
 //! nothing would release). Between the two steps of the release the index still maps `L`
 //! (invariant 1 holds): a second release of `L` in that window finds `L` no longer in the
-//! entry at its second step and is counted as unknown, harmlessly. The loom model
-//! `session_release_races_next_turn` checks this, and its negative control, which checks
-//! "last lease" and removes the entry in two separate critical sections, loses `L'`.
+//! entry at its second step and is counted as unknown, harmlessly. The loom models
+//! `session_release_races_next_turn` and `session_turns_race` (three threads: `L`'s
+//! release, the next turn's bind, and `L'`'s release) check this, and their negative
+//! control, which checks "last lease" and removes the entry in two separate critical
+//! sections, loses `L'`.
 //!
 //! **A lease released before it was bound.** The caller binds after booking, so a booking
 //! can end (freed by another thread, its rank removed) before its `bind` runs. A release
@@ -134,8 +136,8 @@
 //! an early release; a final turn's entry is then released at once). Both steps happen
 //! under the lease shard's lock, which orders them. Without this the late bind would add
 //! a lease that nothing will ever release, and the entry could never expire or be
-//! evicted. Loom model `session_early_release_vs_bind`, negative control: the bind
-//! ignores the memory.
+//! evicted. Loom models `session_early_release_vs_bind` and `session_turns_race`,
+//! negative control: the bind ignores the memory.
 //!
 //! **Cost.** `bind` and `release_lease` are a handful of hash-map operations under one or
 //! two short critical sections; nothing allocates but a new entry (its key), and nothing

@@ -36,8 +36,13 @@ type StreamStats struct {
 	Events        uint64
 	BlocksStored  uint64
 	BlocksRemoved uint64
-	// EventsRejected: events the index refused (unknown parent, rank limit).
+	// EventsRejected: events the index refused (unknown parent, rank limit), and the
+	// events of batches refused for their DP rank.
 	EventsRejected uint64
+	// DPRankRefused: batches refused because they name a DP rank the worker does not
+	// have (at or above its dpSize, or at least KVR_MAX_DP_SIZE = 1024 for a worker not
+	// yet registered): the wire never picks which ranks exist.
+	DPRankRefused uint64
 	// BlockSizeMismatches: stores refused because their block size is not the
 	// partition's.
 	BlockSizeMismatches uint64
@@ -98,6 +103,7 @@ func streamStatsOf(c *C.kvr_stream_stats) StreamStats {
 		BlocksStored:        uint64(c.blocks_stored),
 		BlocksRemoved:       uint64(c.blocks_removed),
 		EventsRejected:      uint64(c.events_rejected),
+		DPRankRefused:       uint64(c.dp_rank_refused),
 		BlockSizeMismatches: uint64(c.block_size_mismatches),
 		BadFrames:           uint64(c.bad_frames),
 		Gaps:                uint64(c.gaps),

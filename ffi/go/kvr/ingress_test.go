@@ -118,6 +118,24 @@ func TestIngest(t *testing.T) {
 		t.Fatalf("FindMatches = %+v", ov)
 	}
 
+	// A batch naming DP rank 5 of a registered dp-size-1 worker is refused and counted:
+	// the wire never picks which ranks exist.
+	must(t, p.UpsertWorkerConfig(WorkerConfig{ID: 30, TotalKVBlocks: 10000}))
+	res, err = p.Ingest(30, 0, nil, 0, msgpackStored(1, tokens, testBlock, 5))
+	must(t, err)
+	s30, ok := streamOf(t, p, 30)
+	if !ok || s30.DPRankRefused != 1 || s30.EventsRejected != 1 || s30.BlocksStored != 0 {
+		t.Fatalf("worker 30's stream after a batch for DP rank 5: %+v (%+v)", s30, res)
+	}
+	if s.DPRankRefused != 0 {
+		t.Fatalf("worker 1's stream: %+v", s)
+	}
+	ov, err = p.FindMatches(local, ov)
+	must(t, err)
+	if len(ov) != 2 {
+		t.Fatalf("a refused batch was applied: %+v", ov)
+	}
+
 	// More streams than IngressStats's first buffer holds.
 	for w := uint64(10); w < 20; w++ {
 		_, err := p.Ingest(w, 0, nil, 0, payload)
@@ -125,8 +143,8 @@ func TestIngest(t *testing.T) {
 	}
 	all, err := p.IngressStats()
 	must(t, err)
-	if len(all) != 12 {
-		t.Fatalf("IngressStats: %d streams, want 12", len(all))
+	if len(all) != 13 {
+		t.Fatalf("IngressStats: %d streams, want 13", len(all))
 	}
 
 	// Decode-error names.
