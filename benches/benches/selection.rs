@@ -28,7 +28,8 @@
 //! over two pinned threads; median of 3 alternating rounds each). Results are printed and written as JSON to
 //! `KVR_SELECTION_JSON` (default `<target>/kvr-bench/selection.json`) for
 //! `benches/summary.sh`. `KVR_SEL_ONLY=substring` keeps the cases (`<R>r/<T>t`) whose name
-//! contains it, for both parts.
+//! contains it, for both parts; `KVR_SEL_THROUGHPUT=0` skips the one-against-two-threads
+//! throughput (for a single-threaded profile of the per-call loops).
 //!
 //! Run: `cargo bench -p kvr-benches --bench selection [-- criterion options]`. Without
 //! `--bench` (e.g. `cargo test --benches`) it runs a small smoke version.
@@ -305,7 +306,11 @@ fn harness_case(
     }
     lats.push(summarize(format!("select/{case}"), s_ns));
 
-    // Throughput, one thread against two (same total work), 3 rounds each, alternating.
+    // Throughput, one thread against two (same total work), 3 rounds each, alternating
+    // (`KVR_SEL_THROUGHPUT=0` skips it, so a profile of the harness is single-threaded).
+    if std::env::var("KVR_SEL_THROUGHPUT").is_ok_and(|v| v == "0") {
+        return;
+    }
     let n = (calls / 2).max(100);
     let (mut one, mut two) = (Vec::new(), Vec::new());
     for round in 0..3 {

@@ -126,9 +126,7 @@ impl Inner {
             return s.clone();
         }
         let state = Arc::new(RankState::new(rank));
-        let mut next = (*cur).clone();
-        next.insert(rank, state.clone());
-        self.ranks.store(next);
+        self.ranks.store(cur.with(state.clone()));
         state
     }
 
@@ -452,9 +450,7 @@ impl Inner {
                 None => None,
                 Some(state) => {
                     let state = state.clone();
-                    let mut next = (*cur).clone();
-                    next.remove(&rank);
-                    self.ranks.store(next);
+                    self.ranks.store(cur.without(rank));
                     Some(state)
                 }
             }

@@ -1,9 +1,10 @@
 //! [`ActiveLoads`]: one selection's lock-free view of the per-rank counters, a read guard
 //! on the rank registry's snapshot taken once per selection.
 
-use super::rank::RankMap;
+use super::rank::{RankMap, RankState};
 use super::types::ActiveLoad;
 use crate::index::RankId;
+use crate::sync::Arc;
 use crate::sync::SnapshotGuard;
 
 /// One selection's view of the per-rank counters ([`ReservationTable::loads`]).
@@ -55,8 +56,70 @@ impl ActiveLoads {
         }
     }
 
+    /// A walk over the counters in rank order: for a selection's candidates, which come
+    /// in rank order, each lookup is a step forward instead of a hash probe, and the
+    /// states a few ranks ahead are prefetched, so their cache misses overlap.
+    pub(crate) fn cursor(&self) -> LoadCursor<'_> {
+        LoadCursor {
+            states: self.ranks.in_rank_order(),
+            at: 0,
+        }
+    }
+
     /// Ranks with a counter set.
     pub fn ranks(&self) -> impl Iterator<Item = (RankId, ActiveLoad)> + '_ {
         self.ranks.iter().map(|(r, s)| (*r, s.load()))
     }
+}
+
+/// How many states ahead of the current one [`LoadCursor`] prefetches.
+const PREFETCH_AHEAD: usize = 8;
+
+/// [`ActiveLoads::cursor`]: the live counters of ranks asked for in ascending order
+/// (asked out of order it starts over, so the answer is always right).
+pub(crate) struct LoadCursor<'a> {
+    states: &'a [(RankId, Arc<RankState>)],
+    at: usize,
+}
+
+impl LoadCursor<'_> {
+    /// The rank's live counters (zero for a rank with no counter set). Lock-free.
+    #[inline]
+    pub(crate) fn get(&mut self, rank: RankId) -> ActiveLoad {
+        if self.at > 0 && self.states[self.at - 1].0 >= rank {
+            self.at = 0;
+        }
+        if self.at == 0 {
+            for (_, s) in self.states.iter().take(PREFETCH_AHEAD) {
+                prefetch(s);
+            }
+        }
+        while self.states.get(self.at).is_some_and(|(r, _)| *r < rank) {
+            self.at += 1;
+        }
+        if let Some((_, s)) = self.states.get(self.at + PREFETCH_AHEAD) {
+            prefetch(s);
+        }
+        match self.states.get(self.at) {
+            Some((r, s)) if *r == rank => {
+                self.at += 1;
+                s.load()
+            }
+            _ => ActiveLoad::default(),
+        }
+    }
+}
+
+/// Hints the CPU to load the line of `state`'s counters (never faults).
+#[inline]
+fn prefetch(state: &RankState) {
+    let p = state.counters_addr();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
+    // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }

@@ -20,7 +20,56 @@ use crate::sync::{Arc, Mutex};
 /// are already random).
 type Mix = crate::index::RankHasher;
 pub(super) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<Mix>>;
-pub(super) type RankMap = MixMap<RankId, Arc<RankState>>;
+
+/// The rank registry's snapshot: rank → counter set, and the same states in rank order,
+/// so a selection reads its candidates' counters in one ordered walk (no hash probe per
+/// candidate, and the next states' lines prefetched; see [`LoadCursor`]). Copied and
+/// rebuilt on a rank's first booking and on its removal only.
+///
+/// [`LoadCursor`]: super::loads::LoadCursor
+#[derive(Clone, Default)]
+pub(super) struct RankMap {
+    map: MixMap<RankId, Arc<RankState>>,
+    /// Each state beside its rank, so the ordered walk compares ranks without touching
+    /// the states it passes.
+    by_rank: Vec<(RankId, Arc<RankState>)>,
+}
+
+impl RankMap {
+    /// The map with `state` added (or replacing its rank's).
+    pub(super) fn with(&self, state: Arc<RankState>) -> Self {
+        let mut map = self.map.clone();
+        map.insert(state.rank, state);
+        Self::of(map)
+    }
+
+    /// The map without `rank`.
+    pub(super) fn without(&self, rank: RankId) -> Self {
+        let mut map = self.map.clone();
+        map.remove(&rank);
+        Self::of(map)
+    }
+
+    fn of(map: MixMap<RankId, Arc<RankState>>) -> Self {
+        let mut by_rank: Vec<(RankId, Arc<RankState>)> =
+            map.iter().map(|(r, s)| (*r, s.clone())).collect();
+        by_rank.sort_unstable_by_key(|(r, _)| *r);
+        Self { map, by_rank }
+    }
+
+    /// The states in rank order.
+    pub(super) fn in_rank_order(&self) -> &[(RankId, Arc<RankState>)] {
+        &self.by_rank
+    }
+}
+
+impl std::ops::Deref for RankMap {
+    type Target = MixMap<RankId, Arc<RankState>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
 
 /// A rank's counters (lock-free reads) and prompt-block refcounts (behind its mutex).
 pub(super) struct RankState {
@@ -79,6 +128,12 @@ impl RankState {
             counters: CachePadded::new(Counters::default()),
             blocks: Mutex::new(RankBlocks::default()),
         }
+    }
+
+    /// Where the counters' line is (for a prefetch hint; never dereferenced through it).
+    #[inline]
+    pub(super) fn counters_addr(&self) -> *const u8 {
+        (&*self.counters as *const Counters).cast()
     }
 
     pub(super) fn load(&self) -> ActiveLoad {

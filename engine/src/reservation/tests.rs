@@ -949,3 +949,46 @@ fn stress_four_threads_book_and_free_a_million_requests_over_64_ranks() {
         TOTAL as f64 / elapsed.as_secs_f64() / 1e6
     );
 }
+
+/// The ordered cursor selection reads counters through answers as `get` does, for ranks
+/// with and without counters, asked in order, out of order and twice, before and after
+/// a rank's removal.
+#[test]
+fn the_load_cursor_answers_as_the_map_does_in_any_order() {
+    let t = manual();
+    let now = Instant::now();
+    // 40 ranks with bookings (more than the prefetch window), every other rank id.
+    let booked: Vec<RankId> = (0..40u64)
+        .map(|w| RankId::new(2 * w + 1, (w % 3) as u32))
+        .collect();
+    for (i, &r) in booked.iter().enumerate() {
+        for k in 0..=(i as u64 % 4) {
+            let id = 1_000 * (i as u64 + 1) + k;
+            t.book(req(id, r, &[id], 16 * (i as u64 + 1)), now).unwrap();
+        }
+    }
+    let mut asked: Vec<RankId> = (0..90u64).map(|w| RankId::new(w, (w % 3) as u32)).collect();
+    asked.extend(booked.iter().copied());
+    asked.sort();
+    let check = |t: &ReservationTable, order: &[RankId]| {
+        let loads = t.loads();
+        let mut cursor = loads.cursor();
+        for &r in order {
+            assert_eq!(cursor.get(r), loads.get(r), "rank {r}");
+        }
+    };
+    check(&t, &asked);
+    let mut shuffled = asked.clone();
+    let mut rng = Rng(0x9e37_79b9);
+    for i in (1..shuffled.len()).rev() {
+        shuffled.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    check(&t, &shuffled);
+    let twice: Vec<RankId> = asked.iter().flat_map(|&r| [r, r]).collect();
+    check(&t, &twice);
+    assert!(booked.iter().any(|&r| !t.loads().cursor().get(r).is_zero()));
+    t.remove_rank(booked[7]);
+    t.remove_rank(booked[0]);
+    check(&t, &asked);
+    assert!(t.loads().cursor().get(booked[7]).is_zero());
+}

@@ -10,7 +10,7 @@ use crate::workers::{WorkerInfo, WorkerSet};
 
 impl Selector<'_> {
     /// Candidate ranks after the allow-set, the pin, LoRA narrowing and host
-    /// availability, into `c.ranks`.
+    /// availability, into `c.ranks` (their workers' KV capacity into `c.kv_blocks`).
     pub(super) fn candidates(
         &self,
         req: &SelectRequest<'_>,
@@ -19,17 +19,27 @@ impl Selector<'_> {
         c: &mut Candidates,
     ) {
         c.ranks.clear();
+        c.kv_blocks.clear();
         let lora = req.lora_name.filter(|l| !l.is_empty());
         if req.allowed_workers.is_none() && req.pinned_worker.is_none() && lora.is_none() {
             // The common case: every worker of the partition, one pass.
             for info in workers.iter() {
-                c.ranks.extend(info.ranks());
+                c.push_worker(info);
             }
         } else {
             narrowed_candidates(req, workers, hooks, c);
         }
         if let Some(avail) = &hooks.availability {
-            c.ranks.retain(|r| avail(*r));
+            let mut kept = 0;
+            for i in 0..c.ranks.len() {
+                if avail(c.ranks[i]) {
+                    c.ranks[kept] = c.ranks[i];
+                    c.kv_blocks[kept] = c.kv_blocks[i];
+                    kept += 1;
+                }
+            }
+            c.ranks.truncate(kept);
+            c.kv_blocks.truncate(kept);
         }
     }
 
@@ -65,6 +75,16 @@ impl Selector<'_> {
     }
 }
 
+impl Candidates {
+    /// Every rank of `info`'s worker, with its KV capacity.
+    fn push_worker(&mut self, info: &WorkerInfo) {
+        for rank in info.ranks() {
+            self.ranks.push(rank);
+            self.kv_blocks.push(info.total_kv_blocks);
+        }
+    }
+}
+
 /// The allow-set, the pin (a worker, or one rank of it) and LoRA narrowing, in that order,
 /// into `c.ranks`.
 fn narrowed_candidates(
@@ -77,7 +97,7 @@ fn narrowed_candidates(
         req.allowed_workers
             .map_or(true, |a| a.contains(&w.worker_id))
     };
-    let pool = &mut c.pool;
+    let mut pool = std::mem::take(&mut c.pool);
     pool.clear();
     pool.extend(workers.iter().filter(|w| allowed(w)).map(|w| w.worker_id));
     // An allowed pin is the whole pool; a pin outside the allow-set does not survive.
@@ -89,7 +109,7 @@ fn narrowed_candidates(
         narrowed.clear();
         match &hooks.lora_filter {
             Some(f) => {
-                let offered = f(lora, pool);
+                let offered = f(lora, &pool);
                 // Never widen: keep only workers the caller allowed.
                 narrowed.extend(pool.iter().copied().filter(|w| offered.contains(w)));
             }
@@ -101,7 +121,7 @@ fn narrowed_candidates(
         }
         // An empty narrowing falls back to the caller's set.
         if !narrowed.is_empty() {
-            std::mem::swap(pool, narrowed);
+            std::mem::swap(&mut pool, narrowed);
         }
     }
     for &w in pool.iter() {
@@ -109,9 +129,11 @@ fn narrowed_candidates(
             match (pinned, req.pinned_dp_rank) {
                 (Some(_), Some(dp)) if info.has_rank(dp) => {
                     c.ranks.push(RankId::new(w, dp));
+                    c.kv_blocks.push(info.total_kv_blocks);
                 }
-                _ => c.ranks.extend(info.ranks()),
+                _ => c.push_worker(info),
             }
         }
     }
+    c.pool = pool;
 }

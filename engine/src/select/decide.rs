@@ -166,8 +166,9 @@ impl Selector<'_> {
         // Candidates come in rank order (the worker set is ordered by id) and so do the
         // overlaps: one merge walk instead of a search per candidate.
         let overlaps = tiered.as_slice();
+        let mut loads = view.loads.cursor();
         let (mut at, mut prev) = (0, None);
-        for &rank in &c.ranks {
+        for (&rank, &total_kv_blocks) in c.ranks.iter().zip(&c.kv_blocks) {
             if prev.is_some_and(|p| rank < p) {
                 at = 0; // out of order (never with today's worker set): restart the walk
             }
@@ -179,7 +180,7 @@ impl Selector<'_> {
             if view.hooks.overload.as_ref().is_some_and(|f| f(rank)) {
                 continue;
             }
-            let active = view.loads.get(rank);
+            let active = loads.get(rank);
             // Negative control of the load-snapshot model: one snapshot per candidate.
             #[cfg(loom)]
             let reloaded = crate::sync::faults::get()
@@ -201,10 +202,6 @@ impl Selector<'_> {
                 continue;
             }
             let device = t.map_or(0, |o| o.device);
-            let total_kv_blocks = view
-                .workers
-                .get(rank.worker_id)
-                .map_or(0, |w| w.total_kv_blocks);
             c.eligible.push(rank);
             c.inputs.push(CandidateLoad {
                 device_blocks: device as u64,

@@ -9,6 +9,9 @@ use crate::index::{TieredOverlap, TieredScores};
 pub(super) struct Candidates {
     /// Candidate ranks after the allow-set, the pin, LoRA narrowing and availability.
     pub(super) ranks: Vec<RankId>,
+    /// Each candidate's worker's `total_kv_blocks`, parallel to `ranks` (read once while
+    /// the worker set is walked, not looked up again per candidate).
+    pub(super) kv_blocks: Vec<u64>,
     /// The eligible ones (not overloaded, not busy), parallel to `inputs` and `costs`.
     pub(super) eligible: Vec<RankId>,
     pub(super) inputs: Vec<CandidateLoad>,
