@@ -45,6 +45,21 @@ impl<'a> CostEval<'a> {
         }
     }
 
+    /// `(cost, cost - new_blocks_share)` of `c` in one evaluation: the upper and lower
+    /// bounds selection prunes with (the same values as [`cost`](Self::cost) and the
+    /// difference with [`new_blocks_share`](Self::new_blocks_share), with the terms both
+    /// need computed once).
+    #[inline]
+    pub fn bounds(&self, c: &CandidateLoad) -> (f64, f64) {
+        match &self.latency {
+            Some(p) => p.bounds(self.cfg, &self.req, c),
+            None => {
+                let upper = cost_breakdown(self.cfg, &self.req, c).cost;
+                (upper, upper - c.new_blocks_not_active as f64)
+            }
+        }
+    }
+
     /// The part of `c`'s cost due to its `new_blocks_not_active` (exactly: the cost with
     /// them minus the cost with none). Both models' costs only rise with that count, so
     /// selection prices every candidate with the whole prompt counted new (an upper

@@ -117,6 +117,19 @@ impl LatencyPrep {
         self.pressure_ms_per_share * (decode / c.total_kv_blocks as f64 - self.theta).max(0.0)
     }
 
+    /// The cost and the cost minus [`new_blocks_share`](Self::new_blocks_share), sharing
+    /// their terms (the same values as the two computed apart).
+    #[inline(always)]
+    pub(super) fn bounds(
+        &self,
+        cfg: &ResolvedCost,
+        req: &RequestShape,
+        c: &CandidateLoad,
+    ) -> (f64, f64) {
+        let upper = self.cost(cfg, req, c).cost_ms;
+        (upper, upper - self.new_blocks_share(cfg, c))
+    }
+
     /// [`latency_cost`] with this preparation.
     #[inline(always)]
     pub(super) fn cost(

@@ -504,3 +504,42 @@ fn deterministic_under_a_fixed_seed() {
     let mut by_ref = &mut rng;
     assert!(choose(&costs, 0.0, &mut by_ref).is_some());
 }
+
+/// `CostEval::bounds` is the cost and the cost minus its new-blocks share, bit for bit,
+/// under both models, on loads near and above the KV-pressure threshold too.
+#[test]
+fn bounds_are_the_cost_and_the_cost_minus_the_new_blocks_share() {
+    for cfg in [CostConfig::default(), CostConfig::dynamo()] {
+        let cfg = cfg.resolve(&CostOverrides::default());
+        let req = RequestShape::new(4_096, 16).with_prefill_rate(12_000.0);
+        let eval = CostEval::new(&cfg, &req);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..2_000 {
+            let c = CandidateLoad {
+                device_blocks: next(300),
+                host_blocks: next(50),
+                disk_blocks: next(50),
+                shared_blocks_beyond_device: next(20),
+                active_prefill_tokens: next(50_000),
+                active_decode_blocks: next(1_200),
+                new_blocks_not_active: next(300),
+                active_requests: next(40),
+                total_kv_blocks: [0, 1_000, 1_500][next(3) as usize],
+            };
+            let (upper, lower) = eval.bounds(&c);
+            assert_eq!(upper.to_bits(), eval.cost(&c).to_bits(), "{c:?}");
+            assert_eq!(
+                lower.to_bits(),
+                (eval.cost(&c) - eval.new_blocks_share(&c)).to_bits(),
+                "{c:?}"
+            );
+            assert!(lower <= upper);
+        }
+    }
+}

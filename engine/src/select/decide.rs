@@ -286,15 +286,21 @@ impl Selector<'_> {
         let shape = shape.with_selection_stats(&c.inputs);
         let eval = CostEval::new(cfg, &shape);
         c.costs.clear();
-        c.costs.extend(c.inputs.iter().map(|i| eval.cost(i)));
+        c.lower.clear();
+        let mut min_upper = f64::INFINITY;
+        for i in &c.inputs {
+            let (upper, lower) = eval.bounds(i);
+            c.costs.push(upper);
+            c.lower.push(lower);
+            min_upper = min_upper.min(upper);
+        }
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
         let prune = !steered && cfg.temperature <= 0.0;
-        let min_upper = c.costs.iter().copied().fold(f64::INFINITY, f64::min);
         for k in 0..c.inputs.len() {
             if c.inputs[k].active_requests == 0 {
                 continue;
             }
-            let can_win = !prune || c.costs[k] - eval.new_blocks_share(&c.inputs[k]) <= min_upper;
+            let can_win = !prune || c.lower[k] <= min_upper;
             if can_win {
                 // Bookings carry whole chains from block 0, so the rank's active blocks
                 // are prefix-closed and the chain form (log n lookups) is exact.

@@ -16,6 +16,8 @@ pub(super) struct Candidates {
     pub(super) eligible: Vec<RankId>,
     pub(super) inputs: Vec<CandidateLoad>,
     pub(super) costs: Vec<f64>,
+    /// Each cost minus its `new_blocks_not_active` share: the pruning bound.
+    pub(super) lower: Vec<f64>,
     /// Narrowing's worker pools (allowed, then serving the LoRA adapter).
     pub(super) pool: Vec<WorkerId>,
     pub(super) narrowed: Vec<WorkerId>,
