@@ -221,23 +221,31 @@ fn table_rebuild_publication_negative_relaxed_table_load() {
     );
 }
 
-/// A rank is removed and a new rank created while a reader walks: the reader may report
-/// the old rank (removal not yet seen) or nothing, never the new rank for the old
-/// rank's block, which is what reusing the slot too early would do.
-fn remove_rank_then_reuse_slot() {
-    let a = RankId::new(1, 0);
-    let b = RankId::new(2, 0);
-    let block = |ext, local| StoredBlock {
+/// A block named `ext` with local hash `local`.
+fn block(ext: u64, local: u64) -> StoredBlock {
+    StoredBlock {
         external_hash: ext,
         local_hash: local,
-    };
+    }
+}
+
+/// The smallest index (one shard) with `rank` holding `b` on the device tier: the
+/// set-up of the rank-slot models, before any thread is spawned.
+fn index_holding(rank: RankId, b: StoredBlock) -> Arc<Index> {
     let index = Arc::new(Index::with_config(IndexConfig {
         shards: 1,
         min_shard_capacity: 4,
     }));
+    index.store(rank, Tier::Device, None, &[b]).unwrap();
     index
-        .store(a, Tier::Device, None, &[block(1, 100)])
-        .unwrap();
+}
+
+/// A rank is removed and a new rank created while a reader walks: the reader may report
+/// the old rank (removal not yet seen) or nothing, never the new rank for the old
+/// rank's block, which is what reusing the slot too early would do.
+fn remove_rank_then_reuse_slot() {
+    let (a, b) = (RankId::new(1, 0), RankId::new(2, 0));
+    let index = index_holding(a, block(1, 100));
     let w = index.clone();
     let writer = loom::thread::spawn(move || {
         w.remove_rank(a);

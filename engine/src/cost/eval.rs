@@ -45,10 +45,9 @@ impl<'a> CostEval<'a> {
         }
     }
 
-    /// `(cost, cost - new_blocks_share)` of `c` in one evaluation: the upper and lower
-    /// bounds selection prunes with (the same values as [`cost`](Self::cost) and the
-    /// difference with [`new_blocks_share`](Self::new_blocks_share), with the terms both
-    /// need computed once).
+    /// `(cost, cost - new_blocks_share)` of `c`: the upper and lower bounds selection
+    /// prunes with, taken in its one pass over the candidates (the same values as
+    /// [`cost`](Self::cost) and [`new_blocks_share`](Self::new_blocks_share) apart).
     #[inline]
     pub fn bounds(&self, c: &CandidateLoad) -> (f64, f64) {
         match &self.latency {

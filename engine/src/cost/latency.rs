@@ -117,8 +117,7 @@ impl LatencyPrep {
         self.pressure_ms_per_share * (decode / c.total_kv_blocks as f64 - self.theta).max(0.0)
     }
 
-    /// The cost and the cost minus [`new_blocks_share`](Self::new_blocks_share), sharing
-    /// their terms (the same values as the two computed apart).
+    /// The cost and the cost minus [`new_blocks_share`](Self::new_blocks_share).
     #[inline(always)]
     pub(super) fn bounds(
         &self,

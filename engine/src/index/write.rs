@@ -379,31 +379,30 @@ impl Index {
                     aliases,
                     ..
                 } = &mut *w;
-                let hold = holds.entry(run).or_default();
-                let heap = hold.heap_bytes();
-                while j < stretch.len() {
-                    if let Some(next) = stretch.get(j + PREFETCH_AHEAD) {
-                        blocks[t].prefetch(next.external_hash);
-                    }
-                    let (external, r) = (stretch[j].external_hash, places[j]);
-                    if names_kept {
-                        names.insert(r.0, external);
-                    }
-                    match blocks[t].insert(external, r.0) {
-                        Some(old) if old == r.0 => {
-                            j += 1;
-                            continue;
+                with_hold(holds, hold_heap, run, |hold| {
+                    while j < stretch.len() {
+                        if let Some(next) = stretch.get(j + PREFETCH_AHEAD) {
+                            blocks[t].prefetch(next.external_hash);
                         }
-                        Some(old) => {
-                            moved = Some(BlockRef(old));
-                            break;
+                        let (external, r) = (stretch[j].external_hash, places[j]);
+                        if names_kept {
+                            names.insert(r.0, external);
                         }
-                        None => {}
+                        match blocks[t].insert(external, r.0) {
+                            Some(old) if old == r.0 => {
+                                j += 1;
+                                continue;
+                            }
+                            Some(old) => {
+                                moved = Some(BlockRef(old));
+                                break;
+                            }
+                            None => {}
+                        }
+                        stored += hold_block(hold, tally, &mut aliases[t], t, r) as usize;
+                        j += 1;
                     }
-                    stored += hold_block(hold, tally, &mut aliases[t], t, r) as usize;
-                    j += 1;
-                }
-                *hold_heap = *hold_heap + hold.heap_bytes() - heap;
+                });
             }
             if let Some(old) = moved {
                 drop_name(w, t, old, touched);
@@ -415,10 +414,9 @@ impl Index {
                     aliases,
                     ..
                 } = &mut *w;
-                let hold = holds.entry(run).or_default();
-                let heap = hold.heap_bytes();
-                stored += hold_block(hold, tally, &mut aliases[t], t, r) as usize;
-                *hold_heap = *hold_heap + hold.heap_bytes() - heap;
+                stored += with_hold(holds, hold_heap, run, |hold| {
+                    hold_block(hold, tally, &mut aliases[t], t, r)
+                }) as usize;
                 j += 1;
             }
         }
@@ -648,6 +646,21 @@ impl Index {
         self.ranks.forget(&entry);
         true
     }
+}
+
+/// `f` on the rank's hold of `run` (a new, empty one if it has none), keeping the
+/// writer's count of hold heap bytes in step with what `f` did to it.
+fn with_hold<R>(
+    holds: &mut crate::hash::mix::HashMixMap<usize, super::hold::Hold>,
+    hold_heap: &mut usize,
+    run: usize,
+    f: impl FnOnce(&mut super::hold::Hold) -> R,
+) -> R {
+    let hold = holds.entry(run).or_default();
+    let heap = hold.heap_bytes();
+    let out = f(hold);
+    *hold_heap = *hold_heap + hold.heap_bytes() - heap;
+    out
 }
 
 /// The rank now names the block at `r` on tier `t` (`hold` is its hold of `r`'s run):

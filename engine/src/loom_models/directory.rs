@@ -2,17 +2,9 @@
 //! the directory's end makes the writer copy it into a larger array and retire the old
 //! one while a reader may still be translating through it.
 
-use super::{churn_epoch, in_child, model, must_fail};
-use crate::index::{Index, IndexConfig, RankId, StoredBlock, Tier};
+use super::{block, churn_epoch, in_child, index_holding, model, must_fail};
+use crate::index::{RankId, Tier};
 use crate::sync::faults::{self, Faults};
-use crate::sync::Arc;
-
-fn block(ext: u64, local: u64) -> StoredBlock {
-    StoredBlock {
-        external_hash: ext,
-        local_hash: local,
-    }
-}
 
 /// Rank `a` holds block 100; rank `b` is created (slot 1: under loom the directory starts
 /// with one cell, so it grows) while a reader translates `a`'s slot. The reader credits
@@ -21,13 +13,7 @@ fn block(ext: u64, local: u64) -> StoredBlock {
 fn directory_grows_under_a_reader() {
     let (a, b) = (RankId::new(1, 0), RankId::new(2, 0));
     let frees = faults::directory_frees();
-    let index = Arc::new(Index::with_config(IndexConfig {
-        shards: 1,
-        min_shard_capacity: 4,
-    }));
-    index
-        .store(a, Tier::Device, None, &[block(1, 100)])
-        .unwrap();
+    let index = index_holding(a, block(1, 100));
     let cells = index.directory_capacity();
     let w = index.clone();
     let writer = loom::thread::spawn(move || {

@@ -34,17 +34,24 @@ fn turn(session_final: bool) -> SessionContext {
     }
 }
 
-/// Turn N (lease 1, final) ends while turn N+1 (lease 2) binds. Whichever goes first,
-/// the session ends bound with lease 2 held — N+1 either kept N's entry or started a
-/// fresh one after N released it — and then releasing lease 2 leaves nothing behind
-/// (nothing at all if N+1 was final too; an idle entry that expires otherwise).
-fn release_races_next_turn(next_final: bool, faults: SessionFaults) {
+/// The set-up of the turn races: turn N (final) bound with lease 1, before any thread is
+/// spawned.
+fn final_turn_bound(faults: SessionFaults) -> (Arc<SessionTable>, Instant) {
     let t = sessions(faults);
     let now = Instant::now();
     assert!(matches!(
         t.bind(&turn(true), RANK, 1, false, now),
         BindOutcome::Created(_)
     ));
+    (t, now)
+}
+
+/// Turn N (lease 1, final) ends while turn N+1 (lease 2) binds. Whichever goes first,
+/// the session ends bound with lease 2 held — N+1 either kept N's entry or started a
+/// fresh one after N released it — and then releasing lease 2 leaves nothing behind
+/// (nothing at all if N+1 was final too; an idle entry that expires otherwise).
+fn release_races_next_turn(next_final: bool, faults: SessionFaults) {
+    let (t, now) = final_turn_bound(faults);
     let t2 = t.clone();
     let releaser = loom::thread::spawn(move || t2.release_lease(1, now));
     let bound = t.bind(&turn(next_final), RANK, 2, false, now);
@@ -149,12 +156,7 @@ fn session_early_release_vs_bind_negative_ignore_memory() {
 /// expire (N+1 not final). Both session protocols at once: the last-lease release is one
 /// critical section, and a bind honours a release that came first.
 fn turns_race(next_final: bool, faults: SessionFaults) {
-    let t = sessions(faults);
-    let now = Instant::now();
-    assert!(matches!(
-        t.bind(&turn(true), RANK, 1, false, now),
-        BindOutcome::Created(_)
-    ));
+    let (t, now) = final_turn_bound(faults);
     let t2 = t.clone();
     let first = loom::thread::spawn(move || t2.release_lease(1, now));
     let t3 = t.clone();
