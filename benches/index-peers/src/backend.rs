@@ -26,6 +26,10 @@ pub trait Backend: Sync + Send + Sized {
     /// Stores `blocks` on `worker` after `parent` (an engine hash; `None`: position 0).
     fn store(&self, w: &mut Self::Writers, worker: u32, parent: Option<u64>, blocks: &[Block]);
 
+    /// Told before the build that `worker` will hold about `blocks` blocks (its cache's
+    /// capacity, as an engine registers it); most designs ignore it.
+    fn expect(&self, _w: &mut Self::Writers, _worker: u32, _blocks: u64) {}
+
     /// Removes blocks of `worker` by engine hash.
     fn remove(&self, w: &mut Self::Writers, worker: u32, exts: &[u64]);
 
@@ -43,16 +47,29 @@ pub trait Backend: Sync + Send + Sized {
 }
 
 /// The backends by name, for dispatch.
-pub const NAMES: [&str; 4] = ["kvr", "smg-chain", "smg-positional", "naive"];
+pub const NAMES: [&str; 5] = [
+    "kvr",
+    "kvr-reserved",
+    "smg-chain",
+    "smg-positional",
+    "naive",
+];
 
 // ---------------------------------------------------------------------------------------
 // kvr
 // ---------------------------------------------------------------------------------------
 
-/// kvr's index (the run index), queried with local hashes.
-pub struct Kvr {
+/// kvr's index (the run index), queried with local hashes. `RESERVE`: each worker's KV
+/// capacity is registered before the build (`Index::set_worker_capacity`, what a
+/// partition does with `WorkerInfo::total_kv_blocks`), so its map is sized once.
+pub struct KvrIndex<const RESERVE: bool> {
     pub index: Index,
 }
+
+/// kvr's index, maps grown as blocks come.
+pub type Kvr = KvrIndex<false>;
+/// kvr's index, each worker's map reserved for its share of the build.
+pub type KvrReserved = KvrIndex<true>;
 
 fn rank(worker: u32) -> RankId {
     RankId::new(worker as u64, 0)
@@ -63,13 +80,13 @@ pub struct KvrWriters {
     buf: Vec<StoredBlock>,
 }
 
-impl Backend for Kvr {
+impl<const RESERVE: bool> Backend for KvrIndex<RESERVE> {
     type Writers = KvrWriters;
     type Scratch = OverlapScores;
 
     fn new(_workers: usize) -> (Self, KvrWriters) {
         (
-            Kvr {
+            KvrIndex {
                 index: Index::new(),
             },
             KvrWriters { buf: Vec::new() },
@@ -83,6 +100,14 @@ impl Backend for Kvr {
             local_hash: b.local,
         }));
         let _ = self.index.store(rank(worker), Tier::Device, parent, &w.buf);
+    }
+
+    fn expect(&self, _w: &mut KvrWriters, worker: u32, blocks: u64) {
+        if RESERVE {
+            let _ = self
+                .index
+                .reserve_blocks(rank(worker), Tier::Device, blocks);
+        }
     }
 
     fn remove(&self, _w: &mut KvrWriters, worker: u32, exts: &[u64]) {
@@ -255,6 +280,10 @@ mod tests {
             let mut g = Generator::new(p, 11);
             let built = build(&mut g, 40_000);
             let (b, mut w) = B::new(crate::workload::WORKERS);
+            for worker in 0..crate::workload::WORKERS as u32 {
+                // Less than most workers hold: reserved maps still grow past it.
+                b.expect(&mut w, worker, 64);
+            }
             for s in &built.stores {
                 b.store(&mut w, s.worker, s.parent, &s.blocks);
             }
@@ -274,6 +303,11 @@ mod tests {
     #[test]
     fn kvr_is_exact() {
         agree::<Kvr>();
+    }
+
+    #[test]
+    fn kvr_reserved_is_exact() {
+        agree::<KvrReserved>();
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::process::Command;
 
 use clap::Parser;
 
-use backend::{Kvr, Naive, NAMES};
+use backend::{Kvr, KvrReserved, Naive, NAMES};
 use measure::{Record, RunSpec};
 use workload::Profile;
 
@@ -38,10 +38,11 @@ struct Args {
     /// Profiles: single (one holder per block), shared8 (eight).
     #[arg(long, default_value = "single,shared8", value_delimiter = ',')]
     profiles: Vec<String>,
-    /// Backends: kvr, smg-chain, smg-positional, naive.
+    /// Backends: kvr, kvr-reserved (each worker's map sized for its share first),
+    /// smg-chain, smg-positional, naive.
     #[arg(
         long,
-        default_value = "kvr,smg-chain,smg-positional,naive",
+        default_value = "kvr,kvr-reserved,smg-chain,smg-positional,naive",
         value_delimiter = ','
     )]
     backends: Vec<String>,
@@ -91,6 +92,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
 fn run_child(backend: &str, spec: &RunSpec) -> Result<Record, String> {
     Ok(match backend {
         "kvr" => measure::run::<Kvr>(backend, spec),
+        "kvr-reserved" => measure::run::<KvrReserved>(backend, spec),
         "smg-chain" => measure::run::<smg::SmgChain>(backend, spec),
         "smg-positional" => measure::run::<smg::SmgPositional>(backend, spec),
         "naive" => measure::run::<Naive>(backend, spec),

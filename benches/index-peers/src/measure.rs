@@ -163,6 +163,16 @@ pub fn run<B: Backend>(name: &str, spec: &RunSpec) -> Record {
     let rss0 = rss_bytes();
     let t = Instant::now();
     let (b, mut w) = B::new(workload::WORKERS);
+    // The workers' capacity: what the fullest of them holds after the build (every worker
+    // the same size, as in a deployment of one model on one GPU type).
+    let mut held = vec![0u64; workload::WORKERS];
+    for s in &built.stores {
+        held[s.worker as usize] += s.blocks.len() as u64;
+    }
+    let capacity = held.iter().copied().max().unwrap_or(0);
+    for worker in 0..workload::WORKERS as u32 {
+        b.expect(&mut w, worker, capacity);
+    }
     let stored = apply(&b, &mut w, &built.stores);
     let build_time = t.elapsed();
     let heap = alloc::live_bytes().saturating_sub(heap0);

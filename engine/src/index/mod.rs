@@ -46,6 +46,7 @@
 pub mod approx;
 mod block_map;
 mod branch;
+mod capacity;
 mod directory;
 mod dump;
 mod event;
@@ -61,6 +62,7 @@ pub(crate) mod testing;
 mod write;
 
 pub use approx::{ApproxConfig, ApproxRecorder, ApproxStats, RecordOutcome};
+pub use capacity::MAX_RESERVED_BLOCKS;
 pub use dump::{DumpedStore, IndexDump};
 pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
@@ -112,6 +114,9 @@ pub(crate) struct RankWriter {
     /// change so an event's byte count stays O(1).
     pub(crate) hold_heap: usize,
     pub(crate) removed: bool,
+    /// The device map was sized for the worker's capacity, or found none to size for
+    /// (`capacity`): checked once per rank.
+    pub(crate) sized: bool,
     /// Device tier, kept only `with_engine_names`: block → the engine hash last stored.
     pub(crate) names: RankMap,
 }
@@ -176,6 +181,8 @@ pub struct Index {
     /// Fed by [`Index::store_sequences`] (keyed by sequence hashes): not dumpable as
     /// engine events.
     keyed_by_sequence: AtomicBool,
+    /// Workers' device KV capacities, for sizing their ranks' maps (`capacity`).
+    capacities: capacity::Capacities,
 }
 
 impl std::fmt::Debug for Index {
@@ -224,6 +231,7 @@ impl Index {
             totals: Totals::default(),
             engine_names: false,
             keyed_by_sequence: AtomicBool::new(false),
+            capacities: Default::default(),
         }
     }
 

@@ -352,3 +352,37 @@ fn a_reader_races_a_writer_that_grows_branches_and_retires_runs() {
     reader.join().unwrap();
     assert_eq!(idx.run_counts().0, 0);
 }
+
+/// A reserved rank map is sized once: storing up to the reservation, evicting, and a
+/// clear leave its bytes as they were; the reservation is bounded; answers are unchanged.
+#[test]
+fn reserved_rank_map_keeps_its_size() {
+    let idx = Index::new();
+    let plain = Index::new();
+    let slots = |idx: &Index, r: RankId, t: Tier| {
+        idx.ranks.get(r).unwrap().writer.lock().blocks[t as usize].capacity()
+    };
+    idx.reserve_blocks(R0, Tier::Device, 5_000).unwrap();
+    let reserved = slots(&idx, R0, Tier::Device);
+    assert!(reserved >= 5_000, "{reserved}");
+    for i in 0..50u64 {
+        let (b, parent) = (blocks(i * 100..i * 100 + 100), None);
+        idx.store(R0, Tier::Device, parent, &b).unwrap();
+        plain.store(R0, Tier::Device, parent, &b).unwrap();
+        assert_eq!(slots(&idx, R0, Tier::Device), reserved, "grew at {i}");
+    }
+    let q = locals(700..800);
+    assert_eq!(idx.find_matches(&q).get(R0), 100);
+    assert_eq!(plain.find_matches(&q).get(R0), 100);
+    let gone: Vec<u64> = (0..4_900).collect();
+    assert_eq!(idx.remove(R0, Tier::Device, &gone).removed, 4_900);
+    assert_eq!(slots(&idx, R0, Tier::Device), reserved);
+    assert_eq!(idx.find_matches(&locals(4_900..5_000)).get(R0), 100);
+    idx.clear(R0);
+    assert_eq!(slots(&idx, R0, Tier::Device), reserved);
+    assert_eq!(idx.rank_stats(R0).unwrap().holder_blocks, 0);
+    // An absurd capacity is cut to MAX_RESERVED_BLOCKS.
+    idx.reserve_blocks(R1, Tier::Host, u64::MAX).unwrap();
+    let big = slots(&idx, R1, Tier::Host) as u64;
+    assert!(big <= MAX_RESERVED_BLOCKS * 13 / 10, "{big}");
+}

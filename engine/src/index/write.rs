@@ -87,7 +87,7 @@ impl Index {
     }
 
     /// Runs `f` on the rank's live writer state, creating the rank if asked.
-    fn with_writer<R>(
+    pub(super) fn with_writer<R>(
         &self,
         rank: RankId,
         create: bool,
@@ -149,6 +149,7 @@ impl Index {
                     }
                 },
             };
+            self.size_once(rank, w);
             let guard = epoch::pin();
             let mut touched = Touched::default();
             let mut placed: Places = SmallVec::new();
@@ -590,7 +591,7 @@ impl Index {
         let guard = epoch::pin();
         let removed: usize = w.blocks.iter().map(|m| m.len()).sum();
         for t in 0..3 {
-            w.blocks[t] = Default::default();
+            w.blocks[t].clear();
             w.aliases[t] = Default::default();
         }
         w.names = Default::default();

@@ -276,6 +276,9 @@ impl Partition {
         let _m = self.membership.lock();
         let cur = self.workers.load();
         let mut next = (*cur).clone();
+        // Its ranks' index maps are sized for this at their first store (`index::capacity`).
+        self.index
+            .set_worker_capacity(info.worker_id, info.total_kv_blocks);
         let new = next.workers.insert(info.worker_id, info).is_none();
         self.workers.store(next);
         Ok(new)
@@ -313,6 +316,7 @@ impl Partition {
         // then lands in fresh records (which expire) and its blocks are removed, instead
         // of leaving blocks in the index that no record would ever expire.
         self.indexing.forget_worker(id, info.ranks());
+        self.index.set_worker_capacity(id, 0);
         self.index.remove_worker(id);
         self.load.remove_worker(id);
         for rank in info.ranks() {

@@ -1,0 +1,159 @@
+//! The rank map against a `HashMap` model, and its sizing rules.
+
+use super::*;
+use std::collections::HashMap;
+
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        ((self.next() as u128 * n as u128) >> 64) as u64
+    }
+}
+
+fn check(m: &BlockMap, model: &HashMap<u64, u64>) {
+    assert_eq!(m.len(), model.len());
+    let occupied: usize = m
+        .buckets
+        .iter()
+        .map(|b| b.slots.iter().filter(|e| e.0 != EMPTY).count())
+        .sum();
+    assert_eq!(occupied, m.used);
+    assert!(m.used <= max_used(m.buckets.len()).max(m.used));
+    for (b, bucket) in m.buckets.iter().enumerate() {
+        for &(k, _) in bucket.slots.iter().filter(|e| e.0 != EMPTY) {
+            let (x, y) = buckets(k, m.buckets.len());
+            assert!(b == x || b == y, "entry outside its buckets");
+        }
+    }
+    let mut seen: HashMap<u64, u64> = m.iter().collect();
+    assert_eq!(seen.len(), model.len());
+    for (k, v) in model {
+        assert_eq!(m.get(*k), Some(*v));
+        seen.remove(k);
+    }
+    assert!(seen.is_empty());
+}
+
+fn differential(range: u64, ops: usize, seed: u64) {
+    let mut rng = SplitMix(seed);
+    let mut m = BlockMap::new();
+    let mut model: HashMap<u64, u64> = HashMap::new();
+    for i in 0..ops {
+        let k = rng.below(range);
+        match rng.below(10) {
+            0..=5 => assert_eq!(m.insert(k, i as u64), model.insert(k, i as u64)),
+            6..=8 => assert_eq!(m.remove(k), model.remove(&k)),
+            _ => assert_eq!(m.get(k), model.get(&k).copied()),
+        }
+        if i % 4_999 == 0 {
+            check(&m, &model);
+        }
+    }
+    check(&m, &model);
+    for k in 0..range.min(1_000) {
+        assert_eq!(m.get(k), model.get(&k).copied());
+    }
+}
+
+#[test]
+fn differential_small_key_ranges() {
+    for (range, seed) in [(2, 1), (17, 2), (100, 3), (1_000, 4)] {
+        differential(range, 60_000, seed);
+    }
+}
+
+#[test]
+fn differential_large_key_ranges() {
+    differential(50_000, 300_000, 5);
+    differential(u64::MAX, 100_000, 6);
+}
+
+#[test]
+fn structured_keys_and_zero() {
+    let mut m = BlockMap::new();
+    let mut model = HashMap::new();
+    for i in 0..20_000u64 {
+        let k = i << 20;
+        m.insert(k, i);
+        model.insert(k, i);
+    }
+    assert_eq!(m.insert(0, 7), model.insert(0, 7));
+    check(&m, &model);
+    for i in (0..20_000u64).step_by(3) {
+        assert_eq!(m.remove(i << 20), model.remove(&(i << 20)));
+    }
+    check(&m, &model);
+    let drained: HashMap<u64, u64> = m.drain().collect();
+    assert_eq!(drained, model);
+    assert!(m.is_empty() && m.capacity() == 0);
+}
+
+#[test]
+fn grows_and_shrinks_back() {
+    let mut m = BlockMap::new();
+    for k in 1..=100_000u64 {
+        m.insert(k, k);
+    }
+    let big = m.capacity();
+    for k in 1..=100_000u64 {
+        assert_eq!(m.remove(k), Some(k));
+    }
+    assert!(m.capacity() < big / 100, "{} of {big}", m.capacity());
+}
+
+/// A reserved map fills to its reservation without resizing, and neither removals nor
+/// `clear` shrink it below; an unreserved one is freed by `clear`.
+#[test]
+fn reserved_size_holds() {
+    let mut m = BlockMap::new();
+    m.reserve(50_000);
+    let cap = m.capacity();
+    assert!((55_000..66_000).contains(&cap), "{cap}");
+    let mut model = HashMap::new();
+    for k in 1..=50_000u64 {
+        m.insert(k * 31, k);
+        model.insert(k * 31, k);
+        assert_eq!(m.capacity(), cap, "grew at {k}");
+    }
+    check(&m, &model);
+    for k in 1..=49_990u64 {
+        assert_eq!(m.remove(k * 31), Some(k));
+        model.remove(&(k * 31));
+    }
+    assert_eq!(m.capacity(), cap);
+    check(&m, &model);
+    m.clear();
+    assert_eq!((m.len(), m.capacity()), (0, cap));
+    assert_eq!(m.get(50_000 * 31), None);
+    m.insert(0, 5);
+    m.insert(7, 7);
+    assert_eq!((m.get(0), m.get(7)), (Some(5), Some(7)));
+    let mut u = BlockMap::new();
+    u.insert(3, 3);
+    u.clear();
+    assert_eq!((u.len(), u.capacity()), (0, 0));
+}
+
+/// Bytes per entry over a growth from empty: the load stays high.
+#[test]
+fn bytes_per_entry_over_growth() {
+    let mut m = BlockMap::new();
+    let mut rng = SplitMix(9);
+    let mut samples = Vec::new();
+    for i in 1..=200_000u64 {
+        m.insert(rng.next() | 1, i);
+        if i >= 1_000 && i % 97 == 0 {
+            samples.push(m.bytes() as f64 / m.len() as f64);
+        }
+    }
+    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    assert!(mean < 24.0, "mean {mean:.1} bytes an entry");
+}

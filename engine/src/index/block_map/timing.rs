@@ -1,0 +1,106 @@
+//! Timings and displacement counts of the rank map, run by hand (`--ignored`).
+
+use super::*;
+
+/// `cargo test --release -p kvr --lib block_map::timing -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn kicks_while_growing() {
+    let mut m = BlockMap::new();
+    let mut x = 7u64;
+    let before = KICKS.with(|k| k.get());
+    for _ in 0..31_000 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        m.insert(x >> 1 | 1, 1);
+    }
+    let kicks = KICKS.with(|k| k.get()) - before;
+    eprintln!(
+        "kicks per insert while growing: {:.2}",
+        kicks as f64 / 31_000.0
+    );
+    for load in [0.5, 0.7, 0.8, 0.84, 0.9] {
+        let n = 1000;
+        let mut m = BlockMap {
+            buckets: vec![EMPTY_BUCKET; n].into(),
+            ..Default::default()
+        };
+        let before = KICKS.with(|k| k.get());
+        let count = (n as f64 * WAYS as f64 * load) as usize;
+        let mut failed = 0;
+        for _ in 0..count {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if !m.place(mix(x >> 1 | 1), 1, true) {
+                failed += 1;
+            }
+        }
+        let kicks = KICKS.with(|k| k.get()) - before;
+        let (mut same, mut adj) = (0, 0);
+        for i in 0..10_000u64 {
+            let (a, b) = buckets(mix(i * 7919 + 1), n);
+            same += (a == b) as u32;
+            adj += (a.abs_diff(b) <= 1) as u32;
+        }
+        eprintln!(
+            "load {load}: {:.3} kicks/insert, {failed} failed; adjacent {adj} same {same}",
+            kicks as f64 / count as f64
+        );
+    }
+}
+
+#[test]
+#[ignore]
+fn steady_churn_ns_per_op() {
+    for size in [8_000usize, 1_000_000] {
+        let mut m = BlockMap::new();
+        let mut keys: std::collections::VecDeque<u64> = Default::default();
+        let mut x = 0x1234_5678u64;
+        let mut next = || {
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z ^ (z >> 31)
+        };
+        for _ in 0..size {
+            let k = next();
+            m.insert(k, k);
+            keys.push_back(k);
+        }
+        let ops = 2_000_000;
+        let k0 = KICKS.with(|k| k.get());
+        let t = std::time::Instant::now();
+        for _ in 0..ops {
+            let k = next();
+            m.insert(k, k);
+            keys.push_back(k);
+            let old = keys.pop_front().unwrap();
+            m.remove(old);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / (2 * ops) as f64;
+        let kicks = (KICKS.with(|k| k.get()) - k0) as f64 / ops as f64;
+        eprintln!(
+            "  load {:.2}, kicks/insert {kicks:.3}",
+            m.used as f64 / m.capacity() as f64
+        );
+        let mut h: std::collections::HashMap<u64, u64> = Default::default();
+        for &k in &keys {
+            h.insert(k, k);
+        }
+        let t = std::time::Instant::now();
+        for _ in 0..ops {
+            let k = next();
+            h.insert(k, k);
+            keys.push_back(k);
+            let old = keys.pop_front().unwrap();
+            h.remove(&old);
+        }
+        let hs = t.elapsed().as_nanos() as f64 / (2 * ops) as f64;
+        eprintln!(
+            "size {size}: BlockMap {ns:.1} ns/op, std HashMap {hs:.1} ns/op, {:.1} B/entry",
+            m.bytes() as f64 / m.len() as f64
+        );
+    }
+}
