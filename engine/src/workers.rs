@@ -28,6 +28,8 @@ pub struct WorkerInfo {
     /// Per rank, the endpoint a peer uses to pull KV blocks from it (for transfer hints).
     pub control_endpoints: Vec<Option<String>>,
     /// Device KV blocks per rank (0 = unknown; busy thresholds on decode blocks need it).
+    /// It also sizes each rank's index map once, at the rank's first stored block
+    /// (`kvr::index` module `capacity`; at most `index::MAX_RESERVED_BLOCKS`).
     pub total_kv_blocks: u64,
     /// Largest prefill batch per rank in tokens (0 = unknown).
     pub max_batched_tokens: u64,
