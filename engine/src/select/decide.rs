@@ -8,8 +8,7 @@ use std::time::Instant;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
-    blocks_in_cost_units, choose, CandidateLoad, CostEval, CostModel, RandomSource, RequestShape,
-    ResolvedCost,
+    blocks_in_cost_units, choose, CostEval, CostModel, RandomSource, RequestShape, ResolvedCost,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
 use crate::index::TieredScores;
@@ -141,7 +140,7 @@ impl Selector<'_> {
     }
 
     /// Step 3: the eligible candidates and their inputs, as parallel arrays in
-    /// `c.eligible` / `c.inputs` (the cost function reads the inputs in place); thresholds
+    /// `c.eligible` / `c.cols` (the cost pass reads the columns in place); thresholds
     /// are checked only if the partition sets any. `NoWorker` / `Busy` when none is left.
     fn eligible(
         &self,
@@ -161,8 +160,13 @@ impl Selector<'_> {
         let any_threshold = busy.decode_blocks_fraction.is_some()
             || busy.prefill_tokens.is_some()
             || busy.prefill_tokens_fraction.is_some();
+        // Sized for every candidate and filled by index (no capacity check a column),
+        // then cut to the eligible ones.
+        let all = c.ranks.len();
         c.eligible.clear();
-        c.inputs.clear();
+        c.eligible.resize(all, c.ranks[0]);
+        c.cols.resize(all);
+        let mut m = 0;
         // Candidates come in rank order (the worker set is ordered by id) and so do the
         // overlaps: one merge walk instead of a search per candidate.
         let overlaps = tiered.as_slice();
@@ -202,21 +206,20 @@ impl Selector<'_> {
                 continue;
             }
             let device = t.map_or(0, |o| o.device);
-            c.eligible.push(rank);
-            c.inputs.push(CandidateLoad {
-                device_blocks: device as u64,
-                host_blocks: t.map_or(0, |o| o.host) as u64,
-                disk_blocks: t.map_or(0, |o| o.disk) as u64,
-                shared_blocks_beyond_device: shared_beyond(shared, device, n_blocks as u32) as u64,
-                active_prefill_tokens: active.active_prefill_tokens,
-                active_decode_blocks: active.active_decode_blocks,
-                // Known exactly only for an idle rank; the others are resolved by
-                // `resolve_costs`, and only where they can change the choice.
-                new_blocks_not_active: n_blocks as u64,
-                active_requests: active.active_requests,
-                total_kv_blocks,
-            });
+            c.eligible[m] = rank;
+            let cols = &mut c.cols;
+            cols.device[m] = device;
+            cols.host[m] = t.map_or(0, |o| o.host);
+            cols.disk[m] = t.map_or(0, |o| o.disk);
+            cols.shared[m] = shared_beyond(shared, device, n_blocks as u32);
+            cols.prefill_tokens[m] = active.active_prefill_tokens;
+            cols.decode_blocks[m] = active.active_decode_blocks;
+            cols.requests[m] = active.active_requests;
+            cols.kv_blocks[m] = total_kv_blocks;
+            m += 1;
         }
+        c.eligible.truncate(m);
+        c.cols.truncate(m);
         if c.eligible.is_empty() {
             self.counters.busy.fetch_add(1, Ordering::Relaxed);
             return Err(Box::new(Outcome::Busy));
@@ -282,31 +285,26 @@ impl Selector<'_> {
         seq: &[u64],
         c: &mut Candidates,
     ) {
-        // As `fill_costs`, keeping the evaluator for the resolved ranks.
-        let shape = shape.with_selection_stats(&c.inputs);
+        // As `fill_costs`, keeping the evaluator for the resolved ranks. Every rank is
+        // priced with the whole prompt new; only an idle rank's count is exact already.
+        let shape = c.cols.selection_stats(shape);
         let eval = CostEval::new(cfg, &shape);
-        c.costs.clear();
-        c.lower.clear();
-        let mut min_upper = f64::INFINITY;
-        for i in &c.inputs {
-            let (upper, lower) = eval.bounds(i);
-            c.costs.push(upper);
-            c.lower.push(lower);
-            min_upper = min_upper.min(upper);
-        }
+        let whole = seq.len() as u64;
+        let min_upper = eval.bounds_all(&c.cols, whole, &mut c.costs, &mut c.lower);
+        c.cols.new_blocks.clear();
+        c.cols.new_blocks.resize(c.cols.len(), whole);
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
         let prune = !steered && cfg.temperature <= 0.0;
-        for k in 0..c.inputs.len() {
-            if c.inputs[k].active_requests == 0 {
+        for k in 0..c.cols.len() {
+            if c.cols.requests[k] == 0 {
                 continue;
             }
             let can_win = !prune || c.lower[k] <= min_upper;
             if can_win {
                 // Bookings carry whole chains from block 0, so the rank's active blocks
                 // are prefix-closed and the chain form (log n lookups) is exact.
-                c.inputs[k].new_blocks_not_active =
-                    view.loads.new_blocks_not_active_chain(c.eligible[k], seq);
-                c.costs[k] = eval.cost(&c.inputs[k]);
+                c.cols.new_blocks[k] = view.loads.new_blocks_not_active_chain(c.eligible[k], seq);
+                c.costs[k] = eval.cost(&c.cols.load(k));
             }
         }
     }
@@ -324,7 +322,7 @@ impl Selector<'_> {
         c: &Candidates,
         steering: Steering,
     ) -> (Decision, bool) {
-        let (rank, load) = (c.eligible[i], c.inputs[i]);
+        let (rank, load) = (c.eligible[i], c.cols.load(i));
         let device = load.device_blocks as u32;
         let cached_tokens = (device as u64 * self.block_size() as u64).min(prompt_tokens);
         let projected_prefill_tokens = view

@@ -1,6 +1,6 @@
 //! Per-thread buffers a selection reuses.
 
-use crate::cost::CandidateLoad;
+use crate::cost::LoadColumns;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{TieredOverlap, TieredScores};
 
@@ -12,9 +12,11 @@ pub(super) struct Candidates {
     /// Each candidate's worker's `total_kv_blocks`, parallel to `ranks` (read once while
     /// the worker set is walked, not looked up again per candidate).
     pub(super) kv_blocks: Vec<u64>,
-    /// The eligible ones (not overloaded, not busy), parallel to `inputs` and `costs`.
+    /// The eligible ones (not overloaded, not busy), parallel to `cols` and `costs`.
     pub(super) eligible: Vec<RankId>,
-    pub(super) inputs: Vec<CandidateLoad>,
+    /// Their cost inputs, a column per field: the cost pass reads only the columns it
+    /// needs, with no record built per candidate.
+    pub(super) cols: LoadColumns,
     pub(super) costs: Vec<f64>,
     /// Each cost minus its `new_blocks_not_active` share: the pruning bound.
     pub(super) lower: Vec<f64>,
