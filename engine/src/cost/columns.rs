@@ -30,10 +30,67 @@ pub(crate) struct LoadColumns {
     pub(crate) new_blocks: Vec<u64>,
 }
 
+/// One candidate's row of [`LoadColumns`] (all but `new_blocks`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LoadRow {
+    pub(crate) device: u32,
+    pub(crate) host: u32,
+    pub(crate) disk: u32,
+    pub(crate) shared: u32,
+    pub(crate) prefill_tokens: u64,
+    pub(crate) decode_blocks: u64,
+    pub(crate) requests: u64,
+    pub(crate) kv_blocks: u64,
+}
+
+/// The columns as slices of one length to fill by index: the slices are taken once, so
+/// a row written in a loop is a few stores behind one length check, not a reload and a
+/// check a column.
+pub(crate) struct RowsMut<'a> {
+    device: &'a mut [u32],
+    host: &'a mut [u32],
+    disk: &'a mut [u32],
+    shared: &'a mut [u32],
+    prefill_tokens: &'a mut [u64],
+    decode_blocks: &'a mut [u64],
+    requests: &'a mut [u64],
+    kv_blocks: &'a mut [u64],
+}
+
+impl RowsMut<'_> {
+    /// Writes row `m`. Panics if `m` is not below the length the rows were taken with.
+    #[inline(always)]
+    pub(crate) fn set(&mut self, m: usize, r: LoadRow) {
+        self.device[m] = r.device;
+        self.host[m] = r.host;
+        self.disk[m] = r.disk;
+        self.shared[m] = r.shared;
+        self.prefill_tokens[m] = r.prefill_tokens;
+        self.decode_blocks[m] = r.decode_blocks;
+        self.requests[m] = r.requests;
+        self.kv_blocks[m] = r.kv_blocks;
+    }
+}
+
 impl LoadColumns {
-    /// Every column `n` long (new entries zero), for a caller that fills them by index
-    /// and then [`truncate`](Self::truncate)s them.
-    pub(crate) fn resize(&mut self, n: usize) {
+    /// Every column `n` long, as slices to fill by index; [`truncate`](Self::truncate)
+    /// to the rows written afterwards.
+    pub(crate) fn rows(&mut self, n: usize) -> RowsMut<'_> {
+        self.resize(n);
+        RowsMut {
+            device: &mut self.device[..n],
+            host: &mut self.host[..n],
+            disk: &mut self.disk[..n],
+            shared: &mut self.shared[..n],
+            prefill_tokens: &mut self.prefill_tokens[..n],
+            decode_blocks: &mut self.decode_blocks[..n],
+            requests: &mut self.requests[..n],
+            kv_blocks: &mut self.kv_blocks[..n],
+        }
+    }
+
+    /// Every column `n` long (new entries zero).
+    fn resize(&mut self, n: usize) {
         self.device.resize(n, 0);
         self.host.resize(n, 0);
         self.disk.resize(n, 0);

@@ -276,7 +276,7 @@ impl Partition {
         let _m = self.membership.lock();
         let cur = self.workers.load();
         let mut next = (*cur).clone();
-        let new = next.workers.insert(info.worker_id, info).is_none();
+        let new = next.insert(info).is_none();
         self.workers.store(next);
         Ok(new)
     }
@@ -290,7 +290,7 @@ impl Partition {
             let _m = self.membership.lock();
             let cur = self.workers.load();
             let mut next = (*cur).clone();
-            let removed = next.workers.remove(&id);
+            let removed = next.remove(id);
             self.workers.store(next);
             removed
         };

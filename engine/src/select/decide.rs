@@ -8,7 +8,8 @@ use std::time::Instant;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
-    blocks_in_cost_units, choose, CostEval, CostModel, RandomSource, RequestShape, ResolvedCost,
+    blocks_in_cost_units, choose, CostEval, CostModel, LoadRow, RandomSource, RequestShape,
+    ResolvedCost,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
 use crate::index::TieredScores;
@@ -16,7 +17,7 @@ use crate::load::LoadSnapshot;
 use crate::reservation::ActiveLoads;
 use crate::session::{SessionContext, Steer};
 use crate::sync::atomic::Ordering;
-use crate::workers::WorkerSet;
+use crate::workers::{RankSlot, WorkerSet};
 
 /// Everything a decision needed, kept for booking it.
 pub(crate) struct Prepared {
@@ -151,8 +152,19 @@ impl Selector<'_> {
         n_blocks: usize,
         c: &mut Candidates,
     ) -> Result<(), Box<Outcome>> {
-        self.candidates(req, view.workers, view.hooks, c);
-        if c.ranks.is_empty() {
+        let every_rank = self.candidates(req, view.workers, view.hooks, c);
+        let Candidates {
+            slots,
+            eligible,
+            cols,
+            ..
+        } = c;
+        let slots: &[RankSlot] = if every_rank {
+            view.workers.slots()
+        } else {
+            slots
+        };
+        if slots.is_empty() {
             self.counters.no_worker.fetch_add(1, Ordering::Relaxed);
             return Err(Box::new(Outcome::NoWorker));
         }
@@ -162,17 +174,22 @@ impl Selector<'_> {
             || busy.prefill_tokens_fraction.is_some();
         // Sized for every candidate and filled by index (no capacity check a column),
         // then cut to the eligible ones.
-        let all = c.ranks.len();
-        c.eligible.clear();
-        c.eligible.resize(all, c.ranks[0]);
-        c.cols.resize(all);
+        let all = slots.len();
+        eligible.clear();
+        eligible.resize(all, slots[0].rank);
+        let ranks_out = &mut eligible[..all];
+        let mut rows = cols.rows(all);
         let mut m = 0;
         // Candidates come in rank order (the worker set is ordered by id) and so do the
         // overlaps: one merge walk instead of a search per candidate.
         let overlaps = tiered.as_slice();
         let mut loads = view.loads.cursor();
         let (mut at, mut prev) = (0, None);
-        for (&rank, &total_kv_blocks) in c.ranks.iter().zip(&c.kv_blocks) {
+        for &RankSlot {
+            rank,
+            kv_blocks: total_kv_blocks,
+        } in slots
+        {
             if prev.is_some_and(|p| rank < p) {
                 at = 0; // out of order (never with today's worker set): restart the walk
             }
@@ -206,21 +223,25 @@ impl Selector<'_> {
                 continue;
             }
             let device = t.map_or(0, |o| o.device);
-            c.eligible[m] = rank;
-            let cols = &mut c.cols;
-            cols.device[m] = device;
-            cols.host[m] = t.map_or(0, |o| o.host);
-            cols.disk[m] = t.map_or(0, |o| o.disk);
-            cols.shared[m] = shared_beyond(shared, device, n_blocks as u32);
-            cols.prefill_tokens[m] = active.active_prefill_tokens;
-            cols.decode_blocks[m] = active.active_decode_blocks;
-            cols.requests[m] = active.active_requests;
-            cols.kv_blocks[m] = total_kv_blocks;
+            ranks_out[m] = rank;
+            rows.set(
+                m,
+                LoadRow {
+                    device,
+                    host: t.map_or(0, |o| o.host),
+                    disk: t.map_or(0, |o| o.disk),
+                    shared: shared_beyond(shared, device, n_blocks as u32),
+                    prefill_tokens: active.active_prefill_tokens,
+                    decode_blocks: active.active_decode_blocks,
+                    requests: active.active_requests,
+                    kv_blocks: total_kv_blocks,
+                },
+            );
             m += 1;
         }
-        c.eligible.truncate(m);
-        c.cols.truncate(m);
-        if c.eligible.is_empty() {
+        eligible.truncate(m);
+        cols.truncate(m);
+        if eligible.is_empty() {
             self.counters.busy.fetch_add(1, Ordering::Relaxed);
             return Err(Box::new(Outcome::Busy));
         }

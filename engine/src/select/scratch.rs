@@ -3,15 +3,14 @@
 use crate::cost::LoadColumns;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{TieredOverlap, TieredScores};
+use crate::workers::RankSlot;
 
 /// The candidate stage's buffers: every list a selection builds, whatever its size.
 #[derive(Default)]
 pub(super) struct Candidates {
-    /// Candidate ranks after the allow-set, the pin, LoRA narrowing and availability.
-    pub(super) ranks: Vec<RankId>,
-    /// Each candidate's worker's `total_kv_blocks`, parallel to `ranks` (read once while
-    /// the worker set is walked, not looked up again per candidate).
-    pub(super) kv_blocks: Vec<u64>,
+    /// Candidate ranks with their workers' KV capacity, after the allow-set, the pin,
+    /// LoRA narrowing and availability (unused when every rank is a candidate).
+    pub(super) slots: Vec<RankSlot>,
     /// The eligible ones (not overloaded, not busy), parallel to `cols` and `costs`.
     pub(super) eligible: Vec<RankId>,
     /// Their cost inputs, a column per field: the cost pass reads only the columns it
