@@ -135,25 +135,25 @@ impl LoadColumns {
     }
 
     /// `req` with the selection-wide quantities of these candidates, the same values as
-    /// [`RequestShape::with_selection_stats`] over their records. The mean is summed as
-    /// integers when that sum cannot exceed 2^53: every partial f64 sum is then exact, so
-    /// it equals the f64 sum in order, bit for bit, without its chain of dependent adds.
+    /// [`RequestShape::with_selection_stats`] over their records, in one pass. The mean
+    /// is summed as integers (u128, so it cannot overflow): when the sum is at most 2^53
+    /// every partial f64 sum would have been exact, so it equals the f64 sum in order,
+    /// bit for bit, without its chain of dependent adds.
     pub(crate) fn selection_stats(&self, req: RequestShape) -> RequestShape {
         let p = &self.prefill_tokens;
-        let mut s = req.with_min_active_prefill_tokens(p.iter().copied().min().unwrap_or(0));
-        s.mean_active_prefill_tokens = if p.is_empty() {
-            0.0
+        if p.is_empty() {
+            return req.with_selection_stats(&[]);
+        }
+        let (min, sum) = p.iter().fold((u64::MAX, 0u128), |(min, sum), &x| {
+            (min.min(x), sum + u128::from(x))
+        });
+        let sum = if sum <= 1 << f64::MANTISSA_DIGITS {
+            sum as f64
         } else {
-            let exact = p
-                .iter()
-                .try_fold(0u64, |sum, &x| sum.checked_add(x))
-                .filter(|&sum| sum <= 1 << f64::MANTISSA_DIGITS);
-            let sum = match exact {
-                Some(sum) => sum as f64,
-                None => p.iter().map(|&x| x as f64).sum::<f64>(),
-            };
-            sum / p.len() as f64
+            p.iter().map(|&x| x as f64).sum::<f64>()
         };
+        let mut s = req.with_min_active_prefill_tokens(min);
+        s.mean_active_prefill_tokens = sum / p.len() as f64;
         s
     }
 }

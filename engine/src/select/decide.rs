@@ -184,6 +184,7 @@ impl Selector<'_> {
         // overlaps: one merge walk instead of a search per candidate.
         let overlaps = tiered.as_slice();
         let mut loads = view.loads.cursor();
+        let overload = view.hooks.overload.as_ref();
         let (mut at, mut prev) = (0, None);
         for &RankSlot {
             rank,
@@ -198,7 +199,7 @@ impl Selector<'_> {
                 at += 1;
             }
             let t = overlaps.get(at).filter(|o| o.rank == rank);
-            if view.hooks.overload.as_ref().is_some_and(|f| f(rank)) {
+            if overload.is_some_and(|f| f(rank)) {
                 continue;
             }
             let active = loads.get(rank);
@@ -230,7 +231,11 @@ impl Selector<'_> {
                     device,
                     host: t.map_or(0, |o| o.host),
                     disk: t.map_or(0, |o| o.disk),
-                    shared: shared_beyond(shared, device, n_blocks as u32),
+                    shared: if shared.is_empty() {
+                        0 // what shared_beyond gives without ranges, without the call
+                    } else {
+                        shared_beyond(shared, device, n_blocks as u32)
+                    },
                     prefill_tokens: active.active_prefill_tokens,
                     decode_blocks: active.active_decode_blocks,
                     requests: active.active_requests,
@@ -316,16 +321,19 @@ impl Selector<'_> {
         c.cols.new_blocks.resize(c.cols.len(), whole);
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
         let prune = !steered && cfg.temperature <= 0.0;
-        for k in 0..c.cols.len() {
-            if c.cols.requests[k] == 0 {
-                continue;
-            }
-            let can_win = !prune || c.lower[k] <= min_upper;
-            if can_win {
+        let Candidates {
+            eligible,
+            cols,
+            costs,
+            lower,
+            ..
+        } = c;
+        for (k, (&requests, &lower)) in cols.requests.iter().zip(lower.iter()).enumerate() {
+            if requests != 0 && (!prune || lower <= min_upper) {
                 // Bookings carry whole chains from block 0, so the rank's active blocks
                 // are prefix-closed and the chain form (log n lookups) is exact.
-                c.cols.new_blocks[k] = view.loads.new_blocks_not_active_chain(c.eligible[k], seq);
-                c.costs[k] = eval.cost(&c.cols.load(k));
+                cols.new_blocks[k] = view.loads.new_blocks_not_active_chain(eligible[k], seq);
+                costs[k] = eval.cost(&cols.load(k));
             }
         }
     }
