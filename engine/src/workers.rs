@@ -63,13 +63,54 @@ impl WorkerInfo {
     }
 }
 
+/// One rank of the set and its worker's KV capacity: what a selection's candidate walk
+/// reads of every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RankSlot {
+    pub(crate) rank: RankId,
+    pub(crate) kv_blocks: u64,
+}
+
 /// The partition's workers, as one immutable version.
 #[derive(Clone, Debug, Default)]
 pub struct WorkerSet {
-    pub(crate) workers: BTreeMap<WorkerId, WorkerInfo>,
+    workers: BTreeMap<WorkerId, WorkerInfo>,
+    /// Every rank in the order selection walks them (workers by id, then DP rank), kept
+    /// with the map: a selection reads this array instead of walking the map's nodes
+    /// and each worker's metadata per rank.
+    slots: Vec<RankSlot>,
 }
 
 impl WorkerSet {
+    /// Adds `info` or replaces its worker's metadata; the replaced metadata, if any.
+    pub(crate) fn insert(&mut self, info: WorkerInfo) -> Option<WorkerInfo> {
+        let old = self.workers.insert(info.worker_id, info);
+        self.index_ranks();
+        old
+    }
+
+    /// Removes a worker; its metadata, if it was in the set.
+    pub(crate) fn remove(&mut self, id: WorkerId) -> Option<WorkerInfo> {
+        let old = self.workers.remove(&id);
+        self.index_ranks();
+        old
+    }
+
+    fn index_ranks(&mut self) {
+        self.slots.clear();
+        for info in self.workers.values() {
+            self.slots.extend(info.ranks().map(|rank| RankSlot {
+                rank,
+                kv_blocks: info.total_kv_blocks,
+            }));
+        }
+    }
+
+    /// Every rank with its worker's KV capacity, in [`iter`](Self::iter) order.
+    pub(crate) fn slots(&self) -> &[RankSlot] {
+        &self.slots
+    }
+
     pub fn get(&self, id: WorkerId) -> Option<&WorkerInfo> {
         self.workers.get(&id)
     }
@@ -169,5 +210,46 @@ impl WorkerInfo {
             return Err(WorkerError::EmptyLoraName);
         }
         Ok(())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The rank array selection walks is the map's ranks, in order, with each worker's
+    /// capacity, after every kind of change to the set.
+    #[test]
+    fn the_rank_slots_follow_the_map() {
+        let expected = |set: &WorkerSet| -> Vec<RankSlot> {
+            set.iter()
+                .flat_map(|w| {
+                    w.ranks().map(|rank| RankSlot {
+                        rank,
+                        kv_blocks: w.total_kv_blocks,
+                    })
+                })
+                .collect()
+        };
+        let worker = |id: u64, dp_start: DpRank, dp_size: u32, kv: u64| WorkerInfo {
+            dp_start,
+            total_kv_blocks: kv,
+            ..WorkerInfo::new(id, dp_size)
+        };
+        let mut set = WorkerSet::default();
+        assert!(set.slots().is_empty());
+        assert!(set.insert(worker(7, 0, 2, 100)).is_none());
+        assert!(set.insert(worker(3, 4, 3, 50)).is_none());
+        assert!(set.insert(worker(9, 0, 1, 0)).is_none());
+        assert_eq!(set.slots(), expected(&set));
+        assert_eq!(set.slots().len(), 6);
+        assert_eq!(set.slots()[0].rank, RankId::new(3, 4));
+        // Replaced metadata (more ranks, another capacity), then a removal.
+        assert!(set.insert(worker(7, 0, 4, 200)).is_some());
+        assert_eq!(set.slots(), expected(&set));
+        assert!(set.remove(3).is_some());
+        assert!(set.remove(3).is_none());
+        assert_eq!(set.slots(), expected(&set));
+        assert_eq!(set.slots().len(), 5);
     }
 }

@@ -36,6 +36,20 @@ impl<'a> CostEval<'a> {
         }
     }
 
+    /// The knobs and the request, for the columns pass (`columns.rs`).
+    pub(super) fn cfg(&self) -> &ResolvedCost {
+        self.cfg
+    }
+
+    pub(super) fn req(&self) -> &RequestShape {
+        &self.req
+    }
+
+    /// The latency model's per-request part (`None` under Dynamo's).
+    pub(super) fn latency(&self) -> Option<&LatencyPrep> {
+        self.latency.as_ref()
+    }
+
     /// The cost of candidate `c` (see [`cost`]).
     #[inline]
     pub fn cost(&self, c: &CandidateLoad) -> f64 {

@@ -70,13 +70,13 @@ fn held_decode_blocks(cfg: &ResolvedCost, c: &CandidateLoad) -> f64 {
 pub(super) struct LatencyPrep {
     rate: f64,
     /// ms of prefill per token at `rate`.
-    ms_per_token: f64,
+    pub(super) ms_per_token: f64,
     /// The externality's ms per uncached token: `queue_externality × behind × ms/token`.
-    extern_ms_per_token: f64,
+    pub(super) extern_ms_per_token: f64,
     theta: f64,
     /// The pressure charge per unit of KV-use share above the threshold.
     pressure_ms_per_share: f64,
-    tie_ms_per_block: f64,
+    pub(super) tie_ms_per_block: f64,
 }
 
 impl LatencyPrep {
@@ -111,10 +111,23 @@ impl LatencyPrep {
     /// unknown, or below the threshold).
     #[inline]
     fn kv_ms(&self, decode: f64, c: &CandidateLoad) -> f64 {
-        if c.total_kv_blocks == 0 {
+        self.kv_ms_of(decode, c.total_kv_blocks)
+    }
+
+    /// [`kv_ms`](Self::kv_ms) on a rank of `total_kv_blocks` capacity.
+    #[inline(always)]
+    pub(super) fn kv_ms_of(&self, decode: f64, total_kv_blocks: u64) -> f64 {
+        if total_kv_blocks == 0 {
             return 0.0;
         }
-        self.pressure_ms_per_share * (decode / c.total_kv_blocks as f64 - self.theta).max(0.0)
+        self.kv_ms_known(decode, total_kv_blocks)
+    }
+
+    /// [`kv_ms_of`](Self::kv_ms_of) for a known capacity (`total_kv_blocks > 0`):
+    /// without the test, so a loop over candidates can be vectorized.
+    #[inline(always)]
+    pub(super) fn kv_ms_known(&self, decode: f64, total_kv_blocks: u64) -> f64 {
+        self.pressure_ms_per_share * (decode / total_kv_blocks as f64 - self.theta).max(0.0)
     }
 
     /// The cost and the cost minus [`new_blocks_share`](Self::new_blocks_share).

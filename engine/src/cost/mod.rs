@@ -16,6 +16,7 @@
 //! what makes selection reproducible in tests and replays.
 
 mod choice;
+mod columns;
 mod config;
 mod eval;
 mod formula;
@@ -24,6 +25,7 @@ mod resolved;
 mod rng;
 
 pub use choice::choose;
+pub(crate) use columns::{LoadColumns, LoadRow};
 pub use config::{CostConfig, CostModel, CostOverrides, LatencyConfig};
 pub use eval::{blocks_in_cost_units, cost, fill_costs, CostEval};
 pub use formula::{

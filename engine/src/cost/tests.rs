@@ -543,3 +543,88 @@ fn bounds_are_the_cost_and_the_cost_minus_the_new_blocks_share() {
         }
     }
 }
+
+/// The columns pass (`CostEval::bounds_all`, what selection prices with) gives every
+/// candidate exactly `CostEval::bounds` of its record, bit for bit, under both models
+/// with the decay and the per-token target on and off, for odd block sizes and for
+/// counts near `u64::MAX`; and the columns' selection stats are the records'.
+#[test]
+fn the_columns_pass_is_bounds_bit_for_bit() {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut configs = Vec::new();
+    for base in [CostConfig::default(), CostConfig::dynamo()] {
+        for decay in [None, Some(0.5), Some(0.0)] {
+            for itl in [None, Some(25.0)] {
+                let mut cfg = base;
+                cfg.credit_decay = decay;
+                cfg.latency.itl_target_ms = itl;
+                cfg.latency.kv_pressure_threshold = 0.6;
+                configs.push(cfg.resolve(&CostOverrides::default()));
+            }
+        }
+    }
+    for (round, cfg) in configs.iter().cycle().take(configs.len() * 8).enumerate() {
+        let huge = round % 4 == 3;
+        let all_known = next(2) == 0;
+        let big = |v: u64, next: &mut dyn FnMut(u64) -> u64| {
+            if huge && next(4) == 0 {
+                u64::MAX - next(1 << 20)
+            } else {
+                v
+            }
+        };
+        let mut cols = LoadColumns::default();
+        let candidates = 1 + next(70) as usize;
+        for _ in 0..candidates {
+            cols.device.push(next(300) as u32);
+            cols.host.push(next(50) as u32);
+            cols.disk.push(next(50) as u32);
+            cols.shared.push(next(20) as u32);
+            let t = next(50_000);
+            cols.prefill_tokens.push(big(t, &mut next));
+            let d = next(1_600);
+            cols.decode_blocks.push(big(d, &mut next));
+            cols.requests.push([0, 1, next(60)][next(3) as usize]);
+            // In half the rounds every capacity is known (the pass without the test).
+            let skip = u64::from(all_known);
+            cols.kv_blocks
+                .push([0, 1_000, 1_500, 2_000][(skip + next(4 - skip)) as usize]);
+        }
+        let block_size = [16, 12, 0, 64][next(4) as usize];
+        let whole = next(300);
+        let req = RequestShape::new(next(5_000), block_size)
+            .with_prefill_rate(12_000.0)
+            .with_expected_output_tokens(next(200));
+        cols.new_blocks.resize(candidates, whole);
+        let records: Vec<CandidateLoad> = (0..candidates).map(|k| cols.load(k)).collect();
+        let shape = cols.selection_stats(req);
+        let want = req.with_selection_stats(&records);
+        assert_eq!(
+            shape.min_active_prefill_tokens,
+            want.min_active_prefill_tokens
+        );
+        assert_eq!(
+            shape.mean_active_prefill_tokens.to_bits(),
+            want.mean_active_prefill_tokens.to_bits()
+        );
+        let eval = CostEval::new(cfg, &shape);
+        let (mut upper, mut lower) = (Vec::new(), Vec::new());
+        let min = eval.bounds_all(&cols, whole, &mut upper, &mut lower);
+        for (k, c) in records.iter().enumerate() {
+            let (u, l) = eval.bounds(c);
+            assert_eq!(upper[k].to_bits(), u.to_bits(), "{:?} {c:?}", cfg.model);
+            assert_eq!(lower[k].to_bits(), l.to_bits(), "{:?} {c:?}", cfg.model);
+        }
+        let want_min = records
+            .iter()
+            .map(|c| eval.cost(c))
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(min, want_min);
+    }
+}

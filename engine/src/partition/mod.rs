@@ -279,7 +279,7 @@ impl Partition {
         // Its ranks' index maps are sized for this at their first store (`index::capacity`).
         self.index
             .set_worker_capacity(info.worker_id, info.total_kv_blocks);
-        let new = next.workers.insert(info.worker_id, info).is_none();
+        let new = next.insert(info).is_none();
         self.workers.store(next);
         Ok(new)
     }
@@ -293,7 +293,7 @@ impl Partition {
             let _m = self.membership.lock();
             let cur = self.workers.load();
             let mut next = (*cur).clone();
-            let removed = next.workers.remove(&id);
+            let removed = next.remove(id);
             self.workers.store(next);
             removed
         };

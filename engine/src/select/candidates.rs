@@ -6,41 +6,33 @@ use super::{SelectRequest, Selector};
 use crate::hooks::HostHooks;
 use crate::ids::RankId;
 use crate::load::LoadSnapshot;
-use crate::workers::{WorkerInfo, WorkerSet};
+use crate::workers::{RankSlot, WorkerInfo, WorkerSet};
 
 impl Selector<'_> {
     /// Candidate ranks after the allow-set, the pin, LoRA narrowing and host
-    /// availability, into `c.ranks` (their workers' KV capacity into `c.kv_blocks`).
+    /// availability. `true`: every rank of `workers`, as [`WorkerSet::slots`] (the common
+    /// case, nothing copied); `false`: the candidates are `c.slots`.
     pub(super) fn candidates(
         &self,
         req: &SelectRequest<'_>,
         workers: &WorkerSet,
         hooks: &HostHooks,
         c: &mut Candidates,
-    ) {
-        c.ranks.clear();
-        c.kv_blocks.clear();
+    ) -> bool {
+        c.slots.clear();
         let lora = req.lora_name.filter(|l| !l.is_empty());
         if req.allowed_workers.is_none() && req.pinned_worker.is_none() && lora.is_none() {
-            // The common case: every worker of the partition, one pass.
-            for info in workers.iter() {
-                c.push_worker(info);
+            match &hooks.availability {
+                None => return true,
+                Some(_) => c.slots.extend_from_slice(workers.slots()),
             }
         } else {
             narrowed_candidates(req, workers, hooks, c);
         }
         if let Some(avail) = &hooks.availability {
-            let mut kept = 0;
-            for i in 0..c.ranks.len() {
-                if avail(c.ranks[i]) {
-                    c.ranks[kept] = c.ranks[i];
-                    c.kv_blocks[kept] = c.kv_blocks[i];
-                    kept += 1;
-                }
-            }
-            c.ranks.truncate(kept);
-            c.kv_blocks.truncate(kept);
+            c.slots.retain(|s| avail(s.rank));
         }
+        false
     }
 
     /// Over a busy threshold (DESIGN.md §6, REFERENCE.md §3). Takes the selection's one
@@ -79,14 +71,16 @@ impl Candidates {
     /// Every rank of `info`'s worker, with its KV capacity.
     fn push_worker(&mut self, info: &WorkerInfo) {
         for rank in info.ranks() {
-            self.ranks.push(rank);
-            self.kv_blocks.push(info.total_kv_blocks);
+            self.slots.push(RankSlot {
+                rank,
+                kv_blocks: info.total_kv_blocks,
+            });
         }
     }
 }
 
 /// The allow-set, the pin (a worker, or one rank of it) and LoRA narrowing, in that order,
-/// into `c.ranks`.
+/// into `c.slots`.
 fn narrowed_candidates(
     req: &SelectRequest<'_>,
     workers: &WorkerSet,
@@ -127,10 +121,10 @@ fn narrowed_candidates(
     for &w in pool.iter() {
         if let Some(info) = workers.get(w) {
             match (pinned, req.pinned_dp_rank) {
-                (Some(_), Some(dp)) if info.has_rank(dp) => {
-                    c.ranks.push(RankId::new(w, dp));
-                    c.kv_blocks.push(info.total_kv_blocks);
-                }
+                (Some(_), Some(dp)) if info.has_rank(dp) => c.slots.push(RankSlot {
+                    rank: RankId::new(w, dp),
+                    kv_blocks: info.total_kv_blocks,
+                }),
                 _ => c.push_worker(info),
             }
         }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::cost::{
-    blocks_in_cost_units, choose, CandidateLoad, CostEval, CostModel, RandomSource, RequestShape,
+    blocks_in_cost_units, choose, CostEval, CostModel, LoadRow, RandomSource, RequestShape,
     ResolvedCost,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
@@ -17,7 +17,7 @@ use crate::load::LoadSnapshot;
 use crate::reservation::ActiveLoads;
 use crate::session::{SessionContext, Steer};
 use crate::sync::atomic::Ordering;
-use crate::workers::WorkerSet;
+use crate::workers::{RankSlot, WorkerSet};
 
 /// Everything a decision needed, kept for booking it.
 pub(crate) struct Prepared {
@@ -141,7 +141,7 @@ impl Selector<'_> {
     }
 
     /// Step 3: the eligible candidates and their inputs, as parallel arrays in
-    /// `c.eligible` / `c.inputs` (the cost function reads the inputs in place); thresholds
+    /// `c.eligible` / `c.cols` (the cost pass reads the columns in place); thresholds
     /// are checked only if the partition sets any. `NoWorker` / `Busy` when none is left.
     fn eligible(
         &self,
@@ -152,8 +152,19 @@ impl Selector<'_> {
         n_blocks: usize,
         c: &mut Candidates,
     ) -> Result<(), Box<Outcome>> {
-        self.candidates(req, view.workers, view.hooks, c);
-        if c.ranks.is_empty() {
+        let every_rank = self.candidates(req, view.workers, view.hooks, c);
+        let Candidates {
+            slots,
+            eligible,
+            cols,
+            ..
+        } = c;
+        let slots: &[RankSlot] = if every_rank {
+            view.workers.slots()
+        } else {
+            slots
+        };
+        if slots.is_empty() {
             self.counters.no_worker.fetch_add(1, Ordering::Relaxed);
             return Err(Box::new(Outcome::NoWorker));
         }
@@ -161,14 +172,25 @@ impl Selector<'_> {
         let any_threshold = busy.decode_blocks_fraction.is_some()
             || busy.prefill_tokens.is_some()
             || busy.prefill_tokens_fraction.is_some();
-        c.eligible.clear();
-        c.inputs.clear();
+        // Sized for every candidate and filled by index (no capacity check a column),
+        // then cut to the eligible ones.
+        let all = slots.len();
+        eligible.clear();
+        eligible.resize(all, slots[0].rank);
+        let ranks_out = &mut eligible[..all];
+        let mut rows = cols.rows(all);
+        let mut m = 0;
         // Candidates come in rank order (the worker set is ordered by id) and so do the
         // overlaps: one merge walk instead of a search per candidate.
         let overlaps = tiered.as_slice();
         let mut loads = view.loads.cursor();
+        let overload = view.hooks.overload.as_ref();
         let (mut at, mut prev) = (0, None);
-        for (&rank, &total_kv_blocks) in c.ranks.iter().zip(&c.kv_blocks) {
+        for &RankSlot {
+            rank,
+            kv_blocks: total_kv_blocks,
+        } in slots
+        {
             if prev.is_some_and(|p| rank < p) {
                 at = 0; // out of order (never with today's worker set): restart the walk
             }
@@ -177,7 +199,7 @@ impl Selector<'_> {
                 at += 1;
             }
             let t = overlaps.get(at).filter(|o| o.rank == rank);
-            if view.hooks.overload.as_ref().is_some_and(|f| f(rank)) {
+            if overload.is_some_and(|f| f(rank)) {
                 continue;
             }
             let active = loads.get(rank);
@@ -202,22 +224,29 @@ impl Selector<'_> {
                 continue;
             }
             let device = t.map_or(0, |o| o.device);
-            c.eligible.push(rank);
-            c.inputs.push(CandidateLoad {
-                device_blocks: device as u64,
-                host_blocks: t.map_or(0, |o| o.host) as u64,
-                disk_blocks: t.map_or(0, |o| o.disk) as u64,
-                shared_blocks_beyond_device: shared_beyond(shared, device, n_blocks as u32) as u64,
-                active_prefill_tokens: active.active_prefill_tokens,
-                active_decode_blocks: active.active_decode_blocks,
-                // Known exactly only for an idle rank; the others are resolved by
-                // `resolve_costs`, and only where they can change the choice.
-                new_blocks_not_active: n_blocks as u64,
-                active_requests: active.active_requests,
-                total_kv_blocks,
-            });
+            ranks_out[m] = rank;
+            rows.set(
+                m,
+                LoadRow {
+                    device,
+                    host: t.map_or(0, |o| o.host),
+                    disk: t.map_or(0, |o| o.disk),
+                    shared: if shared.is_empty() {
+                        0 // what shared_beyond gives without ranges, without the call
+                    } else {
+                        shared_beyond(shared, device, n_blocks as u32)
+                    },
+                    prefill_tokens: active.active_prefill_tokens,
+                    decode_blocks: active.active_decode_blocks,
+                    requests: active.active_requests,
+                    kv_blocks: total_kv_blocks,
+                },
+            );
+            m += 1;
         }
-        if c.eligible.is_empty() {
+        eligible.truncate(m);
+        cols.truncate(m);
+        if eligible.is_empty() {
             self.counters.busy.fetch_add(1, Ordering::Relaxed);
             return Err(Box::new(Outcome::Busy));
         }
@@ -282,31 +311,29 @@ impl Selector<'_> {
         seq: &[u64],
         c: &mut Candidates,
     ) {
-        // As `fill_costs`, keeping the evaluator for the resolved ranks.
-        let shape = shape.with_selection_stats(&c.inputs);
+        // As `fill_costs`, keeping the evaluator for the resolved ranks. Every rank is
+        // priced with the whole prompt new; only an idle rank's count is exact already.
+        let shape = c.cols.selection_stats(shape);
         let eval = CostEval::new(cfg, &shape);
-        c.costs.clear();
-        c.lower.clear();
-        let mut min_upper = f64::INFINITY;
-        for i in &c.inputs {
-            let (upper, lower) = eval.bounds(i);
-            c.costs.push(upper);
-            c.lower.push(lower);
-            min_upper = min_upper.min(upper);
-        }
+        let whole = seq.len() as u64;
+        let min_upper = eval.bounds_all(&c.cols, whole, &mut c.costs, &mut c.lower);
+        c.cols.new_blocks.clear();
+        c.cols.new_blocks.resize(c.cols.len(), whole);
         let steered = matches!(steer, Steer::Pin(_) | Steer::Prefer { .. });
         let prune = !steered && cfg.temperature <= 0.0;
-        for k in 0..c.inputs.len() {
-            if c.inputs[k].active_requests == 0 {
-                continue;
-            }
-            let can_win = !prune || c.lower[k] <= min_upper;
-            if can_win {
+        let Candidates {
+            eligible,
+            cols,
+            costs,
+            lower,
+            ..
+        } = c;
+        for (k, (&requests, &lower)) in cols.requests.iter().zip(lower.iter()).enumerate() {
+            if requests != 0 && (!prune || lower <= min_upper) {
                 // Bookings carry whole chains from block 0, so the rank's active blocks
                 // are prefix-closed and the chain form (log n lookups) is exact.
-                c.inputs[k].new_blocks_not_active =
-                    view.loads.new_blocks_not_active_chain(c.eligible[k], seq);
-                c.costs[k] = eval.cost(&c.inputs[k]);
+                cols.new_blocks[k] = view.loads.new_blocks_not_active_chain(eligible[k], seq);
+                costs[k] = eval.cost(&cols.load(k));
             }
         }
     }
@@ -324,7 +351,7 @@ impl Selector<'_> {
         c: &Candidates,
         steering: Steering,
     ) -> (Decision, bool) {
-        let (rank, load) = (c.eligible[i], c.inputs[i]);
+        let (rank, load) = (c.eligible[i], c.cols.load(i));
         let device = load.device_blocks as u32;
         let cached_tokens = (device as u64 * self.block_size() as u64).min(prompt_tokens);
         let projected_prefill_tokens = view

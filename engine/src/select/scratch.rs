@@ -1,20 +1,21 @@
 //! Per-thread buffers a selection reuses.
 
-use crate::cost::CandidateLoad;
+use crate::cost::LoadColumns;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{TieredOverlap, TieredScores};
+use crate::workers::RankSlot;
 
 /// The candidate stage's buffers: every list a selection builds, whatever its size.
 #[derive(Default)]
 pub(super) struct Candidates {
-    /// Candidate ranks after the allow-set, the pin, LoRA narrowing and availability.
-    pub(super) ranks: Vec<RankId>,
-    /// Each candidate's worker's `total_kv_blocks`, parallel to `ranks` (read once while
-    /// the worker set is walked, not looked up again per candidate).
-    pub(super) kv_blocks: Vec<u64>,
-    /// The eligible ones (not overloaded, not busy), parallel to `inputs` and `costs`.
+    /// Candidate ranks with their workers' KV capacity, after the allow-set, the pin,
+    /// LoRA narrowing and availability (unused when every rank is a candidate).
+    pub(super) slots: Vec<RankSlot>,
+    /// The eligible ones (not overloaded, not busy), parallel to `cols` and `costs`.
     pub(super) eligible: Vec<RankId>,
-    pub(super) inputs: Vec<CandidateLoad>,
+    /// Their cost inputs, a column per field: the cost pass reads only the columns it
+    /// needs, with no record built per candidate.
+    pub(super) cols: LoadColumns,
     pub(super) costs: Vec<f64>,
     /// Each cost minus its `new_blocks_not_active` share: the pruning bound.
     pub(super) lower: Vec<f64>,
