@@ -12,10 +12,16 @@ pub(crate) struct IdMap {
 }
 
 impl IdMap {
-    pub(crate) fn new(shards: usize) -> Self {
+    /// `min_capacity`: slots a shard keeps however few keys it holds. Why: keys that are
+    /// never reused (selection ids) leave a tombstone per removal, and a shard is rebuilt
+    /// (a new table, the old one retired through the epoch) when live keys and tombstones
+    /// fill it; a shard sized for its few live keys was rebuilt every few inserts, and
+    /// freeing the retired tables in crossbeam's periodic collection made every 64th
+    /// booked selection of the selection harness its slowest.
+    pub(crate) fn new(shards: usize, min_capacity: usize) -> Self {
         let n = shards.max(1).next_power_of_two();
         IdMap {
-            shards: (0..n).map(|_| Shard::new(8)).collect(),
+            shards: (0..n).map(|_| Shard::new(min_capacity)).collect(),
             mask: n as u64 - 1,
         }
     }
@@ -69,7 +75,7 @@ mod tests {
 
     #[test]
     fn behaves_like_a_hash_map() {
-        let m = IdMap::new(4);
+        let m = IdMap::new(4, 8);
         let mut model = HashMap::new();
         let mut x = 0x1234_5678_9abc_def0u64;
         for i in 0..200_000u64 {
