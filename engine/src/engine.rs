@@ -555,7 +555,7 @@ impl Engine {
 /// the index walk's) nest in it, and a nested pin is a counter increment; crossbeam runs
 /// its garbage collection on every 128th outermost pin of a thread, so this makes that
 /// once per 128 calls instead of once per 128 pins (every 32nd selection in the selection
-/// harness, whose every 32nd call was the slowest: p90 6.8 µs against 4.2 µs).
+/// harness, whose every 32nd call was the slowest: a per-call dump, commit ed80769).
 #[inline]
 fn call_pin() -> crate::sync::epoch::Guard {
     crate::sync::epoch::pin()

@@ -61,7 +61,7 @@ impl Index {
     /// creates the rank's entry, as its first event would: the host's word for a rank it
     /// registered, not the wire's.
     pub fn reserve_blocks(&self, rank: RankId, tier: Tier, blocks: u64) -> Result<(), IndexError> {
-        let n = blocks.min(MAX_RESERVED_BLOCKS) as usize;
+        let n = capped(blocks);
         self.with_writer(rank, true, |_, w| {
             w.sized = true;
             w.blocks[tier as usize].reserve(n)
@@ -76,9 +76,14 @@ impl Index {
             return;
         }
         w.sized = true;
-        let n = self.capacities.get(rank.worker_id).min(MAX_RESERVED_BLOCKS);
+        let n = capped(self.capacities.get(rank.worker_id));
         if n > 0 {
-            w.blocks[Tier::Device as usize].reserve(n as usize);
+            w.blocks[Tier::Device as usize].reserve(n);
         }
     }
+}
+
+/// A capacity in blocks as a map size, bounded by [`MAX_RESERVED_BLOCKS`].
+fn capped(blocks: u64) -> usize {
+    blocks.min(MAX_RESERVED_BLOCKS) as usize
 }

@@ -29,6 +29,9 @@ pub(crate) struct Prepared {
 
 /// Blocks of `[from, n)` covered contiguously from `from` by the shared-cache ranges.
 fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
+    if ranges.is_empty() {
+        return 0; // the common case, without the walk
+    }
     let mut at = from;
     loop {
         let next = ranges
@@ -231,11 +234,7 @@ impl Selector<'_> {
                     device,
                     host: t.map_or(0, |o| o.host),
                     disk: t.map_or(0, |o| o.disk),
-                    shared: if shared.is_empty() {
-                        0 // what shared_beyond gives without ranges, without the call
-                    } else {
-                        shared_beyond(shared, device, n_blocks as u32)
-                    },
+                    shared: shared_beyond(shared, device, n_blocks as u32),
                     prefill_tokens: active.active_prefill_tokens,
                     decode_blocks: active.active_decode_blocks,
                     requests: active.active_requests,

@@ -4,7 +4,7 @@ use super::*;
 
 /// `cargo test --release -p kvr --lib block_map::timing -- --ignored --nocapture`
 #[test]
-#[ignore]
+#[ignore = "a measurement printed for a reader, no assertion: run by hand with --nocapture"]
 fn kicks_while_growing() {
     let mut m = BlockMap::new();
     let mut x = 7u64;
@@ -52,7 +52,7 @@ fn kicks_while_growing() {
 }
 
 #[test]
-#[ignore]
+#[ignore = "a timing printed for a reader, no assertion (timings live in benchmarks): run by hand with --nocapture"]
 fn steady_churn_ns_per_op() {
     for size in [8_000usize, 1_000_000] {
         let mut m = BlockMap::new();
