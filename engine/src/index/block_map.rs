@@ -1,16 +1,19 @@
-//! A compact `u64 → u64` map for a rank's engine hashes → block places (and the few other
-//! per-rank maps of the same shape): bucketized cuckoo hashing.
+//! A compact `u64 → V` map (`V` a 4- or 8-byte value) for a rank's engine hashes → block
+//! places, and the few other per-rank maps of the same shape: bucketized cuckoo hashing.
 //!
 //! Why: a rank map takes one insert per stored block and one removal per evicted block, at
-//! random keys, so its cost is memory traffic. Here a key lives in one of two buckets of
-//! eight `(key, value)` slots (two cache lines), so an operation touches those four lines,
-//! all prefetched ahead by the apply loops, and writes in place: no probe sequences, no
-//! cluster shifting, no tombstones. When both buckets are full an insert first moves one
-//! resident to its other bucket, checking all sixteen candidates with their lines
-//! prefetched together (a random walk, one miss per step, only if none has room): under
-//! churn at 90 % load a four-slot random-walk table made ~0.8 serial moves per insert.
-//! The table runs at 61-92 % load, growing by 1.5× (1.25× made rehashing most of the cost
-//! of filling a map), 17-26 bytes an entry.
+//! random keys, so its cost is memory traffic, and at one entry per (rank, block) pair it
+//! is most of the index's memory. A key lives in one of two buckets of eight slots; a
+//! bucket's keys fill one cache line, and its values sit in a separate array of value
+//! lines (8 of 8-byte values or 16 of 4-byte ones a line), so an entry costs its key and
+//! value and nothing else: 12 bytes for a rank's 4-byte places (`place`). An operation
+//! touches the two key lines and a value line, all prefetched ahead by the apply loops,
+//! and writes in place: no probe sequences, no cluster shifting, no tombstones. When both
+//! buckets are full an insert first moves one resident to its other bucket, checking all
+//! sixteen candidates with their lines prefetched together (a random walk, one miss per
+//! step, only if none has room): under churn at 90 % load a four-slot random-walk table
+//! made ~0.8 serial moves per insert. The table runs at 61-92 % load, growing by 1.5×
+//! (1.25× made rehashing most of the cost of filling a map).
 //!
 //! Keys are stored mixed (`mix`, a bijection with `mix(0) == 0`), so mixed key 0 marks an
 //! empty slot and a real key 0 lives in a field of its own.
@@ -61,16 +64,60 @@ fn unmix(h: u64) -> u64 {
     k ^ (k >> 32)
 }
 
-/// Eight `(key, value)` slots: two cache lines.
+/// The keys of one bucket: one cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Bucket {
-    slots: [(u64, u64); WAYS],
+struct Keys([u64; WAYS]);
+
+const EMPTY_KEYS: Keys = Keys([EMPTY; WAYS]);
+
+/// One cache line of values (slot `k` of the table is lane `k % LANES` of line
+/// `k / LANES`).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line<T, const N: usize>([T; N]);
+
+impl<T: Copy + Default, const N: usize> Default for Line<T, N> {
+    fn default() -> Self {
+        Line([T::default(); N])
+    }
 }
 
-const EMPTY_BUCKET: Bucket = Bucket {
-    slots: [(EMPTY, 0); WAYS],
-};
+/// A value the map stores: a plain 4- or 8-byte word, packed into lines.
+pub(crate) trait MapValue: Copy + Default + PartialEq + fmt::Debug {
+    /// A line of these values.
+    type Line: Copy + Default;
+    /// Values a line holds.
+    const LANES: usize;
+    fn lane(line: &Self::Line, j: usize) -> &Self;
+    fn lane_mut(line: &mut Self::Line, j: usize) -> &mut Self;
+}
+
+impl MapValue for u32 {
+    type Line = Line<u32, 16>;
+    const LANES: usize = 16;
+    #[inline(always)]
+    fn lane(line: &Self::Line, j: usize) -> &Self {
+        &line.0[j]
+    }
+    #[inline(always)]
+    fn lane_mut(line: &mut Self::Line, j: usize) -> &mut Self {
+        &mut line.0[j]
+    }
+}
+
+impl MapValue for u64 {
+    type Line = Line<u64, 8>;
+    const LANES: usize = 8;
+    #[inline(always)]
+    fn lane(line: &Self::Line, j: usize) -> &Self {
+        &line.0[j]
+    }
+    #[inline(always)]
+    fn lane_mut(line: &mut Self::Line, j: usize) -> &mut Self {
+        &mut line.0[j]
+    }
+}
 
 /// The two buckets of mixed key `h` among `n` (distinct when `n > 1`).
 #[inline(always)]
@@ -84,12 +131,12 @@ fn buckets(h: u64, n: usize) -> (usize, usize) {
     (a, b)
 }
 
-impl Bucket {
+impl Keys {
     /// The slot holding `h`, the first free slot, and the number of free slots.
     #[inline(always)]
     fn scan(&self, h: u64) -> (Option<usize>, usize, u32) {
         let (mut hit, mut free) = (0u32, 0u32);
-        for (i, &(k, _)) in self.slots.iter().enumerate() {
+        for (i, &k) in self.0.iter().enumerate() {
             hit |= u32::from(k == h) << i;
             free |= u32::from(k == EMPTY) << i;
         }
@@ -103,7 +150,7 @@ impl Bucket {
     #[inline(always)]
     fn find(&self, h: u64) -> Option<usize> {
         let mut hit = 0u32;
-        for (i, &(k, _)) in self.slots.iter().enumerate() {
+        for (i, &k) in self.0.iter().enumerate() {
             hit |= u32::from(k == h) << i;
         }
         (hit != 0).then(|| hit.trailing_zeros() as usize)
@@ -113,6 +160,10 @@ impl Bucket {
     fn free(&self) -> Option<usize> {
         self.find(EMPTY)
     }
+
+    fn free_count(&self) -> usize {
+        self.0.iter().filter(|&&k| k == EMPTY).count()
+    }
 }
 
 #[cfg(test)]
@@ -120,19 +171,35 @@ std::thread_local! {
     static KICKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Bucketized cuckoo `u64 → u64` map (module docs).
-#[derive(Default, Clone)]
-pub(crate) struct BlockMap {
-    buckets: Box<[Bucket]>,
+/// Bucketized cuckoo `u64 → V` map (module docs).
+#[derive(Clone)]
+pub(crate) struct BlockMap<V: MapValue> {
+    /// Per bucket, its keys (mixed; `EMPTY` marks a free slot).
+    keys: Box<[Keys]>,
+    /// The slots' values, `WAYS` a bucket, in lines.
+    vals: Box<[V::Line]>,
     /// Occupied slots (excludes `zero`).
     used: usize,
     /// The value of key 0, which cannot live in a bucket.
-    zero: Option<u64>,
+    zero: Option<V>,
     /// Where the next displacement starts (varies the victims; deterministic).
     kick: u32,
     /// Buckets the table keeps however empty it gets (`reserve`): a rank whose capacity
     /// is known fills its map without rehashing, and keeps it through evictions.
     floor: usize,
+}
+
+impl<V: MapValue> Default for BlockMap<V> {
+    fn default() -> Self {
+        BlockMap {
+            keys: Box::default(),
+            vals: Box::default(),
+            used: 0,
+            zero: None,
+            kick: 0,
+            floor: 0,
+        }
+    }
 }
 
 fn max_used(buckets: usize) -> usize {
@@ -148,10 +215,50 @@ fn buckets_for(n: usize) -> usize {
     b
 }
 
-impl BlockMap {
+/// Prefetches the line at `p` (a hint: never faults, never dereferences).
+#[inline(always)]
+fn prefetch_line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
+    // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+impl<V: MapValue> BlockMap<V> {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty table of `n` buckets.
+    fn table(n: usize) -> (Box<[Keys]>, Box<[V::Line]>) {
+        (
+            vec![EMPTY_KEYS; n].into(),
+            vec![V::Line::default(); (n * WAYS).div_ceil(V::LANES)].into(),
+        )
+    }
+
+    #[inline(always)]
+    fn val(&self, b: usize, i: usize) -> V {
+        let k = b * WAYS + i;
+        *V::lane(&self.vals[k / V::LANES], k % V::LANES)
+    }
+
+    #[inline(always)]
+    fn val_mut(&mut self, b: usize, i: usize) -> &mut V {
+        let k = b * WAYS + i;
+        V::lane_mut(&mut self.vals[k / V::LANES], k % V::LANES)
+    }
+
+    /// Writes slot `i` of bucket `b`; returns what it held.
+    #[inline(always)]
+    fn swap(&mut self, b: usize, i: usize, h: u64, v: V) -> (u64, V) {
+        let k = std::mem::replace(&mut self.keys[b].0[i], h);
+        (k, std::mem::replace(self.val_mut(b, i), v))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -166,7 +273,7 @@ impl BlockMap {
     /// Slots allocated.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn capacity(&self) -> usize {
-        self.buckets.len() * WAYS
+        self.keys.len() * WAYS
     }
 
     /// Sizes the table for `n` entries and a tenth more now, and keeps at least that size
@@ -177,7 +284,7 @@ impl BlockMap {
     pub(crate) fn reserve(&mut self, n: usize) {
         let want = buckets_for(n + n / 10);
         self.floor = self.floor.max(want);
-        if self.buckets.len() < want {
+        if self.keys.len() < want {
             self.resize(want);
         }
     }
@@ -188,41 +295,40 @@ impl BlockMap {
             *self = Self::default();
             return;
         }
-        self.buckets.fill(EMPTY_BUCKET);
+        self.keys.fill(EMPTY_KEYS);
         self.used = 0;
         self.zero = None;
     }
 
     /// Heap bytes allocated by the table.
     pub(crate) fn bytes(&self) -> usize {
-        std::mem::size_of_val::<[Bucket]>(&self.buckets)
+        std::mem::size_of_val::<[Keys]>(&self.keys) + std::mem::size_of_val::<[V::Line]>(&self.vals)
     }
 
     #[inline]
     fn locate(&self, h: u64) -> Option<(usize, usize)> {
-        let (a, b) = buckets(h, self.buckets.len());
-        if let Some(i) = self.buckets[a].find(h) {
+        let (a, b) = buckets(h, self.keys.len());
+        if let Some(i) = self.keys[a].find(h) {
             return Some((a, i));
         }
-        self.buckets[b].find(h).map(|i| (b, i))
+        self.keys[b].find(h).map(|i| (b, i))
     }
 
-    pub(crate) fn get(&self, key: u64) -> Option<u64> {
+    pub(crate) fn get(&self, key: u64) -> Option<V> {
         if key == 0 {
             return self.zero;
         }
-        if self.buckets.is_empty() {
+        if self.keys.is_empty() {
             return None;
         }
-        self.locate(mix(key))
-            .map(|(b, i)| self.buckets[b].slots[i].1)
+        self.locate(mix(key)).map(|(b, i)| self.val(b, i))
     }
 
-    /// Hints the CPU to load `key`'s two key lines (the apply loops call it a few blocks
-    /// ahead, so the operation does not wait on memory).
+    /// Hints the CPU to load `key`'s two key lines and their value lines (the apply loops
+    /// call it a few blocks ahead, so the operation does not wait on memory).
     #[inline]
     pub(crate) fn prefetch(&self, key: u64) {
-        if self.buckets.is_empty() {
+        if self.keys.is_empty() {
             return;
         }
         self.prefetch_mixed(mix(key));
@@ -230,55 +336,43 @@ impl BlockMap {
 
     #[inline]
     fn prefetch_mixed(&self, h: u64) {
-        let (a, b) = buckets(h, self.buckets.len());
+        let (a, b) = buckets(h, self.keys.len());
         self.prefetch_bucket(a);
         self.prefetch_bucket(b);
     }
 
     #[inline]
     fn prefetch_bucket(&self, i: usize) {
-        {
-            let p = &self.buckets[i] as *const Bucket;
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of
-            // the x86_64 baseline, so the intrinsic is available on every x86_64 CPU. Both
-            // lines of the bucket.
-            unsafe {
-                let p = p.cast::<i8>();
-                core::arch::x86_64::_mm_prefetch(p, core::arch::x86_64::_MM_HINT_T0);
-                core::arch::x86_64::_mm_prefetch(p.add(64), core::arch::x86_64::_MM_HINT_T0);
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = p;
-        }
+        prefetch_line(&self.keys[i]);
+        prefetch_line(&self.vals[i * WAYS / V::LANES]);
     }
 
     /// Inserts or overwrites; returns the previous value.
-    pub(crate) fn insert(&mut self, key: u64, value: u64) -> Option<u64> {
+    pub(crate) fn insert(&mut self, key: u64, value: V) -> Option<V> {
         if key == 0 {
             return self.zero.replace(value);
         }
         let h = mix(key);
-        let n = self.buckets.len();
+        let n = self.keys.len();
         if n > 0 {
             // One pass over both buckets: the key, or the emptier bucket's first free slot.
             let (a, b) = buckets(h, n);
-            let (ka, fa, free_a) = self.buckets[a].scan(h);
+            let (ka, fa, free_a) = self.keys[a].scan(h);
             if let Some(i) = ka {
-                return Some(std::mem::replace(&mut self.buckets[a].slots[i].1, value));
+                return Some(std::mem::replace(self.val_mut(a, i), value));
             }
-            let (kb, fb, free_b) = self.buckets[b].scan(h);
+            let (kb, fb, free_b) = self.keys[b].scan(h);
             if let Some(i) = kb {
-                return Some(std::mem::replace(&mut self.buckets[b].slots[i].1, value));
+                return Some(std::mem::replace(self.val_mut(b, i), value));
             }
             if self.used < max_used(n) && (free_a > 0 || free_b > 0) {
                 let (at, i) = if free_a >= free_b { (a, fa) } else { (b, fb) };
-                self.buckets[at].slots[i] = (h, value);
+                self.swap(at, i, h, value);
                 self.used += 1;
                 return None;
             }
         }
-        if self.used + 1 > max_used(self.buckets.len()) {
+        if self.used + 1 > max_used(self.keys.len()) {
             self.grow();
         }
         while !self.place(h, value, true) {
@@ -289,7 +383,7 @@ impl BlockMap {
     }
 
     fn grow(&mut self) {
-        let n = self.buckets.len();
+        let n = self.keys.len();
         let to = (n * GROW_NUM / GROW_DEN)
             .max(n + 1)
             .max(buckets_for(self.used + 1));
@@ -303,30 +397,29 @@ impl BlockMap {
     /// `balance`: put it in the emptier bucket (an insert, whose check for the key loaded
     /// both); else the first with room (a rehash, which then mostly walks the new table in
     /// order, as homes are monotone in the mixed key).
-    fn place(&mut self, h: u64, value: u64, balance: bool) -> bool {
-        let n = self.buckets.len();
+    fn place(&mut self, h: u64, value: V, balance: bool) -> bool {
+        let n = self.keys.len();
         let (a, b) = buckets(h, n);
-        let free = |bk: &Bucket| bk.slots.iter().filter(|e| e.0 == EMPTY).count();
         let at = if balance {
-            let (fa, fb) = (free(&self.buckets[a]), free(&self.buckets[b]));
+            let (fa, fb) = (self.keys[a].free_count(), self.keys[b].free_count());
             (fa > 0 || fb > 0).then_some(if fa >= fb { a } else { b })
-        } else if self.buckets[a].free().is_some() {
+        } else if self.keys[a].free().is_some() {
             Some(a)
-        } else if self.buckets[b].free().is_some() {
+        } else if self.keys[b].free().is_some() {
             Some(b)
         } else {
             None
         };
         if let Some(at) = at {
-            let i = self.buckets[at].free().expect("a bucket with room");
-            self.buckets[at].slots[i] = (h, value);
+            let i = self.keys[at].free().expect("a bucket with room");
+            self.swap(at, i, h, value);
             return true;
         }
         // One move, breadth first: a resident of either bucket whose other bucket has
         // room goes there (their lines are prefetched together, so the misses overlap).
         for &at in &[a, b] {
             for i in 0..WAYS {
-                let (k, _) = self.buckets[at].slots[i];
+                let k = self.keys[at].0[i];
                 let (x, y) = buckets(k, n);
                 let alt = if x == at { y } else { x };
                 self.prefetch_bucket(alt);
@@ -334,12 +427,13 @@ impl BlockMap {
         }
         for &at in &[a, b] {
             for i in 0..WAYS {
-                let (k, v) = self.buckets[at].slots[i];
+                let k = self.keys[at].0[i];
                 let (x, y) = buckets(k, n);
                 let alt = if x == at { y } else { x };
-                if let Some(j) = self.buckets[alt].free() {
-                    self.buckets[alt].slots[j] = (k, v);
-                    self.buckets[at].slots[i] = (h, value);
+                if let Some(j) = self.keys[alt].free() {
+                    let v = self.val(at, i);
+                    self.swap(alt, j, k, v);
+                    self.swap(at, i, h, value);
                     return true;
                 }
             }
@@ -353,57 +447,63 @@ impl BlockMap {
             KICKS.with(|k| k.set(k.get() + 1));
             self.kick = self.kick.wrapping_mul(1_103_515_245).wrapping_add(12_345);
             let i = (self.kick >> 16) as usize % WAYS;
-            let victim = std::mem::replace(&mut self.buckets[at].slots[i], (cur_h, cur_v));
+            let victim = self.swap(at, i, cur_h, cur_v);
             path.push((at, i));
             (cur_h, cur_v) = victim;
             let (x, y) = buckets(cur_h, n);
             at = if x == at { y } else { x };
-            if let Some(j) = self.buckets[at].free() {
-                self.buckets[at].slots[j] = (cur_h, cur_v);
+            if let Some(j) = self.keys[at].free() {
+                self.swap(at, j, cur_h, cur_v);
                 return true;
             }
         }
         // Undo: walk the path back, restoring each victim.
         while let Some((b, i)) = path.pop() {
-            (cur_h, cur_v) = std::mem::replace(&mut self.buckets[b].slots[i], (cur_h, cur_v));
+            (cur_h, cur_v) = self.swap(b, i, cur_h, cur_v);
         }
         debug_assert_eq!(cur_h, h);
         false
     }
 
     /// Removes `key`; returns its value. Shrinks the table below a quarter full.
-    pub(crate) fn remove(&mut self, key: u64) -> Option<u64> {
+    pub(crate) fn remove(&mut self, key: u64) -> Option<V> {
         if key == 0 {
             return self.zero.take();
         }
-        if self.buckets.is_empty() {
+        if self.keys.is_empty() {
             return None;
         }
         let (b, i) = self.locate(mix(key))?;
-        let v = std::mem::replace(&mut self.buckets[b].slots[i], (EMPTY, 0)).1;
+        let v = self.swap(b, i, EMPTY, V::default()).1;
         self.used -= 1;
-        let n = self.buckets.len();
+        let n = self.keys.len();
         if n > 1 && n > self.floor && self.used * SHRINK_BELOW_DIV < n * WAYS {
             self.resize((n / 2).max(buckets_for(self.used)).max(self.floor));
         }
         Some(v)
     }
 
+    /// Every occupied slot once, as (bucket, way, mixed key).
+    fn occupied(&self) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
+        self.keys.iter().enumerate().flat_map(|(b, ks)| {
+            ks.0.iter()
+                .enumerate()
+                .filter(|e| *e.1 != EMPTY)
+                .map(move |(i, &k)| (b, i, k))
+        })
+    }
+
     /// Every entry once, in no particular order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
         let zero = self.zero.map(|v| (0, v));
-        zero.into_iter().chain(self.buckets.iter().flat_map(|b| {
-            b.slots
-                .iter()
-                .filter(|e| e.0 != EMPTY)
-                .map(|&(k, v)| (unmix(k), v))
-        }))
+        zero.into_iter()
+            .chain(self.occupied().map(|(b, i, k)| (unmix(k), self.val(b, i))))
     }
 
     /// Takes every entry out, leaving the map empty with its table freed.
     #[cfg(test)]
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (u64, u64)> {
-        let all: Vec<(u64, u64)> = self.iter().collect();
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (u64, V)> {
+        let all: Vec<(u64, V)> = self.iter().collect();
         *self = Self::default();
         all.into_iter()
     }
@@ -413,23 +513,25 @@ impl BlockMap {
     fn resize(&mut self, mut n: usize) {
         const BATCH: usize = 16;
         loop {
-            let old = std::mem::replace(&mut self.buckets, vec![EMPTY_BUCKET; n].into());
-            let mut batch = [(EMPTY, 0u64); BATCH];
+            let (keys, vals) = Self::table(n);
+            let old_keys = std::mem::replace(&mut self.keys, keys);
+            let old_vals = std::mem::replace(&mut self.vals, vals);
+            let old = BlockMap::<V> {
+                keys: old_keys,
+                vals: old_vals,
+                ..Default::default()
+            };
+            let mut batch = [(EMPTY, V::default()); BATCH];
             let mut len = 0;
             let mut ok = true;
-            'all: for b in old.iter() {
-                for &e in &b.slots {
-                    if e.0 == EMPTY {
-                        continue;
-                    }
-                    batch[len] = e;
-                    len += 1;
-                    if len == BATCH {
-                        ok = self.place_batch(&batch);
-                        len = 0;
-                        if !ok {
-                            break 'all;
-                        }
+            for (b, i, k) in old.occupied() {
+                batch[len] = (k, old.val(b, i));
+                len += 1;
+                if len == BATCH {
+                    ok = self.place_batch(&batch);
+                    len = 0;
+                    if !ok {
+                        break;
                     }
                 }
             }
@@ -437,13 +539,14 @@ impl BlockMap {
                 return;
             }
             // Rare: retry from the old table with more room.
-            self.buckets = old;
+            self.keys = old.keys;
+            self.vals = old.vals;
             n += n / 8 + 1;
         }
     }
 
     /// Prefetches the buckets of a batch of absent mixed keys, then places them.
-    fn place_batch(&mut self, batch: &[(u64, u64)]) -> bool {
+    fn place_batch(&mut self, batch: &[(u64, V)]) -> bool {
         for &(k, _) in batch {
             self.prefetch_mixed(k);
         }
@@ -451,7 +554,7 @@ impl BlockMap {
     }
 }
 
-impl fmt::Debug for BlockMap {
+impl<V: MapValue> fmt::Debug for BlockMap<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.iter()).finish()
     }

@@ -85,9 +85,9 @@ impl Index {
             }
             // The rank's engine name of every block it holds (any tier).
             let mut name: HashMap<u64, u64> = HashMap::new();
-            for map in &w.blocks {
-                for (external, seq) in map.iter() {
-                    name.entry(seq).or_insert(external);
+            for t in 0..3 {
+                for (external, r) in w.held(t) {
+                    name.entry(r.0).or_insert(external);
                 }
             }
             // A block can be re-created iff every ancestor can (held on some tier of
@@ -125,7 +125,7 @@ impl Index {
             };
             let mut rank_stores: Vec<(u32, DumpedStore)> = Vec::new();
             for tier in Tier::ALL {
-                let held: Vec<(u64, u64)> = w.blocks[tier as usize].iter().collect();
+                let held: Vec<(u64, u64)> = w.held(tier as usize).map(|(e, r)| (e, r.0)).collect();
                 let mut links = HashMap::with_capacity(held.len());
                 for &(_, seq) in &held {
                     match depth_of(seq) {

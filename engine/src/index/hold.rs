@@ -94,6 +94,8 @@ pub(crate) struct Hold {
     /// Whether the run counts this rank among its holders (`RunWriter::holds`); kept in
     /// step when the rank publishes its cover there.
     pub(crate) counted: bool,
+    /// The run's index in the rank's run table (`place`): what the rank's places name it by.
+    pub(crate) run_index: u32,
 }
 
 fn get(b: &Bits, i: u32) -> bool {
@@ -117,6 +119,14 @@ fn run_from(b: &Bits, from: u32) -> u32 {
 }
 
 impl Hold {
+    /// An empty hold of the run at `run_index` in the rank's run table.
+    pub(crate) fn new(run_index: u32) -> Self {
+        Hold {
+            run_index,
+            ..Default::default()
+        }
+    }
+
     /// Whether the rank holds `offset` on `tier`.
     pub(crate) fn has(&self, tier: usize, offset: u32) -> bool {
         get(&self.tiers[tier], offset)

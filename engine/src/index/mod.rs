@@ -51,6 +51,7 @@ mod directory;
 mod dump;
 mod event;
 pub(crate) mod hold;
+mod place;
 mod query;
 mod ranks;
 pub mod remote;
@@ -73,7 +74,8 @@ pub type RankHasher = crate::hash::mix::HashMix;
 
 use crate::hash::mix::HashMixMap;
 use crate::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use block_map::BlockMap as RankMap;
+use block_map::BlockMap;
+use place::{Place, RunTable};
 use ranks::{RankRegistry, Tally, WriterState};
 
 /// The most ranks one index tracks at once (covers keep a 32-bit slot; the registry hands
@@ -103,8 +105,11 @@ impl Default for IndexConfig {
 #[derive(Default)]
 pub(crate) struct RankWriter {
     pub(crate) tally: Tally,
-    /// Per tier: the engine's block hash → where the block lives (`run::BlockRef`).
-    pub(crate) blocks: [RankMap; 3],
+    /// Per tier: the engine's block hash → where the block lives (a `place::Place`: 12
+    /// bytes an entry, where a `run::BlockRef` would take 16).
+    pub(crate) blocks: [BlockMap<Place>; 3],
+    /// The runs this rank holds blocks of, by the index its places name them by.
+    pub(crate) runs: RunTable,
     /// Per tier: blocks this rank stored under more than one engine hash, with the number
     /// of extra names. The block is released only when its last name goes.
     pub(crate) aliases: [HashMixMap<u64, u32>; 3],
@@ -118,7 +123,7 @@ pub(crate) struct RankWriter {
     /// (`capacity`): checked once per rank.
     pub(crate) sized: bool,
     /// Device tier, kept only `with_engine_names`: block → the engine hash last stored.
-    pub(crate) names: RankMap,
+    pub(crate) names: BlockMap<u64>,
 }
 
 impl WriterState for RankWriter {
@@ -136,7 +141,14 @@ impl RankWriter {
         self.blocks
             .iter()
             .find_map(|m| m.get(external))
-            .map(run::BlockRef)
+            .map(|p| self.runs.block_ref(p))
+    }
+
+    /// The rank's entries of tier `t`: engine hash and the block it names.
+    pub(crate) fn held(&self, t: usize) -> impl Iterator<Item = (u64, run::BlockRef)> + '_ {
+        self.blocks[t]
+            .iter()
+            .map(|(external, p)| (external, self.runs.block_ref(p)))
     }
 
     pub(crate) fn map_bytes(&self) -> u64 {
@@ -152,6 +164,7 @@ impl RankWriter {
                 .map(|m| alias(m.capacity()))
                 .sum::<u64>()
             + holds as u64
+            + self.runs.bytes() as u64
     }
 }
 
@@ -165,6 +178,9 @@ struct Totals {
     too_many_ranks: AtomicU64,
     /// Stores cut short by a branch-key collision (blocks left unindexed).
     branch_collisions: AtomicU64,
+    /// Blocks left unindexed because their rank held blocks of as many runs as it may
+    /// (`place::MAX_HELD_RUNS`).
+    held_run_limit: AtomicU64,
     /// Live runs and their bytes (run, state, locals array).
     runs: AtomicI64,
     run_bytes: AtomicI64,
@@ -260,6 +276,12 @@ impl Index {
             self.totals.runs.load(Ordering::Relaxed).max(0) as u64,
             self.totals.branch_collisions.load(Ordering::Relaxed),
         )
+    }
+
+    /// Blocks stores left unindexed because their rank already held blocks of 2^21 runs
+    /// (`place`): an undercount, counted here, never an overcount.
+    pub fn held_run_limit_hits(&self) -> u64 {
+        self.totals.held_run_limit.load(Ordering::Relaxed)
     }
 }
 

@@ -376,7 +376,7 @@ impl Index {
         let device = Tier::Device as usize;
         out.extend(places.iter().map_while(|&r| {
             let name = w.names.get(r)?;
-            (w.blocks[device].get(name) == Some(r)).then_some(name)
+            (w.blocks[device].get(name).map(|p| w.runs.block_ref(p).0) == Some(r)).then_some(name)
         }));
     }
 }

@@ -21,7 +21,7 @@ use crate::sync::{epoch, Mutex, UnsafeCell};
 /// Most blocks of one run: a chain goes on in a child run at this offset. Offsets fit in
 /// [`OFFSET_BITS`] bits, so a block's place packs into one word ([`BlockRef`]).
 pub(crate) const MAX_RUN: u32 = 1 << OFFSET_BITS;
-const OFFSET_BITS: u32 = 11;
+pub(crate) const OFFSET_BITS: u32 = 11;
 /// Runs are aligned so their addresses lose this many low bits when packed.
 const RUN_ALIGN_BITS: u32 = 4;
 
@@ -37,6 +37,13 @@ impl BlockRef {
         debug_assert!(addr.trailing_zeros() >= RUN_ALIGN_BITS);
         debug_assert!(addr >> (64 - OFFSET_BITS + RUN_ALIGN_BITS) == 0);
         BlockRef(((addr >> RUN_ALIGN_BITS) << OFFSET_BITS) | offset as u64)
+    }
+
+    /// The block at `offset` of the run at `addr` (a run's address, as `run_addr` gives).
+    #[inline]
+    pub(crate) fn from_parts(addr: usize, offset: u32) -> Self {
+        debug_assert!(offset < MAX_RUN && addr.trailing_zeros() >= RUN_ALIGN_BITS);
+        BlockRef(((addr as u64 >> RUN_ALIGN_BITS) << OFFSET_BITS) | offset as u64)
     }
 
     #[inline]

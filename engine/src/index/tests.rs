@@ -386,3 +386,44 @@ fn reserved_rank_map_keeps_its_size() {
     let big = slots(&idx, R1, Tier::Host) as u64;
     assert!(big <= MAX_RESERVED_BLOCKS * 13 / 10, "{big}");
 }
+
+/// A rank holds blocks of at most so many runs at once (`place`): a store that would need
+/// one more leaves those blocks unindexed and counted, nothing else changes; once the rank
+/// holds one run fewer its index is reused, and every place still names its own block.
+#[test]
+fn held_run_limit_refuses_and_reuses() {
+    let idx = Index::new();
+    idx.store(R0, Tier::Device, None, &blocks(0..3)).unwrap();
+    idx.ranks.get(R0).unwrap().writer.lock().runs.test_limit = Some(2);
+    let held = |idx: &Index| idx.ranks.get(R0).unwrap().writer.lock().runs.held();
+    idx.store(R0, Tier::Device, None, &blocks(10..13)).unwrap();
+    assert_eq!(held(&idx), 2);
+    // A third chain (its own run): refused, counted.
+    assert_eq!(idx.store(R0, Tier::Device, None, &blocks(20..24)), Ok(0));
+    assert_eq!(idx.held_run_limit_hits(), 4);
+    assert_eq!(idx.find_matches(&locals(20..24)).get(R0), 0);
+    assert_eq!(idx.remove(R0, Tier::Device, &[20]).not_found, 1);
+    // Extending a held run needs no new index.
+    idx.store(R0, Tier::Device, Some(2), &blocks(3..5)).unwrap();
+    assert_eq!(idx.find_matches(&locals(0..5)).get(R0), 5);
+    assert_eq!(idx.find_matches(&locals(10..13)).get(R0), 3);
+    assert_eq!(idx.rank_stats(R0).unwrap().holder_blocks, 8);
+    // The second chain goes: its index is given back and taken by the third.
+    assert_eq!(idx.remove(R0, Tier::Device, &[10, 11, 12]).removed, 3);
+    assert_eq!(held(&idx), 1);
+    assert_eq!(idx.store(R0, Tier::Device, None, &blocks(20..24)), Ok(4));
+    assert_eq!(held(&idx), 2);
+    assert_eq!(idx.find_matches(&locals(20..24)).get(R0), 4);
+    assert_eq!(idx.find_matches(&locals(10..13)).get(R0), 0);
+    // Names resolve to their own blocks after the reuse: a parent in the third chain, and
+    // removals in both.
+    idx.store(R0, Tier::Device, Some(23), &blocks(24..26))
+        .unwrap();
+    assert_eq!(idx.find_matches(&locals(20..26)).get(R0), 6);
+    assert_eq!(idx.remove(R0, Tier::Device, &[22, 1]).removed, 2);
+    assert_eq!(idx.find_matches(&locals(20..26)).get(R0), 2);
+    assert_eq!(idx.find_matches(&locals(0..5)).get(R0), 1);
+    assert_eq!(idx.held_run_limit_hits(), 4);
+    idx.clear(R0);
+    assert_eq!(held(&idx), 0);
+}

@@ -11,7 +11,8 @@
 use smallvec::SmallVec;
 
 use super::event::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier};
-use super::hold::Cover;
+use super::hold::{Cover, Hold};
+use super::place::RunTable;
 use super::ranks::{RankEntry, Tally};
 use super::run::{retire_run, BlockRef, Run, RunWriter, MAX_RUN};
 use super::{Index, RankWriter};
@@ -370,17 +371,18 @@ impl Index {
         while j < stretch.len() {
             // The block whose name moved from another block, if the loop stopped at one.
             let mut moved = None;
-            {
+            let held = {
                 let RankWriter {
                     blocks,
                     holds,
+                    runs,
                     names,
                     tally,
                     hold_heap,
                     aliases,
                     ..
                 } = &mut *w;
-                with_hold(holds, hold_heap, run, |hold| {
+                with_hold(holds, runs, hold_heap, run, |hold| {
                     while j < stretch.len() {
                         if let Some(next) = stretch.get(j + PREFETCH_AHEAD) {
                             blocks[t].prefetch(next.external_hash);
@@ -389,13 +391,14 @@ impl Index {
                         if names_kept {
                             names.insert(r.0, external);
                         }
-                        match blocks[t].insert(external, r.0) {
-                            Some(old) if old == r.0 => {
+                        let p = RunTable::place(hold.run_index, r.offset());
+                        match blocks[t].insert(external, p) {
+                            Some(old) if old == p => {
                                 j += 1;
                                 continue;
                             }
                             Some(old) => {
-                                moved = Some(BlockRef(old));
+                                moved = Some(old);
                                 break;
                             }
                             None => {}
@@ -403,26 +406,54 @@ impl Index {
                         stored += hold_block(hold, tally, &mut aliases[t], t, r) as usize;
                         j += 1;
                     }
-                });
+                })
+            };
+            if held.is_none() {
+                self.refuse_unheld(stretch.len() - j);
+                break;
             }
             if let Some(old) = moved {
+                // The map entry now names block `j`, so the block the name left goes now.
+                let old = w.runs.block_ref(old);
                 drop_name(w, t, old, touched);
                 let r = places[j];
                 let RankWriter {
                     holds,
+                    runs,
                     tally,
                     hold_heap,
                     aliases,
                     ..
                 } = &mut *w;
-                stored += with_hold(holds, hold_heap, run, |hold| {
+                match with_hold(holds, runs, hold_heap, run, |hold| {
                     hold_block(hold, tally, &mut aliases[t], t, r)
-                }) as usize;
+                }) {
+                    Some(new) => stored += new as usize,
+                    None => {
+                        // Not reached: the loop above made the rank's hold of `run`, and
+                        // holds go only in `finish`. Were it reached, the entry must not
+                        // name a run the rank does not hold.
+                        let external = stretch[j].external_hash;
+                        w.blocks[t].remove(external);
+                        if names_kept && w.names.get(r.0) == Some(external) {
+                            w.names.remove(r.0);
+                        }
+                        self.refuse_unheld(stretch.len() - j);
+                        break;
+                    }
+                }
                 j += 1;
             }
         }
         // The run is already among those touched: `place` pinned it.
         stored
+    }
+
+    /// Counts blocks a store leaves unindexed because the rank's run table is full.
+    fn refuse_unheld(&self, blocks: usize) {
+        self.totals
+            .held_run_limit
+            .fetch_add(blocks as u64, Ordering::Relaxed);
     }
 
     /// Publishes this rank's new cover in every run the event touched, releases its pins,
@@ -448,6 +479,7 @@ impl Index {
                 }
                 if let Some(h) = w.holds.remove(&addr) {
                     w.hold_heap -= h.heap_bytes();
+                    w.runs.release(h.run_index);
                 }
             }
             rw.pins -= pins;
@@ -546,11 +578,12 @@ impl Index {
                     w.blocks[t].prefetch(next);
                 }
                 match w.blocks[t].remove(h) {
-                    Some(r) => {
-                        if tier == Tier::Device && w.names.get(r) == Some(h) {
-                            w.names.remove(r);
+                    Some(p) => {
+                        let r = w.runs.block_ref(p);
+                        if tier == Tier::Device && w.names.get(r.0) == Some(h) {
+                            w.names.remove(r.0);
                         }
-                        drop_name(w, t, BlockRef(r), &mut touched);
+                        drop_name(w, t, r, &mut touched);
                         out.removed += 1;
                     }
                     None => out.not_found += 1,
@@ -649,25 +682,32 @@ impl Index {
     }
 }
 
-/// `f` on the rank's hold of `run` (a new, empty one if it has none), keeping the
-/// writer's count of hold heap bytes in step with what `f` did to it.
+/// `f` on the rank's hold of `run` (a new, empty one if it has none, with an index in the
+/// rank's run table), keeping the writer's count of hold heap bytes in step with what `f`
+/// did to it. `None` (and `f` not run) if the rank has no hold of `run` and its table is
+/// full.
 fn with_hold<R>(
-    holds: &mut crate::hash::mix::HashMixMap<usize, super::hold::Hold>,
+    holds: &mut crate::hash::mix::HashMixMap<usize, Hold>,
+    runs: &mut RunTable,
     hold_heap: &mut usize,
     run: usize,
-    f: impl FnOnce(&mut super::hold::Hold) -> R,
-) -> R {
-    let hold = holds.entry(run).or_default();
+    f: impl FnOnce(&mut Hold) -> R,
+) -> Option<R> {
+    use std::collections::hash_map::Entry;
+    let hold = match holds.entry(run) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(Hold::new(runs.take(run)?)),
+    };
     let heap = hold.heap_bytes();
     let out = f(hold);
     *hold_heap = *hold_heap + hold.heap_bytes() - heap;
-    out
+    Some(out)
 }
 
 /// The rank now names the block at `r` on tier `t` (`hold` is its hold of `r`'s run):
 /// holds it anew (returns true) or counts one more name of a block it held already.
 fn hold_block(
-    hold: &mut super::hold::Hold,
+    hold: &mut Hold,
     tally: &mut Tally,
     aliases: &mut crate::hash::mix::HashMixMap<u64, u32>,
     t: usize,

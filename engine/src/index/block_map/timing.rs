@@ -6,7 +6,7 @@ use super::*;
 #[test]
 #[ignore = "a measurement printed for a reader, no assertion: run by hand with --nocapture"]
 fn kicks_while_growing() {
-    let mut m = BlockMap::new();
+    let mut m = BlockMap::<u64>::new();
     let mut x = 7u64;
     let before = KICKS.with(|k| k.get());
     for _ in 0..31_000 {
@@ -22,8 +22,10 @@ fn kicks_while_growing() {
     );
     for load in [0.5, 0.7, 0.8, 0.84, 0.9] {
         let n = 1000;
-        let mut m = BlockMap {
-            buckets: vec![EMPTY_BUCKET; n].into(),
+        let (keys, vals) = BlockMap::<u64>::table(n);
+        let mut m = BlockMap::<u64> {
+            keys,
+            vals,
             ..Default::default()
         };
         let before = KICKS.with(|k| k.get());
@@ -55,7 +57,7 @@ fn kicks_while_growing() {
 #[ignore = "a timing printed for a reader, no assertion (timings live in benchmarks): run by hand with --nocapture"]
 fn steady_churn_ns_per_op() {
     for size in [8_000usize, 1_000_000] {
-        let mut m = BlockMap::new();
+        let mut m = BlockMap::<u64>::new();
         let mut keys: std::collections::VecDeque<u64> = Default::default();
         let mut x = 0x1234_5678u64;
         let mut next = || {
