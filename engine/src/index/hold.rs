@@ -87,10 +87,14 @@ impl Cover {
 /// Bits of one tier's holdings (offset `i` is bit `i % 64` of word `i / 64`).
 type Bits = smallvec::SmallVec<[u64; 2]>;
 
-/// One rank's holdings of one run, per tier.
+/// One rank's holdings of one run, per tier (40 bytes: one per (rank, run) pair, so it
+/// counts toward the index's bytes per holder-block).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Hold {
-    tiers: [Bits; 3],
+    device: Bits,
+    /// Host and disk, boxed: most ranks hold nothing there, and a hold with all three
+    /// tiers inline took 80 bytes. Present only while one of them holds an offset.
+    lower: Option<Box<[Bits; 2]>>,
     /// Whether the run counts this rank among its holders (`RunWriter::holds`); kept in
     /// step when the rank publishes its cover there.
     pub(crate) counted: bool,
@@ -98,13 +102,13 @@ pub(crate) struct Hold {
     pub(crate) run_index: u32,
 }
 
-fn get(b: &Bits, i: u32) -> bool {
+fn get(b: &[u64], i: u32) -> bool {
     b.get((i / 64) as usize)
         .is_some_and(|w| w >> (i % 64) & 1 == 1)
 }
 
 /// Consecutive set bits of `b` from offset `from`.
-fn run_from(b: &Bits, from: u32) -> u32 {
+fn run_from(b: &[u64], from: u32) -> u32 {
     let mut i = from;
     loop {
         let Some(&w) = b.get((i / 64) as usize) else {
@@ -127,9 +131,26 @@ impl Hold {
         }
     }
 
+    /// The words of `tier`'s bitmap (none for a lower tier without a box).
+    fn bits(&self, tier: usize) -> &[u64] {
+        match (tier, &self.lower) {
+            (0, _) => &self.device,
+            (t, Some(l)) => &l[t - 1],
+            (_, None) => &[],
+        }
+    }
+
+    /// The bitmap of `tier`, boxing the lower tiers' if they have none yet.
+    fn bits_mut(&mut self, tier: usize) -> &mut Bits {
+        match tier {
+            0 => &mut self.device,
+            t => &mut self.lower.get_or_insert_with(Default::default)[t - 1],
+        }
+    }
+
     /// Whether the rank holds `offset` on `tier`.
     pub(crate) fn has(&self, tier: usize, offset: u32) -> bool {
-        get(&self.tiers[tier], offset)
+        get(self.bits(tier), offset)
     }
 
     /// Whether the rank holds `offset` on any tier.
@@ -139,7 +160,7 @@ impl Hold {
 
     /// Sets `offset` on `tier`; returns whether it was unset.
     pub(crate) fn set(&mut self, tier: usize, offset: u32) -> bool {
-        let b = &mut self.tiers[tier];
+        let b = self.bits_mut(tier);
         let w = (offset / 64) as usize;
         if b.len() <= w {
             b.resize(w + 1, 0);
@@ -152,7 +173,10 @@ impl Hold {
 
     /// Clears `offset` on `tier`; returns whether it was set.
     pub(crate) fn clear(&mut self, tier: usize, offset: u32) -> bool {
-        let b = &mut self.tiers[tier];
+        if tier > 0 && self.lower.is_none() {
+            return false;
+        }
+        let b = self.bits_mut(tier);
         let w = (offset / 64) as usize;
         let Some(word) = b.get_mut(w) else {
             return false;
@@ -163,19 +187,26 @@ impl Hold {
         while b.last() == Some(&0) {
             b.pop();
         }
+        if self
+            .lower
+            .as_ref()
+            .is_some_and(|l| l.iter().all(|b| b.is_empty()))
+        {
+            self.lower = None;
+        }
         was
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.tiers.iter().all(|b| b.is_empty())
+        (0..3).all(|t| self.bits(t).is_empty())
     }
 
     /// Offsets held per tier, and offsets held on any tier.
     pub(crate) fn counts(&self) -> ([i64; 3], i64) {
-        let pop = |b: &Bits| b.iter().map(|w| w.count_ones() as i64).sum::<i64>();
-        let [a, b, c] = &self.tiers;
+        let pop = |b: &[u64]| b.iter().map(|w| w.count_ones() as i64).sum::<i64>();
+        let (a, b, c) = (self.bits(0), self.bits(1), self.bits(2));
         let n = a.len().max(b.len()).max(c.len());
-        let word = |x: &Bits, i: usize| x.get(i).copied().unwrap_or(0);
+        let word = |x: &[u64], i: usize| x.get(i).copied().unwrap_or(0);
         let any = (0..n)
             .map(|i| (word(a, i) | word(b, i) | word(c, i)).count_ones() as i64)
             .sum();
@@ -184,14 +215,13 @@ impl Hold {
 
     /// Forgets every offset (the `counted` flag stays for the publish that follows).
     pub(crate) fn clear_all(&mut self) {
-        for b in &mut self.tiers {
-            b.clear();
-        }
+        self.device.clear();
+        self.lower = None;
     }
 
     /// The cover readers get (with `slot`).
     pub(crate) fn cover(&self, slot: u32) -> Cover {
-        let [dev, host, disk] = &self.tiers;
+        let (dev, host, disk) = (self.bits(0), self.bits(1), self.bits(2));
         let d = run_from(dev, 0);
         let h0 = run_from(host, d);
         let k0 = run_from(disk, d + h0);
@@ -210,19 +240,42 @@ impl Hold {
         }
     }
 
-    /// Heap bytes of the bitmaps beyond the inline words.
+    /// Heap bytes of the lower tiers' box and of the bitmaps beyond the inline words.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.tiers
-            .iter()
-            .filter(|b| b.spilled())
-            .map(|b| b.capacity() * 8)
-            .sum()
+        let spilled = |b: &Bits| if b.spilled() { b.capacity() * 8 } else { 0 };
+        spilled(&self.device)
+            + self.lower.as_ref().map_or(0, |l| {
+                std::mem::size_of::<[Bits; 2]>() + l.iter().map(spilled).sum::<usize>()
+            })
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// The lower tiers take a box only while they hold something, and the hold counts it.
+    #[test]
+    fn lower_tiers_are_boxed_while_used() {
+        assert!(std::mem::size_of::<Hold>() <= 40);
+        let mut h = Hold::new(3);
+        assert!(h.set(0, 5));
+        assert_eq!(h.heap_bytes(), 0);
+        assert!(!h.clear(2, 5), "nothing on disk");
+        assert!(h.lower.is_none());
+        assert!(h.set(1, 7) && h.set(2, 9));
+        assert!(h.heap_bytes() >= std::mem::size_of::<[Bits; 2]>());
+        assert!(h.has(1, 7) && h.has(2, 9) && !h.has(1, 9));
+        assert_eq!(h.counts(), ([1, 1, 1], 3));
+        assert!(h.clear(1, 7));
+        assert!(h.lower.is_some(), "disk still holds 9");
+        assert!(h.clear(2, 9));
+        assert!(h.lower.is_none() && h.heap_bytes() == 0);
+        assert!(!h.is_empty() && h.has(0, 5));
+        h.set(2, 1);
+        h.clear_all();
+        assert!(h.is_empty() && h.lower.is_none() && h.run_index == 3);
+    }
 
     #[test]
     fn runs_cross_words() {

@@ -635,7 +635,9 @@ impl Index {
                 *total -= n;
             }
             w.tally.holder_blocks -= any;
+            let heap = hold.heap_bytes();
             hold.clear_all();
+            w.hold_heap = w.hold_heap + hold.heap_bytes() - heap;
             touched.add(addr, 0);
         }
         self.finish(entry.slot, w, &touched, &guard);
@@ -739,7 +741,11 @@ fn drop_name(w: &mut RankWriter, t: usize, r: BlockRef, touched: &mut Touched) {
         return;
     }
     if let Some(hold) = w.holds.get_mut(&r.run_addr()) {
-        if hold.clear(t, r.offset()) {
+        let heap = hold.heap_bytes();
+        let was = hold.clear(t, r.offset());
+        // A clear can free the lower tiers' box.
+        w.hold_heap = w.hold_heap + hold.heap_bytes() - heap;
+        if was {
             w.tally.tier_blocks[t] -= 1;
             if !hold.has_any(r.offset()) {
                 w.tally.holder_blocks -= 1;

@@ -126,7 +126,7 @@ fn reserved_size_holds() {
     let mut m = BlockMap::<u64>::new();
     m.reserve(50_000);
     let cap = m.capacity();
-    assert!((55_000..66_000).contains(&cap), "{cap}");
+    assert!((52_500..58_000).contains(&cap), "{cap}");
     let mut model = HashMap::new();
     for k in 1..=50_000u64 {
         m.insert(k * 31, k);
@@ -183,7 +183,11 @@ fn bytes_per_entry_with_narrow_values() {
     }
     let mean = samples.iter().sum::<f64>() / samples.len() as f64;
     assert!(mean < 18.0, "mean {mean:.1} bytes an entry");
+    // Reserved for a million (a full cache): 12 bytes / 96 % load, plus the twentieth.
     m.reserve(1_000_000);
-    let full = m.bytes() as f64 / (1_000_000.0 * 1.1);
-    assert!(full < 13.1, "{full:.2} bytes a reserved slot");
+    let full = m.bytes() as f64 / 1_000_000.0;
+    assert!(
+        full < 13.2,
+        "{full:.2} bytes an entry of a full reserved map"
+    );
 }
