@@ -133,7 +133,10 @@ awk '
     }' "$bench_out"
 
 # Over a plain C host, paired rounds in one process (the figure the README quotes): the
-# binding's overhead per selection and the cgo transition floor under it.
+# binding's overhead per selection (ns-over-c), the floors under it measured in the same
+# rounds (kvr-free C calls as long as a selection, from Go and from C: spin-over-c for
+# arithmetic, walk-over-c for a cache-resident working set; binding-over-walk is what
+# remains), and the cgo transition alone (CgoFloorPaired).
 # KVR_GO_PAIRED_ROUNDS (default 51; the README's figures use 301).
 rounds="${KVR_GO_PAIRED_ROUNDS:-51}"
 "$target/go/bin/kvr.test" -test.run '^$' \

@@ -141,7 +141,14 @@ func BenchmarkSelectPlainC(b *testing.B) {
 // robustly on a shared machine: rounds of 1,000 selections through Go's Select and
 // 1,000 through the plain C loop, alternated; reports the median over the rounds of the
 // per-selection difference (ns-over-c/op) and of each side (go-ns/op, c-ns/op).
-// b.N counts rounds.
+//
+// Each round also times the floor under that figure, with no kvr in it: C calls as long
+// as a selection (calibrated before the rounds), 1,000 from Go and 1,000 from a C loop.
+// Two of them: a spin (arithmetic only: spin-over-c/op is the runtime's cost per call)
+// and a pointer chase over 32 KiB (data that stays in cache, as a selection's mostly
+// does: walk-over-c/op adds the refills of what Go's runtime evicted between calls).
+// binding-over-walk/op, the median of the per-round difference, is what kvr's binding
+// adds beyond the second floor. b.N counts rounds.
 func BenchmarkSelectOverheadPaired(b *testing.B) {
 	_, p, tokens, _ := benchPartition(b)
 	req, err := NewRequest()
@@ -149,7 +156,16 @@ func BenchmarkSelectOverheadPaired(b *testing.B) {
 	defer req.Close()
 	prompt := Tokens(tokens)
 	const per = 1000
-	var diffs, gos, cs []float64
+	benchWalkInit()
+	target := medianTime(func() {
+		if err := benchPlainCLoop(p, req, tokens, per); err != nil {
+			b.Fatal(err)
+		}
+	}) / per
+	spinIters := calibrate(b, target, func(n uint64) { benchSpinLoop(per, n) }, per)
+	walkIters := calibrate(b, target, func(n uint64) { benchWalkLoop(per, n) }, per)
+	var diffs, gos, cs, spins, walks, walkCs, beyond []float64
+	var sink uint64
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
@@ -163,18 +179,65 @@ func BenchmarkSelectOverheadPaired(b *testing.B) {
 			b.Fatal(err)
 		}
 		t2 := time.Now()
-		g := float64(t1.Sub(t0).Nanoseconds()) / per
-		c := float64(t2.Sub(t1).Nanoseconds()) / per
+		for j := 0; j < per; j++ {
+			sink = benchSpin(spinIters, sink|1)
+		}
+		t3 := time.Now()
+		sink += benchSpinLoop(per, spinIters)
+		t4 := time.Now()
+		for j := 0; j < per; j++ {
+			sink += benchWalk(walkIters, sink)
+		}
+		t5 := time.Now()
+		sink += benchWalkLoop(per, walkIters)
+		t6 := time.Now()
+		ns := func(from, to time.Time) float64 { return float64(to.Sub(from).Nanoseconds()) / per }
+		g, c := ns(t0, t1), ns(t1, t2)
+		spin := ns(t2, t3) - ns(t3, t4)
+		walk := ns(t4, t5) - ns(t5, t6)
 		gos, cs, diffs = append(gos, g), append(cs, c), append(diffs, g-c)
+		spins, walks, walkCs = append(spins, spin), append(walks, walk), append(walkCs, ns(t5, t6))
+		beyond = append(beyond, (g-c)-walk)
 	}
 	b.StopTimer()
-	median := func(v []float64) float64 {
-		sort.Float64s(v)
-		return v[len(v)/2]
+	if sink == 0 {
+		b.Fatal("the floors' chain reached 0")
 	}
 	b.ReportMetric(median(diffs), "ns-over-c/op")
 	b.ReportMetric(median(gos), "go-ns/op")
 	b.ReportMetric(median(cs), "c-ns/op")
+	b.ReportMetric(median(spins), "spin-over-c/op")
+	b.ReportMetric(median(walks), "walk-over-c/op")
+	b.ReportMetric(median(walkCs), "walk-c-ns/op")
+	b.ReportMetric(median(beyond), "binding-over-walk/op")
+}
+
+// median sorts v and returns its middle element.
+func median(v []float64) float64 {
+	sort.Float64s(v)
+	return v[len(v)/2]
+}
+
+// medianTime is the median of seven timings of f, in ns.
+func medianTime(f func()) float64 {
+	var v []float64
+	for k := 0; k < 7; k++ {
+		t := time.Now()
+		f()
+		v = append(v, float64(time.Since(t).Nanoseconds()))
+	}
+	return median(v)
+}
+
+// calibrate returns the steps that make one call of a floor take `target` ns: loop(n)
+// makes `per` calls of n steps each in C.
+func calibrate(b *testing.B, target float64, loop func(n uint64), per int) uint64 {
+	const probe = 20000
+	step := medianTime(func() { loop(probe) }) / float64(per) / probe
+	if step <= 0 || target <= 0 {
+		b.Fatalf("calibration: %.3f ns a step, %.1f ns a selection", step, target)
+	}
+	return uint64(target/step) + 1
 }
 
 // BenchmarkCgoFloorPaired: what one Go→C call costs over the same call made from C, on

@@ -40,3 +40,26 @@ func benchPlainCLoop(p *Partition, req *Request, tokens []uint32, iters uint64) 
 func benchABILoop(iters uint64) uint32 {
 	return uint32(C.kvrgo_bench_abi_loop(C.uint64_t(iters)))
 }
+
+// benchSpin is one kvr-free C call of iters dependent steps (the spin floor).
+func benchSpin(iters, x uint64) uint64 {
+	return uint64(C.kvrgo_bench_spin(C.uint64_t(iters), C.uint64_t(x)))
+}
+
+// benchSpinLoop makes calls kvrgo_bench_spin calls in one C loop.
+func benchSpinLoop(calls, iters uint64) uint64 {
+	return uint64(C.kvrgo_bench_spin_loop(C.uint64_t(calls), C.uint64_t(iters)))
+}
+
+// benchWalkInit lays out the pointer chase's cycle (once, before timing).
+func benchWalkInit() { C.kvrgo_bench_walk_init() }
+
+// benchWalk is one kvr-free C call of iters pointer-chase steps in 32 KiB.
+func benchWalk(iters, at uint64) uint64 {
+	return uint64(C.kvrgo_bench_walk(C.uint64_t(iters), C.uint64_t(at)))
+}
+
+// benchWalkLoop makes calls kvrgo_bench_walk calls in one C loop.
+func benchWalkLoop(calls, iters uint64) uint64 {
+	return uint64(C.kvrgo_bench_walk_loop(C.uint64_t(calls), C.uint64_t(iters)))
+}

@@ -208,6 +208,69 @@ uint32_t kvrgo_bench_abi_loop(uint64_t iters) {
   return sum;
 }
 
+/* A C call with no kvr in it that takes `iters` steps of a dependent integer chain: the
+   floor under the binding's overhead, for a call as long as a selection. Not inlined, so
+   the C loop below pays a call per spin as Go does. */
+__attribute__((noinline)) uint64_t kvrgo_bench_spin(uint64_t iters, uint64_t x) {
+  for (uint64_t i = 0; i < iters; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+  }
+  return x;
+}
+
+/* kvrgo_bench_spin(iters) `calls` times in C: the C side of the spin floor. */
+uint64_t kvrgo_bench_spin_loop(uint64_t calls, uint64_t iters) {
+  uint64_t x = 0x9e3779b97f4a7c15u;
+  for (uint64_t i = 0; i < calls; i++) {
+    x = kvrgo_bench_spin(iters, x);
+  }
+  return x;
+}
+
+/* A kvr-free C call whose data stays in the core's caches, as a selection's mostly does:
+   `iters` steps of a pointer chase around one fixed random cycle over 32 KiB (an L1 data
+   cache's size). What Go's runtime touches between calls evicts some of it, so this
+   floor includes the cache refills a call from Go pays and a C loop does not. */
+#define KVRGO_WALK_WORDS 4096
+static uint32_t walk_next[KVRGO_WALK_WORDS];
+
+/* Lays the cycle out (Sattolo's shuffle, fixed seed); idempotent. Not thread-safe: the
+   benchmarks call it once before timing. */
+void kvrgo_bench_walk_init(void) {
+  uint64_t x = 0x2545f4914f6cdd1du;
+  for (uint32_t i = 0; i < KVRGO_WALK_WORDS; i++) {
+    walk_next[i] = i;
+  }
+  for (uint32_t i = KVRGO_WALK_WORDS - 1; i > 0; i--) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    uint32_t j = (uint32_t)(x % i);
+    uint32_t t = walk_next[i];
+    walk_next[i] = walk_next[j];
+    walk_next[j] = t;
+  }
+}
+
+__attribute__((noinline)) uint64_t kvrgo_bench_walk(uint64_t iters, uint64_t at) {
+  uint32_t i = (uint32_t)(at % KVRGO_WALK_WORDS);
+  for (uint64_t k = 0; k < iters; k++) {
+    i = walk_next[i];
+  }
+  return i;
+}
+
+/* kvrgo_bench_walk(iters) `calls` times in C. */
+uint64_t kvrgo_bench_walk_loop(uint64_t calls, uint64_t iters) {
+  uint64_t at = 1;
+  for (uint64_t i = 0; i < calls; i++) {
+    at = kvrgo_bench_walk(iters, at);
+  }
+  return at;
+}
+
 /* Trampolines: the C signatures kvr calls, forwarding to the exported Go functions with
    user_data as the integer handle it is. */
 

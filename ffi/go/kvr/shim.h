@@ -112,6 +112,14 @@ kvr_status kvrgo_set_hooks(const kvr_partition *p, uintptr_t handle, uint32_t ma
 kvr_status kvrgo_bench_select_loop(uintptr_t p, uintptr_t req, const uint32_t *tokens,
                                    size_t n_tokens, uint64_t iters);
 uint32_t kvrgo_bench_abi_loop(uint64_t iters);
+/* A kvr-free C call of `iters` dependent steps, and `calls` of them in a C loop: the cgo
+   floor for a call as long as a selection. */
+uint64_t kvrgo_bench_spin(uint64_t iters, uint64_t x);
+uint64_t kvrgo_bench_spin_loop(uint64_t calls, uint64_t iters);
+/* The same over a cache-resident working set (a pointer chase over 32 KiB). */
+void kvrgo_bench_walk_init(void);
+uint64_t kvrgo_bench_walk(uint64_t iters, uint64_t at);
+uint64_t kvrgo_bench_walk_loop(uint64_t calls, uint64_t iters);
 kvr_status kvrgo_bench_plain_c_loop(uintptr_t p, uintptr_t req, const uint32_t *tokens,
                                     size_t n_tokens, uint64_t iters);
 
