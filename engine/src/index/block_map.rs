@@ -95,31 +95,26 @@ pub(crate) trait MapValue: Copy + Default + PartialEq + fmt::Debug {
     fn lane_mut(line: &mut Self::Line, j: usize) -> &mut Self;
 }
 
-impl MapValue for u32 {
-    type Line = Line<u32, 16>;
-    const LANES: usize = 16;
-    #[inline(always)]
-    fn lane(line: &Self::Line, j: usize) -> &Self {
-        &line.0[j]
-    }
-    #[inline(always)]
-    fn lane_mut(line: &mut Self::Line, j: usize) -> &mut Self {
-        &mut line.0[j]
-    }
+/// `MapValue` for a word type whose lines hold `$lanes` of it.
+macro_rules! map_value {
+    ($t:ty, $lanes:literal) => {
+        impl MapValue for $t {
+            type Line = Line<$t, $lanes>;
+            const LANES: usize = $lanes;
+            #[inline(always)]
+            fn lane(line: &Self::Line, j: usize) -> &Self {
+                &line.0[j]
+            }
+            #[inline(always)]
+            fn lane_mut(line: &mut Self::Line, j: usize) -> &mut Self {
+                &mut line.0[j]
+            }
+        }
+    };
 }
 
-impl MapValue for u64 {
-    type Line = Line<u64, 8>;
-    const LANES: usize = 8;
-    #[inline(always)]
-    fn lane(line: &Self::Line, j: usize) -> &Self {
-        &line.0[j]
-    }
-    #[inline(always)]
-    fn lane_mut(line: &mut Self::Line, j: usize) -> &mut Self {
-        &mut line.0[j]
-    }
-}
+map_value!(u32, 16);
+map_value!(u64, 8);
 
 /// The two buckets of mixed key `h` among `n` (distinct when `n > 1`).
 #[inline(always)]

@@ -152,19 +152,26 @@ fn reserved_size_holds() {
     assert_eq!((u.len(), u.capacity()), (0, 0));
 }
 
-/// Bytes per entry over a growth from empty: the load stays high.
-#[test]
-fn bytes_per_entry_over_growth() {
-    let mut m = BlockMap::<u64>::new();
+/// A map of `V` filled from empty with 200,000 random keys (`value` makes each value), and
+/// its mean bytes per entry, sampled along the way.
+fn mean_bytes_over_growth<V: MapValue>(value: fn(u32) -> V) -> (BlockMap<V>, f64) {
+    let mut m = BlockMap::<V>::new();
     let mut rng = SplitMix(9);
     let mut samples = Vec::new();
-    for i in 1..=200_000u64 {
-        m.insert(rng.next() | 1, i);
+    for i in 1..=200_000u32 {
+        m.insert(rng.next() | 1, value(i));
         if i >= 1_000 && i % 97 == 0 {
             samples.push(m.bytes() as f64 / m.len() as f64);
         }
     }
     let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    (m, mean)
+}
+
+/// Bytes per entry over a growth from empty: the load stays high.
+#[test]
+fn bytes_per_entry_over_growth() {
+    let (_, mean) = mean_bytes_over_growth::<u64>(u64::from);
     assert!(mean < 24.0, "mean {mean:.1} bytes an entry");
 }
 
@@ -172,16 +179,7 @@ fn bytes_per_entry_over_growth() {
 /// mean stays under three quarters of the 8-byte map's bound.
 #[test]
 fn bytes_per_entry_with_narrow_values() {
-    let mut m = BlockMap::<u32>::new();
-    let mut rng = SplitMix(9);
-    let mut samples = Vec::new();
-    for i in 1..=200_000u32 {
-        m.insert(rng.next() | 1, i);
-        if i >= 1_000 && i % 97 == 0 {
-            samples.push(m.bytes() as f64 / m.len() as f64);
-        }
-    }
-    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    let (mut m, mean) = mean_bytes_over_growth::<u32>(|i| i);
     assert!(mean < 18.0, "mean {mean:.1} bytes an entry");
     // Reserved for a million (a full cache): 12 bytes / 96 % load, plus the twentieth.
     m.reserve(1_000_000);
