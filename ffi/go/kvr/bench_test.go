@@ -145,7 +145,7 @@ func BenchmarkSelectPlainC(b *testing.B) {
 // Each round also times the floor under that figure, with no kvr in it: C calls as long
 // as a selection (calibrated before the rounds), 1,000 from Go and 1,000 from a C loop.
 // Two of them: a spin (arithmetic only: spin-over-c/op is the runtime's cost per call)
-// and a pointer chase over 32 KiB (data that stays in cache, as a selection's mostly
+// and a pointer chase over 16 KiB (data that stays in cache, as a selection's mostly
 // does: walk-over-c/op adds the refills of what Go's runtime evicted between calls).
 // binding-over-walk/op, the median of the per-round difference, is what kvr's binding
 // adds beyond the second floor. b.N counts rounds.

@@ -54,7 +54,7 @@ func benchSpinLoop(calls, iters uint64) uint64 {
 // benchWalkInit lays out the pointer chase's cycle (once, before timing).
 func benchWalkInit() { C.kvrgo_bench_walk_init() }
 
-// benchWalk is one kvr-free C call of iters pointer-chase steps in 32 KiB.
+// benchWalk is one kvr-free C call of iters pointer-chase steps in 16 KiB.
 func benchWalk(iters, at uint64) uint64 {
 	return uint64(C.kvrgo_bench_walk(C.uint64_t(iters), C.uint64_t(at)))
 }

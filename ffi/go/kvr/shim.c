@@ -230,10 +230,14 @@ uint64_t kvrgo_bench_spin_loop(uint64_t calls, uint64_t iters) {
 }
 
 /* A kvr-free C call whose data stays in the core's caches, as a selection's mostly does:
-   `iters` steps of a pointer chase around one fixed random cycle over 32 KiB (an L1 data
-   cache's size). What Go's runtime touches between calls evicts some of it, so this
-   floor includes the cache refills a call from Go pays and a C loop does not. */
+   `iters` steps of a pointer chase around one fixed random cycle over KVRGO_WALK_WORDS
+   4-byte words (16 KiB by default, a third of this VM's L1 data cache; other sizes with
+   CGO_CFLAGS=-DKVRGO_WALK_WORDS=n). What Go's runtime touches between calls evicts some
+   of it, and a goroutine that moves to another thread finds it in another core's caches,
+   so this floor includes the refills a call from Go pays and a C loop does not. */
+#ifndef KVRGO_WALK_WORDS
 #define KVRGO_WALK_WORDS 4096
+#endif
 static uint32_t walk_next[KVRGO_WALK_WORDS];
 
 /* Lays the cycle out (Sattolo's shuffle, fixed seed); idempotent. Not thread-safe: the

@@ -116,7 +116,7 @@ uint32_t kvrgo_bench_abi_loop(uint64_t iters);
    floor for a call as long as a selection. */
 uint64_t kvrgo_bench_spin(uint64_t iters, uint64_t x);
 uint64_t kvrgo_bench_spin_loop(uint64_t calls, uint64_t iters);
-/* The same over a cache-resident working set (a pointer chase over 32 KiB). */
+/* The same over a cache-resident working set (a pointer chase over 16 KiB). */
 void kvrgo_bench_walk_init(void);
 uint64_t kvrgo_bench_walk(uint64_t iters, uint64_t at);
 uint64_t kvrgo_bench_walk_loop(uint64_t calls, uint64_t iters);
