@@ -16,7 +16,7 @@
 //! for, `MAX_RESERVED_BLOCKS`): blocks a store would place in one more are left
 //! unindexed and counted (`Index::held_run_limit_hits`), never overcounted.
 
-use super::run::{BlockRef, OFFSET_BITS};
+use super::run::{BlockRef, MAX_RUN, OFFSET_BITS};
 
 /// Bits of a run's index in a rank's table.
 pub(crate) const RUN_INDEX_BITS: u32 = 32 - OFFSET_BITS;
@@ -70,7 +70,7 @@ impl RunTable {
     /// The place of block `offset` of the run at `index`.
     #[inline]
     pub(crate) fn place(index: u32, offset: u32) -> Place {
-        debug_assert!(index < MAX_HELD_RUNS && offset < 1 << OFFSET_BITS);
+        debug_assert!(index < MAX_HELD_RUNS && offset < MAX_RUN);
         index << OFFSET_BITS | offset
     }
 
@@ -79,7 +79,7 @@ impl RunTable {
     pub(crate) fn block_ref(&self, place: Place) -> BlockRef {
         let addr = self.addrs[(place >> OFFSET_BITS) as usize];
         debug_assert!(addr != 0, "a place names a released run index");
-        BlockRef::from_parts(addr, place & ((1 << OFFSET_BITS) - 1))
+        BlockRef::from_parts(addr, place & (MAX_RUN - 1))
     }
 
     /// Runs the rank holds blocks of.

@@ -32,18 +32,16 @@ pub(crate) struct BlockRef(pub(crate) u64);
 impl BlockRef {
     #[inline]
     pub(crate) fn new(run: &Run, offset: u32) -> Self {
-        debug_assert!(offset < MAX_RUN);
-        let addr = run as *const Run as usize as u64;
-        debug_assert!(addr.trailing_zeros() >= RUN_ALIGN_BITS);
-        debug_assert!(addr >> (64 - OFFSET_BITS + RUN_ALIGN_BITS) == 0);
-        BlockRef(((addr >> RUN_ALIGN_BITS) << OFFSET_BITS) | offset as u64)
+        Self::from_parts(run as *const Run as usize, offset)
     }
 
     /// The block at `offset` of the run at `addr` (a run's address, as `run_addr` gives).
     #[inline]
     pub(crate) fn from_parts(addr: usize, offset: u32) -> Self {
+        let addr = addr as u64;
         debug_assert!(offset < MAX_RUN && addr.trailing_zeros() >= RUN_ALIGN_BITS);
-        BlockRef(((addr as u64 >> RUN_ALIGN_BITS) << OFFSET_BITS) | offset as u64)
+        debug_assert!(addr >> (64 - OFFSET_BITS + RUN_ALIGN_BITS) == 0);
+        BlockRef(((addr >> RUN_ALIGN_BITS) << OFFSET_BITS) | offset as u64)
     }
 
     #[inline]

@@ -425,23 +425,13 @@ impl Index {
                     aliases,
                     ..
                 } = &mut *w;
-                match with_hold(holds, runs, hold_heap, run, |hold| {
+                // The loop above made the rank's hold of `run`, and holds go only in
+                // `finish`, so this finds it (no run-table index is taken).
+                let new = with_hold(holds, runs, hold_heap, run, |hold| {
                     hold_block(hold, tally, &mut aliases[t], t, r)
-                }) {
-                    Some(new) => stored += new as usize,
-                    None => {
-                        // Not reached: the loop above made the rank's hold of `run`, and
-                        // holds go only in `finish`. Were it reached, the entry must not
-                        // name a run the rank does not hold.
-                        let external = stretch[j].external_hash;
-                        w.blocks[t].remove(external);
-                        if names_kept && w.names.get(r.0) == Some(external) {
-                            w.names.remove(r.0);
-                        }
-                        self.refuse_unheld(stretch.len() - j);
-                        break;
-                    }
-                }
+                });
+                debug_assert!(new.is_some(), "the hold of the stretch's run went");
+                stored += new.unwrap_or(false) as usize;
                 j += 1;
             }
         }
