@@ -103,11 +103,11 @@ pub fn tables(
             );
             let _ = writeln!(
                 s,
-                "| backend | store blocks/s | churn blocks/s | heap B/holder-block | RSS B/holder-block | \
+                "| backend | store blocks/s | churn blocks/s | churn ns/block store / evict | heap B/holder-block | RSS B/holder-block | \
                  cold q32 p50 / p99 | cold q128 p50 / p99 | hot q32 p50 | hot q128 p50 / p99 | \
                  splice p50 | miss 1 / 32 / 128 / 512 p50 | 2 readers q/s | reader + writer q/s | writer blocks/s | overcounted / undercounted / checked |"
             );
-            let _ = writeln!(s, "|{}", "---|".repeat(15));
+            let _ = writeln!(s, "|{}", "---|".repeat(16));
             for b in backends {
                 let rs = cell(records, b, profile, size);
                 if rs.is_empty() {
@@ -117,9 +117,11 @@ pub fn tables(
                 let p99 = |set: &str| ns(lat(&rs, set, |l| l.p99));
                 let _ = writeln!(
                     s,
-                    "| {b} | {} | {} | {:.1} | {:.1} | {} / {} | {} / {} | {} | {} / {} | {} | {} / {} / {} / {} | {} | {} | {} | {:.0} / {:.0} / {:.0} |",
+                    "| {b} | {} | {} | {:.1} / {:.1} | {:.1} | {:.1} | {} / {} | {} / {} | {} | {} / {} | {} | {} / {} / {} / {} | {} | {} | {} | {:.0} / {:.0} / {:.0} |",
                     rate(med(&rs, |r| r.store_blocks_per_s)),
                     rate(med(&rs, |r| r.churn_blocks_per_s)),
+                    med(&rs, |r| r.churn_store_ns),
+                    med(&rs, |r| r.churn_evict_ns),
                     med(&rs, |r| r.heap_bytes_per_holder_block),
                     med(&rs, |r| r.rss_bytes_per_holder_block),
                     p50("cold32"),
@@ -156,9 +158,9 @@ fn ratios(s: &mut String, records: &[Record], sizes: &[usize], profiles: &[Profi
     );
     let _ = writeln!(
         s,
-        "| kvr | size | profile | store | churn | heap bytes | cold q32 p50 | cold q128 p50 | cold q128 p99 | hot q128 p50 | miss 128 p50 |"
+        "| kvr | size | profile | store | churn | churn store / evict per block | heap bytes | cold q32 p50 | cold q128 p50 | cold q128 p99 | hot q128 p50 | miss 128 p50 |"
     );
-    let _ = writeln!(s, "|{}", "---|".repeat(11));
+    let _ = writeln!(s, "|{}", "---|".repeat(12));
     for name in ["kvr", "kvr-reserved"] {
         for &size in sizes {
             for &profile in profiles {
@@ -173,12 +175,14 @@ fn ratios(s: &mut String, records: &[Record], sizes: &[usize], profiles: &[Profi
                 };
                 let _ = writeln!(
                 s,
-                "| {} | {} | {} | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
+                "| {} | {} | {} | {:.2}× | {:.2}× | {:.2}× / {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
                 name,
                 size_label(size),
                 profile.label(),
                 up(&|r| r.store_blocks_per_s),
                 up(&|r| r.churn_blocks_per_s),
+                med(&c, |r| r.churn_store_ns) / med(&k, |r| r.churn_store_ns),
+                med(&c, |r| r.churn_evict_ns) / med(&k, |r| r.churn_evict_ns),
                 med(&c, |r| r.heap_bytes_per_holder_block) / med(&k, |r| r.heap_bytes_per_holder_block),
                 down(&k, "cold32", |l| l.p50),
                 down(&k, "cold128", |l| l.p50),

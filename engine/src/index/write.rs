@@ -560,6 +560,8 @@ impl Index {
             let t = tier as usize;
             let mut out = ApplyOutcome::default();
             let mut touched = Touched::default();
+            // The run whose blocks are being removed, and their offsets: dropped together.
+            let (mut run, mut offsets) = (0usize, SmallVec::<[u32; 128]>::new());
             for &h in external_hashes.iter().take(PREFETCH_AHEAD) {
                 w.blocks[t].prefetch(h);
             }
@@ -573,11 +575,19 @@ impl Index {
                         if tier == Tier::Device && w.names.get(r.0) == Some(h) {
                             w.names.remove(r.0);
                         }
-                        drop_name(w, t, r, &mut touched);
+                        if r.run_addr() != run && !offsets.is_empty() {
+                            drop_names(w, t, run, &offsets, &mut touched);
+                            offsets.clear();
+                        }
+                        run = r.run_addr();
+                        offsets.push(r.offset());
                         out.removed += 1;
                     }
                     None => out.not_found += 1,
                 }
+            }
+            if !offsets.is_empty() {
+                drop_names(w, t, run, &offsets, &mut touched);
             }
             self.finish(entry.slot, w, &touched, &guard);
             counted(Some(&entry.counters.block_not_found), out.not_found);
@@ -721,27 +731,51 @@ fn hold_block(
 /// One engine name of the block at `r` on tier `t` went away: release the block unless
 /// another name still holds it.
 fn drop_name(w: &mut RankWriter, t: usize, r: BlockRef, touched: &mut Touched) {
-    if w.aliases[t].is_empty() {
-        // No block of this tier has a second name (the common case): skip the lookup.
-    } else if let Some(n) = w.aliases[t].get_mut(&r.0) {
-        *n -= 1;
-        if *n == 0 {
-            w.aliases[t].remove(&r.0);
-        }
-        return;
-    }
-    if let Some(hold) = w.holds.get_mut(&r.run_addr()) {
-        let heap = hold.heap_bytes();
-        let was = hold.clear(t, r.offset());
-        // A clear can free the lower tiers' box.
-        w.hold_heap = w.hold_heap + hold.heap_bytes() - heap;
-        if was {
-            w.tally.tier_blocks[t] -= 1;
-            if !hold.has_any(r.offset()) {
-                w.tally.holder_blocks -= 1;
+    drop_names(w, t, r.run_addr(), &[r.offset()], touched);
+}
+
+/// [`drop_name`] for blocks of one run, at `offsets`: the run's hold is looked up once
+/// (an eviction removes a request's blocks, mostly a run's in order).
+fn drop_names(w: &mut RankWriter, t: usize, run: usize, offsets: &[u32], touched: &mut Touched) {
+    let RankWriter {
+        holds,
+        aliases,
+        tally,
+        hold_heap,
+        ..
+    } = w;
+    let mut hold = holds.get_mut(&run);
+    let heap = hold.as_ref().map_or(0, |h| h.heap_bytes());
+    let mut dropped = false;
+    for &offset in offsets {
+        if !aliases[t].is_empty() {
+            // Another engine hash of this rank names the block: it stays held.
+            let block = BlockRef::from_parts(run, offset).0;
+            if let Some(n) = aliases[t].get_mut(&block) {
+                *n -= 1;
+                if *n == 0 {
+                    aliases[t].remove(&block);
+                }
+                continue;
             }
-            touched.add(r.run_addr(), 0);
         }
+        let Some(hold) = hold.as_deref_mut() else {
+            continue;
+        };
+        if hold.clear(t, offset) {
+            dropped = true;
+            tally.tier_blocks[t] -= 1;
+            if !hold.has_any(offset) {
+                tally.holder_blocks -= 1;
+            }
+        }
+    }
+    if let Some(hold) = hold {
+        // A clear can free the lower tiers' box.
+        *hold_heap = *hold_heap + hold.heap_bytes() - heap;
+    }
+    if dropped {
+        touched.add(run, 0);
     }
 }
 
