@@ -45,6 +45,7 @@ pub mod indexer;
 pub mod ingress;
 pub mod load;
 pub mod partition;
+pub(crate) mod prefetch;
 pub(crate) mod recycle;
 pub mod reservation;
 pub mod select;

@@ -26,6 +26,8 @@
 
 use std::fmt;
 
+use crate::prefetch::prefetch_line;
+
 const WAYS: usize = 8;
 const EMPTY: u64 = 0;
 /// Grow when an insert would fill more than this fraction of the slots (96 %: at 92 %
@@ -247,19 +249,6 @@ fn buckets_for(n: usize) -> usize {
         b += 1;
     }
     b
-}
-
-/// Prefetches the line at `p` (a hint: never faults, never dereferences).
-#[inline(always)]
-fn prefetch_line<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
-    // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 impl<V: MapValue> BlockMap<V> {

@@ -231,8 +231,20 @@ impl View<'_> {
     #[inline(always)]
     pub(crate) fn matching(&self, query: &[u64]) -> usize {
         let n = self.len.min(query.len());
+        let (locals, query) = (&self.locals[..n], &query[..n]);
+        // A group at a time with one branch (most walks match whole runs), then one by one
+        // from the first group that differs.
+        const GROUP: usize = 4;
         let mut i = 0;
-        while i < n && self.locals[i].load(Ordering::Relaxed) == query[i] {
+        while i + GROUP <= n {
+            let d =
+                (i..i + GROUP).fold(0, |d, j| d | (locals[j].load(Ordering::Relaxed) ^ query[j]));
+            if d != 0 {
+                break;
+            }
+            i += GROUP;
+        }
+        while i < n && locals[i].load(Ordering::Relaxed) == query[i] {
             i += 1;
         }
         i

@@ -113,13 +113,5 @@ impl LoadCursor<'_> {
 /// Hints the CPU to load the line of `state`'s counters (never faults).
 #[inline]
 fn prefetch(state: &RankState) {
-    let p = state.counters_addr();
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch is a hint that never faults or dereferences; SSE is part of the
-    // x86_64 baseline, so the intrinsic is available on every x86_64 CPU.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    crate::prefetch::prefetch_line(state.counters_addr());
 }
