@@ -12,6 +12,7 @@
 
 mod alloc;
 mod backend;
+mod chase;
 mod measure;
 mod plot;
 mod report;

@@ -73,6 +73,10 @@ pub struct Record {
     pub reader_with_writer_qps: f64,
     pub writer_blocks_per_s: f64,
     pub timer_overhead_ns: f64,
+    /// One dependent load over a walk as large as the backend's heap (`chase`), timed in
+    /// the same process after everything else: what a miss costs at this footprint.
+    #[serde(default)]
+    pub dependent_load_ns: f64,
 }
 
 /// Workers in `got` credited more than `expect` gives them (missing = 0).
@@ -257,6 +261,7 @@ pub fn run<B: Backend>(name: &str, spec: &RunSpec) -> Record {
     rec.churn_blocks_per_s = (stored + evicted) as f64 / t.elapsed().as_secs_f64();
     rec.churn_store_ns = store_t.as_nanos() as f64 / stored.max(1) as f64;
     rec.churn_evict_ns = evict_t.as_nanos() as f64 / evicted.max(1) as f64;
+    rec.dependent_load_ns = crate::chase::dependent_load_ns(heap, spec.seed);
     rec
 }
 

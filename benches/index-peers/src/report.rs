@@ -104,10 +104,10 @@ pub fn tables(
             let _ = writeln!(
                 s,
                 "| backend | store blocks/s | churn blocks/s | churn ns/block store / evict | heap B/holder-block | RSS B/holder-block | \
-                 cold q32 p50 / p99 | cold q128 p50 / p99 | hot q32 p50 | hot q128 p50 / p99 | \
+                 cold q32 p50 / p99 | cold q128 p50 / p99 | dependent load at heap size, ns (cold q128 p50 in loads) | hot q32 p50 | hot q128 p50 / p99 | \
                  splice p50 | miss 1 / 32 / 128 / 512 p50 | 2 readers q/s | reader + writer q/s | writer blocks/s | overcounted / undercounted / checked |"
             );
-            let _ = writeln!(s, "|{}", "---|".repeat(16));
+            let _ = writeln!(s, "|{}", "---|".repeat(17));
             for b in backends {
                 let rs = cell(records, b, profile, size);
                 if rs.is_empty() {
@@ -117,7 +117,7 @@ pub fn tables(
                 let p99 = |set: &str| ns(lat(&rs, set, |l| l.p99));
                 let _ = writeln!(
                     s,
-                    "| {b} | {} | {} | {:.1} / {:.1} | {:.1} | {:.1} | {} / {} | {} / {} | {} | {} / {} | {} | {} / {} / {} / {} | {} | {} | {} | {:.0} / {:.0} / {:.0} |",
+                    "| {b} | {} | {} | {:.1} / {:.1} | {:.1} | {:.1} | {} / {} | {} / {} | {:.0} ({:.1}) | {} | {} / {} | {} | {} / {} / {} / {} | {} | {} | {} | {:.0} / {:.0} / {:.0} |",
                     rate(med(&rs, |r| r.store_blocks_per_s)),
                     rate(med(&rs, |r| r.churn_blocks_per_s)),
                     med(&rs, |r| r.churn_store_ns),
@@ -128,6 +128,8 @@ pub fn tables(
                     p99("cold32"),
                     p50("cold128"),
                     p99("cold128"),
+                    med(&rs, |r| r.dependent_load_ns),
+                    lat(&rs, "cold128", |l| l.p50) / med(&rs, |r| r.dependent_load_ns),
                     p50("hot32"),
                     p50("hot128"),
                     p99("hot128"),
