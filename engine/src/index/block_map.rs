@@ -13,7 +13,9 @@
 //! first moves one resident to its other bucket, checking the sixteen candidates four at a
 //! time with each four's lines prefetched together (a random walk, one miss per step, only
 //! if none has room): under churn at 90 % load a four-slot random-walk table made ~0.8
-//! serial moves per insert. Buckets are scanned with SSE2 compares (the x86_64 baseline). The table runs at 64-96 % load, growing by 1.5×
+//! serial moves per insert. A store's stretch of inserts defers the ones that must
+//! displace to its end ([`BlockMap::insert_or_defer`]), their candidates' lines
+//! prefetched meanwhile. Buckets are scanned with SSE2 compares (the x86_64 baseline). The table runs at 64-96 % load, growing by 1.5×
 //! (1.25× made rehashing most of the cost of filling a map). Two choices of eight-slot
 //! buckets have a load threshold near 99.9 % (the bucketized cuckoo analyses of
 //! Dietzfelbinger and Weidling, and of Cain, Sanders and Wormald), so 96 % is below it;
@@ -371,6 +373,58 @@ impl<V: MapValue> BlockMap<V> {
         prefetch_line(&self.vals[i * WAYS / V::LANES]);
     }
 
+    /// Entries the map takes before it grows.
+    #[inline]
+    pub(crate) fn headroom(&self) -> usize {
+        max_used(self.keys.len()).saturating_sub(self.used)
+    }
+
+    /// [`Self::insert`], unless `key` is absent and both its buckets are full: then
+    /// `Err(())`, the map unchanged, and the lines a displacement will read prefetched, so
+    /// that the caller can go on and [`Self::insert`] it a little later, when they have
+    /// arrived: about a quarter of inserts into a full rank's map displace, and where the
+    /// maps outgrow the caches (4M-16M holder-blocks) each waited a memory latency on the
+    /// moved entry's other bucket. The caller keeps order (see `record_stretch`).
+    #[inline]
+    pub(crate) fn insert_or_defer(&mut self, key: u64, value: V) -> Result<Option<V>, ()> {
+        let n = self.keys.len();
+        if key == 0 || n == 0 || self.used >= max_used(n) {
+            return Ok(self.insert(key, value));
+        }
+        let h = mix(key);
+        let (a, b) = buckets(h, n);
+        match self.insert_in(a, b, h, value, true) {
+            Some(done) => Ok(done),
+            None => {
+                for s in 0..GROUP {
+                    prefetch_line(&self.keys[self.resident_alt(a, b, s).2]);
+                }
+                Err(())
+            }
+        }
+    }
+
+    /// Puts mixed key `h` (buckets `a`, `b`) in without displacing: overwrites it, or,
+    /// if `room` (the load bound allows one more), takes a free slot of the emptier
+    /// bucket. `None` if it is absent and not put in.
+    #[inline(always)]
+    fn insert_in(&mut self, a: usize, b: usize, h: u64, value: V, room: bool) -> Option<Option<V>> {
+        let ((hit_a, free_a), (hit_b, free_b)) = (self.keys[a].masks(h), self.keys[b].masks(h));
+        if hit_a | hit_b != 0 {
+            let (at, m) = if hit_a != 0 { (a, hit_a) } else { (b, hit_b) };
+            let i = m.trailing_zeros() as usize;
+            return Some(Some(std::mem::replace(self.val_mut(at, i), value)));
+        }
+        if !room || free_a | free_b == 0 {
+            return None;
+        }
+        let a_emptier = ONES[free_a as usize] >= ONES[free_b as usize];
+        let (at, m) = if a_emptier { (a, free_a) } else { (b, free_b) };
+        self.swap(at, m.trailing_zeros() as usize, h, value);
+        self.used += 1;
+        Some(None)
+    }
+
     /// Inserts or overwrites; returns the previous value.
     pub(crate) fn insert(&mut self, key: u64, value: V) -> Option<V> {
         if key == 0 {
@@ -379,26 +433,14 @@ impl<V: MapValue> BlockMap<V> {
         let h = mix(key);
         let n = self.keys.len();
         if n > 0 {
-            // One pass over both buckets: the key, or the emptier bucket's first free slot.
             let (a, b) = buckets(h, n);
-            let ((hit_a, free_a), (hit_b, free_b)) = (self.keys[a].masks(h), self.keys[b].masks(h));
-            if hit_a | hit_b != 0 {
-                let (at, m) = if hit_a != 0 { (a, hit_a) } else { (b, hit_b) };
-                let i = m.trailing_zeros() as usize;
-                return Some(std::mem::replace(self.val_mut(at, i), value));
+            let room = self.used < max_used(n);
+            if let Some(done) = self.insert_in(a, b, h, value, room) {
+                return done;
             }
-            if self.used < max_used(n) {
-                if free_a | free_b != 0 {
-                    let a_emptier = ONES[free_a as usize] >= ONES[free_b as usize];
-                    let (at, m) = if a_emptier { (a, free_a) } else { (b, free_b) };
-                    self.swap(at, m.trailing_zeros() as usize, h, value);
-                    self.used += 1;
-                    return None;
-                }
-                if self.displace_one(a, b, h, value) {
-                    self.used += 1;
-                    return None;
-                }
+            if room && self.displace_one(a, b, h, value) {
+                self.used += 1;
+                return None;
             }
         }
         if self.used + 1 > max_used(self.keys.len()) {

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use super::event::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier};
 use super::hold::{Cover, Hold};
-use super::place::RunTable;
+use super::place::{Place, RunTable};
 use super::ranks::{RankEntry, Tally};
 use super::run::{retire_run, BlockRef, Run, RunWriter, MAX_RUN};
 use super::{Index, RankWriter};
@@ -368,6 +368,12 @@ impl Index {
         for b in stretch.iter().take(PREFETCH_AHEAD) {
             w.blocks[t].prefetch(b.external_hash);
         }
+        // Names whose insert must displace an entry wait here, their lines prefetched,
+        // and go in at the end of the stretch, in order (`BlockMap::insert_or_defer`).
+        // Only while the map cannot grow within the stretch: then a waiting name's buckets
+        // stay full, so a repeat of it in the stretch waits too, and order is kept.
+        let defer = w.blocks[t].headroom() >= stretch.len();
+        let mut deferred: SmallVec<[(u64, Place); 32]> = SmallVec::new();
         while j < stretch.len() {
             // The block whose name moved from another block, if the loop stopped at one.
             let mut moved = None;
@@ -392,16 +398,23 @@ impl Index {
                             names.insert(r.0, external);
                         }
                         let p = RunTable::place(hold.run_index, r.offset());
-                        match blocks[t].insert(external, p) {
-                            Some(old) if old == p => {
+                        let done = if defer {
+                            blocks[t].insert_or_defer(external, p)
+                        } else {
+                            Ok(blocks[t].insert(external, p))
+                        };
+                        match done {
+                            Ok(Some(old)) if old == p => {
                                 j += 1;
                                 continue;
                             }
-                            Some(old) => {
+                            Ok(Some(old)) => {
                                 moved = Some(old);
                                 break;
                             }
-                            None => {}
+                            Ok(None) => {}
+                            // Absent, so held anew as an insert would find it.
+                            Err(()) => deferred.push((external, p)),
                         }
                         stored += hold_block(hold, tally, &mut aliases[t], t, r) as usize;
                         j += 1;
@@ -433,6 +446,14 @@ impl Index {
                 debug_assert!(new.is_some(), "the hold of the stretch's run went");
                 stored += new.unwrap_or(false) as usize;
                 j += 1;
+            }
+        }
+        for (external, p) in deferred {
+            // Found absent and held; a repeat of the name later in the stretch (which
+            // waited too) moves it here, as it would have in order.
+            if let Some(old) = w.blocks[t].insert(external, p).filter(|&old| old != p) {
+                let old = w.runs.block_ref(old);
+                drop_name(w, t, old, touched);
             }
         }
         // The run is already among those touched: `place` pinned it.

@@ -189,3 +189,65 @@ fn bytes_per_entry_with_narrow_values() {
         "{full:.2} bytes an entry of a full reserved map"
     );
 }
+
+/// The index's store protocol at a full map's load (`record_stretch`): a stretch of inserts
+/// through `insert_or_defer` while `headroom` covers it, the deferred ones after it in
+/// order. A deferred key is absent, a repeat of it within the stretch is deferred too, and
+/// the map ends as inserting the stretch in order leaves it.
+#[test]
+fn deferred_inserts_keep_the_order_of_a_stretch() {
+    let mut rng = SplitMix(11);
+    let mut m = BlockMap::<u32>::new();
+    m.reserve(4_000);
+    let (range, stretch) = (6_000u64, 32);
+    let mut model: HashMap<u64, u64> = HashMap::new();
+    while model.len() < 4_000 {
+        let k = 1 + rng.below(range);
+        m.insert(k, k as u32);
+        model.insert(k, k);
+    }
+    let (mut deferred_total, mut repeats) = (0, 0);
+    for round in 0..3_000u32 {
+        let keys: Vec<u64> = (0..stretch).map(|_| 1 + rng.below(range)).collect();
+        let mut in_order = model.clone();
+        for (i, &k) in keys.iter().enumerate() {
+            in_order.insert(k, u64::from(round) * 64 + i as u64);
+        }
+        assert!(m.headroom() >= stretch, "round {round}: the map would grow");
+        let mut deferred: Vec<(u64, u32)> = Vec::new();
+        for (i, &k) in keys.iter().enumerate() {
+            let v = round * 64 + i as u32;
+            let waiting = deferred.iter().any(|&(d, _)| d == k);
+            match m.insert_or_defer(k, v) {
+                Ok(prev) => {
+                    assert!(!waiting, "a repeat of a deferred key went in");
+                    assert_eq!(prev.map(u64::from), model.insert(k, v.into()));
+                }
+                Err(()) => {
+                    assert!(!model.contains_key(&k), "deferred a present key");
+                    repeats += usize::from(waiting);
+                    deferred.push((k, v));
+                }
+            }
+        }
+        deferred_total += deferred.len();
+        for (k, v) in deferred {
+            assert_eq!(m.insert(k, v).map(u64::from), model.insert(k, v.into()));
+        }
+        assert_eq!(model, in_order);
+        // Evict as many as were added, back to a full cache's load.
+        while model.len() > 4_000 {
+            let k = 1 + rng.below(range);
+            assert_eq!(m.remove(k).map(u64::from), model.remove(&k));
+        }
+        if round % 500 == 0 {
+            check(&m, &model);
+        }
+    }
+    check(&m, &model);
+    assert!(
+        deferred_total > 1_000,
+        "{deferred_total} deferred: the test missed the path"
+    );
+    assert!(repeats > 0, "no repeat of a deferred key within a stretch");
+}
