@@ -45,11 +45,13 @@
 
 pub mod approx;
 mod block_map;
+mod bookkeeping;
 mod branch;
 mod capacity;
 mod directory;
 mod dump;
 mod event;
+mod evict;
 pub(crate) mod hold;
 mod place;
 mod query;

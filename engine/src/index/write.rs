@@ -10,37 +10,15 @@
 
 use smallvec::SmallVec;
 
+use super::bookkeeping::{drop_name, settle, Touched, PREFETCH_AHEAD};
 use super::event::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier};
 use super::hold::{Cover, Hold};
 use super::place::{Place, RunTable};
 use super::ranks::{RankEntry, Tally};
 use super::run::{retire_run, BlockRef, Run, RunWriter, MAX_RUN};
 use super::{Index, RankWriter};
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::Ordering;
 use crate::sync::{epoch, MutexGuard};
-
-/// Blocks whose rank-map slots are prefetched ahead of the one being recorded.
-const PREFETCH_AHEAD: usize = 8;
-
-/// Runs an event touched, with the pins it holds on each.
-#[derive(Default)]
-struct Touched {
-    runs: SmallVec<[(usize, u32); 8]>,
-}
-
-impl Touched {
-    fn add(&mut self, addr: usize, pins: u32) {
-        // Consecutive blocks mostly share a run: the last entry first.
-        if let Some(last) = self.runs.last_mut().filter(|(a, _)| *a == addr) {
-            last.1 += pins;
-            return;
-        }
-        match self.runs.iter_mut().find(|(a, _)| *a == addr) {
-            Some(e) => e.1 += pins,
-            None => self.runs.push((addr, pins)),
-        }
-    }
-}
 
 /// The places of one stretch of a store (on the stack for stretches up to 128 blocks).
 type Places = SmallVec<[BlockRef; 128]>;
@@ -469,7 +447,13 @@ impl Index {
 
     /// Publishes this rank's new cover in every run the event touched, releases its pins,
     /// and retires runs left with no holder, child or writer.
-    fn finish(&self, slot: u32, w: &mut RankWriter, touched: &Touched, guard: &epoch::Guard) {
+    pub(super) fn finish(
+        &self,
+        slot: u32,
+        w: &mut RankWriter,
+        touched: &Touched,
+        guard: &epoch::Guard,
+    ) {
         for &(addr, pins) in &touched.runs {
             // SAFETY: the rank held blocks of it before this event or pinned it.
             let run = unsafe { run_at(addr) };
@@ -557,152 +541,6 @@ impl Index {
             }
         }
     }
-
-    /// Removes blocks (by the engine's hashes) from `rank`'s `tier`. Unknown hashes are
-    /// counted as `block_not_found`; the rest still apply.
-    pub fn remove(&self, rank: RankId, tier: Tier, external_hashes: &[u64]) -> ApplyOutcome {
-        let counted = |c: Option<&AtomicU64>, n: usize| {
-            if n > 0 {
-                self.totals
-                    .block_not_found
-                    .fetch_add(n as u64, Ordering::Relaxed);
-                if let Some(c) = c {
-                    c.fetch_add(n as u64, Ordering::Relaxed);
-                }
-            }
-        };
-        self.totals.removed_events.fetch_add(1, Ordering::Relaxed);
-        let r = self.with_writer(rank, false, |entry, w| {
-            entry
-                .counters
-                .removed_events
-                .fetch_add(1, Ordering::Relaxed);
-            let guard = epoch::pin();
-            let t = tier as usize;
-            let mut out = ApplyOutcome::default();
-            let mut touched = Touched::default();
-            // The run whose blocks are being removed, and their offsets: dropped together.
-            let (mut run, mut offsets) = (0usize, SmallVec::<[u32; 128]>::new());
-            for &h in external_hashes.iter().take(PREFETCH_AHEAD) {
-                w.blocks[t].prefetch(h);
-            }
-            for (j, &h) in external_hashes.iter().enumerate() {
-                if let Some(&next) = external_hashes.get(j + PREFETCH_AHEAD) {
-                    w.blocks[t].prefetch(next);
-                }
-                match w.blocks[t].remove(h) {
-                    Some(p) => {
-                        let r = w.runs.block_ref(p);
-                        if tier == Tier::Device && w.names.get(r.0) == Some(h) {
-                            w.names.remove(r.0);
-                        }
-                        if r.run_addr() != run && !offsets.is_empty() {
-                            drop_names(w, t, run, &offsets, &mut touched);
-                            offsets.clear();
-                        }
-                        run = r.run_addr();
-                        offsets.push(r.offset());
-                        out.removed += 1;
-                    }
-                    None => out.not_found += 1,
-                }
-            }
-            if !offsets.is_empty() {
-                drop_names(w, t, run, &offsets, &mut touched);
-            }
-            self.finish(entry.slot, w, &touched, &guard);
-            counted(Some(&entry.counters.block_not_found), out.not_found);
-            out
-        });
-        match r {
-            Ok(Some(out)) => out,
-            _ => {
-                counted(None, external_hashes.len());
-                ApplyOutcome {
-                    not_found: external_hashes.len(),
-                    ..Default::default()
-                }
-            }
-        }
-    }
-
-    /// Drops every block of `rank` (a prefix-cache reset). Returns the names removed.
-    pub fn clear(&self, rank: RankId) -> usize {
-        self.totals.cleared_events.fetch_add(1, Ordering::Relaxed);
-        self.with_writer(rank, false, |entry, w| {
-            entry
-                .counters
-                .cleared_events
-                .fetch_add(1, Ordering::Relaxed);
-            self.empty_rank(entry, w)
-        })
-        .ok()
-        .flatten()
-        .unwrap_or(0)
-    }
-
-    fn empty_rank(&self, entry: &RankEntry<RankWriter>, w: &mut RankWriter) -> usize {
-        let guard = epoch::pin();
-        let removed: usize = w.blocks.iter().map(|m| m.len()).sum();
-        for t in 0..3 {
-            w.blocks[t].clear();
-            w.aliases[t] = Default::default();
-        }
-        w.names = Default::default();
-        let mut touched = Touched::default();
-        for (&addr, hold) in w.holds.iter_mut() {
-            let (tiers, any) = hold.counts();
-            for (total, n) in w.tally.tier_blocks.iter_mut().zip(tiers) {
-                *total -= n;
-            }
-            w.tally.holder_blocks -= any;
-            let heap = hold.heap_bytes();
-            hold.clear_all();
-            w.hold_heap = w.hold_heap + hold.heap_bytes() - heap;
-            touched.add(addr, 0);
-        }
-        self.finish(entry.slot, w, &touched, &guard);
-        settle(entry, &mut w.tally);
-        entry
-            .counters
-            .map_bytes
-            .store(w.map_bytes(), Ordering::Relaxed);
-        removed
-    }
-
-    /// Drops every rank of `worker_id`. Returns the number of ranks removed.
-    pub fn remove_worker(&self, worker_id: u64) -> usize {
-        let mut n = 0;
-        for entry in self.ranks.entries() {
-            if entry.id.worker_id != worker_id {
-                continue;
-            }
-            let mut w = entry.writer.lock();
-            if w.removed {
-                continue;
-            }
-            self.empty_rank(&entry, &mut w);
-            w.removed = true;
-            self.ranks.forget(&entry);
-            n += 1;
-        }
-        n
-    }
-
-    /// Removes one rank entirely (its blocks, counters and slot).
-    pub fn remove_rank(&self, rank: RankId) -> bool {
-        let Some(entry) = self.ranks.get(rank) else {
-            return false;
-        };
-        let mut w = entry.writer.lock();
-        if w.removed {
-            return false;
-        }
-        self.empty_rank(&entry, &mut w);
-        w.removed = true;
-        self.ranks.forget(&entry);
-        true
-    }
 }
 
 /// `f` on the rank's hold of `run` (a new, empty one if it has none, with an index in the
@@ -747,70 +585,4 @@ fn hold_block(
         tally.holder_blocks += 1;
     }
     true
-}
-
-/// One engine name of the block at `r` on tier `t` went away: release the block unless
-/// another name still holds it.
-fn drop_name(w: &mut RankWriter, t: usize, r: BlockRef, touched: &mut Touched) {
-    drop_names(w, t, r.run_addr(), &[r.offset()], touched);
-}
-
-/// [`drop_name`] for blocks of one run, at `offsets`: the run's hold is looked up once
-/// (an eviction removes a request's blocks, mostly a run's in order).
-fn drop_names(w: &mut RankWriter, t: usize, run: usize, offsets: &[u32], touched: &mut Touched) {
-    let RankWriter {
-        holds,
-        aliases,
-        tally,
-        hold_heap,
-        ..
-    } = w;
-    let mut hold = holds.get_mut(&run);
-    let heap = hold.as_ref().map_or(0, |h| h.heap_bytes());
-    let mut dropped = false;
-    for &offset in offsets {
-        if !aliases[t].is_empty() {
-            // Another engine hash of this rank names the block: it stays held.
-            let block = BlockRef::from_parts(run, offset).0;
-            if let Some(n) = aliases[t].get_mut(&block) {
-                *n -= 1;
-                if *n == 0 {
-                    aliases[t].remove(&block);
-                }
-                continue;
-            }
-        }
-        let Some(hold) = hold.as_deref_mut() else {
-            continue;
-        };
-        if hold.clear(t, offset) {
-            dropped = true;
-            tally.tier_blocks[t] -= 1;
-            if !hold.has_any(offset) {
-                tally.holder_blocks -= 1;
-            }
-        }
-    }
-    if let Some(hold) = hold {
-        // A clear can free the lower tiers' box.
-        *hold_heap = *hold_heap + hold.heap_bytes() - heap;
-    }
-    if dropped {
-        touched.add(run, 0);
-    }
-}
-
-/// Applies one event's counter changes at once.
-fn settle(entry: &RankEntry<RankWriter>, tally: &mut Tally) {
-    let tally = std::mem::take(tally);
-    let c = &entry.counters;
-    let add = |a: &AtomicU64, d: i64| {
-        if d != 0 {
-            a.fetch_add(d as u64, Ordering::Relaxed);
-        }
-    };
-    for t in 0..3 {
-        add(&c.tier_blocks[t], tally.tier_blocks[t]);
-    }
-    add(&c.holder_blocks, tally.holder_blocks);
 }
