@@ -61,6 +61,11 @@ struct Args {
     churn_requests: usize,
     #[arg(long, default_value_t = 0x6b76_725f_7065_6572)]
     seed: u64,
+    /// The capacity registered for each worker (backends that take one: `kvr-reserved`),
+    /// as a multiple of what the fullest worker holds after the build: above 1, rank maps
+    /// run at a lower load, trading bytes for write speed.
+    #[arg(long, default_value_t = 1.0)]
+    capacity_scale: f64,
     /// Where to write results.json, tables.md and the plot.
     #[arg(long)]
     out: Option<std::path::PathBuf>,
@@ -138,6 +143,7 @@ fn main() {
             queries: args.queries,
             concurrency_secs: args.concurrency_secs,
             churn_requests: args.churn_requests,
+            capacity_scale: args.capacity_scale,
         };
         match run_child(backend, &spec) {
             Ok(rec) => println!("{}", serde_json::to_string(&rec).expect("serializable")),
@@ -199,6 +205,7 @@ fn main() {
                         .args(["--concurrency-secs", &args.concurrency_secs.to_string()])
                         .args(["--churn-requests", &args.churn_requests.to_string()])
                         .args(["--seed", &args.seed.to_string()])
+                        .args(["--capacity-scale", &args.capacity_scale.to_string()])
                         .output()
                         .unwrap_or_else(|e| fail(&format!("spawn: {e}")));
                     if !out.status.success() {

@@ -29,6 +29,8 @@ pub struct RunSpec {
     pub concurrency_secs: f64,
     /// Requests of the churn phase.
     pub churn_requests: usize,
+    /// The capacity registered per worker, over what the fullest holds (`--capacity-scale`).
+    pub capacity_scale: f64,
 }
 
 /// Latency of one query set, nanoseconds per call.
@@ -178,7 +180,8 @@ pub fn run<B: Backend>(name: &str, spec: &RunSpec) -> Record {
     for s in &built.stores {
         held[s.worker as usize] += s.blocks.len() as u64;
     }
-    let capacity = held.iter().copied().max().unwrap_or(0);
+    let capacity =
+        (held.iter().copied().max().unwrap_or(0) as f64 * spec.capacity_scale.max(0.0)) as u64;
     for worker in 0..workload::WORKERS as u32 {
         b.expect(&mut w, worker, capacity);
     }
