@@ -15,11 +15,12 @@
 //! if none has room): under churn at 90 % load a four-slot random-walk table made ~0.8
 //! serial moves per insert. A store's stretch of inserts defers the ones that must
 //! displace to its end ([`BlockMap::insert_or_defer`]), their candidates' lines
-//! prefetched meanwhile. Buckets are scanned with SSE2 compares (the x86_64 baseline). The table runs at 64-96 % load, growing by 1.5×
-//! (1.25× made rehashing most of the cost of filling a map). Two choices of eight-slot
-//! buckets have a load threshold near 99.9 % (the bucketized cuckoo analyses of
-//! Dietzfelbinger and Weidling, and of Cain, Sanders and Wormald), so 96 % is below it;
-//! an insert that finds no room within [`MAX_KICKS`] moves grows the table instead.
+//! prefetched meanwhile. Buckets are scanned with SSE2 compares (the x86_64 baseline).
+//! The table runs at 64-96 % load, growing by 1.5× (1.25× made rehashing most of the
+//! cost of filling a map). Two choices of eight-slot buckets have a load threshold near
+//! 99.9 % (the bucketized cuckoo analyses of Dietzfelbinger and Weidling, and of Cain,
+//! Sanders and Wormald), so 96 % is below it; an insert that finds no room within
+//! [`MAX_KICKS`] moves grows the table instead.
 //!
 //! Keys are stored mixed (`mix`, a bijection with `mix(0) == 0`), so mixed key 0 marks an
 //! empty slot and a real key 0 lives in a field of its own.
