@@ -9,9 +9,9 @@
 //! value and nothing else: 12 bytes for a rank's 4-byte places (`place`). An operation
 //! touches the two key lines and a value line, all prefetched ahead by the apply loops,
 //! and writes in place: no probe sequences, no cluster shifting, no tombstones. When both
-//! buckets are full (a quarter of inserts into a full rank's map, at 91 % load) an insert
-//! first moves one resident to its other bucket, checking the sixteen candidates four at a
-//! time with each four's lines prefetched together (a random walk, one miss per step, only
+//! buckets are full (31 % of inserts into a full rank's map at 91 % load, per `timing`)
+//! an insert first moves one resident to its other bucket, checking the sixteen candidates
+//! four at a time with each four's lines prefetched together (a random walk, one miss per step, only
 //! if none has room): under churn at 90 % load a four-slot random-walk table made ~0.8
 //! serial moves per insert. A store's stretch of inserts defers the ones that must
 //! displace to its end ([`BlockMap::insert_or_defer`]), their candidates' lines
@@ -187,10 +187,6 @@ impl Keys {
         let free = self.masks(EMPTY).1;
         (free != 0).then(|| free.trailing_zeros() as usize)
     }
-
-    fn free_count(&self) -> usize {
-        self.masks(EMPTY).1.count_ones() as usize
-    }
 }
 
 /// Set bits of a byte (the x86_64 baseline has no `popcnt`, and a table read beats the
@@ -205,9 +201,25 @@ const ONES: [u8; 256] = {
     t
 };
 
+/// Of buckets `a` and `b` with free-slot masks `free_a` and `free_b` (not both empty),
+/// the one with more free slots (`a` on a tie: d-choice balancing keeps loads even, which
+/// keeps full buckets and so displacements rare), and its first free slot.
+#[inline(always)]
+fn emptier(a: usize, free_a: u32, b: usize, free_b: u32) -> (usize, usize) {
+    let (at, m) = if ONES[free_a as usize] >= ONES[free_b as usize] {
+        (a, free_a)
+    } else {
+        (b, free_b)
+    };
+    (at, m.trailing_zeros() as usize)
+}
+
 #[cfg(test)]
 std::thread_local! {
+    /// Random-walk moves, and placements that found both buckets full (`timing` prints
+    /// both per insert).
     static KICKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static DISPLACES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Bucketized cuckoo `u64 → V` map (module docs).
@@ -383,7 +395,7 @@ impl<V: MapValue> BlockMap<V> {
     /// [`Self::insert`], unless `key` is absent and both its buckets are full: then
     /// `Err(())`, the map unchanged, and the lines a displacement will read prefetched, so
     /// that the caller can go on and [`Self::insert`] it a little later, when they have
-    /// arrived: about a quarter of inserts into a full rank's map displace, and where the
+    /// arrived: about a third of inserts into a full rank's map displace, and where the
     /// maps outgrow the caches (4M-16M holder-blocks) each waited a memory latency on the
     /// moved entry's other bucket. The caller keeps order (see `record_stretch`).
     #[inline]
@@ -397,9 +409,7 @@ impl<V: MapValue> BlockMap<V> {
         match self.insert_in(a, b, h, value, true) {
             Some(done) => Ok(done),
             None => {
-                for s in 0..GROUP {
-                    prefetch_line(&self.keys[self.resident_alt(a, b, s).2]);
-                }
+                self.group_alts(a, b, 0);
                 Err(())
             }
         }
@@ -419,9 +429,8 @@ impl<V: MapValue> BlockMap<V> {
         if !room || free_a | free_b == 0 {
             return None;
         }
-        let a_emptier = ONES[free_a as usize] >= ONES[free_b as usize];
-        let (at, m) = if a_emptier { (a, free_a) } else { (b, free_b) };
-        self.swap(at, m.trailing_zeros() as usize, h, value);
+        let (at, i) = emptier(a, free_a, b, free_b);
+        self.swap(at, i, h, value);
         self.used += 1;
         Some(None)
     }
@@ -447,7 +456,7 @@ impl<V: MapValue> BlockMap<V> {
         if self.used + 1 > max_used(self.keys.len()) {
             self.grow();
         }
-        while !self.place(h, value, true) {
+        while !self.place(h, value) {
             self.grow();
         }
         self.used += 1;
@@ -460,13 +469,10 @@ impl<V: MapValue> BlockMap<V> {
     /// room in the first group, so this waits on memory about once).
     #[inline]
     fn displace_one(&mut self, a: usize, b: usize, h: u64, value: V) -> bool {
+        #[cfg(test)]
+        DISPLACES.with(|d| d.set(d.get() + 1));
         for g in 0..2 * WAYS / GROUP {
-            let mut alts = [(0usize, 0usize, 0usize); GROUP];
-            for (j, e) in alts.iter_mut().enumerate() {
-                *e = self.resident_alt(a, b, g * GROUP + j);
-                prefetch_line(&self.keys[e.2]);
-            }
-            for (at, i, alt) in alts {
+            for (at, i, alt) in self.group_alts(a, b, g) {
                 if let Some(j) = self.keys[alt].free() {
                     let k = self.keys[at].0[i];
                     let v = self.val(at, i);
@@ -479,13 +485,20 @@ impl<V: MapValue> BlockMap<V> {
         false
     }
 
-    /// The `s`-th resident a displacement from full buckets `a` and `b` tries (the two
-    /// alternate), as its bucket, way and other bucket.
+    /// The `g`-th group of residents a displacement from full buckets `a` and `b` tries
+    /// (the two alternate), each as its bucket, way and other bucket, the other buckets'
+    /// key lines prefetched together.
     #[inline(always)]
-    fn resident_alt(&self, a: usize, b: usize, s: usize) -> (usize, usize, usize) {
-        let (at, i) = (if s % 2 == 0 { a } else { b }, s / 2);
-        let (x, y) = buckets(self.keys[at].0[i], self.keys.len());
-        (at, i, if x == at { y } else { x })
+    fn group_alts(&self, a: usize, b: usize, g: usize) -> [(usize, usize, usize); GROUP] {
+        let mut alts = [(0, 0, 0); GROUP];
+        for (j, e) in alts.iter_mut().enumerate() {
+            let s = g * GROUP + j;
+            let (at, i) = (if s % 2 == 0 { a } else { b }, s / 2);
+            let (x, y) = buckets(self.keys[at].0[i], self.keys.len());
+            *e = (at, i, if x == at { y } else { x });
+            prefetch_line(&self.keys[e.2]);
+        }
+        alts
     }
 
     fn grow(&mut self) {
@@ -496,53 +509,21 @@ impl<V: MapValue> BlockMap<V> {
         self.resize(to);
     }
 
-    /// Puts an absent mixed key in: a free slot of either bucket (the emptier one), else
-    /// displacing entries to their other bucket. `false` (the entry and the table as they
-    /// were) if no room was found within [`MAX_KICKS`] moves.
-    ///
-    /// `balance`: put it in the emptier bucket (an insert, whose check for the key loaded
-    /// both); else the first with room (a rehash, which then mostly walks the new table in
-    /// order, as homes are monotone in the mixed key).
-    fn place(&mut self, h: u64, value: V, balance: bool) -> bool {
+    /// Puts an absent mixed key in: a free slot of the emptier bucket, else displacing
+    /// entries to their other bucket. `false` (the entry and the table as they were) if no
+    /// room was found within [`MAX_KICKS`] moves.
+    fn place(&mut self, h: u64, value: V) -> bool {
         let n = self.keys.len();
         let (a, b) = buckets(h, n);
-        let at = if balance {
-            let (fa, fb) = (self.keys[a].free_count(), self.keys[b].free_count());
-            (fa > 0 || fb > 0).then_some(if fa >= fb { a } else { b })
-        } else if self.keys[a].free().is_some() {
-            Some(a)
-        } else if self.keys[b].free().is_some() {
-            Some(b)
-        } else {
-            None
-        };
-        if let Some(at) = at {
-            let i = self.keys[at].free().expect("a bucket with room");
+        let (free_a, free_b) = (self.keys[a].masks(EMPTY).1, self.keys[b].masks(EMPTY).1);
+        if free_a | free_b != 0 {
+            let (at, i) = emptier(a, free_a, b, free_b);
             self.swap(at, i, h, value);
             return true;
         }
-        // One move, breadth first: a resident of either bucket whose other bucket has
-        // room goes there (their lines are prefetched together, so the misses overlap).
-        for &at in &[a, b] {
-            for i in 0..WAYS {
-                let k = self.keys[at].0[i];
-                let (x, y) = buckets(k, n);
-                let alt = if x == at { y } else { x };
-                self.prefetch_bucket(alt);
-            }
-        }
-        for &at in &[a, b] {
-            for i in 0..WAYS {
-                let k = self.keys[at].0[i];
-                let (x, y) = buckets(k, n);
-                let alt = if x == at { y } else { x };
-                if let Some(j) = self.keys[alt].free() {
-                    let v = self.val(at, i);
-                    self.swap(alt, j, k, v);
-                    self.swap(at, i, h, value);
-                    return true;
-                }
-            }
+        // One move, breadth first: a resident of either bucket whose other bucket has room.
+        if self.displace_one(a, b, h, value) {
+            return true;
         }
         // Random-walk cuckoo: evict a victim, move it to its other bucket; record the
         // path so a failed walk can be undone.
@@ -656,7 +637,7 @@ impl<V: MapValue> BlockMap<V> {
         for &(k, _) in batch {
             self.prefetch_mixed(k);
         }
-        batch.iter().all(|&(k, v)| self.place(k, v, true))
+        batch.iter().all(|&(k, v)| self.place(k, v))
     }
 }
 

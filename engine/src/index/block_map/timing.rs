@@ -1,6 +1,25 @@
 //! Timings and displacement counts of the rank map, run by hand (`--ignored`).
 
+use super::tests::SplitMix;
 use super::*;
+use std::collections::VecDeque;
+
+/// A map of `size` random keys from `rng` (each key's value made by `value`), and the keys
+/// in the order they went in.
+fn filled<V: MapValue>(
+    m: &mut BlockMap<V>,
+    size: usize,
+    rng: &mut SplitMix,
+    value: fn(u64) -> V,
+) -> VecDeque<u64> {
+    (0..size)
+        .map(|_| {
+            let k = rng.next();
+            m.insert(k, value(k));
+            k
+        })
+        .collect()
+}
 
 /// `cargo test --release -p kvr --lib block_map::timing -- --ignored --nocapture`
 #[test]
@@ -35,7 +54,7 @@ fn kicks_while_growing() {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            if !m.place(mix(x >> 1 | 1), 1, true) {
+            if !m.place(mix(x >> 1 | 1), 1) {
                 failed += 1;
             }
         }
@@ -58,19 +77,9 @@ fn kicks_while_growing() {
 fn steady_churn_ns_per_op() {
     for size in [8_000usize, 1_000_000] {
         let mut m = BlockMap::<u64>::new();
-        let mut keys: std::collections::VecDeque<u64> = Default::default();
-        let mut x = 0x1234_5678u64;
-        let mut next = || {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z ^ (z >> 31)
-        };
-        for _ in 0..size {
-            let k = next();
-            m.insert(k, k);
-            keys.push_back(k);
-        }
+        let mut rng = SplitMix(0x1234_5678);
+        let mut keys = filled(&mut m, size, &mut rng, |k| k);
+        let mut next = || rng.next();
         let ops = 2_000_000;
         let k0 = KICKS.with(|k| k.get());
         let t = std::time::Instant::now();
@@ -112,8 +121,9 @@ fn steady_churn_ns_per_op() {
 /// `cargo test --release -p kvr --lib block_map::timing::reserved -- --ignored --nocapture`
 /// (`SIZES=8000,...` sets the entry counts; `OVER=150` reserves for 150 % of them, a lower
 /// load).
-/// Measured (2026-12-04, 8,000 entries, in cache): insert 24.6 / 15.7 / 14.9 ns at 91 / 76
-/// / 61 % load, remove 12-13 ns; before the grouped displacement and SSE2 scans, insert
+/// Measured (2026-12-04, 8,000 entries, in cache, `SIZES=8000`, `OVER=100/120/150`): insert
+/// 26.6-27.4 / 15.6 / 15.4 ns at 91 / 76 / 61 % load, remove 13-14 ns; both buckets full on
+/// 31.5 / 1.7 / 0.0 % of inserts; before the grouped displacement and SSE2 scans, insert
 /// 40 ns at 91 %.
 #[test]
 #[ignore = "a timing printed for a reader, no assertion (timings live in benchmarks): run by hand with --nocapture"]
@@ -124,22 +134,12 @@ fn reserved_churn_ns_per_op() {
     for size in sizes {
         let mut m = BlockMap::<u32>::new();
         m.reserve(size * std::env::var("OVER").map_or(100, |v| v.parse().unwrap()) / 100);
-        let mut keys: std::collections::VecDeque<u64> = Default::default();
-        let mut x = 0x1234_5678u64;
-        let mut next = || {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z ^ (z >> 31)
-        };
-        for _ in 0..size {
-            let k = next();
-            m.insert(k, k as u32);
-            keys.push_back(k);
-        }
+        let mut rng = SplitMix(0x1234_5678);
+        let mut keys = filled(&mut m, size, &mut rng, |k| k as u32);
+        let mut next = || rng.next();
         let rounds = 2_000_000 / 64;
         let (mut ti, mut tr) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
-        let k0 = KICKS.with(|k| k.get());
+        let (k0, d0) = (KICKS.with(|k| k.get()), DISPLACES.with(|d| d.get()));
         let mut batch = [0u64; 64];
         for _ in 0..rounds {
             for b in batch.iter_mut() {
@@ -160,10 +160,12 @@ fn reserved_churn_ns_per_op() {
         }
         let ops = (rounds * 64) as f64;
         eprintln!(
-            "size {size}: load {:.3}, insert {:.1} ns, remove {:.1} ns, kicks/insert {:.3}",
+            "size {size}: load {:.3}, insert {:.1} ns, remove {:.1} ns, both buckets full on \
+             {:.1} % of inserts, kicks/insert {:.3}",
             m.used as f64 / m.capacity() as f64,
             ti.as_nanos() as f64 / ops,
             tr.as_nanos() as f64 / ops,
+            (DISPLACES.with(|d| d.get()) - d0) as f64 / ops * 100.0,
             (KICKS.with(|k| k.get()) - k0) as f64 / ops,
         );
     }
