@@ -30,8 +30,10 @@ pub fn dependent_load_ns(bytes: usize, seed: u64) -> f64 {
     ns
 }
 
-/// `lines` (at least 1,024) 64-byte lines linked into one random cycle (Sattolo's
-/// shuffle): word `8 i` holds the word index of the line after line `i`.
+/// `lines` (at least 1,024) 64-byte lines linked into one random cycle: the lines are
+/// shuffled and each is linked to the next in that order, the last to the first, so the
+/// walk is one cycle whatever the shuffle; word `8 i` holds the word index of the line
+/// after line `i`.
 fn walk(lines: usize, seed: u64) -> Vec<u64> {
     let lines = lines.max(1024);
     let mut order: Vec<u32> = (0..lines as u32).collect();
