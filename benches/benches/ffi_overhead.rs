@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use criterion::Criterion;
-use kvr::select::{Outcome, SelectRequest};
+use kvr::{Outcome, SelectRequest};
 use kvr_benches::{build_selection, SelectionConfig};
 use kvr_ffi::{
     kvr_decision, kvr_partition, kvr_partition_select, kvr_request, kvr_request_free,
@@ -32,8 +32,8 @@ use kvr_ffi::{
 };
 
 struct Setup {
-    engine: Arc<kvr::engine::Engine>,
-    partition: Arc<kvr::partition::Partition>,
+    engine: Arc<kvr::Engine>,
+    partition: Arc<kvr::Partition>,
     handle: Box<kvr_partition>,
     request: *mut kvr_request,
     queries: Vec<Vec<u32>>,

@@ -25,8 +25,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvr::index::{Index, OverlapScores, TieredScores};
 use kvr::Tier;
+use kvr::{Index, OverlapScores, TieredScores};
 use kvr_benches::{
     build_index, index_config, ChainEvents, EventGen, QueryOrder, Shape, Workload, WorkloadConfig,
     DEFAULT_SEED,

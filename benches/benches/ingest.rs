@@ -18,9 +18,10 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
-use kvr::ingress::decode::{decode_batch, DecodedBatch, Medium};
-use kvr::ingress::encode::BatchEncoder;
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::config::PartitionConfig;
+use kvr::ingress::{decode_batch, DecodedBatch, Medium};
+use kvr::{Partition, PartitionKey};
+use kvr_emulator::BatchEncoder;
 
 const BS: usize = 16;
 const RANKS: u64 = 64;

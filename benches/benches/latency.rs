@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::Instant;
 
-use kvr::index::OverlapScores;
+use kvr::OverlapScores;
 use kvr_benches::timing::{print_table, summarize, timer_overhead, Lat};
 use kvr_benches::{build_index, QueryOrder, Shape, Workload, WorkloadConfig};
 

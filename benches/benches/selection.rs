@@ -41,9 +41,9 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use kvr::engine::Engine;
-use kvr::partition::PartitionKey;
-use kvr::select::{Outcome, SelectRequest};
+use kvr::Engine;
+use kvr::PartitionKey;
+use kvr::{Outcome, SelectRequest};
 use kvr_benches::timing::{print_table, summarize, timer_overhead, Lat};
 use kvr_benches::{build_selection, SelectionConfig, SelectionWorkload, DEFAULT_SEED};
 

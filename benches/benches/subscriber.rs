@@ -13,9 +13,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvr::ingress::decode::Medium;
-use kvr::ingress::encode::BatchEncoder;
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::config::PartitionConfig;
+use kvr::ingress::Medium;
+use kvr::{Partition, PartitionKey};
+use kvr_emulator::BatchEncoder;
 use kvr_zmq::subscribe::{subscribe, SubscribeConfig};
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 

@@ -13,8 +13,10 @@ use std::collections::VecDeque;
 
 pub mod timing;
 
+use kvr::config::IndexConfig;
 use kvr::hash::sequence_hashes;
-use kvr::index::{Index, IndexConfig, IndexStats};
+use kvr::stats::IndexStats;
+use kvr::Index;
 use kvr::{RankId, StoredBlock, Tier};
 
 /// The seed every suite uses unless it says otherwise.
@@ -432,7 +434,7 @@ pub struct SelectionConfig {
     pub seed: u64,
     /// The partition's cost model (`KVR_SEL_COST=dynamo|latency` in the selection bench,
     /// default latency: kvr's default), so the two compare side by side.
-    pub cost_model: kvr::cost::CostModel,
+    pub cost_model: kvr::config::CostModel,
 }
 
 impl SelectionConfig {
@@ -450,7 +452,7 @@ impl SelectionConfig {
             seed: DEFAULT_SEED ^ 0x005e_1ec7,
             cost_model: std::env::var("KVR_SEL_COST")
                 .ok()
-                .and_then(|m| kvr::cost::CostModel::parse(&m))
+                .and_then(|m| kvr::config::CostModel::parse(&m))
                 .unwrap_or_default(),
         }
     }
@@ -464,8 +466,8 @@ impl SelectionConfig {
 #[derive(Debug)]
 pub struct SelectionWorkload {
     pub config: SelectionConfig,
-    pub engine: std::sync::Arc<kvr::engine::Engine>,
-    pub key: kvr::partition::PartitionKey,
+    pub engine: std::sync::Arc<kvr::Engine>,
+    pub key: kvr::PartitionKey,
     /// The shared prompts, `pool_tokens` tokens each.
     pub pool: Vec<Vec<u32>>,
     /// Live bookings made while building (they stay for the workload's lifetime).
@@ -482,10 +484,11 @@ fn log_uniform(rng: &mut SplitMix64, max: usize) -> usize {
 
 /// Builds a selection workload (deterministic in `config.seed`).
 pub fn build_selection(config: SelectionConfig) -> SelectionWorkload {
-    use kvr::engine::Engine;
-    use kvr::load::RankLoad;
-    use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
-    use kvr::select::SelectRequest;
+    use kvr::config::PartitionConfig;
+    use kvr::Engine;
+    use kvr::RankLoad;
+    use kvr::SelectRequest;
+    use kvr::{PartitionKey, WorkerInfo};
 
     let bs = config.block_size as usize;
     let pool_blocks = config.pool_blocks();
@@ -497,9 +500,9 @@ pub fn build_selection(config: SelectionConfig) -> SelectionWorkload {
         .create_partition(
             key.clone(),
             PartitionConfig {
-                cost: kvr::cost::CostConfig {
+                cost: kvr::config::CostConfig {
                     model: config.cost_model,
-                    ..kvr::cost::CostConfig::default()
+                    ..kvr::config::CostConfig::default()
                 },
                 ..PartitionConfig::new(config.block_size)
             },
@@ -666,7 +669,7 @@ mod tests {
             assert_eq!(s.holder_blocks, (cfg.chains() * cfg.chain_len) as u64 * k);
             assert!(s.holder_blocks >= cfg.total_holder_blocks as u64);
             assert_eq!(s.nodes, (cfg.chains() * cfg.chain_len) as u64);
-            let mut out = kvr::index::OverlapScores::new();
+            let mut out = kvr::OverlapScores::new();
             for i in [0, w.chains.len() / 2, w.chains.len() - 1] {
                 w.index.find_matches_into(w.chains.local(i), &mut out);
                 assert_eq!(out.len() as u64, k);
@@ -700,7 +703,7 @@ mod tests {
 
     #[test]
     fn selection_workload_books_and_frees_back_to_its_bookings() {
-        use kvr::select::{Outcome, SelectRequest};
+        use kvr::{Outcome, SelectRequest};
         let cfg = SelectionConfig {
             pool_prompts: 8,
             pool_tokens: 512,

@@ -1,12 +1,21 @@
-//! How a partition hashes, scores and books: the configuration every layer below the
-//! partition reads its part of.
+//! Every configuration, in one place: how a partition hashes, scores and books
+//! ([`PartitionConfig`] and the parts it holds: the cost, the indexer policy, sessions,
+//! busy thresholds, transfer hints), each layer below the partition reading its part.
 
 use std::time::Duration;
 
-use crate::cost::CostConfig;
-use crate::indexer::{IndexerConfig, IndexerConfigError, ResolvedIndexer};
-use crate::session::{AffinityMode, SessionConfig};
+use crate::indexer::ResolvedIndexer;
 use crate::workers::BackendRole;
+
+pub use crate::cost::config::{CostConfig, CostModel, LatencyConfig};
+pub use crate::index::{
+    ApproxConfig, IndexConfig, RemoteConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
+};
+pub use crate::indexer::{IndexerConfig, IndexerConfigError, IndexerPolicy, Retention};
+pub use crate::session::{
+    AffinityMode, SessionConfig, DEFAULT_MAX_SESSION_ID_BYTES, EARLY_RELEASE_WINDOW,
+    MIN_ENTRIES_PER_SHARD,
+};
 
 /// Per-partition busy thresholds (Dynamo's): a rank over any set threshold is busy and is
 /// not chosen; if every candidate is busy the selection answers `Busy`.
@@ -69,7 +78,7 @@ pub struct PartitionConfig {
     /// `/dump`). Off by default.
     pub index_dump: bool,
     /// Credit a stale rank's overlap anyway (a stream with a known loss being replayed,
-    /// `ingress::freshness`). Off by default: a stale rank may still hold blocks the lost
+    /// `crate::freshness`). Off by default: a stale rank may still hold blocks the lost
     /// batches evicted, so its overlap counts as none until the loss is repaired.
     pub trust_stale_overlap: bool,
 }

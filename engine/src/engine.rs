@@ -7,12 +7,15 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 use crate::config::ConfigError;
+use crate::config::PartitionConfig;
 use crate::cost::SelectionRng;
 use crate::idmap::IdMap;
-use crate::index::RankId;
-use crate::partition::{Partition, PartitionConfig, PartitionKey};
+use crate::ids::PartitionKey;
+use crate::ids::RankId;
+use crate::ids::SelectionId;
+use crate::partition::Partition;
 use crate::reservation::{
-    BookingRequest, BookingStatus, ForgetListener, FreeOutcome, ReservationError, SelectionId,
+    BookingRequest, BookingStatus, ForgetListener, FreeOutcome, ReservationError,
 };
 use crate::select::{Decision, Outcome, SelectError, SelectRequest};
 use crate::sync::atomic::{AtomicU64, Ordering};

@@ -1,10 +1,10 @@
-//! A `u64 → u64` map with lock-free reads: the sharded table of `index::table` (the one
+//! A `u64 → u64` map with lock-free reads: the sharded table of `crate::table` (the one
 //! under the index's branch table). The engine's selection-id
 //! → partition index is one: a lifecycle call finds its booking's partition without a
 //! lock; writers serialize per shard.
 
-use crate::index::table::{table_key, Shard};
 use crate::sync::epoch;
+use crate::table::{table_key, Shard};
 
 pub(crate) struct IdMap {
     shards: Box<[Shard]>,

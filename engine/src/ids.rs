@@ -6,6 +6,10 @@ pub type WorkerId = u64;
 /// A data-parallel rank inside a worker.
 pub type DpRank = u32;
 
+/// A booking's id: unique across an engine (the engine mints one, or the caller supplies
+/// its own; a duplicate is refused, never an overwrite).
+pub type SelectionId = u64;
+
 /// The unit every index entry, load figure and booking is keyed by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RankId {

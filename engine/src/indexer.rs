@@ -43,13 +43,13 @@
 
 use std::time::Duration;
 
+use crate::ids::RankId;
 use crate::ids::{PartitionKey, WorkerId};
 use crate::index::remote::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 use crate::index::{
-    ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexConfig, RankId, RemoteIndex,
-    TieredOverlap, TieredScores,
+    ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexConfig, RemoteIndex, TieredOverlap,
+    TieredScores,
 };
-use crate::reservation::SweepListener;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::StdArc as Arc;
 
@@ -461,18 +461,6 @@ impl IndexState {
             .expect("a merge lists each rank once");
     }
 
-    /// How the approximate index's records expire between bookings: on the booking
-    /// table's sweep (a booking's own recording expires them lazily too). `None` without
-    /// an approximate index. The sweep must run at least every half TTL for a record to
-    /// be gone within 1.5 TTL of its last booking: [`IndexState::sweep_interval`].
-    pub(crate) fn sweep_listener(&self, primary: &Arc<Index>) -> Option<SweepListener> {
-        let rec = self.recorder.clone()?;
-        let index = self.side.clone().unwrap_or_else(|| primary.clone());
-        Some(Arc::new(move |now| {
-            rec.expire(&index, now);
-        }))
-    }
-
     /// The booking-table sweep interval this policy needs: `default`, or with an
     /// approximate index at most half its TTL (at least 100 ms).
     pub(crate) fn sweep_interval(&self, default: Option<Duration>) -> Option<Duration> {
@@ -485,6 +473,7 @@ impl IndexState {
 
     /// Makes the next `n` recordings fail as a full index would (`TooManyRanks`): the only
     /// other way to reach that path is 2^18 ranks. For tests of what a failure does.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn fail_next_records(&self, n: u64) {
         self.counters.injected_failures.store(n, Ordering::Relaxed);
     }

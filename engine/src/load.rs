@@ -13,12 +13,12 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use crate::index::RankHasher;
+use crate::hash::mix::HashMix;
 
 /// Ranks are small integers: a cheap hasher, not SipHash (looked up per candidate).
-type RankMapOf<V> = HashMap<RankId, V, BuildHasherDefault<RankHasher>>;
+type RankMapOf<V> = HashMap<RankId, V, BuildHasherDefault<HashMix>>;
 
-use crate::index::{RankId, WorkerId};
+use crate::ids::{RankId, WorkerId};
 use crate::sync::{Arc, Mutex, Snapshot, SnapshotGuard};
 
 /// Load figures a host reports for one rank. All fields are optional in spirit: a host

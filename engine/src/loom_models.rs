@@ -6,8 +6,9 @@
 //! and must be rejected, with the failure it is meant to provoke (a causality violation
 //! on a freed or unpublished cell, or an overcount).
 
+use crate::ids::{RankId, Tier};
 use crate::index::testing::ShardProbe;
-use crate::index::{Index, IndexConfig, RankId, StoredBlock, Tier};
+use crate::index::{Index, IndexConfig, StoredBlock};
 use crate::sync::faults::{self, Faults};
 use crate::sync::{epoch, Arc};
 
@@ -299,7 +300,8 @@ fn tiny_engine() -> (
     crate::partition::PartitionKey,
     crate::index::RankId,
 ) {
-    use crate::partition::{PartitionConfig, PartitionKey, WorkerInfo};
+    use crate::ids::PartitionKey;
+    use crate::partition::{PartitionConfig, WorkerInfo};
     let engine = crate::engine::Engine::with_seed(1);
     let key = PartitionKey::new("m", "g");
     let p = engine

@@ -16,9 +16,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use common::rng::{env_u64, Rng};
+use kvr::config::ApproxConfig;
 use kvr::hash::sequence_hashes;
-use kvr::index::MAX_RANKS;
-use kvr::index::{ApproxConfig, ApproxRecorder, ApproxStats, Index, IndexError, RecordOutcome};
+use kvr::stats::ApproxStats;
+use kvr::testing::{ApproxRecorder, RecordOutcome};
+use kvr::MAX_RANKS;
+use kvr::{Index, IndexError};
 use kvr::{RankId, Tier};
 
 const TTL: Duration = Duration::from_secs(120);
@@ -29,7 +32,7 @@ fn rank(w: u64) -> RankId {
 
 /// A lookup of a prompt given as local hashes: the approximate index is fed by bookings,
 /// so it is keyed by sequence hashes (`kvr::index` "Keys").
-fn lookup(index: &Index, locals: &[u64]) -> kvr::index::OverlapScores {
+fn lookup(index: &Index, locals: &[u64]) -> kvr::OverlapScores {
     index.find_matches(&sequence_hashes(locals))
 }
 
@@ -531,7 +534,7 @@ fn differential(seed: u64, ops: usize, backwards: bool) {
     let base = Instant::now();
     let mut t_ms: u64 = 1_000_000;
     let mut log: Vec<String> = Vec::new();
-    let mut scores = kvr::index::OverlapScores::new();
+    let mut scores = kvr::OverlapScores::new();
 
     for op in 0..ops {
         // Time: mostly small steps, sometimes a jump past the TTL, sometimes backwards.

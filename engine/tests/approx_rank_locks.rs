@@ -19,11 +19,12 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvr::config::IndexerConfig;
+use kvr::config::PartitionConfig;
 use kvr::cost::SelectionRng;
-use kvr::indexer::IndexerConfig;
-use kvr::partition::{HostHooks, Partition, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::select::{Outcome, SelectRequest};
 use kvr::RankId;
+use kvr::{HostHooks, Partition, PartitionKey, WorkerInfo};
+use kvr::{Outcome, SelectRequest};
 
 const B: u32 = 4;
 const A_RANK: RankId = RankId::new(1, 0);
@@ -75,16 +76,19 @@ fn a_booking_held_in_one_ranks_records_does_not_stop_another_ranks() {
     let (release, release_rx) = channel::<()>();
     let gate = Arc::new(Mutex::new(Some((entered_tx, release_rx))));
     let hook_gate = gate.clone();
-    p.set_record_hook_for_test(Some(Arc::new(move |rank| {
-        if rank != A_RANK {
-            return;
-        }
-        let held = hook_gate.lock().unwrap().take();
-        if let Some((entered, release)) = held {
-            entered.send(()).unwrap();
-            let _ = release.recv_timeout(Duration::from_secs(60));
-        }
-    })));
+    kvr::testing::set_record_hook(
+        &p,
+        Some(Arc::new(move |rank| {
+            if rank != A_RANK {
+                return;
+            }
+            let held = hook_gate.lock().unwrap().take();
+            if let Some((entered, release)) = held {
+                entered.send(()).unwrap();
+                let _ = release.recv_timeout(Duration::from_secs(60));
+            }
+        })),
+    );
 
     only(&p, A_RANK);
     let p1 = p.clone();
@@ -159,5 +163,5 @@ fn a_booking_held_in_one_ranks_records_does_not_stop_another_ranks() {
         (16, 16),
         "8 blocks per prompt, two prompts per rank"
     );
-    p.set_record_hook_for_test(None);
+    kvr::testing::set_record_hook(&p, None);
 }

@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
-use kvr::ingress::decode::{decode_batch, DecodedBatch, DecodedEvent, Medium};
+use kvr::ingress::{decode_batch, DecodedBatch, DecodedEvent, Medium};
 
 struct Counting;
 

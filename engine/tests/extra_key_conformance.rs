@@ -1,15 +1,16 @@
 //! kvr's extra-key vectors (`tests/conformance/extra_key_vectors.json`): the request side
 //! (`BlockExtras`) and the event side (vLLM 0.33's `extra_keys` through
 //! `Partition::ingest`) give each vector's pinned hashes, and so does a second
-//! implementation of the rule written here from its xxh3 formulas (`kvr::hash::extra`).
+//! implementation of the rule written here from its xxh3 formulas (`kvr::hash`).
 //! An unknown key in a vector fails the test, so nothing is silently skipped.
 
-use kvr::hash::extra::prompt_embeds_key;
+use kvr::config::PartitionConfig;
+use kvr::hash::prompt_embeds_key;
 use kvr::hash::{sequence_hashes, BlockExtras, HashSalt};
-use kvr::ingress::decode::Medium;
-use kvr::ingress::encode::{BatchEncoder, WireExtraKey};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::ingress::Medium;
 use kvr::RankId;
+use kvr::{Partition, PartitionKey};
+use kvr_emulator::{BatchEncoder, WireExtraKey};
 use serde_json::{Map, Value};
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 

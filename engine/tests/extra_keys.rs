@@ -1,14 +1,15 @@
-//! Extra keys (REFERENCE.md §9, `kvr::hash::extra`): equal tokens with different images,
+//! Extra keys (REFERENCE.md §9, `kvr::hash`): equal tokens with different images,
 //! cache salts or prompt embeddings are different blocks, on the event side (vLLM 0.33's
 //! `extra_keys`, through `Partition::ingest`) and on the request side (`BlockExtras`),
 //! which agree.
 
-use kvr::hash::extra::{mm_key, prompt_embeds_key};
+use kvr::config::PartitionConfig;
+use kvr::hash::{mm_key, prompt_embeds_key};
 use kvr::hash::{BlockExtras, HashSalt};
-use kvr::ingress::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
-use kvr::ingress::encode::{BatchEncoder, WireExtraKey as K};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::ingress::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
 use kvr::{Outcome, RankId, SelectRequest, WorkerInfo};
+use kvr::{Partition, PartitionKey};
+use kvr_emulator::{BatchEncoder, WireExtraKey as K};
 
 const BS: u32 = 4;
 /// Two blocks of image placeholder tokens: only the extra keys tell images apart.
@@ -162,7 +163,7 @@ fn the_decoder_reads_each_key_kind_and_checks_the_count() {
     assert_eq!(
         extras_of(&b),
         vec![
-            vec![mm_key(b"i", 3), kvr::hash::extra::cache_salt_key(b"salt")],
+            vec![mm_key(b"i", 3), kvr::hash::cache_salt_key(b"salt")],
             vec![]
         ]
     );
@@ -215,7 +216,7 @@ fn sglang_cache_salt_field_salts_the_first_block_of_a_prompt() {
     assert_eq!(
         extras_of(&b),
         vec![
-            vec![mm_key(b"i", 0), kvr::hash::extra::cache_salt_key(b"s")],
+            vec![mm_key(b"i", 0), kvr::hash::cache_salt_key(b"s")],
             vec![]
         ]
     );

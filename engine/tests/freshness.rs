@@ -2,14 +2,16 @@
 //! stale, and by default selection does not credit its ranks' overlap until the replay
 //! fills the loss or the ranks are cleared; `trust_stale_overlap` credits it anyway.
 
+use kvr::config::PartitionConfig;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::index::TieredScores;
-use kvr::ingress::decode::Medium;
-use kvr::ingress::encode::BatchEncoder;
-use kvr::ingress::ingest::{IngressStream, StreamFreshness};
-use kvr::ingress::sequence::ReplayResult;
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::ingress::IngressStream;
+use kvr::ingress::Medium;
+use kvr::ingress::ReplayResult;
+use kvr::stats::StreamFreshness;
+use kvr::TieredScores;
+use kvr::{Partition, PartitionKey};
 use kvr::{RankId, WorkerInfo};
+use kvr_emulator::BatchEncoder;
 
 const TOKENS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 

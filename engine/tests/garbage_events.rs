@@ -8,11 +8,12 @@
 //! (`Partition::ingest`, the payload's `data_parallel_rank`). Before the fix, 30,000 of
 //! the first kind made 30,000 ranks (+159 MB) and 40,000 of the second 40,000 ranks.
 
+use kvr::config::PartitionConfig;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::ingress::decode::Medium;
-use kvr::ingress::encode::BatchEncoder;
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::ingress::Medium;
 use kvr::{KvEvent, RankId, StoredBlock, Tier, WorkerInfo};
+use kvr::{Partition, PartitionKey};
+use kvr_emulator::BatchEncoder;
 
 const BS: u32 = 4;
 const EVENTS: u64 = 1_000_000;
@@ -148,7 +149,7 @@ fn a_registered_workers_dp_ranks_are_admitted_and_others_refused() {
     let s = p.ingress_stats().into_iter().next().unwrap();
     assert_eq!((s.dp_rank_refused, s.blocks_stored), (3, 2));
     // A worker not registered yet may use ranks below MAX_DP_SIZE, not beyond.
-    let max = kvr::workers::MAX_DP_SIZE;
+    let max = kvr::MAX_DP_SIZE;
     for (seq, dp) in [max - 1, max].into_iter().enumerate() {
         let msg = stored_payload(&mut enc, Some(dp), 1, 50 + u64::from(dp));
         p.ingest(5, 0, b"", seq as u64, &msg);

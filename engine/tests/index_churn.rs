@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use common::rng::env_u64;
-use kvr::index::Index;
+use kvr::Index;
 use kvr::{RankId, StoredBlock, Tier};
 
 const WORKERS: u64 = 4;

@@ -43,7 +43,8 @@ use std::time::Instant;
 
 use common::model::{self, assert_stats_equal, Model, Transition, TIERS};
 use common::rng::{env_u64, Rng};
-use kvr::index::{Index, IndexConfig, OverlapScores};
+use kvr::config::IndexConfig;
+use kvr::{Index, OverlapScores};
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 const READERS: usize = 3;

@@ -28,7 +28,8 @@ use std::time::Instant;
 
 use common::model::{self, assert_rank_stats_equal, assert_stats_equal, Model, TIERS};
 use common::rng::{env_u64, Rng};
-use kvr::index::{Index, IndexConfig, OverlapScores};
+use kvr::config::IndexConfig;
+use kvr::{Index, OverlapScores};
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 /// dp size of workers 1..=7 (18 ranks).

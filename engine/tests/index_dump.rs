@@ -3,7 +3,7 @@
 //! three tiers, branches, removals that leave holes, clears), never more; an index without
 //! lineage dumps nothing and says how many blocks it left out.
 
-use kvr::index::{Index, KvEvent, RankId, StoredBlock, Tier};
+use kvr::{Index, KvEvent, RankId, StoredBlock, Tier};
 
 struct Rng(u64);
 impl Rng {

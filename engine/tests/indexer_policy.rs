@@ -10,14 +10,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use kvr::config::PartitionConfig;
+use kvr::config::{IndexerConfig, IndexerPolicy, Retention};
 use kvr::cost::SelectionRng;
-use kvr::engine::{Engine, EngineError};
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::indexer::{IndexerConfig, IndexerPolicy, Retention};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::reservation::BookingRequest;
-use kvr::select::{Outcome, SelectRequest};
+use kvr::BookingRequest;
 use kvr::RankId;
+use kvr::{Engine, EngineError};
+use kvr::{Outcome, SelectRequest};
+use kvr::{Partition, PartitionKey, WorkerInfo};
 
 use common::partition::{book, locals, prompt, seqs, B};
 
@@ -53,7 +54,7 @@ fn prediction(ttl: Duration) -> IndexerConfig {
 fn device_overlap(p: &Partition, tokens: &[u32]) -> Vec<(RankId, u32)> {
     let mut rng = SelectionRng::from_seed(0);
     let _ = p.select(&SelectRequest::tokens(tokens), &mut rng);
-    let mut t = kvr::index::TieredScores::new();
+    let mut t = kvr::TieredScores::new();
     // The primary's keys (`kvr::index` "Keys"): sequence hashes when bookings feed it.
     let keys = match p.indexer_policy() {
         IndexerPolicy::ApproximatePrimary => seqs(tokens),
@@ -108,9 +109,9 @@ fn row_events_off_is_an_approximate_primary_fed_by_bookings() {
 #[test]
 fn approximate_records_expire_after_their_ttl() {
     let cfg = IndexerConfig {
-        approx: kvr::index::ApproxConfig {
+        approx: kvr::config::ApproxConfig {
             ttl: Duration::from_secs(10),
-            ..kvr::index::ApproxConfig::default()
+            ..kvr::config::ApproxConfig::default()
         },
         ..events_off()
     };
@@ -131,9 +132,9 @@ fn approximate_records_expire_after_their_ttl() {
 fn records_expire_on_the_booking_sweep_without_another_booking() {
     for cfg in [
         IndexerConfig {
-            approx: kvr::index::ApproxConfig {
+            approx: kvr::config::ApproxConfig {
                 ttl: Duration::from_secs(10),
-                ..kvr::index::ApproxConfig::default()
+                ..kvr::config::ApproxConfig::default()
             },
             ..events_off()
         },
@@ -262,14 +263,14 @@ fn row_remote_url_with_events_on_is_a_remote_primary() {
 #[test]
 fn a_remote_url_without_a_client_is_refused_saying_what_to_supply() {
     struct Nothing;
-    impl kvr::index::RemoteIndex for Nothing {
+    impl kvr::RemoteIndex for Nothing {
         fn query_tiered(
             &self,
             _: &PartitionKey,
             _: u32,
             _: &[u64],
-            out: &mut kvr::index::TieredScores,
-        ) -> Result<(), kvr::index::RemoteError> {
+            out: &mut kvr::TieredScores,
+        ) -> Result<(), kvr::RemoteError> {
             let _ = out.fill_from(std::iter::empty());
             Ok(())
         }
@@ -299,7 +300,7 @@ fn a_remote_url_without_a_client_is_refused_saying_what_to_supply() {
         Err(EngineError::InvalidConfig(e)) if e.to_string() == err
     ));
     let with = IndexerConfig {
-        remote_client: Some(kvr::indexer::RemoteClient(std::sync::Arc::new(Nothing))),
+        remote_client: Some(kvr::RemoteClient(std::sync::Arc::new(Nothing))),
         ..cfg
     };
     assert!(with.check().is_ok());
@@ -335,9 +336,9 @@ fn capacity_bounded_retention_falls_back_to_ttl_with_a_notice() {
 fn zero_prediction_ttl_and_zero_size_bound_are_refused() {
     assert!(prediction(Duration::ZERO).resolve().is_err());
     let cfg = IndexerConfig {
-        approx: kvr::index::ApproxConfig {
+        approx: kvr::config::ApproxConfig {
             max_blocks: 0,
-            ..kvr::index::ApproxConfig::default()
+            ..kvr::config::ApproxConfig::default()
         },
         ..events_off()
     };
@@ -467,7 +468,7 @@ fn recording_error_is_logged_and_the_booking_stands() {
     capture_log();
     for indexer in [events_off(), prediction(Duration::from_secs(60))] {
         let p = partition(indexer);
-        p.fail_next_records_for_test(1);
+        kvr::testing::fail_next_records(&p, 1);
         let t = prompt(9);
         // The recording fails; the booking is made and reported as made.
         book(&p, &t, 1, Instant::now());

@@ -1,12 +1,13 @@
 //! Raw engine messages through `Partition::ingest`: decoded, hashed from their tokens,
 //! applied to the rank they name, sequence-checked, counted.
 
+use kvr::config::PartitionConfig;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::ingress::decode::Medium;
-use kvr::ingress::encode::BatchEncoder;
-use kvr::ingress::ingest::StreamStats;
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::ingress::Medium;
+use kvr::stats::StreamStats;
 use kvr::RankId;
+use kvr::{Partition, PartitionKey};
+use kvr_emulator::BatchEncoder;
 
 const BS: u32 = 4;
 

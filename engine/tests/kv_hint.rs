@@ -10,13 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvr::config::{BusyThresholds, HintConfig, PartitionConfig};
 use kvr::cost::SelectionRng;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::partition::{
-    BackendRole, BusyThresholds, HintConfig, HostHooks, Partition, PartitionConfig, PartitionKey,
-    WorkerInfo,
-};
-use kvr::select::{KvHint, Outcome, SelectRequest};
+use kvr::{BackendRole, HostHooks, Partition, PartitionKey, WorkerInfo};
+use kvr::{KvHint, Outcome, SelectRequest};
 use kvr::{RankId, StoredBlock, Tier};
 
 const B: u32 = 4;

@@ -6,16 +6,17 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use kvr::config::IndexerConfig;
+use kvr::config::PartitionConfig;
 use kvr::cost::SelectionRng;
-use kvr::engine::{Engine, EngineError};
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::indexer::IndexerConfig;
-use kvr::ingress::decode::Medium;
-use kvr::ingress::encode::BatchEncoder;
-use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::reservation::BookingRequest;
-use kvr::select::{Outcome, SelectRequest};
+use kvr::ingress::Medium;
+use kvr::BookingRequest;
 use kvr::RankId;
+use kvr::{Engine, EngineError};
+use kvr::{Outcome, SelectRequest};
+use kvr::{Partition, PartitionKey, WorkerInfo};
+use kvr_emulator::BatchEncoder;
 
 use common::partition::{book, prompt, seqs, B};
 
@@ -38,7 +39,7 @@ fn overlap(p: &Partition, tokens: &[u32], rank: RankId) -> u32 {
     let (mut local, mut seq) = (Vec::new(), Vec::new());
     h.hash_tokens(tokens, &mut local, &mut seq);
     let keys = match p.indexer_policy() {
-        kvr::indexer::IndexerPolicy::ApproximatePrimary => seq,
+        kvr::config::IndexerPolicy::ApproximatePrimary => seq,
         _ => local,
     };
     p.index().find_matches(&keys).get(rank)

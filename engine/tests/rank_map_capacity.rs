@@ -2,8 +2,9 @@
 //! store (`kvr::index` module `capacity`): no growth while the cache fills, nothing for a
 //! refused event, bounded for an absurd capacity, forgotten with the worker.
 
-use kvr::index::{KvEvent, StoredBlock, MAX_RESERVED_BLOCKS};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
+use kvr::config::PartitionConfig;
+use kvr::{KvEvent, StoredBlock, MAX_RESERVED_BLOCKS};
+use kvr::{Partition, PartitionKey, WorkerInfo};
 use kvr::{RankId, Tier};
 
 /// Bytes of a rank-map slot: an engine hash (8) and a place (4).

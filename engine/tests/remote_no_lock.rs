@@ -19,13 +19,16 @@ use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kvr::engine::Engine;
-use kvr::index::{RemoteError, RemoteIndex, TieredOverlap, TieredScores};
-use kvr::indexer::{IndexerConfig, RemoteClient};
-use kvr::partition::{HostHooks, Partition, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::select::{Outcome, SelectRequest};
-use kvr::session::{SessionConfig, SessionContext};
+use kvr::config::IndexerConfig;
+use kvr::config::PartitionConfig;
+use kvr::config::SessionConfig;
+use kvr::Engine;
 use kvr::RankId;
+use kvr::RemoteClient;
+use kvr::SessionContext;
+use kvr::{HostHooks, Partition, PartitionKey, WorkerInfo};
+use kvr::{Outcome, SelectRequest};
+use kvr::{RemoteError, RemoteIndex, TieredOverlap, TieredScores};
 
 const B: u32 = 4;
 
@@ -77,15 +80,8 @@ fn probe(engine: &Engine, report: &dyn Fn(&'static str)) {
     report(PROBES[2]);
     p.set_hooks(HostHooks::default());
     report(PROBES[3]);
-    let payload = kvr::ingress::encode::BatchEncoder::new()
-        .stored(
-            &[1, 2],
-            None,
-            &[0; 8],
-            B,
-            kvr::ingress::decode::Medium::Gpu,
-            None,
-        )
+    let payload = kvr_emulator::BatchEncoder::new()
+        .stored(&[1, 2], None, &[0; 8], B, kvr::ingress::Medium::Gpu, None)
         .finish(0.0, None);
     let _ = p.ingest(1, 0, b"t", 0, &payload);
     report(PROBES[4]);

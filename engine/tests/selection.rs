@@ -8,13 +8,14 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use kvr::cost::CostOverrides;
+use kvr::CostOverrides;
 use std::time::{Duration, Instant};
 
-use kvr::engine::{Engine, EngineError};
-use kvr::partition::{HostHooks, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::reservation::{FreeOutcome, FreedBy};
-use kvr::select::{Outcome, SelectRequest, SessionContext};
+use kvr::config::PartitionConfig;
+use kvr::{Engine, EngineError};
+use kvr::{FreeOutcome, FreedBy};
+use kvr::{HostHooks, PartitionKey, WorkerInfo};
+use kvr::{Outcome, SelectRequest, SessionContext};
 use kvr::{RankId, StoredBlock, Tier};
 
 const BS: u32 = 4;
@@ -57,7 +58,7 @@ fn cache_prefix(e: &Engine, rank: RankId, tokens: &[u32], blocks: usize) {
     p.index().store(rank, Tier::Device, None, &stored).unwrap();
 }
 
-fn chosen(o: Outcome) -> kvr::select::Decision {
+fn chosen(o: Outcome) -> kvr::Decision {
     match o {
         Outcome::Selected(d) => d,
         other => panic!("expected a selection, got {other:?}"),
@@ -395,7 +396,7 @@ fn the_prefill_estimator_sets_the_projected_prefill() {
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     p.set_hooks(HostHooks {
-        prefill_estimator: Some(Arc::new(move |q: &kvr::partition::PrefillQuery| {
+        prefill_estimator: Some(Arc::new(move |q: &kvr::PrefillQuery| {
             c.fetch_add(1, Ordering::Relaxed);
             Some(q.prompt_tokens * 2)
         })),
@@ -518,7 +519,7 @@ fn the_id_index_answers_first_and_a_partition_scan_finds_replica_bookings() {
     p2.upsert_worker(WorkerInfo::new(5, 1)).unwrap();
     e.install_replica_booking(
         &other,
-        kvr::reservation::BookingRequest {
+        kvr::BookingRequest {
             selection_id: 9_000,
             rank: RankId::new(5, 0),
             prompt_blocks: vec![1, 2, 3],
@@ -577,7 +578,7 @@ fn prompt_blocks_already_active_on_a_rank_add_no_decode_load_there() {
     let e = engine_with(
         2,
         PartitionConfig {
-            cost: kvr::cost::CostConfig::dynamo(),
+            cost: kvr::config::CostConfig::dynamo(),
             ..PartitionConfig::new(BS)
         },
     );
@@ -651,7 +652,7 @@ fn selection_ids_are_unique_across_the_engine_for_replica_bookings_too() {
     )
     .selection_id
     .unwrap();
-    let replica = |id| kvr::reservation::BookingRequest {
+    let replica = |id| kvr::BookingRequest {
         selection_id: id,
         rank: RankId::new(9, 0),
         prompt_blocks: vec![1, 2],

@@ -14,10 +14,11 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use kvr::engine::Engine;
-use kvr::index::{OverlapScores, TieredScores};
-use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::select::{Outcome, SelectRequest};
+use kvr::config::PartitionConfig;
+use kvr::Engine;
+use kvr::{Outcome, SelectRequest};
+use kvr::{OverlapScores, TieredScores};
+use kvr::{PartitionKey, WorkerInfo};
 use kvr::{RankId, StoredBlock, Tier};
 
 struct Counting;
@@ -166,7 +167,7 @@ fn device_lookup_into_a_reused_buffer_allocates_nothing() {
     let p = e.partition(&key).unwrap();
     let mut local = Vec::new();
     p.hasher().local_hashes(&tokens, &mut local);
-    let mut out = kvr::index::OverlapScores::new();
+    let mut out = kvr::OverlapScores::new();
     p.index().find_matches_into(&local, &mut out);
     let n = allocations_in(|| {
         for _ in 0..100 {

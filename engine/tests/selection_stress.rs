@@ -8,10 +8,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kvr::engine::Engine;
-use kvr::load::RankLoad;
-use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::select::{Outcome, SelectRequest};
+use kvr::config::PartitionConfig;
+use kvr::Engine;
+use kvr::RankLoad;
+use kvr::{Outcome, SelectRequest};
+use kvr::{PartitionKey, WorkerInfo};
 use kvr::{RankId, StoredBlock, Tier};
 
 const RANKS: u64 = 64;

@@ -11,11 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvr::config::PartitionConfig;
+use kvr::config::{AffinityMode, SessionConfig};
 use kvr::cost::SelectionRng;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::partition::{HostHooks, Partition, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::select::{Decision, Outcome, SelectRequest, SessionContext, SessionRoute};
-use kvr::session::{AffinityMode, SessionConfig};
+use kvr::{Decision, Outcome, SelectRequest, SessionContext, SessionRoute};
+use kvr::{HostHooks, Partition, PartitionKey, WorkerInfo};
 use kvr::{RankId, StoredBlock, Tier};
 
 const B: u32 = 4;

@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
+use kvr::config::PartitionConfig;
+use kvr::config::{AffinityMode, SessionConfig};
 use kvr::config::{ConfigError, HintConfig};
-use kvr::engine::{Engine, EngineError};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerError, WorkerInfo};
-use kvr::session::{AffinityMode, SessionConfig};
-use kvr::workers::MAX_CONTROL_ENDPOINT_LEN;
+use kvr::MAX_CONTROL_ENDPOINT_LEN;
+use kvr::{Engine, EngineError};
+use kvr::{Partition, PartitionKey, WorkerError, WorkerInfo};
 
 fn refused(config: PartitionConfig) -> ConfigError {
     let e = config.validate().expect_err("refused");
@@ -67,7 +68,7 @@ fn partition_configurations_the_c_abi_refuses_are_refused() {
     assert!(matches!(e, ConfigError::Sessions(_)));
     assert!(e.to_string().contains("soft penalty"), "{e}");
     // Each latency knob outside its range is refused by name.
-    type Set = fn(&mut kvr::cost::LatencyConfig);
+    type Set = fn(&mut kvr::config::LatencyConfig);
     let cases: [(Set, &str); 6] = [
         (|l| l.prefill_rate_prior = 0.0, "prefill_rate_prior"),
         (|l| l.request_overhead_ms = -1.0, "request_overhead_ms"),

@@ -5,9 +5,9 @@
 //! `PartitionConfig::validate` would refuse for its knob (the tests below hold the two
 //! together), so options that every setter accepted make a partition.
 
-use kvr::cost::{CostModel, LatencyConfig};
 #[cfg(test)]
-use kvr::PartitionConfig;
+use kvr::config::PartitionConfig;
+use kvr::config::{CostModel, LatencyConfig};
 
 use crate::handles::{kvr_partition, kvr_partition_options};
 use crate::status::*;
@@ -352,7 +352,7 @@ mod tests {
                     assert_eq!(st, KVR_ERR_INVALID_ARGUMENT, "{name}({v})");
                     assert_eq!(
                         expected.validate(),
-                        Err(kvr::ConfigError::OutOfRange(name)),
+                        Err(kvr::config::ConfigError::OutOfRange(name)),
                         "{name}({v})"
                     );
                 }

@@ -11,9 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvr::engine::{Engine, EngineError};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
-use kvr::reservation::ReservationError;
+use kvr::config::PartitionConfig;
+use kvr::ReservationError;
+use kvr::{Engine, EngineError};
+use kvr::{Partition, PartitionKey};
 
 use crate::status::*;
 

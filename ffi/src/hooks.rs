@@ -9,7 +9,7 @@
 use std::os::raw::{c_char, c_void};
 use std::sync::Arc;
 
-use kvr::partition::{BlockRange, HostHooks, PrefillQuery};
+use kvr::{BlockRange, HostHooks, PrefillQuery};
 use kvr::{RankId, WorkerId};
 
 use crate::handles::kvr_partition;

@@ -6,7 +6,7 @@ use std::os::raw::c_char;
 
 use kvr::hash::HashSalt;
 use kvr::hash::{local_block_hash, next_sequence_hash};
-use kvr::index::{IndexError, TieredScores};
+use kvr::{IndexError, TieredScores};
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 use crate::handles::kvr_partition;

@@ -9,8 +9,8 @@
 use std::os::raw::c_char;
 use std::time::Duration;
 
-use kvr::index::remote::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
-use kvr::indexer::{IndexerPolicy, Retention};
+use kvr::config::{IndexerPolicy, Retention};
+use kvr::config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 
 use crate::handles::{kvr_partition, kvr_partition_options};
 use crate::status::*;
@@ -38,7 +38,7 @@ pub const KVR_INDEXER_REMOTE_PRIMARY: u32 = 3;
 /// `opts` is NULL or live and not shared during the call.
 unsafe fn with_indexer(
     opts: *mut kvr_partition_options,
-    f: impl FnOnce(&mut kvr::indexer::IndexerConfig) -> Ret,
+    f: impl FnOnce(&mut kvr::config::IndexerConfig) -> Ret,
 ) -> kvr_status {
     guard(|| {
         // SAFETY: forwarded caller contract.

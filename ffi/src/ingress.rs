@@ -3,8 +3,8 @@
 
 use std::os::raw::c_char;
 
-use kvr::ingress::decode::DecodeErrorKind;
-use kvr::ingress::ingest::StreamStats;
+use kvr::ingress::DecodeErrorKind;
+use kvr::stats::StreamStats;
 
 use crate::handles::kvr_partition;
 use crate::status::*;

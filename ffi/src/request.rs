@@ -11,10 +11,10 @@
 use std::os::raw::c_char;
 use std::time::Duration;
 
-use kvr::cost::CostOverrides;
 use kvr::hash::BlockExtras;
-use kvr::select::{Prompt, SelectRequest, SessionContext};
+use kvr::CostOverrides;
 use kvr::WorkerId;
+use kvr::{Prompt, SelectRequest, SessionContext};
 
 use crate::status::*;
 
@@ -257,13 +257,13 @@ pub unsafe extern "C" fn kvr_request_set_lora(
 
 /// Most multimodal inputs one request may carry (`kvr_request_add_mm_input`).
 pub const KVR_MAX_MM_INPUTS: usize = 4096;
-const _: () = assert!(KVR_MAX_MM_INPUTS == kvr::hash::extra::MAX_MM_SPANS);
+const _: () = assert!(KVR_MAX_MM_INPUTS == kvr::hash::MAX_MM_SPANS);
 /// Most raw block keys one request may carry (`kvr_request_add_block_key`).
 pub const KVR_MAX_BLOCK_KEYS: usize = 65536;
-const _: () = assert!(KVR_MAX_BLOCK_KEYS == kvr::hash::extra::MAX_BLOCK_KEYS);
+const _: () = assert!(KVR_MAX_BLOCK_KEYS == kvr::hash::MAX_BLOCK_KEYS);
 
 /// The request's cache salt (vLLM's `cache_salt`; copied; `(NULL, 0)` or empty = none):
-/// folded into block 0's hash as engines fold it (`kvr::hash::extra`), so a tokens prompt
+/// folded into block 0's hash as engines fold it (`kvr::hash`), so a tokens prompt
 /// matches only blocks published under the same salt. Ignored for a hashes prompt.
 ///
 /// # Safety
@@ -404,7 +404,7 @@ pub unsafe extern "C" fn kvr_request_set_pinned_worker(
 /// ones are refused when set (`KVR_ERR_INVALID_ARGUMENT`), not dropped at selection.
 pub const KVR_MAX_SESSION_ID_BYTES: usize = 256;
 
-const _: () = assert!(KVR_MAX_SESSION_ID_BYTES == kvr::session::DEFAULT_MAX_SESSION_ID_BYTES);
+const _: () = assert!(KVR_MAX_SESSION_ID_BYTES == kvr::config::DEFAULT_MAX_SESSION_ID_BYTES);
 
 /// The structured session context (all copied; `session_id` must not be empty; a
 /// `(NULL, 0)` parent or trigger = none; ids of at most `KVR_MAX_SESSION_ID_BYTES`). It

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use kvr::reservation::{BookingRequest, FreeOutcome, FreedBy};
-use kvr::select::{Decision, Outcome, SelectRequest, SessionRoute};
 use kvr::RankId;
+use kvr::{BookingRequest, FreeOutcome, FreedBy};
+use kvr::{Decision, Outcome, SelectRequest, SessionRoute};
 
 use crate::handles::{engine_status, kvr_engine, kvr_partition};
 use crate::hint::kvr_kv_hint;
@@ -102,7 +102,7 @@ unsafe fn selection(
     req: *const kvr_request,
     out: *mut kvr_decision,
     hint: *mut kvr_kv_hint,
-    f: impl FnOnce(&kvr_partition, &SelectRequest<'_>) -> Result<Outcome, kvr::engine::EngineError>,
+    f: impl FnOnce(&kvr_partition, &SelectRequest<'_>) -> Result<Outcome, kvr::EngineError>,
 ) -> kvr_status {
     guard(|| {
         // SAFETY: forwarded caller contract.

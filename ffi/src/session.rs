@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use kvr::session::{AffinityMode, SessionConfig};
+use kvr::config::{AffinityMode, SessionConfig};
 
 use crate::handles::{kvr_partition, kvr_partition_options};
 use crate::status::*;

@@ -304,7 +304,8 @@ pub unsafe extern "C" fn kvr_subscription_free(sub: *mut kvr_subscription) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+    use kvr::config::PartitionConfig;
+    use kvr::{Partition, PartitionKey};
 
     fn partition() -> std::sync::Arc<Partition> {
         std::sync::Arc::new(Partition::new(

@@ -2,9 +2,9 @@
 
 use std::os::raw::c_char;
 
-use kvr::load::RankLoad;
-use kvr::partition::{BackendRole, WorkerInfo};
 use kvr::RankId;
+use kvr::RankLoad;
+use kvr::{BackendRole, WorkerInfo};
 
 use crate::handles::kvr_partition;
 use crate::status::*;
@@ -48,7 +48,7 @@ pub struct kvr_rank_load {
 /// Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
 pub const KVR_MAX_DP_SIZE: u32 = 1024;
 
-const _: () = assert!(KVR_MAX_DP_SIZE == kvr::workers::MAX_DP_SIZE);
+const _: () = assert!(KVR_MAX_DP_SIZE == kvr::MAX_DP_SIZE);
 
 /// A new worker `worker_id` with `dp_size` data-parallel ranks (1 to `KVR_MAX_DP_SIZE`,
 /// else `KVR_ERR_INVALID_ARGUMENT`, before anything is allocated), role aggregated,

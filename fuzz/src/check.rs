@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use kvr::hash::chain_hash;
-use kvr::index::{Index, OverlapScores, TieredScores};
+use kvr::{Index, OverlapScores, TieredScores};
 use kvr::{RankId, StoredBlock};
 
 use crate::model::{assert_rank_stats_equal, assert_stats_equal, Model};

@@ -1,4 +1,4 @@
-//! Target (a): arbitrary bytes → `kvr::ingress::decode::decode_batch`.
+//! Target (a): arbitrary bytes → `kvr::ingress::decode_batch`.
 //!
 //! Must never panic (overflow checks are on in cargo-fuzz builds). On every input: decoding
 //! into a fresh batch and into a reused one agree. On a successful decode: every range is
@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 
-use kvr::ingress::decode::{decode_batch, DecodedBatch, DecodedEvent, Medium, SpecKind};
+use kvr::ingress::{decode_batch, DecodedBatch, DecodedEvent, Medium, SpecKind};
 
 thread_local! {
     static REUSED: RefCell<DecodedBatch> = RefCell::new(DecodedBatch::default());

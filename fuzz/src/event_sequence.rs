@@ -24,7 +24,8 @@
 use std::cell::RefCell;
 
 use arbitrary::{Arbitrary, Unstructured};
-use kvr::index::{Index, IndexConfig};
+use kvr::config::IndexConfig;
+use kvr::Index;
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 use crate::check::{check_all, Links, Scratch};

@@ -45,13 +45,13 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use arbitrary::{Result, Unstructured};
+use kvr::config::PartitionConfig;
 use kvr::hash::{local_block_hash_mm, HashSalt};
-use kvr::ingress::decode::{
-    decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
-};
-use kvr::ingress::ingest::{IngestOutcome, StreamStats};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
+use kvr::ingress::IngestOutcome;
+use kvr::ingress::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind};
+use kvr::stats::StreamStats;
 use kvr::{KvEvent, RankId, StoredBlock, Tier, WorkerId, WorkerInfo};
+use kvr::{Partition, PartitionKey};
 
 use crate::check::{check_all, Links, Scratch};
 use crate::model::Model;
@@ -76,7 +76,7 @@ pub enum Ev {
         block_size: u32,
         /// `None` for absent / nil / empty (the decoder's reading).
         lora: Option<String>,
-        /// Each block's extra-key values (`kvr::hash::extra`); empty when none has any.
+        /// Each block's extra-key values (`kvr::hash`); empty when none has any.
         extras: Extras,
     },
     Removed {
@@ -108,9 +108,9 @@ impl Extras {
 
     /// vLLM 0.33's shapes for `n` blocks: nil, all-nil, per block the LoRA name (dropped)
     /// and an image with its offset, or a cache salt on block 0 only; the values follow
-    /// the rule in `kvr::hash::extra`, computed from its key functions.
+    /// the rule in `kvr::hash`, computed from its key functions.
     fn gen(u: &mut Unstructured<'_>, n: usize, lora_raw: &Option<String>) -> Result<Self> {
-        use kvr::hash::extra::{cache_salt_key, mm_key, opaque_key};
+        use kvr::hash::{cache_salt_key, mm_key, opaque_key};
         let lora_v = lora_raw.clone().map_or(V::Nil, V::S);
         // "" is no LoRA name, so it is a cache salt; a real name is dropped.
         let lora_value = lora_raw
@@ -1297,7 +1297,7 @@ impl Harness {
         // The workers here are never registered while they publish: a DP rank of
         // MAX_DP_SIZE or more refuses the whole batch, counted, touching nothing else (no
         // rank, no group state, no ranks_seen).
-        if dp >= kvr::workers::MAX_DP_SIZE {
+        if dp >= kvr::MAX_DP_SIZE {
             let n = b.events.len() as u64;
             let s = &mut self.streams[si].stats;
             s.batches += 1;

@@ -35,12 +35,12 @@ use std::collections::VecDeque;
 
 use arbitrary::{Result, Unstructured};
 use kvr::hash::{local_block_hash, HashSalt};
-use kvr::ingress::decode::Medium;
-use kvr::ingress::encode::BatchEncoder;
-use kvr::ingress::ingest::{IngestOutcome, IngressStream};
-use kvr::ingress::sequence::ReplayResult;
-use kvr::partition::Partition;
+use kvr::ingress::Medium;
+use kvr::ingress::ReplayResult;
+use kvr::ingress::{IngestOutcome, IngressStream};
+use kvr::Partition;
 use kvr::{RankId, StoredBlock, Tier, WorkerId};
+use kvr_emulator::BatchEncoder;
 
 use crate::check::Links;
 use crate::ingest_frames::{partition_for, release_partition};

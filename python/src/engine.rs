@@ -9,8 +9,9 @@
 
 use std::sync::Arc;
 
-use kvr::cost::CostModel;
-use kvr::{KvEvent, Outcome, PartitionConfig, PartitionKey, RankId, StoredBlock, Tier, WorkerInfo};
+use kvr::config::CostModel;
+use kvr::config::PartitionConfig;
+use kvr::{KvEvent, Outcome, PartitionKey, RankId, StoredBlock, Tier, WorkerInfo};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -43,7 +44,7 @@ impl Engine {
 
     /// A new partition (one model and routing group); ValueError if it exists, for an
     /// unknown `cost_model` or a latency knob out of range. A knob left `None` keeps the
-    /// engine's default (`kvr::cost::LatencyConfig::default()`); `itl_target_ms=None` is
+    /// engine's default (`kvr::config::LatencyConfig::default()`); `itl_target_ms=None` is
     /// no per-token latency target.
     #[pyo3(signature = (
         model_name="default", routing_group="default", *, block_size=16, use_kv_events=true,

@@ -115,7 +115,7 @@ pub struct Knobs {
     /// time to first token, decode load a tie-break) or `dynamo` (Dynamo's scorer, term
     /// for term: what an unconfigured Dynamo router routes by).
     #[arg(long, env = "KVR_COST_MODEL", default_value = "latency", value_parser = parse_cost_model)]
-    pub cost_model: kvr::cost::CostModel,
+    pub cost_model: kvr::config::CostModel,
     /// Latency model: one rank's prefill throughput, tokens/s, before any is measured.
     #[arg(long, env = "KVR_PREFILL_RATE_PRIOR", default_value_t = 10_000.0)]
     pub prefill_rate_prior: f64,
@@ -162,9 +162,12 @@ pub struct Knobs {
     pub router_assume_kv_reuse: bool,
 }
 
-fn parse_cost_model(s: &str) -> Result<kvr::cost::CostModel, String> {
-    kvr::cost::CostModel::parse(s).ok_or_else(|| {
-        let valid: Vec<&str> = kvr::cost::CostModel::ALL.iter().map(|m| m.name()).collect();
+fn parse_cost_model(s: &str) -> Result<kvr::config::CostModel, String> {
+    kvr::config::CostModel::parse(s).ok_or_else(|| {
+        let valid: Vec<&str> = kvr::config::CostModel::ALL
+            .iter()
+            .map(|m| m.name())
+            .collect();
         format!("unknown cost model {s:?} (valid: {})", valid.join(", "))
     })
 }

@@ -31,8 +31,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvr::cost::CostConfig;
-use kvr::{Engine, IndexerConfig, PartitionConfig};
+use kvr::config::CostConfig;
+use kvr::config::{IndexerConfig, PartitionConfig};
+use kvr::Engine;
 
 pub use args::ServeArgs;
 pub use server::{run, serve_on};
@@ -116,7 +117,7 @@ fn partition_config(args: &ServeArgs) -> Result<PartitionConfig, String> {
         temperature: k.router_temperature,
         decode_active_request_weight: k.decode_active_request_weight,
         model: k.cost_model,
-        latency: kvr::cost::LatencyConfig {
+        latency: kvr::config::LatencyConfig {
             prefill_rate_prior: k.prefill_rate_prior,
             learn_prefill_rate: k.learn_prefill_rate,
             request_overhead_ms: k.request_overhead_ms,
@@ -144,9 +145,9 @@ fn partition_config(args: &ServeArgs) -> Result<PartitionConfig, String> {
     }
     c.indexer = indexer;
     if let Some(ttl) = args.session_affinity_ttl_secs {
-        c.sessions = Some(kvr::session::SessionConfig {
+        c.sessions = Some(kvr::config::SessionConfig {
             idle_ttl: Duration::from_secs(ttl),
-            ..kvr::session::SessionConfig::default()
+            ..kvr::config::SessionConfig::default()
         });
     }
     c.validate()

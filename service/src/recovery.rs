@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvr::index::DumpedStore;
+use kvr::DumpedStore;
 use kvr::{KvEvent, PartitionKey};
 
 use crate::wire::dump::{parse_partition_name, stores_of, Dump};

@@ -15,14 +15,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use kvr::{Engine, Partition, PartitionConfig, PartitionKey, WorkerId, WorkerInfo};
+use kvr::config::PartitionConfig;
+use kvr::{Engine, Partition, PartitionKey, WorkerId, WorkerInfo};
 use kvr_zmq::{SubscribeConfig, SubscribeOptions, Subscription};
 
 use crate::error::ApiError;
 use crate::wire::worker::{Lifecycle, WorkerPatch, WorkerRecord, WorkerRequest};
 
 /// The engine's bound on a worker's DP ranks (refused with Dynamo's 400 shape above it).
-pub use kvr::workers::MAX_DP_SIZE;
+pub use kvr::MAX_DP_SIZE;
 
 /// What the request path needs of a partition.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
 
-use kvr::index::{Index, OverlapScores};
+use kvr::{Index, OverlapScores};
 use kvr::{RankId, StoredBlock, Tier};
 
 use crate::workload::{Block, Query};

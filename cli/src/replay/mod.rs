@@ -28,10 +28,11 @@ use std::time::Duration;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvr::cost::{CostConfig, LatencyConfig};
-use kvr::engine::Engine;
-use kvr::partition::{PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::session::{AffinityMode, SessionConfig};
+use kvr::config::PartitionConfig;
+use kvr::config::{AffinityMode, SessionConfig};
+use kvr::config::{CostConfig, LatencyConfig};
+use kvr::Engine;
+use kvr::{PartitionKey, WorkerInfo};
 
 use policy::{PolicyKind, Router};
 use report::PolicyReport;
@@ -136,7 +137,7 @@ pub struct ReplayArgs {
     pub credit_decay: f64,
     /// kvr's latency cost: weight of the queue externality (what a cache miss costs the
     /// requests queued behind it; 0 = price only the request's own TTFT).
-    #[arg(long, default_value_t = kvr::cost::LatencyConfig::default().queue_externality)]
+    #[arg(long, default_value_t = kvr::config::LatencyConfig::default().queue_externality)]
     pub queue_externality: f64,
     /// kvr's cost: block equivalents charged per active request on a rank.
     #[arg(long, default_value_t = 0.0)]

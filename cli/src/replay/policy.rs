@@ -30,15 +30,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvr::config::IndexerConfig;
 use kvr::cost::{choose, classic_logit, CandidateLoad, RequestShape, SelectionRng};
-use kvr::engine::Engine;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::index::OverlapScores;
-use kvr::indexer::IndexerConfig;
-use kvr::partition::Partition;
-use kvr::reservation::FreeOutcome;
-use kvr::select::{Outcome, SelectRequest, SessionContext};
+use kvr::Engine;
+use kvr::FreeOutcome;
+use kvr::OverlapScores;
+use kvr::Partition;
 use kvr::RankId;
+use kvr::{Outcome, SelectRequest, SessionContext};
 
 use super::sglang_tree::{SglangTree, DEFAULT_MAX_ENTRIES};
 
@@ -116,10 +116,10 @@ impl PolicyKind {
     }
 
     /// The cost the partition selects with: Dynamo's for `kvr-dynamo`, else `cost`.
-    pub fn cost(self, cost: kvr::cost::CostConfig) -> kvr::cost::CostConfig {
+    pub fn cost(self, cost: kvr::config::CostConfig) -> kvr::config::CostConfig {
         match self {
-            PolicyKind::KvrDynamo => kvr::cost::CostConfig {
-                model: kvr::cost::CostModel::Dynamo,
+            PolicyKind::KvrDynamo => kvr::config::CostConfig {
+                model: kvr::config::CostModel::Dynamo,
                 ..cost
             },
             _ => cost,

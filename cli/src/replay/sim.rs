@@ -46,11 +46,11 @@ use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use kvr::index::IndexStats;
-use kvr::ingress::decode::Medium;
-use kvr::ingress::encode::BatchEncoder;
-use kvr::partition::Partition;
+use kvr::ingress::Medium;
+use kvr::stats::IndexStats;
+use kvr::Partition;
 use kvr::RankId;
+use kvr_emulator::BatchEncoder;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 pub use super::checks::router_problems;
@@ -85,11 +85,11 @@ pub struct SimConfig {
     pub seed: u64,
     /// The cost knobs of kvr's own selection (policies `kvr`, `kvr-approx`, `kvr-predict`;
     /// `kvr-dynamo` uses them with Dynamo's model).
-    pub cost: kvr::cost::CostConfig,
+    pub cost: kvr::config::CostConfig,
     /// How long `kvr-predict`'s side index believes a booking, ms.
     pub prediction_ttl_ms: f64,
     /// Session affinity for the kvr-family policies (`None` = off).
-    pub affinity: Option<kvr::session::AffinityMode>,
+    pub affinity: Option<kvr::config::AffinityMode>,
 }
 
 impl SimConfig {

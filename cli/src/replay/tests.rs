@@ -1,7 +1,7 @@
 //! The simulator's invariants on small generated workloads, for every policy, and
 //! negative controls showing the invariant checks catch what they claim to.
 
-use kvr::ingress::encode::BatchEncoder;
+use kvr_emulator::BatchEncoder;
 
 use super::policy::PolicyKind;
 use super::sim::{self, router_problems, SimConfig};
@@ -25,7 +25,7 @@ fn small_cluster(w: &Workload) -> SimConfig {
         event_delay_ms: 15.0,
         speed: 4.0,
         seed: 9,
-        cost: kvr::cost::CostConfig::default(),
+        cost: kvr::config::CostConfig::default(),
         prediction_ttl_ms: 500.0,
         affinity: None,
     };
@@ -103,8 +103,8 @@ fn session_affinity_keeps_every_invariant_and_steers_conversations_home() {
     let sessions = w.requests.iter().filter(|r| r.follows.is_none()).count() as u64;
     let later_turns = w.requests.len() as u64 - sessions;
     for mode in [
-        kvr::session::AffinityMode::Hard,
-        kvr::session::AffinityMode::Soft {
+        kvr::config::AffinityMode::Hard,
+        kvr::config::AffinityMode::Soft {
             penalty_blocks: 1e6,
         },
     ] {

@@ -184,7 +184,8 @@ impl LatencyPrep {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::cost::{cost, CostConfig, LatencyConfig};
+    use crate::config::{CostConfig, LatencyConfig};
+    use crate::cost::cost;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9

@@ -17,7 +17,7 @@
 
 mod choice;
 mod columns;
-mod config;
+pub(crate) mod config;
 mod eval;
 mod formula;
 mod latency;
@@ -26,14 +26,14 @@ mod rng;
 
 pub use choice::choose;
 pub(crate) use columns::{LoadColumns, LoadRow};
-pub use config::{CostConfig, CostModel, CostOverrides, LatencyConfig};
+pub(crate) use config::{CostModel, CostOverrides};
 pub use eval::{blocks_in_cost_units, cost, fill_costs, CostEval};
 pub use formula::{
     classic_logit, cost_breakdown, min_active_prefill_tokens, CandidateLoad, CostBreakdown,
     RequestShape, CLASSIC_OVERLAP_SCORE_WEIGHT,
 };
 pub use latency::{latency_cost, LatencyBreakdown};
-pub use resolved::ResolvedCost;
+pub(crate) use resolved::ResolvedCost;
 pub use rng::{RandomSource, SelectionRng};
 
 #[cfg(all(test, not(loom)))]

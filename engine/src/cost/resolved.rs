@@ -7,7 +7,7 @@ use super::config::{CostConfig, CostOverrides};
 /// The effective knobs for one selection: a [`CostConfig`] with a request's
 /// [`CostOverrides`] applied (see [`CostConfig::resolve`]). The same type, so no field
 /// list is kept twice.
-pub type ResolvedCost = CostConfig;
+pub(crate) type ResolvedCost = CostConfig;
 
 impl From<&CostConfig> for ResolvedCost {
     fn from(cfg: &CostConfig) -> Self {

@@ -1,6 +1,7 @@
 //! Unit tests of the cost function and the choice (formerly `cost.rs`'s test module).
 
 use super::*;
+use crate::config::CostConfig;
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9

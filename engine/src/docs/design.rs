@@ -16,7 +16,7 @@
 //! - **Covers** (`index::hold`): per (rank, run), how far that rank's walk goes in the run
 //!   for each tier phase it can enter in (device, host, disk): computed by the rank's writer
 //!   from its exact per-tier bitmaps of the run's offsets (`Hold`, writer side only).
-//! - **Branch table** (`index::branch` over `index::table`): children by (parent run,
+//! - **Branch table** (`index::branch` over `crate::table`): children by (parent run,
 //!   offset, first local hash) → run address, in the sharded lock-free `u64 → u64` table
 //!   (per shard an open-addressing array of `(key: AtomicU64, word: AtomicU64)` slots;
 //!   shard = low bits of the key, home slot = high bits). A lookup checks the child it finds
@@ -57,7 +57,7 @@
 //!
 //! # The selection-id index (`idmap`)
 //!
-//! Selection id → partition number uses the sharded table (`index::table`) with plain
+//! Selection id → partition number uses the sharded table (`crate::table`) with plain
 //! words (0 = absent): the same key-then-word publication, rebuild and epoch reclamation as
 //! the branch table (and the same loom models), so a lifecycle call reads it lock-free. An id is claimed
 //! with `insert_new` (a caller-supplied duplicate is refused) before its booking is made,

@@ -27,7 +27,7 @@
 //!    epoch; a writer that finds a dead run retries. A parent is kept while it has children.
 //!    Readers that found a run keep reading it until they unpin.
 //! 5. *Every probe of the branch table ends inside its table* (its shards' tables keep a
-//!    never-filled sentinel; see `index::table`), *a key is written once per table* (removal
+//!    never-filled sentinel; see `crate::table`), *a key is written once per table* (removal
 //!    empties the word; so a reader never pairs a key with another entry's word), and *a
 //!    rebuilt table is frozen* (copied, swapped, retired through the epoch).
 //! 6. *A slot names one rank for the life of any reader that can see it.* A rank is removed

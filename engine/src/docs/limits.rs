@@ -16,10 +16,10 @@
 //! | branch-key collision (two (run, offset, local) triples with one 64-bit key) | the store stops there, its later blocks unindexed and counted (`Index::run_counts`); never an overcount | `index::branch::branch_key` |
 //! | rank maps | bucketized cuckoo, 8-slot buckets, 64-96 % full, growing by 1.5× (a registered capacity sizes them once, for it and a twentieth more); 12 bytes a slot (an engine hash and a 4-byte place) | `index::block_map` |
 //! | runs a rank holds blocks of at once | 2^21 (a place is a 21-bit index in the rank's run table and an 11-bit offset); blocks a store would put in one more are left unindexed and counted (`Index::held_run_limit_hits`); never an overcount | `index::place::MAX_HELD_RUNS` |
-//! | table rebuild | when live + dead slots exceed 85 % of capacity; shrink below 1/8 live; a rebuilt table starts at ~62 % | `index::table::{MAX_LOAD_PCT, SHRINK_RATIO, TARGET_LOAD_PCT}` |
-//! | probe tail past the last home slot | `max(capacity / 64, 32)` slots, the last one an always-empty sentinel | `index::table::tail` |
-//! | table capacities | `(8 + m) << e` (steps of 1/8); the capacity code lives in the low 8 bits of the 256-byte-aligned table pointer | `index::table::TABLE_ALIGN` |
-//! | table key 0 | stored under `0x9e37_79b9_7f4a_7c15` instead (a branch key is a 64-bit mix, so this costs a collision at probability 2^-64, handled as above) | `index::table::ZERO_ALIAS` |
+//! | table rebuild | when live + dead slots exceed 85 % of capacity; shrink below 1/8 live; a rebuilt table starts at ~62 % | `table::{MAX_LOAD_PCT, SHRINK_RATIO, TARGET_LOAD_PCT}` |
+//! | probe tail past the last home slot | `max(capacity / 64, 32)` slots, the last one an always-empty sentinel | `table::tail` |
+//! | table capacities | `(8 + m) << e` (steps of 1/8); the capacity code lives in the low 8 bits of the 256-byte-aligned table pointer | `table::TABLE_ALIGN` |
+//! | table key 0 | stored under `0x9e37_79b9_7f4a_7c15` instead (a branch key is a 64-bit mix, so this costs a collision at probability 2^-64, handled as above) | `table::ZERO_ALIAS` |
 //!
 //! # Identifiers
 //!
@@ -28,7 +28,7 @@
 //! | worker id | any `u64` | [`WorkerId`] |
 //! | DP rank | any `u32` (a worker's ranks are `0..dp_size`) | [`DpRank`] |
 //! | selection id | any `u64`; minted ids start at 1 and are never 0, handed to each thread 1,024 at a time | [`SelectionId`], `engine::ID_BLOCK` |
-//! | selection ids 0 and `0x9e37_79b9_7f4a_7c15` | share one node of the engine's id index (the same `ZERO_ALIAS`): a caller who supplies both sees the second refused as a duplicate while the first is live | `idmap` via `index::table::table_key` |
+//! | selection ids 0 and `0x9e37_79b9_7f4a_7c15` | share one node of the engine's id index (the same `ZERO_ALIAS`): a caller who supplies both sees the second refused as a duplicate while the first is live | `idmap` via `table::table_key` |
 //! | engine's id-index shards | 64 | `Engine::with_seed` |
 //! | retries of a booking whose minted id the table still remembers | 8 | `engine::MINT_ATTEMPTS` |
 //!
@@ -82,7 +82,7 @@
 //! [`IndexConfig::min_shard_capacity`]: crate::index::IndexConfig::min_shard_capacity
 //! [`WorkerId`]: crate::index::WorkerId
 //! [`DpRank`]: crate::index::DpRank
-//! [`SelectionId`]: crate::reservation::SelectionId
+//! [`SelectionId`]: crate::ids::SelectionId
 //! [`MAX_PER_BOOKING`]: crate::reservation::MAX_PER_BOOKING
 //! [`ReservationConfig::shards`]: crate::reservation::ReservationConfig::shards
 //! [`ReservationConfig::default_ttl`]: crate::reservation::ReservationConfig::default_ttl

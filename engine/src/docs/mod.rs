@@ -17,9 +17,9 @@
 //! - [`mutations`]: every step a loom negative control weakens, the model that catches
 //!   it, and the one command that shows them all caught.
 
-pub mod design;
-pub mod invariants;
-pub mod limits;
-pub mod locking;
-pub mod mutations;
-pub mod ordering;
+pub(crate) mod design;
+pub(crate) mod invariants;
+pub(crate) mod limits;
+pub(crate) mod locking;
+pub(crate) mod mutations;
+pub(crate) mod ordering;

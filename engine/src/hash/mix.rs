@@ -8,7 +8,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// (ranks, selection ids): one folded 128-bit multiply per word, so hashbrown gets good
 /// high (tag) and low (bucket) bits. Deterministic, so loom replays see one map layout.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct HashMix(u64);
+pub(crate) struct HashMix(u64);
 
 impl Hasher for HashMix {
     fn finish(&self) -> u64 {
@@ -30,6 +30,16 @@ impl Hasher for HashMix {
     fn write_u32(&mut self, x: u32) {
         self.write_u64(u64::from(x));
     }
+}
+
+/// SplitMix64's finalizer: a bijective mix of a 64-bit word, for picking a shard from ids
+/// that are small or sequential (selection ids, minted in blocks).
+#[inline]
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A `HashMap` keyed through [`HashMix`].

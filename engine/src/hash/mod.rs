@@ -8,10 +8,14 @@
 
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
-pub mod extra;
+pub(crate) mod extra;
 pub(crate) mod mix;
 
-pub use extra::BlockExtras;
+pub use extra::{
+    cache_salt_key, mm_key, opaque_key, prompt_embeds_key, BlockExtras, TooManyExtraKeys,
+    MAX_BLOCK_KEYS, MAX_MM_SPANS,
+};
+pub use mix::splitmix64;
 
 /// Hash of one block's content (and salt), independent of its position.
 pub type LocalHash = u64;

@@ -1,5 +1,5 @@
 //! The branch table: a run's children by (parent run, offset, first local hash), in the
-//! sharded lock-free `u64 → u64` tables of [`crate::index::table`] (readers take no lock;
+//! sharded lock-free `u64 → u64` tables of [`crate::table`] (readers take no lock;
 //! writers take one shard's mutex, a leaf lock).
 //!
 //! A child of run `P` at offset `k` starting with local hash `l` continues `P`'s first `k`
@@ -10,8 +10,8 @@
 //! index the blocks behind it (counted), which undercounts, never overcounts.
 
 use super::run::Run;
-use crate::index::table::{table_key, Shard};
 use crate::sync::epoch;
+use crate::table::{table_key, Shard};
 
 /// Folded 128-bit multiply: a strong, cheap mixer of two words.
 #[inline(always)]

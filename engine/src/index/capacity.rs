@@ -13,7 +13,9 @@
 //! registered number cannot drive an unbounded allocation. A clear keeps the size (the
 //! cache refills); removing the rank frees it.
 
-use super::{Index, IndexError, RankId, RankWriter, Tier, WorkerId};
+use crate::ids::{RankId, Tier, WorkerId};
+
+use super::{Index, IndexError, RankWriter};
 use crate::hash::mix::HashMixMap;
 use crate::sync::Mutex;
 

@@ -26,7 +26,7 @@
 //! its readers; negative control `free_directory_now`) and `rank_slot_reuse` (the
 //! clear-then-reuse order; negative control `reuse_slot_now`).
 
-use super::event::RankId;
+use crate::ids::RankId;
 use crate::sync::atomic::{AtomicU64, Ordering};
 #[cfg(loom)]
 use crate::sync::UnsafeCell;

@@ -17,7 +17,8 @@
 use std::collections::HashMap;
 
 use super::run::{BlockRef, Run};
-use super::{Index, RankId, StoredBlock, Tier};
+use super::{Index, StoredBlock};
+use crate::ids::{RankId, Tier};
 use crate::sync::epoch;
 
 /// A block's parent (a block id, `BlockRef`'s word) and local hash.

@@ -1,6 +1,6 @@
 //! What an index is told: ranks, storage tiers and the three KV events.
 
-pub use crate::ids::{DpRank, RankId, Tier, WorkerId};
+use crate::ids::Tier;
 
 /// One block of a `Stored` event: the engine's own opaque hash (used only to resolve
 /// parents and removals for that rank) and kvr's local hash of the block's tokens.

@@ -6,9 +6,10 @@
 use smallvec::SmallVec;
 
 use super::bookkeeping::{drop_names, settle, Touched, PREFETCH_AHEAD};
-use super::event::{ApplyOutcome, RankId, Tier};
+use super::event::ApplyOutcome;
 use super::ranks::RankEntry;
 use super::{Index, RankWriter};
+use crate::ids::{RankId, Tier};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::epoch;
 

@@ -43,7 +43,7 @@
 //! sequence hash as its local hash, and looked up by a prompt's sequence hashes. Both are
 //! exact (a sequence hash already names the whole prefix); one index is fed one way.
 
-pub mod approx;
+pub(crate) mod approx;
 mod block_map;
 mod bookkeeping;
 mod branch;
@@ -56,25 +56,27 @@ pub(crate) mod hold;
 mod place;
 mod query;
 mod ranks;
-pub mod remote;
+pub(crate) mod remote;
 pub(crate) mod run;
 mod stats;
-pub(crate) mod table;
 #[cfg(loom)]
 pub(crate) mod testing;
 mod write;
 
-pub use approx::{ApproxConfig, ApproxRecorder, ApproxStats, RecordOutcome};
+pub(crate) use approx::ApproxRecorder;
+pub use approx::{ApproxConfig, ApproxStats};
 pub use capacity::MAX_RESERVED_BLOCKS;
 pub use dump::{DumpedStore, IndexDump};
-pub use event::{ApplyOutcome, DpRank, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
+pub use event::{ApplyOutcome, IndexError, KvEvent, StoredBlock};
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
-pub use remote::{RemoteConfig, RemoteError, RemoteIndex, RemoteStats};
+pub use remote::{
+    RemoteConfig, RemoteError, RemoteIndex, RemoteStats, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT,
+};
 pub use stats::{IndexStats, RankStats};
-/// A fast hasher for already-random or small integer keys (ranks, hashes).
-pub type RankHasher = crate::hash::mix::HashMix;
 
 use crate::hash::mix::HashMixMap;
+use crate::ids::RankId;
 use crate::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use block_map::BlockMap;
 use place::{Place, RunTable};

@@ -6,8 +6,8 @@
 //! there, and probes the branch table again only where the prompt goes on past what
 //! matched. A prompt nobody holds costs one probe, whatever its length.
 
-use super::event::{RankId, Tier};
 use super::Index;
+use crate::ids::{RankId, Tier};
 use crate::sync::{self, epoch};
 
 /// Device-tier overlap per rank: the number of leading query blocks it holds.

@@ -10,7 +10,7 @@
 //! through the epoch collector, after every reader pinned at that time has finished.
 
 use super::directory::Directory;
-use super::event::RankId;
+use crate::ids::RankId;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{epoch, Arc, Mutex, ShardedMap};
 

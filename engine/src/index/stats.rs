@@ -1,7 +1,7 @@
 //! What the index holds and what it refused, for operators and for the memory targets.
 
-use super::event::RankId;
 use super::Index;
+use crate::ids::RankId;
 use crate::sync::atomic::Ordering;
 
 /// Index-wide figures. Event and refusal counters are totals since creation (removed

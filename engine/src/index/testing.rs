@@ -1,7 +1,7 @@
 //! A thin handle on one table shard for the loom models (compiled under loom only).
 
-use super::table::Shard;
 use crate::sync::epoch;
+use crate::table::Shard;
 
 pub(crate) struct ShardProbe(Shard, u64);
 

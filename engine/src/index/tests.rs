@@ -1,6 +1,7 @@
 //! Unit tests of the index's event semantics (the differential test covers random mixes).
 
 use super::*;
+use crate::ids::Tier;
 
 const R0: RankId = RankId::new(1, 0);
 const R1: RankId = RankId::new(2, 0);

@@ -11,12 +11,13 @@
 use smallvec::SmallVec;
 
 use super::bookkeeping::{drop_name, settle, Touched, PREFETCH_AHEAD};
-use super::event::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier};
+use super::event::{ApplyOutcome, IndexError, KvEvent, StoredBlock};
 use super::hold::{Cover, Hold};
 use super::place::{Place, RunTable};
 use super::ranks::{RankEntry, Tally};
 use super::run::{retire_run, BlockRef, Run, RunWriter, MAX_RUN};
 use super::{Index, RankWriter};
+use crate::ids::{RankId, Tier};
 use crate::sync::atomic::Ordering;
 use crate::sync::{epoch, MutexGuard};
 

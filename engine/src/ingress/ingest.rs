@@ -19,13 +19,14 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::hash::{local_block_hash_mm, HashSalt};
-use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, StoredBlock, Tier, WorkerId};
+use crate::ids::{RankId, Tier, WorkerId};
+use crate::index::{ApplyOutcome, IndexError, KvEvent, StoredBlock};
 use crate::sync::{Arc, Mutex, ShardedMap, StdArc};
 
 use super::decode::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium};
-use super::freshness::Freshness;
 use super::groups::{GroupRouting, APPLY};
 use super::sequence::{Action, ReplayResult, SequenceStats, SequenceTracker};
+use crate::freshness::Freshness;
 
 /// One stream's counters (readable through [`Partition::ingress_stats`](crate::partition::Partition::ingress_stats)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -66,7 +67,7 @@ pub struct StreamStats {
     /// Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
     pub last_batch_unix_ms: u64,
     /// Since when the stream's ranks may be stale (a known loss being replayed), ms since
-    /// the Unix epoch; 0 = not stale (`ingress::freshness`).
+    /// the Unix epoch; 0 = not stale (`crate::freshness`).
     pub stale_since_unix_ms: u64,
 }
 
@@ -83,7 +84,7 @@ impl StreamStats {
     }
 }
 
-/// A stream's freshness (README's ingress section; `ingress::freshness`).
+/// A stream's freshness (README's ingress section; `crate::freshness`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamFreshness {
     /// No replay in flight: the index follows the stream.
@@ -102,7 +103,7 @@ pub struct IngressRegistry {
     /// Streams fed through [`Partition::ingest`](crate::partition::Partition::ingest) (no replay: kvr does not own the socket),
     /// sharded so messages of different streams never wait on one lock to find theirs.
     raw: ShardedMap<(WorkerId, u32), Arc<Mutex<IngressStream>>>,
-    /// The ranks whose state may be stale, for selection (`ingress::freshness`).
+    /// The ranks whose state may be stale, for selection (`crate::freshness`).
     pub(crate) freshness: Freshness,
 }
 
@@ -369,7 +370,7 @@ impl IngressStream {
     }
 
     /// Lists or unlists the stream's ranks as stale (after the actions: an unlisting
-    /// follows the repair it waited for, `ingress::freshness`).
+    /// follows the repair it waited for, `crate::freshness`).
     fn note_freshness(&mut self, p: &impl EventSink) {
         let n = self.ranks_seen.len();
         match (self.tracker.stale(), self.stale) {

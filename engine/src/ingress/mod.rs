@@ -13,9 +13,14 @@
 //!
 //! [`Partition::ingest`]: crate::partition::Partition::ingest
 
-pub mod decode;
-pub mod encode;
-pub mod freshness;
+mod decode;
 mod groups;
-pub mod ingest;
-pub mod sequence;
+pub(crate) mod ingest;
+pub(crate) mod sequence;
+
+pub use decode::{
+    decode_batch, DecodeError, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
+    MAX_PAYLOAD_BYTES,
+};
+pub use ingest::{EventSink, IngestOutcome, IngressRegistry, IngressStream};
+pub use sequence::ReplayResult;

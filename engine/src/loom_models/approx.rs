@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use super::{in_child, model, must_fail};
-use crate::index::{ApproxConfig, ApproxRecorder, Index, RankId};
+use crate::ids::RankId;
+use crate::index::{ApproxConfig, ApproxRecorder, Index};
 use crate::sync::faults::Faults;
 use crate::sync::Arc;
 

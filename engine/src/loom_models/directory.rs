@@ -3,7 +3,7 @@
 //! one while a reader may still be translating through it.
 
 use super::{block, churn_epoch, in_child, index_holding, model, must_fail};
-use crate::index::{RankId, Tier};
+use crate::ids::{RankId, Tier};
 use crate::sync::faults::{self, Faults};
 
 /// Rank `a` holds block 100; rank `b` is created (slot 1: under loom the directory starts

@@ -1,4 +1,4 @@
-//! Freshness (`ingress::freshness`): a stale rank is unlisted only after the repair it
+//! Freshness (`crate::freshness`): a stale rank is unlisted only after the repair it
 //! waited for is in the index, so a selection that loads the list before reading the index
 //! never credits a stale rank's old blocks.
 //!
@@ -9,12 +9,13 @@
 //! control (`unlist_before_repair`) unlists before performing the clear.
 
 use super::{model, must_fail};
-use crate::index::{RankId, TieredScores};
-use crate::ingress::decode::Medium;
-use crate::ingress::encode::BatchEncoder;
+use crate::ids::PartitionKey;
+use crate::ids::RankId;
+use crate::index::TieredScores;
+use crate::ingress::decode::fixture::{a, batch, enc, m, s, toks, u, V};
 use crate::ingress::ingest::IngressStream;
 use crate::ingress::sequence::ReplayResult;
-use crate::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
+use crate::partition::{Partition, PartitionConfig, WorkerInfo};
 use crate::sync::faults::Faults;
 use crate::sync::Arc;
 
@@ -27,10 +28,16 @@ fn repair_races_a_lookup() {
     ));
     p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
     let mut stream = IngressStream::new(&*p, 1, 0, true);
-    let mut e = BatchEncoder::new();
-    e.stored(&[7], None, &TOKENS, 4, Medium::Gpu, None);
-    stream.on_live(&*p, 0, &e.finish(1.0, Some(0)));
-    let held = e.finish(1.0, Some(0)); // an empty batch past the gap
+    let store = batch(vec![m(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", a(vec![u(7)])),
+        ("parent_block_hash", V::Nil),
+        ("token_ids", toks(1..5)),
+        ("block_size", u(4)),
+        ("medium", s("GPU")),
+    ])]);
+    stream.on_live(&*p, 0, &enc(&store));
+    let held = enc(&batch(Vec::new())); // an empty batch past the gap
     stream.on_live(&*p, 2, &held);
     let mut local = Vec::new();
     p.hasher().local_hashes(&TOKENS, &mut local);

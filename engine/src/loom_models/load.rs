@@ -3,7 +3,7 @@
 //! whole, one after the other, and a reader never sees part of one.
 
 use super::{model, must_fail};
-use crate::index::RankId;
+use crate::ids::RankId;
 use crate::load::{LoadView, RankLoad};
 use crate::sync::faults::Faults;
 use crate::sync::Arc;
@@ -23,7 +23,8 @@ fn used(n: u64) -> RankLoad {
 /// load per candidate can see the old busy rank and the new busy rank together.
 fn load_swap_never_tears_a_selection() {
     use crate::cost::SelectionRng;
-    use crate::partition::{BusyThresholds, Partition, PartitionConfig, PartitionKey, WorkerInfo};
+    use crate::ids::PartitionKey;
+    use crate::partition::{BusyThresholds, Partition, PartitionConfig, WorkerInfo};
     use crate::select::{Outcome, SelectRequest};
     let mut config = PartitionConfig::new(4);
     config.busy = BusyThresholds {

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use super::{model, must_fail};
-use crate::index::RankId;
+use crate::ids::RankId;
 use crate::reservation::{
     ActiveLoad, BookingRequest, FreeOutcome, FreedBy, ReservationConfig, ReservationTable,
 };

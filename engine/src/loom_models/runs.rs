@@ -4,8 +4,9 @@
 //! reader walks it (with `find_matches`, and with the tiered query selection uses).
 
 use super::{churn_epoch, in_child, model, model_reclaiming, must_fail, note_reclaimed};
+use crate::ids::{RankId, Tier};
 use crate::index::Index as RunIndex;
-use crate::index::{RankId, StoredBlock, Tier};
+use crate::index::StoredBlock;
 use crate::sync::faults::{self, Faults};
 use crate::sync::Arc;
 

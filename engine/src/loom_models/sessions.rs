@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::{model, must_fail};
-use crate::index::RankId;
+use crate::ids::RankId;
 use crate::session::SessionContext;
 use crate::session::{BindOutcome, LeaseRelease, SessionConfig, SessionFaults, SessionTable};
 use crate::sync::faults::Faults;

@@ -2,7 +2,8 @@
 //! messages and writes them here through [`EventSink`], gated by the indexer policy.
 
 use super::Partition;
-use crate::index::{ApplyOutcome, IndexError, KvEvent, RankId, WorkerId};
+use crate::ids::{RankId, WorkerId};
+use crate::index::{ApplyOutcome, IndexError, KvEvent};
 use crate::ingress::ingest::{EventSink, IngestOutcome, IngressRegistry, StreamStats};
 use crate::workers::MAX_DP_SIZE;
 

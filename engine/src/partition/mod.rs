@@ -6,11 +6,14 @@
 
 use crate::config::ConfigError;
 use crate::hash::{BlockHasher, HashSalt};
-use crate::index::{Index, IndexConfig, RankId, WorkerId};
+use crate::ids::WorkerId;
+use crate::index::{Index, IndexConfig};
 use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
 use crate::ingress::ingest::IngressRegistry;
 use crate::load::LoadView;
-use crate::reservation::{ForgetListener, Listeners, ReservationConfig, ReservationTable};
+use crate::reservation::{
+    ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
+};
 use crate::select::SelectionCounters;
 use crate::session::{SessionStats, SessionTable};
 use crate::sync::atomic::{AtomicBool, Ordering};
@@ -21,12 +24,10 @@ mod routing;
 
 pub use ingest::EventsOutcome;
 
-pub use crate::config::{BusyThresholds, HintConfig, PartitionConfig};
-pub use crate::hooks::{
-    BlockRange, HostHooks, LoraFilter, PrefillEstimator, PrefillQuery, SharedCacheLookup,
-};
-pub use crate::ids::PartitionKey;
-pub use crate::workers::{BackendRole, WorkerError, WorkerInfo, WorkerSet};
+use crate::config::PartitionConfig;
+use crate::hooks::HostHooks;
+use crate::ids::PartitionKey;
+use crate::workers::{WorkerError, WorkerInfo, WorkerSet};
 
 /// One partition.
 pub struct Partition {
@@ -134,11 +135,16 @@ impl Partition {
                 t.release_lease(id, std::time::Instant::now());
             }) as ForgetListener
         });
-        let listeners = Listeners {
-            forget,
-            end,
-            sweep: indexing.sweep_listener(&index),
-        };
+        // Approximate records expire on the booking table's sweep between bookings (a
+        // booking's own recording expires them lazily too); the sweep runs at least every
+        // half TTL (`IndexState::sweep_interval`), so a record is gone within 1.5 TTL.
+        let sweep = indexing.recorder.clone().map(|rec| {
+            let records = indexing.side.clone().unwrap_or_else(|| index.clone());
+            StdArc::new(move |now| {
+                rec.expire(&records, now);
+            }) as SweepListener
+        });
+        let listeners = Listeners { forget, end, sweep };
         let bookings = ReservationTable::with_listeners(table_config, listeners);
         Ok(Partition {
             key,
@@ -170,23 +176,6 @@ impl Partition {
     /// before each batch, as [`Partition::ingest`] does.
     pub fn accepts_events(&self) -> bool {
         self.indexing.accepts_events()
-    }
-
-    /// Fault injection for tests: the next `n` recordings of bookings into the approximate
-    /// index fail as a full index would. Not part of the API.
-    #[doc(hidden)]
-    pub fn fail_next_records_for_test(&self, n: u64) {
-        self.indexing.fail_next_records(n);
-    }
-
-    /// Test hook: with events off or a prediction index, `hook` is called with the rank
-    /// each time a booking's recording holds that rank's records (before it writes the
-    /// index), so a test can hold it there. Not part of the API.
-    #[doc(hidden)]
-    pub fn set_record_hook_for_test(&self, hook: Option<StdArc<dyn Fn(RankId) + Send + Sync>>) {
-        if let Some(rec) = &self.indexing.recorder {
-            rec.set_record_hook(hook);
-        }
     }
 
     /// The indexer policy in force (DESIGN.md §5).

@@ -6,8 +6,8 @@ use std::time::Instant;
 use super::Partition;
 use crate::cost::RandomSource;
 use crate::ids::RankId;
+use crate::ids::SelectionId;
 use crate::index::TieredScores;
-use crate::reservation::SelectionId;
 use crate::select::{Decision, Outcome, SelectError, SelectRequest, SelectionStats, Selector};
 
 impl Partition {

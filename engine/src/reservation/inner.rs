@@ -13,9 +13,10 @@ use super::rate::PrefillRate;
 use super::shard::{shard_hash, Booking, Shard};
 use super::types::{
     BookingOrigin, BookingRequest, BookingView, FreeOutcome, FreedBy, Released, ReservationConfig,
-    ReservationError, SelectionId, MAX_PER_BOOKING,
+    ReservationError, MAX_PER_BOOKING,
 };
-use crate::index::RankId;
+use crate::ids::RankId;
+use crate::ids::SelectionId;
 #[cfg(not(loom))]
 use crate::sync::atomic::AtomicBool;
 use crate::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::types::SelectionId;
+use crate::ids::SelectionId;
 
 /// See [`ReservationTable::with_forget_listener`].
 ///
@@ -11,7 +11,7 @@ use super::types::SelectionId;
 pub type ForgetListener = crate::sync::StdArc<dyn Fn(SelectionId) + Send + Sync>;
 
 /// See [`Listeners::sweep`].
-pub type SweepListener = crate::sync::StdArc<dyn Fn(Instant) + Send + Sync>;
+pub(crate) type SweepListener = crate::sync::StdArc<dyn Fn(Instant) + Send + Sync>;
 
 /// What a table tells its owner (see [`ReservationTable::with_listeners`]).
 ///

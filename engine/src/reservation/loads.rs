@@ -3,7 +3,7 @@
 
 use super::rank::{RankMap, RankState};
 use super::types::ActiveLoad;
-use crate::index::RankId;
+use crate::ids::RankId;
 use crate::sync::Arc;
 use crate::sync::SnapshotGuard;
 

@@ -96,12 +96,14 @@ mod sweep;
 mod table;
 mod types;
 
-pub use listeners::{ForgetListener, Listeners, SweepListener};
-pub use loads::ActiveLoads;
-pub use table::ReservationTable;
+pub use listeners::ForgetListener;
+pub(crate) use listeners::{Listeners, SweepListener};
+pub(crate) use loads::ActiveLoads;
+pub(crate) use table::ReservationTable;
+pub(crate) use types::ReservationConfig;
 pub use types::{
     ActiveLoad, BookingOrigin, BookingRequest, BookingStatus, BookingView, FreeOutcome, FreedBy,
-    Released, ReservationConfig, ReservationError, ReservationStats, SelectionId, MAX_PER_BOOKING,
+    ReservationError, ReservationStats, MAX_PER_BOOKING,
 };
 
 #[cfg(all(test, not(loom)))]

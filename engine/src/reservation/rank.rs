@@ -9,7 +9,7 @@ use std::hash::BuildHasherDefault;
 use crossbeam_utils::CachePadded;
 
 use super::types::ActiveLoad;
-use crate::index::RankId;
+use crate::ids::RankId;
 use crate::sync::atomic::{AtomicU64, Ordering};
 #[cfg(loom)]
 use crate::sync::faults;
@@ -18,7 +18,7 @@ use crate::sync::{Arc, Mutex};
 /// Deterministic on purpose (loom replays executions and needs the same map layout); the
 /// index's one cheap hasher for 64-bit keys (selection ids may be sequential; block hashes
 /// are already random).
-type Mix = crate::index::RankHasher;
+type Mix = crate::hash::mix::HashMix;
 pub(super) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<Mix>>;
 
 /// The rank registry's snapshot: rank → counter set, and the same states in rank order,

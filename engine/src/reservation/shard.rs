@@ -6,16 +6,14 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::rank::{MixMap, RankState};
-use super::types::{BookingOrigin, FreedBy, SelectionId};
+use super::types::{BookingOrigin, FreedBy};
+use crate::ids::SelectionId;
 use crate::sync::Arc;
 
-/// SplitMix64's finalizer: picks the shard from the id's well-mixed bits.
+/// Picks the shard from the id's well-mixed bits.
 #[inline]
 pub(super) fn shard_hash(id: SelectionId) -> u64 {
-    let mut z = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    crate::hash::mix::splitmix64(id)
 }
 
 /// One live booking.

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use super::inner::Inner;
 use super::shard::Booking;
-use super::types::{FreedBy, SelectionId};
+use super::types::FreedBy;
+use crate::ids::SelectionId;
 use crate::sync::atomic::Ordering;
 #[cfg(not(loom))]
 use crate::sync::atomic::{AtomicBool, AtomicUsize};

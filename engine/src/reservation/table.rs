@@ -12,9 +12,10 @@ use super::loads::ActiveLoads;
 use super::sweep::SweeperSlot;
 use super::types::{
     ActiveLoad, BookingOrigin, BookingRequest, BookingStatus, BookingView, FreeOutcome,
-    ReservationConfig, ReservationError, ReservationStats, SelectionId,
+    ReservationConfig, ReservationError, ReservationStats,
 };
-use crate::index::RankId;
+use crate::ids::RankId;
+use crate::ids::SelectionId;
 use crate::sync::atomic::Ordering;
 use crate::sync::Arc;
 

@@ -4,8 +4,10 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::shard::shard_hash;
+use super::types::Released;
 use super::*;
-use crate::index::RankId;
+use crate::ids::RankId;
+use crate::ids::SelectionId;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::Arc;
 

@@ -6,10 +6,10 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::index::RankId;
+use crate::ids::RankId;
 
 /// A selection's id: unique across the engine (DESIGN.md §2).
-pub type SelectionId = u64;
+use crate::ids::SelectionId;
 
 /// The largest prefill-token count, expected-output-token count or output-block count one
 /// booking may carry (2^40). Far above any real request; it keeps the per-rank sums of

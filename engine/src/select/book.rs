@@ -8,8 +8,9 @@ use super::{Decision, Outcome, Overlap, Prompt, SelectError, SelectRequest, Sele
 use crate::cost::RandomSource;
 use crate::hash::{extend_sequence_hashes, BlockHasher, HashSalt};
 use crate::ids::RankId;
+use crate::ids::SelectionId;
 use crate::index::TieredScores;
-use crate::reservation::{BookingRequest, SelectionId};
+use crate::reservation::BookingRequest;
 
 impl Selector<'_> {
     /// [`Partition::select`](crate::partition::Partition::select)'s work.

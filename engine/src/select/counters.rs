@@ -22,7 +22,7 @@ pub struct SelectionStats {
     /// Shared-cache lookups that failed (selection went on without their hits).
     pub shared_cache_failures: u64,
     /// Ranks whose overlap a lookup did not credit because their state was stale
-    /// (`ingress::freshness`).
+    /// (`crate::freshness`).
     pub stale_overlaps_ignored: u64,
 }
 

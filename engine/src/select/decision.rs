@@ -1,7 +1,8 @@
 //! What a selection answers: the decision, its overlap, session route and transfer hint.
 
 use crate::ids::RankId;
-use crate::reservation::{ReservationError, SelectionId};
+use crate::ids::SelectionId;
+use crate::reservation::ReservationError;
 use crate::session::{SessionContext, Steer};
 
 /// Cached prefix of the chosen rank, per source.

@@ -40,7 +40,7 @@ impl Selector<'_> {
                 continue;
             }
             // Not a candidate of the host's, so not a source either (and a stale rank is
-            // not in `tiered` at all: `ingress::freshness`).
+            // not in `tiered` at all: `crate::freshness`).
             if hooks.availability.as_ref().is_some_and(|f| !f(o.rank)) {
                 continue;
             }

@@ -21,19 +21,18 @@ mod request;
 mod scratch;
 
 use crate::config::PartitionConfig;
+use crate::freshness::Freshness;
 use crate::hash::BlockHasher;
 use crate::hooks::HostHooks;
 use crate::ids::PartitionKey;
 use crate::index::Index;
 use crate::indexer::IndexState;
-use crate::ingress::freshness::Freshness;
 use crate::load::LoadView;
 use crate::reservation::ReservationTable;
 use crate::session::SessionTable;
 use crate::sync::{Snapshot, SnapshotGuard};
 use crate::workers::WorkerSet;
 
-pub use crate::session::SessionContext;
 pub(crate) use counters::SelectionCounters;
 pub use counters::SelectionStats;
 pub use decision::{Decision, KvHint, Outcome, Overlap, SelectError, SessionRoute};

@@ -3,7 +3,7 @@
 //! primary — raised to the prediction side index's per-rank maximum. Selection and
 //! [`Partition::overlap`](crate::partition::Partition::overlap) share it, so what a host
 //! reads is what selection scores. A stale rank's overlap (a known loss being replayed,
-//! `ingress::freshness`) counts as none unless `PartitionConfig::trust_stale_overlap`.
+//! `crate::freshness`) counts as none unless `PartitionConfig::trust_stale_overlap`.
 
 use super::scratch::Scratch;
 use super::Selector;
@@ -30,7 +30,7 @@ impl Selector<'_> {
                     .query_remote(&**remote, self.key(), self.block_size(), local, tiered)
             }
             None => {
-                // Loaded before the index is read (`ingress::freshness`).
+                // Loaded before the index is read (`crate::freshness`).
                 let stale = (!self.config.trust_stale_overlap).then(|| self.freshness.now());
                 let keys = self.indexing.primary_keys(local, seq);
                 self.index.find_matches_tiered_into(keys, tiered);

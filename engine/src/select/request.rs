@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::cost::CostOverrides;
 use crate::hash::BlockExtras;
+use crate::ids::SelectionId;
 use crate::ids::{DpRank, WorkerId};
-use crate::reservation::SelectionId;
 use crate::session::SessionContext;
 
 /// A prompt, as tokens (kvr hashes them) or as precomputed local block hashes.

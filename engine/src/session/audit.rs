@@ -6,14 +6,14 @@
 use std::collections::HashMap;
 
 use super::table::SessionTable;
-use crate::reservation::SelectionId;
+use crate::ids::SelectionId;
 
 impl SessionTable {
     /// Checks the invariants of the module docs: the lease index and the entries' leases
     /// agree exactly, no final entry is lease-less, no lease is held twice, no shard is
     /// over its bound. Locks every shard in turn: exact only on a table no other thread
     /// is using (tests, diagnostics).
-    pub fn audit(&self) -> Result<(), String> {
+    pub(crate) fn audit(&self) -> Result<(), String> {
         let mut held: HashMap<SelectionId, String> = HashMap::new();
         for (i, s) in self.sessions.iter().enumerate() {
             let g = s.lock();

@@ -15,8 +15,8 @@ use super::entries::{Entry, SessionKey};
 use super::leases::LeaseStep;
 use super::outcome::{BindOutcome, Binding, LeaseRelease};
 use super::table::SessionTable;
-use crate::index::RankId;
-use crate::reservation::SelectionId;
+use crate::ids::RankId;
+use crate::ids::SelectionId;
 use crate::sync::Arc;
 
 impl SessionTable {
@@ -39,7 +39,7 @@ impl SessionTable {
     ///
     /// [`Steer::Rebind`]: super::Steer::Rebind
     /// [`SessionStats::early_releases`]: super::SessionStats::early_releases
-    pub fn bind(
+    pub(crate) fn bind(
         &self,
         ctx: &SessionContext,
         rank: RankId,
@@ -173,7 +173,7 @@ impl SessionTable {
     /// and the session's latest turn was final, the entry is removed (binding released).
     /// Suits [`crate::reservation::ForgetListener`]. Unknown leases are counted and
     /// otherwise ignored (and remembered briefly, in case their bind is still to come).
-    pub fn release_lease(&self, lease: SelectionId, now: Instant) -> LeaseRelease {
+    pub(crate) fn release_lease(&self, lease: SelectionId, now: Instant) -> LeaseRelease {
         // Step 1, the lease shard alone: who owns the lease?
         let key = {
             let mut l = self.lease_shard(lease).lock();

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::index::RankId;
-use crate::reservation::SelectionId;
+use crate::ids::RankId;
+use crate::ids::SelectionId;
 use crate::sync::Arc;
 
 /// A session id shared by its entry and the lease index (one allocation per entry).
@@ -51,7 +51,7 @@ impl Borrow<str> for SessionKey {
 #[cfg(not(loom))]
 pub(super) type SidState = std::collections::hash_map::RandomState;
 #[cfg(loom)]
-pub(super) type SidState = BuildHasherDefault<crate::index::RankHasher>;
+pub(super) type SidState = BuildHasherDefault<crate::hash::mix::HashMix>;
 
 pub(super) struct Entry {
     pub(super) rank: Option<RankId>,

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use super::config::EARLY_RELEASE_WINDOW;
 use super::entries::SessionKey;
-use crate::reservation::SelectionId;
+use crate::ids::SelectionId;
 
-type LeaseMap<V> = HashMap<SelectionId, V, BuildHasherDefault<crate::index::RankHasher>>;
+type LeaseMap<V> = HashMap<SelectionId, V, BuildHasherDefault<crate::hash::mix::HashMix>>;
 
 #[derive(Default)]
 pub(super) struct LeaseShard {
@@ -50,11 +50,8 @@ pub(super) enum LeaseStep {
     EndedEarly,
 }
 
-/// SplitMix64's finalizer: picks the lease shard from the id's well-mixed bits.
+/// Picks the lease shard from the id's well-mixed bits.
 #[inline]
 pub(super) fn lease_hash(id: SelectionId) -> u64 {
-    let mut z = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    crate::hash::mix::splitmix64(id)
 }

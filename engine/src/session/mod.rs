@@ -145,6 +145,7 @@
 //! over that shard, at most `max_entries / shards` entries). `lookup` takes one shard
 //! lock (two for a child session without an entry).
 
+#[cfg(test)]
 mod audit;
 mod bind;
 mod config;
@@ -159,8 +160,11 @@ pub use config::{
     AffinityMode, SessionConfig, SessionContext, DEFAULT_MAX_SESSION_ID_BYTES,
     EARLY_RELEASE_WINDOW, MIN_ENTRIES_PER_SHARD,
 };
-pub use outcome::{BindOutcome, Binding, LeaseRelease, SessionStats, SessionView, Steer};
-pub use table::SessionTable;
+pub use outcome::SessionStats;
+pub(crate) use outcome::Steer;
+pub(crate) use table::SessionTable;
 
+#[cfg(all(test, not(loom)))]
+mod stress;
 #[cfg(all(test, not(loom)))]
 mod tests;

@@ -2,14 +2,16 @@
 //! what a lease release did ([`LeaseRelease`]), what the selection must do
 //! ([`Steer`]), and the table's [`SessionStats`] and per-entry [`SessionView`].
 
+#[cfg(test)]
 use std::time::Instant;
 
-use crate::index::RankId;
-use crate::reservation::SelectionId;
+use crate::ids::RankId;
+#[cfg(test)]
+use crate::ids::SelectionId;
 
 /// A session's binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Binding {
+pub(crate) struct Binding {
     pub rank: RankId,
     /// The entry's revision (module docs).
     pub revision: u64,
@@ -24,7 +26,7 @@ pub struct Binding {
 ///
 /// [`SessionTable::bind`]: super::SessionTable::bind
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BindOutcome {
+pub(crate) enum BindOutcome {
     /// The session had no entry: it now starts bound to this rank (revision 0).
     Created(Binding),
     /// The turn went to the bound rank: lease added, activity refreshed.
@@ -52,8 +54,9 @@ pub enum BindOutcome {
 }
 
 impl BindOutcome {
+    #[cfg(test)]
     /// The binding after the bind, if one was recorded.
-    pub fn binding(&self) -> Option<Binding> {
+    pub(crate) fn binding(&self) -> Option<Binding> {
         match *self {
             BindOutcome::Created(b) | BindOutcome::Kept(b) => Some(b),
             BindOutcome::Rebound { to, .. } => Some(to),
@@ -66,7 +69,7 @@ impl BindOutcome {
 ///
 /// [`SessionTable::release_lease`]: super::SessionTable::release_lease
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseRelease {
+pub(crate) enum LeaseRelease {
     /// The lease is gone; the binding stays.
     Released,
     /// It was the last lease of a session whose last turn was final: the entry is gone.
@@ -80,7 +83,7 @@ pub enum LeaseRelease {
 ///
 /// [`SessionTable::steer`]: super::SessionTable::steer
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Steer {
+pub(crate) enum Steer {
     /// No binding: choose by cost, then bind with `forced = false`.
     Free,
     /// Hard mode, bound rank eligible: the selection must go to this rank.
@@ -135,8 +138,9 @@ pub struct SessionStats {
 /// An entry as [`SessionTable::entry`] reports it.
 ///
 /// [`SessionTable::entry`]: super::SessionTable::entry
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SessionView {
+pub(crate) struct SessionView {
     /// `None` after `forget_rank` dropped the binding.
     pub rank: Option<RankId>,
     pub revision: u64,

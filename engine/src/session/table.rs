@@ -10,17 +10,19 @@ use crossbeam_utils::CachePadded;
 use super::config::{AffinityMode, SessionConfig, SessionContext, MIN_ENTRIES_PER_SHARD};
 use super::entries::{SessionShard, ShardCounters, SidState};
 use super::leases::{lease_hash, LeaseShard};
-use super::outcome::{Binding, SessionStats, SessionView, Steer};
+#[cfg(test)]
+use super::outcome::SessionView;
+use super::outcome::{Binding, SessionStats, Steer};
 #[cfg(loom)]
 use super::SessionFaults;
-use crate::index::RankId;
-use crate::reservation::SelectionId;
+use crate::ids::RankId;
+use crate::ids::SelectionId;
 use crate::sync::Mutex;
 
 /// The session-affinity table of one partition. All methods take `&self` and are safe to
 /// call from any number of threads; none blocks on anything but a shard's short critical
 /// section, none spawns a thread, none panics on any input.
-pub struct SessionTable {
+pub(crate) struct SessionTable {
     pub(super) mode: AffinityMode,
     pub(super) idle_ttl: Duration,
     pub(super) per_shard: usize,
@@ -54,7 +56,7 @@ impl Default for SessionTable {
 }
 
 impl SessionTable {
-    pub fn new(cfg: SessionConfig) -> Self {
+    pub(crate) fn new(cfg: SessionConfig) -> Self {
         let mode = match cfg.mode {
             AffinityMode::Soft { penalty_blocks } => AffinityMode::Soft {
                 penalty_blocks: if penalty_blocks.is_finite() && penalty_blocks > 0.0 {
@@ -112,18 +114,10 @@ impl SessionTable {
         t
     }
 
-    /// The mode (with a soft penalty already sanitized).
-    pub fn mode(&self) -> AffinityMode {
-        self.mode
-    }
-
-    pub fn idle_ttl(&self) -> Duration {
-        self.idle_ttl
-    }
-
+    #[cfg(test)]
     /// The most entries the table can hold: `max_entries` (at least 1) rounded down to a
     /// multiple of the session shard count.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.per_shard * self.sessions.len()
     }
 
@@ -155,20 +149,25 @@ impl SessionTable {
         }))
     }
 
+    #[cfg(test)]
     /// The binding a turn of `ctx` should follow: the session's own; if the session has
     /// no (live) entry yet, its parent's (`parent_session_id`), marked `inherited` — a
     /// child session starts from its parent's binding, and its own entry, created by its
     /// first `bind`, then evolves on its own. One level only: a grandparent is not
     /// consulted. An entry whose binding `forget_rank` dropped answers `None` (no parent
     /// fallback: the session rebinds). Read-only: it neither refreshes nor reaps.
-    pub fn lookup(&self, ctx: &SessionContext, now: Instant) -> Option<Binding> {
+    pub(crate) fn lookup(&self, ctx: &SessionContext, now: Instant) -> Option<Binding> {
         self.lookup_or_dropped(ctx, now).0
     }
 
     /// As [`SessionTable::lookup`], and whether the session's own binding was dropped by
     /// `forget_rank` (its rank left): such a turn is chosen by cost like an unbound one,
     /// but it is a forced rebind, and the decision reports it so.
-    pub fn lookup_or_dropped(&self, ctx: &SessionContext, now: Instant) -> (Option<Binding>, bool) {
+    pub(crate) fn lookup_or_dropped(
+        &self,
+        ctx: &SessionContext,
+        now: Instant,
+    ) -> (Option<Binding>, bool) {
         if self.valid_id(&ctx.session_id) {
             if let Some(own) = self.own_binding(&ctx.session_id, now) {
                 let dropped = own.is_none();
@@ -192,7 +191,11 @@ impl SessionTable {
     /// which `eligible` is true (see [`Steer`]).
     ///
     /// [`Steer`]: super::Steer
-    pub fn steer(&self, binding: Option<Binding>, eligible: impl Fn(RankId) -> bool) -> Steer {
+    pub(crate) fn steer(
+        &self,
+        binding: Option<Binding>,
+        eligible: impl Fn(RankId) -> bool,
+    ) -> Steer {
         let Some(b) = binding else {
             return Steer::Free;
         };
@@ -208,13 +211,14 @@ impl SessionTable {
         }
     }
 
+    #[cfg(test)]
     /// The term to **add** to `candidate`'s cost (in blocks; lower cost wins): in soft
     /// mode `-penalty_blocks` for the bound rank, which lowers its cost, and 0 for every
     /// other candidate; always 0 in hard mode (the pin is [`Steer::Pin`]) or without a
     /// binding.
     ///
     /// [`Steer::Pin`]: super::Steer::Pin
-    pub fn soft_cost_adjustment(&self, binding: Option<RankId>, candidate: RankId) -> f64 {
+    pub(crate) fn soft_cost_adjustment(&self, binding: Option<RankId>, candidate: RankId) -> f64 {
         match (self.mode, binding) {
             (AffinityMode::Soft { penalty_blocks }, Some(bound)) if bound == candidate => {
                 -penalty_blocks
@@ -227,7 +231,7 @@ impl SessionTable {
     /// rebinds (counted as forced). Entries stay, with their leases (the rank's bookings
     /// end through the reservation table, which releases them); lease-free ones age out.
     /// Returns how many bindings were dropped.
-    pub fn forget_rank(&self, rank: RankId) -> usize {
+    pub(crate) fn forget_rank(&self, rank: RankId) -> usize {
         let mut total = 0;
         for s in self.sessions.iter() {
             let mut g = s.lock();
@@ -244,25 +248,29 @@ impl SessionTable {
         total
     }
 
+    #[cfg(test)]
     /// Removes every idle-expired entry (no leases, idle TTL past); returns how many.
-    pub fn reap(&self, now: Instant) -> usize {
+    pub(crate) fn reap(&self, now: Instant) -> usize {
         self.sessions
             .iter()
             .map(|s| s.lock().reap(self.idle_ttl, now))
             .sum()
     }
 
+    #[cfg(test)]
     /// Entries now, including expired ones not yet reaped (shards summed one by one).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.sessions.iter().map(|s| s.lock().entries.len()).sum()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[cfg(test)]
     /// The entry of `session_id`, as it is now (expired or not).
-    pub fn entry(&self, session_id: &str) -> Option<SessionView> {
+    pub(crate) fn entry(&self, session_id: &str) -> Option<SessionView> {
         let g = self.session_shard(session_id).lock();
         let e = g.entries.get(session_id)?;
         Some(SessionView {
@@ -275,7 +283,7 @@ impl SessionTable {
         })
     }
 
-    pub fn stats(&self) -> SessionStats {
+    pub(crate) fn stats(&self) -> SessionStats {
         let mut st = SessionStats::default();
         for s in self.sessions.iter() {
             let g = s.lock();

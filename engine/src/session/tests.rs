@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::outcome::{BindOutcome, Binding, LeaseRelease};
 use super::*;
-use crate::index::RankId;
+use crate::ids::RankId;
 
 const A: RankId = RankId::new(1, 0);
 const B: RankId = RankId::new(2, 0);

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kvr::hash::chain_hash;
-use kvr::index::{ApplyOutcome, IndexError, TieredOverlap};
+use kvr::{ApplyOutcome, IndexError, TieredOverlap};
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 pub const TIERS: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
@@ -419,7 +419,7 @@ impl Model {
 }
 
 /// Checks the index's stats and rank list against the model exactly (quiescent only).
-pub fn assert_stats_equal(index: &kvr::index::Index, model: &Model, ctx: &dyn Fn() -> String) {
+pub fn assert_stats_equal(index: &kvr::Index, model: &Model, ctx: &dyn Fn() -> String) {
     assert_eq!(index.ranks(), model.ranks(), "ranks differ; {}", ctx());
     let s = index.stats();
     for r in model.ranks.keys() {
@@ -473,7 +473,7 @@ pub fn assert_stats_equal(index: &kvr::index::Index, model: &Model, ctx: &dyn Fn
 
 /// Checks one rank's stats against the model exactly (quiescent only).
 pub fn assert_rank_stats_equal(
-    index: &kvr::index::Index,
+    index: &kvr::Index,
     model: &Model,
     rank: RankId,
     ctx: &dyn Fn() -> String,

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kvr::index::TieredScores;
+use kvr::TieredScores;
 use kvr_remote::{
     InstanceOverlap, QueryByHashResponse, QueryTieredByHashRequest, QueryTieredByHashResponse,
 };

@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use axum::extract::State;
 use axum::Json;
-use kvr::cost::CostOverrides;
 use kvr::hash::{sequence_hashes, HashSalt};
-use kvr::index::TieredScores;
+use kvr::CostOverrides;
+use kvr::TieredScores;
 use kvr::{Decision, EngineError, Outcome, PartitionKey, RankId, SessionContext, WorkerId};
 
 use crate::error::{ApiError, Body};

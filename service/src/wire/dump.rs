@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use kvr::index::{DumpedStore, IndexDump};
+use kvr::{DumpedStore, IndexDump};
 use kvr::{PartitionKey, RankId, StoredBlock, Tier};
 use serde::{Deserialize, Serialize};
 

@@ -78,7 +78,7 @@ impl PromptBody {
     fn extras(&self, block_size: u32) -> Result<BlockExtras, ApiError> {
         let mut extras = BlockExtras::new();
         extras.set_cache_salt(self.cache_salt.as_deref());
-        let too_many = |e: kvr::hash::extra::TooManyExtraKeys| ApiError::bad_request(e.to_string());
+        let too_many = |e: kvr::hash::TooManyExtraKeys| ApiError::bad_request(e.to_string());
         if let Some(infos) = &self.block_mm_infos {
             let blocks = self.token_ids.as_ref().map_or(0, Vec::len) / block_size.max(1) as usize;
             if infos.len() > blocks.max(1) + 1 {
@@ -113,7 +113,7 @@ impl PromptBody {
     /// - `block_hashes` needs `sequence_hashes` of the same length; a prompt of
     ///   `isl_tokens` has at most `isl_tokens / block_size` complete blocks, so a longer
     ///   hash list is refused rather than overcounting.
-    /// - With `token_ids`, the extra keys (`kvr::hash::extra`) are folded into the blocks'
+    /// - With `token_ids`, the extra keys (`kvr::hash`) are folded into the blocks'
     ///   local hashes as the engines' events are: `block_mm_infos` (Dynamo's per-block
     ///   `mm_hash`es, raw key values), `mm_inputs` (kvr's: vLLM's `(identifier, offset,
     ///   length)` spans) and `cache_salt` (block 0), so the prompt matches the blocks

@@ -5,9 +5,13 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvr::index::remote::{RemoteConfig, RemoteError, RemoteIndex, RemoteStats};
-use kvr::index::TieredScores;
-use kvr::partition::PartitionKey;
+use kvr::{RemoteError, RemoteIndex};
+
+use kvr::config::RemoteConfig;
+
+use kvr::stats::RemoteStats;
+use kvr::PartitionKey;
+use kvr::TieredScores;
 use ureq::http::Uri;
 
 use crate::wire::by_hash::QueryByHashResponse;

@@ -48,7 +48,7 @@
 //!   hashes: the server chains them itself, as it does the `tokens_hash` of the engines'
 //!   events. Not the engines' external block hashes either: those are opaque per rank.
 //! - `model_name`, `routing_group`: the partition
-//!   ([`PartitionKey`](kvr::partition::PartitionKey)); `routing_group` defaults to
+//!   ([`PartitionKey`](kvr::PartitionKey)); `routing_group` defaults to
 //!   `"default"`.
 //! - No LoRA name, no block size: each local hash is already salted with the request's
 //!   LoRA adapter and the partition's cache namespace, and the answer names its block size.
@@ -70,7 +70,7 @@
 //! `lower_tier`: tiers in the order `host_pinned`, `disk`, `external`, each at most once;
 //! a tier's hits are the further contiguous blocks that extend the match of the tiers
 //! before it (a rank with no device block starts at the first block). They map one to one
-//! onto [`TieredOverlap`](kvr::index::TieredOverlap)'s `device`, `host`, `disk`; kvr has no
+//! onto [`TieredOverlap`](kvr::TieredOverlap)'s `device`, `host`, `disk`; kvr has no
 //! external tier, so `external` hits (a cache outside the worker) are ignored. The client
 //! refuses the whole answer ([`RemoteError::BadBody`]) when `block_size` is not the
 //! partition's (hashes of another block size never match, and "no overlap" would hide the
@@ -129,10 +129,9 @@ mod wire;
 use std::sync::Arc;
 
 pub use client::HttpRemoteIndex;
-pub use kvr::index::remote::{
-    RemoteConfig, RemoteError, RemoteIndex, RemoteStats, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_REQUEST_TIMEOUT,
-};
+pub use kvr::config::{RemoteConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+pub use kvr::stats::RemoteStats;
+pub use kvr::{RemoteError, RemoteIndex};
 pub use wire::by_hash::{InstanceOverlap, QueryByHashResponse};
 pub use wire::tiered::{
     DeviceScores, LowerTier, LowerTierHits, QueryTieredByHashRequest, QueryTieredByHashResponse,
@@ -142,7 +141,9 @@ pub use wire::{
     hash_from_wire, hash_to_wire, WireRank, QUERY_BY_HASH_PATH, QUERY_TIERED_BY_HASH_PATH,
 };
 
-use kvr::indexer::{IndexerConfig, IndexerConfigError, IndexerPolicy, RemoteClient};
+use kvr::RemoteClient;
+
+use kvr::config::{IndexerConfig, IndexerConfigError, IndexerPolicy};
 
 /// `cfg` with its remote primary's client: when `cfg` names a remote URL and brings no
 /// client of its own, an [`HttpRemoteIndex`] of that URL with `cfg`'s

@@ -18,13 +18,15 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvr::config::PartitionConfig;
+use kvr::config::RemoteConfig;
+use kvr::config::{IndexerConfig, IndexerPolicy};
 use kvr::cost::SelectionRng;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::index::{RemoteConfig, RemoteError, TieredOverlap, TieredScores};
-use kvr::indexer::{IndexerConfig, IndexerPolicy};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::select::{Outcome, SelectRequest};
 use kvr::RankId;
+use kvr::{Outcome, SelectRequest};
+use kvr::{Partition, PartitionKey, WorkerInfo};
+use kvr::{RemoteError, TieredOverlap, TieredScores};
 use kvr_remote::HttpRemoteIndex;
 
 const B: u32 = 16;

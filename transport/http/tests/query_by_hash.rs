@@ -9,9 +9,11 @@ mod common;
 use std::time::Duration;
 
 use common::server::{Reply, TestServer};
-use kvr::index::{RemoteConfig, RemoteError, RemoteStats, TieredOverlap, TieredScores};
-use kvr::partition::PartitionKey;
+use kvr::config::RemoteConfig;
+use kvr::stats::RemoteStats;
+use kvr::PartitionKey;
 use kvr::RankId;
+use kvr::{RemoteError, TieredOverlap, TieredScores};
 use kvr_remote::{HttpRemoteIndex, QueryTieredByHashRequest, QUERY_BY_HASH_PATH};
 
 /// What Dynamo 1.6.1's `/query_by_hash` answered for workers 1 and 2 (probed): tokens,

@@ -24,10 +24,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvr::index::{
-    Index, RemoteConfig, RemoteError, RemoteIndex, RemoteStats, TieredOverlap, TieredScores,
-};
-use kvr::partition::PartitionKey;
+use kvr::{Index, RemoteError, RemoteIndex, TieredOverlap, TieredScores};
+
+use kvr::config::RemoteConfig;
+
+use kvr::stats::RemoteStats;
+use kvr::PartitionKey;
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 use kvr_remote::{
     HttpRemoteIndex, QueryTieredByHashRequest, QueryTieredByHashResponse, QUERY_TIERED_BY_HASH_PATH,

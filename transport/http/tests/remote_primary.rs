@@ -9,12 +9,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use kvr::config::PartitionConfig;
+use kvr::config::{IndexerConfig, IndexerPolicy};
 use kvr::cost::SelectionRng;
-use kvr::index::{RemoteError, RemoteIndex, TieredOverlap, TieredScores};
-use kvr::indexer::{IndexerConfig, IndexerPolicy, RemoteClient};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey, WorkerInfo};
-use kvr::select::{Outcome, SelectRequest};
 use kvr::RankId;
+use kvr::RemoteClient;
+use kvr::{Outcome, SelectRequest};
+use kvr::{Partition, PartitionKey, WorkerInfo};
+use kvr::{RemoteError, RemoteIndex, TieredOverlap, TieredScores};
 
 const B: u32 = 4;
 
@@ -126,15 +128,8 @@ fn remote_primary_applies_no_events_and_starts_no_subscription() {
         calls: AtomicU64::new(0),
     });
     let p = Arc::new(remote_partition(Some(fake), "http://index.invalid:1"));
-    let payload = kvr::ingress::encode::BatchEncoder::new()
-        .stored(
-            &[1, 2],
-            None,
-            &[0; 8],
-            B,
-            kvr::ingress::decode::Medium::Gpu,
-            None,
-        )
+    let payload = kvr_emulator::BatchEncoder::new()
+        .stored(&[1, 2], None, &[0; 8], B, kvr::ingress::Medium::Gpu, None)
         .finish(0.0, None);
     let out = p.ingest(1, 0, b"t", 0, &payload);
     assert_eq!(out.batches_applied, 0);

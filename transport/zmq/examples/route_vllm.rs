@@ -1,5 +1,6 @@
 //! Subscribe to two vLLM workers' KV events and route a prompt to the one holding most of it.
-use kvr::{Engine, Outcome, PartitionConfig, PartitionKey, SelectRequest, WorkerInfo};
+use kvr::config::PartitionConfig;
+use kvr::{Engine, Outcome, PartitionKey, SelectRequest, WorkerInfo};
 use kvr_zmq::{subscribe, SubscribeConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -5,8 +5,8 @@
 //! - [`transport`]: the ZMQ SUB socket (and the replay DEALER) on a thread of its own,
 //!   handing raw `[topic, seq, payload]` frames to a [`transport::FrameSink`]. It knows
 //!   nothing about events.
-//! - [`subscribe`](mod@subscribe): a subscription of a [`kvr::partition::Partition`], whose sink keeps one
-//!   engine [`kvr::ingress::ingest::IngressStream`] per publisher (connect mode: one; bind
+//! - [`subscribe`](mod@subscribe): a subscription of a [`kvr::Partition`], whose sink keeps one
+//!   engine [`kvr::ingress::IngressStream`] per publisher (connect mode: one; bind
 //!   mode: one per topic) and asks the transport for a replay when the stream says so.
 //!
 //! What a message means (sequence tracking, gaps, restarts, replay bookkeeping, decoding,

@@ -22,10 +22,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvr::index::WorkerId;
-use kvr::ingress::ingest::{IngestOutcome, IngressStream};
-use kvr::ingress::sequence::ReplayResult;
-use kvr::partition::Partition;
+use kvr::ingress::ReplayResult;
+use kvr::ingress::{IngestOutcome, IngressStream};
+use kvr::Partition;
+use kvr::WorkerId;
 
 use crate::transport::{FrameSink, ReplayEnd, SinkAction, Subscriber, SubscriberConfig};
 
@@ -368,7 +368,8 @@ pub fn subscribe_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvr::partition::{PartitionConfig, PartitionKey};
+    use kvr::config::PartitionConfig;
+    use kvr::PartitionKey;
 
     #[test]
     fn route_less_topics_of_one_worker_are_distinct_streams() {

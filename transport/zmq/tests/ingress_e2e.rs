@@ -12,9 +12,10 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvr::config::PartitionConfig;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::partition::{Partition, PartitionConfig, PartitionKey};
 use kvr::RankId;
+use kvr::{Partition, PartitionKey};
 use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription, TopicRoute};
 use serde_json::Value;
 
@@ -209,7 +210,7 @@ fn subscriber_index_equals_the_publishers_ground_truth_after_every_phase() {
         assert!(!s.is_running());
     }
     let stats = partition.ingress_stats();
-    let total = |f: fn(&kvr::ingress::ingest::StreamStats) -> u64| stats.iter().map(f).sum::<u64>();
+    let total = |f: fn(&kvr::stats::StreamStats) -> u64| stats.iter().map(f).sum::<u64>();
     assert!(total(|s| s.sequence.gaps) >= 3, "gaps: {stats:#?}");
     assert!(
         total(|s| s.sequence.replays_filled) >= 1,

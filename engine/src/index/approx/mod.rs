@@ -60,7 +60,9 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use super::event::{IndexError, RankId, Tier};
+use crate::ids::{RankId, Tier};
+
+use super::event::IndexError;
 use super::Index;
 use crate::hash::mix::HashMixMap;
 use crate::hash::next_sequence_hash;
@@ -112,6 +114,7 @@ pub struct ApproxStats {
 
 /// What one `record` call changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
 pub struct RecordOutcome {
     /// Blocks this rank had no live record of (now recorded and stored in the index).
     pub stored: usize,
@@ -160,6 +163,7 @@ struct Counters {
 
 /// Records bookings into an [`Index`] and retires them by TTL and size bound (module
 /// docs: per-rank recording, maintenance off the booking path).
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
 pub struct ApproxRecorder {
     config: ApproxConfig,
     /// Records kept after a prune (`prune_to * max_blocks`, rounded down).
@@ -195,6 +199,7 @@ impl Default for ApproxRecorder {
 }
 
 impl ApproxRecorder {
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn new(config: ApproxConfig) -> Self {
         let f = if config.prune_to.is_nan() {
             ApproxConfig::default().prune_to
@@ -217,6 +222,7 @@ impl ApproxRecorder {
         }
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn config(&self) -> &ApproxConfig {
         &self.config
     }
@@ -230,6 +236,8 @@ impl ApproxRecorder {
     /// this rank's records is due at `now` expires. With the records at `max_blocks`, the
     /// prompt is recorded up to the first new block that does not fit (module docs).
     /// An index refusal (too many ranks) changes nothing, is counted and is returned.
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn record(
         &self,
         index: &Index,
@@ -249,6 +257,7 @@ impl ApproxRecorder {
 
     /// [`ApproxRecorder::record`] of a prompt given by its sequence hashes (a booking's
     /// prompt blocks), first block first.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn record_sequence(
         &self,
         index: &Index,
@@ -402,6 +411,7 @@ impl ApproxRecorder {
     /// `index`, rank by rank, then, if a booking found the records at the bound, prunes
     /// the deepest down to `prune_to` of it. Returns how many expired. Serialized with
     /// other passes; takes one rank's mutex at a time, so bookings go on meanwhile.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn expire(&self, index: &Index, now: Instant) -> usize {
         self.maintain(index, now)
     }
@@ -428,6 +438,7 @@ impl ApproxRecorder {
     /// Forgets every record of `rank`, without touching the index: for when the caller
     /// removes or clears the rank there (call this first: else a booking in between could
     /// store blocks that no record expires).
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn forget_rank(&self, rank: RankId) {
         let gone = {
             let _w = self.ranks_write.lock();
@@ -446,14 +457,19 @@ impl ApproxRecorder {
     }
 
     /// Live (rank, block) records.
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
 
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn stats(&self) -> ApproxStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -470,8 +486,8 @@ impl ApproxRecorder {
 
     /// Test hook: `hook` is called with the rank each time a recording holds that rank's
     /// mutex (before it touches the index). Not part of the API.
-    #[doc(hidden)]
-    pub fn set_record_hook(&self, hook: Option<RecordHook>) {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn set_record_hook(&self, hook: Option<RecordHook>) {
         self.hooked.store(hook.is_some(), Ordering::Relaxed);
         self.hook.store(hook);
     }

@@ -3,7 +3,7 @@
 
 use super::records::Deadline;
 use super::{ApproxRecorder, RankMap, Sink};
-use crate::index::event::RankId;
+use crate::ids::RankId;
 use crate::sync::atomic::Ordering;
 
 impl ApproxRecorder {

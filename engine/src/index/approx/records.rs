@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::Sink;
 use crate::hash::mix::HashMixMap;
-use crate::index::event::RankId;
+use crate::ids::RankId;
 use crate::sync::Mutex;
 
 /// When a record expires. `Never` only when `now + ttl` is past what `Instant` can hold.

@@ -33,4 +33,6 @@ pub use error::{DecodeError, DecodeErrorKind};
 pub use payload::decode_batch;
 
 #[cfg(test)]
+pub(crate) mod fixture;
+#[cfg(all(test, not(loom)))]
 mod tests;

@@ -44,7 +44,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// Why a stream's ranks were cleared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ClearCause {
+pub(crate) enum ClearCause {
     /// Batches were lost and no replay endpoint is configured.
     GapWithoutReplay,
     /// The replay ended (failed, timed out, or the range was no longer buffered) without
@@ -56,7 +56,7 @@ pub enum ClearCause {
 
 /// What the caller must do, in order.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Decode and apply this batch.
     Apply { seq: u64, payload: Vec<u8> },
     /// Clear the ranks this stream feeds (the index's state for them may be stale).
@@ -190,7 +190,7 @@ impl Replay {
 }
 
 /// The sequence state of one publisher (one worker's PUB endpoint or topic).
-pub struct SequenceTracker {
+pub(crate) struct SequenceTracker {
     replay_enabled: bool,
     /// The last applied batch: its seq and the digest of its payload.
     last: Option<(u64, u64)>,
@@ -216,7 +216,7 @@ fn digest(payload: &[u8]) -> u64 {
 impl SequenceTracker {
     /// A tracker for a publisher whose lost batches can (`replay_enabled`) or cannot be
     /// requested again.
-    pub fn new(replay_enabled: bool) -> Self {
+    pub(crate) fn new(replay_enabled: bool) -> Self {
         SequenceTracker {
             replay_enabled,
             last: None,
@@ -225,7 +225,7 @@ impl SequenceTracker {
         }
     }
 
-    pub fn stats(&self) -> SequenceStats {
+    pub(crate) fn stats(&self) -> SequenceStats {
         SequenceStats {
             last_seq: self.last.map(|l| l.0),
             recovering: self.replay.is_some(),
@@ -236,14 +236,14 @@ impl SequenceTracker {
     /// Whether what the index holds from this stream may be stale: a loss is known (live
     /// batches past it wait for the replay) and batches applied before it stay counted,
     /// though the lost ones may have evicted some of their blocks. Ends when the replay
-    /// fills the loss or the stream's ranks are cleared (`ingress::freshness`).
-    pub fn stale(&self) -> bool {
+    /// fills the loss or the stream's ranks are cleared (`crate::freshness`).
+    pub(crate) fn stale(&self) -> bool {
         self.last.is_some() && self.replay.as_ref().is_some_and(|r| !r.held.is_empty())
     }
 
     /// Whether a replay is in flight (its batches are expected through
     /// [`SequenceTracker::on_replayed`]).
-    pub fn replaying(&self) -> bool {
+    pub(crate) fn replaying(&self) -> bool {
         self.replay.is_some()
     }
 
@@ -317,7 +317,7 @@ impl SequenceTracker {
     }
 
     /// A live batch. Returns the actions to perform in `out` (cleared first).
-    pub fn on_live(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
+    pub(crate) fn on_live(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
         out.clear();
         if let Some(r) = &mut self.replay {
             // One digest of the batch serves every comparison below and its apply.
@@ -414,7 +414,7 @@ impl SequenceTracker {
     /// No live batch for a while (or the subscription just started): with replay
     /// enabled and no replay in flight, probe the publisher (replay from the last applied
     /// batch, verified, or from 0 before any).
-    pub fn on_idle(&mut self, out: &mut Vec<Action>) {
+    pub(crate) fn on_idle(&mut self, out: &mut Vec<Action>) {
         out.clear();
         if !self.replay_enabled || self.replay.is_some() {
             return;
@@ -427,7 +427,7 @@ impl SequenceTracker {
     }
 
     /// A batch of the replay in flight (ignored if none is, or if it is not needed).
-    pub fn on_replayed(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
+    pub(crate) fn on_replayed(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
         out.clear();
         let Some(r) = &mut self.replay else {
             return;
@@ -502,7 +502,7 @@ impl SequenceTracker {
 
     /// The replay in flight ended: verify, count, then apply the held live batches in
     /// order (clearing first if the loss was not covered).
-    pub fn on_replay_end(&mut self, result: ReplayResult, out: &mut Vec<Action>) {
+    pub(crate) fn on_replay_end(&mut self, result: ReplayResult, out: &mut Vec<Action>) {
         out.clear();
         if result == ReplayResult::Completed
             && self.replay.as_ref().is_some_and(|r| r.verify.is_some())

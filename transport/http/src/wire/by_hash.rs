@@ -16,8 +16,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvr::index::{RemoteError, TieredOverlap, TieredScores};
 use kvr::RankId;
+use kvr::{RemoteError, TieredOverlap, TieredScores};
 
 use super::check_lengths;
 

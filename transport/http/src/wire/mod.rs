@@ -9,7 +9,7 @@ mod tests;
 pub(crate) mod tiered;
 
 /// The path of the tiered query, appended to a
-/// [`RemoteConfig::base_url`](kvr::index::RemoteConfig::base_url).
+/// [`RemoteConfig::base_url`](kvr::config::RemoteConfig::base_url).
 pub const QUERY_TIERED_BY_HASH_PATH: &str = "/query_tiered_by_hash";
 
 /// The path of Dynamo 1.6.1's query, the client's fallback when the tiered route is missing.
@@ -68,14 +68,14 @@ pub(crate) fn default_routing_group() -> String {
 /// An answer whose counts add up to more blocks than were asked is refused: such a server
 /// cannot be trusted not to overcount.
 pub(crate) fn check_lengths(
-    entries: &[kvr::index::TieredOverlap],
+    entries: &[kvr::TieredOverlap],
     blocks_queried: usize,
-) -> Result<(), kvr::index::RemoteError> {
+) -> Result<(), kvr::RemoteError> {
     let too_long = entries
         .iter()
         .find(|o| o.device as u64 + o.host as u64 + o.disk as u64 > blocks_queried as u64);
     match too_long {
-        Some(o) => Err(kvr::index::RemoteError::BadBody(format!(
+        Some(o) => Err(kvr::RemoteError::BadBody(format!(
             "rank {}/{} holds {} + {} + {} blocks of a {blocks_queried}-block query",
             o.rank.worker_id, o.rank.dp_rank, o.device, o.host, o.disk
         ))),
@@ -86,13 +86,13 @@ pub(crate) fn check_lengths(
 /// Writes a checked answer into `out`; a refused one leaves `out` empty (both answers'
 /// `to_scores`).
 pub(crate) fn fill_checked(
-    collected: Result<Vec<kvr::index::TieredOverlap>, kvr::index::RemoteError>,
-    out: &mut kvr::index::TieredScores,
-) -> Result<(), kvr::index::RemoteError> {
+    collected: Result<Vec<kvr::TieredOverlap>, kvr::RemoteError>,
+    out: &mut kvr::TieredScores,
+) -> Result<(), kvr::RemoteError> {
     match collected {
         Ok(entries) => out
             .fill_from(entries)
-            .map_err(|rank| kvr::index::RemoteError::BadBody(format!("rank {rank} listed twice"))),
+            .map_err(|rank| kvr::RemoteError::BadBody(format!("rank {rank} listed twice"))),
         Err(e) => {
             let _ = out.fill_from(std::iter::empty());
             Err(e)

@@ -1,8 +1,8 @@
 //! The wire types against the JSON Dynamo writes and reads (shapes probed on Dynamo
 //! 1.6.1's indexer, REFERENCE §7 for the tiered answer).
 
-use kvr::index::{Index, RemoteError, TieredOverlap, TieredScores};
-use kvr::partition::PartitionKey;
+use kvr::PartitionKey;
+use kvr::{Index, RemoteError, TieredOverlap, TieredScores};
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 use super::by_hash::QueryByHashResponse;

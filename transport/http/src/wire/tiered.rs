@@ -3,9 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvr::index::{RemoteError, TieredOverlap, TieredScores};
-use kvr::partition::PartitionKey;
+use kvr::PartitionKey;
 use kvr::RankId;
+use kvr::{RemoteError, TieredOverlap, TieredScores};
 
 use super::{check_lengths, default_routing_group, hash_from_wire, hash_to_wire, WireRank};
 
@@ -138,7 +138,7 @@ pub struct QueryTieredByHashResponse {
 
 impl QueryTieredByHashResponse {
     /// The answer a server gives from its index's tiered lookup
-    /// ([`Index::find_matches_tiered`](kvr::index::Index::find_matches_tiered) of the
+    /// ([`Index::find_matches_tiered`](kvr::Index::find_matches_tiered) of the
     /// request's local hashes): device scores, then `host_pinned` and `disk` (both always
     /// listed, as by an indexer holding every tier), ranks sorted, zero counts left out.
     pub fn from_scores(scores: &TieredScores, block_size: u32) -> Self {

@@ -1,4 +1,4 @@
-//! Session affinity (`kvr::session`): a multi-thread stress test and a differential test
+//! Session affinity (the session table): a multi-thread stress test and a differential test
 //! against a naive single-threaded model.
 //!
 //! - **Stress**: 4 threads bind turns of a shared pool of sessions (so turns of one
@@ -14,23 +14,21 @@
 //!
 //! Environment overrides: `KVR_SESSION_SEED`, `KVR_SESSION_OPS`.
 
-// A host of the engine, not engine code: the sync-facade rule (engine/clippy.toml) is
-// for engine/src.
+// Threads and shared ownership of the test itself, outside the engine's sync facade.
 #![allow(clippy::disallowed_types)]
 
-mod common;
+#[path = "../../tests/common/rng.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod rng;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::rng::{env_u64, Rng};
-use kvr::select::SessionContext;
-use kvr::session::{
-    AffinityMode, BindOutcome, Binding, LeaseRelease, SessionConfig, SessionStats, SessionTable,
-    EARLY_RELEASE_WINDOW,
-};
-use kvr::RankId;
+use super::outcome::{BindOutcome, Binding, LeaseRelease, SessionStats};
+use super::{AffinityMode, SessionConfig, SessionContext, SessionTable, EARLY_RELEASE_WINDOW};
+use crate::ids::RankId;
+use rng::{env_u64, Rng};
 
 fn ctx(id: &str, parent: Option<&str>, fin: bool) -> SessionContext {
     SessionContext {

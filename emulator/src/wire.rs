@@ -1,11 +1,10 @@
 //! Writes KV-event batches the way vLLM 0.33 publishes them (REFERENCE.md §2: a msgpack
 //! array `[ts, [events...], data_parallel_rank]`, events as tagged maps), the inverse of
-//! [`super::decode`] for its common case. For whatever plays an engine against kvr's real
-//! ingress path: tests, benchmarks, the trace simulator.
+//! kvr's decoder (`kvr::ingress::decode_batch`) for its common case.
 
 use rmp::encode as enc;
 
-use super::decode::Medium;
+use kvr::ingress::Medium;
 
 /// One batch under construction.
 #[derive(Debug, Default)]
@@ -20,7 +19,7 @@ pub struct BatchEncoder {
     cache_salt: Option<String>,
 }
 
-/// One extra key as vLLM 0.33 publishes it (untagged; `crate::hash::extra`).
+/// One extra key as vLLM 0.33 publishes it (untagged; folded into the block hash by `kvr::hash`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireExtraKey<'a> {
     /// A bare string: the LoRA name or the cache salt.
@@ -45,6 +44,7 @@ fn medium_name(m: Medium) -> &'static str {
 }
 
 impl BatchEncoder {
+    /// An empty batch.
     pub fn new() -> Self {
         Self::default()
     }
@@ -226,7 +226,7 @@ impl BatchEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingress::decode::{decode_batch, DecodedBatch, DecodedEvent};
+    use kvr::ingress::{decode_batch, DecodedBatch, DecodedEvent};
 
     #[test]
     fn what_it_writes_decodes_to_the_same_events() {

@@ -16,7 +16,7 @@
 //! loom model `freshness_unlist_after_repair` checks the order, and its negative control
 //! unlists first).
 
-use crate::index::{RankId, WorkerId};
+use crate::ids::{RankId, WorkerId};
 use crate::sync::{Mutex, Snapshot, SnapshotGuard};
 
 /// The stale ranks of a partition, sorted, each with when it became stale (ms since the
