@@ -76,9 +76,9 @@ python3 tests/e2e/selftest.py
 echo "== README host examples"
 python3 tests/check-readme-examples.py
 
-echo "== no import cycle among the engine's modules (and the check's negative control)"
-python3 tests/check-module-cycles.py
-python3 tests/check-module-cycles.py --self-test
+echo "== layers: every engine import downward, no import cycle in any crate (and the negative controls)"
+python3 tests/check-layers.py
+python3 tests/check-layers.py --self-test
 
 echo "== kvr serve vs Dynamo 1.6.1 (tests/compat: the pinned wheel in a cached venv)"
 # The real Dynamo selection service and indexer, and vLLM 0.33.0's real KV-event
