@@ -94,8 +94,9 @@ pub use index::{
     RemoteIndex, StoredBlock, TieredOverlap, TieredScores, MAX_RANKS, MAX_RESERVED_BLOCKS,
 };
 pub use indexer::RemoteClient;
+pub use ingress::door::{EventsOutcome, IngestOutcome};
 pub use load::{LoadSnapshot, RankLoad};
-pub use partition::{EventsOutcome, Partition};
+pub use partition::Partition;
 pub use reservation::{
     ActiveLoad, BookingOrigin, BookingRequest, BookingStatus, BookingView, ForgetListener,
     FreeOutcome, FreedBy, ReservationError, MAX_PER_BOOKING,

@@ -1,12 +1,12 @@
-//! Freshness (`kvr::ingress::freshness`): a stream with a known loss being replayed is
+//! Freshness: a stream with a known loss being replayed is
 //! stale, and by default selection does not credit its ranks' overlap until the replay
 //! fills the loss or the ranks are cleared; `trust_stale_overlap` credits it anyway.
 
 use kvr::config::PartitionConfig;
 use kvr::hash::{BlockHasher, HashSalt};
-use kvr::ingress::IngressStream;
-use kvr::ingress::Medium;
-use kvr::ingress::ReplayResult;
+use std::time::{Duration, Instant};
+
+use kvr::ingress::{EventSource, Medium, ReplayResult, SourceAction};
 use kvr::stats::StreamFreshness;
 use kvr::TieredScores;
 use kvr::{Partition, PartitionKey};
@@ -42,6 +42,17 @@ fn credited(p: &Partition) -> u32 {
     out.get(RankId::new(1, 0)).map_or(0, |o| o.device)
 }
 
+/// A source of worker 1's one stream into `p`, with replay or without.
+fn source(p: &Partition, replay: bool) -> EventSource<&Partition> {
+    let endpoint = replay.then(|| "in-process".to_string());
+    // Probes whenever the test ticks.
+    EventSource::single(p, 1, 0, endpoint, Some(Duration::ZERO)).unwrap()
+}
+
+fn live(s: &mut EventSource<&Partition>, seq: u64, payload: &[u8]) -> SourceAction {
+    s.on_message(b"", seq, payload, Instant::now())
+}
+
 fn freshness(p: &Partition) -> StreamFreshness {
     p.ingress_stats()[0].freshness()
 }
@@ -50,13 +61,13 @@ fn freshness(p: &Partition) -> StreamFreshness {
 fn a_stale_rank_is_not_credited_until_its_loss_is_repaired() {
     for trust in [false, true] {
         let p = partition(trust);
-        let mut s = IngressStream::new(&p, 1, 0, true);
+        let mut s = source(&p, true);
         let b0 = batch(&[10, 11]);
-        s.on_live(&p, 0, &b0);
+        live(&mut s, 0, &b0);
         assert_eq!((credited(&p), freshness(&p)), (2, StreamFreshness::Live));
         // Batch 1 is lost; 2 waits for the replay: stale.
-        let out = s.on_live(&p, 2, &batch(&[]));
-        assert_eq!(out.replay_from, Some(0));
+        let out = live(&mut s, 2, &batch(&[]));
+        assert!(matches!(out, SourceAction::Replay { from_seq: 0, .. }));
         assert!(
             matches!(freshness(&p), StreamFreshness::Stale { since_unix_ms } if since_unix_ms > 0)
         );
@@ -64,9 +75,9 @@ fn a_stale_rank_is_not_credited_until_its_loss_is_repaired() {
         let ignored = p.selection_stats().stale_overlaps_ignored;
         assert_eq!(ignored, u64::from(!trust));
         // The replay brings 0 (verified) and 1: filled, live, credited.
-        s.on_replayed(&p, 0, &b0);
-        s.on_replayed(&p, 1, &batch(&[]));
-        s.on_replay_end(&p, ReplayResult::Completed);
+        s.on_replayed(0, 0, &b0, Instant::now());
+        s.on_replayed(0, 1, &batch(&[]), Instant::now());
+        s.on_replay_end(0, ReplayResult::Completed, Instant::now());
         assert_eq!((credited(&p), freshness(&p)), (2, StreamFreshness::Live));
     }
 }
@@ -74,27 +85,32 @@ fn a_stale_rank_is_not_credited_until_its_loss_is_repaired() {
 #[test]
 fn a_failed_repair_clears_and_the_rank_is_fresh_again() {
     let p = partition(false);
-    let mut s = IngressStream::new(&p, 1, 0, true);
-    s.on_live(&p, 0, &batch(&[10, 11]));
-    s.on_live(&p, 2, &batch(&[]));
+    let mut s = source(&p, true);
+    live(&mut s, 0, &batch(&[10, 11]));
+    live(&mut s, 2, &batch(&[]));
     assert!(matches!(freshness(&p), StreamFreshness::Stale { .. }));
-    s.on_replay_end(&p, ReplayResult::Failed);
+    s.on_replay_end(0, ReplayResult::Failed, Instant::now());
     // Cleared: nothing to credit, and nothing stale (an undercount only).
     assert_eq!((credited(&p), freshness(&p)), (0, StreamFreshness::Live));
-    s.on_live(&p, 3, &batch(&[10, 11]));
+    live(&mut s, 3, &batch(&[10, 11]));
     assert_eq!(credited(&p), 2);
     // A probe in flight is recovering, not stale: its rank stays credited.
-    s.on_idle(&p);
+    let mut probes = Vec::new();
+    s.on_tick(Instant::now(), &mut probes);
+    assert!(
+        matches!(probes[..], [SourceAction::Replay { from_seq: 3, .. }]),
+        "{probes:?}"
+    );
     assert_eq!(
         (credited(&p), freshness(&p)),
         (2, StreamFreshness::Recovering)
     );
     // Removing the worker forgets its freshness too.
-    s.on_live(&p, 5, &batch(&[]));
+    live(&mut s, 5, &batch(&[]));
     assert!(matches!(freshness(&p), StreamFreshness::Stale { .. }));
     p.remove_worker(1);
     p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
-    let mut s2 = IngressStream::new(&p, 1, 0, false);
-    s2.on_live(&p, 0, &batch(&[10, 11]));
+    let mut s2 = source(&p, false);
+    live(&mut s2, 0, &batch(&[10, 11]));
     assert_eq!(credited(&p), 2);
 }

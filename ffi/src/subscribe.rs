@@ -17,7 +17,8 @@
 use std::io;
 use std::os::raw::c_char;
 
-use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription, TopicRoute};
+use kvr::ingress::TopicRoute;
+use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription};
 
 use crate::handles::kvr_partition;
 use crate::status::*;

@@ -47,10 +47,9 @@ use std::collections::BTreeMap;
 use arbitrary::{Result, Unstructured};
 use kvr::config::PartitionConfig;
 use kvr::hash::{local_block_hash_mm, HashSalt};
-use kvr::ingress::IngestOutcome;
 use kvr::ingress::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind};
 use kvr::stats::StreamStats;
-use kvr::{KvEvent, RankId, StoredBlock, Tier, WorkerId, WorkerInfo};
+use kvr::{IngestOutcome, KvEvent, RankId, StoredBlock, Tier, WorkerId, WorkerInfo};
 use kvr::{Partition, PartitionKey};
 
 use crate::check::{check_all, Links, Scratch};

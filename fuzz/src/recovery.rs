@@ -1,5 +1,5 @@
 //! Target (e): the ingress recovery state machine (`kvr::ingress::sequence` behind
-//! [`IngressStream`] with replay) under random loss, reorder, duplication, publisher
+//! `EventSource` with replay) under random loss, reorder, duplication, publisher
 //! restarts, idle probes and replays that are answered, cut short, failed or superseded —
 //! against the publishers' ground truth.
 //!
@@ -37,10 +37,11 @@ use arbitrary::{Result, Unstructured};
 use kvr::hash::{local_block_hash, HashSalt};
 use kvr::ingress::Medium;
 use kvr::ingress::ReplayResult;
-use kvr::ingress::{IngestOutcome, IngressStream};
+use kvr::ingress::{EventSource, SourceAction};
 use kvr::Partition;
 use kvr::{RankId, StoredBlock, Tier, WorkerId};
 use kvr_emulator::BatchEncoder;
+use std::time::{Duration, Instant};
 
 use crate::check::Links;
 use crate::ingest_frames::{partition_for, release_partition};
@@ -85,7 +86,8 @@ struct Publisher {
     replay: Option<VecDeque<(u64, Vec<u8>)>>,
     /// Engine hashes at the end of recent stores (parents of the next).
     tails: Vec<u64>,
-    stream: IngressStream,
+    /// The publisher's source (one stream, replay id 0).
+    source: EventSource<&'static Partition>,
 }
 
 /// What a run exercised (the replay test checks the committed seeds cover every path).
@@ -207,6 +209,8 @@ impl Run {
         // Nothing below reads the input: once the partition is taken, `finish` releases it.
         let p = partition_for(bs, None, &mut Model::new());
         let mut pubs = Vec::with_capacity(PUBLISHERS);
+        // Every publisher can replay; the schedule probes with a tick (any silence counts).
+        let (replay, probe_on_tick) = (Some("in-process".to_string()), Some(Duration::ZERO));
         for (k, cap) in caps.into_iter().enumerate() {
             let worker = k as u64 + 1;
             pubs.push(Publisher {
@@ -218,7 +222,8 @@ impl Run {
                 delayed: Vec::new(),
                 replay: None,
                 tails: Vec::new(),
-                stream: IngressStream::new(p, worker, 0, true),
+                source: EventSource::single(p, worker, 0, replay.clone(), probe_on_tick)
+                    .expect("the partition takes events"),
             });
         }
         Ok(Run {
@@ -260,8 +265,7 @@ impl Run {
             }
             2 => self.restart(u, p)?,
             3 => {
-                let out = self.pubs[p].stream.on_idle(self.p);
-                self.after(p, out, "idle");
+                self.probe(p);
             }
             4 => self.replay_one(p),
             5 => {
@@ -421,23 +425,52 @@ impl Run {
         if self.trace {
             eprintln!("step {}: publisher {p} live seq {seq}", self.step);
         }
-        let out = self.pubs[p].stream.on_live(self.p, seq, payload);
-        self.after(p, out, "live");
+        let clears = self.clears(p);
+        let out = self.pubs[p]
+            .source
+            .on_message(b"", seq, payload, Instant::now());
+        self.after(p, out, clears, "live");
+    }
+
+    /// The clears publisher `p`'s stream has counted so far.
+    fn clears(&self, p: usize) -> u64 {
+        let worker = self.pubs[p].rank.worker_id;
+        self.p
+            .ingress_stats()
+            .iter()
+            .find(|s| s.worker_id == worker)
+            .map_or(0, |s| s.sequence.clears)
+    }
+
+    /// An idle probe of publisher `p`'s stream.
+    fn probe(&mut self, p: usize) {
+        let clears = self.clears(p);
+        let mut out = Vec::new();
+        self.pubs[p].source.on_tick(Instant::now(), &mut out);
+        assert!(out.len() <= 1, "one stream, at most one probe: {out:?}");
+        let out = out.pop().unwrap_or(SourceAction::Continue);
+        self.after(p, out, clears, "idle");
     }
 
     /// Serves the stream's replay request, if any (superseding the one in flight), and
-    /// checks the stream replays exactly when it asked to.
-    fn after(&mut self, p: usize, out: IngestOutcome, what: &str) {
+    /// checks the stream replays exactly when it asked to. `clears_before`: the stream's
+    /// clears before the step.
+    fn after(&mut self, p: usize, out: SourceAction, clears_before: u64, what: &str) {
         if self.trace {
             eprintln!("step {}: publisher {p} {what} -> {out:?}", self.step);
         }
+        let cleared = self.clears(p) > clears_before;
         let pb = &mut self.pubs[p];
-        if out.clears > 0 && out.replay_from.is_none() && !pb.stream.replaying() {
+        let replay_from = match out {
+            SourceAction::Replay { from_seq, .. } => Some(from_seq),
+            SourceAction::Continue => None,
+        };
+        if cleared && replay_from.is_none() && !pb.source.replaying(0) {
             // A restart found while a replay of the old instance was in flight abandons
             // it (its late batches would find no replay); the transport drops it.
             pb.replay = None;
         }
-        if let Some(from) = out.replay_from {
+        if let Some(from) = replay_from {
             pb.replay = Some(
                 pb.buffer
                     .iter()
@@ -447,7 +480,7 @@ impl Run {
             );
         }
         assert_eq!(
-            pb.stream.replaying(),
+            pb.source.replaying(0),
             pb.replay.is_some(),
             "publisher {p}: the stream replays iff it asked (after {what}: {out:?}); step {}",
             self.step
@@ -455,6 +488,7 @@ impl Run {
     }
 
     fn replay_one(&mut self, p: usize) {
+        let clears = self.clears(p);
         let pb = &mut self.pubs[p];
         let Some(next) = pb.replay.as_mut().and_then(|q| q.pop_front()) else {
             return;
@@ -462,12 +496,13 @@ impl Run {
         if self.trace {
             eprintln!("step {}: publisher {p} replayed seq {}", self.step, next.0);
         }
-        let out = pb.stream.on_replayed(self.p, next.0, &next.1);
-        self.after(p, out, "replayed");
+        let out = pb.source.on_replayed(0, next.0, &next.1, Instant::now());
+        self.after(p, out, clears, "replayed");
     }
 
     /// Ends the replay in flight: failed, or completed once everything was sent.
     fn replay_end(&mut self, p: usize, failed: bool) {
+        let clears = self.clears(p);
         let pb = &mut self.pubs[p];
         let Some(q) = &pb.replay else { return };
         let result = if failed {
@@ -481,8 +516,8 @@ impl Run {
         if self.trace {
             eprintln!("step {}: publisher {p} replay end {result:?}", self.step);
         }
-        let out = pb.stream.on_replay_end(self.p, result);
-        self.after(p, out, "replay end");
+        let out = pb.source.on_replay_end(0, result, Instant::now());
+        self.after(p, out, clears, "replay end");
     }
 
     /// Delivers the delayed batches, then probes and answers every replay in full.
@@ -499,14 +534,13 @@ impl Run {
                 self.replay_end(p, false);
             } else if !probed {
                 probed = true;
-                let out = self.pubs[p].stream.on_idle(self.p);
-                self.after(p, out, "idle");
+                self.probe(p);
             } else {
                 break;
             }
         }
         assert!(
-            !self.pubs[p].stream.replaying(),
+            !self.pubs[p].source.replaying(0),
             "publisher {p}: still replaying after quiescing; step {}",
             self.step
         );

@@ -1,26 +1,34 @@
 //! Ingress: engines' KV events from the wire into the index (DESIGN.md §10,
-//! REFERENCE.md §2).
+//! REFERENCE.md §2), and what a transport needs to bring them.
 //!
 //! The path: a publisher's `[topic, seq, payload]` messages → per-publisher sequence
-//! tracking (gaps, restarts, replay: `sequence`) → msgpack payload decoding (`decode`) →
-//! events applied to a partition's index (local hashes computed from the tokens) → per
-//! worker counters (`ingest`).
+//! tracking (gaps, restarts, replay: `sequence`) → the door (`door`): decode and count
+//! (`decode`), translate into [`KvEvent`](crate::KvEvent)s with kvr's local hashes
+//! (`translate`), apply to the sink's index → per stream counters (`registry`).
 //!
-//! The engine reads no socket. Messages come in through [`Partition::ingest`] (a host that
-//! reads the sockets itself) or through an [`ingest::IngressStream`] a transport keeps per
-//! publisher, with replay: kvr's own ZMQ subscriber is such a transport, in the `kvr-zmq`
-//! crate (transport/zmq).
-//!
-//! [`Partition::ingest`]: crate::partition::Partition::ingest
+//! The engine reads no socket. Messages come in three ways, all through the one door:
+//! - an [`EventSource`] a transport keeps per subscription: every publisher's
+//!   bookkeeping (stream identity, last heard, idle probes, replay state) is the
+//!   source's, and the transport only moves bytes (kvr's own ZMQ subscriber, `kvr-zmq`,
+//!   is one; a test's in-process channel is another);
+//! - the partition's `ingest` (a host that reads the sockets itself, message by
+//!   message, without replay);
+//! - the partition's `apply_events` (typed events).
 
 mod decode;
+pub(crate) mod door;
 mod groups;
-pub(crate) mod ingest;
+pub(crate) mod registry;
 pub(crate) mod sequence;
+mod source;
+mod stream;
+mod translate;
 
 pub use decode::{
     decode_batch, DecodeError, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
     MAX_PAYLOAD_BYTES,
 };
-pub use ingest::{EventSink, IngestOutcome, IngressRegistry, IngressStream};
+pub use door::EventSink;
+pub use registry::IngressRegistry;
 pub use sequence::ReplayResult;
+pub use source::{EventSource, SourceAction, SourceRefused, TopicRoute};

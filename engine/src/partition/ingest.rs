@@ -1,29 +1,14 @@
-//! The partition as the sink of its workers' KV events: ingress decodes and sequence-checks
-//! messages and writes them here through [`EventSink`], gated by the indexer policy.
+//! The partition as the sink of its workers' KV events: ingress sequence-checks, decodes
+//! and translates messages and writes them here through [`EventSink`], and every entry
+//! goes through ingress's door, which asks [`EventSink::admit_events`] (the indexer
+//! policy) first.
 
 use super::Partition;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{ApplyOutcome, IndexError, KvEvent};
-use crate::ingress::ingest::{EventSink, IngestOutcome, IngressRegistry, StreamStats};
+use crate::ingress::door::{self, EventSink, EventsOutcome, IngestOutcome};
+use crate::ingress::registry::{IngressRegistry, StreamStats};
 use crate::workers::MAX_DP_SIZE;
-
-/// What [`Partition::apply_events`] did with a batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct EventsOutcome {
-    /// The policy applies no engine events here: nothing was applied (counted).
-    pub ignored: bool,
-    /// Events applied.
-    pub applied: u64,
-    /// Events the index refused (skipped; counted per rank).
-    pub rejected: u64,
-    /// The first refusal's reason.
-    pub first_refusal: Option<IndexError>,
-    pub blocks_stored: u64,
-    pub blocks_removed: u64,
-    /// Removed hashes the rank did not hold on that tier.
-    pub blocks_not_found: u64,
-}
 
 impl EventSink for Partition {
     fn block_size(&self) -> u32 {
@@ -32,6 +17,12 @@ impl EventSink for Partition {
 
     fn cache_namespace(&self) -> Option<&str> {
         self.config().cache_namespace.as_deref()
+    }
+
+    /// Events off or a remote primary: the local index takes no events (counted in
+    /// `indexer_stats().events_ignored`).
+    fn admit_events(&self) -> bool {
+        self.indexing.accepts_events()
     }
 
     fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
@@ -67,7 +58,9 @@ impl Partition {
     /// it is sequence-checked, decoded and applied. Without replay (the host owns the
     /// socket), a gap or a restart clears the stream's ranks. Messages of one stream must
     /// be handed in order from one thread at a time (the stream is locked meanwhile);
-    /// other streams proceed in parallel.
+    /// other streams proceed in parallel. A partition whose indexer policy applies no
+    /// engine events (KV events off, or a remote primary) ignores the message and counts
+    /// it (`indexer_stats().events_ignored`).
     pub fn ingest(
         &self,
         worker_id: WorkerId,
@@ -76,13 +69,7 @@ impl Partition {
         seq: u64,
         payload: &[u8],
     ) -> IngestOutcome {
-        // Events off or a remote primary: the local index takes no events (counted in
-        // `indexer_stats().events_ignored`).
-        if !self.indexing.accepts_events() {
-            return IngestOutcome::default();
-        }
-        self.ingress
-            .ingest_raw(self, worker_id, stream, seq, payload)
+        IngressRegistry::ingest_raw(self, worker_id, stream, seq, payload)
     }
 
     /// Applies a batch of one rank's events in order, as the indexer policy says: a
@@ -96,26 +83,7 @@ impl Partition {
         rank: RankId,
         events: impl IntoIterator<Item = KvEvent<'e>>,
     ) -> EventsOutcome {
-        let mut out = EventsOutcome::default();
-        if !self.indexing.accepts_events() {
-            out.ignored = true;
-            return out;
-        }
-        for ev in events {
-            match self.index.apply(rank, &ev) {
-                Ok(o) => {
-                    out.applied += 1;
-                    out.blocks_stored += o.stored as u64;
-                    out.blocks_removed += o.removed as u64;
-                    out.blocks_not_found += o.not_found as u64;
-                }
-                Err(e) => {
-                    out.rejected += 1;
-                    out.first_refusal.get_or_insert(e);
-                }
-            }
-        }
-        out
+        door::apply_events(self, rank, events)
     }
 
     /// Counters of every ingress stream of this partition.

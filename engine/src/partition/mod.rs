@@ -9,7 +9,7 @@ use crate::hash::{BlockHasher, HashSalt};
 use crate::ids::WorkerId;
 use crate::index::{Index, IndexConfig};
 use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
-use crate::ingress::ingest::IngressRegistry;
+use crate::ingress::IngressRegistry;
 use crate::load::LoadView;
 use crate::reservation::{
     ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
@@ -21,8 +21,6 @@ use crate::sync::{Arc, Mutex, Snapshot, StdArc};
 
 mod ingest;
 mod routing;
-
-pub use ingest::EventsOutcome;
 
 use crate::config::PartitionConfig;
 use crate::hooks::HostHooks;

@@ -5,19 +5,17 @@
 //! - [`transport`]: the ZMQ SUB socket (and the replay DEALER) on a thread of its own,
 //!   handing raw `[topic, seq, payload]` frames to a [`transport::FrameSink`]. It knows
 //!   nothing about events.
-//! - [`subscribe`](mod@subscribe): a subscription of a [`kvr::Partition`], whose sink keeps one
-//!   engine [`kvr::ingress::IngressStream`] per publisher (connect mode: one; bind
-//!   mode: one per topic) and asks the transport for a replay when the stream says so.
+//! - [`subscribe`](mod@subscribe): a subscription of a [`kvr::Partition`]: the transport's
+//!   frames go to the engine's [`kvr::ingress::EventSource`], which keeps every
+//!   publisher's stream and asks the transport for a replay when a stream needs one.
 //!
-//! What a message means (sequence tracking, gaps, restarts, replay bookkeeping, decoding,
-//! applying, counters) stays the engine's (`kvr::ingress`); this crate only moves frames.
-//! It was the engine's default feature `zmq` (`kvr::ingress::{transport, subscribe}`)
-//! until the engine shed its network dependencies (tokio, zeromq).
+//! What a message means (which publisher sent it, sequence tracking, gaps, restarts,
+//! replay bookkeeping, idle probes, decoding, applying, counters) is the engine's
+//! (`kvr::ingress`); this crate only opens sockets and moves frames.
 
 pub mod subscribe;
 pub mod transport;
 
 pub use subscribe::{
     subscribe, subscribe_with, validate, SubscribeConfig, SubscribeOptions, Subscription,
-    TopicRoute,
 };

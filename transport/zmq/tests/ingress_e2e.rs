@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use kvr::config::PartitionConfig;
 use kvr::hash::{BlockHasher, HashSalt};
+use kvr::ingress::TopicRoute;
 use kvr::RankId;
 use kvr::{Partition, PartitionKey};
-use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription, TopicRoute};
+use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription};
 use serde_json::Value;
 
 fn python_ready() -> bool {

@@ -14,9 +14,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvr_zmq::transport::{
-    bad_frame, FrameSink, ReplayEnd, SinkAction, Subscriber, SubscriberConfig,
-};
+use kvr::ingress::SourceAction;
+use kvr_zmq::transport::{bad_frame, FrameSink, ReplayEnd, Subscriber, SubscriberConfig};
 use tokio::runtime::Runtime;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -97,30 +96,30 @@ impl RecordingSink {
 }
 
 impl FrameSink for RecordingSink {
-    fn on_message(&mut self, topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction {
+    fn on_message(&mut self, topic: &[u8], seq: u64, payload: &[u8]) -> SourceAction {
         self.call(Ev::live(topic, seq, payload));
         match &self.replay_on_topic {
             Some((t, from_seq)) if t == topic => {
                 let from_seq = *from_seq;
                 self.replay_on_topic = None;
-                SinkAction::Replay {
+                SourceAction::Replay {
                     id: 0,
                     from_seq,
                     endpoint: None,
                 }
             }
-            _ => SinkAction::Continue,
+            _ => SourceAction::Continue,
         }
     }
 
-    fn on_replayed(&mut self, _id: u32, topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction {
+    fn on_replayed(&mut self, _id: u32, topic: &[u8], seq: u64, payload: &[u8]) -> SourceAction {
         self.call(Ev::replayed(topic, seq, payload));
-        SinkAction::Continue
+        SourceAction::Continue
     }
 
-    fn on_replay_end(&mut self, _id: u32, end: ReplayEnd) -> SinkAction {
+    fn on_replay_end(&mut self, _id: u32, end: ReplayEnd) -> SourceAction {
         self.call(Ev::End(end));
-        SinkAction::Continue
+        SourceAction::Continue
     }
 
     fn on_bad_frame(&mut self, why: &'static str) {

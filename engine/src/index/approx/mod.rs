@@ -58,6 +58,7 @@ mod tests;
 
 use std::time::{Duration, Instant};
 
+#[cfg(any(test, feature = "testing"))]
 use smallvec::SmallVec;
 
 use crate::ids::{RankId, Tier};
@@ -65,6 +66,7 @@ use crate::ids::{RankId, Tier};
 use super::event::IndexError;
 use super::Index;
 use crate::hash::mix::HashMixMap;
+#[cfg(any(test, feature = "testing"))]
 use crate::hash::next_sequence_hash;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, Mutex, Snapshot, StdArc};

@@ -57,7 +57,7 @@ impl Medium {
 
 /// What a KV-cache group holds (vLLM `kv_cache_spec_kind`): hybrid-attention models
 /// publish one event per group (REFERENCE.md §9), and routing follows the full-attention
-/// group (see `ingress::ingest`).
+/// group (see `ingress::translate`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SpecKind {
     /// Absent or nil (engines without hybrid groups).

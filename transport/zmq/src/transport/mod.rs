@@ -3,7 +3,7 @@
 //!
 //! It knows nothing about events: [`Subscriber`] receives `[topic, seq, payload]` messages
 //! from a vLLM/SGLang-style ZMQ PUB and calls [`FrameSink::on_message`]; when the sink
-//! answers [`SinkAction::Replay`], it asks the publisher's replay ROUTER for the batches
+//! answers [`SourceAction::Replay`], it asks the publisher's replay ROUTER for the batches
 //! from that sequence number on and feeds them to [`FrameSink::on_replayed`] until the end
 //! marker ([`FrameSink::on_replay_end`]).
 //!
@@ -28,7 +28,7 @@
 //!   (vLLM connects whenever its endpoint has no `*`); they reconnect by themselves. A
 //!   failed bind (say, the port is still taken) is retried every `reconnect_interval`.
 //!   `tcp://*:PORT` binds all IPv4 interfaces, as libzmq does.
-//! - **Replay**: each [`SinkAction::Replay`] opens a fresh DEALER to its endpoint (the
+//! - **Replay**: each [`SourceAction::Replay`] opens a fresh DEALER to its endpoint (the
 //!   action's, else `replay_endpoint`), sends `["", start_seq as 8-byte big-endian]` and
 //!   reads `["", topic, seq, payload]` replies until the end marker `["", "", ff×8, ""]`,
 //!   then closes it. Live messages keep flowing to [`FrameSink::on_message`] meanwhile
@@ -63,6 +63,7 @@ use std::task::{Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use kvr::ingress::SourceAction;
 use zeromq::{
     Endpoint, Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError, ZmqMessage,
 };
@@ -127,24 +128,6 @@ impl SubscriberConfig {
     }
 }
 
-/// The sink's answer to a message, a replay's end or a tick.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SinkAction {
-    /// Nothing to do.
-    Continue,
-    /// Ask a publisher to resend batches from `from_seq`, as replay `id` (superseding
-    /// replay `id` if it is in flight). `endpoint` names the publisher's replay ROUTER (a
-    /// bound subscription receives many publishers, each with its own); `None` takes the
-    /// configured `replay_endpoint`. With neither, [`FrameSink::on_replay_end`] is called
-    /// at once with [`ReplayEnd::NotConfigured`].
-    Replay {
-        id: u32,
-        /// The first sequence number wanted.
-        from_seq: u64,
-        endpoint: Option<String>,
-    },
-}
-
 /// How a replay ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplayEnd {
@@ -171,17 +154,20 @@ impl fmt::Display for ReplayEnd {
 
 /// Receives what a [`Subscriber`] reads. Every method runs on the subscriber's thread, one
 /// call at a time; none runs after [`Subscriber::stop`] has returned. A method's returned
-/// [`SinkAction`] is carried out before the next call.
+/// [`SourceAction`] is carried out before the next call. A replay action's `endpoint`
+/// names the publisher's replay ROUTER (a bound subscription receives many publishers,
+/// each with its own); `None` takes the configured `replay_endpoint`. With neither,
+/// [`FrameSink::on_replay_end`] is called at once with [`ReplayEnd::NotConfigured`].
 pub trait FrameSink: Send + 'static {
     /// One live message `[topic, seq, payload]` (malformed frame counts/sizes are reported
     /// via [`FrameSink::on_bad_frame`] instead).
-    fn on_message(&mut self, topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction;
+    fn on_message(&mut self, topic: &[u8], seq: u64, payload: &[u8]) -> SourceAction;
     /// One batch of replay `id`, in the publisher's order.
-    fn on_replayed(&mut self, id: u32, topic: &[u8], seq: u64, payload: &[u8]) -> SinkAction;
-    /// Replay `id` (requested by the last [`SinkAction::Replay`] with that id) ended.
-    fn on_replay_end(&mut self, id: u32, end: ReplayEnd) -> SinkAction;
+    fn on_replayed(&mut self, id: u32, topic: &[u8], seq: u64, payload: &[u8]) -> SourceAction;
+    /// Replay `id` (requested by the last [`SourceAction::Replay`] with that id) ended.
+    fn on_replay_end(&mut self, id: u32, end: ReplayEnd) -> SourceAction;
     /// Periodic, with `tick_interval` set (see the module documentation): replays to start.
-    fn on_tick(&mut self, _out: &mut Vec<SinkAction>) {}
+    fn on_tick(&mut self, _out: &mut Vec<SourceAction>) {}
     /// A message without exactly 3 frames, or a seq frame not 8 bytes (live or replayed).
     fn on_bad_frame(&mut self, why: &'static str);
 }
@@ -420,7 +406,7 @@ fn deliver_live(
     msg: &ZmqMessage,
     topic_filter: &[u8],
     sink: &mut dyn FrameSink,
-) -> Option<SinkAction> {
+) -> Option<SourceAction> {
     if msg.len() != 3 {
         sink.on_bad_frame(bad_frame::FRAME_COUNT);
         return None;

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqError, ZmqMessage};
 
-use super::{bad_frame, BoxFuture, FrameSink, ReplayEnd, SinkAction, END_MARKER_SEQ, MAX_REPLAYS};
+use super::{
+    bad_frame, BoxFuture, FrameSink, ReplayEnd, SourceAction, END_MARKER_SEQ, MAX_REPLAYS,
+};
 
 /// The replays in flight, by the sink's id.
 pub(super) struct Replays {
@@ -19,8 +21,8 @@ pub(super) struct Replays {
 
 impl Replays {
     /// Carries out a sink's action: starts (or restarts) a replay.
-    pub(super) fn start(&mut self, action: SinkAction, sink: &mut dyn FrameSink) {
-        let SinkAction::Replay {
+    pub(super) fn start(&mut self, action: SourceAction, sink: &mut dyn FrameSink) {
+        let SourceAction::Replay {
             id,
             from_seq,
             endpoint,
@@ -75,7 +77,7 @@ impl Replays {
 /// What one replay reply was.
 pub(super) enum Replied {
     /// A batch, handed to the sink, which answered this.
-    Batch(SinkAction),
+    Batch(SourceAction),
     /// The end marker.
     End,
     /// Malformed (reported to the sink).

@@ -1,0 +1,180 @@
+//! The one door every KV event goes through on its way into a sink's index, whatever
+//! brought it: a transport's [`EventSource`](super::EventSource), a host handing in raw
+//! messages, or typed events.
+//!
+//! Three steps, each its own function: **decode and count** (`stream`: a payload into a
+//! `DecodedBatch`, failures counted by cause), **translate** (`translate`: a decoded
+//! event into a [`KvEvent`] with kvr's local hashes, or a counted skip) and **apply**
+//! ([`Door::apply`]: the event into the index, its outcome counted). A [`Door`] is the only
+//! way to apply, and [`Door::open`] is the only place that asks whether the sink takes
+//! engine events at all (its indexer policy may apply none: events off, or a remote
+//! primary), so no entry can skip that check.
+
+use crate::ids::{RankId, WorkerId};
+use crate::index::{ApplyOutcome, IndexError, KvEvent};
+use crate::sync::StdArc;
+
+use super::registry::IngressRegistry;
+
+/// What a sink is: where ingress writes, implemented by the partition, so that this layer
+/// never names it. A sink applies one rank's events to the index its policy feeds, clears
+/// a worker's ranks, and keeps the counters of the streams feeding it.
+pub trait EventSink {
+    /// The block size every stored block must have (others are refused and counted).
+    fn block_size(&self) -> u32;
+    /// The cache namespace that salts every local hash (with each event's LoRA name).
+    fn cache_namespace(&self) -> Option<&str>;
+    /// Whether engine events reach this sink's index at all; a refusal is counted (one
+    /// per message, batch or source refused).
+    fn admit_events(&self) -> bool;
+    /// Applies one event of `rank`.
+    fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError>;
+    /// Drops everything `worker` holds on the DP ranks `dp_ranks` (all of its ranks when
+    /// empty), as after a gap in its stream (ingress always names the ranks).
+    fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]);
+    /// The counters and sequence state of the streams feeding this sink.
+    fn streams(&self) -> &IngressRegistry;
+    /// Whether `worker`'s events may name DP rank `dp`. A rank the worker does not have is
+    /// never a selection candidate, so its blocks could only take memory: its batches are
+    /// refused and counted (`StreamStats::dp_rank_refused`). Every rank by default.
+    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
+        let _ = (worker, dp);
+        true
+    }
+}
+
+/// A shared sink is a sink (a subscription holds its partition by `Arc`), and so is a
+/// borrowed one.
+impl<S: EventSink + ?Sized> EventSink for StdArc<S> {
+    fn block_size(&self) -> u32 {
+        (**self).block_size()
+    }
+    fn cache_namespace(&self) -> Option<&str> {
+        (**self).cache_namespace()
+    }
+    fn admit_events(&self) -> bool {
+        (**self).admit_events()
+    }
+    fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
+        (**self).apply_event(rank, event)
+    }
+    fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
+        (**self).clear_ranks(worker, dp_ranks)
+    }
+    fn streams(&self) -> &IngressRegistry {
+        (**self).streams()
+    }
+    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
+        (**self).accepts_dp_rank(worker, dp)
+    }
+}
+
+impl<S: EventSink + ?Sized> EventSink for &S {
+    fn block_size(&self) -> u32 {
+        (**self).block_size()
+    }
+    fn cache_namespace(&self) -> Option<&str> {
+        (**self).cache_namespace()
+    }
+    fn admit_events(&self) -> bool {
+        (**self).admit_events()
+    }
+    fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
+        (**self).apply_event(rank, event)
+    }
+    fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
+        (**self).clear_ranks(worker, dp_ranks)
+    }
+    fn streams(&self) -> &IngressRegistry {
+        (**self).streams()
+    }
+    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
+        (**self).accepts_dp_rank(worker, dp)
+    }
+}
+
+/// A sink whose policy takes engine events, for one message or batch: the only handle
+/// events are applied through.
+pub(crate) struct Door<'s, S: ?Sized>(&'s S);
+
+impl<'s, S: EventSink + ?Sized> Door<'s, S> {
+    /// The events-on check, the only one: `None` (counted by the sink) when its indexer
+    /// policy applies no engine events.
+    pub(crate) fn open(sink: &'s S) -> Option<Self> {
+        sink.admit_events().then_some(Door(sink))
+    }
+
+    /// The sink behind the door.
+    pub(crate) fn sink(&self) -> &'s S {
+        self.0
+    }
+
+    /// Applies one event of `rank` and counts what it did.
+    pub(crate) fn apply(&self, rank: RankId, event: &KvEvent<'_>, out: &mut EventsOutcome) {
+        match self.0.apply_event(rank, event) {
+            Ok(o) => {
+                out.applied += 1;
+                out.blocks_stored += o.stored as u64;
+                out.blocks_removed += o.removed as u64;
+                out.blocks_not_found += o.not_found as u64;
+            }
+            Err(e) => {
+                out.rejected += 1;
+                out.first_refusal.get_or_insert(e);
+            }
+        }
+    }
+}
+
+/// Applies a batch of one rank's typed events in order, through the door: a sink whose
+/// policy takes no engine events ignores the batch (counted). An event the index refuses
+/// (unknown parent, too many ranks) is skipped and counted; the rest still apply.
+pub(crate) fn apply_events<'e>(
+    sink: &impl EventSink,
+    rank: RankId,
+    events: impl IntoIterator<Item = KvEvent<'e>>,
+) -> EventsOutcome {
+    let mut out = EventsOutcome::default();
+    let Some(door) = Door::open(sink) else {
+        out.ignored = true;
+        return out;
+    };
+    for ev in events {
+        door.apply(rank, &ev, &mut out);
+    }
+    out
+}
+
+/// What applying a batch of events did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventsOutcome {
+    /// The policy applies no engine events here: nothing was applied (counted).
+    pub ignored: bool,
+    /// Events applied.
+    pub applied: u64,
+    /// Events the index refused (skipped; counted per rank).
+    pub rejected: u64,
+    /// The first refusal's reason.
+    pub first_refusal: Option<IndexError>,
+    /// Blocks newly stored.
+    pub blocks_stored: u64,
+    /// Blocks removed.
+    pub blocks_removed: u64,
+    /// Removed hashes the rank did not hold on that tier.
+    pub blocks_not_found: u64,
+}
+
+/// What one message did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IngestOutcome {
+    /// Batches applied (0 if held for a replay or dropped as a duplicate; several when a
+    /// replay ends).
+    pub batches_applied: u32,
+    /// Times the stream's ranks were cleared (a gap that could not be filled, a restart).
+    pub clears: u32,
+    /// A replay should be requested from this sequence number (sources with replay only).
+    pub replay_from: Option<u64>,
+    /// Batches that failed to decode.
+    pub decode_errors: u32,
+}

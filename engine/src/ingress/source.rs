@@ -1,0 +1,361 @@
+//! An event source: everything about a set of publishers except their sockets. A transport
+//! (kvr's ZMQ subscriber, a test's in-process channel, a journal replaying what it
+//! recorded) owns the sockets, hands each message, replay reply and clock tick to an
+//! [`EventSource`], and does what it answers ([`SourceAction`]); the source keeps each
+//! publisher's stream (sequence tracking, replay state, counters), which stream a message
+//! belongs to, when each was last heard from, and when to probe a silent one.
+//!
+//! Two shapes, as vLLM deployments have them:
+//! - **one publisher** ([`EventSource::single`]): every message is that engine's, one
+//!   stream (a subscriber connected to one engine's PUB socket);
+//! - **by topic** ([`EventSource::by_topic`]): many engines publish to one place and are
+//!   told apart by topic. Each topic is its own stream; the worker comes from the
+//!   configured [`TopicRoute`]s, else from the digits that end the topic (`"kv-17"` → 17;
+//!   such route-less topics of one worker are its streams 0, 1, … in the order they are
+//!   first heard, so each keeps its own counters and its own clears). Each route may name
+//!   its publisher's replay endpoint; every stream replays on its own.
+//!
+//! Recovery follows `sequence`: replay on join, on a gap and on a restart, and an **idle
+//! probe**: a stream that can replay and has been silent for the source's
+//! `idle_probe_after` (and every such stream right after the source starts) asks its
+//! publisher for what came after the last batch applied, which finds losses at the end
+//! of a burst and restarts of idle engines.
+
+use std::time::{Duration, Instant};
+
+use crate::ids::WorkerId;
+
+use super::door::{Door, EventSink, IngestOutcome};
+use super::sequence::ReplayResult;
+use super::stream::IngressStream;
+
+/// Where a topic's messages come from (a source by topic).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicRoute {
+    /// The topic the publisher sends under.
+    pub topic: Vec<u8>,
+    /// The worker it is.
+    pub worker_id: WorkerId,
+    /// The publisher's stream number (e.g. its DP rank).
+    pub stream: u32,
+    /// The publisher's replay endpoint, if it has one.
+    pub replay_endpoint: Option<String>,
+}
+
+/// What the transport does after handing a source something.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceAction {
+    /// Nothing.
+    Continue,
+    /// Ask a publisher to resend batches from `from_seq`, as replay `id` (superseding
+    /// replay `id` if it is in flight), at `endpoint`; its replies come back through
+    /// [`EventSource::on_replayed`] and [`EventSource::on_replay_end`] with that id.
+    Replay {
+        /// The stream's replay id.
+        id: u32,
+        /// The first sequence number wanted.
+        from_seq: u64,
+        /// The publisher's replay endpoint.
+        endpoint: Option<String>,
+    },
+}
+
+/// Why a sink refused a source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceRefused;
+
+impl std::fmt::Display for SourceRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the partition's indexer policy applies no engine events: no event source")
+    }
+}
+
+impl std::error::Error for SourceRefused {}
+
+struct SourceStream {
+    topic: Vec<u8>,
+    replay_endpoint: Option<String>,
+    state: IngressStream,
+    worker: WorkerId,
+    /// The last message (live or replayed) or probe; `None` before the first.
+    last_heard: Option<Instant>,
+}
+
+/// The bookkeeping of one source's publishers (module docs), feeding sink `S`.
+pub struct EventSource<S: EventSink> {
+    sink: S,
+    /// One publisher: the one stream; by topic: one per topic seen (and one per route
+    /// with a replay endpoint from the start, so that it is probed at once). A stream's
+    /// index is its replay id.
+    streams: Vec<SourceStream>,
+    routes: Vec<TopicRoute>,
+    by_topic: bool,
+    idle_probe_after: Option<Duration>,
+}
+
+impl<S: EventSink> std::fmt::Debug for EventSource<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventSource")
+            .field("streams", &self.streams.len())
+            .field("by_topic", &self.by_topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: EventSink> EventSource<S> {
+    /// A source of one publisher, `worker_id`'s stream `stream`, whose replay endpoint (if
+    /// any) resends lost batches; a silent stream with replay is probed after
+    /// `idle_probe_after` (`None`: never). Refused when the sink takes no engine events.
+    pub fn single(
+        sink: S,
+        worker_id: WorkerId,
+        stream: u32,
+        replay_endpoint: Option<String>,
+        idle_probe_after: Option<Duration>,
+    ) -> Result<Self, SourceRefused> {
+        let mut s = Self::new(sink, Vec::new(), false, idle_probe_after)?;
+        s.add_stream(Vec::new(), worker_id, stream, replay_endpoint);
+        Ok(s)
+    }
+
+    /// A source of many publishers told apart by topic, routed by `routes` (module docs).
+    /// Refused when the sink takes no engine events.
+    pub fn by_topic(
+        sink: S,
+        routes: Vec<TopicRoute>,
+        idle_probe_after: Option<Duration>,
+    ) -> Result<Self, SourceRefused> {
+        let mut s = Self::new(sink, routes, true, idle_probe_after)?;
+        for r in s.routes.clone() {
+            if r.replay_endpoint.is_some() {
+                s.add_stream(r.topic, r.worker_id, r.stream, r.replay_endpoint);
+            }
+        }
+        Ok(s)
+    }
+
+    fn new(
+        sink: S,
+        routes: Vec<TopicRoute>,
+        by_topic: bool,
+        idle_probe_after: Option<Duration>,
+    ) -> Result<Self, SourceRefused> {
+        if Door::open(&sink).is_none() {
+            return Err(SourceRefused);
+        }
+        Ok(EventSource {
+            sink,
+            streams: Vec::new(),
+            routes,
+            by_topic,
+            idle_probe_after,
+        })
+    }
+
+    /// How often the transport should call [`EventSource::on_tick`]: often enough that a
+    /// probe starts within a fifth of the silence it waits for (`None`: no probes).
+    pub fn tick_interval(&self) -> Option<Duration> {
+        self.idle_probe_after
+            .map(|d| (d / 5).min(Duration::from_millis(250)))
+    }
+
+    /// One live message under `topic` (ignored with one publisher), heard at `now`.
+    pub fn on_message(
+        &mut self,
+        topic: &[u8],
+        seq: u64,
+        payload: &[u8],
+        now: Instant,
+    ) -> SourceAction {
+        let Some(i) = self.stream_for(topic) else {
+            self.on_bad_frame();
+            return SourceAction::Continue;
+        };
+        self.feed(i, now, |s, d| s.on_live(d, seq, payload))
+    }
+
+    /// One batch of replay `id`, in the publisher's order.
+    pub fn on_replayed(&mut self, id: u32, seq: u64, payload: &[u8], now: Instant) -> SourceAction {
+        self.feed(id as usize, now, |s, d| s.on_replayed(d, seq, payload))
+    }
+
+    /// Replay `id` ended.
+    pub fn on_replay_end(&mut self, id: u32, result: ReplayResult, now: Instant) -> SourceAction {
+        self.feed(id as usize, now, |s, d| s.on_replay_end(d, result))
+    }
+
+    /// The clock: probes every silent stream that can replay (its replay actions into
+    /// `out`).
+    pub fn on_tick(&mut self, now: Instant, out: &mut Vec<SourceAction>) {
+        let Some(after) = self.idle_probe_after else {
+            return;
+        };
+        for i in 0..self.streams.len() {
+            let s = &self.streams[i];
+            let idle = s
+                .last_heard
+                .map_or(true, |t| now.saturating_duration_since(t) >= after);
+            if !idle || s.state.replaying() {
+                continue;
+            }
+            match self.feed(i, now, |s, d| s.on_idle(d)) {
+                SourceAction::Continue => {}
+                a => out.push(a),
+            }
+        }
+    }
+
+    /// A message the transport could not parse into frames, or whose topic names no
+    /// worker (counted on the source's first stream).
+    pub fn on_bad_frame(&mut self) {
+        if let Some(s) = self.streams.first_mut() {
+            s.state.on_bad_frame();
+        }
+    }
+
+    /// Whether stream `id` (its replay id) has a replay in flight.
+    pub fn replaying(&self, id: u32) -> bool {
+        self.streams
+            .get(id as usize)
+            .is_some_and(|s| s.state.replaying())
+    }
+
+    /// The sink this source feeds.
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    /// The stream a message under `topic` belongs to, created on first sight; `None`
+    /// when the topic names no worker.
+    fn stream_for(&mut self, topic: &[u8]) -> Option<usize> {
+        if !self.by_topic {
+            return Some(0);
+        }
+        if let Some(i) = self.streams.iter().position(|s| s.topic == topic) {
+            return Some(i);
+        }
+        let (worker, stream, replay) = match self.routes.iter().find(|r| r.topic == topic) {
+            Some(r) => (r.worker_id, r.stream, r.replay_endpoint.clone()),
+            None => {
+                let w = worker_from_topic(topic)?;
+                (w, next_stream(&self.streams, &self.routes, w), None)
+            }
+        };
+        self.add_stream(topic.to_vec(), worker, stream, replay);
+        Some(self.streams.len() - 1)
+    }
+
+    fn add_stream(
+        &mut self,
+        topic: Vec<u8>,
+        worker: WorkerId,
+        stream: u32,
+        replay_endpoint: Option<String>,
+    ) {
+        let state = IngressStream::new(&self.sink, worker, stream, replay_endpoint.is_some());
+        self.streams.push(SourceStream {
+            topic,
+            replay_endpoint,
+            state,
+            worker,
+            last_heard: None,
+        });
+    }
+
+    /// Feeds stream `i` (if it exists) one step through the sink's door, noting that it
+    /// was heard from, and returns the transport's action for the outcome.
+    fn feed(
+        &mut self,
+        i: usize,
+        now: Instant,
+        step: impl FnOnce(&mut IngressStream, &Door<'_, S>) -> IngestOutcome,
+    ) -> SourceAction {
+        let Some(s) = self.streams.get_mut(i) else {
+            return SourceAction::Continue;
+        };
+        s.last_heard = Some(now);
+        let Some(door) = Door::open(&self.sink) else {
+            return SourceAction::Continue;
+        };
+        let Some(from_seq) = step(&mut s.state, &door).replay_from else {
+            return SourceAction::Continue;
+        };
+        SourceAction::Replay {
+            id: i as u32,
+            from_seq,
+            endpoint: s.replay_endpoint.clone(),
+        }
+    }
+}
+
+/// The lowest stream number of `worker` no stream or route uses yet.
+fn next_stream(streams: &[SourceStream], routes: &[TopicRoute], worker: WorkerId) -> u32 {
+    let used = |n: u32| {
+        routes
+            .iter()
+            .any(|r| r.worker_id == worker && r.stream == n)
+            || streams
+                .iter()
+                .any(|s| s.worker == worker && s.state.stream() == n)
+    };
+    (0..).find(|&n| !used(n)).unwrap_or(0)
+}
+
+/// The worker named by the digits that end `topic`.
+fn worker_from_topic(topic: &[u8]) -> Option<WorkerId> {
+    let digits = topic
+        .iter()
+        .rev()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    let tail = std::str::from_utf8(&topic[topic.len() - digits..]).ok()?;
+    tail.parse().ok()
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::config::PartitionConfig;
+    use crate::ids::PartitionKey;
+    use crate::partition::Partition;
+    use crate::sync::StdArc;
+
+    #[test]
+    fn route_less_topics_of_one_worker_are_distinct_streams() {
+        let p = StdArc::new(Partition::new(
+            PartitionKey::new("m", "g"),
+            PartitionConfig::new(4),
+        ));
+        let route = TopicRoute {
+            topic: b"routed".to_vec(),
+            worker_id: 17,
+            stream: 0,
+            replay_endpoint: None,
+        };
+        let mut source = EventSource::by_topic(p.clone(), vec![route], None).unwrap();
+        for t in [&b"routed"[..], b"a-17", b"b-17", b"a-17", b"c-3"] {
+            source.stream_for(t).unwrap();
+        }
+        let got: Vec<(u64, u32)> = source
+            .streams
+            .iter()
+            .map(|s| (s.worker, s.state.stream()))
+            .collect();
+        assert_eq!(got, vec![(17, 0), (17, 1), (17, 2), (3, 0)]);
+        assert!(source.stream_for(b"no-digits").is_none());
+        let stats: Vec<(u64, u32)> = p
+            .ingress_stats()
+            .iter()
+            .map(|s| (s.worker_id, s.stream))
+            .collect();
+        assert_eq!(stats, got, "each stream has its own counters");
+    }
+
+    #[test]
+    fn the_worker_is_the_number_that_ends_the_topic() {
+        assert_eq!(worker_from_topic(b"kv-17"), Some(17));
+        assert_eq!(worker_from_topic(b"42"), Some(42));
+        assert_eq!(worker_from_topic(b"kv"), None);
+        assert_eq!(worker_from_topic(b""), None);
+    }
+}

@@ -1,0 +1,283 @@
+//! One stream: a publisher's sequence of batches (one engine process: one DP rank's PUB
+//! socket in vLLM, which numbers each socket's batches from 0) into a sink. Its sequence
+//! tracker decides what to apply, clear or replay (`sequence`); each batch it applies goes
+//! through the door: decoded and counted here, then translated and applied event by event.
+//!
+//! A batch's events apply to rank `(worker, data_parallel_rank)`, or `(worker, stream)`
+//! when the batch names no rank; a batch naming a rank the worker does not have is refused
+//! whole and counted; a batch that fails to decode applies nothing and is counted by cause.
+
+use crate::ids::{RankId, WorkerId};
+use crate::index::StoredBlock;
+use crate::sync::{Arc, Mutex};
+
+use super::decode::{decode_batch, DecodedBatch};
+use super::door::{Door, EventSink, EventsOutcome, IngestOutcome};
+use super::groups::GroupRouting;
+use super::registry::{now_unix_ms, StreamStats};
+use super::sequence::{Action, ReplayResult, SequenceTracker};
+use super::translate::{translate, SinkShape, Skips};
+
+/// The state of one stream: its sequence tracker, reusable decode buffers, its counters.
+pub(crate) struct IngressStream {
+    worker_id: WorkerId,
+    stream: u32,
+    tracker: SequenceTracker,
+    batch: DecodedBatch,
+    blocks: Vec<StoredBlock>,
+    actions: Vec<Action>,
+    /// DP ranks this stream's batches named (a clear clears these).
+    ranks_seen: Vec<u32>,
+    groups: GroupRouting,
+    stats: Arc<Mutex<StreamStats>>,
+    /// Since when this stream is stale, and how many of `ranks_seen` were listed then.
+    stale: Option<(u64, usize)>,
+}
+
+impl std::fmt::Debug for IngressStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IngressStream")
+            .field("worker_id", &self.worker_id)
+            .field("stream", &self.stream)
+            .field("ranks_seen", &self.ranks_seen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IngressStream {
+    /// A stream of `worker_id`'s batches into `sink` (registered for its stats), which
+    /// can (`replay`) or cannot ask its publisher to resend lost batches.
+    pub(crate) fn new(
+        sink: &(impl EventSink + ?Sized),
+        worker_id: WorkerId,
+        stream: u32,
+        replay: bool,
+    ) -> Self {
+        IngressStream {
+            worker_id,
+            stream,
+            tracker: SequenceTracker::new(replay),
+            batch: DecodedBatch::default(),
+            blocks: Vec::new(),
+            actions: Vec::new(),
+            ranks_seen: Vec::new(),
+            groups: GroupRouting::default(),
+            stats: sink.streams().register(worker_id, stream),
+            stale: None,
+        }
+    }
+
+    /// A live message.
+    pub(crate) fn on_live<S: EventSink + ?Sized>(
+        &mut self,
+        door: &Door<'_, S>,
+        seq: u64,
+        payload: &[u8],
+    ) -> IngestOutcome {
+        self.note_message(payload.len());
+        self.track(door, |t, out| t.on_live(seq, payload, out))
+    }
+
+    /// A replayed message (of the replay requested last).
+    pub(crate) fn on_replayed<S: EventSink + ?Sized>(
+        &mut self,
+        door: &Door<'_, S>,
+        seq: u64,
+        payload: &[u8],
+    ) -> IngestOutcome {
+        self.note_message(payload.len());
+        self.track(door, |t, out| t.on_replayed(seq, payload, out))
+    }
+
+    /// The stream has been silent for a while (or was just subscribed): probe the
+    /// publisher through replay (nothing without replay or while a replay runs).
+    /// `replay_from` says what to ask for.
+    pub(crate) fn on_idle<S: EventSink + ?Sized>(&mut self, door: &Door<'_, S>) -> IngestOutcome {
+        self.track(door, |t, out| t.on_idle(out))
+    }
+
+    /// The replay ended.
+    pub(crate) fn on_replay_end<S: EventSink + ?Sized>(
+        &mut self,
+        door: &Door<'_, S>,
+        result: ReplayResult,
+    ) -> IngestOutcome {
+        self.track(door, |t, out| t.on_replay_end(result, out))
+    }
+
+    /// The stream's number (its counters' `stream`).
+    pub(crate) fn stream(&self) -> u32 {
+        self.stream
+    }
+
+    /// Whether a replay is in flight for this stream.
+    pub(crate) fn replaying(&self) -> bool {
+        self.tracker.replaying()
+    }
+
+    /// A message the transport could not parse into frames.
+    pub(crate) fn on_bad_frame(&mut self) {
+        self.stats.lock().bad_frames += 1;
+    }
+
+    /// Runs one step of the sequence tracker and performs the actions it returns (in a
+    /// buffer kept across calls) through the sink's door.
+    fn track<S: EventSink + ?Sized>(
+        &mut self,
+        door: &Door<'_, S>,
+        step: impl FnOnce(&mut SequenceTracker, &mut Vec<Action>),
+    ) -> IngestOutcome {
+        let mut actions = std::mem::take(&mut self.actions);
+        step(&mut self.tracker, &mut actions);
+        #[cfg(loom)]
+        if crate::sync::faults::get().unlist_before_repair {
+            self.note_freshness(door.sink());
+        }
+        let out = self.perform(door, &mut actions);
+        self.actions = actions;
+        out
+    }
+
+    fn note_message(&self, bytes: usize) {
+        let mut s = self.stats.lock();
+        s.messages += 1;
+        s.bytes += bytes as u64;
+    }
+
+    fn perform<S: EventSink + ?Sized>(
+        &mut self,
+        door: &Door<'_, S>,
+        actions: &mut Vec<Action>,
+    ) -> IngestOutcome {
+        let mut out = IngestOutcome::default();
+        for a in actions.drain(..) {
+            match a {
+                Action::Apply { payload, .. } => {
+                    if self.apply_batch(door, &payload) {
+                        out.batches_applied += 1;
+                    } else {
+                        out.decode_errors += 1;
+                    }
+                }
+                Action::Clear(_) => {
+                    self.clear_fed_ranks(door.sink());
+                    out.clears += 1;
+                }
+                Action::RequestReplay { from_seq } => out.replay_from = Some(from_seq),
+            }
+        }
+        self.note_freshness(door.sink());
+        self.stats.lock().sequence = self.tracker.stats();
+        out
+    }
+
+    /// Lists or unlists the stream's ranks as stale (after the actions: an unlisting
+    /// follows the repair it waited for, `crate::freshness`).
+    fn note_freshness(&mut self, sink: &(impl EventSink + ?Sized)) {
+        let n = self.ranks_seen.len();
+        match (self.tracker.stale(), self.stale) {
+            (true, Some((_, listed))) if listed == n => {}
+            (true, since) => {
+                let t = since.map_or_else(now_unix_ms, |s| s.0);
+                sink.streams()
+                    .freshness
+                    .mark(self.worker_id, &self.ranks_seen, Some(t));
+                self.stale = Some((t, n));
+                self.stats.lock().stale_since_unix_ms = t;
+            }
+            (false, Some(_)) => {
+                sink.streams()
+                    .freshness
+                    .mark(self.worker_id, &self.ranks_seen, None);
+                self.stale = None;
+                self.stats.lock().stale_since_unix_ms = 0;
+            }
+            (false, None) => {}
+        }
+    }
+
+    /// Clears the ranks this stream fed, and only those: another stream of the worker (its
+    /// other DP ranks) keeps its state. A stream that applied nothing holds nothing.
+    fn clear_fed_ranks(&self, sink: &(impl EventSink + ?Sized)) {
+        if !self.ranks_seen.is_empty() {
+            sink.clear_ranks(self.worker_id, &self.ranks_seen);
+        }
+    }
+
+    /// The door's first step, decode and count: `false` if the payload did not decode
+    /// (nothing applied, the cause counted).
+    fn decode_counted(&mut self, payload: &[u8]) -> bool {
+        let Err(e) = decode_batch(payload, &mut self.batch) else {
+            return true;
+        };
+        let mut s = self.stats.lock();
+        if let Some(c) = s.decode_errors.iter_mut().find(|c| c.0 == e.kind.name()) {
+            c.1 += 1;
+        }
+        false
+    }
+
+    /// The rank the decoded batch applies to, or `None` when the sink refuses its DP rank
+    /// (the whole batch counted as rejected).
+    fn batch_rank(&mut self, sink: &(impl EventSink + ?Sized)) -> Option<RankId> {
+        let dp = self.batch.data_parallel_rank.unwrap_or(self.stream);
+        if !sink.accepts_dp_rank(self.worker_id, dp) {
+            let n = self.batch.events.len() as u64;
+            let mut s = self.stats.lock();
+            s.batches += 1;
+            s.events += n;
+            s.events_rejected += n;
+            s.dp_rank_refused += 1;
+            s.last_batch_unix_ms = now_unix_ms();
+            return None;
+        }
+        if !self.ranks_seen.contains(&dp) {
+            self.ranks_seen.push(dp);
+        }
+        Some(RankId::new(self.worker_id, dp))
+    }
+
+    /// One batch through the door: decoded and counted, then each event translated and
+    /// applied; `false` if it did not decode.
+    fn apply_batch<S: EventSink + ?Sized>(&mut self, door: &Door<'_, S>, payload: &[u8]) -> bool {
+        if !self.decode_counted(payload) {
+            return false;
+        }
+        let Some(rank) = self.batch_rank(door.sink()) else {
+            return true;
+        };
+        let shape = SinkShape {
+            block_size: door.sink().block_size(),
+            namespace: door.sink().cache_namespace(),
+        };
+        let (mut applied, mut skips) = (EventsOutcome::default(), Skips::default());
+        for ev in &self.batch.events {
+            let t = translate(
+                ev,
+                &self.batch,
+                shape,
+                &mut self.groups,
+                &mut self.blocks,
+                &mut skips,
+            );
+            if t.clear_first && !self.ranks_seen.is_empty() {
+                door.sink().clear_ranks(self.worker_id, &self.ranks_seen);
+            }
+            if let Some(event) = t.event {
+                door.apply(rank, &event, &mut applied);
+            }
+        }
+        let mut s = self.stats.lock();
+        s.batches += 1;
+        s.events += self.batch.events.len() as u64;
+        s.blocks_stored += applied.blocks_stored;
+        s.blocks_removed += applied.blocks_removed;
+        s.events_rejected += applied.rejected;
+        s.block_size_mismatches += skips.block_size;
+        s.events_skipped_group += skips.group;
+        s.events_skipped_medium += skips.medium;
+        s.group_switches += skips.group_switches;
+        s.last_batch_unix_ms = now_unix_ms();
+        true
+    }
+}

@@ -1,0 +1,132 @@
+//! The door's second step: one decoded engine event into a [`KvEvent`] with kvr's own
+//! local hashes, or a counted reason to skip it.
+//!
+//! Decisions (where the engines' formats leave them open): a block's `extra_keys`
+//! (multimodal inputs, cache salt, prompt-embeddings digests) are folded into its local
+//! hash by the rule requests hash with (`crate::hash::BlockExtras`), so equal tokens with
+//! different images or salts are different blocks; a store whose `block_size` differs
+//! from the sink's is refused and counted; an event of a KV-cache group routing does not
+//! follow is skipped (`groups`); an unknown `medium` is skipped.
+
+use crate::hash::{local_block_hash_mm, HashSalt};
+use crate::ids::Tier;
+use crate::index::{KvEvent, StoredBlock};
+
+use super::decode::{DecodedBatch, DecodedEvent, Medium};
+use super::groups::{GroupRouting, APPLY};
+
+/// What the sink a batch goes to asks of every event.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SinkShape<'a> {
+    pub(crate) block_size: u32,
+    pub(crate) namespace: Option<&'a str>,
+}
+
+/// Events skipped, by why, and routing-group switches, in one batch.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Skips {
+    pub(crate) block_size: u64,
+    pub(crate) group: u64,
+    pub(crate) medium: u64,
+    pub(crate) group_switches: u64,
+}
+
+/// One decoded event, translated.
+pub(crate) struct Translated<'a> {
+    /// The routing group changed: the stream's ranks are cleared before `event` applies.
+    pub(crate) clear_first: bool,
+    /// The event to apply, or `None` (skipped and counted).
+    pub(crate) event: Option<KvEvent<'a>>,
+}
+
+/// Translates `ev` of batch `b`: its tier, its group's verdict and, for a store, its
+/// blocks (external hash and local hash) into `blocks`, which the event then borrows.
+pub(crate) fn translate<'a>(
+    ev: &'a DecodedEvent,
+    b: &'a DecodedBatch,
+    shape: SinkShape<'_>,
+    groups: &mut GroupRouting,
+    blocks: &'a mut Vec<StoredBlock>,
+    skips: &mut Skips,
+) -> Translated<'a> {
+    let skip = Translated {
+        clear_first: false,
+        event: None,
+    };
+    let medium = match ev {
+        DecodedEvent::Stored { medium, .. } | DecodedEvent::Removed { medium, .. } => *medium,
+        DecodedEvent::Cleared => Medium::Gpu,
+    };
+    let Some(tier) = tier(medium) else {
+        skips.medium += 1;
+        return skip;
+    };
+    let verdict = match ev {
+        DecodedEvent::Stored { block_size, .. } if *block_size != shape.block_size => {
+            skips.block_size += 1;
+            return skip;
+        }
+        DecodedEvent::Stored { group, spec, .. } => groups.on_store(*group, *spec),
+        DecodedEvent::Removed { group, .. } => groups.on_remove(*group),
+        DecodedEvent::Cleared => APPLY,
+    };
+    skips.group_switches += u64::from(verdict.clear_first);
+    if !verdict.apply {
+        skips.group += 1;
+        return Translated {
+            clear_first: verdict.clear_first,
+            event: None,
+        };
+    }
+    let event = match ev {
+        DecodedEvent::Stored {
+            hashes,
+            parent,
+            tokens,
+            lora_name,
+            extras,
+            ..
+        } => {
+            let lora = lora_name.clone().map(|r| &b.text[r]);
+            let salt = HashSalt::new(lora, shape.namespace);
+            blocks.clear();
+            let toks = &b.tokens[tokens.clone()];
+            for (i, (h, chunk)) in b.hashes[hashes.clone()]
+                .iter()
+                .zip(toks.chunks_exact(shape.block_size as usize))
+                .enumerate()
+            {
+                // Without extra keys this is the plain token hash.
+                let keys = b.block_extra_keys(extras, i);
+                blocks.push(StoredBlock {
+                    external_hash: *h,
+                    local_hash: local_block_hash_mm(chunk, keys, salt),
+                });
+            }
+            KvEvent::Stored {
+                tier,
+                parent: *parent,
+                blocks,
+            }
+        }
+        DecodedEvent::Removed { hashes, .. } => KvEvent::Removed {
+            tier,
+            external_hashes: &b.hashes[hashes.clone()],
+        },
+        DecodedEvent::Cleared => KvEvent::Cleared,
+    };
+    Translated {
+        clear_first: verdict.clear_first,
+        event: Some(event),
+    }
+}
+
+/// The tier of a medium (`None`: unknown, the event is skipped).
+fn tier(m: Medium) -> Option<Tier> {
+    match m {
+        Medium::Gpu => Some(Tier::Device),
+        Medium::Cpu => Some(Tier::Host),
+        Medium::Storage => Some(Tier::Disk),
+        Medium::Unknown => None,
+    }
+}
