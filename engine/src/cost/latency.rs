@@ -52,6 +52,8 @@ pub(super) fn effective_rate(cfg: &ResolvedCost, req: &RequestShape) -> f64 {
     }
 }
 
+/// The latency model's cost of placing the request on candidate `c`, term by term (ms),
+/// whichever model `cfg` names.
 #[inline]
 pub fn latency_cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> LatencyBreakdown {
     LatencyPrep::new(cfg, req).cost(cfg, req, c)

@@ -104,6 +104,7 @@ impl std::fmt::Display for TooManyExtraKeys {
 impl std::error::Error for TooManyExtraKeys {}
 
 impl BlockExtras {
+    /// No extra keys (the same as `default`).
     pub fn new() -> Self {
         Self::default()
     }
