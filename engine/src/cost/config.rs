@@ -113,7 +113,7 @@ impl LatencyConfig {
     /// ≥ 0. Read whichever model is configured, so a switch of model cannot expose a
     /// bad knob.
     ///
-    /// [`PartitionConfig::validate`]: crate::PartitionConfig::validate
+    /// [`PartitionConfig::validate`]: crate::config::PartitionConfig::validate
     pub fn out_of_range(&self) -> Option<&'static str> {
         let non_negative = |v: f64| v.is_finite() && v >= 0.0;
         let checks = [

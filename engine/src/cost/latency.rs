@@ -31,7 +31,7 @@ pub struct LatencyBreakdown {
     pub itl_ms: f64,
     /// Decode-load tie-break.
     pub tiebreak_ms: f64,
-    /// `ttft_ms + kv_ms + itl_ms + tiebreak_ms`.
+    /// `ttft_ms + externality_ms + kv_ms + itl_ms + tiebreak_ms`.
     pub cost_ms: f64,
 }
 
