@@ -57,10 +57,13 @@ impl Default for HintConfig {
 /// How a partition hashes, scores and books.
 #[derive(Clone, Debug)]
 pub struct PartitionConfig {
+    /// Tokens per KV block (the engines' block size): prompts are cut and hashed by it.
     pub block_size: u32,
     /// Cache namespace salt of every local hash (LoRA salts come per request).
     pub cache_namespace: Option<String>,
+    /// The cost function: which model, and its knobs.
     pub cost: CostConfig,
+    /// Busy thresholds (none set by default).
     pub busy: BusyThresholds,
     /// Lifetime of a booking nobody frees (Dynamo current: 3,600 s).
     pub booking_ttl: Duration,
@@ -84,6 +87,8 @@ pub struct PartitionConfig {
 }
 
 impl PartitionConfig {
+    /// A configuration with this block size (in tokens) and every other setting at its
+    /// default.
     pub fn new(block_size: u32) -> Self {
         Self {
             block_size,

@@ -27,10 +27,12 @@ pub struct StaleRanks {
 }
 
 impl StaleRanks {
+    /// No rank is stale.
     pub fn is_empty(&self) -> bool {
         self.ranks.is_empty()
     }
 
+    /// Whether `rank` is stale.
     pub fn contains(&self, rank: RankId) -> bool {
         self.since(rank).is_some()
     }
@@ -43,6 +45,7 @@ impl StaleRanks {
             .map(|i| self.ranks[i].1)
     }
 
+    /// Each stale rank with when it became stale (ms since the Unix epoch), in rank order.
     pub fn iter(&self) -> impl Iterator<Item = (RankId, u64)> + '_ {
         self.ranks.iter().copied()
     }

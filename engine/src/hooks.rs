@@ -11,8 +11,12 @@ pub type BlockRange = (u32, u32);
 /// What the prefill estimator is asked.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefillQuery {
+    /// The candidate rank.
     pub rank: RankId,
+    /// The prompt's length, tokens.
     pub prompt_tokens: u64,
+    /// Prompt tokens the rank holds on its device (its device overlap in tokens, at most
+    /// `prompt_tokens`).
     pub cached_tokens: u64,
 }
 

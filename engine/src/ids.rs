@@ -13,11 +13,14 @@ pub type SelectionId = u64;
 /// The unit every index entry, load figure and booking is keyed by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RankId {
+    /// The worker.
     pub worker_id: WorkerId,
+    /// The data-parallel rank inside that worker.
     pub dp_rank: DpRank,
 }
 
 impl RankId {
+    /// DP rank `dp_rank` of worker `worker_id`.
     pub const fn new(worker_id: WorkerId, dp_rank: DpRank) -> Self {
         Self { worker_id, dp_rank }
     }
@@ -34,23 +37,30 @@ impl std::fmt::Display for RankId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum Tier {
+    /// GPU memory (`GPU`).
     Device = 0,
+    /// Host memory (`CPU`).
     Host = 1,
+    /// Disk or other storage (`STORAGE`).
     Disk = 2,
 }
 
 impl Tier {
+    /// Every tier, in the order of the per-tier arrays (device, host, disk).
     pub const ALL: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
 }
 
 /// A routing domain: requests of one model (and routing group) go to its workers only.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PartitionKey {
+    /// The model's name.
     pub model: String,
+    /// The routing group: one model's workers split into separate routing domains.
     pub routing_group: String,
 }
 
 impl PartitionKey {
+    /// The partition of `model` in `routing_group`.
     pub fn new(model: impl Into<String>, routing_group: impl Into<String>) -> Self {
         Self {
             model: model.into(),

@@ -81,6 +81,7 @@ pub struct IndexerConfig {
     /// client (`kvr_remote::with_http_client` uses them). An unreachable or slow remote
     /// gives that selection no overlap: counted and logged, never a failed selection.
     pub remote_connect_timeout: Duration,
+    /// The whole-request bound (see `remote_connect_timeout`).
     pub remote_request_timeout: Duration,
     /// The remote primary's client, required with `remote_url` (the engine has no HTTP
     /// client of its own: see the module documentation). `kvr_remote::with_http_client`
@@ -90,6 +91,7 @@ pub struct IndexerConfig {
     /// Retention of the approximate index (primary with events off; the side index takes
     /// its size bound, with `prediction_ttl` as TTL).
     pub approx: ApproxConfig,
+    /// How the approximate index forgets; `CapacityBounded` falls back to `Ttl` for now.
     pub retention: Retention,
 }
 
@@ -131,11 +133,17 @@ pub enum IndexerPolicy {
     /// Events feed the primary; bookings record nothing.
     EventDriven,
     /// Events feed the primary; bookings are recorded into a side index with this TTL.
-    EventDrivenWithPrediction { ttl: Duration },
+    EventDrivenWithPrediction {
+        /// How long a recorded booking counts (`prediction_ttl`).
+        ttl: Duration,
+    },
     /// No events: the primary holds what bookings recorded.
     ApproximatePrimary,
     /// A remote service is the primary; nothing is indexed locally.
-    RemotePrimary { url: String },
+    RemotePrimary {
+        /// The service's base URL (`remote_url`).
+        url: String,
+    },
 }
 
 impl IndexerPolicy {
@@ -284,6 +292,7 @@ struct IndexerCounters {
 /// A partition's indexing, as read at one moment.
 #[derive(Clone, Debug, PartialEq)]
 pub struct IndexerStats {
+    /// The policy the configuration resolved to.
     pub policy: IndexerPolicy,
     /// Bookings recorded into the approximate index.
     pub bookings_recorded: u64,
@@ -294,6 +303,7 @@ pub struct IndexerStats {
     /// Overlap queries sent to the remote primary, and those that failed (the selection
     /// went on without overlap).
     pub remote_queries: u64,
+    /// Of `remote_queries`, those that failed.
     pub remote_failures: u64,
     /// Engine event messages handed to a partition whose policy applies none (events
     /// off, or a remote primary): not applied.

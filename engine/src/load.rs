@@ -66,14 +66,17 @@ impl LoadSnapshot {
         self.loads.get(&rank)
     }
 
+    /// Ranks that have reported.
     pub fn len(&self) -> usize {
         self.loads.len()
     }
 
+    /// No rank has reported.
     pub fn is_empty(&self) -> bool {
         self.loads.is_empty()
     }
 
+    /// Every reported rank with its last load, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (RankId, &RankLoad)> + '_ {
         self.loads.iter().map(|(r, l)| (*r, l))
     }

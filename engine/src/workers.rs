@@ -11,19 +11,23 @@ pub enum BackendRole {
     /// Prefill and decode on the same worker.
     #[default]
     Aggregated,
+    /// Prefill only (disaggregated).
     Prefill,
+    /// Decode only (disaggregated).
     Decode,
 }
 
 /// A worker's metadata, as the host registers it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkerInfo {
+    /// The worker's id.
     pub worker_id: WorkerId,
     /// Data-parallel ranks (at least 1): ranks are `(worker_id, dp_start..dp_start + dp_size)`.
     pub dp_size: u32,
     /// The worker's first DP rank (Dynamo's `data_parallel_start_rank`: a worker of a
     /// multi-node DP group holds ranks from there; 0 for most workers).
     pub dp_start: DpRank,
+    /// What the worker does (transfer hints take their sources by role).
     pub role: BackendRole,
     /// Per rank, the endpoint a peer uses to pull KV blocks from it (for transfer hints).
     pub control_endpoints: Vec<Option<String>>,
@@ -35,10 +39,12 @@ pub struct WorkerInfo {
     pub max_batched_tokens: u64,
     /// LoRA adapters loaded on the worker.
     pub lora_adapters: Vec<String>,
+    /// The host's own labels; kept with the metadata, read by nothing in the engine.
     pub labels: BTreeMap<String, String>,
 }
 
 impl WorkerInfo {
+    /// A worker of `dp_size` ranks (0 taken as 1) from DP rank 0; other fields default.
     pub fn new(worker_id: WorkerId, dp_size: u32) -> Self {
         Self {
             worker_id,
@@ -47,6 +53,7 @@ impl WorkerInfo {
         }
     }
 
+    /// The worker's ranks, `dp_start` first.
     pub fn ranks(&self) -> impl Iterator<Item = RankId> + '_ {
         let start = self.dp_start;
         (0..self.dp_size.max(1)).map(move |d| RankId::new(self.worker_id, start + d as DpRank))
@@ -144,13 +151,26 @@ pub enum WorkerError {
     /// `dp_size` is 0: a worker has at least one rank.
     ZeroDpSize,
     /// `dp_size` is over [`MAX_DP_SIZE`].
-    DpSizeTooLarge { dp_size: u32 },
+    DpSizeTooLarge {
+        /// The `dp_size` given.
+        dp_size: u32,
+    },
     /// More control endpoints than ranks.
-    TooManyEndpoints { endpoints: usize, dp_size: u32 },
+    TooManyEndpoints {
+        /// Control endpoints given.
+        endpoints: usize,
+        /// The worker's `dp_size`.
+        dp_size: u32,
+    },
     /// `dp_start + dp_size` overflows a DP rank.
     RanksOverflow,
     /// A control endpoint longer than [`MAX_CONTROL_ENDPOINT_LEN`] bytes.
-    EndpointTooLong { dp_rank: u32, len: usize },
+    EndpointTooLong {
+        /// The endpoint's index in `control_endpoints` (its DP rank minus `dp_start`).
+        dp_rank: u32,
+        /// The endpoint's length, bytes.
+        len: usize,
+    },
     /// An empty LoRA adapter name.
     EmptyLoraName,
 }

@@ -21,8 +21,10 @@
 /// [`cost_breakdown`]: super::cost_breakdown
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CostModel {
+    /// Predicted time to first token, ms (the default).
     #[default]
     Latency,
+    /// Dynamo's default scorer, in block equivalents.
     Dynamo,
 }
 
@@ -111,7 +113,7 @@ impl LatencyConfig {
     /// ≥ 0. Read whichever model is configured, so a switch of model cannot expose a
     /// bad knob.
     ///
-    /// [`PartitionConfig::validate`]: crate::PartitionConfig::validate
+    /// [`PartitionConfig::validate`]: crate::config::PartitionConfig::validate
     pub fn out_of_range(&self) -> Option<&'static str> {
         let non_negative = |v: f64| v.is_finite() && v >= 0.0;
         let checks = [
@@ -242,9 +244,13 @@ impl CostConfig {
 /// `None` = use the configured value.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CostOverrides {
+    /// Replaces [`CostConfig::overlap_score_credit`].
     pub overlap_score_credit: Option<f64>,
+    /// Replaces [`CostConfig::prefill_load_scale`].
     pub prefill_load_scale: Option<f64>,
+    /// Replaces [`CostConfig::temperature`].
     pub temperature: Option<f64>,
+    /// Replaces [`CostConfig::shared_cache_multiplier`].
     pub shared_cache_multiplier: Option<f64>,
 }
 

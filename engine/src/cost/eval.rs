@@ -27,6 +27,8 @@ pub struct CostEval<'a> {
 }
 
 impl<'a> CostEval<'a> {
+    /// Prepares the costs of `req` under `cfg` (with the latency model, its per-request
+    /// part is computed here, once).
     #[inline]
     pub fn new(cfg: &'a ResolvedCost, req: &RequestShape) -> Self {
         Self {

@@ -19,7 +19,7 @@ pub struct RequestShape {
     /// itself; callers of [`cost`](super::cost()) on single candidates must set it (0 is correct when
     /// the decay is off, and makes the decay absolute rather than relative when it is on).
     ///
-    /// [`CostConfig::credit_decay`]: super::CostConfig::credit_decay
+    /// [`CostConfig::credit_decay`]: super::config::CostConfig::credit_decay
     pub min_active_prefill_tokens: u64,
     /// The partition's prefill rate estimate, tokens/s (the latency model; 0 or less =
     /// the configured prior).
@@ -153,7 +153,7 @@ pub struct CostBreakdown {
 
 /// The device-credit decay factor for candidate `c` (see [`CostConfig::credit_decay`]).
 ///
-/// [`CostConfig::credit_decay`]: super::CostConfig::credit_decay
+/// [`CostConfig::credit_decay`]: super::config::CostConfig::credit_decay
 #[inline]
 fn credit_decay_factor(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
     match cfg.credit_decay {

@@ -31,7 +31,7 @@ pub struct LatencyBreakdown {
     pub itl_ms: f64,
     /// Decode-load tie-break.
     pub tiebreak_ms: f64,
-    /// `ttft_ms + kv_ms + itl_ms + tiebreak_ms`.
+    /// `ttft_ms + externality_ms + kv_ms + itl_ms + tiebreak_ms`.
     pub cost_ms: f64,
 }
 
@@ -52,6 +52,8 @@ pub(super) fn effective_rate(cfg: &ResolvedCost, req: &RequestShape) -> f64 {
     }
 }
 
+/// The latency model's cost of placing the request on candidate `c`, term by term (ms),
+/// whichever model `cfg` names.
 #[inline]
 pub fn latency_cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> LatencyBreakdown {
     LatencyPrep::new(cfg, req).cost(cfg, req, c)

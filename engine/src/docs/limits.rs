@@ -77,11 +77,11 @@
 //! | per-thread RNGs and id blocks remembered | 8 engines per thread | `engine::RNGS_PER_THREAD` |
 //!
 //! [`MAX_RANKS`]: crate::index::MAX_RANKS
-//! [`Tier`]: crate::index::Tier
+//! [`Tier`]: crate::ids::Tier
 //! [`IndexConfig::shards`]: crate::index::IndexConfig::shards
 //! [`IndexConfig::min_shard_capacity`]: crate::index::IndexConfig::min_shard_capacity
-//! [`WorkerId`]: crate::index::WorkerId
-//! [`DpRank`]: crate::index::DpRank
+//! [`WorkerId`]: crate::ids::WorkerId
+//! [`DpRank`]: crate::ids::DpRank
 //! [`SelectionId`]: crate::ids::SelectionId
 //! [`MAX_PER_BOOKING`]: crate::reservation::MAX_PER_BOOKING
 //! [`ReservationConfig::shards`]: crate::reservation::ReservationConfig::shards

@@ -75,8 +75,8 @@ pub const MAX_MM_SPANS: usize = 4096;
 /// Most raw per-block key values a request may carry ([`BlockExtras::block_key`]).
 pub const MAX_BLOCK_KEYS: usize = 1 << 16;
 
-/// A request's extra keys ([module docs](self)). Empty by default; [`BlockHasher`]
-/// (super::BlockHasher) applies them with `local_hashes_with`.
+/// A request's extra keys ([module docs](self)). Empty by default;
+/// [`BlockExtras::local_hashes`] applies them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BlockExtras {
     /// The cache salt's key value (block 0).
@@ -104,6 +104,7 @@ impl std::fmt::Display for TooManyExtraKeys {
 impl std::error::Error for TooManyExtraKeys {}
 
 impl BlockExtras {
+    /// No extra keys (the same as `default`).
     pub fn new() -> Self {
         Self::default()
     }

@@ -35,6 +35,8 @@ impl HashSalt {
     /// No LoRA adapter, no cache namespace.
     pub const NONE: HashSalt = HashSalt(BASE_SEED);
 
+    /// The salt of a LoRA adapter and a cache namespace; `None` or an empty name adds
+    /// nothing.
     pub fn new(lora_name: Option<&str>, cache_namespace: Option<&str>) -> Self {
         let mut seed = BASE_SEED;
         if let Some(name) = lora_name.filter(|s| !s.is_empty()) {
@@ -158,6 +160,7 @@ impl std::fmt::Display for ZeroBlockSize {
 impl std::error::Error for ZeroBlockSize {}
 
 impl BlockHasher {
+    /// A hasher of `block_size`-token blocks under `salt`; a block size of 0 is refused.
     pub fn new(block_size: usize, salt: HashSalt) -> Result<Self, ZeroBlockSize> {
         if block_size == 0 {
             return Err(ZeroBlockSize);
@@ -165,10 +168,12 @@ impl BlockHasher {
         Ok(Self { block_size, salt })
     }
 
+    /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
     }
 
+    /// The salt its local hashes are seeded with.
     pub fn salt(&self) -> HashSalt {
         self.salt
     }

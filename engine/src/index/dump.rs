@@ -31,10 +31,13 @@ struct Link {
 /// One `Stored` event of a dump.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DumpedStore {
+    /// The rank that holds the blocks.
     pub rank: RankId,
+    /// The tier it holds them on.
     pub tier: Tier,
     /// The engine hash of the first block's parent.
     pub parent: Option<u64>,
+    /// One unbranched run of blocks, each the child of the one before.
     pub blocks: Vec<StoredBlock>,
 }
 

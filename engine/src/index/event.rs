@@ -6,7 +6,9 @@ use crate::ids::Tier;
 /// parents and removals for that rank) and kvr's local hash of the block's tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StoredBlock {
+    /// The engine's hash of the block: how this rank's later events name it.
     pub external_hash: u64,
+    /// kvr's local hash of the block's tokens: what lookups match.
     pub local_hash: u64,
 }
 
@@ -16,13 +18,18 @@ pub enum KvEvent<'a> {
     /// `blocks` extend the chain ending at `parent` (an external hash this rank stored
     /// earlier), or start a prompt when `parent` is `None`.
     Stored {
+        /// The tier the blocks are now held on.
         tier: Tier,
+        /// The external hash of the block before the first one; `None` = a prompt's start.
         parent: Option<u64>,
+        /// The stored blocks, first block first.
         blocks: &'a [StoredBlock],
     },
     /// The rank evicted these blocks from `tier`.
     Removed {
+        /// The tier the blocks left.
         tier: Tier,
+        /// The engine's hashes of the blocks.
         external_hashes: &'a [u64],
     },
     /// The rank dropped its whole cache (prefix-cache reset).
@@ -35,7 +42,10 @@ pub enum KvEvent<'a> {
 pub enum IndexError {
     /// A `Stored` event named a parent this rank does not hold; the whole store is
     /// rejected, since its blocks' prefixes are unknown.
-    ParentNotFound { parent: u64 },
+    ParentNotFound {
+        /// The external hash of the unknown parent.
+        parent: u64,
+    },
     /// The index already tracks the maximum number of ranks ([`super::MAX_RANKS`]).
     TooManyRanks,
 }

@@ -222,10 +222,12 @@ impl Default for Index {
 }
 
 impl Index {
+    /// An empty index with the default branch-table sizing.
     pub fn new() -> Self {
         Self::with_config(IndexConfig::default())
     }
 
+    /// An empty index whose branch table is sized by `config`.
     pub fn with_config(config: IndexConfig) -> Self {
         Self::with_branch_shards(config.shards, config.min_shard_capacity)
     }

@@ -30,6 +30,7 @@ impl PartialEq for OverlapScores {
 impl Eq for OverlapScores {}
 
 impl OverlapScores {
+    /// No scores yet: a value to reuse across lookups.
     pub fn new() -> Self {
         Self::default()
     }
@@ -42,18 +43,22 @@ impl OverlapScores {
         }
     }
 
+    /// Each rank with its overlap (in blocks), sorted by rank.
     pub fn as_slice(&self) -> &[(RankId, u32)] {
         &self.scores
     }
 
+    /// Each rank with its overlap (in blocks), in rank order.
     pub fn iter(&self) -> impl Iterator<Item = (RankId, u32)> + '_ {
         self.scores.iter().copied()
     }
 
+    /// Ranks with some overlap.
     pub fn len(&self) -> usize {
         self.scores.len()
     }
 
+    /// No rank holds the query's first block on its device.
     pub fn is_empty(&self) -> bool {
         self.scores.is_empty()
     }
@@ -71,9 +76,13 @@ impl OverlapScores {
 /// contiguous blocks in host memory, then `disk` further contiguous blocks on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TieredOverlap {
+    /// The rank.
     pub rank: RankId,
+    /// Leading query blocks it holds on the device.
     pub device: u32,
+    /// Further contiguous blocks it holds in host memory.
     pub host: u32,
+    /// Further contiguous blocks it holds on disk.
     pub disk: u32,
 }
 
@@ -105,10 +114,12 @@ pub(crate) struct Walk {
 }
 
 impl TieredScores {
+    /// No scores yet: a value to reuse across lookups.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// The tiered overlap of `rank` (`None` if it holds nothing of the query).
     pub fn get(&self, rank: RankId) -> Option<TieredOverlap> {
         self.entries
             .binary_search_by_key(&rank, |e| e.rank)
@@ -116,18 +127,22 @@ impl TieredScores {
             .map(|i| self.entries[i])
     }
 
+    /// Each rank's tiered overlap, sorted by rank.
     pub fn as_slice(&self) -> &[TieredOverlap] {
         &self.entries
     }
 
+    /// Each rank's tiered overlap, in rank order.
     pub fn iter(&self) -> impl Iterator<Item = TieredOverlap> + '_ {
         self.entries.iter().copied()
     }
 
+    /// Ranks that hold some of the query on some tier.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// No rank holds any of the query.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -8,6 +8,7 @@ use crate::sync::atomic::Ordering;
 /// ranks included); block counts and bytes are current.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IndexStats {
+    /// Ranks the index tracks.
     pub ranks: u64,
     /// Blocks stored in live runs: the distinct prefixes the index keeps. A block no rank
     /// holds any more stays counted until its run goes (when nothing holds any of it).
@@ -28,8 +29,11 @@ pub struct IndexStats {
     pub rank_map_bytes: u64,
     /// Always 0: the runs are the lineage a dump needs.
     pub lineage_bytes: u64,
+    /// `Stored` events received (those refused for an unknown parent included).
     pub stored_events: u64,
+    /// `Removed` events received.
     pub removed_events: u64,
+    /// `Cleared` events received.
     pub cleared_events: u64,
     /// Stores rejected because their parent was unknown.
     pub parent_not_found: u64,
@@ -49,18 +53,28 @@ impl IndexStats {
 /// One rank's figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RankStats {
+    /// The rank (`None` only in a default value).
     pub rank: Option<RankId>,
+    /// Blocks it holds, on any tier.
     pub holder_blocks: u64,
+    /// Blocks it holds per tier: device, host, disk.
     pub tier_blocks: [u64; 3],
+    /// Its `Stored` events (those refused for an unknown parent included).
     pub stored_events: u64,
+    /// Its `Removed` events.
     pub removed_events: u64,
+    /// Its `Cleared` events.
     pub cleared_events: u64,
+    /// Its stores rejected because their parent was unknown.
     pub parent_not_found: u64,
+    /// Removed hashes it did not hold.
     pub block_not_found: u64,
+    /// Its external-hash maps, bytes (estimated from their capacities).
     pub rank_map_bytes: u64,
 }
 
 impl Index {
+    /// The index-wide figures, each counter read on its own (not one consistent snapshot).
     pub fn stats(&self) -> IndexStats {
         let t = &self.totals;
         let mut s = IndexStats {
@@ -88,6 +102,7 @@ impl Index {
         s
     }
 
+    /// One rank's figures; `None` if the index does not track it.
     pub fn rank_stats(&self, rank: RankId) -> Option<RankStats> {
         self.ranks.get(rank).map(|e| rank_stats(&e))
     }

@@ -19,7 +19,9 @@ pub const MAX_PER_BOOKING: u64 = 1 << 40;
 /// What a booking adds to its rank (REFERENCE.md §4).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BookingRequest {
+    /// The booking's id (a live or recently freed one is refused).
     pub selection_id: SelectionId,
+    /// The rank booked.
     pub rank: RankId,
     /// Sequence hashes of the prompt's complete blocks, first block first. They are a hash
     /// chain, so equal hashes mean equal prefixes; a block shared with another booking on
@@ -96,6 +98,7 @@ pub enum FreedBy {
 /// [`ReservationTable::status`]: super::ReservationTable::status
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BookingStatus {
+    /// Booked and not freed; where the booking came from.
     Live(BookingOrigin),
     /// Freed, and still remembered.
     Freed(FreedBy),
@@ -113,6 +116,7 @@ pub struct ActiveLoad {
 }
 
 impl ActiveLoad {
+    /// No live booking load on the rank.
     pub fn is_zero(&self) -> bool {
         *self == ActiveLoad::default()
     }
@@ -121,20 +125,28 @@ impl ActiveLoad {
 /// A booking as the table holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BookingView {
+    /// The booking's id.
     pub selection_id: SelectionId,
+    /// The rank it is booked on.
     pub rank: RankId,
+    /// Where it came from.
     pub origin: BookingOrigin,
     /// Prompt blocks of the booking.
     pub prompt_blocks: usize,
     /// Prompt blocks this booking made active on its rank when it was booked (the ones no
     /// other live booking on the rank held): what it added to `active_decode_blocks`.
     pub new_prompt_blocks: u64,
+    /// Prefill tokens booked (counted on the rank until prefill completes).
     pub prefill_tokens: u64,
+    /// Whether `mark_prefill_complete` has dropped its prefill tokens from the rank.
     pub prefill_complete: bool,
+    /// The caller's expected output length, tokens (recorded, adds no load).
     pub expected_output_tokens: u64,
     /// `ceil(expected_output_tokens / block_size)`.
     pub expected_output_blocks: u64,
+    /// Output blocks added so far, counted in the rank's decode load.
     pub output_blocks: u64,
+    /// When the table booked it.
     pub created: Instant,
     /// `created + ttl`; `None` if that is beyond what `Instant` can represent (never).
     pub expires_at: Option<Instant>,

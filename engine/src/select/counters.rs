@@ -16,8 +16,11 @@ pub(crate) struct SelectionCounters {
 /// Selection counters of one partition, as read at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SelectionStats {
+    /// Selections made, advisory and booked (`Busy` and `NoWorker` answers included).
     pub selections: u64,
+    /// Selections answered `Busy`.
     pub busy: u64,
+    /// Selections answered `NoWorker`.
     pub no_worker: u64,
     /// Shared-cache lookups that failed (selection went on without their hits).
     pub shared_cache_failures: u64,

@@ -8,8 +8,11 @@ use crate::session::{SessionContext, Steer};
 /// Cached prefix of the chosen rank, per source.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Overlap {
+    /// Leading prompt blocks the rank holds on its device.
     pub device_blocks: u32,
+    /// Further contiguous blocks it holds in host memory.
     pub host_blocks: u32,
+    /// Further contiguous blocks it holds on disk.
     pub disk_blocks: u32,
     /// Blocks the host's shared cache holds beyond the device prefix.
     pub shared_blocks: u32,
@@ -18,9 +21,11 @@ pub struct Overlap {
 /// The decision for one request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
+    /// The chosen rank.
     pub rank: RankId,
     /// The booking's id (booked mode); `None` for advisory selection.
     pub selection_id: Option<SelectionId>,
+    /// How much of the prompt the chosen rank has cached.
     pub overlap: Overlap,
     /// Prompt tokens the chosen rank has cached on its device.
     pub cached_tokens: u64,
@@ -31,6 +36,8 @@ pub struct Decision {
     /// The chosen rank's cost in the partition's model: predicted TTFT plus charges, ms
     /// (`CostModel::Latency`, the default), or block equivalents (`CostModel::Dynamo`).
     pub cost: f64,
+    /// The request's session context, carried through
+    /// ([`SelectRequest::effective_session`](super::SelectRequest::effective_session)).
     pub session: Option<SessionContext>,
     /// How session affinity steered this decision: `None` without a session table or a
     /// session context (and for explicit reservations, which are not steered).
@@ -70,7 +77,9 @@ impl SessionRoute {
 /// prompt from `source` through its control endpoint instead of computing them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvHint {
+    /// The rank that holds the blocks.
     pub source: RankId,
+    /// The source rank's control endpoint, as its worker registered it.
     pub control_endpoint: String,
     /// `[start, end)` in prompt blocks: from the chosen rank's device prefix to the
     /// source's, at most `max_transfer_blocks` long.
@@ -88,6 +97,7 @@ pub struct KvHint {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Outcome {
+    /// A rank was chosen (in booked mode, and booked).
     Selected(Decision),
     /// Candidates exist, but every one is busy or overloaded: try again later.
     Busy,
@@ -99,6 +109,7 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SelectError {
+    /// The booking table refused the booking.
     Reservation(ReservationError),
     /// An explicit reservation named a rank that is not a member of the partition.
     UnknownRank(RankId),

@@ -11,10 +11,13 @@ use crate::session::SessionContext;
 /// A prompt, as tokens (kvr hashes them) or as precomputed local block hashes.
 #[derive(Clone, Copy, Debug)]
 pub enum Prompt<'a> {
+    /// The prompt's tokens (kvr cuts them into blocks and hashes them).
     Tokens(&'a [u32]),
     /// Local hashes of the prompt's complete blocks, and the prompt's length in tokens.
     LocalHashes {
+        /// Local hashes of the complete blocks, first block first.
         hashes: &'a [u64],
+        /// The prompt's length, tokens.
         prompt_tokens: u64,
     },
 }
@@ -22,6 +25,7 @@ pub enum Prompt<'a> {
 /// One selection request.
 #[derive(Clone, Debug)]
 pub struct SelectRequest<'a> {
+    /// The prompt.
     pub prompt: Prompt<'a>,
     /// A tokens prompt's extra keys (multimodal inputs, cache salt: `hash::extra`), so it
     /// matches the blocks engines published with the same keys; ignored for a hashes
@@ -36,9 +40,11 @@ pub struct SelectRequest<'a> {
     /// With `pinned_worker`: only this DP rank of it (Dynamo's `pinned_worker.dp_rank`); a
     /// rank the worker does not have leaves the pin at the worker.
     pub pinned_dp_rank: Option<DpRank>,
+    /// The request's session: steers by affinity and is carried to the decision.
     pub session: Option<SessionContext>,
     /// Legacy flat session id, used only when `session` is absent.
     pub legacy_session_id: Option<&'a str>,
+    /// This request's cost knobs (`CostOverrides::NONE` = the configured ones).
     pub overrides: CostOverrides,
     /// Expected output tokens (booked into the decode load as output blocks grow).
     pub expected_output_tokens: u64,
@@ -49,10 +55,13 @@ pub struct SelectRequest<'a> {
 }
 
 impl<'a> SelectRequest<'a> {
+    /// A request for a prompt of tokens, with nothing else set.
     pub fn tokens(tokens: &'a [u32]) -> Self {
         Self::with_prompt(Prompt::Tokens(tokens))
     }
 
+    /// A request for a prompt given as local block hashes and its length in tokens, with
+    /// nothing else set.
     pub fn local_hashes(hashes: &'a [u64], prompt_tokens: u64) -> Self {
         Self::with_prompt(Prompt::LocalHashes {
             hashes,

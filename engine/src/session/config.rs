@@ -8,7 +8,9 @@ use std::time::Duration;
 /// id. Carried through to the decision; the affinity table comes with DESIGN.md §9.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SessionContext {
+    /// The session's id: what the affinity table binds (empty or too long: not recorded).
     pub session_id: String,
+    /// The parent session: a session with no binding of its own starts from its parent's.
     pub parent_session_id: Option<String>,
     /// This is the session's last turn: release its binding once its leases end.
     pub session_final: bool,
@@ -32,12 +34,16 @@ pub enum AffinityMode {
     Hard,
     /// Prefer: the bound rank's cost is lowered by `penalty_blocks` (cost units are
     /// blocks; lower cost wins). A negative or non-finite penalty is taken as 0.
-    Soft { penalty_blocks: f64 },
+    Soft {
+        /// The bound rank's cost discount, in blocks (converted to the model's unit).
+        penalty_blocks: f64,
+    },
 }
 
 /// Configuration of one partition's session table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionConfig {
+    /// How a binding steers a selection (default `Hard`).
     pub mode: AffinityMode,
     /// Most sessions the table holds (default 65,536), enforced per shard (module docs,
     /// "Bounds"). 0 is taken as 1.

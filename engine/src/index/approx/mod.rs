@@ -201,6 +201,7 @@ impl Default for ApproxRecorder {
 }
 
 impl ApproxRecorder {
+    /// A recorder with no records, retaining as `config` says.
     #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn new(config: ApproxConfig) -> Self {
         let f = if config.prune_to.is_nan() {
@@ -224,6 +225,7 @@ impl ApproxRecorder {
         }
     }
 
+    /// The retention policy it was made with (as given: `prune_to` unclamped).
     #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn config(&self) -> &ApproxConfig {
         &self.config
@@ -465,12 +467,14 @@ impl ApproxRecorder {
         self.len.load(Ordering::Relaxed)
     }
 
+    /// No live record.
     #[cfg(any(test, feature = "testing"))]
     #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Totals since the recorder was made.
     #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // public in `kvr::testing`
     pub fn stats(&self) -> ApproxStats {
         let c = &self.counters;
