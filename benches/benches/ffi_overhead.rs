@@ -1,6 +1,6 @@
 //! What the C ABI adds to a call (issue 4 item 6): advisory selection through
 //! `kvr_partition_select` (with the `kvr_request_set_tokens` a C host makes before it)
-//! against `Engine::select_in` on the same partition, 64 ranks, 256-token prompts.
+//! against `Engine::select` through a partition handle on the same partition, 64 ranks, 256-token prompts.
 //!
 //! Workload: `kvr_benches::build_selection` at 64 ranks (block size 16), 512 queries of 256
 //! tokens, cycled; both paths hash the tokens and run the same selection.
@@ -72,7 +72,7 @@ impl Setup {
     fn rust(&self, q: &[u32]) -> u64 {
         match self
             .engine
-            .select_in(&self.partition, &SelectRequest::tokens(q))
+            .select(&self.partition, &SelectRequest::tokens(q))
         {
             Ok(Outcome::Selected(d)) => d.rank.worker_id,
             other => panic!("selection failed: {other:?}"),

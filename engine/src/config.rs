@@ -4,14 +4,16 @@
 
 use std::time::Duration;
 
-use crate::indexer::ResolvedIndexer;
 use crate::workers::BackendRole;
 
 pub use crate::cost::config::{CostConfig, CostModel, LatencyConfig};
 pub use crate::index::{
     ApproxConfig, IndexConfig, RemoteConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
 };
-pub use crate::indexer::{IndexerConfig, IndexerConfigError, IndexerPolicy, Retention};
+pub use crate::indexer::{
+    IndexerConfig, IndexerConfigError, IndexerPolicy, ResolvedIndexer, Retention,
+};
+pub use crate::reservation::ReservationConfig;
 pub use crate::session::{
     AffinityMode, SessionConfig, DEFAULT_MAX_SESSION_ID_BYTES, EARLY_RELEASE_WINDOW,
     MIN_ENTRIES_PER_SHARD,

@@ -25,10 +25,15 @@ use crate::sync::{Mutex, ShardedMap, Snapshot};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum EngineError {
+    /// No partition has this key (or the handle names one removed, or another engine's).
     UnknownPartition(PartitionKey),
+    /// A partition with this key exists already.
     PartitionExists(PartitionKey),
+    /// No booking has this id (never made, or freed and forgotten).
     UnknownSelectionId(SelectionId),
+    /// A caller's id is taken by a live booking (an error, never an overwrite).
     DuplicateSelectionId(SelectionId),
+    /// The rank named is not a rank of the partition's workers.
     UnknownRank(RankId),
     /// Any other refusal of the partition's reservation table.
     Reservation(ReservationError),
@@ -107,6 +112,52 @@ static ENGINE_UIDS: std_atomic::AtomicU64 = std_atomic::AtomicU64::new(1);
 /// chose it, or it is remembered as freed recently).
 const MINT_ATTEMPTS: usize = 8;
 
+/// The partition an engine call acts on: by key (one lookup), or a handle the caller
+/// already holds (no lookup, no allocation: hosts behind the C ABI route through handles).
+/// Every engine call taking one accepts `&PartitionKey`, `&Partition` or
+/// `&Arc<Partition>`.
+#[derive(Clone, Copy, Debug)]
+pub enum PartitionRef<'a> {
+    /// By key.
+    Key(&'a PartitionKey),
+    /// A partition of this engine the caller holds.
+    Handle(&'a Partition),
+}
+
+impl<'a> From<&'a PartitionKey> for PartitionRef<'a> {
+    fn from(key: &'a PartitionKey) -> Self {
+        PartitionRef::Key(key)
+    }
+}
+
+impl<'a> From<&'a Partition> for PartitionRef<'a> {
+    fn from(p: &'a Partition) -> Self {
+        PartitionRef::Handle(p)
+    }
+}
+
+impl<'a> From<&'a StdArc<Partition>> for PartitionRef<'a> {
+    fn from(p: &'a StdArc<Partition>) -> Self {
+        PartitionRef::Handle(p)
+    }
+}
+
+/// A partition a call resolved: the caller's handle, or the one its key named.
+enum Resolved<'a> {
+    Handle(&'a Partition),
+    Keyed(StdArc<Partition>),
+}
+
+impl std::ops::Deref for Resolved<'_> {
+    type Target = Partition;
+    fn deref(&self) -> &Partition {
+        match self {
+            Resolved::Handle(p) => p,
+            Resolved::Keyed(p) => p,
+        }
+    }
+}
+
 /// The selection engine.
 pub struct Engine {
     partitions: ShardedMap<PartitionKey, StdArc<Partition>>,
@@ -168,6 +219,8 @@ impl Engine {
         }
     }
 
+    /// Creates a partition of `config` under `key`: refused when the key is taken or the
+    /// configuration is invalid.
     pub fn create_partition(
         &self,
         key: PartitionKey,
@@ -201,12 +254,16 @@ impl Engine {
         Ok(p)
     }
 
+    /// The partition under `key`.
     pub fn partition(&self, key: &PartitionKey) -> Result<StdArc<Partition>, EngineError> {
         self.partitions
             .get(key)
             .ok_or_else(|| EngineError::UnknownPartition(key.clone()))
     }
 
+    /// Removes the partition under `key` with its bookings (their ids are forgotten);
+    /// `false` if there was none. Handles to it stay valid for reads, and engine calls
+    /// through them are refused.
     pub fn remove_partition(&self, key: &PartitionKey) -> bool {
         let _n = self.numbering.lock();
         let Some(p) = self.partitions.remove(key) else {
@@ -273,42 +330,26 @@ impl Engine {
         r
     }
 
-    /// Advisory selection: decision and projected load, nothing booked.
-    pub fn select(
+    /// Advisory selection on `at` (a key or a handle): decision and projected load,
+    /// nothing booked.
+    pub fn select<'a>(
         &self,
-        key: &PartitionKey,
+        at: impl Into<PartitionRef<'a>>,
         req: &SelectRequest<'_>,
     ) -> Result<Outcome, EngineError> {
-        self.select_in(&*self.partition(key)?, req)
-    }
-
-    /// [`Engine::select`] on a partition the caller already holds (no key lookup: hosts
-    /// behind the C ABI keep a partition handle and route without allocating a key).
-    pub fn select_in(
-        &self,
-        p: &Partition,
-        req: &SelectRequest<'_>,
-    ) -> Result<Outcome, EngineError> {
-        self.check_owns(p)?;
+        let p = self.resolve(at.into())?;
         Ok(self.with_rng(|rng| p.select(req, rng)))
     }
 
-    /// Booked selection: the chosen rank is booked before this returns.
-    pub fn select_and_reserve(
+    /// Booked selection on `at` (a key or a handle): the chosen rank is booked before this
+    /// returns, under the request's selection id or one the engine mints.
+    pub fn select_and_reserve<'a>(
         &self,
-        key: &PartitionKey,
+        at: impl Into<PartitionRef<'a>>,
         req: &SelectRequest<'_>,
     ) -> Result<Outcome, EngineError> {
-        self.select_and_reserve_in(&*self.partition(key)?, req)
-    }
-
-    /// [`Engine::select_and_reserve`] on a partition the caller already holds.
-    pub fn select_and_reserve_in(
-        &self,
-        p: &Partition,
-        req: &SelectRequest<'_>,
-    ) -> Result<Outcome, EngineError> {
-        self.check_owns(p)?;
+        let p = self.resolve(at.into())?;
+        let p = &*p;
         let _pin = call_pin();
         let mut attempts = 0;
         loop {
@@ -326,34 +367,19 @@ impl Engine {
         }
     }
 
-    /// Books a request on a rank the caller chose.
-    pub fn reserve(
+    /// Books a request on a rank the caller chose, in `at` (a key or a handle). With a
+    /// prompt, its blocks join the rank's active blocks; without, only `prefill_tokens`
+    /// are booked.
+    pub fn reserve<'a>(
         &self,
-        key: &PartitionKey,
+        at: impl Into<PartitionRef<'a>>,
         rank: RankId,
         prompt: Option<&SelectRequest<'_>>,
         prefill_tokens: Option<u64>,
         selection_id: Option<SelectionId>,
     ) -> Result<Decision, EngineError> {
-        self.reserve_in(
-            &*self.partition(key)?,
-            rank,
-            prompt,
-            prefill_tokens,
-            selection_id,
-        )
-    }
-
-    /// [`Engine::reserve`] on a partition the caller already holds.
-    pub fn reserve_in(
-        &self,
-        p: &Partition,
-        rank: RankId,
-        prompt: Option<&SelectRequest<'_>>,
-        prefill_tokens: Option<u64>,
-        selection_id: Option<SelectionId>,
-    ) -> Result<Decision, EngineError> {
-        self.check_owns(p)?;
+        let p = self.resolve(at.into())?;
+        let p = &*p;
         let mut attempts = 0;
         loop {
             let id = self.claim_id(p, selection_id)?;
@@ -371,33 +397,32 @@ impl Engine {
         }
     }
 
-    /// `p` is a live partition of this engine (not removed, not another engine's): one
-    /// lock-free load of the numbered list.
-    fn check_owns(&self, p: &Partition) -> Result<(), EngineError> {
-        let numbered = self.numbered.guard();
-        match numbered.get(p.number() as usize) {
-            Some(Some(q)) if std::ptr::eq(StdArc::as_ptr(q), p) => Ok(()),
-            _ => Err(EngineError::UnknownPartition(p.key().clone())),
+    /// The partition `at` names: a key's, or a handle that is a live partition of this
+    /// engine (not removed, not another engine's: one lock-free load of the numbered
+    /// list).
+    fn resolve<'a>(&self, at: PartitionRef<'a>) -> Result<Resolved<'a>, EngineError> {
+        match at {
+            PartitionRef::Key(key) => self.partition(key).map(Resolved::Keyed),
+            PartitionRef::Handle(p) => {
+                let numbered = self.numbered.guard();
+                match numbered.get(p.number() as usize) {
+                    Some(Some(q)) if std::ptr::eq(StdArc::as_ptr(q), p) => Ok(Resolved::Handle(p)),
+                    _ => Err(EngineError::UnknownPartition(p.key().clone())),
+                }
+            }
         }
     }
 
-    /// Installs a booking received from a replica peer. It is not indexed by id: the
-    /// lifecycle calls find it by scanning the partitions (DESIGN.md §8).
-    pub fn install_replica_booking(
+    /// Installs a booking received from a replica peer in `at` (a key or a handle). It is
+    /// not indexed by id: the lifecycle calls find it by scanning the partitions
+    /// (DESIGN.md §8).
+    pub fn install_replica_booking<'a>(
         &self,
-        key: &PartitionKey,
+        at: impl Into<PartitionRef<'a>>,
         booking: BookingRequest,
     ) -> Result<(), EngineError> {
-        self.install_replica_booking_in(&*self.partition(key)?, booking)
-    }
-
-    /// [`Engine::install_replica_booking`] on a partition the caller already holds.
-    pub fn install_replica_booking_in(
-        &self,
-        p: &Partition,
-        booking: BookingRequest,
-    ) -> Result<(), EngineError> {
-        self.check_owns(p)?;
+        let p = self.resolve(at.into())?;
+        let p = &*p;
         // Selection ids are unique across the engine (DESIGN.md §2): not a booking of this
         // engine's, nor one live in another partition.
         let id = booking.selection_id;
@@ -460,7 +485,7 @@ impl Engine {
         // is taken too (DESIGN.md §2: ids are unique across the engine). Claimed first and
         // checked after, so a replica installed meanwhile is seen by one side or the other
         // except in the window between its check and its insert (see
-        // `install_replica_booking_in`).
+        // `install_replica_booking`).
         if self.live_replica_elsewhere(p, id) {
             self.by_selection.remove(id);
             return Err(EngineError::DuplicateSelectionId(id));

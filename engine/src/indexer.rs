@@ -34,7 +34,7 @@
 //! before it reads the worker set, the hooks, the booking table or the load, and with no
 //! guard alive: what it holds is its own thread-local scratch (taken out of its slot, not
 //! borrowed) and `&self`. No engine `Mutex` is held by the selection path above it either
-//! (`Engine::select_in` / `select_and_reserve_in` hold the partition by `Arc` and release
+//! (`Engine::select` / `select_and_reserve` through a handle hold the partition by `Arc` and release
 //! the id claim's map entry before deciding). So a slow remote delays only its own
 //! selection: `engine/tests/remote_no_lock.rs` runs the other partition and engine
 //! operations (membership, hooks, ingest, statistics, selections of the same session,
@@ -160,9 +160,11 @@ impl IndexerPolicy {
 /// notices for what was accepted but changed (logged when the partition is built).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResolvedIndexer {
+    /// The policy the configuration selects.
     pub policy: IndexerPolicy,
     /// Retention of the approximate index the policy records into, if any.
     pub approx: Option<ApproxConfig>,
+    /// What was accepted but changed, in words.
     pub notices: Vec<String>,
 }
 

@@ -48,7 +48,7 @@
 //! The invariants and memory orderings are argued in the crate-private `docs` modules
 //! (`cargo doc -p kvr --document-private-items`).
 
-#![warn(missing_docs, unreachable_pub)]
+#![warn(missing_docs, unreachable_pub, unnameable_types)]
 
 pub mod config;
 pub mod cost;
@@ -83,7 +83,7 @@ pub mod testing;
 mod loom_models;
 
 pub use cost::config::CostOverrides;
-pub use engine::{Engine, EngineError};
+pub use engine::{Engine, EngineError, PartitionRef};
 pub use freshness::StaleRanks;
 pub use hooks::{
     BlockRange, HostHooks, LoraFilter, PrefillEstimator, PrefillQuery, SharedCacheLookup,
@@ -95,14 +95,17 @@ pub use index::{
 };
 pub use indexer::RemoteClient;
 pub use ingress::door::{EventsOutcome, IngestOutcome};
-pub use load::{LoadSnapshot, RankLoad};
+pub use load::{LoadSnapshot, LoadView, RankLoad};
 pub use partition::Partition;
 pub use reservation::{
-    ActiveLoad, BookingOrigin, BookingRequest, BookingStatus, BookingView, ForgetListener,
-    FreeOutcome, FreedBy, ReservationError, MAX_PER_BOOKING,
+    ActiveLoad, ActiveLoads, BookingOrigin, BookingRequest, BookingStatus, BookingView,
+    ForgetListener, FreeOutcome, FreedBy, Released, ReservationError, ReservationTable,
+    MAX_PER_BOOKING,
 };
 pub use select::{
     Decision, KvHint, Outcome, Overlap, Prompt, SelectError, SelectRequest, SessionRoute,
 };
 pub use session::SessionContext;
-pub use workers::{BackendRole, WorkerError, WorkerInfo, MAX_CONTROL_ENDPOINT_LEN, MAX_DP_SIZE};
+pub use workers::{
+    BackendRole, WorkerError, WorkerInfo, WorkerSet, MAX_CONTROL_ENDPOINT_LEN, MAX_DP_SIZE,
+};

@@ -102,6 +102,7 @@ impl Default for LoadView {
 }
 
 impl LoadView {
+    /// An empty view (no rank has reported).
     pub fn new() -> Self {
         LoadView {
             current: Snapshot::new(LoadSnapshot::default()),

@@ -118,18 +118,22 @@ impl WorkerSet {
         &self.slots
     }
 
+    /// The worker `id`'s metadata.
     pub fn get(&self, id: WorkerId) -> Option<&WorkerInfo> {
         self.workers.get(&id)
     }
 
+    /// Every worker, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &WorkerInfo> + '_ {
         self.workers.values()
     }
 
+    /// How many workers.
     pub fn len(&self) -> usize {
         self.workers.len()
     }
 
+    /// Whether there is no worker.
     pub fn is_empty(&self) -> bool {
         self.workers.is_empty()
     }

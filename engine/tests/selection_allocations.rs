@@ -112,11 +112,11 @@ fn advisory_selection_allocates_nothing_after_warm_up() {
     let p = e.partition(&key).unwrap();
     let req = SelectRequest::tokens(&tokens);
     for _ in 0..3 {
-        assert!(matches!(e.select_in(&p, &req), Ok(Outcome::Selected(_))));
+        assert!(matches!(e.select(&p, &req), Ok(Outcome::Selected(_))));
     }
     let n = allocations_in(|| {
         for _ in 0..100 {
-            let out = e.select_in(&p, &req).unwrap();
+            let out = e.select(&p, &req).unwrap();
             assert!(matches!(out, Outcome::Selected(_)));
         }
     });
@@ -132,11 +132,11 @@ fn advisory_selection_by_local_hashes_allocates_nothing_after_warm_up() {
     p.hasher().local_hashes(&tokens, &mut local);
     let req = SelectRequest::local_hashes(&local, tokens.len() as u64);
     for _ in 0..3 {
-        e.select_in(&p, &req).unwrap();
+        e.select(&p, &req).unwrap();
     }
     let n = allocations_in(|| {
         for _ in 0..100 {
-            e.select_in(&p, &req).unwrap();
+            e.select(&p, &req).unwrap();
         }
     });
     assert_eq!(n, 0, "100 advisory selections allocated {n} times");
@@ -246,13 +246,10 @@ fn advisory_selection_and_lookups_allocate_nothing_at_real_sizes() {
         // allocate a few times.
         let counts: [u64; 5] = allocations_per_step(200, |step| {
             step(0, &mut || {
-                assert!(matches!(e.select_in(&p, &req), Ok(Outcome::Selected(_))));
+                assert!(matches!(e.select(&p, &req), Ok(Outcome::Selected(_))));
             });
             step(1, &mut || {
-                assert!(matches!(
-                    e.select_in(&p, &by_hash),
-                    Ok(Outcome::Selected(_))
-                ));
+                assert!(matches!(e.select(&p, &by_hash), Ok(Outcome::Selected(_))));
             });
             step(2, &mut || p.index().find_matches_into(&local, &mut device));
             step(3, &mut || {
@@ -296,14 +293,14 @@ fn booked_selection_and_its_lifecycle_allocate_nothing_at_real_sizes() {
         let mut overlap = TieredScores::new();
         for w in 0..ranks {
             let d = e
-                .reserve_in(&p, RankId::new(w, 0), Some(&req), None, None)
+                .reserve(&p, RankId::new(w, 0), Some(&req), None, None)
                 .unwrap();
             e.free(d.selection_id.unwrap()).unwrap();
         }
         let counts: [u64; 3] = allocations_per_step(1_000, |step| {
             let mut id = 0;
             step(0, &mut || {
-                id = match e.select_and_reserve_in(&p, &req) {
+                id = match e.select_and_reserve(&p, &req) {
                     Ok(Outcome::Selected(d)) => d.selection_id.unwrap(),
                     o => panic!("{o:?}"),
                 };

@@ -151,7 +151,7 @@ pub unsafe extern "C" fn kvr_partition_select(
     // SAFETY: forwarded caller contract.
     unsafe {
         selection(partition, req, out, std::ptr::null_mut(), |p, r| {
-            p.engine.select_in(&p.partition, r)
+            p.engine.select(&p.partition, r)
         })
     }
 }
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn kvr_partition_select_and_reserve_with_hint(
     // SAFETY: forwarded caller contract.
     unsafe {
         selection(partition, req, out, hint, |p, r| {
-            p.engine.select_and_reserve_in(&p.partition, r)
+            p.engine.select_and_reserve(&p.partition, r)
         })
     }
 }
@@ -231,7 +231,7 @@ pub unsafe extern "C" fn kvr_partition_reserve(
             .or_else(|| view.as_ref().and_then(|v| v.selection_id));
         let d = p
             .engine
-            .reserve_in(
+            .reserve(
                 &p.partition,
                 RankId::new(worker_id, dp_rank),
                 view.as_ref(),
@@ -293,7 +293,7 @@ pub unsafe extern "C" fn kvr_partition_install_replica_booking(
             ttl: (b.ttl_ms != 0).then(|| Duration::from_millis(b.ttl_ms)),
         };
         p.engine
-            .install_replica_booking_in(&p.partition, req)
+            .install_replica_booking(&p.partition, req)
             .map_err(|e| engine_status(&e))
     })
 }

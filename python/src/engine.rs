@@ -308,9 +308,9 @@ impl Partition {
             req.lora_name = lora_name.as_deref();
             req.expected_output_tokens = expected_output_tokens;
             if reserve {
-                e.select_and_reserve_in(p, &req)
+                e.select_and_reserve(p, &req)
             } else {
-                e.select_in(p, &req)
+                e.select(p, &req)
             }
         });
         let key = p.key();

@@ -14,7 +14,7 @@ use crate::ids::{RankId, WorkerId};
 use crate::index::{ApplyOutcome, IndexError, KvEvent};
 use crate::sync::StdArc;
 
-use super::registry::IngressRegistry;
+use super::counters::StreamCounters;
 
 /// What a sink is: where ingress writes, implemented by the partition, so that this layer
 /// never names it. A sink applies one rank's events to the index its policy feeds, clears
@@ -32,8 +32,12 @@ pub trait EventSink {
     /// Drops everything `worker` holds on the DP ranks `dp_ranks` (all of its ranks when
     /// empty), as after a gap in its stream (ingress always names the ranks).
     fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]);
-    /// The counters and sequence state of the streams feeding this sink.
-    fn streams(&self) -> &IngressRegistry;
+    /// Counters for a new stream of `worker`, listed in this sink's stats from now on.
+    fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters;
+    /// Lists `worker`'s DP ranks `dp_ranks` as stale since `since_unix_ms` (ms since the
+    /// Unix epoch), or unlists them (`None`): a stale rank's overlap is not trusted by
+    /// selection (by default) until the loss is repaired or the ranks are cleared.
+    fn mark_stale(&self, worker: WorkerId, dp_ranks: &[u32], since_unix_ms: Option<u64>);
     /// Whether `worker`'s events may name DP rank `dp`. A rank the worker does not have is
     /// never a selection candidate, so its blocks could only take memory: its batches are
     /// refused and counted (`StreamStats::dp_rank_refused`). Every rank by default.
@@ -61,8 +65,11 @@ impl<S: EventSink + ?Sized> EventSink for StdArc<S> {
     fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
         (**self).clear_ranks(worker, dp_ranks)
     }
-    fn streams(&self) -> &IngressRegistry {
-        (**self).streams()
+    fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters {
+        (**self).register_stream(worker, stream)
+    }
+    fn mark_stale(&self, worker: WorkerId, dp_ranks: &[u32], since_unix_ms: Option<u64>) {
+        (**self).mark_stale(worker, dp_ranks, since_unix_ms)
     }
     fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
         (**self).accepts_dp_rank(worker, dp)
@@ -85,8 +92,11 @@ impl<S: EventSink + ?Sized> EventSink for &S {
     fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
         (**self).clear_ranks(worker, dp_ranks)
     }
-    fn streams(&self) -> &IngressRegistry {
-        (**self).streams()
+    fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters {
+        (**self).register_stream(worker, stream)
+    }
+    fn mark_stale(&self, worker: WorkerId, dp_ranks: &[u32], since_unix_ms: Option<u64>) {
+        (**self).mark_stale(worker, dp_ranks, since_unix_ms)
     }
     fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
         (**self).accepts_dp_rank(worker, dp)

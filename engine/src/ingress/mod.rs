@@ -4,7 +4,7 @@
 //! The path: a publisher's `[topic, seq, payload]` messages → per-publisher sequence
 //! tracking (gaps, restarts, replay: `sequence`) → the door (`door`): decode and count
 //! (`decode`), translate into [`KvEvent`](crate::KvEvent)s with kvr's local hashes
-//! (`translate`), apply to the sink's index → per stream counters (`registry`).
+//! (`translate`), apply to the sink's index → per stream counters (`counters`).
 //!
 //! The engine reads no socket. Messages come in three ways, all through the one door:
 //! - an [`EventSource`] a transport keeps per subscription: every publisher's
@@ -15,6 +15,7 @@
 //!   message, without replay);
 //! - the partition's `apply_events` (typed events).
 
+pub(crate) mod counters;
 mod decode;
 pub(crate) mod door;
 mod groups;
@@ -24,11 +25,11 @@ mod source;
 mod stream;
 mod translate;
 
+pub use counters::StreamCounters;
 pub use decode::{
     decode_batch, DecodeError, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
     MAX_PAYLOAD_BYTES,
 };
 pub use door::EventSink;
-pub use registry::IngressRegistry;
 pub use sequence::ReplayResult;
 pub use source::{EventSource, SourceAction, SourceRefused, TopicRoute};

@@ -9,12 +9,11 @@
 
 use crate::ids::{RankId, WorkerId};
 use crate::index::StoredBlock;
-use crate::sync::{Arc, Mutex};
 
+use super::counters::{now_unix_ms, StreamCounters};
 use super::decode::{decode_batch, DecodedBatch};
 use super::door::{Door, EventSink, EventsOutcome, IngestOutcome};
 use super::groups::GroupRouting;
-use super::registry::{now_unix_ms, StreamStats};
 use super::sequence::{Action, ReplayResult, SequenceTracker};
 use super::translate::{translate, SinkShape, Skips};
 
@@ -29,7 +28,7 @@ pub(crate) struct IngressStream {
     /// DP ranks this stream's batches named (a clear clears these).
     ranks_seen: Vec<u32>,
     groups: GroupRouting,
-    stats: Arc<Mutex<StreamStats>>,
+    stats: StreamCounters,
     /// Since when this stream is stale, and how many of `ranks_seen` were listed then.
     stale: Option<(u64, usize)>,
 }
@@ -62,7 +61,7 @@ impl IngressStream {
             actions: Vec::new(),
             ranks_seen: Vec::new(),
             groups: GroupRouting::default(),
-            stats: sink.streams().register(worker_id, stream),
+            stats: sink.register_stream(worker_id, stream),
             stale: None,
         }
     }
@@ -117,7 +116,7 @@ impl IngressStream {
 
     /// A message the transport could not parse into frames.
     pub(crate) fn on_bad_frame(&mut self) {
-        self.stats.lock().bad_frames += 1;
+        self.stats.0.lock().bad_frames += 1;
     }
 
     /// Runs one step of the sequence tracker and performs the actions it returns (in a
@@ -139,7 +138,7 @@ impl IngressStream {
     }
 
     fn note_message(&self, bytes: usize) {
-        let mut s = self.stats.lock();
+        let mut s = self.stats.0.lock();
         s.messages += 1;
         s.bytes += bytes as u64;
     }
@@ -167,7 +166,7 @@ impl IngressStream {
             }
         }
         self.note_freshness(door.sink());
-        self.stats.lock().sequence = self.tracker.stats();
+        self.stats.0.lock().sequence = self.tracker.stats();
         out
     }
 
@@ -179,18 +178,14 @@ impl IngressStream {
             (true, Some((_, listed))) if listed == n => {}
             (true, since) => {
                 let t = since.map_or_else(now_unix_ms, |s| s.0);
-                sink.streams()
-                    .freshness
-                    .mark(self.worker_id, &self.ranks_seen, Some(t));
+                sink.mark_stale(self.worker_id, &self.ranks_seen, Some(t));
                 self.stale = Some((t, n));
-                self.stats.lock().stale_since_unix_ms = t;
+                self.stats.0.lock().stale_since_unix_ms = t;
             }
             (false, Some(_)) => {
-                sink.streams()
-                    .freshness
-                    .mark(self.worker_id, &self.ranks_seen, None);
+                sink.mark_stale(self.worker_id, &self.ranks_seen, None);
                 self.stale = None;
-                self.stats.lock().stale_since_unix_ms = 0;
+                self.stats.0.lock().stale_since_unix_ms = 0;
             }
             (false, None) => {}
         }
@@ -210,7 +205,7 @@ impl IngressStream {
         let Err(e) = decode_batch(payload, &mut self.batch) else {
             return true;
         };
-        let mut s = self.stats.lock();
+        let mut s = self.stats.0.lock();
         if let Some(c) = s.decode_errors.iter_mut().find(|c| c.0 == e.kind.name()) {
             c.1 += 1;
         }
@@ -223,7 +218,7 @@ impl IngressStream {
         let dp = self.batch.data_parallel_rank.unwrap_or(self.stream);
         if !sink.accepts_dp_rank(self.worker_id, dp) {
             let n = self.batch.events.len() as u64;
-            let mut s = self.stats.lock();
+            let mut s = self.stats.0.lock();
             s.batches += 1;
             s.events += n;
             s.events_rejected += n;
@@ -267,7 +262,7 @@ impl IngressStream {
                 door.apply(rank, &event, &mut applied);
             }
         }
-        let mut s = self.stats.lock();
+        let mut s = self.stats.0.lock();
         s.batches += 1;
         s.events += self.batch.events.len() as u64;
         s.blocks_stored += applied.blocks_stored;

@@ -6,8 +6,8 @@
 use super::Partition;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{ApplyOutcome, IndexError, KvEvent};
+use crate::ingress::counters::{StreamCounters, StreamStats};
 use crate::ingress::door::{self, EventSink, EventsOutcome, IngestOutcome};
-use crate::ingress::registry::{IngressRegistry, StreamStats};
 use crate::workers::MAX_DP_SIZE;
 
 impl EventSink for Partition {
@@ -38,8 +38,12 @@ impl EventSink for Partition {
         }
     }
 
-    fn streams(&self) -> &IngressRegistry {
-        &self.ingress
+    fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters {
+        self.ingress.register(worker, stream)
+    }
+
+    fn mark_stale(&self, worker: WorkerId, dp_ranks: &[u32], since_unix_ms: Option<u64>) {
+        self.ingress.freshness.mark(worker, dp_ranks, since_unix_ms);
     }
 
     /// A registered worker's own ranks; below [`MAX_DP_SIZE`] for one not registered yet
@@ -69,7 +73,8 @@ impl Partition {
         seq: u64,
         payload: &[u8],
     ) -> IngestOutcome {
-        IngressRegistry::ingest_raw(self, worker_id, stream, seq, payload)
+        self.ingress
+            .ingest_raw(self, worker_id, stream, seq, payload)
     }
 
     /// Applies a batch of one rank's events in order, as the indexer policy says: a

@@ -9,7 +9,7 @@ use crate::hash::{BlockHasher, HashSalt};
 use crate::ids::WorkerId;
 use crate::index::{Index, IndexConfig};
 use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
-use crate::ingress::IngressRegistry;
+use crate::ingress::registry::IngressRegistry;
 use crate::load::LoadView;
 use crate::reservation::{
     ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
@@ -195,6 +195,7 @@ impl Partition {
         self.replicas.store(true, Ordering::SeqCst);
     }
 
+    /// The partition's key (model, routing group).
     pub fn key(&self) -> &PartitionKey {
         &self.key
     }
@@ -208,6 +209,7 @@ impl Partition {
         self.number
     }
 
+    /// The configuration it was built with.
     pub fn config(&self) -> &PartitionConfig {
         &self.config
     }
@@ -219,12 +221,13 @@ impl Partition {
         self.index.dump()
     }
 
+    /// Tokens per KV block (at least 1).
     pub fn block_size(&self) -> u32 {
         self.config.block_size.max(1)
     }
 
     /// The hasher of this partition's prompts (block size and namespace salt; a request's
-    /// LoRA adapter salts on top, see [`crate::select`]).
+    /// LoRA adapter salts on top).
     pub fn hasher(&self) -> &BlockHasher {
         &self.hasher
     }
@@ -244,14 +247,18 @@ impl Partition {
         &self.bookings
     }
 
+    /// The registered workers, as of now (a snapshot: later changes do not show in it).
     pub fn workers(&self) -> Arc<WorkerSet> {
         self.workers.load()
     }
 
+    /// The host hooks selection calls.
     pub fn hooks(&self) -> Arc<HostHooks> {
         self.hooks.load()
     }
 
+    /// Replaces the host hooks (selections already running keep the ones they started
+    /// with).
     pub fn set_hooks(&self, hooks: HostHooks) {
         self.hooks.store(hooks);
     }

@@ -17,16 +17,16 @@ pub(crate) type SweepListener = crate::sync::StdArc<dyn Fn(Instant) + Send + Syn
 ///
 /// [`ReservationTable::with_listeners`]: super::ReservationTable::with_listeners
 #[derive(Clone, Default)]
-pub struct Listeners {
+pub(crate) struct Listeners {
     /// Told the id of every booking the table frees on its own (expiry, rank removal).
-    pub forget: Option<ForgetListener>,
+    pub(crate) forget: Option<ForgetListener>,
     /// Told the id of every booking that ends, however it ends.
-    pub end: Option<ForgetListener>,
+    pub(crate) end: Option<ForgetListener>,
     /// Called with the sweep's `now` after every expiry sweep (the background one and
     /// [`ReservationTable::sweep_expired`]).
     ///
     /// [`ReservationTable::sweep_expired`]: super::ReservationTable::sweep_expired
-    pub sweep: Option<SweepListener>,
+    pub(crate) sweep: Option<SweepListener>,
 }
 
 impl std::fmt::Debug for Listeners {

@@ -98,12 +98,11 @@ mod types;
 
 pub use listeners::ForgetListener;
 pub(crate) use listeners::{Listeners, SweepListener};
-pub(crate) use loads::ActiveLoads;
-pub(crate) use table::ReservationTable;
-pub(crate) use types::ReservationConfig;
+pub use loads::ActiveLoads;
+pub use table::ReservationTable;
 pub use types::{
     ActiveLoad, BookingOrigin, BookingRequest, BookingStatus, BookingView, FreeOutcome, FreedBy,
-    ReservationError, ReservationStats, MAX_PER_BOOKING,
+    Released, ReservationConfig, ReservationError, ReservationStats, MAX_PER_BOOKING,
 };
 
 #[cfg(all(test, not(loom)))]

@@ -64,7 +64,7 @@ impl ReservationTable {
     /// [`ReservationTable::with_forget_listener`]), an end listener, told `id` whenever a
     /// booking ends however it ends (a free by anyone, expiry, rank removal), and a sweep
     /// listener; each is called after the table's work and with no lock of it held.
-    pub fn with_listeners(config: ReservationConfig, listeners: Listeners) -> Self {
+    pub(crate) fn with_listeners(config: ReservationConfig, listeners: Listeners) -> Self {
         let mut inner = Inner::new(config);
         inner.on_forget = listeners.forget;
         inner.on_end = listeners.end;
@@ -264,10 +264,12 @@ impl ReservationTable {
         self.inner.shards.iter().map(|s| s.lock().live.len()).sum()
     }
 
+    /// Whether the table holds no live booking.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The table's counters.
     pub fn stats(&self) -> ReservationStats {
         ReservationStats {
             bookings: self.len(),

@@ -157,6 +157,7 @@ pub struct BookingView {
 /// What one free released from its rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Released {
+    /// The rank the booking was on.
     pub rank: RankId,
     /// Prefill tokens subtracted (0 if the booking was already prefill-complete).
     pub prefill_tokens: u64,

@@ -10,11 +10,11 @@
 //! the transfer hint, booking. A `Selector` borrows the parts of a partition that a
 //! selection reads, so this layer never names the partition that owns them.
 
-mod book;
 mod candidates;
 mod counters;
 mod decide;
 mod decision;
+mod explicit;
 mod hint;
 mod overlap;
 mod request;

@@ -52,7 +52,7 @@ fn book(
     let id = app.name_new(&b.selection_id, key)?;
     match app
         .engine
-        .reserve_in(&entry.partition, rank, Some(req), prefill_tokens, Some(id))
+        .reserve(&entry.partition, rank, Some(req), prefill_tokens, Some(id))
     {
         Ok(d) => Ok(ReservationResponse {
             selection_id: b.selection_id.clone(),

@@ -328,7 +328,7 @@ impl App {
         let req = engine_request(&prep, b);
         let outcome = app
             .engine
-            .select_in(&prep.entry.partition, &req)
+            .select(&prep.entry.partition, &req)
             .map_err(engine_error)?;
         let Outcome::Selected(d) = &outcome else {
             return Err(outcome_error(app, &prep.key, &outcome));
@@ -366,9 +366,7 @@ impl App {
             None => None,
         };
         req.selection_id = named;
-        let result = app
-            .engine
-            .select_and_reserve_in(&prep.entry.partition, &req);
+        let result = app.engine.select_and_reserve(&prep.entry.partition, &req);
         let d = match result {
             Ok(Outcome::Selected(d)) => d,
             refused => {

@@ -23,10 +23,14 @@ pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
 /// | [`Medium::Unknown`] | any other string: that event is skipped and counted, the rest of the batch applies |
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Medium {
+    /// GPU memory: the device tier.
     #[default]
     Gpu,
+    /// Host memory: the host tier.
     Cpu,
+    /// Disk or a shared store: the disk tier.
     Storage,
+    /// A name kvr does not know.
     Unknown,
 }
 
@@ -81,20 +85,32 @@ pub enum DecodedEvent {
     /// `extras` indexes `batch.block_extras`: one range of `batch.extra_keys` per block,
     /// the block's extra-key values (`crate::hash::extra`); empty when no block has any.
     Stored {
+        /// The engine's hashes of the stored blocks, in `batch.hashes`.
         hashes: Range<usize>,
+        /// The engine's hash of the block they extend, if any.
         parent: Option<u64>,
+        /// Their token ids, in `batch.tokens`.
         tokens: Range<usize>,
+        /// Tokens per block, as the engine sent it.
         block_size: u32,
+        /// The LoRA adapter's name, in `batch.text`.
         lora_name: Option<Range<usize>>,
+        /// Where the blocks live.
         medium: Medium,
+        /// The KV-cache group (`group_idx`).
         group: Option<u32>,
+        /// What the group holds (`kv_cache_spec_kind`).
         spec: SpecKind,
+        /// Per-block extra keys, in `batch.block_extras`.
         extras: Range<usize>,
     },
     /// `BlockRemoved`: the engine's hashes of the evicted blocks (`batch.hashes[hashes]`).
     Removed {
+        /// The engine's hashes of the evicted blocks, in `batch.hashes`.
         hashes: Range<usize>,
+        /// Where they were evicted from.
         medium: Medium,
+        /// The KV-cache group (`group_idx`).
         group: Option<u32>,
     },
     /// `AllBlocksCleared`.
@@ -115,6 +131,7 @@ pub struct DecodedBatch {
     pub ts: f64,
     /// The batch's DP rank; `None` when nil or absent (older payloads have 2 elements).
     pub data_parallel_rank: Option<u32>,
+    /// The batch's events, in order.
     pub events: Vec<DecodedEvent>,
     /// Engine block hashes of all events (uint64 as is, int64 as its bits, bin folded to
     /// its last 8 bytes big-endian).

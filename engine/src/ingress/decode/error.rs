@@ -39,6 +39,7 @@ pub enum DecodeErrorKind {
 }
 
 impl DecodeErrorKind {
+    /// Every cause, in a fixed order (counters list them all).
     pub const ALL: [Self; 10] = [
         Self::Truncated,
         Self::BatchShape,
@@ -79,8 +80,11 @@ impl fmt::Display for DecodeErrorKind {
 /// batch envelope), and a fixed human-readable detail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeError {
+    /// The cause.
     pub kind: DecodeErrorKind,
+    /// The event it was found in (`None`: the batch envelope).
     pub event_index: Option<usize>,
+    /// What was wrong, in words.
     pub detail: &'static str,
 }
 

@@ -83,6 +83,7 @@ pub struct SequenceStats {
     pub gaps: u64,
     /// New publisher instances found (sequence back, a changed batch, or through replay).
     pub restarts: u64,
+    /// Batches received again (already applied) and dropped.
     pub duplicates: u64,
     /// Replays asked of the transport (each is then filled, partial or failed, or
     /// superseded by the next one of the stream).
@@ -97,6 +98,7 @@ pub struct SequenceStats {
     pub replays_failed: u64,
     /// Idle probes started.
     pub idle_probes: u64,
+    /// Times the stream's ranks were cleared (a loss that could not be filled, a restart).
     pub clears: u64,
     /// Batches lost for good (their range could not be replayed).
     pub batches_lost: u64,

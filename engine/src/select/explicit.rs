@@ -1,11 +1,8 @@
-//! The two booked paths and the advisory one: decide, then (booked) book the rank, record
-//! the booking into the approximate index when the policy says so, and bind the session.
-
-use std::time::Instant;
+//! Explicit reservations: the decision for a rank the caller chose, and a request's
+//! sequence hashes (which a booking holds).
 
 use super::scratch::Scratch;
-use super::{Decision, Outcome, Overlap, Prompt, SelectError, SelectRequest, Selector};
-use crate::cost::RandomSource;
+use super::{Decision, Overlap, Prompt, SelectError, SelectRequest, Selector};
 use crate::hash::{extend_sequence_hashes, BlockHasher, HashSalt};
 use crate::ids::RankId;
 use crate::ids::SelectionId;
@@ -13,67 +10,16 @@ use crate::index::TieredScores;
 use crate::reservation::BookingRequest;
 
 impl Selector<'_> {
-    /// [`Partition::select`](crate::partition::Partition::select)'s work.
-    pub(crate) fn select(&self, req: &SelectRequest<'_>, rng: &mut impl RandomSource) -> Outcome {
-        match self.decide(req, false, None, rng) {
-            Ok(p) => {
-                crate::recycle::give_hashes(p.seq);
-                Outcome::Selected(p.decision)
-            }
-            Err(o) => *o,
-        }
-    }
-
-    /// [`Partition::select_and_reserve`](crate::partition::Partition::select_and_reserve)'s
-    /// work: decide, book, then record and bind the session after the booking stands.
-    pub(crate) fn select_and_reserve(
-        &self,
-        req: &SelectRequest<'_>,
-        selection_id: SelectionId,
-        now: Instant,
-        rng: &mut impl RandomSource,
-    ) -> Result<Outcome, SelectError> {
-        let p = match self.decide(req, true, Some(now), rng) {
-            Ok(p) => p,
-            Err(o) => return Ok(*o),
-        };
-        let mut d = p.decision;
-        let to_record = self.indexing.recorder.is_some().then(|| copy_of(&p.seq));
-        self.bookings.book(
-            BookingRequest {
-                selection_id,
-                rank: d.rank,
-                prompt_blocks: p.seq,
-                prefill_tokens: d.projected_prefill_tokens,
-                expected_output_tokens: req.expected_output_tokens,
-                ttl: req.ttl,
-            },
-            now,
-        )?;
-        // After the booking stands: a recording failure is logged, never the booking's.
-        if let Some(seq) = to_record {
-            self.indexing.record_booking(self.index, d.rank, &seq, now);
-            crate::recycle::give_hashes(seq);
-        }
-        // The session follows its turn: bound (or rebound) to the rank, with this booking
-        // as a lease that ends when the booking does. A refusal (table full of live
-        // sessions) is counted by the table; the booking stands.
-        if let (Some(t), Some(ctx)) = (&self.sessions, &d.session) {
-            t.bind(ctx, d.rank, selection_id, p.forced_rebind, now);
-        }
-        d.selection_id = Some(selection_id);
-        Ok(Outcome::Selected(d))
-    }
-
-    /// [`Partition::reserve`](crate::partition::Partition::reserve)'s work.
-    pub(crate) fn reserve(
+    /// The decision of an explicit reservation, on a rank the caller chose (no scoring),
+    /// and the booking it asks for, not yet booked: with a prompt, its blocks; without,
+    /// only the given prefill tokens.
+    pub(crate) fn explicit(
         &self,
         rank: RankId,
         prompt: Option<&SelectRequest<'_>>,
         prefill_tokens: Option<u64>,
         selection_id: SelectionId,
-        now: Instant,
-    ) -> Result<Decision, SelectError> {
+    ) -> Result<(Decision, BookingRequest), SelectError> {
         let workers = self.workers_now();
         let member = workers
             .get(rank.worker_id)
@@ -107,25 +53,7 @@ impl Selector<'_> {
         let prefill = prefill_tokens.unwrap_or(prompt_tokens - cached);
         let active = self.bookings.rank_load(rank);
         let new_blocks = self.bookings.new_blocks_not_active(rank, &seq);
-        let to_record =
-            (self.indexing.recorder.is_some() && !seq.is_empty()).then(|| copy_of(&seq));
-        self.bookings.book(
-            BookingRequest {
-                selection_id,
-                rank,
-                prompt_blocks: seq,
-                prefill_tokens: prefill,
-                expected_output_tokens: expected,
-                ttl,
-            },
-            now,
-        )?;
-        // A reservation that carries the prompt records it (DESIGN.md §5).
-        if let Some(seq) = to_record {
-            self.indexing.record_booking(self.index, rank, &seq, now);
-            crate::recycle::give_hashes(seq);
-        }
-        Ok(Decision {
+        let decision = Decision {
             rank,
             selection_id: Some(selection_id),
             overlap: Overlap {
@@ -139,12 +67,21 @@ impl Selector<'_> {
             session: prompt.and_then(|r| r.effective_session()),
             session_route: None,
             kv_hint: None,
-        })
+        };
+        let booking = BookingRequest {
+            selection_id,
+            rank,
+            prompt_blocks: seq,
+            prefill_tokens: prefill,
+            expected_output_tokens: expected,
+            ttl,
+        };
+        Ok((decision, booking))
     }
 
     /// Sequence hashes of a request's prompt and its length in tokens; a tokens prompt's
     /// local hashes land in `local` (a hashes prompt carries its own).
-    pub(super) fn sequence_into(
+    pub(crate) fn sequence_into(
         &self,
         req: &SelectRequest<'_>,
         local: &mut Vec<u64>,
@@ -177,12 +114,4 @@ impl Selector<'_> {
             }
         }
     }
-}
-
-/// A copy of a booking's prompt hashes in a recycled buffer, recorded after the booking
-/// stands (the booking owns the original).
-fn copy_of(seq: &[u64]) -> Vec<u64> {
-    let mut v = crate::recycle::take_hashes();
-    v.extend_from_slice(seq);
-    v
 }
