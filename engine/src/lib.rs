@@ -36,6 +36,7 @@ pub mod cost;
 pub(crate) mod counter;
 pub mod docs;
 pub mod engine;
+mod fields;
 pub mod hash;
 pub mod hooks;
 pub(crate) mod idmap;
@@ -58,6 +59,7 @@ mod loom_models;
 
 pub use config::{ConfigError, PartitionConfig};
 pub use engine::{Engine, EngineError};
+pub use fields::{FieldList, FieldNames, FIELD_LISTS};
 pub use hooks::HostHooks;
 pub use ids::{DpRank, PartitionKey, RankId, Tier, WorkerId};
 pub use index::{KvEvent, StoredBlock};
