@@ -52,12 +52,6 @@
 #define KVR_COST_MODEL_DYNAMO 1
 
 /**
- * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
- * plus scheme, port and path).
- */
-#define KVR_CONTROL_ENDPOINT_MAX_LEN 511
-
-/**
  * Size of `kvr_kv_hint.control_endpoint`: the longest endpoint and its NUL.
  */
 #define KVR_CONTROL_ENDPOINT_CAP 512
@@ -261,6 +255,12 @@
  * Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
  */
 #define KVR_MAX_DP_SIZE 1024
+
+/**
+ * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
+ * plus scheme, port and path).
+ */
+#define KVR_CONTROL_ENDPOINT_MAX_LEN 511
 
 /**
  * The selection engine: partitions, and the selection-id index of their bookings.
