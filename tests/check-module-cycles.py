@@ -8,7 +8,8 @@ ends at a directory module (`crate::index::Foo`) is followed through that module
 re-exports never closes a cycle. Test code (`#[cfg(test)]` modules and files named
 tests.rs / testing.rs / loom_models.rs) is left out: tests may reach anywhere.
 
-Usage: check-module-cycles.py [SRC_DIR]   (default: engine/src beside this script's repo)
+Usage: check-module-cycles.py [SRC_DIR]   (default: engine/src beside this script's repo;
+                                          any crate's src/, e.g. service/src, ffi/src)
        check-module-cycles.py --self-test   (the negative control: a copy of engine/src with
                                              one added back edge must be caught)
 """

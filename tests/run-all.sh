@@ -76,8 +76,10 @@ python3 tests/e2e/selftest.py
 echo "== README host examples"
 python3 tests/check-readme-examples.py
 
-echo "== no import cycle among the engine's modules (and the check's negative control)"
+echo "== no import cycle among the modules of the engine, the service and the C ABI (and the check's negative control)"
 python3 tests/check-module-cycles.py
+python3 tests/check-module-cycles.py service/src
+python3 tests/check-module-cycles.py ffi/src
 python3 tests/check-module-cycles.py --self-test
 
 echo "== kvr serve vs Dynamo 1.6.1 (tests/compat: the pinned wheel in a cached venv)"

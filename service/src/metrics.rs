@@ -23,11 +23,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -38,14 +35,6 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry as PromRegistry;
 
 use crate::registry::Registry;
-use crate::App;
-
-static BAD_BODIES: AtomicU64 = AtomicU64::new(0);
-
-/// Counts a body refused as malformed.
-pub fn count_bad_body() {
-    BAD_BODIES.fetch_add(1, Ordering::Relaxed);
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteStatus {
@@ -171,6 +160,18 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts and times one answered request by its route template.
+    pub fn request(&self, route: String, status: u16, elapsed: Duration) {
+        self.latency
+            .get_or_create(&RouteLabel {
+                route: route.clone(),
+            })
+            .observe(elapsed.as_secs_f64());
+        self.requests
+            .get_or_create(&RouteStatus { route, status })
+            .inc();
+    }
+
     /// The Prometheus text of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -179,29 +180,6 @@ impl Metrics {
         }
         out
     }
-}
-
-/// Middleware: counts and times every request by its route template.
-pub async fn track(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let start = Instant::now();
-    let resp = next.run(req).await;
-    let m = &app.metrics;
-    m.latency
-        .get_or_create(&RouteLabel {
-            route: route.clone(),
-        })
-        .observe(start.elapsed().as_secs_f64());
-    m.requests
-        .get_or_create(&RouteStatus {
-            route,
-            status: resp.status().as_u16(),
-        })
-        .inc();
-    resp
 }
 
 /// Engine state, read at scrape time.
@@ -541,7 +519,7 @@ impl Collector for EngineCollector {
             "kvr_http_bad_bodies",
             "Request bodies refused as malformed",
             c,
-            ConstCounter::new(BAD_BODIES.load(Ordering::Relaxed)),
+            ConstCounter::new(crate::error::bad_bodies()),
         )?;
         one(
             &mut enc,
