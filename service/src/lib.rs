@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod error;
+pub mod figures;
 pub mod ids;
 pub mod metrics;
 pub mod pending;
