@@ -128,7 +128,6 @@ fn spec() -> Spec<'static> {
         places: PLACES,
         rule: |f| vec![f.to_string(), format!("{f}_ms")],
         exceptions: EXCEPTIONS,
-        ignore: |_| false,
     }
 }
 

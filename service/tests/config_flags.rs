@@ -169,7 +169,6 @@ fn spec() -> Spec<'static> {
             ]
         },
         exceptions: EXCEPTIONS,
-        ignore: |_| false,
     }
 }
 

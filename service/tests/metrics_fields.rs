@@ -276,7 +276,6 @@ fn spec() -> Spec<'static> {
             names
         },
         exceptions: EXCEPTIONS,
-        ignore: |_| false,
     }
 }
 

@@ -104,8 +104,6 @@ pub struct Spec<'a> {
     /// The names a field may have in this host, most likely first (e.g. `x`, `x_ms`).
     pub rule: fn(&str) -> Vec<String>,
     pub exceptions: &'a [Exception],
-    /// Names never counted as extra in a location (a handle, a length), by the host's rule.
-    pub ignore: fn(&str) -> bool,
 }
 
 /// The names in each location, as the host read them (`None`: the location is not there).
@@ -244,7 +242,7 @@ pub fn differences(spec: &Spec<'_>, locate: &Locate<'_>) -> Vec<String> {
             let excused = spec.exceptions.iter().any(
                 |e| matches!(e, Exception::Extra { loc: l, name: n, .. } if *l == loc && *n == name),
             );
-            if !mine.contains(&name) && !excused && !(spec.ignore)(&name) {
+            if !mine.contains(&name) && !excused {
                 errors.push(format!(
                     "{host}: `{name}` in {loc} is extra: it mirrors no engine field"
                 ));
