@@ -52,12 +52,6 @@
 #define KVR_COST_MODEL_DYNAMO 1
 
 /**
- * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
- * plus scheme, port and path).
- */
-#define KVR_CONTROL_ENDPOINT_MAX_LEN 511
-
-/**
  * Size of `kvr_kv_hint.control_endpoint`: the longest endpoint and its NUL.
  */
 #define KVR_CONTROL_ENDPOINT_CAP 512
@@ -224,8 +218,11 @@
  * ingest, ingress stats and subscriptions (issue 5); 0.3 added indexer policies, transfer
  * hints and session affinity (issue 7) and renamed `kvr_decision.reserved` (always 0
  * until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning. 0.4 (ABI 2)
- * appended recovery, group, medium and freshness counters to `kvr_stream_stats` (a
- * larger struct: hosts must be rebuilt) and added extra keys to `kvr_request`.
+ * appended recovery, group, medium and freshness counters to `kvr_stream_stats`, the
+ * lease counters to `kvr_session_stats`, `stale_overlaps_ignored` to
+ * `kvr_selection_stats` and the approximate index's records, record errors and blocks
+ * over its bound to `kvr_indexer_stats` (larger structs: hosts must be rebuilt), and added
+ * extra keys to `kvr_request`.
  */
 #define KVR_VERSION_MAJOR 0
 
@@ -258,6 +255,12 @@
  * Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
  */
 #define KVR_MAX_DP_SIZE 1024
+
+/**
+ * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
+ * plus scheme, port and path).
+ */
+#define KVR_CONTROL_ENDPOINT_MAX_LEN 511
 
 /**
  * The selection engine: partitions, and the selection-id index of their bookings.
@@ -502,6 +505,16 @@ typedef struct kvr_indexer_stats {
   uint64_t approx_blocks_refreshed;
   uint64_t approx_blocks_expired;
   uint64_t approx_blocks_pruned;
+  /**
+   * Bookings the approximate index recorded (with at least one block), and those it
+   * refused (e.g. too many ranks). 0 without an approximate index.
+   */
+  uint64_t approx_records;
+  uint64_t approx_record_errors;
+  /**
+   * Blocks of booked prompts not recorded because the records were at the size bound.
+   */
+  uint64_t approx_blocks_over_bound;
 } kvr_indexer_stats;
 
 /**
@@ -756,6 +769,23 @@ typedef struct kvr_session_stats {
    * Session ids refused (empty, or longer than 256 bytes).
    */
   uint64_t invalid_session_ids;
+  /**
+   * Leases released (bookings of a session freed or expired).
+   */
+  uint64_t leases_released;
+  /**
+   * Releases of leases no session held.
+   */
+  uint64_t unknown_lease_releases;
+  /**
+   * Bookings bound to their session after their lease was already released (recorded
+   * without the lease).
+   */
+  uint64_t early_releases;
+  /**
+   * Binds refused because the booking's lease belonged to another session.
+   */
+  uint64_t duplicate_leases;
 } kvr_session_stats;
 
 /**
@@ -810,6 +840,11 @@ typedef struct kvr_selection_stats {
    * Shared-cache hook failures (the selections went on without them).
    */
   uint64_t shared_cache_failures;
+  /**
+   * Ranks whose overlap a lookup did not credit because their event stream was stale
+   * (a known loss being replayed; `kvr_partition_options_set_trust_stale_overlap`).
+   */
+  uint64_t stale_overlaps_ignored;
 } kvr_selection_stats;
 
 /**
@@ -1747,7 +1782,7 @@ kvr_status kvr_request_set_lora(struct kvr_request *req,
 
 /**
  * The request's cache salt (vLLM's `cache_salt`; copied; `(NULL, 0)` or empty = none):
- * folded into block 0's hash as engines fold it (`kvr::hash::extra`), so a tokens prompt
+ * folded into block 0's hash as engines fold it (`kvr::hash`), so a tokens prompt
  * matches only blocks published under the same salt. Ignored for a hashes prompt.
  *
  * # Safety

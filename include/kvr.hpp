@@ -244,6 +244,7 @@ using BookingStats = kvr_booking_stats;
 using ActiveLoad = kvr_active_load;
 using IndexerStats = kvr_indexer_stats;
 using SessionStats = kvr_session_stats;
+using StreamStats = kvr_stream_stats;
 
 enum class Tier : uint32_t {
     Device = KVR_TIER_DEVICE,

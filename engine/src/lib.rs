@@ -43,6 +43,7 @@
 //!     floor 9: partition
 //!     floor 10: engine
 //!     floor 11: stats
+//!     floor 12: fields
 //! ```
 //!
 //! The invariants and memory orderings are argued in the crate-private `docs` modules
@@ -59,6 +60,7 @@ pub mod stats;
 mod counter;
 mod docs;
 mod engine;
+mod fields;
 mod freshness;
 mod hooks;
 mod idmap;
@@ -84,6 +86,7 @@ mod loom_models;
 
 pub use cost::config::CostOverrides;
 pub use engine::{Engine, EngineError, PartitionRef};
+pub use fields::{FieldList, FieldNames, FIELD_LISTS};
 pub use freshness::StaleRanks;
 pub use hooks::{
     BlockRange, HostHooks, LoraFilter, PrefillEstimator, PrefillQuery, SharedCacheLookup,

@@ -16,12 +16,10 @@ use kvr::KvHint;
 
 use crate::handles::kvr_partition_options;
 use crate::status::*;
-use crate::workers::{KVR_ROLE_AGGREGATED, KVR_ROLE_DECODE, KVR_ROLE_PREFILL};
+use crate::workers::{
+    KVR_CONTROL_ENDPOINT_MAX_LEN, KVR_ROLE_AGGREGATED, KVR_ROLE_DECODE, KVR_ROLE_PREFILL,
+};
 
-/// Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
-/// plus scheme, port and path).
-pub const KVR_CONTROL_ENDPOINT_MAX_LEN: usize = 511;
-const _: () = assert!(KVR_CONTROL_ENDPOINT_MAX_LEN == kvr::MAX_CONTROL_ENDPOINT_LEN);
 /// Size of `kvr_kv_hint.control_endpoint`: the longest endpoint and its NUL.
 pub const KVR_CONTROL_ENDPOINT_CAP: usize = 512;
 const _: () = assert!(KVR_CONTROL_ENDPOINT_CAP == KVR_CONTROL_ENDPOINT_MAX_LEN + 1);

@@ -235,8 +235,9 @@ fn deliver(
     Ok(())
 }
 
-/// The query part both lookups share: argument checks, then `f` with the borrowed
-/// inputs.
+/// The body both lookups share: argument checks, the overlap, and its delivery into the
+/// caller's buffer: every rank with its tiers (`tiered`), or the ranks holding a device
+/// prefix with their device blocks only.
 ///
 /// # Safety
 /// As the exported lookups.
@@ -247,7 +248,7 @@ unsafe fn lookup(
     out: *mut kvr_overlap,
     cap: usize,
     out_len: *mut usize,
-    f: impl FnOnce(&kvr_partition, &[u64], &mut [kvr_overlap]) -> Ret,
+    tiered: bool,
 ) -> kvr_status {
     guard(|| {
         // SAFETY: forwarded caller contract.
@@ -261,7 +262,30 @@ unsafe fn lookup(
         if out_len.is_null() {
             return Err(KVR_ERR_NULL);
         }
-        f(p, hashes, out)
+        let mut scores = TIERED_SCRATCH.with(|c| c.take()).unwrap_or_default();
+        p.partition.overlap(hashes, &mut scores);
+        // Untiered, device overlap only: a rank whose prefix starts in host memory or on
+        // disk scores 0 there, and is absent.
+        let listed = || {
+            scores
+                .as_slice()
+                .iter()
+                .filter(move |t| tiered || t.device > 0)
+        };
+        let r = deliver(
+            listed().count(),
+            listed().map(|t| kvr_overlap {
+                worker_id: t.rank.worker_id,
+                dp_rank: t.rank.dp_rank,
+                device_blocks: t.device,
+                host_blocks: if tiered { t.host } else { 0 },
+                disk_blocks: if tiered { t.disk } else { 0 },
+            }),
+            out,
+            out_len,
+        );
+        TIERED_SCRATCH.with(|c| c.set(Some(scores)));
+        r
     })
 }
 
@@ -287,37 +311,7 @@ pub unsafe extern "C" fn kvr_partition_find_matches(
     out_len: *mut usize,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        lookup(
-            partition,
-            local_hashes,
-            n,
-            out,
-            cap,
-            out_len,
-            |p, hashes, out| {
-                let mut scores = TIERED_SCRATCH.with(|c| c.take()).unwrap_or_default();
-                p.partition.overlap(hashes, &mut scores);
-                // Device overlap only: a rank whose prefix starts in host memory or on
-                // disk scores 0 here, and is absent.
-                let on_device = || scores.as_slice().iter().filter(|t| t.device > 0);
-                let r = deliver(
-                    on_device().count(),
-                    on_device().map(|t| kvr_overlap {
-                        worker_id: t.rank.worker_id,
-                        dp_rank: t.rank.dp_rank,
-                        device_blocks: t.device,
-                        host_blocks: 0,
-                        disk_blocks: 0,
-                    }),
-                    out,
-                    out_len,
-                );
-                TIERED_SCRATCH.with(|c| c.set(Some(scores)));
-                r
-            },
-        )
-    }
+    unsafe { lookup(partition, local_hashes, n, out, cap, out_len, false) }
 }
 
 /// Tiered overlap per rank (device, then host, then disk), with the buffer rules of
@@ -335,34 +329,7 @@ pub unsafe extern "C" fn kvr_partition_find_matches_tiered(
     out_len: *mut usize,
 ) -> kvr_status {
     // SAFETY: forwarded caller contract.
-    unsafe {
-        lookup(
-            partition,
-            local_hashes,
-            n,
-            out,
-            cap,
-            out_len,
-            |p, hashes, out| {
-                let mut scores = TIERED_SCRATCH.with(|c| c.take()).unwrap_or_default();
-                p.partition.overlap(hashes, &mut scores);
-                let r = deliver(
-                    scores.len(),
-                    scores.as_slice().iter().map(|t| kvr_overlap {
-                        worker_id: t.rank.worker_id,
-                        dp_rank: t.rank.dp_rank,
-                        device_blocks: t.device,
-                        host_blocks: t.host,
-                        disk_blocks: t.disk,
-                    }),
-                    out,
-                    out_len,
-                );
-                TIERED_SCRATCH.with(|c| c.set(Some(scores)));
-                r
-            },
-        )
-    }
+    unsafe { lookup(partition, local_hashes, n, out, cap, out_len, true) }
 }
 
 /// Hashes complete blocks of `tokens` into the caller's buffers (either may be NULL).

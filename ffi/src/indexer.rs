@@ -247,6 +247,12 @@ pub struct kvr_indexer_stats {
     pub approx_blocks_refreshed: u64,
     pub approx_blocks_expired: u64,
     pub approx_blocks_pruned: u64,
+    /// Bookings the approximate index recorded (with at least one block), and those it
+    /// refused (e.g. too many ranks). 0 without an approximate index.
+    pub approx_records: u64,
+    pub approx_record_errors: u64,
+    /// Blocks of booked prompts not recorded because the records were at the size bound.
+    pub approx_blocks_over_bound: u64,
 }
 
 /// The partition's indexer statistics.
@@ -284,6 +290,9 @@ pub unsafe extern "C" fn kvr_partition_indexer_stats(
             approx_blocks_refreshed: a.blocks_refreshed,
             approx_blocks_expired: a.blocks_expired,
             approx_blocks_pruned: a.blocks_pruned,
+            approx_records: a.records,
+            approx_record_errors: a.record_errors,
+            approx_blocks_over_bound: a.blocks_over_bound,
         };
         // SAFETY: forwarded caller contract.
         unsafe { write_out(out, stats) }

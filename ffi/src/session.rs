@@ -100,6 +100,15 @@ pub struct kvr_session_stats {
     pub reaped: u64,
     /// Session ids refused (empty, or longer than 256 bytes).
     pub invalid_session_ids: u64,
+    /// Leases released (bookings of a session freed or expired).
+    pub leases_released: u64,
+    /// Releases of leases no session held.
+    pub unknown_lease_releases: u64,
+    /// Bookings bound to their session after their lease was already released (recorded
+    /// without the lease).
+    pub early_releases: u64,
+    /// Binds refused because the booking's lease belonged to another session.
+    pub duplicate_leases: u64,
 }
 
 /// The partition's session-affinity statistics (all 0, `enabled` 0, without affinity).
@@ -130,6 +139,10 @@ pub unsafe extern "C" fn kvr_partition_session_stats(
                 refused: s.refused,
                 reaped: s.reaped,
                 invalid_session_ids: s.invalid_session_ids,
+                leases_released: s.leases_released,
+                unknown_lease_releases: s.unknown_lease_releases,
+                early_releases: s.early_releases,
+                duplicate_leases: s.duplicate_leases,
             },
         };
         // SAFETY: forwarded caller contract.

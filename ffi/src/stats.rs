@@ -41,6 +41,9 @@ pub struct kvr_selection_stats {
     pub no_worker: u64,
     /// Shared-cache hook failures (the selections went on without them).
     pub shared_cache_failures: u64,
+    /// Ranks whose overlap a lookup did not credit because their event stream was stale
+    /// (a known loss being replayed; `kvr_partition_options_set_trust_stale_overlap`).
+    pub stale_overlaps_ignored: u64,
 }
 
 /// Booking-table figures.
@@ -140,6 +143,7 @@ pub unsafe extern "C" fn kvr_partition_selection_stats(
                 busy: s.busy,
                 no_worker: s.no_worker,
                 shared_cache_failures: s.shared_cache_failures,
+                stale_overlaps_ignored: s.stale_overlaps_ignored,
             }
         })
     }

@@ -50,6 +50,11 @@ pub const KVR_MAX_DP_SIZE: u32 = 1024;
 
 const _: () = assert!(KVR_MAX_DP_SIZE == kvr::MAX_DP_SIZE);
 
+/// Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
+/// plus scheme, port and path).
+pub const KVR_CONTROL_ENDPOINT_MAX_LEN: usize = 511;
+const _: () = assert!(KVR_CONTROL_ENDPOINT_MAX_LEN == kvr::MAX_CONTROL_ENDPOINT_LEN);
+
 /// A new worker `worker_id` with `dp_size` data-parallel ranks (1 to `KVR_MAX_DP_SIZE`,
 /// else `KVR_ERR_INVALID_ARGUMENT`, before anything is allocated), role aggregated,
 /// nothing else set. Free with `kvr_worker_free`.
@@ -136,7 +141,7 @@ pub unsafe extern "C" fn kvr_worker_set_control_endpoint(
     unsafe {
         with_worker(worker, |w| {
             let ep = str_arg(endpoint, len)?;
-            if ep.len() > crate::hint::KVR_CONTROL_ENDPOINT_MAX_LEN {
+            if ep.len() > KVR_CONTROL_ENDPOINT_MAX_LEN {
                 return Err(KVR_ERR_INVALID_ARGUMENT);
             }
             let slot = w

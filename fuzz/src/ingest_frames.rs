@@ -47,6 +47,7 @@ use std::collections::BTreeMap;
 use arbitrary::{Result, Unstructured};
 use kvr::config::PartitionConfig;
 use kvr::hash::{local_block_hash_mm, HashSalt};
+
 use kvr::ingress::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind};
 use kvr::stats::StreamStats;
 use kvr::{IngestOutcome, KvEvent, RankId, StoredBlock, Tier, WorkerId, WorkerInfo};

@@ -138,6 +138,8 @@ class Engine:
         *,
         block_size: int = 16,
         use_kv_events: bool = True,
+        cache_namespace: Optional[str] = None,  # salts every block hash [None]
+        booking_ttl_ms: Optional[int] = None,  # a booking nobody frees expires [3600000]
         # "latency" (predicted TTFT, ms) or "dynamo" (Dynamo's scorer, block equivalents).
         cost_model: str = "latency",
         # The latency model's knobs; None = the engine's default (shown in brackets).
@@ -151,6 +153,18 @@ class Engine:
         itl_per_request_ms: Optional[float] = None,  # [0.2]
         queue_externality: Optional[float] = None,  # [2]
         decode_block_us: Optional[float] = None,  # [1]
+        # Dynamo's knobs (the latency model reads the cache credits and temperature too).
+        overlap_score_credit: Optional[float] = None,  # [1.0]
+        prefill_load_scale: Optional[float] = None,  # [1.0]
+        host_cache_hit_weight: Optional[float] = None,  # [0.75]
+        disk_cache_hit_weight: Optional[float] = None,  # [0.25]
+        temperature: Optional[float] = None,  # 0 = lowest cost wins [0]
+        decode_active_request_weight: Optional[float] = None,  # [0: off]
+        credit_decay: Optional[float] = None,  # [None: off]
+        # Busy thresholds (None = none): a rank past one is not chosen.
+        busy_decode_blocks_fraction: Optional[float] = None,  # of its total KV blocks
+        busy_prefill_tokens: Optional[int] = None,
+        busy_prefill_tokens_fraction: Optional[float] = None,  # of its max batched tokens
     ) -> Partition: ...
     def mark_prefill_complete(self, selection_id: int) -> None: ...
     def add_output_blocks(self, selection_id: int, n: int = 1) -> None: ...

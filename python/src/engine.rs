@@ -43,15 +43,20 @@ impl Engine {
     }
 
     /// A new partition (one model and routing group); ValueError if it exists, for an
-    /// unknown `cost_model` or a latency knob out of range. A knob left `None` keeps the
-    /// engine's default (`kvr::config::LatencyConfig::default()`); `itl_target_ms=None` is
-    /// no per-token latency target.
+    /// unknown `cost_model` or a knob out of range. A knob left `None` keeps the engine's
+    /// default (`kvr::config::CostConfig::default()`, `LatencyConfig::default()`);
+    /// `itl_target_ms=None` is no per-token latency target, `credit_decay=None` no decay, a
+    /// `busy_*` threshold `None` none (a selection whose every rank is busy raises 429).
     #[pyo3(signature = (
         model_name="default", routing_group="default", *, block_size=16, use_kv_events=true,
+        cache_namespace=None, booking_ttl_ms=None,
         cost_model="latency", prefill_rate_prior=None, learn_prefill_rate=None,
         request_overhead_ms=None, kv_pressure_threshold=None, kv_pressure_ms=None,
         itl_target_ms=None, itl_base_ms=None, itl_per_request_ms=None, queue_externality=None,
-        decode_block_us=None,
+        decode_block_us=None, overlap_score_credit=None, prefill_load_scale=None,
+        host_cache_hit_weight=None, disk_cache_hit_weight=None, temperature=None,
+        decode_active_request_weight=None, credit_decay=None, busy_decode_blocks_fraction=None,
+        busy_prefill_tokens=None, busy_prefill_tokens_fraction=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn create_partition(
@@ -60,6 +65,8 @@ impl Engine {
         routing_group: &str,
         block_size: u32,
         use_kv_events: bool,
+        cache_namespace: Option<String>,
+        booking_ttl_ms: Option<u64>,
         cost_model: &str,
         prefill_rate_prior: Option<f64>,
         learn_prefill_rate: Option<bool>,
@@ -71,9 +78,23 @@ impl Engine {
         itl_per_request_ms: Option<f64>,
         queue_externality: Option<f64>,
         decode_block_us: Option<f64>,
+        overlap_score_credit: Option<f64>,
+        prefill_load_scale: Option<f64>,
+        host_cache_hit_weight: Option<f64>,
+        disk_cache_hit_weight: Option<f64>,
+        temperature: Option<f64>,
+        decode_active_request_weight: Option<f64>,
+        credit_decay: Option<f64>,
+        busy_decode_blocks_fraction: Option<f64>,
+        busy_prefill_tokens: Option<u64>,
+        busy_prefill_tokens_fraction: Option<f64>,
     ) -> PyResult<Partition> {
         let mut c = PartitionConfig::new(block_size);
         c.indexer.use_kv_events = use_kv_events;
+        c.cache_namespace = cache_namespace.filter(|ns| !ns.is_empty());
+        if let Some(ms) = booking_ttl_ms {
+            c.booking_ttl = std::time::Duration::from_millis(ms);
+        }
         c.cost.model = CostModel::parse(cost_model).ok_or_else(|| {
             let valid: Vec<&str> = CostModel::ALL.iter().map(|m| m.name()).collect();
             PyValueError::new_err(format!(
@@ -100,6 +121,22 @@ impl Engine {
         set(&mut l.itl_per_request_ms, itl_per_request_ms);
         set(&mut l.queue_externality, queue_externality);
         set(&mut l.decode_block_us, decode_block_us);
+        let k = &mut c.cost;
+        set(&mut k.overlap_score_credit, overlap_score_credit);
+        set(&mut k.prefill_load_scale, prefill_load_scale);
+        set(&mut k.host_cache_hit_weight, host_cache_hit_weight);
+        set(&mut k.disk_cache_hit_weight, disk_cache_hit_weight);
+        set(&mut k.temperature, temperature);
+        set(
+            &mut k.decode_active_request_weight,
+            decode_active_request_weight,
+        );
+        if credit_decay.is_some() {
+            k.credit_decay = credit_decay;
+        }
+        c.busy.decode_blocks_fraction = busy_decode_blocks_fraction;
+        c.busy.prefill_tokens = busy_prefill_tokens;
+        c.busy.prefill_tokens_fraction = busy_prefill_tokens_fraction;
         c.validate().map_err(value_error)?;
         let p = self
             .inner

@@ -41,7 +41,7 @@ pub struct ServeArgs {
     pub replica_sync_peers: Vec<String>,
     /// Pin each session id to the worker that served it for this many seconds after its
     /// last request.
-    #[arg(long)]
+    #[arg(long, env = "KVR_SESSION_AFFINITY_TTL_SECS")]
     pub session_affinity_ttl_secs: Option<u64>,
     /// Seconds an unclaimed pending selection lives.
     #[arg(long, default_value_t = 120)]
@@ -111,6 +111,11 @@ pub struct Knobs {
         default_value_t = 0.0
     )]
     pub decode_active_request_weight: f64,
+    /// Load-dependent decay of the device credit (Dynamo's `overlap_score_credit_decay`;
+    /// unset or 0: off): a rank with more prefill backlog than the least-loaded candidate
+    /// keeps only part of its cache credit.
+    #[arg(long, env = "KVR_CREDIT_DECAY")]
+    pub credit_decay: Option<f64>,
     /// Which cost a selection minimises: `latency` (kvr's default: each rank's predicted
     /// time to first token, decode load a tie-break) or `dynamo` (Dynamo's scorer, term
     /// for term: what an unconfigured Dynamo router routes by).

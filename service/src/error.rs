@@ -2,11 +2,25 @@
 //! not found, 409 conflict, 422 wrong JSON types, 503 not ready or no schedulable worker,
 //! 500 internal (REFERENCE.md §7).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
+
+static BAD_BODIES: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a body refused as malformed (`kvr_http_bad_bodies_total`).
+pub fn count_bad_body() {
+    BAD_BODIES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Bodies refused as malformed since start.
+pub fn bad_bodies() -> u64 {
+    BAD_BODIES.load(Ordering::Relaxed)
+}
 
 /// An error answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,7 +118,7 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         if !json_content_type(req.headers()) {
-            crate::metrics::count_bad_body();
+            count_bad_body();
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "Expected request with `Content-Type: application/json`",
@@ -113,14 +127,14 @@ where
         let bytes = match axum::body::Bytes::from_request(req, state).await {
             Ok(b) => b,
             Err(r) => {
-                crate::metrics::count_bad_body();
+                count_bad_body();
                 return Err(ApiError::new(r.status(), r.body_text()));
             }
         };
         if let Some(v) = parse_fast::<T>(&bytes) {
             return Ok(Body(v.into()));
         }
-        crate::metrics::count_bad_body();
+        count_bad_body();
         match axum::Json::<T>::from_bytes(&bytes) {
             Ok(axum::Json(v)) => Ok(Body(v)),
             Err(rejection) => Err(rejection_error(&rejection)),

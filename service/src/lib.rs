@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod error;
+pub mod figures;
 pub mod ids;
 pub mod metrics;
 pub mod pending;
@@ -116,6 +117,7 @@ fn partition_config(args: &ServeArgs) -> Result<PartitionConfig, String> {
         disk_cache_hit_weight: k.disk_cache_hit_weight,
         temperature: k.router_temperature,
         decode_active_request_weight: k.decode_active_request_weight,
+        credit_decay: k.credit_decay,
         model: k.cost_model,
         latency: kvr::config::LatencyConfig {
             prefill_rate_prior: k.prefill_rate_prior,

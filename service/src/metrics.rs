@@ -13,6 +13,9 @@
 //! | `kvr_kv_events_rejected_total` | counter | `model`, `reason` | events or frames refused |
 //! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` (+ `outcome`) | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total` (requested), `replay_outcomes_total` (`outcome`: `filled`, `partial`, `failed`), `restarts_total`, `idle_probes_total`, `clears_total`, `batches_lost_total`, `recovering` (1 while a replay is in flight), `stale_seconds` (how long a known loss has been waiting for its replay; 0 = fresh) |
 //! | `kvr_index_blocks`, `kvr_index_nodes`, `kvr_index_bytes`, `kvr_index_bytes_per_holder_block` | gauge | `model` | index size |
+//! | `kvr_index_*`, `kvr_selection_*`, `kvr_session_*`, `kvr_indexer_*`, `kvr_approx_index_*`, `kvr_booking_*` | counter/gauge | `model` | the engine's figures, one family per stats field (figures.rs; e.g. `kvr_index_stored_events_total`, `kvr_index_tier_blocks{tier}`, `kvr_session_leases`) |
+//! | `kvr_kv_stream_*` (more) | counter | `model`, `worker_id`, `stream` | per stream: `messages_total`, `bytes_total`, `batches_total`, `events_total`, `duplicates_total`, `dp_rank_refused_total`, `events_skipped_group_total`, `group_switches_total`, `events_skipped_medium_total` |
+//! | `kvr_rank_active_requests` | gauge | `worker_id`, `dp_rank` | booked requests per rank |
 //! | `kvr_bookings_active` | gauge | `model` | live bookings |
 //! | `kvr_prefill_rate_tokens_per_second` | gauge | `model` | the latency cost's learned prefill rate of one rank (0 until a prefill completion is timed; the prior is used meanwhile) |
 //! | `kvr_prefill_rate_observations_total` | counter | `model` | prefill completions folded into that rate |
@@ -23,11 +26,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -37,15 +37,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry as PromRegistry;
 
+use crate::figures::{self, family, Labels, Rows};
 use crate::registry::Registry;
-use crate::App;
-
-static BAD_BODIES: AtomicU64 = AtomicU64::new(0);
-
-/// Counts a body refused as malformed.
-pub fn count_bad_body() {
-    BAD_BODIES.fetch_add(1, Ordering::Relaxed);
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteStatus {
@@ -171,6 +164,18 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts and times one answered request by its route template.
+    pub fn request(&self, route: String, status: u16, elapsed: Duration) {
+        self.latency
+            .get_or_create(&RouteLabel {
+                route: route.clone(),
+            })
+            .observe(elapsed.as_secs_f64());
+        self.requests
+            .get_or_create(&RouteStatus { route, status })
+            .inc();
+    }
+
     /// The Prometheus text of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -181,29 +186,6 @@ impl Metrics {
     }
 }
 
-/// Middleware: counts and times every request by its route template.
-pub async fn track(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let start = Instant::now();
-    let resp = next.run(req).await;
-    let m = &app.metrics;
-    m.latency
-        .get_or_create(&RouteLabel {
-            route: route.clone(),
-        })
-        .observe(start.elapsed().as_secs_f64());
-    m.requests
-        .get_or_create(&RouteStatus {
-            route,
-            status: resp.status().as_u16(),
-        })
-        .inc();
-    resp
-}
-
 /// Engine state, read at scrape time.
 #[derive(Debug)]
 struct EngineCollector {
@@ -212,22 +194,6 @@ struct EngineCollector {
     prompt_tokens: Counter,
     cached_tokens: Counter,
     recovery: Arc<RecoveryCounters>,
-}
-
-type Labels = Vec<(&'static str, String)>;
-
-fn family<M: EncodeMetric>(
-    enc: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    kind: MetricType,
-    rows: &[(Labels, M)],
-) -> Result<(), std::fmt::Error> {
-    let mut m = enc.encode_descriptor(name, help, None, kind)?;
-    for (labels, v) in rows {
-        v.encode(m.encode_family(labels)?)?;
-    }
-    Ok(())
 }
 
 fn one<M: EncodeMetric>(
@@ -246,14 +212,19 @@ impl Collector for EngineCollector {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let (mut applied, mut rejected) = (Vec::new(), Vec::new());
-        let (mut age, mut gaps, mut replays, mut clears, mut lost) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut restarts, mut probes, mut outcomes, mut recovering, mut stale) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut blocks, mut nodes, mut bytes, mut per_block, mut bookings) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut decode, mut prefill) = (Vec::new(), Vec::new());
+        let (mut age, mut replays, mut outcomes, mut stale) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut tiers, mut per_block, mut bookings) = (Vec::new(), Vec::new(), Vec::new());
         let (mut rate_gauge, mut rate_obs) = (Vec::new(), Vec::new());
+        let mut index = Rows::new(figures::INDEX);
+        let mut selection = Rows::new(figures::SELECTION);
+        let mut session = Rows::new(figures::SESSION);
+        let mut indexer = Rows::new(figures::INDEXER);
+        let mut approx = Rows::new(figures::APPROX);
+        let mut booking = Rows::new(figures::BOOKING);
+        let mut stream = Rows::new(figures::STREAM);
+        let mut sequence = Rows::new(figures::SEQUENCE);
+        let mut rank = Rows::new(figures::RANK);
         for entry in self.workers.partitions() {
             let p = &entry.partition;
             let model = format!("{}:{}", p.key().model, p.key().routing_group);
@@ -264,41 +235,35 @@ impl Collector for EngineCollector {
                 removed += s.blocks_removed;
                 ev_rej += s.events_rejected + s.block_size_mismatches;
                 bad += s.bad_frames + s.decode_errors.iter().map(|(_, n)| n).sum::<u64>();
-                let l = || -> Labels {
-                    vec![
-                        ("model", model.clone()),
-                        ("worker_id", s.worker_id.to_string()),
-                        ("stream", s.stream.to_string()),
-                    ]
-                };
+                let l: Labels = vec![
+                    ("model", model.clone()),
+                    ("worker_id", s.worker_id.to_string()),
+                    ("stream", s.stream.to_string()),
+                ];
+                stream.push(&l, s);
+                let q = &s.sequence;
+                sequence.push(&l, q);
                 let a = if s.last_batch_unix_ms == 0 {
                     -1.0
                 } else {
                     now_ms.saturating_sub(s.last_batch_unix_ms) as f64 / 1e3
                 };
-                age.push((l(), ConstGauge::new(a)));
-                let q = &s.sequence;
-                gaps.push((l(), ConstCounter::new(q.gaps)));
-                replays.push((l(), ConstCounter::new(q.replays_requested)));
-                clears.push((l(), ConstCounter::new(q.clears)));
-                lost.push((l(), ConstCounter::new(q.batches_lost)));
-                restarts.push((l(), ConstCounter::new(q.restarts)));
-                probes.push((l(), ConstCounter::new(q.idle_probes)));
+                age.push((l.clone(), ConstGauge::new(a)));
+                replays.push((l.clone(), ConstCounter::new(q.replays_requested)));
                 for (outcome, n) in [
                     ("filled", q.replays_filled),
                     ("partial", q.replays_partial),
                     ("failed", q.replays_failed),
                 ] {
-                    let mut labels = l();
+                    let mut labels = l.clone();
                     labels.push(("outcome", outcome.to_string()));
                     outcomes.push((labels, ConstCounter::new(n)));
                 }
-                recovering.push((l(), ConstGauge::new(i64::from(q.recovering))));
                 let st = match s.stale_since_unix_ms {
                     0 => 0.0,
                     t => now_ms.saturating_sub(t) as f64 / 1e3,
                 };
-                stale.push((l(), ConstGauge::new(st)));
+                stale.push((l, ConstGauge::new(st)));
             }
             let ml = |extra: &[(&'static str, &str)]| -> Labels {
                 let mut v = vec![("model", model.clone())];
@@ -316,26 +281,36 @@ impl Collector for EngineCollector {
             rejected.push((ml(&[("reason", "event")]), ConstCounter::new(ev_rej)));
             rejected.push((ml(&[("reason", "frame")]), ConstCounter::new(bad)));
             let ix = p.index().stats();
-            blocks.push((ml(&[]), ConstGauge::new(ix.holder_blocks as i64)));
-            nodes.push((ml(&[]), ConstGauge::new(ix.nodes as i64)));
-            bytes.push((ml(&[]), ConstGauge::new(ix.bytes as i64)));
+            index.push(&ml(&[]), &ix);
+            for (tier, n) in figures::TIERS.iter().zip(ix.tier_blocks) {
+                tiers.push((ml(&[("tier", tier)]), ConstGauge::new(n as i64)));
+            }
             let pb = if ix.holder_blocks == 0 {
                 0.0
             } else {
                 ix.bytes as f64 / ix.holder_blocks as f64
             };
             per_block.push((ml(&[]), ConstGauge::new(pb)));
-            bookings.push((ml(&[]), ConstGauge::new(p.bookings().len() as i64)));
+            selection.push(&ml(&[]), &p.selection_stats());
+            if let Some(s) = p.session_stats() {
+                session.push(&ml(&[]), &s);
+            }
+            let ixr = p.indexer_stats();
+            indexer.push(&ml(&[]), &ixr);
+            if let Some(a) = &ixr.approx {
+                approx.push(&ml(&[]), a);
+            }
             let b = p.bookings();
+            bookings.push((ml(&[]), ConstGauge::new(b.len() as i64)));
+            booking.push(&ml(&[]), &b.stats());
             rate_gauge.push((ml(&[]), ConstGauge::new(b.prefill_rate().unwrap_or(0.0))));
             rate_obs.push((ml(&[]), ConstCounter::new(b.prefill_rate_observations())));
-            for (rank, load) in p.bookings().loads().ranks() {
+            for (r, load) in b.loads().ranks() {
                 let l: Labels = vec![
-                    ("worker_id", rank.worker_id.to_string()),
-                    ("dp_rank", rank.dp_rank.to_string()),
+                    ("worker_id", r.worker_id.to_string()),
+                    ("dp_rank", r.dp_rank.to_string()),
                 ];
-                decode.push((l.clone(), ConstGauge::new(load.active_decode_blocks as i64)));
-                prefill.push((l, ConstGauge::new(load.active_prefill_tokens as i64)));
+                rank.push(&l, &load);
             }
         }
         let g = MetricType::Gauge;
@@ -363,45 +338,10 @@ impl Collector for EngineCollector {
         )?;
         family(
             &mut enc,
-            "kvr_kv_stream_gaps",
-            "Sequence gaps seen on the stream",
-            c,
-            &gaps,
-        )?;
-        family(
-            &mut enc,
             "kvr_kv_stream_replays",
             "Replays requested for the stream",
             c,
             &replays,
-        )?;
-        family(
-            &mut enc,
-            "kvr_kv_stream_clears",
-            "Times the stream's ranks were cleared (unrecoverable gap, restart)",
-            c,
-            &clears,
-        )?;
-        family(
-            &mut enc,
-            "kvr_kv_stream_batches_lost",
-            "Batches lost on the stream",
-            c,
-            &lost,
-        )?;
-        family(
-            &mut enc,
-            "kvr_kv_stream_restarts",
-            "New publisher instances found on the stream",
-            c,
-            &restarts,
-        )?;
-        family(
-            &mut enc,
-            "kvr_kv_stream_idle_probes",
-            "Replays asked of a silent stream's publisher to find losses and restarts",
-            c,
-            &probes,
         )?;
         family(
             &mut enc,
@@ -412,39 +352,16 @@ impl Collector for EngineCollector {
         )?;
         family(
             &mut enc,
-            "kvr_kv_stream_recovering",
-            "1 while a replay of the stream is in flight",
-            g,
-            &recovering,
-        )?;
-        family(
-            &mut enc,
             "kvr_kv_stream_stale_seconds",
             "How long the stream's ranks have been stale (a known loss being replayed; their overlap is not credited), 0 when fresh",
             g,
             &stale,
         )?;
-        family(
-            &mut enc,
-            "kvr_index_blocks",
-            "Holder-blocks in the index (a block held by two ranks counts twice)",
-            g,
-            &blocks,
-        )?;
-        family(
-            &mut enc,
-            "kvr_index_nodes",
-            "Distinct blocks in the index",
-            g,
-            &nodes,
-        )?;
-        family(
-            &mut enc,
-            "kvr_index_bytes",
-            "Heap bytes of the index",
-            g,
-            &bytes,
-        )?;
+        stream.encode(&mut enc)?;
+        sequence.encode(&mut enc)?;
+        index.encode(&mut enc)?;
+        let (name, help) = figures::TIER_BLOCKS;
+        family(&mut enc, name, help, g, &tiers)?;
         family(
             &mut enc,
             "kvr_index_bytes_per_holder_block",
@@ -452,6 +369,10 @@ impl Collector for EngineCollector {
             g,
             &per_block,
         )?;
+        selection.encode(&mut enc)?;
+        session.encode(&mut enc)?;
+        indexer.encode(&mut enc)?;
+        approx.encode(&mut enc)?;
         family(
             &mut enc,
             "kvr_bookings_active",
@@ -459,6 +380,7 @@ impl Collector for EngineCollector {
             g,
             &bookings,
         )?;
+        booking.encode(&mut enc)?;
         family(
             &mut enc,
             "kvr_prefill_rate_tokens_per_second",
@@ -473,20 +395,7 @@ impl Collector for EngineCollector {
             c,
             &rate_obs,
         )?;
-        family(
-            &mut enc,
-            "dynamo_frontend_worker_active_decode_blocks",
-            "Booked decode blocks per rank",
-            g,
-            &decode,
-        )?;
-        family(
-            &mut enc,
-            "dynamo_frontend_worker_active_prefill_tokens",
-            "Booked prefill tokens per rank",
-            g,
-            &prefill,
-        )?;
+        rank.encode(&mut enc)?;
         let mut by_state: std::collections::BTreeMap<(String, &'static str), i64> =
             Default::default();
         for r in self.workers.records() {
@@ -541,7 +450,7 @@ impl Collector for EngineCollector {
             "kvr_http_bad_bodies",
             "Request bodies refused as malformed",
             c,
-            ConstCounter::new(BAD_BODIES.load(Ordering::Relaxed)),
+            ConstCounter::new(crate::error::bad_bodies()),
         )?;
         one(
             &mut enc,

@@ -1225,7 +1225,8 @@ static void test_selection_cost(void)
     CHECK_EQ(bs.sweeper_started, 0);
     CHECK_LOAD(p, 2, 0, 0, 0, 0);
     kvr_selection_stats ss = selection_stats(p);
-    CHECK(ss.selections >= 500 && ss.busy == 0 && ss.no_worker == 0 && ss.shared_cache_failures == 0);
+    CHECK(ss.selections >= 500 && ss.busy == 0 && ss.no_worker == 0 && ss.shared_cache_failures == 0 &&
+          ss.stale_overlaps_ignored == 0);
 
     /* Argument errors: out untouched. */
     memset(&d, SENTINEL, sizeof d);
@@ -3419,8 +3420,10 @@ static void test_approximate_primary(void)
     CHECK_EQ(d.device_blocks, NB);
     s = indexer_stats(p);
     CHECK_EQ(s.bookings_recorded, 1);
+    CHECK_EQ(s.approx_records, 1);
     CHECK_EQ(s.approx_blocks_recorded, NB);
     CHECK_EQ(s.record_failures, 0);
+    CHECK(s.approx_record_errors == 0 && s.approx_blocks_over_bound == 0);
 
     /* An explicit reservation carrying the prompt records it too (a refresh here). */
     OK(kvr_partition_reserve(p, first, 0, r, NULL, 0, &d));
@@ -3850,7 +3853,10 @@ static void test_session_affinity(void)
     CHECK_EQ(ss.leases, 1);
     CHECK_EQ(ss.bindings_created, 1);
     OK(kvr_engine_free_booking(e, d.selection_id, NULL));
-    CHECK_EQ(session_stats(p).leases, 0); /* the lease ended with its booking */
+    ss = session_stats(p);
+    CHECK_EQ(ss.leases, 0); /* the lease ended with its booking */
+    CHECK_EQ(ss.leases_released, 1);
+    CHECK(ss.unknown_lease_releases == 0 && ss.early_releases == 0 && ss.duplicate_leases == 0);
     const uint64_t other = home % 3 + 1;
     OK(store(p, other, 0, KVR_TIER_DEVICE, false, 0, 900, L, NB, NULL));
     d = session_turn(p, T, "s", false);

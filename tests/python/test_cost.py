@@ -107,6 +107,29 @@ def test_bad_cost_model_or_knob_is_a_value_error():
     assert p.cost_model == "dynamo"
 
 
+def test_dynamo_knobs_busy_thresholds_and_booking_ttl_reach_the_partition():
+    e = kvr.Engine()
+    for kw in (dict(overlap_score_credit=math.nan), dict(temperature=math.inf),
+               dict(host_cache_hit_weight=math.nan), dict(credit_decay=math.nan),
+               dict(busy_decode_blocks_fraction=math.inf)):
+        name = next(iter(kw)).removeprefix("busy_")
+        with pytest.raises(ValueError, match=name):
+            e.create_partition(f"bad-{name}", **kw)
+    with pytest.raises(ValueError, match="booking TTL"):
+        e.create_partition("ttl0", booking_ttl_ms=0)
+    # One worker: past its busy threshold (a booked prompt's prefill), a selection is busy.
+    p = e.create_partition("busy", block_size=BS, busy_prefill_tokens=BS, cost_model="dynamo",
+                           overlap_score_credit=2.0, prefill_load_scale=1.0,
+                           disk_cache_hit_weight=0.5, decode_active_request_weight=0.0,
+                           cache_namespace="tenant", booking_ttl_ms=60_000)
+    p.upsert_worker(1)
+    p.store(1, 0, prompt(5000))
+    assert p.select(prompt(5000)).cached_tokens == 8 * BS  # store and select share the salt
+    p.select(prompt(0), reserve=True)
+    with pytest.raises(kvr.SelectionServiceError):
+        p.select(prompt(10_000))
+
+
 def test_prefill_rate_is_learned_from_prefill_completions():
     e = kvr.Engine(seed=1)
     p = e.create_partition("m", block_size=BS)

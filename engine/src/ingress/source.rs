@@ -66,7 +66,7 @@ pub struct SourceRefused;
 
 impl std::fmt::Display for SourceRefused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the partition's indexer policy applies no engine events: no event source")
+        f.write_str("the partition's indexer policy applies no engine events: no subscription")
     }
 }
 

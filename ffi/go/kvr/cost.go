@@ -3,10 +3,7 @@ package kvr
 // #include "shim.h"
 import "C"
 
-import (
-	"runtime"
-	"time"
-)
+import "time"
 
 // CostModel is which cost a partition's selections minimise (KVR_COST_MODEL_*).
 type CostModel uint32
@@ -155,17 +152,15 @@ func (r PrefillRate) Learned() bool { return r.TokensPerSecond > 0 }
 // PrefillRate returns the partition's learned prefill rate (zero TokensPerSecond while
 // none is learned).
 func (p *Partition) PrefillRate() (PrefillRate, error) {
-	if p.ptr == nil {
-		return PrefillRate{}, ErrClosed
+	type rateAndCount struct {
+		rate C.double
+		n    C.uint64_t
 	}
-	var rate C.double
-	var n C.uint64_t
-	gc()
-	st := C.kvr_partition_prefill_rate(p.ptr, &rate, &n)
-	gc()
-	runtime.KeepAlive(p)
-	if err := check(st, "kvr_partition_prefill_rate"); err != nil {
-		return PrefillRate{}, err
-	}
-	return PrefillRate{TokensPerSecond: float64(rate), Observations: uint64(n)}, nil
+	return readStats(p, "kvr_partition_prefill_rate",
+		func(p *C.kvr_partition, c *rateAndCount) C.kvr_status {
+			return C.kvr_partition_prefill_rate(p, &c.rate, &c.n)
+		},
+		func(c *rateAndCount) PrefillRate {
+			return PrefillRate{TokensPerSecond: float64(c.rate), Observations: uint64(c.n)}
+		})
 }

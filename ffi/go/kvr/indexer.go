@@ -240,31 +240,35 @@ type IndexerStats struct {
 	ApproxBlocksRefreshed uint64
 	ApproxBlocksExpired   uint64
 	ApproxBlocksPruned    uint64
+	// ApproxRecords: bookings the approximate index recorded (with at least one block);
+	// ApproxRecordErrors: those it refused (e.g. too many ranks); ApproxBlocksOverBound:
+	// blocks of booked prompts not recorded because the records were at the size bound.
+	ApproxRecords         uint64
+	ApproxRecordErrors    uint64
+	ApproxBlocksOverBound uint64
 }
 
 // IndexerStats returns the partition's indexer statistics.
 func (p *Partition) IndexerStats() (IndexerStats, error) {
-	if p.ptr == nil {
-		return IndexerStats{}, ErrClosed
-	}
-	var c C.kvr_indexer_stats
-	gc()
-	st := C.kvr_partition_indexer_stats(p.ptr, &c)
-	gc()
-	runtime.KeepAlive(p)
-	if err := check(st, "kvr_partition_indexer_stats"); err != nil {
-		return IndexerStats{}, err
-	}
-	return IndexerStats{
-		Policy:                IndexerPolicy(c.policy),
-		BookingsRecorded:      uint64(c.bookings_recorded),
-		RecordFailures:        uint64(c.record_failures),
-		RemoteQueries:         uint64(c.remote_queries),
-		RemoteFailures:        uint64(c.remote_failures),
-		EventsIgnored:         uint64(c.events_ignored),
-		ApproxBlocksRecorded:  uint64(c.approx_blocks_recorded),
-		ApproxBlocksRefreshed: uint64(c.approx_blocks_refreshed),
-		ApproxBlocksExpired:   uint64(c.approx_blocks_expired),
-		ApproxBlocksPruned:    uint64(c.approx_blocks_pruned),
-	}, nil
+	return readStats(p, "kvr_partition_indexer_stats",
+		func(p *C.kvr_partition, c *C.kvr_indexer_stats) C.kvr_status {
+			return C.kvr_partition_indexer_stats(p, c)
+		},
+		func(c *C.kvr_indexer_stats) IndexerStats {
+			return IndexerStats{
+				Policy:                IndexerPolicy(c.policy),
+				BookingsRecorded:      uint64(c.bookings_recorded),
+				RecordFailures:        uint64(c.record_failures),
+				RemoteQueries:         uint64(c.remote_queries),
+				RemoteFailures:        uint64(c.remote_failures),
+				EventsIgnored:         uint64(c.events_ignored),
+				ApproxBlocksRecorded:  uint64(c.approx_blocks_recorded),
+				ApproxBlocksRefreshed: uint64(c.approx_blocks_refreshed),
+				ApproxBlocksExpired:   uint64(c.approx_blocks_expired),
+				ApproxBlocksPruned:    uint64(c.approx_blocks_pruned),
+				ApproxRecords:         uint64(c.approx_records),
+				ApproxRecordErrors:    uint64(c.approx_record_errors),
+				ApproxBlocksOverBound: uint64(c.approx_blocks_over_bound),
+			}
+		})
 }

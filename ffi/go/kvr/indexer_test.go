@@ -249,7 +249,8 @@ func TestApproximatePrimary(t *testing.T) {
 		t.Fatalf("first booking %+v", first)
 	}
 	s := indexerStats(t, p)
-	if s.Policy != IndexerApproximatePrimary || s.BookingsRecorded != 1 || s.ApproxBlocksRecorded != 8 || s.RecordFailures != 0 {
+	if s.Policy != IndexerApproximatePrimary || s.BookingsRecorded != 1 || s.ApproxBlocksRecorded != 8 || s.RecordFailures != 0 ||
+		s.ApproxRecords != 1 || s.ApproxRecordErrors != 0 || s.ApproxBlocksOverBound != 0 {
 		t.Fatalf("after one booking: %+v", s)
 	}
 	_, err = e.FreeBooking(first.SelectionID)

@@ -3,10 +3,7 @@ package kvr
 // #include "shim.h"
 import "C"
 
-import (
-	"runtime"
-	"time"
-)
+import "time"
 
 // AffinityMode is a partition's session affinity (KVR_AFFINITY_*): how a session's turns
 // (requests with Request.SetSession or SetLegacySessionID) follow the rank its first
@@ -121,33 +118,40 @@ type SessionStats struct {
 	Reaped uint64
 	// InvalidSessionIDs: session ids refused (empty, or longer than 256 bytes).
 	InvalidSessionIDs uint64
+	// LeasesReleased: leases (a session's bookings) released; UnknownLeaseReleases:
+	// releases of leases no session held; EarlyReleases: bookings bound to their session
+	// after their lease was already released; DuplicateLeases: binds refused because the
+	// lease belonged to another session.
+	LeasesReleased       uint64
+	UnknownLeaseReleases uint64
+	EarlyReleases        uint64
+	DuplicateLeases      uint64
 }
 
 // SessionStats returns the partition's session-affinity statistics.
 func (p *Partition) SessionStats() (SessionStats, error) {
-	if p.ptr == nil {
-		return SessionStats{}, ErrClosed
-	}
-	var c C.kvr_session_stats
-	gc()
-	st := C.kvr_partition_session_stats(p.ptr, &c)
-	gc()
-	runtime.KeepAlive(p)
-	if err := check(st, "kvr_partition_session_stats"); err != nil {
-		return SessionStats{}, err
-	}
-	return SessionStats{
-		Enabled:           c.enabled != 0,
-		Entries:           uint64(c.entries),
-		Leases:            uint64(c.leases),
-		BindingsCreated:   uint64(c.bindings_created),
-		Rebinds:           uint64(c.rebinds),
-		ForcedRebinds:     uint64(c.forced_rebinds),
-		BindingsDropped:   uint64(c.bindings_dropped),
-		FinalsReleased:    uint64(c.finals_released),
-		Evicted:           uint64(c.evicted),
-		Refused:           uint64(c.refused),
-		Reaped:            uint64(c.reaped),
-		InvalidSessionIDs: uint64(c.invalid_session_ids),
-	}, nil
+	return readStats(p, "kvr_partition_session_stats",
+		func(p *C.kvr_partition, c *C.kvr_session_stats) C.kvr_status {
+			return C.kvr_partition_session_stats(p, c)
+		},
+		func(c *C.kvr_session_stats) SessionStats {
+			return SessionStats{
+				Enabled:              c.enabled != 0,
+				Entries:              uint64(c.entries),
+				Leases:               uint64(c.leases),
+				BindingsCreated:      uint64(c.bindings_created),
+				Rebinds:              uint64(c.rebinds),
+				ForcedRebinds:        uint64(c.forced_rebinds),
+				BindingsDropped:      uint64(c.bindings_dropped),
+				FinalsReleased:       uint64(c.finals_released),
+				Evicted:              uint64(c.evicted),
+				Refused:              uint64(c.refused),
+				Reaped:               uint64(c.reaped),
+				InvalidSessionIDs:    uint64(c.invalid_session_ids),
+				LeasesReleased:       uint64(c.leases_released),
+				UnknownLeaseReleases: uint64(c.unknown_lease_releases),
+				EarlyReleases:        uint64(c.early_releases),
+				DuplicateLeases:      uint64(c.duplicate_leases),
+			}
+		})
 }

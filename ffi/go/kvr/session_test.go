@@ -59,7 +59,7 @@ func TestSessionAffinityHard(t *testing.T) {
 		t.Fatalf("after the first turn: %+v", s)
 	}
 	free(t, e, first)
-	if s := sessionStats(t, p); s.Entries != 1 || s.Leases != 0 {
+	if s := sessionStats(t, p); s.Entries != 1 || s.Leases != 0 || s.LeasesReleased != 1 || s.UnknownLeaseReleases != 0 {
 		t.Fatalf("after freeing the first turn: %+v", s)
 	}
 

@@ -271,6 +271,9 @@ type SelectionStats struct {
 	NoWorker   uint64
 	// SharedCacheFailures: shared-cache hook failures (the selections went on without).
 	SharedCacheFailures uint64
+	// StaleOverlapsIgnored: ranks whose overlap a lookup did not credit because their
+	// event stream was stale (WithTrustStaleOverlap credits it).
+	StaleOverlapsIgnored uint64
 }
 
 // BookingStats are a partition's booking-table figures.

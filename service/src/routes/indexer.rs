@@ -48,7 +48,7 @@ fn query(
     body: &[u8],
 ) -> Result<(Arc<PartitionEntry>, Vec<u64>, TieredScores), Box<Response>> {
     let req: Result<_, Response> = QueryTieredByHashRequest::from_json(body).map_err(|e| {
-        crate::metrics::count_bad_body();
+        crate::error::count_bad_body();
         let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
         (
             status,

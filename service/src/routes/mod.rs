@@ -6,8 +6,11 @@ pub mod select;
 pub mod workers;
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::routing::{delete, get, patch, post};
 use axum::Router;
 
@@ -65,12 +68,22 @@ fn finish(routes: Router<Arc<App>>, app: Arc<App>, limit: usize) -> Router {
     routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            crate::metrics::track,
-        ))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
+}
+
+/// Middleware: counts and times every request by its route template.
+async fn track(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    app.metrics
+        .request(route, resp.status().as_u16(), start.elapsed());
+    resp
 }
 
 async fn not_found() -> crate::error::ApiError {

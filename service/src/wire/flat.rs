@@ -1,9 +1,12 @@
 //! The prompt-carrying bodies as they are read: every field inline, so serde parses the
 //! body in one pass (`#[serde(flatten)]` would buffer it whole into serde's `Content`
 //! and parse it again). Named as Dynamo names them, since serde's type errors say
-//! "expected struct <name>". Converted into the nested [`super::select`] types.
+//! "expected struct <name>". Converted into the nested [`super::select`] types, whose
+//! fast form ([`WireBody::Fast`]) they are.
 
 use serde::Deserialize;
+
+use crate::error::{TokenSlot, WireBody};
 
 use super::prompt::{BlockMmInfo, MmInput, PromptBody};
 use super::select::{default_name, PinnedWorker, RouterConfigOverride, SessionContextBody};
@@ -128,6 +131,18 @@ impl From<ReservationRequest> for super::select::ReservationRequest {
             expected_output_tokens: r.expected_output_tokens,
         }
     }
+}
+
+/// The nested bodies are read through these (their `token_ids` by hand, when the split
+/// accepts).
+impl WireBody for super::select::SelectRequest {
+    type Fast = SelectRequest;
+    const TOKEN_SLOT: Option<TokenSlot<Self::Fast>> = Some(|f| &mut f.token_ids);
+}
+
+impl WireBody for super::select::ReservationRequest {
+    type Fast = ReservationRequest;
+    const TOKEN_SLOT: Option<TokenSlot<Self::Fast>> = Some(|f| &mut f.token_ids);
 }
 
 #[cfg(test)]

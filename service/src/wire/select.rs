@@ -266,16 +266,6 @@ pub struct StatusOk {
 
 pub const OK: StatusOk = StatusOk { status: "ok" };
 
-impl crate::error::WireBody for SelectRequest {
-    type Fast = super::flat::SelectRequest;
-    const TOKEN_SLOT: Option<crate::error::TokenSlot<Self::Fast>> = Some(|f| &mut f.token_ids);
-}
-
-impl crate::error::WireBody for ReservationRequest {
-    type Fast = super::flat::ReservationRequest;
-    const TOKEN_SLOT: Option<crate::error::TokenSlot<Self::Fast>> = Some(|f| &mut f.token_ids);
-}
-
 impl crate::error::WireBody for OutputBlockBody {
     type Fast = Self;
 }
