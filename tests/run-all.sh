@@ -117,5 +117,5 @@ KVR_BIN="$target/release/kvr" DYN_PYTHON="$compat_py" \
 echo "== miri (unit tests of the unsafe-heavy index modules, tests/miri.sh)"
 bash tests/miri.sh
 
-echo "== seed 000's statements each name existing tests (docs/seed-000.md)"
-python3 tests/check-seed-map.py
+echo "== the requirements map names existing tests (docs/requirements.md)"
+python3 tests/check-requirements-map.py
