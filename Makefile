@@ -9,9 +9,9 @@
 #   bin/kvr
 #   include/kvr.h include/kvr.hpp
 #   lib/libkvr.a lib/libkvr.so.ABI lib/libkvr.so -> libkvr.so.ABI   (SONAME libkvr.so.ABI)
-#   lib/pkgconfig/kvr.pc
+#   lib/pkgconfig/kvr.pc (links libkvr.so) lib/pkgconfig/kvr-static.pc (links libkvr.a)
 #   lib/cmake/kvr/kvrConfig.cmake lib/cmake/kvr/kvrConfigVersion.cmake
-#   share/doc/kvr/README.md LICENSE CHANGELOG.md
+#   share/doc/kvr/README.md LICENSE CHANGELOG.md, share/doc/kvr/docs/ (the user guides)
 # ABI is KVR_ABI_VERSION (include/kvr.h): it changes with every incompatible ABI change.
 #
 # Variables: PREFIX (/usr/local), DESTDIR (staging root, empty), PROFILE (cargo profile:
@@ -34,7 +34,6 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 VERSION_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 VERSION_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 ABI := $(shell sed -n 's/^\#define KVR_ABI_VERSION \([0-9][0-9]*\)$$/\1/p' include/kvr.h)
-URL := $(shell sed -n 's/^repository = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 # cargo puts the dev and release profiles in their own directories, others by name.
 PROFILE_DIR := $(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
@@ -43,7 +42,7 @@ SONAME := libkvr.so.$(ABI)
 
 ROOT := $(DESTDIR)$(PREFIX)
 SUBST := sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@MAJOR@|$(VERSION_MAJOR)|g' \
-	-e 's|@MINOR@|$(VERSION_MINOR)|g' -e 's|@ABI@|$(ABI)|g' -e 's|@URL@|$(URL)|g'
+	-e 's|@MINOR@|$(VERSION_MINOR)|g' -e 's|@ABI@|$(ABI)|g'
 
 DIST_NAME := kvr-$(VERSION)-$(TRIPLE)
 
@@ -60,7 +59,7 @@ build: check-vars
 
 install: build
 	install -d "$(ROOT)/bin" "$(ROOT)/include" "$(ROOT)/lib/pkgconfig" "$(ROOT)/lib/cmake/kvr" \
-		"$(ROOT)/share/doc/kvr"
+		"$(ROOT)/share/doc/kvr/docs"
 	install -m 0755 "$(BUILD)/kvr" "$(ROOT)/bin/kvr"
 	install -m 0644 include/kvr.h include/kvr.hpp "$(ROOT)/include/"
 	install -m 0644 "$(BUILD)/libkvr.a" "$(ROOT)/lib/libkvr.a"
@@ -68,15 +67,18 @@ install: build
 	$(STRIP) --strip-debug "$(ROOT)/bin/kvr" "$(ROOT)/lib/libkvr.a" "$(ROOT)/lib/$(SONAME)"
 	ln -sfn "$(SONAME)" "$(ROOT)/lib/libkvr.so"
 	$(SUBST) packaging/kvr.pc.in >"$(ROOT)/lib/pkgconfig/kvr.pc"
+	$(SUBST) packaging/kvr-static.pc.in >"$(ROOT)/lib/pkgconfig/kvr-static.pc"
 	$(SUBST) packaging/kvrConfig.cmake.in >"$(ROOT)/lib/cmake/kvr/kvrConfig.cmake"
 	$(SUBST) packaging/kvrConfigVersion.cmake.in >"$(ROOT)/lib/cmake/kvr/kvrConfigVersion.cmake"
 	install -m 0644 README.md LICENSE CHANGELOG.md "$(ROOT)/share/doc/kvr/"
+	install -m 0644 docs/*.md docs/*.svg "$(ROOT)/share/doc/kvr/docs/"
 	@echo "installed kvr $(VERSION) (C ABI $(ABI)) under $(ROOT)"
 
 uninstall:
 	rm -f "$(ROOT)/bin/kvr" "$(ROOT)/include/kvr.h" "$(ROOT)/include/kvr.hpp" \
 		"$(ROOT)/lib/libkvr.a" "$(ROOT)/lib/$(SONAME)" "$(ROOT)/lib/libkvr.so" \
-		"$(ROOT)/lib/pkgconfig/kvr.pc" "$(ROOT)/lib/cmake/kvr/kvrConfig.cmake" \
+		"$(ROOT)/lib/pkgconfig/kvr.pc" "$(ROOT)/lib/pkgconfig/kvr-static.pc" \
+		"$(ROOT)/lib/cmake/kvr/kvrConfig.cmake" \
 		"$(ROOT)/lib/cmake/kvr/kvrConfigVersion.cmake"
 	rm -rf "$(ROOT)/share/doc/kvr"
 	-rmdir "$(ROOT)/lib/cmake/kvr" 2>/dev/null

@@ -10,9 +10,9 @@
  * mutex per partition. Advisory kvr_partition_select reads booked ranks' prompt blocks
  * and a session's binding under their mutexes (only when there are any). Worker and
  * load updates take one mutex per partition. No kvr lock is held while a hook runs.
- * Per-path table: the Rust docs, kvr::docs::locking.
+ * Per-path table: the engine's design notes, engine/src/docs/locking.rs.
  *
- * Conventions (DESIGN.md §11):
+ * Conventions:
  * - Every fallible function returns a kvr_status: KVR_OK (0) or one cause; numbers are
  *   never reused; kvr_status_str() names them. Results go to out-parameters.
  * - Slices are (pointer, length): (NULL, 0) is empty, (NULL, n > 0) is KVR_ERR_NULL.
@@ -215,14 +215,14 @@
 
 /**
  * Version of this library (semantic versioning of the C ABI's source). 0.2 added raw
- * ingest, ingress stats and subscriptions (issue 5); 0.3 added indexer policies, transfer
- * hints and session affinity (issue 7) and renamed `kvr_decision.reserved` (always 0
- * until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning. 0.4 (ABI 2)
- * appended recovery, group, medium and freshness counters to `kvr_stream_stats`, the
- * lease counters to `kvr_session_stats`, `stale_overlaps_ignored` to
- * `kvr_selection_stats` and the approximate index's records, record errors and blocks
- * over its bound to `kvr_indexer_stats` (larger structs: hosts must be rebuilt), and added
- * extra keys to `kvr_request`.
+ * ingest, ingress stats and subscriptions; 0.3 added indexer policies, transfer hints
+ * and session affinity and renamed `kvr_decision.reserved` (always 0 until then) to
+ * `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning. 0.4 (ABI 2) appended
+ * recovery, group, medium and freshness counters to `kvr_stream_stats`, the lease
+ * counters to `kvr_session_stats`, `stale_overlaps_ignored` to `kvr_selection_stats` and
+ * the approximate index's records, record errors and blocks over its bound to
+ * `kvr_indexer_stats` (larger structs: hosts must be rebuilt), and added extra keys to
+ * `kvr_request`.
  */
 #define KVR_VERSION_MAJOR 0
 
@@ -1539,7 +1539,7 @@ kvr_status kvr_partition_find_matches_tiered(const struct kvr_partition *partiti
                                              size_t *out_len);
 
 /**
- * Block hashes of `tokens` (REFERENCE.md §1, Dynamo's): for each complete block of
+ * Block hashes of `tokens`, computed as Dynamo computes them: for each complete block of
  * `block_size` tokens (a trailing partial block is not hashed), its local hash into
  * `local_out` and its chained sequence hash into `seq_out`; either may be NULL. `lora`
  * and `cache_namespace` salt the hashes (`(NULL, 0)` = none). `*out_len` receives the
@@ -1670,7 +1670,7 @@ kvr_status kvr_partition_indexer_stats(const struct kvr_partition *partition,
 
 /**
  * Hands kvr one message of an engine's KV-event stream (vLLM/SGLang ZMQ frames: topic,
- * sequence number, msgpack payload; REFERENCE.md §2) from `worker_id`'s stream `stream`
+ * sequence number, msgpack payload) from `worker_id`'s stream `stream`
  * (one per publisher socket, e.g. its DP rank). The batch is sequence-checked (a gap
  * or a restart clears the stream's ranks: the host owns the socket, so kvr cannot ask
  * for a replay), decoded, and applied to rank `(worker_id, data_parallel_rank)` (or
@@ -1925,7 +1925,7 @@ kvr_status kvr_request_set_ttl_ms(struct kvr_request *req,
                                   uint64_t ttl_ms);
 
 /**
- * Advisory selection (DESIGN.md §7): the rank kvr would choose and the load it would
+ * Advisory selection: the rank kvr would choose and the load it would
  * add; books nothing and cannot reserve. `KVR_OK` with `*out` written, or `KVR_BUSY` /
  * `KVR_NO_WORKER` with `*out` untouched. Takes no engine-wide lock; after warm-up, a
  * request without a session context allocates nothing.
@@ -1985,7 +1985,7 @@ kvr_status kvr_partition_reserve(const struct kvr_partition *partition,
 
 /**
  * Installs a replica peer's booking. It is not in the selection-id index: lifecycle
- * calls find it by scanning the partitions (DESIGN.md §8).
+ * calls find it by scanning the partitions.
  *
  * # Safety
  * `partition` and `booking` are NULL or live; `booking->prompt_blocks` points to
@@ -2170,10 +2170,10 @@ void kvr_subscribe_options_free(struct kvr_subscribe_options *opts);
 
 /**
  * Connect mode: the engine's replay ROUTER (`tcp://HOST:PORT` or `ipc://PATH`, copied;
- * `(NULL, 0)` = none, the default). With one, a sequence gap is filled by a replay
- * (REFERENCE.md §2) before newer batches apply; without one, or when the replay fails,
- * the stream's ranks are cleared and rebuild. `KVR_ERR_INVALID_ARGUMENT` on bind-mode
- * options (each route names its own replay endpoint).
+ * `(NULL, 0)` = none, the default). With one, a sequence gap is filled by a replay from
+ * the engine's buffer before newer batches apply; without one, or when the replay
+ * fails, the stream's ranks are cleared and rebuild. `KVR_ERR_INVALID_ARGUMENT` on
+ * bind-mode options (each route names its own replay endpoint).
  *
  * # Safety
  * `opts` is NULL or live and not shared during the call; `endpoint` points to

@@ -1038,7 +1038,7 @@ public:
         return *this;
     }
 
-    // -- extra keys (kvr::hash::extra): what engines fold into a block's hash -------------
+    // -- extra keys (kvr::hash): what engines fold into a block's hash -------------
 
     /// vLLM's cache_salt (copied; empty = none): folded into block 0 as engines fold it,
     /// so a tokens prompt matches only blocks published under the same salt.

@@ -12,7 +12,8 @@
 # ingress recovery against vLLM's and SGLang's real publishers (tests/recovery)
 # and the service load benchmark's smoke.
 # then the install test (make install into a temp prefix; the C, C++ and Go examples built
-# against the installed tree, outside the repository, with pkg-config and CMake).
+# against the installed tree, outside the repository, with pkg-config and CMake), and the
+# README's shell blocks run as written with the minimum Rust version.
 # (The ingress end-to-end test against that publisher runs in cargo test, in kvr-zmq; it
 # needs python3 with pyzmq and msgspec: the project venv below has them.)
 #
@@ -76,6 +77,11 @@ python3 tests/e2e/selftest.py
 echo "== README host examples"
 python3 tests/check-readme-examples.py
 
+echo "== README shell blocks, as written, with the minimum Rust version (tests/check-readme-shell.py)"
+# make install, cargo install, the C/C++, Go, Python and kvr serve quick starts in a
+# temporary HOME; builds under $CARGO_TARGET_DIR/readme-rust-<version>.
+python3 tests/check-readme-shell.py
+
 echo "== layers: every engine import downward, no import cycle in any crate (and the negative controls)"
 python3 tests/check-layers.py
 python3 tests/check-layers.py --self-test
@@ -117,5 +123,5 @@ KVR_BIN="$target/release/kvr" DYN_PYTHON="$compat_py" \
 echo "== miri (unit tests of the unsafe-heavy index modules, tests/miri.sh)"
 bash tests/miri.sh
 
-echo "== seed 000's statements each name existing tests (docs/seed-000.md)"
-python3 tests/check-seed-map.py
+echo "== the requirements map names existing tests (docs/requirements.md)"
+python3 tests/check-requirements-map.py

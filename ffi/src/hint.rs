@@ -1,4 +1,4 @@
-//! Transfer hints through C (DESIGN.md §7, `kv_hint`): a booked selection may name a peer
+//! Transfer hints through C (`kv_hint`): a booked selection may name a peer
 //! rank that holds more of the prompt on its device, with the control endpoint to pull it
 //! from. Configured on the partition options; read with
 //! `kvr_partition_select_and_reserve_with_hint`.

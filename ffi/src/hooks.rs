@@ -1,4 +1,5 @@
-//! Host hooks as C function pointers with a `void *user_data` (seed 001's host inputs).
+//! Host hooks as C function pointers with a `void *user_data`: the inputs a host may
+//! supply to selection.
 //!
 //! The engine calls hooks from whichever thread is selecting, possibly from several at
 //! once, with no engine lock held (a hook may call kvr again). A hook must not unwind

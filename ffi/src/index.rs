@@ -411,7 +411,7 @@ unsafe fn hash_call(
     )
 }
 
-/// Block hashes of `tokens` (REFERENCE.md §1, Dynamo's): for each complete block of
+/// Block hashes of `tokens`, computed as Dynamo computes them: for each complete block of
 /// `block_size` tokens (a trailing partial block is not hashed), its local hash into
 /// `local_out` and its chained sequence hash into `seq_out`; either may be NULL. `lora`
 /// and `cache_namespace` salt the hashes (`(NULL, 0)` = none). `*out_len` receives the

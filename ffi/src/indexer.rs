@@ -1,4 +1,4 @@
-//! Indexer policy through C (DESIGN.md §5): which index answers a partition's overlap —
+//! Indexer policy through C: which index answers a partition's overlap —
 //! the engines' KV events, those plus a prediction side index, an approximate index fed
 //! by bookings, or a remote index service — set on the partition options, checked with a
 //! reason, and counted.

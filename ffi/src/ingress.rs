@@ -133,7 +133,7 @@ fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
 }
 
 /// Hands kvr one message of an engine's KV-event stream (vLLM/SGLang ZMQ frames: topic,
-/// sequence number, msgpack payload; REFERENCE.md §2) from `worker_id`'s stream `stream`
+/// sequence number, msgpack payload) from `worker_id`'s stream `stream`
 /// (one per publisher socket, e.g. its DP rank). The batch is sequence-checked (a gap
 /// or a restart clears the stream's ranks: the host owns the socket, so kvr cannot ask
 /// for a replay), decoded, and applied to rank `(worker_id, data_parallel_rank)` (or

@@ -1,4 +1,4 @@
-//! kvr's C ABI (DESIGN.md §11): the typed shell over the engine that `include/kvr.h`
+//! kvr's C ABI: the typed shell over the engine that `include/kvr.h`
 //! declares and `ffi/libkvr` builds into `libkvr.a` / `libkvr.so`.
 //!
 //! The path of data is the engine's: workers and load ([`workers`]) and KV events

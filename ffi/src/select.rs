@@ -134,7 +134,7 @@ unsafe fn selection(
     })
 }
 
-/// Advisory selection (DESIGN.md §7): the rank kvr would choose and the load it would
+/// Advisory selection: the rank kvr would choose and the load it would
 /// add; books nothing and cannot reserve. `KVR_OK` with `*out` written, or `KVR_BUSY` /
 /// `KVR_NO_WORKER` with `*out` untouched. Takes no engine-wide lock; after warm-up, a
 /// request without a session context allocates nothing.
@@ -266,7 +266,7 @@ pub struct kvr_replica_booking {
 }
 
 /// Installs a replica peer's booking. It is not in the selection-id index: lifecycle
-/// calls find it by scanning the partitions (DESIGN.md §8).
+/// calls find it by scanning the partitions.
 ///
 /// # Safety
 /// `partition` and `booking` are NULL or live; `booking->prompt_blocks` points to

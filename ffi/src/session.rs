@@ -1,4 +1,4 @@
-//! Session affinity through C (DESIGN.md §9): a partition keeps a session's turns on the
+//! Session affinity through C: a partition keeps a session's turns on the
 //! rank its first turn was booked on (hard: pinned; soft: preferred by a cost penalty).
 //! The session fields travel on the request (`kvr_request_set_session`); how a selection
 //! was steered comes back in `kvr_decision.flags`; the table's counters are read here.

@@ -63,14 +63,14 @@ pub const KVR_ERR_INVALID_CONFIG: kvr_status = 114;
 pub const KVR_ERR_PANIC: kvr_status = 199;
 
 /// Version of this library (semantic versioning of the C ABI's source). 0.2 added raw
-/// ingest, ingress stats and subscriptions (issue 5); 0.3 added indexer policies, transfer
-/// hints and session affinity (issue 7) and renamed `kvr_decision.reserved` (always 0
-/// until then) to `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning. 0.4 (ABI 2)
-/// appended recovery, group, medium and freshness counters to `kvr_stream_stats`, the
-/// lease counters to `kvr_session_stats`, `stale_overlaps_ignored` to
-/// `kvr_selection_stats` and the approximate index's records, record errors and blocks
-/// over its bound to `kvr_indexer_stats` (larger structs: hosts must be rebuilt), and added
-/// extra keys to `kvr_request`.
+/// ingest, ingress stats and subscriptions; 0.3 added indexer policies, transfer hints
+/// and session affinity and renamed `kvr_decision.reserved` (always 0 until then) to
+/// `flags`. Nothing of 0.1 or 0.2 changed its layout or meaning. 0.4 (ABI 2) appended
+/// recovery, group, medium and freshness counters to `kvr_stream_stats`, the lease
+/// counters to `kvr_session_stats`, `stale_overlaps_ignored` to `kvr_selection_stats` and
+/// the approximate index's records, record errors and blocks over its bound to
+/// `kvr_indexer_stats` (larger structs: hosts must be rebuilt), and added extra keys to
+/// `kvr_request`.
 pub const KVR_VERSION_MAJOR: u32 = 0;
 pub const KVR_VERSION_MINOR: u32 = 4;
 pub const KVR_VERSION_PATCH: u32 = 0;

@@ -118,10 +118,10 @@ pub unsafe extern "C" fn kvr_subscribe_options_free(opts: *mut kvr_subscribe_opt
 }
 
 /// Connect mode: the engine's replay ROUTER (`tcp://HOST:PORT` or `ipc://PATH`, copied;
-/// `(NULL, 0)` = none, the default). With one, a sequence gap is filled by a replay
-/// (REFERENCE.md §2) before newer batches apply; without one, or when the replay fails,
-/// the stream's ranks are cleared and rebuild. `KVR_ERR_INVALID_ARGUMENT` on bind-mode
-/// options (each route names its own replay endpoint).
+/// `(NULL, 0)` = none, the default). With one, a sequence gap is filled by a replay from
+/// the engine's buffer before newer batches apply; without one, or when the replay
+/// fails, the stream's ranks are cleared and rebuild. `KVR_ERR_INVALID_ARGUMENT` on
+/// bind-mode options (each route names its own replay endpoint).
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call; `endpoint` points to

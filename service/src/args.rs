@@ -13,8 +13,10 @@ pub struct ServeArgs {
     /// HTTP port.
     #[arg(long, default_value_t = 8092, env = "KVR_PORT")]
     pub port: u16,
-    /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0", env = "KVR_HOST")]
+    /// Address to listen on. The default, 127.0.0.1, takes connections from this machine
+    /// only; another address (0.0.0.0: every interface) lets anyone who reaches the port
+    /// register workers, book and free selections, and is warned about at start.
+    #[arg(long, default_value = "127.0.0.1", env = "KVR_HOST")]
     pub host: String,
     /// HTTP worker threads (Dynamo: KV indexer threads); 0 = one per core.
     #[arg(long, default_value_t = 0)]

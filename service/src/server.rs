@@ -1,6 +1,7 @@
 //! The listener, logging, background upkeep and graceful shutdown.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,10 +31,32 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         let listener = TcpListener::bind(&addr)
             .await
             .map_err(|e| format!("listen on {addr}: {e}"))?;
+        if let Some(warning) = listener
+            .local_addr()
+            .ok()
+            .and_then(|a| exposure_warning(a.ip()))
+        {
+            tracing::warn!("{warning}");
+        }
         let app = App::new(args)?;
         tracing::info!(%addr, "kvr serve listening");
         serve_on(listener, app, shutdown_signal()).await
     })
+}
+
+/// What listening on `ip` exposes, when it is not a loopback address: the service has no
+/// authentication, so whoever reaches the port can use its write routes.
+pub fn exposure_warning(ip: IpAddr) -> Option<String> {
+    if ip.to_canonical().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "listening on {ip}, not a loopback address: anyone who can reach this port can \
+         register and remove workers (and so choose the KV-event endpoints kvr \
+         subscribes to) and book and free selections, as kvr serve has no \
+         authentication; use --host 127.0.0.1, or keep the port behind a firewall or \
+         an authenticating proxy"
+    ))
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves (tests pass their own signal).
@@ -134,4 +157,20 @@ fn init_logging(format: &str) {
     } else {
         builder.try_init()
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exposure_warning;
+
+    #[test]
+    fn loopback_binds_are_quiet_and_wider_binds_warn() {
+        for quiet in ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"] {
+            assert_eq!(exposure_warning(quiet.parse().unwrap()), None, "{quiet}");
+        }
+        for loud in ["0.0.0.0", "::", "10.1.2.3", "192.168.0.5"] {
+            let w = exposure_warning(loud.parse().unwrap()).expect(loud);
+            assert!(w.contains("register and remove workers"), "{w}");
+        }
+    }
 }

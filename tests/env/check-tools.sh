@@ -27,6 +27,8 @@ need cmake cmake "the CMake package test, tests/install"
 need valgrind valgrind "the C and C++ harnesses under valgrind"
 need go golang-go "the Go package, ffi/go (Go 1.19 or later)"
 need python3 python3 "the e2e publisher, tests/compat, tests/python"
+need curl curl "the README's service quick start, tests/check-readme-shell.py"
+need readelf binutils "the static-link checks, tests/install and tests/check-readme-shell.py"
 
 if command -v go >/dev/null 2>&1; then
     v="$(go env GOVERSION 2>/dev/null | sed 's/^go//')"
@@ -50,7 +52,7 @@ if [ "${1:-}" = --packages ]; then
     exit 0
 fi
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "check-tools: all tools present (cargo, gcc, g++, nm, make, pkg-config, cmake, valgrind, go, python3 with venv)"
+    echo "check-tools: all tools present (cargo, gcc, g++, nm, make, pkg-config, cmake, valgrind, go, python3 with venv, curl, readelf)"
     exit 0
 fi
 {

@@ -6,7 +6,7 @@
 #     --path cli` gives a working `kvr`.
 #  2. The prefix is moved (kvr.pc and kvrConfig.cmake are relocatable), then, in a temp
 #     directory outside the repository, the README's C and C++ examples are built and run
-#     against the installed tree: with pkg-config (shared, and static from libkvr.a) and
+#     against the installed tree: with pkg-config (kvr: shared; kvr-static: libkvr.a) and
 #     with CMake (find_package(kvr VERSION CONFIG): kvr::kvr_static, kvr::kvr).
 #  3. The Go example, in a temp module outside the repository, builds through
 #     `#cgo pkg-config: kvr` against the installed libkvr.so and runs. Nothing is
@@ -35,7 +35,7 @@ step "make install PREFIX=$work/prefix (kvr $version, C ABI $abi)"
 make -s install PREFIX="$work/prefix" CARGO_TARGET_DIR="$target"
 prefix="$work/prefix"
 for f in bin/kvr include/kvr.h include/kvr.hpp lib/libkvr.a "lib/libkvr.so.$abi" lib/libkvr.so \
-    lib/pkgconfig/kvr.pc lib/cmake/kvr/kvrConfig.cmake lib/cmake/kvr/kvrConfigVersion.cmake \
+    lib/pkgconfig/kvr.pc lib/pkgconfig/kvr-static.pc lib/cmake/kvr/kvrConfig.cmake lib/cmake/kvr/kvrConfigVersion.cmake \
     share/doc/kvr/LICENSE share/doc/kvr/README.md; do
     [ -e "$prefix/$f" ] || fail "missing $f"
 done
@@ -78,12 +78,20 @@ for exe in example_c_shared example_cpp_shared; do
     ./$exe
 done
 
-step "C example with pkg-config, static libkvr.a"
-gcc -std=c11 -Wall -Wextra -Werror example.c $(pkg-config --cflags kvr) \
-    "$(pkg-config --variable=libdir kvr)/libkvr.a" \
-    $(pkg-config --static --libs-only-l kvr | sed 's/-lkvr\b//') -o example_c_static
+step "C example with pkg-config's kvr-static module (libkvr.a)"
+# needs: the dynamic section's NEEDED entries of a binary.
+needs() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
+[ "$(pkg-config --modversion kvr-static)" = "$version" ] || fail "pkg-config --modversion kvr-static is not $version"
+gcc -std=c11 -Wall -Wextra -Werror example.c $(pkg-config --cflags --libs kvr-static) -o example_c_static
+if needs ./example_c_static | grep -q libkvr; then fail "example_c_static needs $(needs ./example_c_static | grep libkvr)"; fi
 [ -z "$(loads ./example_c_static)" ] || fail "example_c_static loads libkvr.so"
 ./example_c_static
+# Why kvr-static exists: `--static` adds kvr.pc's private libraries, but its -lkvr still
+# resolves to libkvr.so when both are installed.
+gcc -std=c11 example.c $(pkg-config --cflags --static --libs kvr) -o example_c_kvr_static_flag
+needs ./example_c_kvr_static_flag | grep -q "libkvr.so.$abi" ||
+    fail "control: pkg-config --static --libs kvr no longer links libkvr.so (kvr-static may be unnecessary)"
+echo "  control: pkg-config --static --libs kvr still links libkvr.so.$abi; kvr-static links libkvr.a"
 
 step "CMake: find_package(kvr $version CONFIG), C static and C++ shared"
 cmake -S . -B build -DCMAKE_PREFIX_PATH="$prefix" -DKVR_WANT_VERSION="$version" >build.log ||

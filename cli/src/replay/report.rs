@@ -35,7 +35,7 @@ pub struct SelectNs {
     pub p99: f64,
 }
 
-/// One policy's line of the report (the `--json` schema of issue 6, field for field).
+/// One policy's line of the report (the `--json` schema, field for field).
 #[derive(Serialize, Clone, Debug, PartialEq)]
 pub struct PolicyReport {
     pub policy: String,

@@ -1,3 +1,3 @@
-module github.com/kvr-dev/kvr/ffi/go/kvr
+module kvr/ffi/go/kvr
 
 go 1.19

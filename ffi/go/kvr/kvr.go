@@ -11,8 +11,8 @@
 // records under one mutex per partition); advisory selection reads booked ranks'
 // prompt blocks and a session's binding under their mutexes (only when there are any);
 // worker and load updates take one mutex per partition. No kvr lock is held while a
-// host hook runs. The per-path table is kvr::docs::locking in the Rust crate's
-// documentation.
+// host hook runs. The per-path table is in the engine's design notes
+// (engine/src/docs/locking.rs).
 //
 // # Shape
 //

@@ -12,7 +12,7 @@
 //!
 //! The engine crate (`kvr`) does no I/O: it keeps the [`RemoteIndex`] trait the selection
 //! calls without knowing HTTP, [`RemoteError`], [`RemoteConfig`], [`RemoteStats`] and the
-//! indexer policy (`kvr::indexer`). This crate holds everything that speaks HTTP or JSON:
+//! indexer policy (`kvr::config::IndexerPolicy`). This crate holds everything that speaks HTTP or JSON:
 //! the wire types ([`QueryTieredByHashRequest`], [`QueryTieredByHashResponse`], Dynamo
 //! 1.6.1's [`QueryByHashResponse`], with serde so a server reuses them) and the ureq client.
 //!

@@ -15,7 +15,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/kvr-dev/kvr/ffi/go/kvr"
+	"kvr/ffi/go/kvr"
 )
 
 const blockSize = 16

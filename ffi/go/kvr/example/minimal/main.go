@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/kvr-dev/kvr/ffi/go/kvr"
+	"kvr/ffi/go/kvr"
 )
 
 func main() {
