@@ -33,7 +33,7 @@
 # (benches/benches/selection.rs: per-call p50/p99 of select_and_reserve, free and select,
 # and one- against two-thread throughput), which writes <target>/kvr-bench/selection.json,
 # and the C ABI overhead harness (benches/benches/ffi_overhead.rs: paired rounds of
-# kvr_partition_select against Engine::select_in), which writes <target>/kvr-bench/ffi.json,
+# kvr_partition_select against Engine::select through a handle), which writes <target>/kvr-bench/ffi.json,
 # and the subscriber bench (benches/benches/subscriber.rs: batches and blocks applied per
 # second and lost batches per run, median of 3), which writes <target>/kvr-bench/subscriber.json,
 # and `kvr replay --json` (policies kvr and dynamo-classic; per-call wall time of the routing
@@ -328,7 +328,7 @@ try:
     if os.path.getmtime(os.environ["KVR_FFI_JSON"]) >= stamp:
         f = json.load(open(os.environ["KVR_FFI_JSON"]))
         d = f["diff_ns"]
-        row(f"C ABI overhead: `kvr_partition_select` − `Engine::select_in` (64r/256t; median of "
+        row(f"C ABI overhead: `kvr_partition_select` − `Engine::select` through a handle (64r/256t; median of "
             f"{f['rounds']} paired rounds × {f['calls']:,} calls)", f"{d:+.1f} ns", "", "", "",
             f"≤ 50 ns: {'met' if d <= 50 else 'MISSED'} (Rust {fmt_ns(f['rust_ns'])}, C ABI "
             f"{fmt_ns(f['c_abi_ns'])} per call, ratio {f['ratio']:.4f})")

@@ -29,17 +29,18 @@
 //!
 //! # No engine lock across the remote call
 //!
-//! A remote query blocks its thread for up to the client's request timeout.
-//! `Partition::decide` (select.rs) makes it first, through `IndexState::query_remote`,
-//! before it reads the worker set, the hooks, the booking table or the load, and with no
-//! guard alive: what it holds is its own thread-local scratch (taken out of its slot, not
-//! borrowed) and `&self`. No engine `Mutex` is held by the selection path above it either
-//! (`Engine::select` / `select_and_reserve` through a handle hold the partition by `Arc` and release
-//! the id claim's map entry before deciding). So a slow remote delays only its own
-//! selection: `engine/tests/remote_no_lock.rs` runs the other partition and engine
-//! operations (membership, hooks, ingest, statistics, selections of the same session,
-//! bookings, frees, partitions created and removed) from another thread while a remote
-//! query is in progress, and fails naming the first that waits for it.
+//! A remote query blocks its thread for up to the client's request timeout. The selection's
+//! decision (`Selector::decide`, select/decide.rs) makes it first, through
+//! `IndexState::query_remote`, before it reads the worker set, the hooks, the booking table
+//! or the load, and with no guard alive: what it holds is its own thread-local scratch
+//! (taken out of its slot, not borrowed) and `&self`. No engine `Mutex` is held by the
+//! selection path above it either (`Engine::select` / `select_and_reserve` through a handle
+//! hold the partition by `Arc` and release the id claim's map entry before deciding). So a
+//! slow remote delays only its own selection: `engine/tests/remote_no_lock.rs` runs the
+//! other partition and engine operations (membership, hooks, ingest, statistics, selections
+//! of the same session, bookings, frees, partitions created and removed) from another
+//! thread while a remote query is in progress, and fails naming the first that waits for
+//! it.
 
 use std::time::Duration;
 

@@ -6,6 +6,7 @@
 //! there, and probes the branch table again only where the prompt goes on past what
 //! matched. A prompt nobody holds costs one probe, whatever its length.
 
+use super::run::View;
 use super::Index;
 use crate::ids::{RankId, Tier};
 use crate::sync::{self, epoch};
@@ -176,7 +177,57 @@ impl TieredScores {
     }
 }
 
+/// What a walk tracks across the runs a prompt passes through: which ranks still hold
+/// every block so far, and the settled ones with their counts.
+trait Walker {
+    /// The run that starts the prompt, `m` of its blocks matched.
+    fn first_run(&mut self, v: &View<'_>, m: usize);
+    /// A later run, `pos` blocks matched before it and `m` in it.
+    fn next_run(&mut self, v: &View<'_>, pos: usize, m: usize);
+    /// Whether some rank still holds every block matched so far.
+    fn any_live(&self) -> bool;
+}
+
 impl Index {
+    /// The one lock-free walk both queries share: from the run that starts the prompt,
+    /// through each run the prompt follows, handing `state` each run's view and how many
+    /// of the prompt's blocks it matches, until no rank holds the whole prefix, the prompt
+    /// leaves the trie or it ends. Returns how many blocks matched.
+    #[inline(always)]
+    fn walk(&self, locals: &[u64], guard: &epoch::Guard, state: &mut impl Walker) -> usize {
+        let Some(&first) = locals.first() else {
+            return 0;
+        };
+        let Some(mut run) = self.branches.find(0, 0, first, guard) else {
+            return 0;
+        };
+        let mut pos = 0usize;
+        let mut first_run = true;
+        loop {
+            let v = run.view(guard);
+            let m = v.matching(&locals[pos..]);
+            if m == 0 {
+                break;
+            }
+            if first_run {
+                first_run = false;
+                state.first_run(&v, m);
+            } else {
+                state.next_run(&v, pos, m);
+            }
+            pos += m;
+            if !state.any_live() || pos == locals.len() {
+                break;
+            }
+            let here = run as *const _ as usize;
+            match self.branches.find(here, m as u32, locals[pos], guard) {
+                Some(c) => run = c,
+                None => break,
+            }
+        }
+        pos
+    }
+
     /// Device overlap of a prompt given as local hashes.
     pub fn find_matches(&self, locals: &[u64]) -> OverlapScores {
         let mut out = OverlapScores::new();
@@ -187,68 +238,25 @@ impl Index {
     /// As [`Index::find_matches`], into a reused result (allocation-free once warm).
     pub fn find_matches_into(&self, locals: &[u64], out: &mut OverlapScores) {
         out.scores.clear();
-        let Some(&first) = locals.first() else {
+        if locals.is_empty() {
             return;
-        };
+        }
         let guard = sync::query_pin();
-        let Some(mut run) = self.branches.find(0, 0, first, &guard) else {
-            return;
+        let mut walk = DeviceWalk {
+            active: std::mem::take(&mut out.active),
+            done: std::mem::take(&mut out.done),
         };
-        let mut active = std::mem::take(&mut out.active);
-        let mut done = std::mem::take(&mut out.done);
-        active.clear();
-        done.clear();
-        let mut pos = 0usize;
-        let mut first_run = true;
-        loop {
-            let v = run.view(&guard);
-            let m = v.matching(&locals[pos..]);
-            if m == 0 {
-                break;
-            }
-            if first_run {
-                first_run = false;
-                for c in v.covers.iter().filter(|c| c.d > 0) {
-                    if (c.d as usize) < m {
-                        done.push((c.slot, c.d as u32));
-                    } else {
-                        active.push(c.slot);
-                    }
-                }
-            } else if active.len() == 1 {
-                let s = active[0];
-                let d = v.cover(s).map_or(0, |c| c.d as usize);
-                if d < m {
-                    done.push((s, (pos + d) as u32));
-                    active.clear();
-                }
-            } else {
-                // Both slot-sorted: one merge pass.
-                let covers = v.covers;
-                let mut j = 0;
-                active.retain(|&s| {
-                    while j < covers.len() && covers[j].slot < s {
-                        j += 1;
-                    }
-                    let d = match covers.get(j) {
-                        Some(c) if c.slot == s => c.d as usize,
-                        _ => 0,
-                    };
-                    if d < m {
-                        done.push((s, (pos + d) as u32));
-                    }
-                    d >= m
-                });
-            }
-            pos += m;
-            if active.is_empty() || pos == locals.len() {
-                break;
-            }
-            let here = run as *const _ as usize;
-            match self.branches.find(here, m as u32, locals[pos], &guard) {
-                Some(c) => run = c,
-                None => break,
-            }
+        walk.active.clear();
+        walk.done.clear();
+        let pos = self.walk(locals, &guard, &mut walk);
+        let DeviceWalk {
+            mut active,
+            mut done,
+        } = walk;
+        if pos == 0 {
+            // Nothing matched (a miss): no rank to translate.
+            (out.active, out.done) = (active, done);
+            return;
         }
         done.extend(active.drain(..).map(|s| (s, pos as u32)));
         // Translate after the walk: every slot read above is still owned by its rank while
@@ -274,76 +282,22 @@ impl Index {
     /// holds, then the disk tier; into a reused result.
     pub fn find_matches_tiered_into(&self, locals: &[u64], out: &mut TieredScores) {
         out.entries.clear();
-        let Some(&first) = locals.first() else {
+        if locals.is_empty() {
             return;
-        };
+        }
         let guard = sync::query_pin();
-        let Some(mut run) = self.branches.find(0, 0, first, &guard) else {
-            return;
+        let mut walk = TieredWalk {
+            live: std::mem::take(&mut out.live),
+            done: std::mem::take(&mut out.done),
         };
-        let mut live = std::mem::take(&mut out.live);
-        let mut done = std::mem::take(&mut out.done);
-        live.clear();
-        done.clear();
-        let mut pos = 0usize;
-        let mut first_run = true;
-        loop {
-            let v = run.view(&guard);
-            let m = v.matching(&locals[pos..]);
-            if m == 0 {
-                break;
-            }
-            if first_run {
-                first_run = false;
-                for c in v.covers {
-                    let r = c.walk(0, m as u32);
-                    let w = Walk {
-                        slot: c.slot,
-                        phase: r.phase.unwrap_or(0) as usize,
-                        counts: r.counts,
-                    };
-                    match r.phase {
-                        Some(_) => live.push(w),
-                        None if r.counts != [0; 3] => done.push(w),
-                        None => {}
-                    }
-                }
-            } else {
-                let covers = v.covers;
-                let mut j = 0;
-                live.retain_mut(|w| {
-                    while j < covers.len() && covers[j].slot < w.slot {
-                        j += 1;
-                    }
-                    let c = match covers.get(j) {
-                        Some(c) if c.slot == w.slot => *c,
-                        _ => Default::default(),
-                    };
-                    let r = c.walk(w.phase as u8, m as u32);
-                    for t in 0..3 {
-                        w.counts[t] += r.counts[t];
-                    }
-                    match r.phase {
-                        Some(p) => {
-                            w.phase = p as usize;
-                            true
-                        }
-                        None => {
-                            done.push(*w);
-                            false
-                        }
-                    }
-                });
-            }
-            pos += m;
-            if live.is_empty() || pos == locals.len() {
-                break;
-            }
-            let here = run as *const _ as usize;
-            match self.branches.find(here, m as u32, locals[pos], &guard) {
-                Some(c) => run = c,
-                None => break,
-            }
+        walk.live.clear();
+        walk.done.clear();
+        let pos = self.walk(locals, &guard, &mut walk);
+        let TieredWalk { mut live, mut done } = walk;
+        if pos == 0 {
+            // Nothing matched (a miss): no rank to translate.
+            (out.live, out.done) = (live, done);
+            return;
         }
         done.append(&mut live);
         let rank_of = self.ranks.translator(&guard);
@@ -358,6 +312,122 @@ impl Index {
         out.entries.sort_unstable_by_key(|e| e.rank);
         out.live = live;
         out.done = done;
+    }
+}
+
+/// The device walk: slot-sorted ranks holding every block so far (`active`), and ranks
+/// settled with their device prefix (`done`).
+struct DeviceWalk {
+    active: Vec<u32>,
+    done: Vec<(u32, u32)>,
+}
+
+impl Walker for DeviceWalk {
+    #[inline(always)]
+    fn first_run(&mut self, v: &View<'_>, m: usize) {
+        for c in v.covers.iter().filter(|c| c.d > 0) {
+            if (c.d as usize) < m {
+                self.done.push((c.slot, c.d as u32));
+            } else {
+                self.active.push(c.slot);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn next_run(&mut self, v: &View<'_>, pos: usize, m: usize) {
+        let (active, done) = (&mut self.active, &mut self.done);
+        if active.len() == 1 {
+            let s = active[0];
+            let d = v.cover(s).map_or(0, |c| c.d as usize);
+            if d < m {
+                done.push((s, (pos + d) as u32));
+                active.clear();
+            }
+            return;
+        }
+        // Both slot-sorted: one merge pass.
+        let covers = v.covers;
+        let mut j = 0;
+        active.retain(|&s| {
+            while j < covers.len() && covers[j].slot < s {
+                j += 1;
+            }
+            let d = match covers.get(j) {
+                Some(c) if c.slot == s => c.d as usize,
+                _ => 0,
+            };
+            if d < m {
+                done.push((s, (pos + d) as u32));
+            }
+            d >= m
+        });
+    }
+
+    #[inline(always)]
+    fn any_live(&self) -> bool {
+        !self.active.is_empty()
+    }
+}
+
+/// The tiered walk: per rank still walking, its tier phase and counts so far (`live`), and
+/// the settled ones (`done`).
+struct TieredWalk {
+    live: Vec<Walk>,
+    done: Vec<Walk>,
+}
+
+impl Walker for TieredWalk {
+    #[inline(always)]
+    fn first_run(&mut self, v: &View<'_>, m: usize) {
+        for c in v.covers {
+            let r = c.walk(0, m as u32);
+            let w = Walk {
+                slot: c.slot,
+                phase: r.phase.unwrap_or(0) as usize,
+                counts: r.counts,
+            };
+            match r.phase {
+                Some(_) => self.live.push(w),
+                None if r.counts != [0; 3] => self.done.push(w),
+                None => {}
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn next_run(&mut self, v: &View<'_>, _pos: usize, m: usize) {
+        let covers = v.covers;
+        let done = &mut self.done;
+        let mut j = 0;
+        self.live.retain_mut(|w| {
+            while j < covers.len() && covers[j].slot < w.slot {
+                j += 1;
+            }
+            let c = match covers.get(j) {
+                Some(c) if c.slot == w.slot => *c,
+                _ => Default::default(),
+            };
+            let r = c.walk(w.phase as u8, m as u32);
+            for t in 0..3 {
+                w.counts[t] += r.counts[t];
+            }
+            match r.phase {
+                Some(p) => {
+                    w.phase = p as usize;
+                    true
+                }
+                None => {
+                    done.push(*w);
+                    false
+                }
+            }
+        });
+    }
+
+    #[inline(always)]
+    fn any_live(&self) -> bool {
+        !self.live.is_empty()
     }
 }
 

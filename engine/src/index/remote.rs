@@ -5,7 +5,7 @@
 //!
 //! A partition whose primary index is remote holds no index of its own and subscribes to no
 //! KV events: for each selection it asks the remote index for the tiered overlap of the
-//! prompt's local hashes, and scores with that (`Partition::decide`, through
+//! prompt's local hashes, and scores with that (the selection's decision, through
 //! `IndexState::query_remote`, with no engine lock held: see [`crate::indexer`]).
 //!
 //! The engine does no I/O: the HTTP protocol (`POST /query_tiered_by_hash`), its serde wire

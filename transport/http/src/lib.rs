@@ -117,7 +117,7 @@
 //! Not lock-free and not part of the index's lock-free read path: a remote query is I/O that
 //! blocks the calling thread for up to `request_timeout` (twice, once per client: the
 //! query that finds `/query_tiered_by_hash` missing and its `/query_by_hash`). The selection makes it, with no
-//! engine lock held, when the partition's primary is remote (`Partition::decide` calls it
+//! engine lock held, when the partition's primary is remote (the selection's decision calls it
 //! before it reads the worker set, the hooks or the bookings, and holds no guard across it;
 //! the engine's `tests/remote_no_lock.rs` checks this). On any error the result is left
 //! empty and the error is returned and counted ([`RemoteStats`]); what to do then (say,
