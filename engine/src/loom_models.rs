@@ -297,11 +297,12 @@ fn rank_slot_reuse_negative_reuse_now() {
 /// One partition with one single-rank worker, as small as loom can take.
 fn tiny_engine() -> (
     Arc<crate::engine::Engine>,
-    crate::partition::PartitionKey,
-    crate::index::RankId,
+    crate::ids::PartitionKey,
+    crate::ids::RankId,
 ) {
+    use crate::config::PartitionConfig;
     use crate::ids::PartitionKey;
-    use crate::partition::{PartitionConfig, WorkerInfo};
+    use crate::workers::WorkerInfo;
     let engine = crate::engine::Engine::with_seed(1);
     let key = PartitionKey::new("m", "g");
     let p = engine

@@ -26,6 +26,8 @@ mod stream;
 mod translate;
 
 pub use counters::StreamCounters;
+#[cfg(test)]
+pub(crate) use decode::fixture;
 pub use decode::{
     decode_batch, DecodeError, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
     MAX_PAYLOAD_BYTES,

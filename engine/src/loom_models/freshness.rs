@@ -8,26 +8,31 @@
 //! not credit the block: listed → distrusted; unlisted → the clear is visible. The negative
 //! control (`unlist_before_repair`) unlists before performing the clear.
 
+use std::time::Instant;
+
 use super::{model, must_fail};
+use crate::config::PartitionConfig;
 use crate::ids::PartitionKey;
 use crate::ids::RankId;
 use crate::index::TieredScores;
-use crate::ingress::decode::fixture::{a, batch, enc, m, s, toks, u, V};
-use crate::ingress::ingest::IngressStream;
-use crate::ingress::sequence::ReplayResult;
-use crate::partition::{Partition, PartitionConfig, WorkerInfo};
+use crate::ingress::fixture::{a, batch, enc, m, s, toks, u, V};
+use crate::ingress::{EventSource, ReplayResult};
+use crate::partition::Partition;
 use crate::sync::faults::Faults;
-use crate::sync::Arc;
+use crate::sync::StdArc;
+use crate::workers::WorkerInfo;
 
 const TOKENS: [u32; 4] = [1, 2, 3, 4];
 
 fn repair_races_a_lookup() {
-    let p = Arc::new(Partition::new(
+    // The source holds its sink by std `Arc` (as kvr-zmq's does); loom sees the partition's
+    // own atomics and locks, not this count.
+    let p = StdArc::new(Partition::new(
         PartitionKey::new("m", "g"),
         PartitionConfig::new(4),
     ));
     p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
-    let mut stream = IngressStream::new(&*p, 1, 0, true);
+    let mut stream = EventSource::single(p.clone(), 1, 0, Some("replay".into()), None).unwrap();
     let store = batch(vec![m(vec![
         ("type", s("BlockStored")),
         ("block_hashes", a(vec![u(7)])),
@@ -36,9 +41,9 @@ fn repair_races_a_lookup() {
         ("block_size", u(4)),
         ("medium", s("GPU")),
     ])]);
-    stream.on_live(&*p, 0, &enc(&store));
+    stream.on_message(b"", 0, &enc(&store), Instant::now());
     let held = enc(&batch(Vec::new())); // an empty batch past the gap
-    stream.on_live(&*p, 2, &held);
+    stream.on_message(b"", 2, &held, Instant::now());
     let mut local = Vec::new();
     p.hasher().local_hashes(&TOKENS, &mut local);
     let mut before = TieredScores::new();
@@ -48,9 +53,8 @@ fn repair_races_a_lookup() {
         "a listed rank is credited"
     );
 
-    let ingress = p.clone();
     let t = loom::thread::spawn(move || {
-        stream.on_replay_end(&*ingress, ReplayResult::Failed);
+        stream.on_replay_end(0, ReplayResult::Failed, Instant::now());
     });
     let mut out = TieredScores::new();
     p.overlap(&local, &mut out);

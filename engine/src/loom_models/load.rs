@@ -22,10 +22,12 @@ fn used(n: u64) -> RankLoad {
 /// selection that reads one snapshot throughout always finds a free rank. Reading the
 /// load per candidate can see the old busy rank and the new busy rank together.
 fn load_swap_never_tears_a_selection() {
+    use crate::config::{BusyThresholds, PartitionConfig};
     use crate::cost::SelectionRng;
     use crate::ids::PartitionKey;
-    use crate::partition::{BusyThresholds, Partition, PartitionConfig, WorkerInfo};
+    use crate::partition::Partition;
     use crate::select::{Outcome, SelectRequest};
+    use crate::workers::WorkerInfo;
     let mut config = PartitionConfig::new(4);
     config.busy = BusyThresholds {
         decode_blocks_fraction: Some(0.5),

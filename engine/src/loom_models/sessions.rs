@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use super::{model, must_fail};
 use crate::ids::RankId;
+use crate::session::outcome::{BindOutcome, LeaseRelease};
 use crate::session::SessionContext;
-use crate::session::{BindOutcome, LeaseRelease, SessionConfig, SessionFaults, SessionTable};
+use crate::session::{SessionConfig, SessionFaults, SessionTable};
 use crate::sync::faults::Faults;
 use crate::sync::Arc;
 

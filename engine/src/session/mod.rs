@@ -151,7 +151,7 @@ mod bind;
 mod config;
 mod entries;
 mod leases;
-mod outcome;
+pub(crate) mod outcome;
 mod table;
 
 #[cfg(loom)]

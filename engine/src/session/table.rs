@@ -115,6 +115,12 @@ impl SessionTable {
     }
 
     #[cfg(test)]
+    /// How long an idle session is kept (loom models reap past it).
+    #[cfg(loom)]
+    pub(crate) fn idle_ttl(&self) -> Duration {
+        self.idle_ttl
+    }
+
     /// The most entries the table can hold: `max_entries` (at least 1) rounded down to a
     /// multiple of the session shard count.
     pub(crate) fn capacity(&self) -> usize {
