@@ -213,7 +213,7 @@ impl Churn {
     /// ranks come back with the next stores, possibly in other slots). The victims refill
     /// their windows long before the next sample.
     fn reset(&mut self, k: usize) {
-        let victims: Vec<usize> = if k % 2 == 0 {
+        let victims: Vec<usize> = if k.is_multiple_of(2) {
             let r = (k / 2 * 7) % self.ranks.len();
             let out = self.index.apply(self.ranks[r].rank, &kvr::KvEvent::Cleared);
             assert_eq!(
@@ -313,7 +313,7 @@ fn churn_memory_tracks_live_blocks() {
         for r in 0..churn.ranks.len() {
             churn.turn(r, n);
         }
-        let group_end = (n + 1) % GROUP_ROUNDS == 0;
+        let group_end = (n + 1).is_multiple_of(GROUP_ROUNDS);
         if group_end {
             if next_warm < warmup_at.len() && n >= warmup_at[next_warm] {
                 warm.push(churn.sample(n));

@@ -66,7 +66,7 @@ fn four_threads_book_and_free_a_million_requests_and_every_counter_ends_at_zero(
                     })
                     .collect();
                 let _ = p.index().store(rank, Tier::Device, None, &blocks);
-                if n % 3 == 0 {
+                if n.is_multiple_of(3) {
                     p.index().clear(rank);
                 }
                 n += 1;

@@ -180,7 +180,7 @@ pub(crate) unsafe fn slice<'a, T>(ptr: *const T, len: usize) -> Result<&'a [T], 
     if !ptr.is_aligned()
         || len
             .checked_mul(std::mem::size_of::<T>())
-            .map_or(true, |b| b > isize::MAX as usize)
+            .is_none_or(|b| b > isize::MAX as usize)
     {
         return Err(KVR_ERR_INVALID_ARGUMENT);
     }
@@ -204,7 +204,7 @@ pub(crate) unsafe fn slice_mut<'a, T>(ptr: *mut T, cap: usize) -> Result<&'a mut
     if !ptr.is_aligned()
         || cap
             .checked_mul(std::mem::size_of::<T>())
-            .map_or(true, |b| b > isize::MAX as usize)
+            .is_none_or(|b| b > isize::MAX as usize)
     {
         return Err(KVR_ERR_INVALID_ARGUMENT);
     }

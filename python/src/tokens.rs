@@ -67,7 +67,7 @@ fn from_view(view: View) -> PyResult<Tokens> {
         }
     };
     let bytes = view.bytes();
-    if !signed && size == 4 && (bytes.as_ptr() as usize) % 4 == 0 {
+    if !signed && size == 4 && (bytes.as_ptr() as usize).is_multiple_of(4) {
         return Ok(Tokens::Borrowed(view));
     }
     let v = match size {

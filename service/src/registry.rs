@@ -181,7 +181,7 @@ impl Registry {
     /// order): what is missing first, then the first reconciliation failure.
     fn reasons(&self, r: &WorkerRequest, key: &PartitionKey) -> Vec<String> {
         let mut reasons = Vec::new();
-        if r.endpoint.as_deref().map_or(true, str::is_empty) {
+        if r.endpoint.as_deref().is_none_or(str::is_empty) {
             reasons.push("endpoint is required".to_string());
         }
         if r.block_size.unwrap_or(0) == 0 {

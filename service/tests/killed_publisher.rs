@@ -128,7 +128,7 @@ fn publish_until(
     let t = Instant::now();
     let mut last_pub = None::<Instant>;
     loop {
-        if last_pub.map_or(true, |l| l.elapsed() > Duration::from_secs(1)) {
+        if last_pub.is_none_or(|l| l.elapsed() > Duration::from_secs(1)) {
             let a = p.cmd(cmd);
             assert!(a.starts_with("SEQ "), "{cmd}: {a}");
             last_pub = Some(Instant::now());

@@ -300,7 +300,7 @@ pub fn generate(cfg: &GeneratorConfig) -> Workload {
         let mut segments = vec![systems[sys]];
         let n_turns = match kind {
             SessionKind::Chat => {
-                if rng.next_u64() % 2 == 0 {
+                if rng.next_u64().is_multiple_of(2) {
                     segments.push(tools[(rng.next_u64() % tools.len() as u64) as usize]);
                 }
                 1 + (exponential(&mut rng, 3.0) as u32).min(15)

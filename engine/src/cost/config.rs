@@ -131,8 +131,7 @@ impl LatencyConfig {
             ),
             (non_negative(self.kv_pressure_ms), "kv_pressure_ms"),
             (
-                self.itl_target_ms
-                    .map_or(true, |t| t.is_finite() && t > 0.0),
+                self.itl_target_ms.is_none_or(|t| t.is_finite() && t > 0.0),
                 "itl_target_ms",
             ),
             (non_negative(self.itl_base_ms), "itl_base_ms"),

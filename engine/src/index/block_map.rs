@@ -493,7 +493,7 @@ impl<V: MapValue> BlockMap<V> {
         let mut alts = [(0, 0, 0); GROUP];
         for (j, e) in alts.iter_mut().enumerate() {
             let s = g * GROUP + j;
-            let (at, i) = (if s % 2 == 0 { a } else { b }, s / 2);
+            let (at, i) = (if s.is_multiple_of(2) { a } else { b }, s / 2);
             let (x, y) = buckets(self.keys[at].0[i], self.keys.len());
             *e = (at, i, if x == at { y } else { x });
             prefetch_line(&self.keys[e.2]);

@@ -116,7 +116,7 @@ fn run_from(b: &[u64], from: u32) -> u32 {
         };
         let ones = (!(w >> (i % 64))).trailing_zeros().min(64 - i % 64);
         i += ones;
-        if i % 64 != 0 || ones == 0 {
+        if !i.is_multiple_of(64) || ones == 0 {
             return i - from;
         }
     }

@@ -26,8 +26,6 @@ mod stream;
 mod translate;
 
 pub use counters::StreamCounters;
-#[cfg(test)]
-pub(crate) use decode::fixture;
 pub use decode::{
     decode_batch, DecodeError, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
     MAX_PAYLOAD_BYTES,

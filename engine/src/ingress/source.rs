@@ -194,7 +194,7 @@ impl<S: EventSink> EventSource<S> {
             let s = &self.streams[i];
             let idle = s
                 .last_heard
-                .map_or(true, |t| now.saturating_duration_since(t) >= after);
+                .is_none_or(|t| now.saturating_duration_since(t) >= after);
             if !idle || s.state.replaying() {
                 continue;
             }

@@ -87,10 +87,7 @@ fn narrowed_candidates(
     hooks: &HostHooks,
     c: &mut Candidates,
 ) {
-    let allowed = |w: &WorkerInfo| {
-        req.allowed_workers
-            .map_or(true, |a| a.contains(&w.worker_id))
-    };
+    let allowed = |w: &WorkerInfo| req.allowed_workers.is_none_or(|a| a.contains(&w.worker_id));
     let mut pool = std::mem::take(&mut c.pool);
     pool.clear();
     pool.extend(workers.iter().filter(|w| allowed(w)).map(|w| w.worker_id));

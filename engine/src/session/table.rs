@@ -114,7 +114,6 @@ impl SessionTable {
         t
     }
 
-    #[cfg(test)]
     /// How long an idle session is kept (loom models reap past it).
     #[cfg(loom)]
     pub(crate) fn idle_ttl(&self) -> Duration {
@@ -123,6 +122,7 @@ impl SessionTable {
 
     /// The most entries the table can hold: `max_entries` (at least 1) rounded down to a
     /// multiple of the session shard count.
+    #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         self.per_shard * self.sessions.len()
     }

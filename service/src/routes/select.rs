@@ -192,7 +192,8 @@ impl App {
             // The rank's decode blocks with this request on it, counting the partial last
             // block as Dynamo does (kvr counts a prompt block the rank already has active
             // once, as Dynamo's own `/loads` does; Dynamo's projection counts it again).
-            potential_decode_blocks: d.projected_decode_blocks + u64::from(isl % bs.max(1) != 0),
+            potential_decode_blocks: d.projected_decode_blocks
+                + u64::from(!isl.is_multiple_of(bs.max(1))),
             worker_load: advisory.then(|| crate::wire::select::WorkerLoadBody {
                 active_prefill_tokens: p.bookings().rank_load(d.rank).active_prefill_tokens,
                 prefill_token_capacity: crate::wire::select::DEFAULT_PREFILL_TOKEN_CAPACITY,

@@ -171,8 +171,8 @@ pub struct PartitionFilter {
 
 impl PartitionFilter {
     pub fn matches(&self, model: &str, group: &str) -> bool {
-        self.model_name.as_deref().map_or(true, |m| m == model)
-            && self.routing_group.as_deref().map_or(true, |g| g == group)
+        self.model_name.as_deref().is_none_or(|m| m == model)
+            && self.routing_group.as_deref().is_none_or(|g| g == group)
     }
 }
 

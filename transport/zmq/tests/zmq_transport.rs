@@ -675,7 +675,7 @@ fn stop_joins_promptly_under_load_and_no_sink_call_follows() {
                 &[b"kv", &seq.to_be_bytes(), &[7u8; 512]],
             );
             seq += 1;
-            if seq % 64 == 0 {
+            if seq.is_multiple_of(64) {
                 pause(&rt, Duration::from_millis(1));
             }
         }

@@ -393,7 +393,7 @@ fn deep_nesting_in_skipped_values_does_not_recurse() {
     en::write_str(&mut p, "type").unwrap();
     en::write_str(&mut p, "AllBlocksCleared").unwrap();
     en::write_str(&mut p, "deep").unwrap();
-    p.extend(std::iter::repeat(0x91).take(depth));
+    p.extend(std::iter::repeat_n(0x91, depth));
     en::write_nil(&mut p).unwrap();
     en::write_nil(&mut p).unwrap();
     let mut out = DecodedBatch::default();

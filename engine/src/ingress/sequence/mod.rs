@@ -518,7 +518,7 @@ impl SequenceTracker {
             return;
         };
         let target = r.target();
-        let covered = target.map_or(true, |t| r.next >= t) && r.verify.is_none();
+        let covered = target.is_none_or(|t| r.next >= t) && r.verify.is_none();
         let mut partial = r.partial;
         // A probe knows of no loss, unless the live stream skipped ahead meanwhile (a held
         // batch): then the hole before it must be covered like a gap's.

@@ -66,7 +66,7 @@ impl QueryByHashResponse {
     ) -> Result<Vec<TieredOverlap>, RemoteError> {
         let bs = u64::from(block_size.max(1));
         let blocks = |tokens: u64, what: &dyn Fn() -> String| -> Result<u32, RemoteError> {
-            if tokens % bs != 0 {
+            if !tokens.is_multiple_of(bs) {
                 return Err(RemoteError::BadBody(format!(
                     "{}: {tokens} tokens is not a whole number of {bs}-token blocks \
                      (does the index use another block size?)",
