@@ -8,10 +8,10 @@
 //! same operations in the same order as [`CostEval::bounds`] (a test checks it bit for
 //! bit), so the choice cannot change.
 
+use super::config::CostConfig;
 use super::eval::CostEval;
 use super::formula::{CandidateLoad, RequestShape};
 use super::latency::LatencyPrep;
-use super::resolved::ResolvedCost;
 
 /// The eligible candidates' cost inputs, one array a field of [`CandidateLoad`], parallel
 /// (the `k`-th of each is candidate `k`). Integers as the engine holds them, so
@@ -224,7 +224,7 @@ impl<'a> View<'a> {
 
 /// What the pass needs from the request and the knobs, copied once a selection.
 struct Kernel {
-    cfg: ResolvedCost,
+    cfg: CostConfig,
     req: RequestShape,
     isl: f64,
     block_size: f64,

@@ -151,9 +151,7 @@ impl LatencyConfig {
 /// both models (the latency model reads the cache credits as the share of a block's
 /// prefill a cached copy saves, so a host block's 0.75 means its transfer costs a quarter
 /// of recomputing it). Per-request [`CostOverrides`] are folded in by
-/// [`CostConfig::resolve`], which yields the [`ResolvedCost`] the hot path reads.
-///
-/// [`ResolvedCost`]: super::ResolvedCost
+/// [`CostConfig::resolve`], which yields the `CostConfig` the hot path reads.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CostConfig {
     /// Which cost is minimised.

@@ -2,10 +2,10 @@
 //! scorer (`formula.rs`) and the latency model (`latency.rs`), so neither of those imports
 //! the other.
 
+use super::config::CostConfig;
 use super::config::CostModel;
 use super::formula::{cost_breakdown, CandidateLoad, RequestShape};
 use super::latency::{effective_rate, LatencyPrep};
-use super::resolved::ResolvedCost;
 
 /// The cost of placing the request on candidate `c` under the configured model (lower
 /// wins): [`latency_cost`] (ms) or Dynamo's [`cost_breakdown`] (block equivalents). For
@@ -13,7 +13,7 @@ use super::resolved::ResolvedCost;
 ///
 /// [`latency_cost`]: super::latency_cost
 #[inline]
-pub fn cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
+pub fn cost(cfg: &CostConfig, req: &RequestShape, c: &CandidateLoad) -> f64 {
     CostEval::new(cfg, req).cost(c)
 }
 
@@ -21,7 +21,7 @@ pub fn cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
 /// and the knobs computed once.
 #[derive(Clone, Copy, Debug)]
 pub struct CostEval<'a> {
-    cfg: &'a ResolvedCost,
+    cfg: &'a CostConfig,
     req: RequestShape,
     latency: Option<LatencyPrep>,
 }
@@ -30,7 +30,7 @@ impl<'a> CostEval<'a> {
     /// Prepares the costs of `req` under `cfg` (with the latency model, its per-request
     /// part is computed here, once).
     #[inline]
-    pub fn new(cfg: &'a ResolvedCost, req: &RequestShape) -> Self {
+    pub fn new(cfg: &'a CostConfig, req: &RequestShape) -> Self {
         Self {
             cfg,
             req: *req,
@@ -39,7 +39,7 @@ impl<'a> CostEval<'a> {
     }
 
     /// The knobs and the request, for the columns pass (`columns.rs`).
-    pub(super) fn cfg(&self) -> &ResolvedCost {
+    pub(super) fn cfg(&self) -> &CostConfig {
         self.cfg
     }
 
@@ -93,7 +93,7 @@ impl<'a> CostEval<'a> {
 /// ms at the request's prefill rate for the latency model. Soft session affinity's
 /// penalty (given in blocks) is converted with it.
 #[inline]
-pub fn blocks_in_cost_units(cfg: &ResolvedCost, req: &RequestShape, blocks: f64) -> f64 {
+pub fn blocks_in_cost_units(cfg: &CostConfig, req: &RequestShape, blocks: f64) -> f64 {
     match cfg.model {
         CostModel::Latency => blocks * req.block_size_f64() * 1e3 / effective_rate(cfg, req),
         CostModel::Dynamo => blocks,
@@ -109,7 +109,7 @@ pub fn blocks_in_cost_units(cfg: &ResolvedCost, req: &RequestShape, blocks: f64)
 /// If `out.len() != candidates.len()` (a caller bug; silently truncating would drop
 /// candidates from the choice).
 pub fn fill_costs(
-    cfg: &ResolvedCost,
+    cfg: &CostConfig,
     req: &RequestShape,
     candidates: &[CandidateLoad],
     out: &mut [f64],

@@ -4,7 +4,7 @@
 //! configured model ([`cost`](super::cost()), [`fill_costs`](super::fill_costs); the latency model is `latency.rs`). Pure
 //! arithmetic on its arguments; choosing among the results is `choice.rs`.
 
-use super::resolved::ResolvedCost;
+use super::config::CostConfig;
 
 /// The request-side inputs of the cost: prompt length, block size, and the
 /// selection-wide quantities the decay and the latency model need.
@@ -155,7 +155,7 @@ pub struct CostBreakdown {
 ///
 /// [`CostConfig::credit_decay`]: super::config::CostConfig::credit_decay
 #[inline]
-fn credit_decay_factor(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> f64 {
+fn credit_decay_factor(cfg: &CostConfig, req: &RequestShape, c: &CandidateLoad) -> f64 {
     match cfg.credit_decay {
         Some(d) if d > 0.0 => {
             let excess_tokens = c
@@ -172,7 +172,7 @@ fn credit_decay_factor(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad
 /// The device-credit decay and the total cache credit of candidate `c`, in blocks: each
 /// tier's cached blocks at its weight (both models read the cache through this).
 #[inline]
-pub(super) fn credit(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> (f64, f64) {
+pub(super) fn credit(cfg: &CostConfig, req: &RequestShape, c: &CandidateLoad) -> (f64, f64) {
     let decay = credit_decay_factor(cfg, req, c);
     let blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
         + cfg.host_cache_hit_weight * c.host_blocks as f64
@@ -199,7 +199,7 @@ pub(super) fn credit(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) 
 /// keeps a rank whose cache covers more than the outstanding prefill from looking
 /// *cheaper* than free prefill, so among fully cached ranks decode load decides.
 #[inline]
-pub fn cost_breakdown(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> CostBreakdown {
+pub fn cost_breakdown(cfg: &CostConfig, req: &RequestShape, c: &CandidateLoad) -> CostBreakdown {
     let b = req.block_size_f64();
     let (decay, credit_blocks) = credit(cfg, req, c);
     // Sum in f64: u64 + u64 could overflow on absurd inputs; f64 cannot.

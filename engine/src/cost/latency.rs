@@ -10,8 +10,8 @@
 //!
 //! [`CostModel::Latency`]: super::CostModel::Latency
 
+use super::config::CostConfig;
 use super::formula::{credit, CandidateLoad, RequestShape};
-use super::resolved::ResolvedCost;
 
 /// The latency model's terms for one candidate, all in ms (see [`latency_cost`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,7 +39,7 @@ pub struct LatencyBreakdown {
 /// (`req.prefill_rate > 0`), else the configured prior; never below 1 token/s, so the
 /// division stays finite.
 #[inline]
-pub(super) fn effective_rate(cfg: &ResolvedCost, req: &RequestShape) -> f64 {
+pub(super) fn effective_rate(cfg: &CostConfig, req: &RequestShape) -> f64 {
     let r = if req.prefill_rate > 0.0 {
         req.prefill_rate
     } else {
@@ -55,14 +55,14 @@ pub(super) fn effective_rate(cfg: &ResolvedCost, req: &RequestShape) -> f64 {
 /// The latency model's cost of placing the request on candidate `c`, term by term (ms),
 /// whichever model `cfg` names.
 #[inline]
-pub fn latency_cost(cfg: &ResolvedCost, req: &RequestShape, c: &CandidateLoad) -> LatencyBreakdown {
+pub fn latency_cost(cfg: &CostConfig, req: &RequestShape, c: &CandidateLoad) -> LatencyBreakdown {
     LatencyPrep::new(cfg, req).cost(cfg, req, c)
 }
 
 /// The decode load `c`'s rank holds before this booking, in blocks (with the configured
 /// charge per active request).
 #[inline]
-fn held_decode_blocks(cfg: &ResolvedCost, c: &CandidateLoad) -> f64 {
+fn held_decode_blocks(cfg: &CostConfig, c: &CandidateLoad) -> f64 {
     c.active_decode_blocks as f64 + cfg.decode_active_request_weight * c.active_requests as f64
 }
 
@@ -83,7 +83,7 @@ pub(super) struct LatencyPrep {
 
 impl LatencyPrep {
     #[inline]
-    pub(super) fn new(cfg: &ResolvedCost, req: &RequestShape) -> Self {
+    pub(super) fn new(cfg: &CostConfig, req: &RequestShape) -> Self {
         let l = &cfg.latency;
         let rate = effective_rate(cfg, req);
         let ms_per_token = 1e3 / rate;
@@ -103,7 +103,7 @@ impl LatencyPrep {
     /// The part of `c`'s cost due to its `new_blocks_not_active` (its tie-break share and
     /// the pressure they add): the cost with them, minus the cost with none.
     #[inline]
-    pub(super) fn new_blocks_share(&self, cfg: &ResolvedCost, c: &CandidateLoad) -> f64 {
+    pub(super) fn new_blocks_share(&self, cfg: &CostConfig, c: &CandidateLoad) -> f64 {
         let n = c.new_blocks_not_active as f64;
         let held = held_decode_blocks(cfg, c);
         self.tie_ms_per_block * n + self.kv_ms(held + n, c) - self.kv_ms(held, c)
@@ -136,7 +136,7 @@ impl LatencyPrep {
     #[inline(always)]
     pub(super) fn bounds(
         &self,
-        cfg: &ResolvedCost,
+        cfg: &CostConfig,
         req: &RequestShape,
         c: &CandidateLoad,
     ) -> (f64, f64) {
@@ -148,7 +148,7 @@ impl LatencyPrep {
     #[inline(always)]
     pub(super) fn cost(
         &self,
-        cfg: &ResolvedCost,
+        cfg: &CostConfig,
         req: &RequestShape,
         c: &CandidateLoad,
     ) -> LatencyBreakdown {

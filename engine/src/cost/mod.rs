@@ -33,7 +33,6 @@ pub use formula::{
     RequestShape, CLASSIC_OVERLAP_SCORE_WEIGHT,
 };
 pub use latency::{latency_cost, LatencyBreakdown};
-pub(crate) use resolved::ResolvedCost;
 pub use rng::{RandomSource, SelectionRng};
 
 #[cfg(all(test, not(loom)))]

@@ -1,19 +1,8 @@
-//! The effective knobs of one selection: [`ResolvedCost`], what the hot path reads, and
-//! [`CostConfig::resolve`], which folds a request's [`CostOverrides`] into the configured
-//! values to make one.
+//! The effective knobs of one selection: [`CostConfig::resolve`] folds a request's
+//! [`CostOverrides`] into the configured values, giving the `CostConfig` the hot path
+//! reads (the same type, so no field list is kept twice).
 
 use super::config::{CostConfig, CostOverrides};
-
-/// The effective knobs for one selection: a [`CostConfig`] with a request's
-/// [`CostOverrides`] applied (see [`CostConfig::resolve`]). The same type, so no field
-/// list is kept twice.
-pub(crate) type ResolvedCost = CostConfig;
-
-impl From<&CostConfig> for ResolvedCost {
-    fn from(cfg: &CostConfig) -> Self {
-        cfg.resolve(&CostOverrides::NONE)
-    }
-}
 
 impl CostConfig {
     /// Folds per-request overrides into the configured values: an override that is `Some`
@@ -27,8 +16,8 @@ impl CostConfig {
     ///
     /// [`choose`]: super::choose
     #[inline]
-    pub fn resolve(&self, overrides: &CostOverrides) -> ResolvedCost {
-        ResolvedCost {
+    pub fn resolve(&self, overrides: &CostOverrides) -> CostConfig {
+        CostConfig {
             overlap_score_credit: overrides
                 .overlap_score_credit
                 .unwrap_or(self.overlap_score_credit),

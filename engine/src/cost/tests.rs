@@ -7,8 +7,8 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
 
-fn defaults() -> ResolvedCost {
-    ResolvedCost::dynamo()
+fn defaults() -> CostConfig {
+    CostConfig::dynamo()
 }
 
 #[test]
@@ -24,7 +24,11 @@ fn defaults_match_dynamo() {
     assert_eq!(c.temperature, 0.0);
     assert_eq!(c.decode_active_request_weight, 0.0);
     assert_eq!(c.credit_decay, None);
-    assert_eq!(ResolvedCost::from(&c), c.resolve(&CostOverrides::NONE));
+    assert_eq!(
+        c,
+        c.resolve(&CostOverrides::NONE),
+        "no override changes nothing"
+    );
 }
 
 #[test]
@@ -171,7 +175,7 @@ fn decay_on() {
     ));
     // Off (None) and non-positive coefficients give decay 1.
     for d in [None, Some(0.0), Some(-1.0), Some(f64::NAN)] {
-        let cfg = ResolvedCost {
+        let cfg = CostConfig {
             credit_decay: d,
             ..cfg
         };

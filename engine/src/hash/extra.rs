@@ -75,7 +75,8 @@ pub const MAX_MM_SPANS: usize = 4096;
 /// Most raw per-block key values a request may carry ([`BlockExtras::block_key`]).
 pub const MAX_BLOCK_KEYS: usize = 1 << 16;
 
-/// A request's extra keys ([module docs](self)). Empty by default;
+/// A request's extra keys, folded into its blocks' local hashes as engines fold them
+/// (multimodal spans, cache salt, prompt-embeddings digests). Empty by default;
 /// [`BlockExtras::local_hashes`] applies them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BlockExtras {

@@ -157,7 +157,7 @@ impl TieredScores {
 
     /// Replaces the contents with `entries` (in any order), keeping the buffers: how scores
     /// that do not come from a local walk are built (a remote primary's answer, see
-    /// [`super::remote`], or a test fake). A rank listed twice (whatever its counts) is
+    /// [`RemoteIndex`](crate::RemoteIndex), or a test fake). A rank listed twice (whatever its counts) is
     /// refused: the scores are left empty and that rank is returned. Entries with nothing
     /// on any tier are dropped, as a walk never lists them.
     pub fn fill_from(

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
+use crate::config::CostConfig;
 use crate::cost::{
     blocks_in_cost_units, choose, CostEval, CostModel, LoadRow, RandomSource, RequestShape,
-    ResolvedCost,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
 use crate::index::TieredScores;
@@ -282,7 +282,7 @@ impl Selector<'_> {
     /// The prefill rate this selection prices with: the partition's learned estimate
     /// (clamped to a tenth to ten times the prior, so a host that marks prefills complete
     /// at odd times cannot make the estimate absurd), or the prior.
-    fn prefill_rate(&self, cfg: &ResolvedCost) -> f64 {
+    fn prefill_rate(&self, cfg: &CostConfig) -> f64 {
         let prior = cfg.latency.prefill_rate_prior;
         match self.bookings.prefill_rate() {
             Some(r) if cfg.latency.learn_prefill_rate => r.clamp(prior / 10.0, prior * 10.0),
@@ -303,7 +303,7 @@ impl Selector<'_> {
     /// point stays and only the resolved ranks' costs are recomputed.
     fn resolve_costs(
         &self,
-        cfg: &ResolvedCost,
+        cfg: &CostConfig,
         shape: RequestShape,
         steer: &Steer,
         view: &View<'_>,
@@ -408,7 +408,7 @@ impl Selector<'_> {
 fn pick(
     c: &mut Candidates,
     steer: &Steer,
-    cfg: &ResolvedCost,
+    cfg: &CostConfig,
     shape: &RequestShape,
     rng: &mut impl RandomSource,
 ) -> usize {

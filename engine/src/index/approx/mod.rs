@@ -72,7 +72,7 @@ use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, Mutex, Snapshot, StdArc};
 use records::{Deadline, RankRecords, RankState};
 
-/// Retention policy of an [`ApproxRecorder`] (Dynamo's defaults).
+/// Retention policy of the approximate index, which bookings feed (Dynamo's defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ApproxConfig {
     /// How long a recorded block is believed held after its last booking.
