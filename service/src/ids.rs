@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use kvr::hash::splitmix64;
 use kvr::{PartitionKey, SelectionId};
 
 /// A caller-named id younger than this is never swept (it may be between naming and
@@ -53,8 +54,8 @@ struct Named {
 impl SelectionIds {
     pub fn new(seed: u64) -> Self {
         // 76 random bits in the UUID v4 layout (version nibble 4, variant nibble 8).
-        let a = splitmix(seed);
-        let b = splitmix(a);
+        let a = splitmix64(seed);
+        let b = splitmix64(a);
         let prefix = format!(
             "{:08x}-{:04x}-4{:03x}-8{:03x}-",
             (a >> 32) as u32,
@@ -141,13 +142,6 @@ impl SelectionIds {
     pub fn forget(&self, s: &str) {
         self.table().remove(s);
     }
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

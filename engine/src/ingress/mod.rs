@@ -26,6 +26,9 @@ mod stream;
 mod translate;
 
 pub use counters::StreamCounters;
+// The loom models build their payloads with the decoder tests' msgpack fixture.
+#[cfg(all(test, loom))]
+pub(crate) use decode::fixture;
 pub use decode::{
     decode_batch, DecodeError, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
     MAX_PAYLOAD_BYTES,
