@@ -67,7 +67,7 @@ mod affinity {
     }
 
     /// CPUs this thread may run on.
-    pub fn allowed() -> Vec<usize> {
+    pub(crate) fn allowed() -> Vec<usize> {
         let mut mask = [0u64; WORDS];
         // SAFETY: `mask` is a writable buffer of exactly the size passed; pid 0 is the
         // calling thread.
@@ -81,7 +81,7 @@ mod affinity {
     }
 
     /// Pins the calling thread to `cpu`. Returns whether it worked.
-    pub fn pin(cpu: usize) -> bool {
+    pub(crate) fn pin(cpu: usize) -> bool {
         if cpu >= WORDS * 64 {
             return false;
         }

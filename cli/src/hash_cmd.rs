@@ -9,7 +9,7 @@ use crate::tokens;
 
 #[derive(Debug, Args)]
 #[command(allow_negative_numbers = true)]
-pub struct HashArgs {
+pub(crate) struct HashArgs {
     /// Tokens per block (at least 1); a trailing partial block is not hashed.
     #[arg(long, value_parser = parse_block_size)]
     block_size: usize,
@@ -36,7 +36,7 @@ fn parse_block_size(s: &str) -> Result<usize, String> {
     }
 }
 
-pub fn run(args: &HashArgs) -> Result<(), String> {
+pub(crate) fn run(args: &HashArgs) -> Result<(), String> {
     let salt = HashSalt::new(args.lora_name.as_deref(), args.cache_namespace.as_deref());
     let hasher = BlockHasher::new(args.block_size, salt).map_err(|e| format!("hash: {e}"))?;
 

@@ -5,7 +5,7 @@
 use std::io::{self, Write};
 
 /// Writes `text` to stdout and flushes it; a broken pipe is not an error.
-pub fn emit(text: &str) -> Result<(), String> {
+pub(crate) fn emit(text: &str) -> Result<(), String> {
     let mut out = io::stdout().lock();
     quiet_on_broken_pipe(out.write_all(text.as_bytes()).and_then(|()| out.flush()))
 }

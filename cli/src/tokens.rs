@@ -4,7 +4,7 @@ use std::fmt;
 
 /// A token that is not a u32 in plain decimal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadToken {
+pub(crate) struct BadToken {
     /// 1-based position among all tokens of the input.
     pub position: usize,
     /// The token as written.
@@ -13,7 +13,7 @@ pub struct BadToken {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadTokenReason {
+pub(crate) enum BadTokenReason {
     NotANumber,
     Negative,
     TooLarge,
@@ -37,7 +37,7 @@ impl fmt::Display for BadToken {
 impl std::error::Error for BadToken {}
 
 /// Parses one token; `position` is 1-based and only used for the error.
-pub fn parse_token(text: &str, position: usize) -> Result<u32, BadToken> {
+pub(crate) fn parse_token(text: &str, position: usize) -> Result<u32, BadToken> {
     let bad = |reason| BadToken {
         position,
         text: text.to_owned(),
@@ -55,7 +55,7 @@ pub fn parse_token(text: &str, position: usize) -> Result<u32, BadToken> {
 }
 
 /// Parses a list of separate token strings (command-line arguments).
-pub fn parse_tokens<S: AsRef<str>>(items: &[S]) -> Result<Vec<u32>, BadToken> {
+pub(crate) fn parse_tokens<S: AsRef<str>>(items: &[S]) -> Result<Vec<u32>, BadToken> {
     items
         .iter()
         .enumerate()
@@ -65,7 +65,7 @@ pub fn parse_tokens<S: AsRef<str>>(items: &[S]) -> Result<Vec<u32>, BadToken> {
 
 /// Parses text holding tokens separated by any mix of whitespace and commas.
 /// Empty fields (e.g. `1,,2` or a trailing comma) are skipped.
-pub fn parse_token_text(text: &str) -> Result<Vec<u32>, BadToken> {
+pub(crate) fn parse_token_text(text: &str) -> Result<Vec<u32>, BadToken> {
     text.split(|c: char| c == ',' || c.is_whitespace())
         .filter(|s| !s.is_empty())
         .enumerate()

@@ -3,7 +3,7 @@
 //! kvr's real ingress path decodes. The trace simulator (`kvr replay`), the benchmarks,
 //! the fuzzers and the tests feed kvr through it.
 
-#![warn(missing_docs, unreachable_pub)]
+#![warn(missing_docs)]
 
 mod wire;
 

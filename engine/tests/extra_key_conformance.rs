@@ -49,18 +49,18 @@ mod spec {
     const TEXT: u64 = 0x6b76_725f_7478;
     const BYTES: u64 = 0x6b76_725f_6279;
 
-    pub fn text(s: &str) -> u64 {
+    pub(crate) fn text(s: &str) -> u64 {
         xxh3_64_with_seed(s.as_bytes(), TEXT)
     }
-    pub fn mm(id: &str, offset: i64) -> u64 {
+    pub(crate) fn mm(id: &str, offset: i64) -> u64 {
         let mut b = xxh3_64_with_seed(id.as_bytes(), MM).to_le_bytes().to_vec();
         b.extend_from_slice(&offset.to_le_bytes());
         xxh3_64_with_seed(&b, MM)
     }
-    pub fn bytes(d: &[u8]) -> u64 {
+    pub(crate) fn bytes(d: &[u8]) -> u64 {
         xxh3_64_with_seed(d, BYTES)
     }
-    pub fn local(tokens: &[u32], keys: &[u64], lora: Option<&str>) -> u64 {
+    pub(crate) fn local(tokens: &[u32], keys: &[u64], lora: Option<&str>) -> u64 {
         let seed = lora.map_or(1337, |l| {
             1337u64.wrapping_add(xxh3_64_with_seed(l.as_bytes(), 0))
         });

@@ -34,7 +34,7 @@ extern "C" {
 const FLAGS: c_int = 0x0038 | 0x0004;
 
 /// A held, C-contiguous view of an object's buffer; released on drop (with the GIL).
-pub struct View {
+pub(crate) struct View {
     raw: Box<RawBuffer>,
 }
 
@@ -46,14 +46,14 @@ unsafe impl Send for View {}
 unsafe impl Sync for View {}
 
 /// Whether this interpreter has the buffer functions in its stable ABI (3.11+).
-pub fn available(py: Python<'_>) -> bool {
+pub(crate) fn available(py: Python<'_>) -> bool {
     py.version_info() >= (3, 11)
 }
 
 impl View {
     /// The object's C-contiguous buffer, or `None` when it has none (or not contiguous);
     /// the error such an attempt raised is cleared.
-    pub fn get(obj: &Bound<'_, PyAny>) -> Option<Self> {
+    pub(crate) fn get(obj: &Bound<'_, PyAny>) -> Option<Self> {
         if !available(obj.py()) {
             return None;
         }
@@ -71,7 +71,7 @@ impl View {
     }
 
     /// The format string without its byte-order prefix (native order only), e.g. "I".
-    pub fn format(&self) -> &str {
+    pub(crate) fn format(&self) -> &str {
         if self.raw.format.is_null() {
             return "B";
         }
@@ -82,16 +82,16 @@ impl View {
         f.strip_prefix(['@', '=']).unwrap_or(f)
     }
 
-    pub fn itemsize(&self) -> usize {
+    pub(crate) fn itemsize(&self) -> usize {
         usize::try_from(self.raw.itemsize).unwrap_or(0)
     }
 
-    pub fn ndim(&self) -> i32 {
+    pub(crate) fn ndim(&self) -> i32 {
         self.raw.ndim
     }
 
     /// The bytes of the buffer.
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         let len = usize::try_from(self.raw.len).unwrap_or(0);
         if len == 0 || self.raw.buf.is_null() {
             return &[];

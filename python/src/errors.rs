@@ -14,7 +14,7 @@ static ERROR_TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 /// Dynamo's `kind` for a status and message (as Dynamo 1.6.1 answers them: see
 /// tests/python/test_differential.py).
-pub fn kind_of(status: u16, message: &str) -> &'static str {
+pub(crate) fn kind_of(status: u16, message: &str) -> &'static str {
     match status {
         // A rank its worker does not have: Dynamo's sequence tracker answers it.
         404 if message.starts_with("Worker WorkerWithDpRank") => "sequence",
@@ -28,7 +28,7 @@ pub fn kind_of(status: u16, message: &str) -> &'static str {
 }
 
 /// A `SelectionServiceError` of this kind and status.
-pub fn service_error(py: Python<'_>, status: u16, kind: &str, message: &str) -> PyErr {
+pub(crate) fn service_error(py: Python<'_>, status: u16, kind: &str, message: &str) -> PyErr {
     let ty = match ERROR_TYPE.get_or_try_init(py, || {
         let t = py
             .import("kvr._errors")?
@@ -46,7 +46,7 @@ pub fn service_error(py: Python<'_>, status: u16, kind: &str, message: &str) -> 
 }
 
 /// The Python exception of a service answer.
-pub fn api_error(py: Python<'_>, e: &ApiError) -> PyErr {
+pub(crate) fn api_error(py: Python<'_>, e: &ApiError) -> PyErr {
     let status = e.status.as_u16();
     if status == 400 || status == 422 {
         return PyValueError::new_err(e.message.clone());

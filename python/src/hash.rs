@@ -26,7 +26,7 @@ struct MmObject {
 /// `is_eagle`, windows of `kv_block_size + 1` tokens at a stride of `kv_block_size`.
 #[pyfunction]
 #[pyo3(signature = (tokens, kv_block_size, block_mm_infos=None, lora_name=None, is_eagle=None, cache_namespace=None))]
-pub fn hash_tokens(
+pub(crate) fn hash_tokens(
     py: Python<'_>,
     tokens: &Bound<'_, PyAny>,
     kv_block_size: i64,

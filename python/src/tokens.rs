@@ -9,14 +9,14 @@ use pyo3::prelude::*;
 use crate::buffer::View;
 
 /// A prompt's tokens, borrowed from a buffer or owned.
-pub enum Tokens {
+pub(crate) enum Tokens {
     /// A held buffer of native u32s (read in place, no copy).
     Borrowed(View),
     Owned(Vec<u32>),
 }
 
 impl Tokens {
-    pub fn as_slice(&self) -> &[u32] {
+    pub(crate) fn as_slice(&self) -> &[u32] {
         match self {
             Tokens::Owned(v) => v,
             Tokens::Borrowed(view) => {
@@ -81,7 +81,7 @@ fn from_view(view: View) -> PyResult<Tokens> {
 }
 
 /// Tokens from a buffer or a sequence of ints.
-pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tokens> {
+pub(crate) fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tokens> {
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>()
     {
         return Err(PyValueError::new_err(
@@ -117,7 +117,7 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tokens> {
 /// the general path, which also words the error). Raw C-API reads: through pyo3's
 /// `Bound` wrappers each item cost a reference count round trip and a type check on top
 /// of the conversion, most of an 8k-token call.
-pub fn from_list(obj: &Bound<'_, PyAny>) -> Option<Vec<u32>> {
+pub(crate) fn from_list(obj: &Bound<'_, PyAny>) -> Option<Vec<u32>> {
     let list = obj.cast::<pyo3::types::PyList>().ok()?;
     let py = obj.py();
     let n = list.len();

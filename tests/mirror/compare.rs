@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Where a host mirrors one engine struct.
 #[derive(Clone, Copy, Debug)]
-pub enum Place {
+pub(crate) enum Place {
     /// Each field as `prefix + rule(field without strip)` in location `loc`.
     At {
         loc: &'static str,
@@ -38,7 +38,7 @@ pub enum Place {
 }
 
 /// `field` of every engine struct in location `loc`.
-pub const fn at(loc: &'static str) -> Place {
+pub(crate) const fn at(loc: &'static str) -> Place {
     Place::At {
         loc,
         prefix: "",
@@ -48,7 +48,7 @@ pub const fn at(loc: &'static str) -> Place {
 
 /// A host's legitimate difference from the engine, with its reason.
 #[derive(Clone, Copy, Debug)]
-pub enum Exception {
+pub(crate) enum Exception {
     /// The host does not mirror `strukt.field`.
     Omitted {
         strukt: &'static str,
@@ -71,11 +71,15 @@ pub enum Exception {
     },
 }
 
-pub const fn omitted(strukt: &'static str, field: &'static str, why: &'static str) -> Exception {
+pub(crate) const fn omitted(
+    strukt: &'static str,
+    field: &'static str,
+    why: &'static str,
+) -> Exception {
     Exception::Omitted { strukt, field, why }
 }
 
-pub const fn renamed(
+pub(crate) const fn renamed(
     strukt: &'static str,
     field: &'static str,
     loc: &'static str,
@@ -91,12 +95,12 @@ pub const fn renamed(
     }
 }
 
-pub const fn extra(loc: &'static str, name: &'static str, why: &'static str) -> Exception {
+pub(crate) const fn extra(loc: &'static str, name: &'static str, why: &'static str) -> Exception {
     Exception::Extra { loc, name, why }
 }
 
 /// A host's mirror: where each engine struct is, its naming rule and its exceptions.
-pub struct Spec<'a> {
+pub(crate) struct Spec<'a> {
     /// Names the host in messages ("C (include/kvr.h)").
     pub host: &'a str,
     /// Engine struct name → its places. Every struct of `kvr::FIELD_LISTS` needs an entry.
@@ -107,10 +111,10 @@ pub struct Spec<'a> {
 }
 
 /// The names in each location, as the host read them (`None`: the location is not there).
-pub type Locate<'a> = dyn Fn(&str) -> Option<BTreeSet<String>> + 'a;
+pub(crate) type Locate<'a> = dyn Fn(&str) -> Option<BTreeSet<String>> + 'a;
 
 /// Every difference between the host's mirror and the engine's lists, one line each.
-pub fn differences(spec: &Spec<'_>, locate: &Locate<'_>) -> Vec<String> {
+pub(crate) fn differences(spec: &Spec<'_>, locate: &Locate<'_>) -> Vec<String> {
     let host = spec.host;
     let mut errors = Vec::new();
     let mut cache: BTreeMap<&str, Option<BTreeSet<String>>> = BTreeMap::new();
@@ -262,7 +266,7 @@ pub fn differences(spec: &Spec<'_>, locate: &Locate<'_>) -> Vec<String> {
 }
 
 /// Fails with every difference, one per line.
-pub fn assert_mirrors(spec: &Spec<'_>, locate: &Locate<'_>) {
+pub(crate) fn assert_mirrors(spec: &Spec<'_>, locate: &Locate<'_>) {
     let errors = differences(spec, locate);
     assert!(
         errors.is_empty(),
@@ -275,7 +279,12 @@ pub fn assert_mirrors(spec: &Spec<'_>, locate: &Locate<'_>) {
 
 /// The negative control: `mutate` removes the mirror of `strukt.field` from the host's
 /// source, and the check must then name it as missing.
-pub fn assert_catches_removal(spec: &Spec<'_>, locate: &Locate<'_>, strukt: &str, field: &str) {
+pub(crate) fn assert_catches_removal(
+    spec: &Spec<'_>,
+    locate: &Locate<'_>,
+    strukt: &str,
+    field: &str,
+) {
     let errors = differences(spec, locate);
     let want = format!("{strukt}.{field} is missing");
     assert!(

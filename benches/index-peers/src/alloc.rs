@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// The system allocator, counting the bytes it has handed out and not yet taken back.
-pub struct Counting;
+pub(crate) struct Counting;
 
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged; the
 // counter is a side effect that never touches the memory.
@@ -49,6 +49,6 @@ unsafe impl GlobalAlloc for Counting {
 }
 
 /// Heap bytes allocated and not yet freed.
-pub fn live_bytes() -> usize {
+pub(crate) fn live_bytes() -> usize {
     LIVE.load(Ordering::Relaxed)
 }

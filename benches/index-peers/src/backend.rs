@@ -15,7 +15,7 @@ use kvr::{RankId, StoredBlock, Tier};
 use crate::workload::{Block, Query};
 
 /// One index design as the harness drives it.
-pub trait Backend: Sync + Send + Sized {
+pub(crate) trait Backend: Sync + Send + Sized {
     /// Writer-side state (per-worker maps), owned by the thread applying events.
     type Writers: Send;
     /// A reader's reusable buffers.
@@ -47,7 +47,7 @@ pub trait Backend: Sync + Send + Sized {
 }
 
 /// The backends by name, for dispatch.
-pub const NAMES: [&str; 5] = [
+pub(crate) const NAMES: [&str; 5] = [
     "kvr",
     "kvr-reserved",
     "smg-chain",
@@ -62,21 +62,21 @@ pub const NAMES: [&str; 5] = [
 /// kvr's index (the run index), queried with local hashes. `RESERVE`: each worker's KV
 /// capacity is registered before the build (`Index::set_worker_capacity`, what a
 /// partition does with `WorkerInfo::total_kv_blocks`), so its map is sized once.
-pub struct KvrIndex<const RESERVE: bool> {
+pub(crate) struct KvrIndex<const RESERVE: bool> {
     pub index: Index,
 }
 
 /// kvr's index, maps grown as blocks come.
-pub type Kvr = KvrIndex<false>;
+pub(crate) type Kvr = KvrIndex<false>;
 /// kvr's index, each worker's map reserved for its share of the build.
-pub type KvrReserved = KvrIndex<true>;
+pub(crate) type KvrReserved = KvrIndex<true>;
 
 fn rank(worker: u32) -> RankId {
     RankId::new(worker as u64, 0)
 }
 
 /// The store's blocks in kvr's type, in a reused buffer.
-pub struct KvrWriters {
+pub(crate) struct KvrWriters {
     buf: Vec<StoredBlock>,
 }
 
@@ -139,7 +139,7 @@ impl<const RESERVE: bool> Backend for KvrIndex<RESERVE> {
 /// Folded-multiply hasher for already-random u64 keys (what a careful naive map would use;
 /// SipHash would make the reference look slower than it needs to be).
 #[derive(Default, Clone, Copy)]
-pub struct Fold(u64);
+pub(crate) struct Fold(u64);
 
 impl Hasher for Fold {
     fn finish(&self) -> u64 {
@@ -162,17 +162,17 @@ type FoldMap<K, V> = HashMap<K, V, BuildHasherDefault<Fold>>;
 /// Sequence hash → holders, under one reader-writer lock; per worker, engine hash →
 /// sequence hash. Exact by construction: a lookup walks the chain of sequence hashes.
 #[derive(Default)]
-pub struct Naive {
+pub(crate) struct Naive {
     nodes: RwLock<FoldMap<u64, Vec<u32>>>,
 }
 
-pub struct NaiveWriters {
+pub(crate) struct NaiveWriters {
     blocks: Vec<FoldMap<u64, u64>>,
     seq: Vec<u64>,
 }
 
 #[derive(Default)]
-pub struct NaiveScratch {
+pub(crate) struct NaiveScratch {
     seq: Vec<u64>,
     active: Vec<u32>,
     done: Vec<(u32, u32)>,

@@ -14,7 +14,7 @@ const LOADS: usize = 2_000_000;
 
 /// Nanoseconds per load of a random cyclic walk over `bytes` (at least 64 KiB), one
 /// 64-byte line per step, each load's address the previous load's value.
-pub fn dependent_load_ns(bytes: usize, seed: u64) -> f64 {
+pub(crate) fn dependent_load_ns(bytes: usize, seed: u64) -> f64 {
     let buf = walk(bytes / 64, seed);
     let lines = buf.len() / WORDS_PER_LINE;
     let mut p = 0usize;

@@ -19,7 +19,7 @@ use crate::workload::{self, Generator, Profile, Queries, Query, Request, Store};
 
 /// What one run is asked to do.
 #[derive(Clone, Debug)]
-pub struct RunSpec {
+pub(crate) struct RunSpec {
     pub profile: Profile,
     pub holder_blocks: usize,
     pub seed: u64,
@@ -35,7 +35,7 @@ pub struct RunSpec {
 
 /// Latency of one query set, nanoseconds per call.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub p50: f64,
     pub p99: f64,
     pub mean: f64,
@@ -43,7 +43,7 @@ pub struct Latency {
 
 /// The record of one run.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Record {
+pub(crate) struct Record {
     pub backend: String,
     pub profile: String,
     pub holder_blocks: usize,
@@ -82,7 +82,7 @@ pub struct Record {
 }
 
 /// Workers in `got` credited more than `expect` gives them (missing = 0).
-pub fn overcounts(got: &[(u32, u32)], expect: &[(u32, u32)]) -> usize {
+pub(crate) fn overcounts(got: &[(u32, u32)], expect: &[(u32, u32)]) -> usize {
     got.iter()
         .filter(|(w, n)| {
             let e = expect.iter().find(|(x, _)| x == w).map_or(0, |e| e.1);
@@ -92,7 +92,7 @@ pub fn overcounts(got: &[(u32, u32)], expect: &[(u32, u32)]) -> usize {
 }
 
 /// Workers in `expect` credited less by `got`.
-pub fn undercounts(got: &[(u32, u32)], expect: &[(u32, u32)]) -> usize {
+pub(crate) fn undercounts(got: &[(u32, u32)], expect: &[(u32, u32)]) -> usize {
     expect
         .iter()
         .filter(|(w, n)| {
@@ -152,7 +152,7 @@ fn timer_overhead() -> f64 {
 }
 
 /// Runs every phase on backend `B`.
-pub fn run<B: Backend>(name: &str, spec: &RunSpec) -> Record {
+pub(crate) fn run<B: Backend>(name: &str, spec: &RunSpec) -> Record {
     let mut gen = Generator::new(spec.profile, spec.seed);
     let built = workload::build(&mut gen, spec.holder_blocks);
     let reqs = &built.requests;
@@ -345,7 +345,7 @@ fn concurrency<B: Backend>(
 }
 
 /// Resident set size of this process in bytes (Linux `/proc/self/statm`).
-pub fn rss_bytes() -> Option<u64> {
+pub(crate) fn rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)

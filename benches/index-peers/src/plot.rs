@@ -39,7 +39,7 @@ fn series(
         .collect()
 }
 
-pub fn lookup_vs_size(records: &[Record], sizes: &[usize], backends: &[String]) -> String {
+pub(crate) fn lookup_vs_size(records: &[Record], sizes: &[usize], backends: &[String]) -> String {
     let panels = Profile::ALL;
     let width = W * panels.len() as f64;
     let legend_h = 22.0 * backends.len().div_ceil(3) as f64;

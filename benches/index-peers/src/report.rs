@@ -6,7 +6,7 @@ use std::fmt::Write;
 use crate::measure::{Latency, Record};
 use crate::workload::Profile;
 
-pub fn size_label(n: usize) -> String {
+pub(crate) fn size_label(n: usize) -> String {
     if n >= 1_000_000 && n.is_multiple_of(1_000_000) {
         format!("{}M", n / 1_000_000)
     } else if n >= 1_000 && n.is_multiple_of(1_000) {
@@ -16,7 +16,7 @@ pub fn size_label(n: usize) -> String {
     }
 }
 
-pub fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -78,7 +78,7 @@ fn rate(v: f64) -> String {
 
 /// The whole report: per (size, profile) a writes/memory table, a lookups table and a
 /// concurrency/exactness table; then kvr / smg-chain ratios.
-pub fn tables(
+pub(crate) fn tables(
     records: &[Record],
     sizes: &[usize],
     profiles: &[Profile],

@@ -14,14 +14,14 @@ use crate::backend::Backend;
 use crate::workload::{Block, Query};
 
 /// `kv-index` 2.0.0's `ChainIndex`.
-pub struct SmgChain {
+pub(crate) struct SmgChain {
     index: ChainIndex,
     /// Our worker → the index's interned id, and back.
     ids: Vec<u32>,
     back: Vec<u32>,
 }
 
-pub struct ChainWriters {
+pub(crate) struct ChainWriters {
     maps: Vec<ChainBlockMap>,
     buf: Vec<StoredBlock>,
 }
@@ -88,13 +88,13 @@ impl Backend for SmgChain {
 }
 
 /// `kv-index` 1.7.0's `PositionalIndexer`.
-pub struct SmgPositional {
+pub(crate) struct SmgPositional {
     index: PositionalIndexer,
     ids: Vec<u32>,
     back: Vec<u32>,
 }
 
-pub struct PositionalWriters {
+pub(crate) struct PositionalWriters {
     maps: Vec<WorkerBlockMap>,
     buf: Vec<smg1::StoredBlock>,
 }

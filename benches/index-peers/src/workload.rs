@@ -22,33 +22,33 @@
 use kvr::hash::sequence_hashes;
 
 /// Workers in every profile.
-pub const WORKERS: usize = 128;
+pub(crate) const WORKERS: usize = 128;
 /// System prompts per holder group.
-pub const SYS_PER_GROUP: usize = 4;
+pub(crate) const SYS_PER_GROUP: usize = 4;
 /// Blocks of a system prompt.
-pub const SYS_LEN: usize = 16;
+pub(crate) const SYS_LEN: usize = 16;
 /// Blocks of a whole request chain (system prompt included).
-pub const REQ_LEN: usize = 128;
+pub(crate) const REQ_LEN: usize = 128;
 /// Every n-th request is a template variant.
-pub const TEMPLATE_EVERY: usize = 8;
+pub(crate) const TEMPLATE_EVERY: usize = 8;
 /// Blocks of a template's varying segment.
-pub const VARIANT_LEN: usize = 8;
+pub(crate) const VARIANT_LEN: usize = 8;
 /// Blocks of a template's shared body.
-pub const TEMPLATE_LEN: usize = 32;
+pub(crate) const TEMPLATE_LEN: usize = 32;
 /// Requests in the cache-hot query set.
-pub const HOT_SET: usize = 64;
+pub(crate) const HOT_SET: usize = 64;
 
 /// splitmix64: small, fast, deterministic.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
     #[inline]
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         // The state advances by the golden ratio; the output is its SplitMix64 mix.
         let z = kvr::hash::splitmix64(self.0);
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -56,40 +56,40 @@ impl Rng {
     }
 
     #[inline]
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         ((self.next_u64() as u128 * n as u128) >> 64) as usize
     }
 }
 
 /// Holders per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Profile {
+pub(crate) enum Profile {
     Single,
     Shared8,
 }
 
 impl Profile {
-    pub const ALL: [Profile; 2] = [Profile::Single, Profile::Shared8];
+    pub(crate) const ALL: [Profile; 2] = [Profile::Single, Profile::Shared8];
 
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Profile::Single => "single",
             Profile::Shared8 => "shared8",
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|p| p.label() == s)
     }
 
-    pub fn holders(self) -> usize {
+    pub(crate) fn holders(self) -> usize {
         match self {
             Profile::Single => 1,
             Profile::Shared8 => 8,
         }
     }
 
-    pub fn groups(self) -> usize {
+    pub(crate) fn groups(self) -> usize {
         WORKERS / self.holders()
     }
 }
@@ -97,21 +97,21 @@ impl Profile {
 /// The engine's hash of a block: a function of its chained hash, so every holder names a
 /// block alike (and two blocks with equal content behind different prefixes differently).
 #[inline]
-pub fn engine_hash(seq: u64) -> u64 {
+pub(crate) fn engine_hash(seq: u64) -> u64 {
     let mut r = Rng::new(seq ^ 0x656e_6769_6e65_2121);
     r.next_u64()
 }
 
 /// One block of a `Stored` event: (engine hash, local hash).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Block {
+pub(crate) struct Block {
     pub ext: u64,
     pub local: u64,
 }
 
 /// One request: its group, and its chain's local hashes (system prompt first).
 #[derive(Clone, Debug)]
-pub struct Request {
+pub(crate) struct Request {
     pub group: u32,
     pub sys: u32,
     /// Template id (`sys` of the group) for a template variant.
@@ -121,7 +121,7 @@ pub struct Request {
 
 /// A `Stored` event: on `worker`, `blocks` after `parent` (an engine hash).
 #[derive(Clone, Debug)]
-pub struct Store {
+pub(crate) struct Store {
     pub worker: u32,
     pub parent: Option<u64>,
     pub blocks: Vec<Block>,
@@ -129,7 +129,7 @@ pub struct Store {
 
 /// Generates requests and their events, deterministically.
 #[derive(Debug)]
-pub struct Generator {
+pub(crate) struct Generator {
     pub profile: Profile,
     rng: Rng,
     /// `[group][sys]` local hashes.
@@ -142,7 +142,7 @@ pub struct Generator {
 }
 
 impl Generator {
-    pub fn new(profile: Profile, seed: u64) -> Self {
+    pub(crate) fn new(profile: Profile, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let groups = profile.groups();
         let mut draw = |n: usize| -> Vec<u64> { (0..n).map(|_| rng.next_u64()).collect() };
@@ -163,13 +163,13 @@ impl Generator {
     }
 
     /// Workers of group `g`.
-    pub fn holders(&self, g: u32) -> std::ops::Range<u32> {
+    pub(crate) fn holders(&self, g: u32) -> std::ops::Range<u32> {
         let h = self.profile.holders() as u32;
         g * h..(g + 1) * h
     }
 
     /// The next request (groups round-robin, a random system prompt of the group).
-    pub fn next_request(&mut self) -> Request {
+    pub(crate) fn next_request(&mut self) -> Request {
         let r = self.next_request;
         self.next_request += 1;
         let groups = self.profile.groups();
@@ -194,7 +194,7 @@ impl Generator {
     }
 
     /// The events that put `req` on its holders (its system prompt first, once).
-    pub fn stores(&mut self, req: &Request, out: &mut Vec<Store>) {
+    pub(crate) fn stores(&mut self, req: &Request, out: &mut Vec<Store>) {
         let seq = sequence_hashes(&req.local);
         let first_time = !std::mem::replace(
             &mut self.sys_stored[req.group as usize][req.sys as usize],
@@ -225,7 +225,7 @@ impl Generator {
     }
 
     /// Engine hashes of the blocks `req` stored itself (what evicting it removes).
-    pub fn own_engine_hashes(req: &Request) -> Vec<u64> {
+    pub(crate) fn own_engine_hashes(req: &Request) -> Vec<u64> {
         sequence_hashes(&req.local)[SYS_LEN..]
             .iter()
             .map(|&s| engine_hash(s))
@@ -233,18 +233,18 @@ impl Generator {
     }
 
     /// Fresh random local hashes (a prompt nobody holds).
-    pub fn miss(&mut self, n: usize) -> Vec<u64> {
+    pub(crate) fn miss(&mut self, n: usize) -> Vec<u64> {
         (0..n).map(|_| self.rng.next_u64()).collect()
     }
 
-    pub fn rng(&mut self) -> &mut Rng {
+    pub(crate) fn rng(&mut self) -> &mut Rng {
         &mut self.rng
     }
 }
 
 /// A built workload: the requests stored to reach the target size, and their events.
 #[derive(Debug)]
-pub struct Built {
+pub(crate) struct Built {
     pub requests: Vec<Request>,
     pub stores: Vec<Store>,
     /// (worker, block) pairs the stores hold.
@@ -252,7 +252,7 @@ pub struct Built {
 }
 
 /// Requests and stores until at least `holder_blocks` (worker, block) pairs are held.
-pub fn build(gen: &mut Generator, holder_blocks: usize) -> Built {
+pub(crate) fn build(gen: &mut Generator, holder_blocks: usize) -> Built {
     let mut requests = Vec::new();
     let mut stores = Vec::new();
     let mut held = 0;
@@ -275,7 +275,7 @@ pub fn build(gen: &mut Generator, holder_blocks: usize) -> Built {
 
 /// A query and the answer an exact index gives: `(worker, blocks)` sorted by worker.
 #[derive(Clone, Debug)]
-pub struct Query {
+pub(crate) struct Query {
     pub local: Vec<u64>,
     pub expect: Vec<(u32, u32)>,
 }
@@ -287,12 +287,17 @@ impl Query {
 }
 
 /// Query sets over a built workload (every request in `requests` is live).
-pub struct Queries;
+pub(crate) struct Queries;
 
 impl Queries {
     /// `count` stored requests drawn uniformly (the whole index is the working set), cut
     /// to `len` blocks.
-    pub fn cold(gen: &mut Generator, reqs: &[Request], len: usize, count: usize) -> Vec<Query> {
+    pub(crate) fn cold(
+        gen: &mut Generator,
+        reqs: &[Request],
+        len: usize,
+        count: usize,
+    ) -> Vec<Query> {
         (0..count)
             .map(|_| {
                 let r = &reqs[gen.rng().below(reqs.len())];
@@ -302,7 +307,12 @@ impl Queries {
     }
 
     /// `count` queries over the first `HOT_SET` requests only (they stay in cache).
-    pub fn hot(gen: &mut Generator, reqs: &[Request], len: usize, count: usize) -> Vec<Query> {
+    pub(crate) fn hot(
+        gen: &mut Generator,
+        reqs: &[Request],
+        len: usize,
+        count: usize,
+    ) -> Vec<Query> {
         let hot = &reqs[..reqs.len().min(HOT_SET)];
         (0..count)
             .map(|_| {
@@ -318,7 +328,7 @@ impl Queries {
     }
 
     /// Prompts nobody holds, `len` blocks each.
-    pub fn miss(gen: &mut Generator, len: usize, count: usize) -> Vec<Query> {
+    pub(crate) fn miss(gen: &mut Generator, len: usize, count: usize) -> Vec<Query> {
         (0..count)
             .map(|_| Query::new(gen.miss(len), Vec::new()))
             .collect()
@@ -328,7 +338,7 @@ impl Queries {
     /// the rest of variant `b` of the same template (same positions, same content as far as
     /// a positional index can tell). An exact index credits the holders up to the template's
     /// end only; a positional one also the spliced tail held in `b`.
-    pub fn splice(gen: &mut Generator, reqs: &[Request], count: usize) -> Vec<Query> {
+    pub(crate) fn splice(gen: &mut Generator, reqs: &[Request], count: usize) -> Vec<Query> {
         let variants: Vec<&Request> = reqs.iter().filter(|r| r.template.is_some()).collect();
         let cut = SYS_LEN + VARIANT_LEN + TEMPLATE_LEN;
         let mut out = Vec::with_capacity(count);

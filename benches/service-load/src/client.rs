@@ -12,17 +12,17 @@ use serde::Deserialize;
 
 /// A request that did not come back 2xx: the status, or `None` for a transport error.
 #[derive(Debug)]
-pub struct Failed(pub Option<StatusCode>, pub String);
+pub(crate) struct Failed(pub Option<StatusCode>, pub String);
 
 #[derive(Debug, Clone)]
-pub struct Api {
+pub(crate) struct Api {
     client: Client<HttpConnector, Full<Bytes>>,
     base: String,
 }
 
 /// The fields of a SelectResponse the benchmark uses (the rest are ignored).
 #[derive(Debug, Deserialize)]
-pub struct Selected {
+pub(crate) struct Selected {
     pub selection_id: String,
     pub worker_id: u64,
     #[serde(default)]
@@ -33,14 +33,14 @@ pub struct Selected {
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub struct Overlap {
+pub(crate) struct Overlap {
     /// Matched tokens on the device tier of the chosen worker.
     #[serde(default)]
     pub gpu: u64,
 }
 
 impl Api {
-    pub fn new(port: u16) -> Self {
+    pub(crate) fn new(port: u16) -> Self {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
@@ -54,7 +54,7 @@ impl Api {
     }
 
     /// Sends one request; the body of a 2xx answer, else `Failed`.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,
@@ -91,32 +91,36 @@ impl Api {
         }
     }
 
-    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> Result<Bytes, Failed> {
+    pub(crate) async fn post_json(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<Bytes, Failed> {
         let body = Bytes::from(serde_json::to_vec(body).expect("json"));
         self.call(Method::POST, path, Some(body)).await
     }
 
-    pub async fn get_json(&self, path: &str) -> Result<serde_json::Value, Failed> {
+    pub(crate) async fn get_json(&self, path: &str) -> Result<serde_json::Value, Failed> {
         let b = self.call(Method::GET, path, None).await?;
         serde_json::from_slice(&b).map_err(|e| Failed(None, e.to_string()))
     }
 
     /// `POST /select_and_reserve` with a prebuilt body.
-    pub async fn select_and_reserve(&self, body: Bytes) -> Result<Selected, Failed> {
+    pub(crate) async fn select_and_reserve(&self, body: Bytes) -> Result<Selected, Failed> {
         let b = self
             .call(Method::POST, "/select_and_reserve", Some(body))
             .await?;
         serde_json::from_slice(&b).map_err(|e| Failed(None, format!("bad answer: {e}")))
     }
 
-    pub async fn prefill_complete(&self, id: &str) -> Result<(), Failed> {
+    pub(crate) async fn prefill_complete(&self, id: &str) -> Result<(), Failed> {
         let path = format!("/reservations/{id}/prefill_complete");
         self.call(Method::POST, &path, Some(Bytes::from_static(b"{}")))
             .await
             .map(|_| ())
     }
 
-    pub async fn free(&self, id: &str) -> Result<(), Failed> {
+    pub(crate) async fn free(&self, id: &str) -> Result<(), Failed> {
         let path = format!("/reservations/{id}");
         self.call(Method::DELETE, &path, None).await.map(|_| ())
     }
@@ -124,7 +128,7 @@ impl Api {
 
 /// `{"model_name":…,"token_ids":[…]}`, written directly: the bodies are up to ~50 KB,
 /// one per operation, and `write!` per integer cost the generator ~30 ns a token.
-pub fn select_body(model: &str, tokens: &[u32]) -> Bytes {
+pub(crate) fn select_body(model: &str, tokens: &[u32]) -> Bytes {
     let mut b = Vec::with_capacity(32 + model.len() + tokens.len() * 6);
     b.extend_from_slice(b"{\"model_name\":");
     b.extend_from_slice(serde_json::to_string(model).expect("str").as_bytes());

@@ -38,14 +38,14 @@ fn core_busy_secs(core: usize) -> Option<f64> {
 
 /// Where the two processes run (run.sh pins them with taskset).
 #[derive(Debug, Clone)]
-pub struct Cores {
+pub(crate) struct Cores {
     pub server_pid: Option<String>,
     pub server_core: Option<usize>,
     pub loadgen_core: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct Sample {
+pub(crate) struct Sample {
     t: Instant,
     loadgen: Option<f64>,
     server: Option<f64>,
@@ -54,7 +54,7 @@ pub struct Sample {
 }
 
 impl Cores {
-    pub fn sample(&self) -> Sample {
+    pub(crate) fn sample(&self) -> Sample {
         Sample {
             t: Instant::now(),
             loadgen: process_secs("self"),
@@ -65,7 +65,7 @@ impl Cores {
     }
 
     /// Fills the phase's CPU figures (in cores) from the samples around it.
-    pub fn fill(&self, before: Sample, r: &mut PhaseResult) {
+    pub(crate) fn fill(&self, before: Sample, r: &mut PhaseResult) {
         let after = self.sample();
         let secs = after.t.duration_since(before.t).as_secs_f64();
         let d = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (a - b) / secs);

@@ -20,7 +20,7 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 /// One worker's prefix cache (engine block hashes), LRU with leaf-first eviction.
 #[derive(Debug)]
-pub struct Cache {
+pub(crate) struct Cache {
     capacity: usize,
     stamp_of: HashMap<u64, u64>,
     by_stamp: BTreeMap<u64, u64>,
@@ -29,14 +29,14 @@ pub struct Cache {
 
 /// What serving a prompt did to a cache.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Served {
+pub(crate) struct Served {
     /// Leading blocks the worker held before (the overlap a perfect index reports).
     pub cached: usize,
     pub evicted: Vec<u64>,
 }
 
 impl Cache {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Cache {
             capacity,
             stamp_of: HashMap::new(),
@@ -45,12 +45,12 @@ impl Cache {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.stamp_of.len()
     }
 
     /// Serves a prompt of `hashes` (one per complete block, root first).
-    pub fn serve(&mut self, hashes: &[u64]) -> Served {
+    pub(crate) fn serve(&mut self, hashes: &[u64]) -> Served {
         let cached = hashes
             .iter()
             .take_while(|h| self.stamp_of.contains_key(h))
@@ -78,13 +78,19 @@ impl Cache {
 /// parent_block_hash, token_ids, block_size, lora_id, medium, lora_name]` and
 /// BlockRemoved as `["BlockRemoved", block_hashes, medium]`.
 #[derive(Debug, Default)]
-pub struct Batch {
+pub(crate) struct Batch {
     buf: Vec<u8>,
     events: u32,
 }
 
 impl Batch {
-    pub fn stored(&mut self, hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) {
+    pub(crate) fn stored(
+        &mut self,
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        bs: usize,
+    ) {
         let b = &mut self.buf;
         rmp::encode::write_array_len(b, 8).unwrap();
         rmp::encode::write_str(b, "BlockStored").unwrap();
@@ -107,7 +113,7 @@ impl Batch {
         self.events += 1;
     }
 
-    pub fn removed(&mut self, hashes: &[u64]) {
+    pub(crate) fn removed(&mut self, hashes: &[u64]) {
         let b = &mut self.buf;
         rmp::encode::write_array_len(b, 3).unwrap();
         rmp::encode::write_str(b, "BlockRemoved").unwrap();
@@ -119,11 +125,11 @@ impl Batch {
         self.events += 1;
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.events == 0
     }
 
-    pub fn finish(self) -> Bytes {
+    pub(crate) fn finish(self) -> Bytes {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -139,7 +145,7 @@ impl Batch {
 
 /// Counters of what the fleet published.
 #[derive(Debug, Default)]
-pub struct FleetStats {
+pub(crate) struct FleetStats {
     pub batches: AtomicU64,
     pub stored_blocks: AtomicU64,
     pub removed_blocks: AtomicU64,
@@ -151,7 +157,7 @@ struct Worker {
 }
 
 /// The workers' caches and their publishers (worker ids are 0..n).
-pub struct Fleet {
+pub(crate) struct Fleet {
     workers: Vec<Mutex<Worker>>,
     pub block_size: usize,
     pub stats: FleetStats,
@@ -168,7 +174,7 @@ impl std::fmt::Debug for Fleet {
 impl Fleet {
     /// Binds one PUB per worker on `127.0.0.1:{base_port + i}` (vLLM's publishers bind;
     /// the service connects to each `kv_events_endpoint`) and spawns its sender.
-    pub async fn bind(
+    pub(crate) async fn bind(
         n: usize,
         base_port: u16,
         capacity: usize,
@@ -196,12 +202,12 @@ impl Fleet {
         }))
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.workers.len()
     }
 
     /// Publishes a prebuilt batch on worker `w` (the readiness probes).
-    pub fn send(&self, w: usize, batch: Batch) {
+    pub(crate) fn send(&self, w: usize, batch: Batch) {
         let worker = self.workers[w].lock().unwrap();
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let _ = worker.tx.send(batch.finish());
@@ -209,7 +215,7 @@ impl Fleet {
 
     /// The request of `tokens` / `hashes` ran its prefill on worker `w`: update its
     /// cache and publish what changed. Returns the blocks it already held.
-    pub fn serve(&self, w: usize, tokens: &[u32], hashes: &[u64]) -> usize {
+    pub(crate) fn serve(&self, w: usize, tokens: &[u32], hashes: &[u64]) -> usize {
         let bs = self.block_size;
         // Encode and enqueue under the worker's lock, so batches leave in cache order.
         let mut worker = self.workers[w].lock().unwrap();
@@ -237,7 +243,7 @@ impl Fleet {
     }
 
     /// Blocks held across the fleet (the index size a perfect index would have).
-    pub fn cached_blocks(&self) -> usize {
+    pub(crate) fn cached_blocks(&self) -> usize {
         self.workers
             .iter()
             .map(|w| w.lock().unwrap().cache.len())

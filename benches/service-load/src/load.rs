@@ -18,7 +18,7 @@ use crate::workload::Workload;
 
 /// What every operation needs.
 #[derive(Debug)]
-pub struct Ctx {
+pub(crate) struct Ctx {
     pub api: Api,
     pub fleet: Arc<Fleet>,
     pub workload: Mutex<Workload>,
@@ -27,7 +27,7 @@ pub struct Ctx {
 
 /// Counters and histograms of one phase (latencies in microseconds).
 #[derive(Debug)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub select: Histogram<u64>,
     pub chain: Histogram<u64>,
     /// Open loop: from an operation's intended send time to its task starting (the
@@ -46,7 +46,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let h = || Histogram::new_with_bounds(1, 120_000_000, 3).expect("bounds");
         Stats {
             select: h(),
@@ -87,7 +87,7 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// One operation; latencies are measured from `intended` (its scheduled send time).
-pub async fn operation(ctx: &Ctx, stats: &Mutex<Stats>, intended: Instant) {
+pub(crate) async fn operation(ctx: &Ctx, stats: &Mutex<Stats>, intended: Instant) {
     let prompt = ctx.workload.lock().unwrap().next_prompt();
     let body = select_body(&ctx.model, &prompt.tokens);
     let sel = match ctx.api.select_and_reserve(body).await {
@@ -141,7 +141,7 @@ pub async fn operation(ctx: &Ctx, stats: &Mutex<Stats>, intended: Instant) {
 
 /// One phase's figures, as the driver script reads them.
 #[derive(Debug, Serialize)]
-pub struct PhaseResult {
+pub(crate) struct PhaseResult {
     pub kind: &'static str,
     pub concurrency: Option<usize>,
     pub offered_ops_s: Option<f64>,
@@ -219,7 +219,7 @@ fn result(
 }
 
 /// Closed loop: `conc` tasks issue operations back to back for `dur`.
-pub async fn closed(ctx: &Arc<Ctx>, conc: usize, dur: Duration) -> PhaseResult {
+pub(crate) async fn closed(ctx: &Arc<Ctx>, conc: usize, dur: Duration) -> PhaseResult {
     let stats = Arc::new(Mutex::new(Stats::new()));
     let start = Instant::now();
     let deadline = start + dur;
@@ -246,7 +246,12 @@ pub async fn closed(ctx: &Arc<Ctx>, conc: usize, dur: Duration) -> PhaseResult {
 /// counts in its latency). The pacing runs on its own OS thread: tokio's timer has a
 /// 1 ms granularity, which would add up to 1 ms of the generator's own to every
 /// latency; a thread's sleep wakes within tens of microseconds.
-pub async fn open(ctx: &Arc<Ctx>, rate: f64, dur: Duration, max_inflight: usize) -> PhaseResult {
+pub(crate) async fn open(
+    ctx: &Arc<Ctx>,
+    rate: f64,
+    dur: Duration,
+    max_inflight: usize,
+) -> PhaseResult {
     let stats = Arc::new(Mutex::new(Stats::new()));
     let sem = Arc::new(Semaphore::new(max_inflight));
     let n = (rate * dur.as_secs_f64()).round().max(1.0) as u64;

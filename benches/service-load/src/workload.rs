@@ -12,14 +12,14 @@ const VOCAB: u64 = 32_000;
 
 /// splitmix64: small, fast, and reproducible across platforms (no dependency needed).
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         // The state advances by the golden ratio; the output is its SplitMix64 mix.
         let z = kvr::hash::splitmix64(self.0);
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -27,12 +27,12 @@ impl Rng {
     }
 
     /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Uniform integer in [lo, hi] (inclusive).
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+    pub(crate) fn range(&mut self, lo: usize, hi: usize) -> usize {
         lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
     }
 
@@ -43,7 +43,7 @@ impl Rng {
 
 /// How prompt lengths are drawn between `min_len` and `max_len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LenDist {
+pub(crate) enum LenDist {
     Uniform,
     /// Log-uniform: as many prompts of 1k-2k as of 4k-8k tokens (real traffic is skewed
     /// to short prompts).
@@ -51,7 +51,7 @@ pub enum LenDist {
 }
 
 #[derive(Debug, Clone)]
-pub struct WorkloadConfig {
+pub(crate) struct WorkloadConfig {
     pub seed: u64,
     pub block_size: usize,
     pub min_len: usize,
@@ -69,7 +69,7 @@ pub struct WorkloadConfig {
 
 /// One prompt: its tokens and the sequence hashes of its complete blocks.
 #[derive(Debug, Clone)]
-pub struct Prompt {
+pub(crate) struct Prompt {
     pub tokens: Arc<Vec<u32>>,
     /// Dynamo's chained sequence hash of each complete block (REFERENCE §1). Also used as
     /// the engine's block hash in the events (a chained hash, as vLLM's is).
@@ -77,7 +77,7 @@ pub struct Prompt {
 }
 
 #[derive(Debug)]
-pub struct Workload {
+pub(crate) struct Workload {
     cfg: WorkloadConfig,
     rng: Rng,
     groups: Vec<Vec<u32>>,
@@ -86,7 +86,7 @@ pub struct Workload {
 }
 
 impl Workload {
-    pub fn new(cfg: WorkloadConfig) -> Self {
+    pub(crate) fn new(cfg: WorkloadConfig) -> Self {
         let mut rng = Rng::new(cfg.seed);
         let groups = (0..cfg.groups)
             .map(|_| {
@@ -129,7 +129,7 @@ impl Workload {
     }
 
     /// The next prompt of the stream.
-    pub fn next_prompt(&mut self) -> Prompt {
+    pub(crate) fn next_prompt(&mut self) -> Prompt {
         self.drawn += 1;
         let slot = self.rng.range(0, self.sessions.len() - 1);
         let turn = self.rng.unit() < self.cfg.multi_turn;
@@ -161,7 +161,7 @@ impl Workload {
 
 /// Dynamo's sequence hashes of the complete blocks of `tokens` (REFERENCE §1, no salt):
 /// kvr's own hashing, which the engine's conformance tests pin to Dynamo's.
-pub fn sequence_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+pub(crate) fn sequence_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
     let hasher = kvr::hash::BlockHasher::new(block_size, kvr::hash::HashSalt::new(None, None))
         .expect("a block size of at least 1");
     let (mut local, mut seq) = (Vec::new(), Vec::new());

@@ -9,7 +9,7 @@ use super::policy::Router;
 /// booking and every rank's booking counters are back to zero; no event was refused,
 /// failed to decode or went missing; and (with events) the index holds exactly what each
 /// rank's cache holds.
-pub fn router_problems(router: &Router, caches: &[(RankId, &KvCache)]) -> Vec<String> {
+pub(crate) fn router_problems(router: &Router, caches: &[(RankId, &KvCache)]) -> Vec<String> {
     let mut problems = Vec::new();
     let p = router.partition();
     if router.booked != router.freed || router.prefilled != router.booked {

@@ -28,7 +28,7 @@ struct Slot {
 
 /// What admitting a request did.
 #[derive(Debug, Default)]
-pub struct Admission {
+pub(crate) struct Admission {
     /// Leading prompt blocks that were cached (prefill skips them).
     pub hit_blocks: u32,
     /// Per complete prompt block: `true` = computed by this request (stored at prefill
@@ -43,12 +43,12 @@ pub struct Admission {
 /// A run of blocks newly stored by [`KvCache::commit`]: `hashes[start..end]` chained
 /// after `hashes[start - 1]` (none when `start == 0`).
 #[derive(Debug, PartialEq, Eq)]
-pub struct StoredRun {
+pub(crate) struct StoredRun {
     pub start: usize,
     pub end: usize,
 }
 
-pub struct KvCache {
+pub(crate) struct KvCache {
     capacity: u32,
     /// Blocks in use: cached (held or in the LRU) plus anonymous.
     used: u32,
@@ -62,7 +62,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(capacity: u32) -> Self {
+    pub(crate) fn new(capacity: u32) -> Self {
         KvCache {
             capacity,
             used: 0,
@@ -76,17 +76,17 @@ impl KvCache {
     }
 
     #[cfg(test)]
-    pub fn used(&self) -> u32 {
+    pub(crate) fn used(&self) -> u32 {
         self.used
     }
 
     /// Cached blocks (matchable), held or not.
-    pub fn cached(&self) -> usize {
+    pub(crate) fn cached(&self) -> usize {
         self.map.len()
     }
 
     /// Leading `hashes` present in the cache.
-    pub fn prefix_hits(&self, hashes: &[u64]) -> u32 {
+    pub(crate) fn prefix_hits(&self, hashes: &[u64]) -> u32 {
         hashes
             .iter()
             .take_while(|h| self.map.contains_key(h))
@@ -128,7 +128,7 @@ impl KvCache {
     /// needs `total_blocks` blocks in all (prompt and output). Holds its cached blocks,
     /// takes room for the rest, evicting least-recently-used unheld blocks (their hashes
     /// are appended to `evicted`). `None` (and nothing changed) if it does not fit now.
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         hashes: &[u64],
         total_blocks: u32,
@@ -187,7 +187,7 @@ impl KvCache {
     /// Prefill ended: the request's computed blocks become cached. A block another request
     /// stored meanwhile is shared instead (the anonymous copy is given back). Returns the
     /// runs of blocks newly stored, for the `BlockStored` events.
-    pub fn commit(&mut self, hashes: &[u64], adm: &Admission) -> Vec<StoredRun> {
+    pub(crate) fn commit(&mut self, hashes: &[u64], adm: &Admission) -> Vec<StoredRun> {
         let mut runs: Vec<StoredRun> = Vec::new();
         for (i, &h) in hashes.iter().enumerate() {
             if adm.computed[i] {
@@ -221,7 +221,7 @@ impl KvCache {
     /// `hashes[..from]`): they become cached out of the request's anonymous blocks, so a
     /// later turn that carries the answer reuses them (vLLM caches decode blocks too). A
     /// block already cached is shared instead. Returns the runs newly stored.
-    pub fn commit_output(
+    pub(crate) fn commit_output(
         &mut self,
         hashes: &[u64],
         from: usize,
@@ -259,7 +259,7 @@ impl KvCache {
 
     /// The request ended: its prompt blocks and cached output blocks (`hashes`, the whole
     /// chain) are released (tail first into the LRU) and its anonymous blocks freed.
-    pub fn release(&mut self, hashes: &[u64], adm: &Admission) {
+    pub(crate) fn release(&mut self, hashes: &[u64], adm: &Admission) {
         debug_assert_eq!(
             hashes.len(),
             adm.computed.len() + adm.output_blocks as usize
@@ -276,7 +276,7 @@ impl KvCache {
     }
 
     /// Internal consistency, for tests.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         let mut n = 0;
         let mut s = self.lru_head;
         while s != NIL {

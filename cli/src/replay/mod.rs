@@ -10,16 +10,16 @@
 //! model on one GPU, chosen so prefill dominates TTFT as it does in practice.
 
 mod checks;
-pub mod kv_cache;
-pub mod plot;
-pub mod policy;
-pub mod report;
-pub mod sglang_tree;
-pub mod sim;
-pub mod sweep;
+pub(crate) mod kv_cache;
+pub(crate) mod plot;
+pub(crate) mod policy;
+pub(crate) mod report;
+pub(crate) mod sglang_tree;
+pub(crate) mod sim;
+pub(crate) mod sweep;
 #[cfg(test)]
 mod tests;
-pub mod workload;
+pub(crate) mod workload;
 
 use std::collections::HashSet;
 use std::io::IsTerminal;
@@ -46,10 +46,10 @@ const MAX_RANKS: u64 = 4_096;
 /// 0.35 ms of simulation per conversation and policy at the defaults (`kvr replay --policy
 /// round-robin --sessions N`: max RSS 18.8 MB at 1,200, 38.1 MB at 12,000; 0.41 s, 4.2 s).
 /// 100,000 is ~80× the default: a few hundred MB and about half a minute per policy.
-pub const MAX_SESSIONS: u32 = 100_000;
+pub(crate) const MAX_SESSIONS: u32 = 100_000;
 
 #[derive(Debug, Args)]
-pub struct ReplayArgs {
+pub(crate) struct ReplayArgs {
     /// A Mooncake JSONL trace (`timestamp` ms, `input_length`, `output_length`,
     /// `hash_ids` of 512 tokens). Without one, the built-in workload is generated.
     #[arg(long, value_name = "FILE")]
@@ -324,7 +324,7 @@ impl ReplayArgs {
 /// request's leading complete blocks that any earlier request already computed (its
 /// prompt, or its answer's complete blocks, as the ranks cache them), short of the block
 /// holding its last token (always recomputed, as on the ranks).
-pub fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
+pub(crate) fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
     let hasher = policy::hasher(block_size);
     let (mut local, mut seq, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
     let mut seen = HashSet::new();
@@ -356,7 +356,7 @@ pub fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
 }
 
 /// A fresh engine with one partition holding the cluster's workers, and its router.
-pub fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
+pub(crate) fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
     let engine = Engine::with_seed(cfg.seed);
     let key = PartitionKey::new("replay", "default");
     let partition = engine
@@ -385,7 +385,7 @@ pub fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
 }
 
 /// Runs every policy; returns the workload and the per-policy results.
-pub fn replay(
+pub(crate) fn replay(
     cfg: &SimConfig,
     w: &Workload,
     policies: &[PolicyKind],
@@ -439,7 +439,7 @@ fn workload_json(w: &Workload, cfg: &SimConfig) -> serde_json::Value {
     })
 }
 
-pub fn run(args: &ReplayArgs) -> Result<(), String> {
+pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
     // Output paths first: a bad one fails before any work, not after the simulation.
     if let Some(path) = &args.plot {
         plot::check_writable(path)?;

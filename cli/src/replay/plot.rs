@@ -31,7 +31,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// One routing policy's results, as drawn in the figure.
 #[derive(Debug, Clone, Copy)]
-pub struct PlotSeries<'a> {
+pub(crate) struct PlotSeries<'a> {
     /// Policy name, used in the legend and under its bar.
     pub policy: &'a str,
     /// Prefix-cache hit rate in `0..=1` (clamped; a non-finite value draws no bar).
@@ -48,7 +48,7 @@ const HEIGHT: u32 = 500;
 /// Width of the left (CDF) panel; the bar chart gets the rest.
 const LEFT_PANEL_WIDTH: u32 = 720;
 /// At most this many points are drawn per CDF (first and last kept).
-pub const MAX_CDF_POINTS: usize = 500;
+pub(crate) const MAX_CDF_POINTS: usize = 500;
 /// The log axis starts here: smaller TTFTs (including 0) are drawn at this value.
 const MIN_TTFT_MS: f64 = 0.1;
 /// Multiplicative padding of the CDF's x range on both sides.
@@ -58,7 +58,7 @@ pub(super) const FONT: &str = "sans-serif";
 /// Checks before a run that `path` can be written, so a bad `--plot` fails at once rather
 /// than after the whole simulation: it must not be a directory, and it is opened for
 /// writing (created and removed again when it did not exist).
-pub fn check_writable(path: &Path) -> Result<(), String> {
+pub(crate) fn check_writable(path: &Path) -> Result<(), String> {
     let bad = |e: String| format!("cannot write plot {}: {e}", path.display());
     if path.is_dir() {
         return Err(bad("it is a directory".into()));
@@ -77,13 +77,13 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
 }
 
 /// Renders the figure and writes it to `path`.
-pub fn write_svg(path: &Path, title: &str, series: &[PlotSeries<'_>]) -> Result<(), String> {
+pub(crate) fn write_svg(path: &Path, title: &str, series: &[PlotSeries<'_>]) -> Result<(), String> {
     let svg = render_svg(title, series)?;
     std::fs::write(path, svg).map_err(|e| format!("cannot write plot {}: {e}", path.display()))
 }
 
 /// Renders the figure (see the module doc) into an SVG document.
-pub fn render_svg(title: &str, series: &[PlotSeries<'_>]) -> Result<String, String> {
+pub(crate) fn render_svg(title: &str, series: &[PlotSeries<'_>]) -> Result<String, String> {
     if series.is_empty() {
         return Err("nothing to plot".to_string());
     }

@@ -44,7 +44,7 @@ use super::sglang_tree::{SglangTree, DEFAULT_MAX_ENTRIES};
 
 /// A routing policy of `kvr replay`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PolicyKind {
+pub(crate) enum PolicyKind {
     Kvr,
     KvrDynamo,
     KvrApprox,
@@ -57,7 +57,7 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 9] = [
+    pub(crate) const ALL: [PolicyKind; 9] = [
         PolicyKind::Kvr,
         PolicyKind::KvrDynamo,
         PolicyKind::KvrApprox,
@@ -69,7 +69,7 @@ impl PolicyKind {
         PolicyKind::DynamoClassic,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             PolicyKind::Kvr => "kvr",
             PolicyKind::KvrDynamo => "kvr-dynamo",
@@ -83,7 +83,7 @@ impl PolicyKind {
         }
     }
 
-    pub fn parse(s: &str) -> Result<PolicyKind, String> {
+    pub(crate) fn parse(s: &str) -> Result<PolicyKind, String> {
         PolicyKind::ALL
             .into_iter()
             .find(|p| p.name() == s)
@@ -94,7 +94,7 @@ impl PolicyKind {
     }
 
     /// Whether the router reads the engines' KV events.
-    pub fn uses_events(self) -> bool {
+    pub(crate) fn uses_events(self) -> bool {
         matches!(
             self,
             PolicyKind::Kvr
@@ -105,7 +105,7 @@ impl PolicyKind {
     }
 
     /// Whether kvr's own selection picks the rank (so session affinity can steer it).
-    pub fn selects_in_engine(self) -> bool {
+    pub(crate) fn selects_in_engine(self) -> bool {
         matches!(
             self,
             PolicyKind::Kvr
@@ -116,7 +116,7 @@ impl PolicyKind {
     }
 
     /// The cost the partition selects with: Dynamo's for `kvr-dynamo`, else `cost`.
-    pub fn cost(self, cost: kvr::config::CostConfig) -> kvr::config::CostConfig {
+    pub(crate) fn cost(self, cost: kvr::config::CostConfig) -> kvr::config::CostConfig {
         match self {
             PolicyKind::KvrDynamo => kvr::config::CostConfig {
                 model: kvr::config::CostModel::Dynamo,
@@ -129,7 +129,7 @@ impl PolicyKind {
     /// The partition's indexer policy: events off (the approximate primary, fed by the
     /// bookings) for the policies without events, the prediction side index for
     /// `kvr-predict`.
-    pub fn indexer(self, prediction_ttl: Duration) -> IndexerConfig {
+    pub(crate) fn indexer(self, prediction_ttl: Duration) -> IndexerConfig {
         match self {
             PolicyKind::KvrApprox => IndexerConfig {
                 use_kv_events: false,
@@ -150,7 +150,7 @@ const SGLANG_BALANCE_REL: f64 = 1.5;
 const SGLANG_CACHE_THRESHOLD: f64 = 0.3;
 
 /// A router: one policy over one partition of its own engine.
-pub struct Router {
+pub(crate) struct Router {
     kind: PolicyKind,
     /// Owns the partition (kept alive; the router calls the partition directly).
     _engine: Engine,
@@ -175,13 +175,13 @@ pub struct Router {
 }
 
 /// Where a request went.
-pub struct Routed {
+pub(crate) struct Routed {
     pub rank: RankId,
     pub selection_id: u64,
 }
 
 impl Router {
-    pub fn new(
+    pub(crate) fn new(
         kind: PolicyKind,
         engine: Engine,
         partition: Arc<Partition>,
@@ -211,16 +211,16 @@ impl Router {
         }
     }
 
-    pub fn kind(&self) -> PolicyKind {
+    pub(crate) fn kind(&self) -> PolicyKind {
         self.kind
     }
 
-    pub fn partition(&self) -> &Partition {
+    pub(crate) fn partition(&self) -> &Partition {
         &self.partition
     }
 
     /// Routes and books one request at simulated time `now`.
-    pub fn route(
+    pub(crate) fn route(
         &mut self,
         tokens: &[u32],
         output_tokens: u32,
@@ -374,7 +374,7 @@ impl Router {
         }
     }
 
-    pub fn prefill_done(&mut self, id: u64, now: Instant) -> Result<(), String> {
+    pub(crate) fn prefill_done(&mut self, id: u64, now: Instant) -> Result<(), String> {
         self.partition
             .bookings()
             .mark_prefill_complete_at(id, now)
@@ -383,14 +383,14 @@ impl Router {
         Ok(())
     }
 
-    pub fn output_block(&self, id: u64) -> Result<(), String> {
+    pub(crate) fn output_block(&self, id: u64) -> Result<(), String> {
         self.partition
             .bookings()
             .add_output_blocks(id, 1)
             .map_err(|e| e.to_string())
     }
 
-    pub fn free(&mut self, id: u64) -> Result<(), String> {
+    pub(crate) fn free(&mut self, id: u64) -> Result<(), String> {
         match self
             .partition
             .bookings()
@@ -408,6 +408,6 @@ impl Router {
 }
 
 /// A salt-free hasher of `block_size` (the partitions of a replay use no namespace).
-pub fn hasher(block_size: u32) -> BlockHasher {
+pub(crate) fn hasher(block_size: u32) -> BlockHasher {
     BlockHasher::new(block_size as usize, HashSalt::default()).expect("block size checked >= 1")
 }

@@ -5,7 +5,7 @@ use serde::Serialize;
 use super::sim::RunResult;
 
 #[derive(Serialize, Clone, Copy, Debug, PartialEq)]
-pub struct Ttft {
+pub(crate) struct Ttft {
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
@@ -13,7 +13,7 @@ pub struct Ttft {
 
 /// Percentiles of a per-token or end-to-end latency, ms.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
@@ -30,14 +30,14 @@ impl Latency {
 }
 
 #[derive(Serialize, Clone, Copy, Debug, PartialEq)]
-pub struct SelectNs {
+pub(crate) struct SelectNs {
     pub p50: f64,
     pub p99: f64,
 }
 
 /// One policy's line of the report (the `--json` schema, field for field).
 #[derive(Serialize, Clone, Debug, PartialEq)]
-pub struct PolicyReport {
+pub(crate) struct PolicyReport {
     pub policy: String,
     pub requests: u64,
     pub prompt_tokens: u64,
@@ -65,7 +65,7 @@ pub struct PolicyReport {
 }
 
 /// Nearest-rank percentile of sorted values (0 for none).
-pub fn percentile<T: Copy + Into<f64>>(sorted: &[T], p: f64) -> f64 {
+pub(crate) fn percentile<T: Copy + Into<f64>>(sorted: &[T], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -82,7 +82,7 @@ fn ratio(a: f64, b: f64) -> f64 {
 }
 
 impl PolicyReport {
-    pub fn new(r: &RunResult, oracle_hit_rate: f64) -> Self {
+    pub(crate) fn new(r: &RunResult, oracle_hit_rate: f64) -> Self {
         let ranks = r.prefill_tokens_per_rank.len().max(1) as f64;
         let total: u64 = r.prefill_tokens_per_rank.iter().sum();
         let max = r.prefill_tokens_per_rank.iter().copied().max().unwrap_or(0);
@@ -131,7 +131,7 @@ pub(super) fn si(x: f64) -> String {
 }
 
 /// The report as a text table.
-pub fn table(reports: &[PolicyReport]) -> String {
+pub(crate) fn table(reports: &[PolicyReport]) -> String {
     let header = [
         "policy",
         "hit rate",

@@ -11,10 +11,10 @@ use std::collections::HashMap;
 
 /// Entries (block, worker) the tree holds at most by default: SGLang's default
 /// `max_tree_size` of 2^26 tokens in 64-token blocks.
-pub const DEFAULT_MAX_ENTRIES: usize = (1 << 26) / 64;
+pub(crate) const DEFAULT_MAX_ENTRIES: usize = (1 << 26) / 64;
 
 /// An approximate, size-bounded prefix tree over block hashes, per worker index.
-pub struct SglangTree {
+pub(crate) struct SglangTree {
     /// Block hash → (worker, last use) for every worker that was sent it.
     blocks: HashMap<u64, Vec<(u32, u64)>>,
     entries: usize,
@@ -23,7 +23,7 @@ pub struct SglangTree {
 }
 
 impl SglangTree {
-    pub fn new(max_entries: usize) -> Self {
+    pub(crate) fn new(max_entries: usize) -> Self {
         SglangTree {
             blocks: HashMap::new(),
             entries: 0,
@@ -34,13 +34,13 @@ impl SglangTree {
 
     /// Entries held now.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries
     }
 
     /// Per worker (`out[w]`, `out` resized to `workers`), how many leading blocks of
     /// `chain` the tree holds for it.
-    pub fn match_prefix(&self, chain: &[u64], workers: usize, out: &mut Vec<u32>) {
+    pub(crate) fn match_prefix(&self, chain: &[u64], workers: usize, out: &mut Vec<u32>) {
         out.clear();
         out.resize(workers, 0);
         for (depth, h) in chain.iter().enumerate() {
@@ -65,7 +65,7 @@ impl SglangTree {
 
     /// Records that `chain` was sent to `worker` (refreshing what it already held), then
     /// evicts the least recently used entries if the tree outgrew its bound.
-    pub fn insert(&mut self, chain: &[u64], worker: u32) {
+    pub(crate) fn insert(&mut self, chain: &[u64], worker: u32) {
         self.tick += 1;
         let tick = self.tick;
         for h in chain {

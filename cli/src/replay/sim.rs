@@ -53,14 +53,14 @@ use kvr::RankId;
 use kvr_emulator::BatchEncoder;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-pub use super::checks::router_problems;
+pub(crate) use super::checks::router_problems;
 use super::kv_cache::{Admission, KvCache, StoredRun};
 use super::policy::Router;
 use super::workload::{token_at, Workload};
 
 /// The cluster's shape and speed.
 #[derive(Clone, Debug)]
-pub struct SimConfig {
+pub(crate) struct SimConfig {
     pub workers: u32,
     pub dp_size: u32,
     /// KV blocks per rank.
@@ -93,7 +93,7 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    pub fn ranks(&self) -> Vec<RankId> {
+    pub(crate) fn ranks(&self) -> Vec<RankId> {
         (0..self.workers)
             .flat_map(|w| (0..self.dp_size).map(move |d| RankId::new(u64::from(w), d)))
             .collect()
@@ -104,14 +104,14 @@ impl SimConfig {
     }
 
     /// Blocks a request occupies at most (prompt and output).
-    pub fn blocks_needed(&self, input: u32, output: u32) -> u32 {
+    pub(crate) fn blocks_needed(&self, input: u32, output: u32) -> u32 {
         (u64::from(input) + u64::from(output)).div_ceil(u64::from(self.block_size)) as u32
     }
 }
 
 /// What one policy's run measured.
 #[derive(Clone, Debug, Default)]
-pub struct RunResult {
+pub(crate) struct RunResult {
     pub policy: &'static str,
     pub requests: u64,
     pub prompt_tokens: u64,
@@ -535,7 +535,7 @@ impl Sim<'_> {
 
 /// Runs `workload` through a cluster of `cfg` routed by `router`. `progress` is called
 /// after every request arrival.
-pub fn run(
+pub(crate) fn run(
     cfg: &SimConfig,
     workload: &Workload,
     router: &mut Router,
@@ -545,7 +545,7 @@ pub fn run(
 }
 
 /// [`run`], also returning each rank's cache as the run left it.
-pub fn run_keeping_caches(
+pub(crate) fn run_keeping_caches(
     cfg: &SimConfig,
     workload: &Workload,
     router: &mut Router,

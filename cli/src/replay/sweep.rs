@@ -24,13 +24,13 @@ use super::workload::Workload;
 
 /// The knob a sweep varies.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum SweepKey {
+pub(crate) enum SweepKey {
     Rate,
     EventDelayMs,
 }
 
 impl SweepKey {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SweepKey::Rate => "rate",
             SweepKey::EventDelayMs => "event-delay-ms",
@@ -38,7 +38,7 @@ impl SweepKey {
     }
 
     /// How a setting reads in the report.
-    pub fn label(self, v: f64) -> String {
+    pub(crate) fn label(self, v: f64) -> String {
         match self {
             SweepKey::Rate => format!("{v}×"),
             SweepKey::EventDelayMs => format!("{v} ms"),
@@ -46,7 +46,7 @@ impl SweepKey {
     }
 
     /// The cluster configuration at setting `v`.
-    pub fn apply(self, base: &SimConfig, v: f64) -> SimConfig {
+    pub(crate) fn apply(self, base: &SimConfig, v: f64) -> SimConfig {
         let mut cfg = base.clone();
         match self {
             SweepKey::Rate => cfg.speed = base.speed * v,
@@ -57,10 +57,10 @@ impl SweepKey {
 }
 
 /// Settings a sweep may have (each replays every policy).
-pub const MAX_POINTS: usize = 16;
+pub(crate) const MAX_POINTS: usize = 16;
 
 /// Parses `KEY=V1,V2,…`.
-pub fn parse(s: &str) -> Result<(SweepKey, Vec<f64>), String> {
+pub(crate) fn parse(s: &str) -> Result<(SweepKey, Vec<f64>), String> {
     let bad = || {
         format!(
             "--sweep must be rate=N,… (load multipliers > 0) or event-delay-ms=D,… (≥ 0), \
@@ -88,13 +88,13 @@ pub fn parse(s: &str) -> Result<(SweepKey, Vec<f64>), String> {
 }
 
 /// One setting's results.
-pub struct SweepPoint {
+pub(crate) struct SweepPoint {
     pub value: f64,
     pub reports: Vec<PolicyReport>,
 }
 
 /// The sweep as text: a table per setting, then TTFT p90 (s) by setting.
-pub fn table(key: SweepKey, points: &[SweepPoint]) -> String {
+pub(crate) fn table(key: SweepKey, points: &[SweepPoint]) -> String {
     let mut out = String::new();
     for p in points {
         out.push_str(&format!("{} = {}\n", key.name(), key.label(p.value)));
@@ -123,7 +123,12 @@ pub fn table(key: SweepKey, points: &[SweepPoint]) -> String {
 }
 
 /// The sweep as JSON.
-pub fn json(key: SweepKey, w: &Workload, cfg: &serde_json::Value, points: &[SweepPoint]) -> String {
+pub(crate) fn json(
+    key: SweepKey,
+    w: &Workload,
+    cfg: &serde_json::Value,
+    points: &[SweepPoint],
+) -> String {
     let points: Vec<serde_json::Value> = points
         .iter()
         .map(|p| serde_json::json!({ "value": p.value, "policies": p.reports }))
@@ -137,7 +142,7 @@ pub fn json(key: SweepKey, w: &Workload, cfg: &serde_json::Value, points: &[Swee
 }
 
 /// Draws TTFT p90 against the setting, a line per policy, into `path`.
-pub fn write_svg(
+pub(crate) fn write_svg(
     path: &Path,
     title: &str,
     key: SweepKey,

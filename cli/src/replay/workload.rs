@@ -15,14 +15,14 @@ use std::path::Path;
 use kvr::cost::SelectionRng;
 
 /// Tokens per `hash_id` in a Mooncake trace (REFERENCE.md §6).
-pub const MOONCAKE_CHUNK_TOKENS: u32 = 512;
+pub(crate) const MOONCAKE_CHUNK_TOKENS: u32 = 512;
 
 /// Vocabulary the synthetic tokens are drawn from (Llama-3's size).
 const VOCAB: u64 = 128_256;
 
 /// One request of a workload.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Request {
+pub(crate) struct Request {
     /// Arrival time, ms from the workload's start (before `--speed` scaling).
     pub arrival_ms: f64,
     /// The prompt, as content segments.
@@ -43,7 +43,7 @@ pub struct Request {
 
 impl Request {
     /// Writes the prompt's tokens into `out` (cleared first).
-    pub fn tokens_into(&self, out: &mut Vec<u32>) {
+    pub(crate) fn tokens_into(&self, out: &mut Vec<u32>) {
         out.clear();
         out.reserve(self.input_tokens as usize);
         for &(id, len) in &self.segments {
@@ -53,10 +53,10 @@ impl Request {
 }
 
 /// Content ids at or above this are unique per request (outputs nobody reuses).
-pub const UNIQUE_CONTENT: u64 = 1 << 62;
+pub(crate) const UNIQUE_CONTENT: u64 = 1 << 62;
 
 /// Token `j` of content `id`: SplitMix64 of the pair, reduced to the vocabulary.
-pub fn token_at(id: u64, j: u32) -> u32 {
+pub(crate) fn token_at(id: u64, j: u32) -> u32 {
     let mut z = id
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add(u64::from(j).wrapping_mul(0xD1B5_4A32_D192_ED03))
@@ -68,7 +68,7 @@ pub fn token_at(id: u64, j: u32) -> u32 {
 
 /// A named list of requests in arrival order.
 #[derive(Clone, Debug)]
-pub struct Workload {
+pub(crate) struct Workload {
     /// What it is: "built-in" or the trace's path.
     pub name: String,
     pub requests: Vec<Request>,
@@ -77,7 +77,7 @@ pub struct Workload {
 }
 
 impl Workload {
-    pub fn prompt_tokens(&self) -> u64 {
+    pub(crate) fn prompt_tokens(&self) -> u64 {
         self.requests
             .iter()
             .map(|r| u64::from(r.input_tokens))
@@ -85,7 +85,7 @@ impl Workload {
     }
 
     /// Span from the first to the last arrival, ms.
-    pub fn duration_ms(&self) -> f64 {
+    pub(crate) fn duration_ms(&self) -> f64 {
         match (self.requests.first(), self.requests.last()) {
             (Some(a), Some(b)) => b.arrival_ms - a.arrival_ms,
             _ => 0.0,
@@ -106,7 +106,7 @@ struct MooncakeLine {
 /// the problem; so is a trace without requests. Blank lines are skipped. Arrivals must
 /// not go back in time (the traces are sorted; a shuffled file is more likely a mistake
 /// than a workload).
-pub fn load_mooncake(path: &Path) -> Result<Workload, String> {
+pub(crate) fn load_mooncake(path: &Path) -> Result<Workload, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut requests = Vec::new();
     let mut last_ts = f64::NEG_INFINITY;
@@ -181,7 +181,7 @@ fn mooncake_request(rec: &MooncakeLine, last_ts: f64, n: usize) -> Result<Reques
 
 /// Parameters of the built-in workload.
 #[derive(Clone, Debug)]
-pub struct GeneratorConfig {
+pub(crate) struct GeneratorConfig {
     pub seed: u64,
     /// Sessions to generate (conversations, agent runs and single long prompts together).
     pub sessions: u32,
@@ -256,7 +256,7 @@ struct Turn {
 /// turns later, as real users do. `arrival_ms` is the nominal time had the answer taken
 /// 25 ms a token (kept for the order of the list and for open-loop tools).
 /// Deterministic in `seed`.
-pub fn generate(cfg: &GeneratorConfig) -> Workload {
+pub(crate) fn generate(cfg: &GeneratorConfig) -> Workload {
     let mut rng = SelectionRng::from_seed(cfg.seed ^ 0x6B76_725F_7265_706C);
     let mut next_id: u64 = 1;
     let mut fresh = || {

@@ -4,6 +4,6 @@
 //! Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
-pub mod model;
-pub mod partition;
-pub mod rng;
+pub(crate) mod model;
+pub(crate) mod partition;
+pub(crate) mod rng;

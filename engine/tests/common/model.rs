@@ -20,11 +20,11 @@ use kvr::hash::chain_hash;
 use kvr::{ApplyOutcome, IndexError, TieredOverlap};
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
-pub const TIERS: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
+pub(crate) const TIERS: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
 
 /// A change of "rank holds `seq` on `tier`", in the order the model made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Transition {
+pub(crate) struct Transition {
     pub rank: RankId,
     pub tier: Tier,
     pub seq: u64,
@@ -33,7 +33,7 @@ pub struct Transition {
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct RankModel {
+pub(crate) struct RankModel {
     /// Per tier: external hash → sequence hash.
     pub names: [HashMap<u64, u64>; 3],
     /// Per tier: sequence hash → number of external hashes naming it (derived).
@@ -46,17 +46,17 @@ pub struct RankModel {
 }
 
 impl RankModel {
-    pub fn holds(&self, tier: Tier, seq: u64) -> bool {
+    pub(crate) fn holds(&self, tier: Tier, seq: u64) -> bool {
         self.held[tier as usize].contains_key(&seq)
     }
 
     /// The sequence hash `external` names, looked up on device, then host, then disk.
-    pub fn resolve(&self, external: u64) -> Option<u64> {
+    pub(crate) fn resolve(&self, external: u64) -> Option<u64> {
         self.names.iter().find_map(|m| m.get(&external).copied())
     }
 
     /// Distinct sequence hashes held on any tier.
-    pub fn holder_blocks(&self) -> u64 {
+    pub(crate) fn holder_blocks(&self) -> u64 {
         let mut all: HashSet<u64> = HashSet::new();
         for t in &self.held {
             all.extend(t.keys().copied());
@@ -64,7 +64,7 @@ impl RankModel {
         all.len() as u64
     }
 
-    pub fn tier_blocks(&self) -> [u64; 3] {
+    pub(crate) fn tier_blocks(&self) -> [u64; 3] {
         [
             self.held[0].len() as u64,
             self.held[1].len() as u64,
@@ -73,13 +73,13 @@ impl RankModel {
     }
 
     /// External names on all tiers.
-    pub fn names_len(&self) -> usize {
+    pub(crate) fn names_len(&self) -> usize {
         self.names.iter().map(|m| m.len()).sum()
     }
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct Model {
+pub(crate) struct Model {
     pub ranks: BTreeMap<RankId, RankModel>,
     pub stored_events: u64,
     pub removed_events: u64,
@@ -92,7 +92,7 @@ pub struct Model {
 
 /// The sequence hashes of a prompt given as local hashes: `seq[0] = local[0]`,
 /// `seq[i] = chain_hash(seq[i-1], local[i])`.
-pub fn seqs(locals: &[u64]) -> Vec<u64> {
+pub(crate) fn seqs(locals: &[u64]) -> Vec<u64> {
     let mut out = Vec::with_capacity(locals.len());
     let mut prev: Option<u64> = None;
     for &l in locals {
@@ -168,11 +168,15 @@ fn empty_rank(rm: &mut RankModel, log: &mut Option<Vec<Transition>>, rank: RankI
 }
 
 impl Model {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    pub fn apply(&mut self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
+    pub(crate) fn apply(
+        &mut self,
+        rank: RankId,
+        event: &KvEvent<'_>,
+    ) -> Result<ApplyOutcome, IndexError> {
         match *event {
             KvEvent::Stored {
                 tier,
@@ -197,7 +201,7 @@ impl Model {
 
     /// Returns the blocks that became held on `tier` (a name moved onto a block another
     /// name already holds, or a repeated name, adds nothing).
-    pub fn store(
+    pub(crate) fn store(
         &mut self,
         rank: RankId,
         tier: Tier,
@@ -248,7 +252,12 @@ impl Model {
         Ok(stored)
     }
 
-    pub fn remove(&mut self, rank: RankId, tier: Tier, external_hashes: &[u64]) -> ApplyOutcome {
+    pub(crate) fn remove(
+        &mut self,
+        rank: RankId,
+        tier: Tier,
+        external_hashes: &[u64],
+    ) -> ApplyOutcome {
         self.removed_events += 1;
         let mut out = ApplyOutcome::default();
         match self.ranks.get_mut(&rank) {
@@ -272,7 +281,7 @@ impl Model {
     }
 
     /// Returns the external names dropped (on all tiers).
-    pub fn clear(&mut self, rank: RankId) -> usize {
+    pub(crate) fn clear(&mut self, rank: RankId) -> usize {
         self.cleared_events += 1;
         match self.ranks.get_mut(&rank) {
             None => 0,
@@ -283,7 +292,7 @@ impl Model {
         }
     }
 
-    pub fn remove_rank(&mut self, rank: RankId) -> bool {
+    pub(crate) fn remove_rank(&mut self, rank: RankId) -> bool {
         match self.ranks.remove(&rank) {
             None => false,
             Some(mut rm) => {
@@ -293,7 +302,7 @@ impl Model {
         }
     }
 
-    pub fn remove_worker(&mut self, worker_id: u64) -> usize {
+    pub(crate) fn remove_worker(&mut self, worker_id: u64) -> usize {
         let gone: Vec<RankId> = self
             .ranks
             .keys()
@@ -306,20 +315,20 @@ impl Model {
         gone.len()
     }
 
-    pub fn ranks(&self) -> Vec<RankId> {
+    pub(crate) fn ranks(&self) -> Vec<RankId> {
         self.ranks.keys().copied().collect()
     }
 
-    pub fn rank(&self, rank: RankId) -> Option<&RankModel> {
+    pub(crate) fn rank(&self, rank: RankId) -> Option<&RankModel> {
         self.ranks.get(&rank)
     }
 
     /// Device score per rank (sorted, zero scores absent).
-    pub fn find_matches(&self, locals: &[u64]) -> Vec<(RankId, u32)> {
+    pub(crate) fn find_matches(&self, locals: &[u64]) -> Vec<(RankId, u32)> {
         self.find_matches_by_sequence(&seqs(locals))
     }
 
-    pub fn find_matches_by_sequence(&self, seq: &[u64]) -> Vec<(RankId, u32)> {
+    pub(crate) fn find_matches_by_sequence(&self, seq: &[u64]) -> Vec<(RankId, u32)> {
         let mut out = Vec::new();
         for (r, rm) in &self.ranks {
             let d = seq
@@ -334,11 +343,11 @@ impl Model {
     }
 
     /// Tiered score per rank (sorted; ranks with nothing absent).
-    pub fn find_matches_tiered(&self, locals: &[u64]) -> Vec<TieredOverlap> {
+    pub(crate) fn find_matches_tiered(&self, locals: &[u64]) -> Vec<TieredOverlap> {
         self.find_matches_tiered_by_sequence(&seqs(locals))
     }
 
-    pub fn find_matches_tiered_by_sequence(&self, seq: &[u64]) -> Vec<TieredOverlap> {
+    pub(crate) fn find_matches_tiered_by_sequence(&self, seq: &[u64]) -> Vec<TieredOverlap> {
         let mut out = Vec::new();
         for (r, rm) in &self.ranks {
             let run = |from: usize, tier: Tier| {
@@ -363,11 +372,11 @@ impl Model {
     }
 
     /// (rank, block) pairs held on any tier.
-    pub fn holder_blocks(&self) -> u64 {
+    pub(crate) fn holder_blocks(&self) -> u64 {
         self.ranks.values().map(|r| r.holder_blocks()).sum()
     }
 
-    pub fn tier_blocks(&self) -> [u64; 3] {
+    pub(crate) fn tier_blocks(&self) -> [u64; 3] {
         let mut t = [0u64; 3];
         for r in self.ranks.values() {
             let rt = r.tier_blocks();
@@ -379,7 +388,7 @@ impl Model {
     }
 
     /// Distinct sequence hashes held by anyone on any tier.
-    pub fn nodes(&self) -> u64 {
+    pub(crate) fn nodes(&self) -> u64 {
         let mut all: HashSet<u64> = HashSet::new();
         for r in self.ranks.values() {
             for t in &r.held {
@@ -390,7 +399,7 @@ impl Model {
     }
 
     /// Re-derives every rank's held counts from its names and compares.
-    pub fn self_check(&self) {
+    pub(crate) fn self_check(&self) {
         for (r, rm) in &self.ranks {
             for t in 0..3 {
                 let mut counts: HashMap<u64, u32> = HashMap::new();
@@ -403,7 +412,7 @@ impl Model {
     }
 
     /// Folds in a model of disjoint ranks (the concurrent test keeps one per writer).
-    pub fn merge(&mut self, other: Model) {
+    pub(crate) fn merge(&mut self, other: Model) {
         for (r, rm) in other.ranks {
             assert!(
                 self.ranks.insert(r, rm).is_none(),
@@ -419,7 +428,7 @@ impl Model {
 }
 
 /// Checks the index's stats and rank list against the model exactly (quiescent only).
-pub fn assert_stats_equal(index: &kvr::Index, model: &Model, ctx: &dyn Fn() -> String) {
+pub(crate) fn assert_stats_equal(index: &kvr::Index, model: &Model, ctx: &dyn Fn() -> String) {
     assert_eq!(index.ranks(), model.ranks(), "ranks differ; {}", ctx());
     let s = index.stats();
     for r in model.ranks.keys() {
@@ -472,7 +481,7 @@ pub fn assert_stats_equal(index: &kvr::Index, model: &Model, ctx: &dyn Fn() -> S
 }
 
 /// Checks one rank's stats against the model exactly (quiescent only).
-pub fn assert_rank_stats_equal(
+pub(crate) fn assert_rank_stats_equal(
     index: &kvr::Index,
     model: &Model,
     rank: RankId,

@@ -8,23 +8,23 @@ use kvr::hash::{BlockHasher, HashSalt};
 use kvr::{Outcome, Partition, RankId, SelectRequest};
 
 /// The block size of these tests' partitions.
-pub const B: u32 = 4;
+pub(crate) const B: u32 = 4;
 
 /// An eight-block prompt, distinct per seed.
-pub fn prompt(seed: u32) -> Vec<u32> {
+pub(crate) fn prompt(seed: u32) -> Vec<u32> {
     (0..8 * B).map(|i| seed * 1000 + i).collect()
 }
 
 /// The sequence hashes of `tokens` (no salt).
 /// The local hashes of a tokens prompt (block size `B`, no salt).
-pub fn locals(tokens: &[u32]) -> Vec<u64> {
+pub(crate) fn locals(tokens: &[u32]) -> Vec<u64> {
     let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
     let (mut local, mut seq) = (Vec::new(), Vec::new());
     h.hash_tokens(tokens, &mut local, &mut seq);
     local
 }
 
-pub fn seqs(tokens: &[u32]) -> Vec<u64> {
+pub(crate) fn seqs(tokens: &[u32]) -> Vec<u64> {
     let h = BlockHasher::new(B as usize, HashSalt::default()).unwrap();
     let (mut l, mut s) = (Vec::new(), Vec::new());
     h.hash_tokens(tokens, &mut l, &mut s);
@@ -32,7 +32,7 @@ pub fn seqs(tokens: &[u32]) -> Vec<u64> {
 }
 
 /// Books `tokens` with selection id `id` (seeding the tie-break with it); the chosen rank.
-pub fn book(p: &Partition, tokens: &[u32], id: u64, now: Instant) -> RankId {
+pub(crate) fn book(p: &Partition, tokens: &[u32], id: u64, now: Instant) -> RankId {
     let mut rng = SelectionRng::from_seed(id);
     match p
         .select_and_reserve(&SelectRequest::tokens(tokens), id, now, &mut rng)

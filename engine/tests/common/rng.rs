@@ -2,14 +2,14 @@
 //! seed reproduces a run exactly.
 
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(seed ^ 0x5851_f42d_4c95_7f2d)
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -18,36 +18,36 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         assert!(n > 0, "Rng::below(0)");
         ((self.next_u64() as u128 * n as u128) >> 64) as usize
     }
 
     /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+    pub(crate) fn range(&mut self, lo: usize, hi: usize) -> usize {
         lo + self.below(hi - lo + 1)
     }
 
     /// True with probability `num / den`.
-    pub fn chance(&mut self, num: u32, den: u32) -> bool {
+    pub(crate) fn chance(&mut self, num: u32, den: u32) -> bool {
         self.below(den as usize) < num as usize
     }
 
     /// A skewed pick in `0..n`: small indices are much more likely (roughly 1/x), so a
     /// few items are shared by most users and the tail by few.
-    pub fn skewed(&mut self, n: usize) -> usize {
+    pub(crate) fn skewed(&mut self, n: usize) -> usize {
         let a = self.below(n) + 1;
         let b = self.below(a);
         self.below(b + 1)
     }
 
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+    pub(crate) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len())]
     }
 }
 
 /// A seed from `var` if set (decimal or 0x-hex), else `None`.
-pub fn env_u64(var: &str) -> Option<u64> {
+pub(crate) fn env_u64(var: &str) -> Option<u64> {
     let v = std::env::var(var).ok()?;
     let v = v.trim();
     let parsed = match v.strip_prefix("0x") {

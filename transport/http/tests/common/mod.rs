@@ -1,1 +1,1 @@
-pub mod server;
+pub(crate) mod server;

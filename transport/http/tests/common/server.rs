@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// One request as the server read it.
 #[derive(Clone, Debug)]
-pub struct Received {
+pub(crate) struct Received {
     pub method: String,
     pub path: String,
     pub content_type: Option<String>,
@@ -20,7 +20,7 @@ pub struct Received {
 }
 
 /// What the handler tells the server to do with a request.
-pub enum Reply {
+pub(crate) enum Reply {
     /// Answer with this status and body (`Content-Type: application/json`).
     Json(u16, String),
     /// Answer 200 with this body, then close the connection; announced with
@@ -36,9 +36,9 @@ pub enum Reply {
     SlowBody(Duration, String),
 }
 
-pub type Handler = dyn Fn(&Received) -> Reply + Send + Sync;
+pub(crate) type Handler = dyn Fn(&Received) -> Reply + Send + Sync;
 
-pub struct TestServer {
+pub(crate) struct TestServer {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
     received: Arc<Mutex<Vec<Received>>>,
@@ -46,7 +46,9 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    pub fn start(handler: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> TestServer {
+    pub(crate) fn start(
+        handler: impl Fn(&Received) -> Reply + Send + Sync + 'static,
+    ) -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let handler: Arc<Handler> = Arc::new(handler);
@@ -73,15 +75,15 @@ impl TestServer {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
 
-    pub fn received(&self) -> Vec<Received> {
+    pub(crate) fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
     }
 }
