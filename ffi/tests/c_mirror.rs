@@ -4,8 +4,12 @@
 //! setter), fails here, as does a C field or setter that mirrors nothing. Naming rule: the
 //! engine's name, or with `_ms` for a duration; the exceptions below say where C differs.
 
+#[path = "../../tests/mirror/c_text.rs"]
+mod c_text;
 #[path = "../../tests/mirror/compare.rs"]
 mod compare;
+
+use c_text::strip_comments;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -195,25 +199,6 @@ fn spec() -> Spec<'static> {
         rule: |f| vec![f.to_string(), format!("{f}_ms")],
         exceptions: EXCEPTIONS,
     }
-}
-
-/// `text` without C comments.
-fn strip_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while !rest.is_empty() {
-        if let Some(r) = rest.strip_prefix("/*") {
-            rest = r.find("*/").map_or("", |i| &r[i + 2..]);
-            out.push(' ');
-        } else if let Some(r) = rest.strip_prefix("//") {
-            rest = r.find('\n').map_or("", |i| &r[i..]);
-        } else {
-            let c = rest.chars().next().unwrap_or(' ');
-            out.push(c);
-            rest = &rest[c.len_utf8()..];
-        }
-    }
-    out
 }
 
 /// The identifier a C declarator declares (`uint64_t tier_blocks[3]` → `tier_blocks`).

@@ -5,8 +5,12 @@
 //! check, c_mirror.rs, covers those structs' fields). Naming rule: C's (the engine's name,
 //! or with `_ms` for a duration); the exceptions below say where C++ differs.
 
+#[path = "../../tests/mirror/c_text.rs"]
+mod c_text;
 #[path = "../../tests/mirror/compare.rs"]
 mod compare;
+
+use c_text::strip_comments;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -129,24 +133,6 @@ fn spec() -> Spec<'static> {
         rule: |f| vec![f.to_string(), format!("{f}_ms")],
         exceptions: EXCEPTIONS,
     }
-}
-
-/// `code` without `//` and `/* */` comments.
-fn strip_comments(code: &str) -> String {
-    let mut out = String::with_capacity(code.len());
-    let mut rest = code;
-    while !rest.is_empty() {
-        if let Some(r) = rest.strip_prefix("/*") {
-            rest = r.find("*/").map_or("", |i| &r[i + 2..]);
-        } else if let Some(r) = rest.strip_prefix("//") {
-            rest = r.find('\n').map_or("", |i| &r[i..]);
-        } else {
-            let c = rest.chars().next().unwrap_or(' ');
-            out.push(c);
-            rest = &rest[c.len_utf8()..];
-        }
-    }
-    out
 }
 
 /// The body of `class name` or `struct name` (between its braces).

@@ -3,6 +3,8 @@
 //! from the lists and committed, and this test fails when the committed file differs from
 //! what the engine declares. Run with `KVR_UPDATE_FIELDS=1` to rewrite it.
 
+mod common;
+
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -56,24 +58,12 @@ fn render(lists: &[kvr::FieldList]) -> String {
 fn committed_fields_json_matches_the_engine() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fields.json");
     let generated = render(kvr::FIELD_LISTS);
-    if std::env::var_os("KVR_UPDATE_FIELDS").is_some() {
-        std::fs::write(&path, &generated).expect("write ffi/fields.json");
-        return;
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    if committed != generated {
-        let line = committed
-            .lines()
-            .zip(generated.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or_else(|| committed.lines().count().min(generated.lines().count()))
-            + 1;
-        panic!(
-            "ffi/fields.json is out of date with engine/src/fields.rs (first difference at \
-             line {line}); regenerate with KVR_UPDATE_FIELDS=1 cargo test -p kvr-ffi --test \
-             fields_json"
-        );
-    }
+    common::committed_matches(
+        &path,
+        &generated,
+        "KVR_UPDATE_FIELDS",
+        "cargo test -p kvr-ffi --test fields_json",
+    );
 }
 
 /// The rendering carries every list: a struct's field dropped from the lists changes the

@@ -2,6 +2,8 @@
 //! when the committed header differs from what the code generates. Run with
 //! `KVR_UPDATE_HEADER=1` to rewrite it.
 
+mod common;
+
 use std::path::PathBuf;
 
 #[test]
@@ -18,21 +20,10 @@ fn committed_header_matches_the_code() {
         .expect("cbindgen generates the header")
         .write(&mut generated);
     let generated = String::from_utf8(generated).expect("UTF-8 header");
-    if std::env::var_os("KVR_UPDATE_HEADER").is_some() {
-        std::fs::write(&header, &generated).expect("write include/kvr.h");
-        return;
-    }
-    let committed = std::fs::read_to_string(&header).unwrap_or_default();
-    if committed != generated {
-        let line = committed
-            .lines()
-            .zip(generated.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or_else(|| committed.lines().count().min(generated.lines().count()))
-            + 1;
-        panic!(
-            "include/kvr.h is out of date (first difference at line {line}); \
-             regenerate with KVR_UPDATE_HEADER=1 cargo test -p kvr-ffi --test header"
-        );
-    }
+    common::committed_matches(
+        &header,
+        &generated,
+        "KVR_UPDATE_HEADER",
+        "cargo test -p kvr-ffi --test header",
+    );
 }

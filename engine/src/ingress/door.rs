@@ -47,61 +47,45 @@ pub trait EventSink {
     }
 }
 
-/// A shared sink is a sink (a subscription holds its partition by `Arc`), and so is a
-/// borrowed one.
-impl<S: EventSink + ?Sized> EventSink for StdArc<S> {
-    fn block_size(&self) -> u32 {
-        (**self).block_size()
-    }
-    fn cache_namespace(&self) -> Option<&str> {
-        (**self).cache_namespace()
-    }
-    fn admit_events(&self) -> bool {
-        (**self).admit_events()
-    }
-    fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
-        (**self).apply_event(rank, event)
-    }
-    fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
-        (**self).clear_ranks(worker, dp_ranks)
-    }
-    fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters {
-        (**self).register_stream(worker, stream)
-    }
-    fn mark_stale(&self, worker: WorkerId, dp_ranks: &[u32], since_unix_ms: Option<u64>) {
-        (**self).mark_stale(worker, dp_ranks, since_unix_ms)
-    }
-    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
-        (**self).accepts_dp_rank(worker, dp)
-    }
+/// Implements [`EventSink`] for a pointer to a sink by forwarding every method.
+macro_rules! forward_sink {
+    ($($ptr:ty),*) => {$(
+        impl<S: EventSink + ?Sized> EventSink for $ptr {
+            fn block_size(&self) -> u32 {
+                (**self).block_size()
+            }
+            fn cache_namespace(&self) -> Option<&str> {
+                (**self).cache_namespace()
+            }
+            fn admit_events(&self) -> bool {
+                (**self).admit_events()
+            }
+            fn apply_event(
+                &self,
+                rank: RankId,
+                event: &KvEvent<'_>,
+            ) -> Result<ApplyOutcome, IndexError> {
+                (**self).apply_event(rank, event)
+            }
+            fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
+                (**self).clear_ranks(worker, dp_ranks)
+            }
+            fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters {
+                (**self).register_stream(worker, stream)
+            }
+            fn mark_stale(&self, worker: WorkerId, dp_ranks: &[u32], since_unix_ms: Option<u64>) {
+                (**self).mark_stale(worker, dp_ranks, since_unix_ms)
+            }
+            fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
+                (**self).accepts_dp_rank(worker, dp)
+            }
+        }
+    )*};
 }
 
-impl<S: EventSink + ?Sized> EventSink for &S {
-    fn block_size(&self) -> u32 {
-        (**self).block_size()
-    }
-    fn cache_namespace(&self) -> Option<&str> {
-        (**self).cache_namespace()
-    }
-    fn admit_events(&self) -> bool {
-        (**self).admit_events()
-    }
-    fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
-        (**self).apply_event(rank, event)
-    }
-    fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
-        (**self).clear_ranks(worker, dp_ranks)
-    }
-    fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters {
-        (**self).register_stream(worker, stream)
-    }
-    fn mark_stale(&self, worker: WorkerId, dp_ranks: &[u32], since_unix_ms: Option<u64>) {
-        (**self).mark_stale(worker, dp_ranks, since_unix_ms)
-    }
-    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
-        (**self).accepts_dp_rank(worker, dp)
-    }
-}
+// A shared sink is a sink (a subscription holds its partition by `Arc`), and so is a
+// borrowed one.
+forward_sink!(StdArc<S>, &S);
 
 /// A sink whose policy takes engine events, for one message or batch: the only handle
 /// events are applied through.
