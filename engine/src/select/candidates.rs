@@ -110,7 +110,7 @@ fn narrowed_candidates(
                     .is_some_and(|i| i.lora_adapters.iter().any(|a| a == lora))
             })),
         }
-        // An empty narrowing falls back to the caller's set.
+        // When no worker survives the LoRA narrowing, the caller's own set stands.
         if !narrowed.is_empty() {
             std::mem::swap(&mut pool, narrowed);
         }
