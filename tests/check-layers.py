@@ -304,12 +304,28 @@ def crates(root):
     return out
 
 
+def caught(tmp, root, crate, file, line, expected, what):
+    """One negative control: a copy of `crate`'s src/ with `line` appended to `file` must
+    report a problem for which `expected` holds; prints the lines that did."""
+    import shutil
+
+    copy = os.path.join(tmp, crate.replace("/", "_"))
+    shutil.copytree(os.path.join(root, crate, "src"), copy)
+    with open(os.path.join(copy, file), "a", encoding="utf-8") as f:
+        f.write("\n" + line + "\n")
+    _, _, problems = check_crate(copy)
+    hits = [p for p in problems if expected(p)]
+    if not hits:
+        sys.exit(f"self-test: {what} was not caught:\n" + "\n".join(problems))
+    print(f"check-layers self-test: {what} was caught:")
+    print("\n".join("  " + p for p in hits))
+
+
 def self_test(root):
     """The negative controls: a copy of the engine with one upward import (the lowest
-    floor naming the partition) and a copy of the service with one added cycle (its
-    lowest module naming the one that imports it) must each fail, naming what they
-    added; the real tree must pass."""
-    import shutil
+    floor naming the partition) and a copy of the service with one added cycle (a module
+    the registry imports naming the registry) must each fail, naming what they added;
+    the real tree must pass."""
     import tempfile
 
     for src in crates(root):
@@ -317,24 +333,18 @@ def self_test(root):
         if problems:
             sys.exit(f"self-test: {src} itself fails:\n" + "\n".join(problems))
     with tempfile.TemporaryDirectory() as tmp:
-        engine = os.path.join(tmp, "engine")
-        shutil.copytree(os.path.join(root, "engine", "src"), engine)
-        with open(os.path.join(engine, "ids.rs"), "a", encoding="utf-8") as f:
-            f.write("\npub(crate) fn up(_: &crate::partition::Partition) {}\n")
-        _, _, problems = check_crate(engine)
-        if not any(p.startswith("upward import: ids") and "partition" in p for p in problems):
-            sys.exit("self-test: an upward import was not caught:\n" + "\n".join(problems))
-        print("check-layers self-test: the upward import was caught:")
-        print("\n".join("  " + p for p in problems if p.startswith("upward import: ids")))
-        service = os.path.join(tmp, "service")
-        shutil.copytree(os.path.join(root, "service", "src"), service)
-        with open(os.path.join(service, "error.rs"), "a", encoding="utf-8") as f:
-            f.write("\npub(crate) fn back(_: &crate::registry::Registry) {}\n")
-        _, _, problems = check_crate(service)
-        if not any(p.startswith("cycle among") and "error" in p for p in problems):
-            sys.exit("self-test: an added cycle was not caught:\n" + "\n".join(problems))
-        print("check-layers self-test: the added cycle was caught:")
-        print("\n".join("  " + p for p in problems[:3]))
+        caught(
+            tmp, root, "engine", "ids.rs",
+            "pub(crate) fn up(_: &crate::partition::Partition) {}",
+            lambda p: p.startswith("upward import: ids") and "partition" in p,
+            "an upward import",
+        )
+        caught(
+            tmp, root, "service", "error.rs",
+            "pub(crate) fn back(_: &crate::registry::Registry) {}",
+            lambda p: p.startswith("cycle among") and "error" in p and "registry" in p,
+            "an added cycle",
+        )
 
 
 def main():

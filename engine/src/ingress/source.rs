@@ -220,11 +220,6 @@ impl<S: EventSink> EventSource<S> {
             .is_some_and(|s| s.state.replaying())
     }
 
-    /// The sink this source feeds.
-    pub fn sink(&self) -> &S {
-        &self.sink
-    }
-
     /// The stream a message under `topic` belongs to, created on first sight; `None`
     /// when the topic names no worker.
     fn stream_for(&mut self, topic: &[u8]) -> Option<usize> {

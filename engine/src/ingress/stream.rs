@@ -159,7 +159,7 @@ impl IngressStream {
                     }
                 }
                 Action::Clear(_) => {
-                    self.clear_fed_ranks(door.sink());
+                    clear_fed_ranks(door.sink(), self.worker_id, &self.ranks_seen);
                     out.clears += 1;
                 }
                 Action::RequestReplay { from_seq } => out.replay_from = Some(from_seq),
@@ -188,14 +188,6 @@ impl IngressStream {
                 self.stats.0.lock().stale_since_unix_ms = 0;
             }
             (false, None) => {}
-        }
-    }
-
-    /// Clears the ranks this stream fed, and only those: another stream of the worker (its
-    /// other DP ranks) keeps its state. A stream that applied nothing holds nothing.
-    fn clear_fed_ranks(&self, sink: &(impl EventSink + ?Sized)) {
-        if !self.ranks_seen.is_empty() {
-            sink.clear_ranks(self.worker_id, &self.ranks_seen);
         }
     }
 
@@ -255,8 +247,8 @@ impl IngressStream {
                 &mut self.blocks,
                 &mut skips,
             );
-            if t.clear_first && !self.ranks_seen.is_empty() {
-                door.sink().clear_ranks(self.worker_id, &self.ranks_seen);
+            if t.clear_first {
+                clear_fed_ranks(door.sink(), self.worker_id, &self.ranks_seen);
             }
             if let Some(event) = t.event {
                 door.apply(rank, &event, &mut applied);
@@ -274,5 +266,14 @@ impl IngressStream {
         s.group_switches += skips.group_switches;
         s.last_batch_unix_ms = now_unix_ms();
         true
+    }
+}
+
+/// Clears the ranks a stream fed (`fed`, the DP ranks its batches named), and only those:
+/// another stream of the worker (its other DP ranks) keeps its state. A stream that
+/// applied nothing holds nothing.
+fn clear_fed_ranks(sink: &(impl EventSink + ?Sized), worker: WorkerId, fed: &[u32]) {
+    if !fed.is_empty() {
+        sink.clear_ranks(worker, fed);
     }
 }
