@@ -615,6 +615,16 @@ typedef struct kvr_stream_stats {
    * wire never picks which ranks exist. Their events count in `events_rejected` too.
    */
   uint64_t dp_rank_refused;
+  /**
+   * Stores skipped because they cannot be used (token ids that do not fill their
+   * blocks, a per-block list of the wrong length); the batch's other events applied.
+   */
+  uint64_t events_skipped_malformed;
+  /**
+   * Blocks of tokenless stores (an offloading connector's host or disk copies, named
+   * by engine hash only) that the rank held on no tier: left out of the index.
+   */
+  uint64_t tokenless_blocks_unknown;
 } kvr_stream_stats;
 
 /**

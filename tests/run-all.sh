@@ -105,11 +105,16 @@ for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
 done
 "$compat_py" tests/compat/harness.py peers --a kvr --b kvr --kvr-cmd "$kvr_cmd" --negative
 # Ingress recovery (gap at the end of a burst, late join, restarts, a dead replay
-# endpoint, hybrid groups, host tiers; bind mode with a stuck replay through libkvr's C
-# ABI) against vLLM 0.33.0's and SGLang 0.5.23's real publishers, and its negative control.
+# endpoint, hybrid groups, host tiers, connector shapes; bind mode with a stuck replay
+# through libkvr's C ABI) against vLLM 0.33.0's and SGLang 0.5.23's real publishers, and
+# its negative control.
 # (kvr and libkvr.so from $CARGO_TARGET_DIR/release.)
 "$compat_py" tests/recovery/recovery.py --publisher all
 "$compat_py" tests/recovery/recovery.py --publisher all --negative
+# The connector shapes (offloading placeholders, a Mamba state checkpoint, lookahead) from
+# vLLM 0.34.0's publisher too (the run above uses 0.33.0's).
+KVR_COMPAT_VLLM_DIR="$HOME/.cache/kvr/vllm-0.34.0" \
+    "$compat_py" tests/recovery/recovery.py --publisher vllm --only connector-shapes
 # kvr's remote primary against Dynamo's real standalone indexer.
 KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
     cargo test -p kvr-remote --release --test dynamo_indexer

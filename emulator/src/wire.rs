@@ -17,6 +17,8 @@ pub struct BatchEncoder {
     extra_keys: Option<Vec<u8>>,
     /// The next store's `cache_salt` ([`BatchEncoder::with_cache_salt`]).
     cache_salt: Option<String>,
+    /// The next store's `lookahead_token_ids`, encoded ([`BatchEncoder::with_lookahead`]).
+    lookahead: Option<Vec<u8>>,
 }
 
 /// One extra key as vLLM 0.33 publishes it (untagged; folded into the block hash by `kvr::hash`).
@@ -99,6 +101,21 @@ impl BatchEncoder {
         self
     }
 
+    /// The next `stored` carries vLLM's `lookahead_token_ids`: per block, the tokens after
+    /// it that its engine hash covers (speculative decoding's lookahead).
+    pub fn with_lookahead(&mut self, per_block: &[&[u32]]) -> &mut Self {
+        let mut buf = Vec::new();
+        enc::write_array_len(&mut buf, per_block.len() as u32).expect(INFALLIBLE);
+        for tokens in per_block {
+            enc::write_array_len(&mut buf, tokens.len() as u32).expect(INFALLIBLE);
+            for t in *tokens {
+                enc::write_uint(&mut buf, u64::from(*t)).expect(INFALLIBLE);
+            }
+        }
+        self.lookahead = Some(buf);
+        self
+    }
+
     /// Takes the pending group: its fields (a removal carries no kind) and how many.
     fn take_group(&mut self, with_kind: bool) -> (Option<(u32, Option<String>)>, u32) {
         let group = self
@@ -137,10 +154,12 @@ impl BatchEncoder {
         let (group, group_fields) = self.take_group(true);
         let extra_keys = self.extra_keys.take();
         let cache_salt = self.cache_salt.take();
+        let lookahead = self.lookahead.take();
         let fields = 6
             + u32::from(lora_name.is_some())
             + u32::from(extra_keys.is_some())
             + u32::from(cache_salt.is_some())
+            + u32::from(lookahead.is_some())
             + group_fields;
         enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
         self.key("type");
@@ -174,6 +193,10 @@ impl BatchEncoder {
         if let Some(salt) = cache_salt {
             self.key("cache_salt");
             self.key(&salt);
+        }
+        if let Some(tokens) = lookahead {
+            self.key("lookahead_token_ids");
+            self.body.extend_from_slice(&tokens);
         }
         self.group_fields(group);
         self.events += 1;

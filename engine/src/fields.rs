@@ -152,7 +152,8 @@ field_lists! {
     StreamStats {
         worker_id, stream, messages, bytes, batches, events, blocks_stored, blocks_removed,
         events_rejected, dp_rank_refused, block_size_mismatches, events_skipped_group,
-        group_switches, events_skipped_medium, decode_errors, bad_frames,
+        group_switches, events_skipped_medium, events_skipped_malformed,
+        tokenless_blocks_unknown, decode_errors, bad_frames,
         sequence: SequenceStats, last_batch_unix_ms, stale_since_unix_ms,
     }
     SequenceStats {

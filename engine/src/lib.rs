@@ -36,7 +36,7 @@
 //!     floor 2: ids idmap
 //!     floor 3: hash
 //!     floor 4: index
-//!     floor 5: load reservation session freshness cost workers hooks
+//!     floor 5: load reservation session freshness lookahead cost workers hooks
 //!     floor 6: indexer
 //!     floor 7: config
 //!     floor 8: select ingress
@@ -70,6 +70,7 @@ mod ids;
 mod index;
 mod indexer;
 mod load;
+mod lookahead;
 mod partition;
 mod prefetch;
 mod recycle;

@@ -100,13 +100,13 @@ fn check_invariants(name: &str, b: &DecodedBatch) {
                     );
                 }
             }
-            DecodedEvent::Removed { hashes, .. } => {
+            DecodedEvent::Removed { hashes, .. } | DecodedEvent::Tokenless { hashes, .. } => {
                 assert!(
                     hashes.end <= b.hashes.len() && hashes.start <= hashes.end,
                     "{name} #{i}"
                 );
             }
-            DecodedEvent::Cleared => {}
+            DecodedEvent::Cleared | DecodedEvent::Malformed { .. } => {}
         }
     }
 }

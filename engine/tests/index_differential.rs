@@ -151,6 +151,12 @@ enum Op {
         hashes: Vec<u64>,
         via_apply: bool,
     },
+    /// A tokenless store: names the rank holds (and some it does not) onto `tier`.
+    StoreKnown {
+        rank: RankId,
+        tier: Tier,
+        hashes: Vec<u64>,
+    },
     Clear {
         rank: RankId,
         via_apply: bool,
@@ -162,9 +168,10 @@ enum Op {
 impl Op {
     fn rank(&self) -> Option<RankId> {
         match self {
-            Op::Store { rank, .. } | Op::Remove { rank, .. } | Op::Clear { rank, .. } => {
-                Some(*rank)
-            }
+            Op::Store { rank, .. }
+            | Op::Remove { rank, .. }
+            | Op::StoreKnown { rank, .. }
+            | Op::Clear { rank, .. } => Some(*rank),
             Op::RemoveRank(r) => Some(*r),
             Op::RemoveWorker(_) => None,
         }
@@ -177,6 +184,7 @@ struct Coverage {
     stored_blocks: u64,
     parent_not_found: u64,
     removes: u64,
+    stores_known: u64,
     removed_blocks: u64,
     not_found: u64,
     clears: u64,
@@ -296,6 +304,14 @@ impl Gen<'_> {
         }
         let live = model.rank(rank).map_or(0, |r| r.names_len());
         let remove_pct = if live > SOFT_CAP { 65 } else { 30 };
+        if live > 0 && self.rng.chance(1, 12) {
+            // Names picked as a removal picks them, copied onto a tier.
+            let Op::Remove { hashes, .. } = self.gen_remove(model, rank) else {
+                unreachable!("gen_remove makes removals")
+            };
+            let tier = self.tier();
+            return Op::StoreKnown { rank, tier, hashes };
+        }
         if live > 0 && self.rng.below(100) < remove_pct {
             self.gen_remove(model, rank)
         } else {
@@ -531,6 +547,21 @@ fn apply_op(index: &Index, model: &mut Model, op: &Op, cov: &mut Coverage) {
             cov.removed_blocks += want.removed as u64;
             cov.not_found += want.not_found as u64;
         }
+        Op::StoreKnown { rank, tier, hashes } => {
+            let want = model.store_known(*rank, *tier, hashes);
+            let got = index
+                .apply(
+                    *rank,
+                    &KvEvent::StoredKnown {
+                        tier: *tier,
+                        external_hashes: hashes,
+                    },
+                )
+                .expect("StoredKnown is never refused");
+            assert_eq!(got, want, "tokenless store outcome (index vs model)");
+            cov.stores_known += 1;
+            cov.stored_blocks += want.stored as u64;
+        }
         Op::Clear { rank, via_apply } => {
             let want = model.clear(*rank);
             let got = if *via_apply {
@@ -707,6 +738,7 @@ fn assert_coverage(c: &Coverage, ops: usize) {
     }
     assert!(c.parent_not_found > 0, "no unknown parents: {c:?}");
     assert!(c.not_found > 0, "no unknown removals: {c:?}");
+    assert!(c.stores_known > 0, "no tokenless stores: {c:?}");
     assert!(
         c.clears > 0 && c.remove_ranks > 0,
         "no clears/removals: {c:?}"

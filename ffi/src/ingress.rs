@@ -83,6 +83,12 @@ pub struct kvr_stream_stats {
     /// its `dp_size`, or at least `KVR_MAX_DP_SIZE` for a worker not yet registered): the
     /// wire never picks which ranks exist. Their events count in `events_rejected` too.
     pub dp_rank_refused: u64,
+    /// Stores skipped because they cannot be used (token ids that do not fill their
+    /// blocks, a per-block list of the wrong length); the batch's other events applied.
+    pub events_skipped_malformed: u64,
+    /// Blocks of tokenless stores (an offloading connector's host or disk copies, named
+    /// by engine hash only) that the rank held on no tier: left out of the index.
+    pub tokenless_blocks_unknown: u64,
 }
 
 fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
@@ -129,6 +135,8 @@ fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
         recovering: u32::from(q.recovering),
         reserved2: 0,
         dp_rank_refused: s.dp_rank_refused,
+        events_skipped_malformed: s.events_skipped_malformed,
+        tokenless_blocks_unknown: s.tokenless_blocks_unknown,
     }
 }
 

@@ -61,9 +61,17 @@ fn check_invariants(b: &DecodedBatch) {
                 block_size,
                 lora_name,
                 extras,
+                lookahead,
                 ..
             } => {
                 assert!(hashes.start <= hashes.end && hashes.end <= b.hashes.len());
+                // Lookahead tokens: none, or one in-bounds range per block.
+                if !lookahead.is_empty() {
+                    assert_eq!(lookahead.len(), hashes.len());
+                    for r in &b.block_lookahead[lookahead.clone()] {
+                        assert!(r.start <= r.end && r.end <= b.lookahead.len());
+                    }
+                }
                 // Extra keys: none, or one in-bounds range of key values per block.
                 if !extras.is_empty() {
                     assert_eq!(extras.len(), hashes.len());
@@ -87,7 +95,10 @@ fn check_invariants(b: &DecodedBatch) {
             DecodedEvent::Removed { hashes, .. } => {
                 assert!(hashes.start <= hashes.end && hashes.end <= b.hashes.len());
             }
-            DecodedEvent::Cleared => {}
+            DecodedEvent::Tokenless { hashes, .. } => {
+                assert!(hashes.start < hashes.end && hashes.end <= b.hashes.len());
+            }
+            DecodedEvent::Cleared | DecodedEvent::Malformed { .. } => {}
         }
     }
 }
@@ -105,9 +116,13 @@ enum Owned {
         Option<u32>,
         SpecKind,
         Vec<Vec<u64>>,
+        Vec<Vec<u32>>,
     ),
+    Tokenless(Vec<u64>, Medium, Option<u32>, SpecKind),
     Removed(Vec<u64>, Medium, Option<u32>),
     Cleared,
+    /// Its detail is not compared: re-encoding writes one unusable shape for all.
+    Malformed,
 }
 
 fn resolve(b: &DecodedBatch, with_extras: bool) -> (u64, Option<u32>, Vec<Owned>) {
@@ -125,6 +140,7 @@ fn resolve(b: &DecodedBatch, with_extras: bool) -> (u64, Option<u32>, Vec<Owned>
                 group,
                 spec,
                 extras,
+                lookahead,
             } => Owned::Stored(
                 b.hashes[hashes.clone()].to_vec(),
                 *parent,
@@ -138,7 +154,18 @@ fn resolve(b: &DecodedBatch, with_extras: bool) -> (u64, Option<u32>, Vec<Owned>
                     .filter(|_| with_extras && !extras.is_empty())
                     .map(|i| b.block_extra_keys(extras, i).to_vec())
                     .collect(),
+                (0..hashes.len())
+                    .filter(|_| !lookahead.is_empty())
+                    .map(|i| b.block_lookahead_tokens(lookahead, i).to_vec())
+                    .collect(),
             ),
+            DecodedEvent::Tokenless {
+                hashes,
+                medium,
+                group,
+                spec,
+            } => Owned::Tokenless(b.hashes[hashes.clone()].to_vec(), *medium, *group, *spec),
+            DecodedEvent::Malformed { .. } => Owned::Malformed,
             DecodedEvent::Removed {
                 hashes,
                 medium,
@@ -189,7 +216,9 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
     en::write_array_len(&mut w, b.events.len() as u32).unwrap();
     for ev in &b.events {
         let (tag, n) = match ev {
-            DecodedEvent::Stored { .. } => ("BlockStored", 10),
+            DecodedEvent::Stored { lookahead, .. } if !lookahead.is_empty() => ("BlockStored", 15),
+            DecodedEvent::Stored { .. } | DecodedEvent::Tokenless { .. } => ("BlockStored", 10),
+            DecodedEvent::Malformed { .. } => ("BlockStored", 4),
             DecodedEvent::Removed { .. } => ("BlockRemoved", 3),
             DecodedEvent::Cleared => ("AllBlocksCleared", 0),
         };
@@ -213,6 +242,7 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                 medium: m,
                 group: g,
                 spec,
+                lookahead,
                 ..
             } => {
                 key(&mut w, "block_hashes");
@@ -251,6 +281,73 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                     SpecKind::FullAttention => en::write_str(&mut w, "full_attention").unwrap(),
                     SpecKind::Other => en::write_str(&mut w, "sliding_window").unwrap(),
                 }
+                if !lookahead.is_empty() {
+                    for k in [
+                        "kv_cache_spec_sliding_window",
+                        "locality",
+                        "ownership",
+                        "session_id",
+                    ] {
+                        key(&mut w, k);
+                        en::write_nil(&mut w).unwrap();
+                    }
+                    key(&mut w, "lookahead_token_ids");
+                    en::write_array_len(&mut w, hashes.len() as u32).unwrap();
+                    for i in 0..hashes.len() {
+                        let t = b.block_lookahead_tokens(lookahead, i);
+                        en::write_array_len(&mut w, t.len() as u32).unwrap();
+                        for &x in t {
+                            en::write_uint(&mut w, u64::from(x)).unwrap();
+                        }
+                    }
+                }
+            }
+            DecodedEvent::Tokenless {
+                hashes,
+                medium: m,
+                group: g,
+                spec,
+            } => {
+                key(&mut w, "block_hashes");
+                en::write_array_len(&mut w, hashes.len() as u32).unwrap();
+                for (k, &h) in b.hashes[hashes.clone()].iter().enumerate() {
+                    hash(&mut w, h, k);
+                }
+                key(&mut w, "parent_block_hash");
+                en::write_nil(&mut w).unwrap();
+                key(&mut w, "token_ids");
+                en::write_array_len(&mut w, 0).unwrap();
+                key(&mut w, "block_size");
+                en::write_uint(&mut w, 0).unwrap();
+                key(&mut w, "lora_id");
+                en::write_nil(&mut w).unwrap();
+                key(&mut w, "medium");
+                en::write_str(&mut w, medium(*m)).unwrap();
+                key(&mut w, "lora_name");
+                en::write_nil(&mut w).unwrap();
+                key(&mut w, "extra_keys");
+                en::write_nil(&mut w).unwrap();
+                key(&mut w, "group_idx");
+                group(&mut w, *g);
+                key(&mut w, "kv_cache_spec_kind");
+                match spec {
+                    SpecKind::Unspecified => en::write_nil(&mut w).unwrap(),
+                    SpecKind::FullAttention => en::write_str(&mut w, "full_attention").unwrap(),
+                    SpecKind::Other => en::write_str(&mut w, "sliding_window").unwrap(),
+                }
+            }
+            DecodedEvent::Malformed { .. } => {
+                // One block of two tokens with one token id: unusable.
+                key(&mut w, "block_hashes");
+                en::write_array_len(&mut w, 1).unwrap();
+                hash(&mut w, 1, 0);
+                key(&mut w, "parent_block_hash");
+                en::write_nil(&mut w).unwrap();
+                key(&mut w, "token_ids");
+                en::write_array_len(&mut w, 1).unwrap();
+                en::write_uint(&mut w, 7).unwrap();
+                key(&mut w, "block_size");
+                en::write_uint(&mut w, 2).unwrap();
             }
             DecodedEvent::Removed {
                 hashes,

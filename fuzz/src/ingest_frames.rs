@@ -46,7 +46,7 @@ use std::collections::BTreeMap;
 
 use arbitrary::{Result, Unstructured};
 use kvr::config::PartitionConfig;
-use kvr::hash::{local_block_hash_mm, HashSalt};
+use kvr::hash::{local_block_hash_mm, lookahead_key, HashSalt};
 
 use kvr::ingress::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind};
 use kvr::stats::StreamStats;
@@ -78,12 +78,21 @@ pub enum Ev {
         lora: Option<String>,
         /// Each block's extra-key values (`kvr::hash`); empty when none has any.
         extras: Extras,
+        /// Each block's lookahead tokens; empty when the engine hashes without lookahead.
+        lookahead: Vec<Vec<u32>>,
+    },
+    /// A store without token ids (an offloading connector's placeholder): names only.
+    Tokenless {
+        medium: Medium,
+        hashes: Vec<u64>,
     },
     Removed {
         medium: Medium,
         hashes: Vec<u64>,
     },
     Cleared,
+    /// A store the decoder reads as unusable (never generated; garbage may decode to it).
+    Malformed,
 }
 
 /// A store's extra keys: the values the model expects (compared with the decoder's) and
@@ -189,6 +198,7 @@ impl Batch {
                     lora_name,
                     medium,
                     extras,
+                    lookahead,
                     ..
                 } => Ev::Stored {
                     medium: *medium,
@@ -204,12 +214,21 @@ impl Batch {
                             .collect(),
                         wire: None,
                     },
+                    lookahead: (0..hashes.len())
+                        .filter(|_| !lookahead.is_empty())
+                        .map(|k| b.block_lookahead_tokens(lookahead, k).to_vec())
+                        .collect(),
+                },
+                DecodedEvent::Tokenless { hashes, medium, .. } => Ev::Tokenless {
+                    medium: *medium,
+                    hashes: b.hashes[hashes.clone()].to_vec(),
                 },
                 DecodedEvent::Removed { hashes, medium, .. } => Ev::Removed {
                     medium: *medium,
                     hashes: b.hashes[hashes.clone()].to_vec(),
                 },
                 DecodedEvent::Cleared => Ev::Cleared,
+                DecodedEvent::Malformed { .. } => Ev::Malformed,
             })
             .collect();
         Batch {
@@ -234,9 +253,10 @@ fn groups_of(b: &DecodedBatch) -> Vec<(Option<u32>, Option<SpecKind>)> {
     b.events
         .iter()
         .map(|e| match e {
-            DecodedEvent::Stored { group, spec, .. } => (*group, Some(*spec)),
+            DecodedEvent::Stored { group, spec, .. }
+            | DecodedEvent::Tokenless { group, spec, .. } => (*group, Some(*spec)),
             DecodedEvent::Removed { group, .. } => (*group, None),
-            DecodedEvent::Cleared => (None, None),
+            DecodedEvent::Cleared | DecodedEvent::Malformed { .. } => (None, None),
         })
         .collect()
 }
@@ -429,6 +449,7 @@ fn stored_fields(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -
         tokens,
         block_size,
         extras,
+        lookahead,
         ..
     } = ev
     else {
@@ -463,10 +484,16 @@ fn stored_fields(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -
         } else {
             V::Nil
         },
-        if u.ratio(1, 4)? {
-            V::A(vec![V::A(vec![V::U(1), V::U(2)]), V::A(vec![])])
-        } else {
+        // Lookahead tokens: one list per block, as vLLM sends them.
+        if lookahead.is_empty() {
             V::Nil
+        } else {
+            V::A(
+                lookahead
+                    .iter()
+                    .map(|t| V::A(t.iter().map(|&x| V::U(u64::from(x))).collect()))
+                    .collect(),
+            )
         },
     ];
     Ok(fields)
@@ -519,7 +546,21 @@ fn event_v(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -> Resu
                 ][..],
             )
         }
+        Ev::Tokenless { medium, hashes } => {
+            // vLLM's placeholder: hashes, no tokens, block size 0, a medium; the rest nil.
+            let mut f = vec![
+                hashes_v(u, hashes)?,
+                V::Nil,
+                V::A(Vec::new()),
+                V::U(0),
+                V::Nil,
+                medium_v(u, *medium)?,
+            ];
+            f.resize(STORED_KEYS.len(), V::Nil);
+            ("BlockStored", f, &STORED_KEYS[..])
+        }
         Ev::Cleared => ("AllBlocksCleared", Vec::new(), &[][..]),
+        Ev::Malformed => unreachable!("the generator makes no unusable store"),
     };
     if tagged {
         // Current vLLM: "type" plus one key per field; a field may be absent only when it
@@ -541,7 +582,7 @@ fn event_v(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -> Resu
         if u.ratio(1, 8)? {
             // A key of the other event type (skipped): "token_ids" on a remove etc.
             entries.push((s("token_ids"), V::A(vec![V::U(1)])));
-            if matches!(ev, Ev::Stored { .. }) {
+            if matches!(ev, Ev::Stored { .. } | Ev::Tokenless { .. }) {
                 entries.pop();
                 entries.push((s("group"), V::U(1)));
             }
@@ -576,6 +617,7 @@ fn significant(ev: &Ev, lora_raw: &Option<String>, i: usize) -> bool {
             tokens,
             block_size,
             extras,
+            lookahead,
             ..
         } => match i {
             0 => !hashes.is_empty(),
@@ -585,6 +627,7 @@ fn significant(ev: &Ev, lora_raw: &Option<String>, i: usize) -> bool {
             5 => *medium != Medium::Gpu,
             6 => lora_raw.as_deref().is_some_and(|l| !l.is_empty()),
             7 => !extras.values.is_empty(),
+            14 => !lookahead.is_empty(),
             _ => false,
         },
         Ev::Removed { medium, hashes } => match i {
@@ -592,7 +635,10 @@ fn significant(ev: &Ev, lora_raw: &Option<String>, i: usize) -> bool {
             1 => *medium != Medium::Gpu,
             _ => false,
         },
-        Ev::Cleared => false,
+        // A tokenless store must show its empty token ids (or a reader could not tell it
+        // from a store of nothing); its medium is field 5.
+        Ev::Tokenless { medium, .. } => i <= 2 || (i == 5 && *medium != Medium::Gpu),
+        Ev::Cleared | Ev::Malformed => false,
     }
 }
 
@@ -696,6 +742,9 @@ pub struct Summary {
     pub queries: u64,
     pub device_hits: u64,
     pub lower_tier_hits: u64,
+    /// Blocks a tokenless store put on a tier, and stores with lookahead that applied.
+    pub tokenless_blocks: u64,
+    pub lookahead_stores: u64,
 }
 
 impl Summary {
@@ -718,6 +767,8 @@ impl Summary {
             ("queries", self.queries),
             ("device_hits", self.device_hits),
             ("lower_tier_hits", self.lower_tier_hits),
+            ("tokenless_blocks", self.tokenless_blocks),
+            ("lookahead_stores", self.lookahead_stores),
         ]
     }
 
@@ -740,8 +791,12 @@ impl Summary {
             queries,
             device_hits,
             lower_tier_hits,
+            tokenless_blocks,
+            lookahead_stores,
         } = o;
         self.messages += messages;
+        self.tokenless_blocks += tokenless_blocks;
+        self.lookahead_stores += lookahead_stores;
         self.structured += structured;
         self.batches_applied += batches_applied;
         self.decode_errors += decode_errors;
@@ -985,6 +1040,13 @@ impl Harness {
         self.remember(w, rank, &hashes);
         let lora = lora_raw.clone().filter(|l| !l.is_empty());
         let extras = Extras::gen(u, hashes.len(), &lora_raw)?;
+        // Speculative lookahead: the two tokens after each block, in its hash (none
+        // generated for an empty store: vLLM sends none).
+        let lookahead = if !hashes.is_empty() && u.ratio(1, 4)? {
+            (0..hashes.len()).map(|k| vec![k as u32, 2]).collect()
+        } else {
+            Vec::new()
+        };
         Ok((
             Ev::Stored {
                 medium,
@@ -994,9 +1056,36 @@ impl Harness {
                 block_size,
                 lora,
                 extras,
+                lookahead,
             },
             lora_raw,
         ))
+    }
+
+    /// A tokenless store (an offloading connector's placeholder): names the rank holds on
+    /// any tier, mostly onto a slower one, and now and then a name it never stored.
+    fn gen_tokenless(&mut self, u: &mut Unstructured<'_>, w: WorkerId, rank: RankId) -> Result<Ev> {
+        let medium =
+            [Medium::Cpu, Medium::Storage, Medium::Gpu, Medium::Unknown][pick(u, &[6, 3, 2, 1])?];
+        let mut names: Vec<u64> = self
+            .model
+            .rank(rank)
+            .map(|rm| rm.names.iter().flat_map(|m| m.keys().copied()).collect())
+            .unwrap_or_default();
+        names.sort_unstable();
+        names.dedup();
+        let n = [1usize, 2, 3][pick(u, &[4, 2, 1])?];
+        let mut hashes = Vec::with_capacity(n);
+        for _ in 0..n {
+            hashes.push(match pick(u, &[6, 1])? {
+                0 if !names.is_empty() => names[u.choose_index(names.len())?],
+                _ => match self.known_pick(u, w)? {
+                    Some(h) => h,
+                    None => u.arbitrary::<u64>()?,
+                },
+            });
+        }
+        Ok(Ev::Tokenless { medium, hashes })
     }
 
     fn gen_remove(&mut self, u: &mut Unstructured<'_>, w: WorkerId, rank: RankId) -> Result<Ev> {
@@ -1056,7 +1145,7 @@ impl Harness {
         let mut events = Vec::with_capacity(n);
         let mut loras = Vec::with_capacity(n);
         for _ in 0..n {
-            match pick(u, &[12, 6, 1])? {
+            match pick(u, &[12, 6, 1, 2])? {
                 0 => {
                     let (ev, l) = self.gen_store(u, w, rank)?;
                     events.push(ev);
@@ -1064,6 +1153,10 @@ impl Harness {
                 }
                 1 => {
                     events.push(self.gen_remove(u, w, rank)?);
+                    loras.push(None);
+                }
+                3 => {
+                    events.push(self.gen_tokenless(u, w, rank)?);
                     loras.push(None);
                 }
                 _ => {
@@ -1215,6 +1308,9 @@ impl Harness {
             match &decoded {
                 Err(e) => {
                     want.decode_errors = 1;
+                    // What the batch held is unknown: the stream's ranks are cleared.
+                    want.clears += 1;
+                    self.clear_fed_ranks(w, si);
                     let c = self.streams[si]
                         .stats
                         .decode_errors
@@ -1314,11 +1410,18 @@ impl Harness {
         let rank = RankId::new(w, dp);
         let (mut stored, mut removed, mut rejected, mut mismatched) = (0u64, 0u64, 0u64, 0u64);
         let (mut skipped_group, mut skipped_medium, mut switches) = (0u64, 0u64, 0u64);
+        let (mut skipped_malformed, mut tokenless_unknown) = (0u64, 0u64);
         let mut blocks = Vec::new();
         for (ev, &(group, spec)) in b.events.iter().zip(groups) {
             let medium = match ev {
-                Ev::Stored { medium, .. } | Ev::Removed { medium, .. } => *medium,
+                Ev::Stored { medium, .. }
+                | Ev::Tokenless { medium, .. }
+                | Ev::Removed { medium, .. } => *medium,
                 Ev::Cleared => Medium::Gpu,
+                Ev::Malformed => {
+                    skipped_malformed += 1;
+                    continue;
+                }
             };
             let Some(tier) = tier(medium) else {
                 skipped_medium += 1;
@@ -1330,7 +1433,9 @@ impl Harness {
                     mismatched += 1;
                     continue;
                 }
-                (Ev::Stored { .. }, Some(spec)) => sm.groups.store(group, spec),
+                (Ev::Stored { .. } | Ev::Tokenless { .. }, Some(spec)) => {
+                    sm.groups.store(group, spec)
+                }
                 (Ev::Removed { .. }, _) => (false, sm.groups.remove(group)),
                 _ => (false, true),
             };
@@ -1349,18 +1454,25 @@ impl Harness {
                     tokens,
                     lora,
                     extras,
+                    lookahead,
                     ..
                 } => {
                     self.sum.lora_stores += u64::from(lora.is_some() && !hashes.is_empty());
+                    self.sum.lookahead_stores += u64::from(!lookahead.is_empty());
                     let salt = HashSalt::new(lora.as_deref(), self.namespace.as_deref());
                     blocks.clear();
                     for (k, &h) in hashes.iter().enumerate() {
                         let bs = self.bs as usize;
+                        // The lookahead tokens are one more key value of the block.
+                        let mut keys = extras.of(k).to_vec();
+                        if let Some(la) = lookahead.get(k) {
+                            keys.push(lookahead_key(la));
+                        }
                         blocks.push(StoredBlock {
                             external_hash: h,
                             local_hash: local_block_hash_mm(
                                 &tokens[k * bs..(k + 1) * bs],
-                                extras.of(k),
+                                &keys,
                                 salt,
                             ),
                         });
@@ -1376,6 +1488,12 @@ impl Harness {
                         },
                     )
                 }
+                Ev::Tokenless { hashes, .. } => {
+                    let o = self.model.store_known(rank, tier, hashes);
+                    tokenless_unknown += o.not_found as u64;
+                    self.sum.tokenless_blocks += o.stored as u64;
+                    Ok(o)
+                }
                 Ev::Removed { hashes, .. } => self.model.apply(
                     rank,
                     &KvEvent::Removed {
@@ -1384,6 +1502,7 @@ impl Harness {
                     },
                 ),
                 Ev::Cleared => self.model.apply(rank, &KvEvent::Cleared),
+                Ev::Malformed => unreachable!("skipped above"),
             };
             match r {
                 Ok(o) => {
@@ -1403,6 +1522,8 @@ impl Harness {
         s.block_size_mismatches += mismatched;
         s.events_skipped_group += skipped_group;
         s.events_skipped_medium += skipped_medium;
+        s.events_skipped_malformed += skipped_malformed;
+        s.tokenless_blocks_unknown += tokenless_unknown;
         s.group_switches += switches;
         self.sum.blocks_stored += stored;
         self.sum.blocks_removed += removed;

@@ -314,6 +314,16 @@ pub const STREAM: &[Figure<StreamStats>] = &[
         "Events skipped: a medium kvr does not know",
         |s| s.events_skipped_medium,
     ),
+    counter(
+        "kvr_kv_stream_events_skipped_malformed",
+        "Stores skipped: token ids that do not fill their blocks",
+        |s| s.events_skipped_malformed,
+    ),
+    counter(
+        "kvr_kv_stream_tokenless_blocks_unknown",
+        "Blocks of tokenless stores held on no tier, left out",
+        |s| s.tokenless_blocks_unknown,
+    ),
 ];
 
 pub const SEQUENCE: &[Figure<SequenceStats>] = &[

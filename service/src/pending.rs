@@ -187,6 +187,7 @@ mod tests {
             prompt: ResolvedPrompt {
                 hashes: vec![0; tokens.div_ceil(2)],
                 prompt_tokens: tokens as u64,
+                ..ResolvedPrompt::default()
             },
             lora_name: None,
             expected_output_tokens: 0,

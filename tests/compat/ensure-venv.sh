@@ -5,6 +5,8 @@
 #   - vLLM 0.33.0's real KV-event publisher, vllm/distributed/kv_events.py,
 #     extracted from the vLLM wheel (downloaded once, without dependencies, into
 #     $HOME/.cache/kvr/wheels) into ${KVR_COMPAT_VLLM_DIR:-$HOME/.cache/kvr/vllm-0.33.0};
+#   - vLLM 0.34.0's, likewise, into ${KVR_COMPAT_VLLM034_DIR:-$HOME/.cache/kvr/vllm-0.34.0}
+#     (tests/recovery runs its connector shapes against both vLLM versions);
 #   - SGLang 0.5.23's real KV-event publisher, sglang/srt/disaggregation/kv_events.py,
 #     likewise from the SGLang wheel into
 #     ${KVR_COMPAT_SGLANG_DIR:-$HOME/.cache/kvr/sglang-0.5.23} (tests/recovery drives it).
@@ -16,6 +18,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${HOME}/.cache/kvr"
 venv="${KVR_COMPAT_VENV:-${cache}/compat-venv}"
 vllm_dir="${KVR_COMPAT_VLLM_DIR:-${cache}/vllm-0.33.0}"
+vllm034_dir="${KVR_COMPAT_VLLM034_DIR:-${cache}/vllm-0.34.0}"
 sglang_dir="${KVR_COMPAT_SGLANG_DIR:-${cache}/sglang-0.5.23}"
 wheels="${cache}/wheels"
 base_python="${KVR_COMPAT_BASE_PYTHON:-python3}"
@@ -58,6 +61,7 @@ with zipfile.ZipFile(wheel) as z:
 PY
 }
 extract vllm 0.33.0 "${vllm_dir}" vllm/distributed/kv_events.py
+extract vllm 0.34.0 "${vllm034_dir}" vllm/distributed/kv_events.py
 extract sglang 0.5.23 "${sglang_dir}" sglang/srt/disaggregation/kv_events.py
 
 "${venv}/bin/python" -c "import zmq, msgspec, pydantic, dynamo.llm" >&2

@@ -59,7 +59,8 @@ class StreamStats(ctypes.Structure):
                                       "replays_failed", "idle_probes",
                                       "events_skipped_group", "group_switches",
                                       "events_skipped_medium", "stale_since_unix_ms")]
-                + [("recovering", u32), ("reserved2", u32), ("dp_rank_refused", u64)])
+                + [("recovering", u32), ("reserved2", u32), ("dp_rank_refused", u64),
+                   ("events_skipped_malformed", u64), ("tokenless_blocks_unknown", u64)])
 
 
 class Kvr:

@@ -53,12 +53,31 @@ class Flavor:
         assert group == 0 or self.groups, f"{self.name} has no KV-cache groups"
         return cls(**{k: v for k, v in kw.items() if k in fields})
 
-    def stored(self, hashes, tokens, medium: str, group: int, kind: str):
+    def stored(self, hashes, tokens, medium: str, group: int, kind: str, lookahead=None):
+        kw = {} if lookahead is None else {"lookahead_token_ids": lookahead}
         return self._event(
             self.kv.BlockStored, self.stored_fields, group, block_hashes=hashes,
             parent_block_hash=None, token_ids=tokens, block_size=BS, lora_id=None,
             medium=medium, lora_name=None, extra_keys=[None] * len(hashes),
-            group_idx=group, kv_cache_spec_kind=kind)
+            group_idx=group, kv_cache_spec_kind=kind, **kw)
+
+    def placeholder(self, block_hash, medium: str, group: int):
+        """vLLM's offloading connector's announcement of a host or disk copy without its
+        tokens (vLLM 0.34's `_placeholder_stored`, sent unless `self_describing_kv_events`
+        is set): one hash, no parent, no tokens, block size 0."""
+        return self.kv.BlockStored(
+            block_hashes=[block_hash], parent_block_hash=None, token_ids=[], lora_id=None,
+            block_size=0, medium=medium, lora_name=None, group_idx=group,
+            kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None)
+
+    def checkpoint(self, block_hash, parent, medium: str, group: int):
+        """A recurrent (Mamba) group's state checkpoint as vLLM 0.34's offloading tracker
+        reduces a chunk to it (`_as_state_checkpoint`): the chunk's last hash, its parent,
+        no tokens, kind "mamba"."""
+        return self.kv.BlockStored(
+            block_hashes=[block_hash], parent_block_hash=parent, token_ids=[], lora_id=None,
+            block_size=BS, medium=medium, lora_name=None, group_idx=group,
+            kv_cache_spec_kind="mamba", kv_cache_spec_sliding_window=None)
 
     def keyed(self, hashes, tokens, extra_keys=None, cache_salt=None):
         """A device store whose blocks carry extra keys (vLLM's `extra_keys`, one entry per
@@ -81,6 +100,9 @@ class Flavor:
         if "groups" in needs and not self.groups:
             return (f"{self.name}'s BlockStored/BlockRemoved have no group_idx "
                     f"(fields: {sorted(self.stored_fields)}): no hybrid KV-cache groups")
+        if "lookahead" in needs and "lookahead_token_ids" not in self.stored_fields:
+            return (f"{self.name}'s BlockStored has no lookahead_token_ids "
+                    f"(fields: {sorted(self.stored_fields)}): no lookahead hashing")
         if "bin" in needs and not self.bin_hashes:
             return (f"{self.name}'s block_hashes are "
                     f"{self.kv.BlockStored.__annotations__.get('block_hashes')}: no bin hashes")
@@ -122,6 +144,9 @@ class Rank:
     def __init__(self, fl: Flavor, endpoint: str, replay_endpoint: str | None,
                  dp_rank: int, topic: str = ""):
         self.fl = fl
+        # Tokens of lookahead in each block's hash (speculative decoding; 0 = none): a
+        # block is held as the prefix through its lookahead tokens.
+        self.lookahead = 0
         self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
         self.dp_rank, self.topic = dp_rank, topic
         # token prefixes, one per held block, by tier
@@ -154,18 +179,42 @@ class Rank:
                medium: str = "GPU"):
         """A store in KV-cache group `group`; the truth follows the full-attention group
         (group 0), which is what a prefix hit needs."""
+        la = self.lookahead
         hashes = self.names(tokens)
+        if la:
+            # The engine hashes a block once its lookahead tokens exist.
+            hashes = hashes[: max(0, (len(tokens) - la) // BS)]
         if group == 0:
             for i in range(len(hashes)):
-                self.held[TIERS[medium]].add(tuple(tokens[: (i + 1) * BS]))
-        return self.fl.stored(hashes, tokens[: len(hashes) * BS], medium, group, kind)
+                self.held[TIERS[medium]].add(tuple(tokens[: (i + 1) * BS + la]))
+        ahead = None
+        if la:
+            ahead = [tokens[(i + 1) * BS: (i + 1) * BS + la] for i in range(len(hashes))]
+        return self.fl.stored(hashes, tokens[: len(hashes) * BS], medium, group, kind, ahead)
+
+    def placeholders(self, tokens: list[int], blocks: range, medium: str) -> list:
+        """The offloading connector's tokenless announcements of host copies of `blocks`
+        (which the device holds, so kvr knows their tokens), one event each."""
+        hashes = self.names(tokens)
+        for i in blocks:
+            self.held[TIERS[medium]].add(tuple(tokens[: (i + 1) * BS + self.lookahead]))
+        return [self.fl.placeholder(hashes[i], medium, 0) for i in blocks]
+
+    def checkpoint(self, tokens: list[int], block: int, medium: str) -> object:
+        """A Mamba state checkpoint at `block`, in group 1 (not the full-attention group
+        a prefix hit is counted on: the truth does not change)."""
+        hashes = self.names(tokens)
+        return self.fl.checkpoint(hashes[block], hashes[block - 1] if block else None,
+                                  medium, 1)
 
     def removed(self, tokens: list[int], first_block: int, group: int = 0,
                 medium: str = "GPU"):
         hashes = self.names(tokens)
+        if self.lookahead:
+            hashes = hashes[: max(0, (len(tokens) - self.lookahead) // BS)]
         if group == 0:
             for i in range(first_block, len(hashes)):
-                self.held[TIERS[medium]].discard(tuple(tokens[: (i + 1) * BS]))
+                self.held[TIERS[medium]].discard(tuple(tokens[: (i + 1) * BS + self.lookahead]))
         return self.fl.removed(hashes[first_block:], medium, group)
 
     def names(self, tokens: list[int]) -> list:
@@ -183,9 +232,12 @@ class Rank:
 
     def depth(self, prompt: list[int]) -> tuple[int, int]:
         """(device blocks, host blocks extending them), as `/overlap_scores` counts."""
+        la = self.lookahead
+
         def run(start: int, tier: str) -> int:
             d = start
-            while (d + 1) * BS <= len(prompt) and tuple(prompt[: (d + 1) * BS]) in self.held[tier]:
+            while ((d + 1) * BS + la <= len(prompt)
+                   and tuple(prompt[: (d + 1) * BS + la]) in self.held[tier]):
                 d += 1
             return d - start
         dev = run(0, "device")

@@ -32,6 +32,12 @@ Scenarios (issue 15's list):
                             (identifier, offset) pairs) or a cache salt (vLLM's bare string
                             on block 0, SGLang's cache_salt field): a request's mm_inputs /
                             cache_salt match only the worker holding the same ones
+  connector-shapes          vLLM 0.34's offloading placeholders (no tokens) and a Mamba
+                            state checkpoint beside device stores in one batch, and stores
+                            hashed with speculative lookahead: the device blocks indexed,
+                            host copies counted, lookahead blocks only where the prompt
+                            continues with their lookahead tokens (vLLM only: SGLang has no
+                            lookahead field; logged as a skip)
   bin-hashes                blocks named by 32-byte digests (msgpack bin), an eviction lost
                             (vLLM only: SGLang's hashes are ints; logged as a skip)
   bind-stuck-replay         kvr binds one socket (the C ABI through ctypes: kvr serve only
@@ -187,6 +193,39 @@ def host_tier(fl, base, check):
     return w, ok
 
 
+def connector_shapes(fl, base, check):
+    """What vLLM 0.34 sends beside its device events, in the same batches: the offloading
+    connector's tokenless placeholders of host copies, a Mamba group's state checkpoint,
+    and stores hashed with speculative lookahead. Every device block must be indexed
+    (such a batch used to be refused whole), each host copy counted where kvr knows its
+    tokens, no checkpoint counted as a block, and a lookahead block only where the prompt
+    continues with its lookahead tokens (never at a divergence or a prompt's tail)."""
+    plain, ahead = Worker(fl, 112), Worker(fl, 113)
+    for w in (plain, ahead):
+        w.register(base)
+    r, la = plain.ranks[0], ahead.ranks[0]
+    la.lookahead = 2
+    time.sleep(1.0)
+    p, q = prompt(20000, 6), prompt(21000, 6)
+    # One scheduler step: device stores, host placeholders of blocks 0..3, the state
+    # checkpoint of block 3, and another device store after them.
+    r.publish([r.stored(p[: 4 * BS]), *r.placeholders(p, range(4), "CPU"),
+               r.checkpoint(p, 3, "CPU"), r.stored(q)])
+    la.publish([la.stored(q)])
+    # The lookahead rank's prompts: its own, a divergence right after block 0 (its
+    # lookahead differs), and its prompt cut after block 1 (block 1's lookahead missing).
+    diverged = q[:BS] + [7] + q[BS + 1:]
+    prompts = [p, q, diverged, q[: 2 * BS], q[: 2 * BS + 2]]
+    ok = check.converge("connector-shapes (placeholders, checkpoint, lookahead)",
+                        [plain, ahead], prompts)
+    # The device evicts; the host copies stay and extend the device prefix.
+    r.publish([r.removed(p[: 4 * BS], 2)])
+    la.publish([la.removed(q, 3)])
+    ok &= check.converge("connector-shapes (device evictions, host copies stay)",
+                         [plain, ahead], prompts)
+    return [plain, ahead], ok
+
+
 def extra_keys(fl, base, check):
     """Equal tokens, different images or cache salts, are different blocks (REFERENCE.md
     §9): engines publish them with vLLM's `extra_keys` ((mm identifier, offset) pairs, a
@@ -309,6 +348,7 @@ SCENARIOS = {
     "hybrid-groups": (hybrid_groups, ("groups",), True),
     "host-tier": (host_tier, (), True),
     "extra-keys": (extra_keys, (), True),
+    "connector-shapes": (connector_shapes, ("groups", "lookahead"), True),
     "bin-hashes": (bin_hashes, ("bin",), True),
     # its own kvr serve: probes every 300 ms of silence, replays time out after 2 s
     "loss-during-idle-probe": (loss_during_idle_probe, (),

@@ -9,12 +9,14 @@
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
 pub(crate) mod extra;
+pub(crate) mod lookahead;
 pub(crate) mod mix;
 
 pub use extra::{
     cache_salt_key, mm_key, opaque_key, prompt_embeds_key, BlockExtras, TooManyExtraKeys,
     MAX_BLOCK_KEYS, MAX_MM_SPANS,
 };
+pub use lookahead::{lookahead_key, lookahead_local_hashes};
 pub use mix::splitmix64;
 
 /// Hash of one block's content (and salt), independent of its position.

@@ -25,6 +25,17 @@ pub enum KvEvent<'a> {
         /// The stored blocks, first block first.
         blocks: &'a [StoredBlock],
     },
+    /// Blocks the rank already holds (on any tier), named only by their engine hashes,
+    /// are now also held on `tier`: how an offloading connector announces the host or
+    /// disk copy of a device block without its tokens. A hash the rank does not hold
+    /// names a block whose tokens kvr never saw: it is left out and counted
+    /// ([`ApplyOutcome::not_found`]).
+    StoredKnown {
+        /// The tier the blocks are now (also) held on.
+        tier: Tier,
+        /// The engine's hashes of the blocks.
+        external_hashes: &'a [u64],
+    },
     /// The rank evicted these blocks from `tier`.
     Removed {
         /// The tier the blocks left.
@@ -72,6 +83,7 @@ pub struct ApplyOutcome {
     pub stored: usize,
     /// Blocks removed from the event's tier (or, for `Cleared`, from every tier).
     pub removed: usize,
-    /// Removed hashes this rank did not hold on that tier (counted as `block_not_found`).
+    /// Removed hashes this rank did not hold on that tier (counted as `block_not_found`),
+    /// or hashes of a [`KvEvent::StoredKnown`] it held on no tier (left out).
     pub not_found: usize,
 }

@@ -55,6 +55,10 @@ impl Index {
                     stored,
                     ..Default::default()
                 }),
+            KvEvent::StoredKnown {
+                tier,
+                external_hashes,
+            } => Ok(self.store_known(rank, tier, external_hashes)),
             KvEvent::Removed {
                 tier,
                 external_hashes,
@@ -166,6 +170,44 @@ impl Index {
                 None => Ok(0),
             }
         })
+    }
+
+    /// Records the blocks `external_hashes` name, which `rank` already holds on some
+    /// tier, as held on `tier` too (`KvEvent::StoredKnown`). Hashes the rank holds on no
+    /// tier are left out and counted in `not_found`; an unknown rank holds nothing.
+    pub fn store_known(&self, rank: RankId, tier: Tier, external_hashes: &[u64]) -> ApplyOutcome {
+        self.totals.stored_events.fetch_add(1, Ordering::Relaxed);
+        let out = self.with_writer(rank, false, |entry, w| {
+            entry.counters.stored_events.fetch_add(1, Ordering::Relaxed);
+            let guard = epoch::pin();
+            let mut touched = Touched::default();
+            let mut out = ApplyOutcome::default();
+            for &external in external_hashes {
+                let Some(at) = w.resolve(external) else {
+                    out.not_found += 1;
+                    continue;
+                };
+                // The rank holds a block of this run, so the run is live without a pin;
+                // `finish` republishes the rank's cover there.
+                touched.add(at.run_addr(), 0);
+                // `record_stretch` reads only the blocks' engine names and places.
+                let block = StoredBlock {
+                    external_hash: external,
+                    local_hash: 0,
+                };
+                out.stored += self.record_stretch(w, tier, &[block], &[at], &mut touched);
+            }
+            self.finish(entry.slot, w, &touched, &guard);
+            out
+        });
+        match out {
+            Ok(Some(out)) => out,
+            // No such rank (or it went while we looked): it holds none of them.
+            _ => ApplyOutcome {
+                not_found: external_hashes.len(),
+                ..Default::default()
+            },
+        }
     }
 
     /// Stores a chain given by its sequence hashes (first block first), each block named

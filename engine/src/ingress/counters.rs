@@ -42,7 +42,17 @@ pub struct StreamStats {
     pub group_switches: u64,
     /// Events skipped because their `medium` is not a name kvr knows.
     pub events_skipped_medium: u64,
-    /// Batches that failed to decode, by cause (`DecodeErrorKind::name`, count).
+    /// Stores skipped because they cannot be used (their token ids do not fill their
+    /// blocks, a per-block list has the wrong length, their blocks' lookahead lengths
+    /// differ, or the partition already hashes prompts with as many lookahead lengths as
+    /// it keeps); the batch's other events apply.
+    pub events_skipped_malformed: u64,
+    /// Blocks of tokenless stores (an offloading connector's host or disk copies, named
+    /// by engine hash only) that the rank held on no tier: their tokens are unknown, so
+    /// they are left out of the index.
+    pub tokenless_blocks_unknown: u64,
+    /// Batches that failed to decode, by cause (`DecodeErrorKind::name`, count); each
+    /// cleared the ranks its stream fed (what it held is unknown).
     pub decode_errors: Vec<(&'static str, u64)>,
     /// Messages whose frames were malformed (reported by the transport).
     pub bad_frames: u64,

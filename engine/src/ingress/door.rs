@@ -45,6 +45,12 @@ pub trait EventSink {
         let _ = (worker, dp);
         true
     }
+    /// Whether blocks hashed with `len` tokens of lookahead (`crate::hash::lookahead`) may
+    /// be indexed: only where selection hashes prompts with that length too, or they
+    /// could never match. A refused store is skipped and counted. None by default.
+    fn accepts_lookahead(&self, len: u32) -> bool {
+        len == 0
+    }
 }
 
 /// Implements [`EventSink`] for a pointer to a sink by forwarding every method.
@@ -78,6 +84,9 @@ macro_rules! forward_sink {
             }
             fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
                 (**self).accepts_dp_rank(worker, dp)
+            }
+            fn accepts_lookahead(&self, len: u32) -> bool {
+                (**self).accepts_lookahead(len)
             }
         }
     )*};

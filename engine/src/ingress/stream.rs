@@ -5,10 +5,12 @@
 //!
 //! A batch's events apply to rank `(worker, data_parallel_rank)`, or `(worker, stream)`
 //! when the batch names no rank; a batch naming a rank the worker does not have is refused
-//! whole and counted; a batch that fails to decode applies nothing and is counted by cause.
+//! whole and counted. A batch that fails to decode applies nothing and is counted by cause,
+//! and the ranks the stream fed are cleared: whatever it held (a removal, a clear) is
+//! unknown, and an index that kept blocks the engine dropped would overcount.
 
 use crate::ids::{RankId, WorkerId};
-use crate::index::StoredBlock;
+use crate::index::{KvEvent, StoredBlock};
 
 use super::counters::{now_unix_ms, StreamCounters};
 use super::decode::{decode_batch, DecodedBatch};
@@ -156,6 +158,8 @@ impl IngressStream {
                         out.batches_applied += 1;
                     } else {
                         out.decode_errors += 1;
+                        clear_fed_ranks(door.sink(), self.worker_id, &self.ranks_seen);
+                        out.clears += 1;
                     }
                 }
                 Action::Clear(_) => {
@@ -233,11 +237,16 @@ impl IngressStream {
         let Some(rank) = self.batch_rank(door.sink()) else {
             return true;
         };
+        let sink = door.sink();
+        let accepts_lookahead = |len| sink.accepts_lookahead(len);
         let shape = SinkShape {
-            block_size: door.sink().block_size(),
-            namespace: door.sink().cache_namespace(),
+            block_size: sink.block_size(),
+            namespace: sink.cache_namespace(),
+            accepts_lookahead: &accepts_lookahead,
         };
         let (mut applied, mut skips) = (EventsOutcome::default(), Skips::default());
+        // Blocks of tokenless stores the rank held on no tier (left out).
+        let mut tokenless_unknown = 0;
         for ev in &self.batch.events {
             let t = translate(
                 ev,
@@ -251,7 +260,12 @@ impl IngressStream {
                 clear_fed_ranks(door.sink(), self.worker_id, &self.ranks_seen);
             }
             if let Some(event) = t.event {
+                let unknown = applied.blocks_not_found;
                 door.apply(rank, &event, &mut applied);
+                if let KvEvent::StoredKnown { .. } = event {
+                    tokenless_unknown += applied.blocks_not_found - unknown;
+                    applied.blocks_not_found = unknown;
+                }
             }
         }
         let mut s = self.stats.0.lock();
@@ -263,6 +277,8 @@ impl IngressStream {
         s.block_size_mismatches += skips.block_size;
         s.events_skipped_group += skips.group;
         s.events_skipped_medium += skips.medium;
+        s.events_skipped_malformed += skips.malformed;
+        s.tokenless_blocks_unknown += tokenless_unknown;
         s.group_switches += skips.group_switches;
         s.last_batch_unix_ms = now_unix_ms();
         true

@@ -6,9 +6,16 @@
 //! hash by the rule requests hash with (`crate::hash::BlockExtras`), so equal tokens with
 //! different images or salts are different blocks; a store whose `block_size` differs
 //! from the sink's is refused and counted; an event of a KV-cache group routing does not
-//! follow is skipped (`groups`); an unknown `medium` is skipped.
+//! follow is skipped (`groups`); an unknown `medium` is skipped; a tokenless store
+//! applies to the blocks the rank already holds (`KvEvent::StoredKnown`: their tokens are
+//! known), its other blocks are left out and counted; a malformed store is skipped and
+//! counted; a store's lookahead tokens (`crate::hash::lookahead`) are folded into its
+//! blocks' local hashes, if the sink hashes prompts with that length (else the store is
+//! skipped and counted). No skip ever touches the batch's other events.
 
-use crate::hash::{local_block_hash_mm, HashSalt};
+use smallvec::SmallVec;
+
+use crate::hash::{local_block_hash_mm, lookahead_key, HashSalt};
 use crate::ids::Tier;
 use crate::index::{KvEvent, StoredBlock};
 
@@ -16,10 +23,12 @@ use super::decode::{DecodedBatch, DecodedEvent, Medium};
 use super::groups::{GroupRouting, APPLY};
 
 /// What the sink a batch goes to asks of every event.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub(crate) struct SinkShape<'a> {
     pub(crate) block_size: u32,
     pub(crate) namespace: Option<&'a str>,
+    /// `EventSink::accepts_lookahead`.
+    pub(crate) accepts_lookahead: &'a dyn Fn(u32) -> bool,
 }
 
 /// Events skipped, by why, and routing-group switches, in one batch.
@@ -28,6 +37,7 @@ pub(crate) struct Skips {
     pub(crate) block_size: u64,
     pub(crate) group: u64,
     pub(crate) medium: u64,
+    pub(crate) malformed: u64,
     pub(crate) group_switches: u64,
 }
 
@@ -54,8 +64,14 @@ pub(crate) fn translate<'a>(
         event: None,
     };
     let medium = match ev {
-        DecodedEvent::Stored { medium, .. } | DecodedEvent::Removed { medium, .. } => *medium,
+        DecodedEvent::Stored { medium, .. }
+        | DecodedEvent::Tokenless { medium, .. }
+        | DecodedEvent::Removed { medium, .. } => *medium,
         DecodedEvent::Cleared => Medium::Gpu,
+        DecodedEvent::Malformed { .. } => {
+            skips.malformed += 1;
+            return skip;
+        }
     };
     let Some(tier) = tier(medium) else {
         skips.medium += 1;
@@ -66,9 +82,11 @@ pub(crate) fn translate<'a>(
             skips.block_size += 1;
             return skip;
         }
-        DecodedEvent::Stored { group, spec, .. } => groups.on_store(*group, *spec),
+        DecodedEvent::Stored { group, spec, .. } | DecodedEvent::Tokenless { group, spec, .. } => {
+            groups.on_store(*group, *spec)
+        }
         DecodedEvent::Removed { group, .. } => groups.on_remove(*group),
-        DecodedEvent::Cleared => APPLY,
+        DecodedEvent::Cleared | DecodedEvent::Malformed { .. } => APPLY,
     };
     skips.group_switches += u64::from(verdict.clear_first);
     if !verdict.apply {
@@ -85,22 +103,45 @@ pub(crate) fn translate<'a>(
             tokens,
             lora_name,
             extras,
+            lookahead,
             ..
         } => {
+            // Every block's lookahead has one length (vLLM's `num_hash_lookahead_tokens`),
+            // one the sink hashes prompts with; anything else is skipped, counted.
+            let la = |i| b.block_lookahead_tokens(lookahead, i);
+            let la_len = la(0).len();
+            if (1..hashes.len()).any(|i| la(i).len() != la_len)
+                || !(shape.accepts_lookahead)(u32::try_from(la_len).unwrap_or(u32::MAX))
+            {
+                skips.malformed += 1;
+                return Translated {
+                    clear_first: verdict.clear_first,
+                    event: None,
+                };
+            }
             let lora = lora_name.clone().map(|r| &b.text[r]);
             let salt = HashSalt::new(lora, shape.namespace);
             blocks.clear();
             let toks = &b.tokens[tokens.clone()];
+            let mut keys: SmallVec<[u64; 8]> = SmallVec::new();
             for (i, (h, chunk)) in b.hashes[hashes.clone()]
                 .iter()
                 .zip(toks.chunks_exact(shape.block_size as usize))
                 .enumerate()
             {
-                // Without extra keys this is the plain token hash.
-                let keys = b.block_extra_keys(extras, i);
+                // Without extra keys or lookahead this is the plain token hash.
+                let extra = b.block_extra_keys(extras, i);
+                let local_hash = if la_len == 0 {
+                    local_block_hash_mm(chunk, extra, salt)
+                } else {
+                    keys.clear();
+                    keys.extend_from_slice(extra);
+                    keys.push(lookahead_key(la(i)));
+                    local_block_hash_mm(chunk, &keys, salt)
+                };
                 blocks.push(StoredBlock {
                     external_hash: *h,
-                    local_hash: local_block_hash_mm(chunk, keys, salt),
+                    local_hash,
                 });
             }
             KvEvent::Stored {
@@ -109,11 +150,17 @@ pub(crate) fn translate<'a>(
                 blocks,
             }
         }
+        DecodedEvent::Tokenless { hashes, .. } => KvEvent::StoredKnown {
+            tier,
+            external_hashes: &b.hashes[hashes.clone()],
+        },
         DecodedEvent::Removed { hashes, .. } => KvEvent::Removed {
             tier,
             external_hashes: &b.hashes[hashes.clone()],
         },
         DecodedEvent::Cleared => KvEvent::Cleared,
+        // Returned above.
+        DecodedEvent::Malformed { .. } => return skip,
     };
     Translated {
         clear_first: verdict.clear_first,

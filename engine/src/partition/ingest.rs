@@ -54,6 +54,11 @@ impl EventSink for Partition {
             None => dp < MAX_DP_SIZE,
         }
     }
+
+    /// Up to `MAX_LOOKAHEAD_LENGTHS` distinct lengths, each then hashed by selection.
+    fn accepts_lookahead(&self, len: u32) -> bool {
+        self.lookahead.note(len)
+    }
 }
 
 impl Partition {

@@ -11,6 +11,7 @@ use crate::index::{Index, IndexConfig};
 use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
 use crate::ingress::registry::IngressRegistry;
 use crate::load::LoadView;
+use crate::lookahead::LookaheadLengths;
 use crate::reservation::{
     ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
 };
@@ -52,6 +53,8 @@ pub struct Partition {
     pub(crate) counters: SelectionCounters,
     /// Counters and sequence state of the event streams feeding this partition.
     ingress: IngressRegistry,
+    /// The lookahead lengths its engines hash with (selection hashes prompts with each).
+    lookahead: LookaheadLengths,
 }
 
 impl std::fmt::Debug for Partition {
@@ -160,6 +163,7 @@ impl Partition {
             membership: Mutex::new(()),
             counters: Default::default(),
             ingress: Default::default(),
+            lookahead: LookaheadLengths::default(),
         })
     }
 

@@ -28,6 +28,7 @@ impl Partition {
             sessions: self.sessions.as_deref(),
             counters: &self.counters,
             freshness: &self.ingress.freshness,
+            lookahead: &self.lookahead,
         }
     }
 
@@ -118,6 +119,15 @@ impl Partition {
     /// and it leaves out predictions.
     pub fn overlap(&self, local_hashes: &[u64], out: &mut TieredScores) {
         self.selector().overlap_of(local_hashes, out)
+    }
+
+    /// [`Partition::overlap`] of a request's prompt, as selection reads it: a tokens prompt
+    /// (or a hashes prompt with its `source_tokens`) is also matched against ranks whose
+    /// engines hash with lookahead (`kvr::hash::lookahead_local_hashes`), which its plain
+    /// hashes never match. Only the prompt, `extras`, `source_tokens` and `lora_name` are
+    /// read.
+    pub fn overlap_for(&self, req: &SelectRequest<'_>, out: &mut TieredScores) {
+        self.selector().overlap_for(req, out)
     }
 
     /// Selection counters of this partition.

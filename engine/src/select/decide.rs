@@ -88,6 +88,7 @@ impl Selector<'_> {
         };
         // 2. overlap: the index the policy names.
         self.overlap_into(local, &seq, tiered, predicted, merged);
+        self.lookahead_overlap_into(req, tiered, merged);
         // ... and the host's shared cache alongside it.
         let hooks = self.hooks_now();
         let shared = self.shared_cache(&hooks, &seq);

@@ -16,6 +16,7 @@ mod decide;
 mod decision;
 mod explicit;
 mod hint;
+mod lookahead;
 mod overlap;
 mod request;
 mod scratch;
@@ -28,6 +29,7 @@ use crate::ids::PartitionKey;
 use crate::index::Index;
 use crate::indexer::IndexState;
 use crate::load::LoadView;
+use crate::lookahead::LookaheadLengths;
 use crate::reservation::ReservationTable;
 use crate::session::SessionTable;
 use crate::sync::{Snapshot, SnapshotGuard};
@@ -52,6 +54,7 @@ pub(crate) struct Selector<'a> {
     pub(crate) sessions: Option<&'a SessionTable>,
     pub(crate) counters: &'a SelectionCounters,
     pub(crate) freshness: &'a Freshness,
+    pub(crate) lookahead: &'a LookaheadLengths,
 }
 
 impl Selector<'_> {

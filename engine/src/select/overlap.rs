@@ -6,8 +6,7 @@
 //! `crate::freshness`) counts as none unless `PartitionConfig::trust_stale_overlap`.
 
 use super::scratch::Scratch;
-use super::Selector;
-use crate::hash::extend_sequence_hashes;
+use super::{Prompt, SelectRequest, Selector};
 use crate::index::{TieredOverlap, TieredScores};
 use crate::sync::atomic::Ordering;
 
@@ -47,21 +46,32 @@ impl Selector<'_> {
             .merge_prediction(seq, tiered, predicted, merged);
     }
 
-    /// The overlap of a prompt given as local hashes, into `out` (a host's lookup).
-    pub(crate) fn overlap_of(&self, local_hashes: &[u64], out: &mut TieredScores) {
+    /// The overlap of a request's prompt, into `out`: the plain hashes' and, for ranks
+    /// hashing with lookahead, the lookahead hashes' (a host's lookup of a whole request).
+    pub(crate) fn overlap_for(&self, req: &SelectRequest<'_>, out: &mut TieredScores) {
         let mut scratch = Scratch::take();
-        let mut seq = crate::recycle::take_hashes();
-        extend_sequence_hashes(None, local_hashes, &mut seq);
         let Scratch {
+            local,
             tiered,
             predicted,
             merged,
             ..
         } = &mut *scratch;
-        self.overlap_into(local_hashes, &seq, tiered, predicted, merged);
+        let (seq, _) = self.sequence_into(req, local, crate::recycle::take_hashes());
+        let local: &[u64] = match req.prompt {
+            Prompt::LocalHashes { hashes, .. } => hashes,
+            Prompt::Tokens(_) => local,
+        };
+        self.overlap_into(local, &seq, tiered, predicted, merged);
+        self.lookahead_overlap_into(req, tiered, merged);
         out.fill_from(tiered.iter())
             .expect("an overlap lists each rank once");
         Scratch::put(scratch);
         crate::recycle::give_hashes(seq);
+    }
+
+    /// The overlap of a prompt given as local hashes, into `out` (a host's lookup).
+    pub(crate) fn overlap_of(&self, local_hashes: &[u64], out: &mut TieredScores) {
+        self.overlap_for(&SelectRequest::local_hashes(local_hashes, 0), out)
     }
 }

@@ -28,9 +28,14 @@ pub struct SelectRequest<'a> {
     /// The prompt.
     pub prompt: Prompt<'a>,
     /// A tokens prompt's extra keys (multimodal inputs, cache salt: `hash::extra`), so it
-    /// matches the blocks engines published with the same keys; ignored for a hashes
-    /// prompt (its hashes already include them). `None` = none.
+    /// matches the blocks engines published with the same keys; for a hashes prompt, the
+    /// keys of its `source_tokens` (its hashes already include them). `None` = none.
     pub extras: Option<&'a BlockExtras>,
+    /// A hashes prompt's tokens, when the caller hashed them itself (with `extras` and
+    /// `lora_name`): ranks whose engines hash with lookahead (`hash::lookahead`) are
+    /// matched through them; without them such ranks match none of a hashes prompt.
+    /// Ignored for a tokens prompt.
+    pub source_tokens: Option<&'a [u32]>,
     /// LoRA adapter: salts the hashes and narrows the candidates to workers serving it.
     pub lora_name: Option<&'a str>,
     /// The caller's allow-set of workers (`None` = every worker of the partition).
@@ -73,6 +78,7 @@ impl<'a> SelectRequest<'a> {
         SelectRequest {
             prompt,
             extras: None,
+            source_tokens: None,
             lora_name: None,
             allowed_workers: None,
             pinned_worker: None,

@@ -188,6 +188,10 @@ impl Model {
                     stored,
                     ..Default::default()
                 }),
+            KvEvent::StoredKnown {
+                tier,
+                external_hashes,
+            } => Ok(self.store_known(rank, tier, external_hashes)),
             KvEvent::Removed {
                 tier,
                 external_hashes,
@@ -250,6 +254,39 @@ impl Model {
             }
         }
         Ok(stored)
+    }
+
+    /// The blocks the rank holds on some tier, named by `external_hashes`, are now held
+    /// on `tier` too, under those names; unknown names are counted, not stored.
+    pub(crate) fn store_known(
+        &mut self,
+        rank: RankId,
+        tier: Tier,
+        external_hashes: &[u64],
+    ) -> ApplyOutcome {
+        self.stored_events += 1;
+        let mut out = ApplyOutcome::default();
+        let Some(rm) = self.ranks.get_mut(&rank) else {
+            out.not_found = external_hashes.len();
+            return out;
+        };
+        rm.stored_events += 1;
+        let t = tier as usize;
+        for &h in external_hashes {
+            let Some(seq) = rm.resolve(h) else {
+                out.not_found += 1;
+                continue;
+            };
+            match rm.names[t].insert(h, seq) {
+                Some(old) if old == seq => continue,
+                Some(old) => name_dropped(rm, &mut self.log, rank, tier, old),
+                None => {}
+            }
+            if name_added(rm, &mut self.log, rank, tier, seq) {
+                out.stored += 1;
+            }
+        }
+        out
     }
 
     pub(crate) fn remove(

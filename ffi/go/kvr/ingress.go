@@ -76,6 +76,11 @@ type StreamStats struct {
 	EventsSkippedGroup  uint64
 	GroupSwitches       uint64
 	EventsSkippedMedium uint64
+	// Stores skipped as unusable (token ids that do not fill their blocks), and blocks
+	// of tokenless stores (host or disk copies named by engine hash only) that the rank
+	// held on no tier, left out of the index.
+	EventsSkippedMalformed uint64
+	TokenlessBlocksUnknown uint64
 	// Freshness: Recovering while a replay is in flight; StaleSince (non-zero) while a
 	// known loss is being replayed, when selection does not credit the stream's ranks
 	// (unless WithTrustStaleOverlap).
@@ -128,6 +133,8 @@ func streamStatsOf(c *C.kvr_stream_stats) StreamStats {
 	s.IdleProbes = uint64(c.idle_probes)
 	s.EventsSkippedGroup, s.GroupSwitches = uint64(c.events_skipped_group), uint64(c.group_switches)
 	s.EventsSkippedMedium = uint64(c.events_skipped_medium)
+	s.EventsSkippedMalformed = uint64(c.events_skipped_malformed)
+	s.TokenlessBlocksUnknown = uint64(c.tokenless_blocks_unknown)
 	s.Recovering = c.recovering != 0
 	if ms := int64(c.stale_since_unix_ms); ms != 0 {
 		s.StaleSince = time.UnixMilli(ms)

@@ -29,6 +29,8 @@ pub(crate) struct Prepared {
     /// Its local block hashes, computed here once for the engine and for the answer.
     pub prompt: ResolvedPrompt,
     pub allowed: Option<Vec<WorkerId>>,
+    /// The prompt's LoRA adapter (its hashes are salted with it).
+    pub lora_name: Option<String>,
 }
 
 pub(crate) fn no_schedulable(key: &PartitionKey) -> ApiError {
@@ -117,15 +119,17 @@ impl App {
             key,
             prompt: resolved,
             allowed,
+            lora_name: prompt.lora_name.clone(),
         })
     }
 
-    /// The device/host/disk overlap of every rank, for the answer.
+    /// The device/host/disk overlap of every rank, for the answer (its lookahead ranks
+    /// matched through the prompt's tokens, when it came as tokens).
     fn tiered(&self, prep: &Prepared) -> TieredScores {
         let mut scores = TieredScores::new();
-        prep.entry
-            .partition
-            .overlap(&prep.prompt.hashes, &mut scores);
+        let mut req = prep.prompt.request();
+        req.lora_name = prep.lora_name.as_deref();
+        prep.entry.partition.overlap_for(&req, &mut scores);
         scores
     }
 

@@ -54,22 +54,32 @@ pub struct MmInput {
 
 /// A prompt checked and brought to the engine's terms: the local hashes of its complete
 /// blocks (computed here from `token_ids`, multimodal objects mixed in, or given by the
-/// caller) and its length in tokens.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// caller) and its length in tokens; a tokens prompt keeps its tokens and extra keys, so
+/// that ranks whose engines hash with lookahead can be matched (`kvr::hash::lookahead`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResolvedPrompt {
     pub hashes: Vec<u64>,
     pub prompt_tokens: u64,
+    /// The prompt's tokens (empty when it came as hashes).
+    pub tokens: Vec<u32>,
+    /// Their extra keys.
+    pub extras: BlockExtras,
 }
 
 impl ResolvedPrompt {
     /// An engine request of this prompt (the caller sets the rest).
     pub fn request(&self) -> kvr::SelectRequest<'_> {
-        kvr::SelectRequest::local_hashes(&self.hashes, self.prompt_tokens)
+        let mut req = kvr::SelectRequest::local_hashes(&self.hashes, self.prompt_tokens);
+        if !self.tokens.is_empty() {
+            req.source_tokens = Some(&self.tokens);
+            req.extras = Some(&self.extras).filter(|e| !e.is_empty());
+        }
+        req
     }
 
     /// Approximate heap bytes (the pending-selection cache's budget).
     pub fn heap_bytes(&self) -> usize {
-        self.hashes.capacity() * 8
+        self.hashes.capacity() * 8 + self.tokens.capacity() * 4
     }
 }
 
@@ -126,6 +136,8 @@ impl PromptBody {
             return Ok(ResolvedPrompt {
                 hashes,
                 prompt_tokens: tokens.len() as u64,
+                tokens: tokens.clone(),
+                extras,
             });
         }
         let Some(hashes) = &self.block_hashes else {
@@ -161,6 +173,7 @@ impl PromptBody {
                 .map(|&h| kvr_remote::hash_from_wire(h))
                 .collect(),
             prompt_tokens: isl,
+            ..ResolvedPrompt::default()
         })
     }
 }
@@ -186,7 +199,8 @@ mod tests {
             r,
             ResolvedPrompt {
                 hashes: vec![u64::MAX, 5],
-                prompt_tokens: 32
+                prompt_tokens: 32,
+                ..ResolvedPrompt::default()
             }
         );
         assert_eq!(kvr_remote::hash_to_wire(u64::MAX), -1);
@@ -244,7 +258,9 @@ mod tests {
             plain.resolve(16, salt()).unwrap(),
             ResolvedPrompt {
                 hashes: plain_hashes,
-                prompt_tokens: 32
+                prompt_tokens: 32,
+                tokens,
+                extras: BlockExtras::new(),
             }
         );
     }

@@ -103,6 +103,32 @@ pub enum DecodedEvent {
         spec: SpecKind,
         /// Per-block extra keys, in `batch.block_extras`.
         extras: Range<usize>,
+        /// Per-block lookahead tokens (vLLM's `lookahead_token_ids`: the tokens after each
+        /// block that its engine hash also covers), in `batch.block_lookahead`; empty
+        /// when the engine hashes without lookahead.
+        lookahead: Range<usize>,
+    },
+    /// `BlockStored` that names its blocks only by engine hash: `token_ids` is empty
+    /// while `block_hashes` is not. vLLM's offloading connector announces host and disk
+    /// copies this way (a placeholder, `block_size` 0), and so does a recurrent (Mamba)
+    /// group's state checkpoint (one hash, `kv_cache_spec_kind` "mamba"). kvr can apply
+    /// it only to blocks the rank already holds on some tier (their tokens are known).
+    Tokenless {
+        /// The engine's hashes of the blocks, in `batch.hashes`.
+        hashes: Range<usize>,
+        /// Where the blocks now live.
+        medium: Medium,
+        /// The KV-cache group (`group_idx`).
+        group: Option<u32>,
+        /// What the group holds (`kv_cache_spec_kind`).
+        spec: SpecKind,
+    },
+    /// A `BlockStored` kvr cannot use (its token ids do not fill its blocks, or a
+    /// per-block list has the wrong length): skipped and counted, the batch's other
+    /// events still apply. A missing store can only make the index hold less.
+    Malformed {
+        /// What was wrong, in words.
+        detail: &'static str,
     },
     /// `BlockRemoved`: the engine's hashes of the evicted blocks (`batch.hashes[hashes]`).
     Removed {
@@ -144,6 +170,10 @@ pub struct DecodedBatch {
     pub extra_keys: Vec<u64>,
     /// Per block with extra keys: its range of `extra_keys`.
     pub block_extras: Vec<Range<usize>>,
+    /// Lookahead token ids of all `Stored` events' blocks.
+    pub lookahead: Vec<u32>,
+    /// Per block with lookahead tokens: its range of `lookahead`.
+    pub block_lookahead: Vec<Range<usize>>,
 }
 
 impl DecodedBatch {
@@ -156,6 +186,8 @@ impl DecodedBatch {
         self.text.clear();
         self.extra_keys.clear();
         self.block_extras.clear();
+        self.lookahead.clear();
+        self.block_lookahead.clear();
     }
 
     /// The extra-key values of block `i` of a store whose `extras` is `extras` (empty
@@ -163,6 +195,19 @@ impl DecodedBatch {
     pub fn block_extra_keys(&self, extras: &Range<usize>, i: usize) -> &[u64] {
         match self.block_extras.get(extras.clone()).and_then(|b| b.get(i)) {
             Some(r) => &self.extra_keys[r.clone()],
+            None => &[],
+        }
+    }
+
+    /// The lookahead tokens of block `i` of a store whose `lookahead` is `lookahead`
+    /// (empty when the store has none).
+    pub fn block_lookahead_tokens(&self, lookahead: &Range<usize>, i: usize) -> &[u32] {
+        match self
+            .block_lookahead
+            .get(lookahead.clone())
+            .and_then(|b| b.get(i))
+        {
+            Some(r) => &self.lookahead[r.clone()],
             None => &[],
         }
     }

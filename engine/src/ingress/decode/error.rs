@@ -23,8 +23,10 @@ pub enum DecodeErrorKind {
     FieldType,
     /// A block hash or parent hash is not uint64, int64 or bin.
     HashType,
-    /// `len(token_ids) != len(block_hashes) * block_size`, or `block_size` is 0 (or
-    /// absent) for a store with blocks.
+    /// Retired: no longer produced (a store whose token ids do not fill its blocks now
+    /// skips only itself, counted in `StreamStats::events_skipped_malformed`, and a store
+    /// without token ids applies to the blocks kvr knows). Kept so that every kind keeps
+    /// its number in the C ABI's per-kind counters.
     TokenCount,
     /// Retired: no longer produced (an unknown `medium` now skips its event, counted in
     /// `StreamStats::events_skipped_medium`, and the batch applies). Kept so that every

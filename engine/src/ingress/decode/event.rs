@@ -125,6 +125,9 @@ struct EventFields {
     extras: Option<(usize, Range<usize>)>,
     /// SGLang's `cache_salt`, as its key value (`None`: nil, absent or empty).
     cache_salt: Option<u64>,
+    /// `lookahead_token_ids`: its number of entries and its range of
+    /// `batch.block_lookahead`.
+    lookahead: Option<(usize, Range<usize>)>,
 }
 
 pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result<()> {
@@ -142,47 +145,7 @@ pub(super) fn decode_event(c: &mut Cursor<'_>, out: &mut DecodedBatch) -> Result
         }
     };
     let event = match ty {
-        EventType::Stored => {
-            let n_blocks = f.hashes.len();
-            if n_blocks > 0 && f.block_size == 0 {
-                return Err(DecodeError::new(
-                    K::TokenCount,
-                    "block_size is 0 or absent for a store with blocks",
-                ));
-            }
-            // u32 → usize is lossless on every supported target (≥ 32-bit).
-            let expected = n_blocks.checked_mul(f.block_size as usize);
-            if expected != Some(f.tokens.len()) {
-                return Err(DecodeError::new(
-                    K::TokenCount,
-                    "len(token_ids) != len(block_hashes) * block_size",
-                ));
-            }
-            let blocks = match f.extras {
-                Some((n, _)) if n != n_blocks => {
-                    return Err(DecodeError::new(
-                        K::TokenCount,
-                        "extra_keys is not nil and len(extra_keys) != len(block_hashes)",
-                    ))
-                }
-                other => other.map(|(_, range)| range),
-            };
-            // SGLang's salt belongs to the prompt's first block (kvr's rule, as vLLM
-            // puts it): only a store that starts a prompt holds that block.
-            let salt = f.cache_salt.filter(|_| f.parent.is_none());
-            let extras = finish_extras(out, blocks, n_blocks, f.lora_name.clone(), salt);
-            DecodedEvent::Stored {
-                hashes: f.hashes,
-                parent: f.parent,
-                tokens: f.tokens,
-                block_size: f.block_size,
-                lora_name: f.lora_name,
-                medium: f.medium,
-                group: f.group,
-                spec: f.spec,
-                extras,
-            }
-        }
+        EventType::Stored => stored_event(out, f),
         EventType::Removed => DecodedEvent::Removed {
             hashes: f.hashes,
             medium: f.medium,
@@ -345,19 +308,79 @@ fn decode_field(
                 .map(|s| crate::hash::extra::cache_salt_key(s.as_bytes()));
         }
         Field::LookaheadTokenIds => {
-            // [[int...]...]|nil — checked as token ids, not kept.
+            // [[int...]...]|nil — one entry per block: the tokens after it that its
+            // engine hash also covers.
+            f.lookahead = None;
             if !c.take_nil()? {
                 let n = c.array_len(K::FieldType, "lookahead_token_ids is not an array or nil")?;
-                // Reads into the shared token buffer, then drops what it read.
-                let mark = out.tokens.len();
+                let start = out.block_lookahead.len();
                 for _ in 0..n {
-                    c.tokens(&mut out.tokens, "lookahead_token_ids entry is not an array")?;
-                    out.tokens.truncate(mark);
+                    let from = out.lookahead.len();
+                    c.tokens(
+                        &mut out.lookahead,
+                        "lookahead_token_ids entry is not an array",
+                    )?;
+                    out.block_lookahead.push(from..out.lookahead.len());
                 }
+                f.lookahead = Some((n, start..out.block_lookahead.len()));
             }
         }
     }
     Ok(())
+}
+
+/// A `BlockStored` event from its fields: a store of blocks with their tokens, a
+/// tokenless store (blocks named by engine hash only), or a malformed one (skipped by
+/// the door, counted; the batch's other events still apply).
+fn stored_event(out: &mut DecodedBatch, f: EventFields) -> DecodedEvent {
+    let n_blocks = f.hashes.len();
+    let malformed = |detail| DecodedEvent::Malformed { detail };
+    if n_blocks > 0 && f.tokens.is_empty() {
+        return DecodedEvent::Tokenless {
+            hashes: f.hashes,
+            medium: f.medium,
+            group: f.group,
+            spec: f.spec,
+        };
+    }
+    if n_blocks > 0 && f.block_size == 0 {
+        return malformed("block_size is 0 or absent for a store with token ids");
+    }
+    // u32 → usize is lossless on every supported target (≥ 32-bit).
+    if n_blocks.checked_mul(f.block_size as usize) != Some(f.tokens.len()) {
+        return malformed("len(token_ids) != len(block_hashes) * block_size");
+    }
+    let blocks = match f.extras {
+        Some((n, _)) if n != n_blocks => {
+            return malformed("extra_keys is not nil and len(extra_keys) != len(block_hashes)")
+        }
+        other => other.map(|(_, range)| range),
+    };
+    let lookahead = match f.lookahead {
+        Some((n, _)) if n != n_blocks => {
+            return malformed("lookahead_token_ids is not nil and its length != len(block_hashes)")
+        }
+        // Every block empty: the engine hashes without lookahead.
+        Some((_, r)) if out.block_lookahead[r.clone()].iter().all(|b| b.is_empty()) => 0..0,
+        Some((_, r)) => r,
+        None => 0..0,
+    };
+    // SGLang's salt belongs to the prompt's first block (kvr's rule, as vLLM puts it):
+    // only a store that starts a prompt holds that block.
+    let salt = f.cache_salt.filter(|_| f.parent.is_none());
+    let extras = finish_extras(out, blocks, n_blocks, f.lora_name.clone(), salt);
+    DecodedEvent::Stored {
+        hashes: f.hashes,
+        parent: f.parent,
+        tokens: f.tokens,
+        block_size: f.block_size,
+        lora_name: f.lora_name,
+        medium: f.medium,
+        group: f.group,
+        spec: f.spec,
+        extras,
+        lookahead,
+    }
 }
 
 /// A store's extra-key values, final: the LoRA name's dropped (LoRA salts the seed

@@ -225,7 +225,7 @@ fn all_fifteen_stored_fields_positional_and_tagged() {
     for ev in [a(positional), tagged] {
         let b = decode(&batch(vec![ev])).unwrap();
         assert_eq!(stored(&b, 0), expect);
-        // lookahead tokens are checked but not kept.
+        // Lookahead tokens have a buffer of their own.
         assert_eq!(b.tokens.len(), 4);
     }
     // BlockRemoved's 5 fields.
@@ -505,9 +505,10 @@ fn groups_and_spec_kinds_are_read() {
         .events
         .iter()
         .map(|e| match e {
-            DecodedEvent::Stored { group, spec, .. } => (*group, Some(*spec)),
+            DecodedEvent::Stored { group, spec, .. }
+            | DecodedEvent::Tokenless { group, spec, .. } => (*group, Some(*spec)),
             DecodedEvent::Removed { group, .. } => (*group, None),
-            DecodedEvent::Cleared => (None, None),
+            DecodedEvent::Cleared | DecodedEvent::Malformed { .. } => (None, None),
         })
         .collect();
     assert_eq!(
@@ -694,37 +695,6 @@ fn every_error_kind() {
         K::HashType
     );
 
-    // TokenCount.
-    assert_eq!(
-        stored_with(vec![("token_ids", toks(0..7))]).kind,
-        K::TokenCount
-    );
-    assert_eq!(
-        stored_with(vec![("token_ids", toks(0..9))]).kind,
-        K::TokenCount
-    );
-    assert_eq!(
-        stored_with(vec![("block_size", u(0)), ("token_ids", a(vec![]))]).kind,
-        K::TokenCount
-    );
-    assert_eq!(
-        one(m(vec![
-            ("type", s("BlockStored")),
-            ("block_hashes", a(vec![u(1)]))
-        ]))
-        .kind,
-        K::TokenCount
-    );
-    assert_eq!(
-        one(m(vec![
-            ("type", s("BlockStored")),
-            ("token_ids", toks(0..4)),
-            ("block_size", u(4))
-        ]))
-        .kind,
-        K::TokenCount
-    );
-
     // TooLarge.
     let big = vec![0u8; MAX_PAYLOAD_BYTES + 1];
     assert_eq!(
@@ -805,4 +775,98 @@ fn reused_batch_is_cleared_and_stops_allocating() {
     let bad = enc(&batch(vec![m(vec![("type", s("Nope"))])]));
     assert!(decode_batch(&bad, &mut out).is_err());
     assert!(out.events.is_empty());
+}
+
+/// A store kvr cannot use, or one without token ids, is an event of its own: the batch
+/// still decodes and its neighbours are intact (the old rule refused the whole batch).
+#[test]
+fn unusable_and_tokenless_stores_are_events_of_their_own() {
+    let stored = |extra: Vec<(&str, V)>| {
+        let mut e = vec![
+            ("type", s("BlockStored")),
+            ("block_hashes", a(vec![u(1), u(2)])),
+            ("token_ids", toks(0..8)),
+            ("block_size", u(4)),
+        ];
+        for (k, v) in extra {
+            match e.iter_mut().find(|f| f.0 == k) {
+                Some(f) => f.1 = v,
+                None => e.push((k, v)),
+            }
+        }
+        m(e)
+    };
+    let removed = m(vec![
+        ("type", s("BlockRemoved")),
+        ("block_hashes", a(vec![u(9)])),
+    ]);
+    let malformed = [
+        stored(vec![("token_ids", toks(0..7))]),
+        stored(vec![("token_ids", toks(0..9))]),
+        stored(vec![("block_size", u(0))]),
+        stored(vec![("extra_keys", a(vec![V::Nil]))]),
+        stored(vec![("lookahead_token_ids", a(vec![toks(8..9)]))]),
+        m(vec![
+            ("type", s("BlockStored")),
+            ("token_ids", toks(0..4)),
+            ("block_size", u(4)),
+        ]),
+    ];
+    for bad in malformed {
+        let b = decode(&batch(vec![bad.clone(), removed.clone()])).unwrap();
+        assert!(
+            matches!(b.events[0], DecodedEvent::Malformed { .. }),
+            "{bad:?}: {:?}",
+            b.events[0]
+        );
+        assert!(
+            matches!(&b.events[1], DecodedEvent::Removed { hashes, .. } if b.hashes[hashes.clone()] == [9])
+        );
+    }
+    // vLLM's offloading placeholder (block_size 0, no tokens) and a Mamba state
+    // checkpoint (one hash, its parent, no tokens, block_size set).
+    for (ev, medium) in [
+        (
+            stored(vec![
+                ("token_ids", a(vec![])),
+                ("block_size", u(0)),
+                ("medium", s("CPU")),
+            ]),
+            Medium::Cpu,
+        ),
+        (
+            stored(vec![
+                ("block_hashes", a(vec![u(7)])),
+                ("parent_block_hash", u(6)),
+                ("token_ids", a(vec![])),
+                ("kv_cache_spec_kind", s("mamba")),
+                ("group_idx", u(1)),
+            ]),
+            Medium::Gpu,
+        ),
+    ] {
+        let b = decode(&batch(vec![ev, removed.clone()])).unwrap();
+        let DecodedEvent::Tokenless {
+            hashes,
+            medium: got,
+            ..
+        } = &b.events[0]
+        else {
+            panic!("{:?}", b.events[0])
+        };
+        assert_eq!(*got, medium);
+        assert!(!hashes.is_empty());
+        assert!(matches!(b.events[1], DecodedEvent::Removed { .. }));
+    }
+    // Lookahead tokens are kept per block.
+    let b = decode(&batch(vec![stored(vec![(
+        "lookahead_token_ids",
+        a(vec![toks(4..6), toks(8..10)]),
+    )])]))
+    .unwrap();
+    let DecodedEvent::Stored { lookahead, .. } = &b.events[0] else {
+        panic!()
+    };
+    assert_eq!(b.block_lookahead_tokens(lookahead, 0), &[4, 5]);
+    assert_eq!(b.block_lookahead_tokens(lookahead, 1), &[8, 9]);
 }
