@@ -74,6 +74,12 @@ pub struct ServeArgs {
     pub log_format: String,
     #[command(flatten)]
     pub knobs: Knobs,
+    /// Dynamo's `--no-router-assume-kv-reuse`: accepted; kvr always assumes reuse (see
+    /// `--router-assume-kv-reuse`) and warns at start.
+    #[arg(long, conflicts_with = "router_assume_kv_reuse")]
+    pub no_router_assume_kv_reuse: bool,
+    #[command(flatten)]
+    pub tracking: crate::tracking::TrackingArgs,
 }
 
 /// The scheduling knobs, as Dynamo's router reads them.
@@ -163,9 +169,17 @@ pub struct Knobs {
     /// Lifetime in seconds of a booking nobody frees.
     #[arg(long, env = "DYN_ROUTER_TTL_SECS", default_value_t = 120.0)]
     pub router_ttl_secs: f64,
-    /// Dynamo's `--router-assume-kv-reuse` (default on); kvr always dedups a rank's
-    /// shared prompt blocks, which is that behaviour.
-    #[arg(long, env = "DYN_ROUTER_ASSUME_KV_REUSE", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Dynamo's `--router-assume-kv-reuse` (default on; the value is optional, as in
+    /// Dynamo, which takes none); kvr always dedups a rank's shared prompt blocks, which
+    /// is that behaviour: off is accepted and warned about at start.
+    #[arg(
+        long,
+        env = "DYN_ROUTER_ASSUME_KV_REUSE",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub router_assume_kv_reuse: bool,
 }
 
@@ -180,6 +194,20 @@ fn parse_cost_model(s: &str) -> Result<kvr::config::CostModel, String> {
 }
 
 impl ServeArgs {
+    /// Dynamo's start-up checks of its flags (`Err`: kvr refuses to start, with Dynamo's
+    /// message), then the warnings about Dynamo settings kvr accepts but does not apply.
+    pub fn check_dynamo_flags(&self) -> Result<Vec<String>, String> {
+        let mut warnings: Vec<String> = self.tracking.check()?.into_iter().collect();
+        if self.no_router_assume_kv_reuse || !self.knobs.router_assume_kv_reuse {
+            warnings.push(
+                "router_assume_kv_reuse=false is accepted but not applied: kvr always \
+                 counts a prompt block active on a rank once, however many bookings share it"
+                    .into(),
+            );
+        }
+        Ok(warnings)
+    }
+
     pub fn booking_ttl(&self) -> Duration {
         let s = self.knobs.router_ttl_secs;
         if s.is_finite() && s > 0.0 {

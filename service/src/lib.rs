@@ -20,6 +20,7 @@ pub mod recovery;
 pub mod registry;
 pub mod routes;
 pub mod server;
+pub mod tracking;
 pub mod wire;
 
 /// Hooks for the fuzz targets (not an API).
@@ -59,6 +60,9 @@ pub struct App {
 
 impl App {
     pub fn new(args: ServeArgs) -> Result<Arc<Self>, String> {
+        for warning in args.check_dynamo_flags()? {
+            tracing::warn!("{warning}");
+        }
         let engine = Arc::new(Engine::new());
         let config = partition_config(&args)?;
         let use_events = args.knobs.router_use_kv_events && args.remote_indexer_url.is_none();
