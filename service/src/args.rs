@@ -57,6 +57,15 @@ pub struct ServeArgs {
     /// Largest request body in bytes (Dynamo: 8 MiB).
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Seconds a request's headers may take to arrive, counted from when the service
+    /// starts waiting for them (so also the longest a keep-alive connection stays idle
+    /// between requests); hyper's default. 0 = no limit.
+    #[arg(long, default_value_t = 30, env = "KVR_HTTP_HEADER_READ_TIMEOUT_SECS")]
+    pub http_header_read_timeout_secs: u64,
+    /// Seconds a connection may move no byte while the service waits on it (a body
+    /// stalled half-way, an answer nobody reads) before it is closed. 0 = no limit.
+    #[arg(long, default_value_t = 60, env = "KVR_HTTP_IDLE_TIMEOUT_SECS")]
+    pub http_idle_timeout_secs: u64,
     /// Seconds to let in-flight requests finish on SIGTERM/SIGINT before stopping.
     #[arg(long, default_value_t = 10)]
     pub shutdown_grace_secs: u64,
@@ -194,6 +203,15 @@ fn parse_cost_model(s: &str) -> Result<kvr::config::CostModel, String> {
 }
 
 impl ServeArgs {
+    /// The listener's connection timeouts.
+    pub fn conn_limits(&self) -> crate::conn::ConnLimits {
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        crate::conn::ConnLimits {
+            header_read: secs(self.http_header_read_timeout_secs),
+            idle: secs(self.http_idle_timeout_secs),
+        }
+    }
+
     /// Dynamo's start-up checks of its flags (`Err`: kvr refuses to start, with Dynamo's
     /// message), then the warnings about Dynamo settings kvr accepts but does not apply.
     pub fn check_dynamo_flags(&self) -> Result<Vec<String>, String> {

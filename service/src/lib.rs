@@ -11,12 +11,14 @@
 //! says so and why (the harness there checks every other answer against Dynamo's).
 
 pub mod args;
+pub mod conn;
 pub mod error;
 pub mod figures;
 pub mod ids;
 pub mod metrics;
 pub mod pending;
 pub mod recovery;
+pub mod refusals;
 pub mod registry;
 pub mod routes;
 pub mod server;
