@@ -84,8 +84,10 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub knobs: Knobs,
     /// Dynamo's `--no-router-assume-kv-reuse`: accepted; kvr always assumes reuse (see
-    /// `--router-assume-kv-reuse`) and warns at start.
-    #[arg(long, conflicts_with = "router_assume_kv_reuse")]
+    /// `--router-assume-kv-reuse`) and warns at start. Not refused next to
+    /// `--router-assume-kv-reuse` (Dynamo refuses both flags together), as clap would also
+    /// refuse it next to `DYN_ROUTER_ASSUME_KV_REUSE`, which Dynamo takes.
+    #[arg(long)]
     pub no_router_assume_kv_reuse: bool,
     #[command(flatten)]
     pub tracking: crate::tracking::TrackingArgs,

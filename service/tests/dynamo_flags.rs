@@ -149,10 +149,6 @@ fn invalid_forms_are_refused_with_dynamos_messages() {
             ],
             "failed to read router tracking key file",
         ),
-        (
-            vec!["--router-assume-kv-reuse", "--no-router-assume-kv-reuse"],
-            "cannot be used with '--no-router-assume-kv-reuse'",
-        ),
     ];
     for (argv, want) in &cases {
         match start(argv) {
