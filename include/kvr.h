@@ -254,7 +254,7 @@
 /**
  * Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
  */
-#define KVR_MAX_DP_SIZE 1024
+#define KVR_MAX_DP_SIZE 4096
 
 /**
  * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,

@@ -145,8 +145,9 @@ pub const MAX_CONTROL_ENDPOINT_LEN: usize = 511;
 
 /// Most data-parallel ranks one worker may have. A caller's `dp_size` drives per-rank
 /// allocations (endpoints, load slots, index ranks), so it is bounded; the largest DP
-/// deployments in the field (wide expert parallelism) use a few hundred.
-pub const MAX_DP_SIZE: u32 = 1024;
+/// deployments in the field (wide expert parallelism) use a few hundred; 4,096 is
+/// Dynamo 1.6.1's limit. Nothing is allocated per possible rank, only per registered one.
+pub const MAX_DP_SIZE: u32 = 4096;
 
 /// Why a worker's metadata is refused (by Rust and the C ABI alike).
 #[derive(Clone, Debug, PartialEq, Eq)]

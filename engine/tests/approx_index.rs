@@ -2,7 +2,8 @@
 //!
 //! Scenario tests pin each retention rule (overlap after a record, shared prefixes counted
 //! once, TTL expiry exactly at the deadline, refresh, the size bound and the maintenance
-//! pass's prune, deepest first with its tie-break, rank independence, `forget_rank`, a `now` that goes backwards), and a
+//! pass's prune, deepest first with its tie-break, eviction of a rank's least recent bookings at the
+//! bound, rank independence, `forget_rank`, a `now` that goes backwards), and a
 //! differential test drives the recorder and a naive model — a map (rank, sequence hash)
 //! → (deadline, depth) — with the same random operations, comparing every outcome,
 //! `len()`, the index's per-rank block counts and `find_matches` of random prompts.
@@ -176,8 +177,22 @@ fn prefixed_prompt(i: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Rank 1 holds exactly 100 records: prompts 0..4 (30 + 3 × 20) and ten blocks of
+/// their own, booked at t0 + 0..=4 s.
+fn fill_rank_one_to_100(index: &Index, rec: &ApproxRecorder, t0: Instant) {
+    for i in 0..4 {
+        let out = rec
+            .record(index, rank(1), &prefixed_prompt(i), t0 + secs(i))
+            .unwrap();
+        assert_eq!((out.over_bound, out.evicted), (0, 0));
+    }
+    let own: Vec<u64> = (50_000..50_010).collect();
+    rec.record(index, rank(1), &own, t0 + secs(4)).unwrap();
+    assert_eq!(rec.len(), 100);
+}
+
 #[test]
-fn size_bound_holds_and_the_maintenance_pass_prunes_deepest_first() {
+fn at_the_bound_a_booking_evicts_its_ranks_least_recent_bookings() {
     let index = Index::new();
     let rec = ApproxRecorder::new(ApproxConfig {
         max_blocks: 100,
@@ -185,28 +200,79 @@ fn size_bound_holds_and_the_maintenance_pass_prunes_deepest_first() {
     });
     let t0 = Instant::now();
     for i in 0..4 {
-        let out = rec
-            .record(&index, rank(1), &prefixed_prompt(i), t0 + secs(i))
+        rec.record(&index, rank(1), &prefixed_prompt(i), t0 + secs(i))
             .unwrap();
-        assert_eq!(out.over_bound, 0);
     }
     assert_eq!(rec.len(), 90);
-    // 110 > 100: the booking records its prompt up to the first block that does not fit
-    // (the shared 10, then 10 of its own), never a block without its parent.
+    // 110 > 100: the booking evicts the least recently booked records of its rank, prompt
+    // 0's own 20 (the shared 10 were booked again since), and records its whole prompt.
     let out = rec
         .record(&index, rank(1), &prefixed_prompt(4), t0 + secs(4))
         .unwrap();
-    assert_eq!((out.stored, out.refreshed, out.over_bound), (10, 10, 10));
-    assert_eq!(rec.len(), 100);
-    assert_eq!(lookup(&index, &prefixed_prompt(4)).get(rank(1)), 20);
-    assert_eq!(rec.stats().blocks_over_bound, 10);
-    // At the bound nothing more is recorded until the maintenance pass prunes.
+    assert_eq!(
+        (out.stored, out.refreshed, out.over_bound, out.evicted),
+        (20, 10, 0, 20)
+    );
+    assert_eq!(rec.len(), 90);
+    assert_eq!(lookup(&index, &prefixed_prompt(4)).get(rank(1)), 30);
+    assert_eq!(lookup(&index, &prefixed_prompt(0)).get(rank(1)), 10);
+    for i in 1..4 {
+        assert_eq!(lookup(&index, &prefixed_prompt(i)).get(rank(1)), 30);
+    }
+    let s = rec.stats();
+    assert_eq!((s.blocks_pruned, s.blocks_over_bound), (20, 0));
+    assert_eq!(device_blocks(&index, rank(1)), 90);
+    // A booking naming old blocks again makes them the most recent: prompt 1 is now the
+    // least recent, and a new prompt needing 20 evicts it, not prompt 2.
+    rec.record(&index, rank(1), &prefixed_prompt(2), t0 + secs(5))
+        .unwrap();
+    let out = rec
+        .record(&index, rank(1), &prefixed_prompt(5), t0 + secs(6))
+        .unwrap();
+    assert_eq!((out.stored, out.evicted), (20, 20));
+    assert_eq!(lookup(&index, &prefixed_prompt(1)).get(rank(1)), 10);
+    assert_eq!(lookup(&index, &prefixed_prompt(2)).get(rank(1)), 30);
+    assert_eq!(index.stats().block_not_found, 0);
+}
+
+/// The reported failure: under load the bound filled and every later booking went
+/// unrecorded until the next maintenance pass. Now the newest prompt is always found.
+#[test]
+fn booking_far_past_the_bound_still_finds_the_newest_prompt() {
+    let index = Index::new();
+    let rec = ApproxRecorder::new(ApproxConfig {
+        max_blocks: 1000,
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    // 300 prompts of 256 blocks (4,096 tokens at block size 16) on two ranks: 77 times
+    // the bound, no maintenance pass in between.
+    for i in 0..300u64 {
+        let p: Vec<u64> = (0..256).map(|j| (i << 20) | j).collect();
+        let r = rank(1 + i % 2);
+        let now = t0 + Duration::from_millis(i);
+        let out = rec.record(&index, r, &p, now).unwrap();
+        assert_eq!(out.over_bound, 0, "prompt {i}");
+        assert_eq!(lookup(&index, &p).get(r), 256, "prompt {i}");
+        assert!(rec.len() <= 1000);
+    }
+    assert_eq!(rec.stats().blocks_over_bound, 0);
+}
+
+#[test]
+fn a_rank_holding_too_little_prunes_across_ranks_deepest_first() {
+    let index = Index::new();
+    let rec = ApproxRecorder::new(ApproxConfig {
+        max_blocks: 100,
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    fill_rank_one_to_100(&index, &rec, t0);
+    // Rank 2 holds nothing to evict: the booking prunes to 80 %, deepest first (depths
+    // 29..=25 hold four records each), then records its block.
     let out = rec.record(&index, rank(2), &[7], t0 + secs(4)).unwrap();
-    assert_eq!((out.stored, out.over_bound), (0, 1));
-    assert_eq!(rec.stats().blocks_pruned, 0);
-    // The pass prunes to 80 %, deepest first: depths 29..=25 hold four records each.
-    assert_eq!(rec.expire(&index, t0 + secs(4)), 0);
-    assert_eq!(rec.len(), 80);
+    assert_eq!((out.stored, out.over_bound, out.evicted), (1, 0, 0));
+    assert_eq!(rec.len(), 81);
     assert_eq!(device_blocks(&index, rank(1)), 80);
     assert_eq!(rec.stats().blocks_pruned, 20);
     for i in 0..4 {
@@ -217,15 +283,19 @@ fn size_bound_holds_and_the_maintenance_pass_prunes_deepest_first() {
             "prompt {i}"
         );
     }
-    assert_eq!(lookup(&index, &prefixed_prompt(4)).get(rank(1)), 20);
     let prefix: Vec<u64> = (1..=10).collect();
     assert_eq!(lookup(&index, &prefix).get(rank(1)), 10);
-    // Room again: the rest of prompt 4 is recorded.
-    let out = rec
-        .record(&index, rank(1), &prefixed_prompt(4), t0 + secs(5))
-        .unwrap();
-    assert_eq!((out.stored, out.over_bound), (10, 0));
-    assert_eq!(lookup(&index, &prefixed_prompt(4)).get(rank(1)), 30);
+    assert_eq!(lookup(&index, &[7]).get(rank(2)), 1);
+    // A prompt longer than the bound is recorded up to what fits, the rest counted; the
+    // maintenance pass then prunes again.
+    let long: Vec<u64> = (90_000..90_150).collect();
+    let out = rec.record(&index, rank(3), &long, t0 + secs(5)).unwrap();
+    assert!(out.over_bound > 0);
+    assert_eq!(out.stored + out.over_bound, 150);
+    assert_eq!(rec.len(), 100);
+    assert_eq!(lookup(&index, &long).get(rank(3)), out.stored as u32);
+    rec.expire(&index, t0 + secs(5));
+    assert_eq!(rec.len(), 80);
     assert_eq!(index.stats().block_not_found, 0);
 }
 
@@ -238,18 +308,14 @@ fn prune_ties_at_the_cut_depth_go_oldest_first() {
         ..Default::default()
     });
     let t0 = Instant::now();
-    for i in 0..5 {
-        rec.record(&index, rank(1), &prefixed_prompt(i), t0 + secs(i))
-            .unwrap();
-    }
-    assert_eq!(rec.len(), 100);
+    fill_rank_one_to_100(&index, &rec, t0);
     // Prune 17: depths 29..=26 (16 records) and the oldest record at depth 25.
-    rec.expire(&index, t0 + secs(5));
-    assert_eq!(rec.len(), 83);
-    let got: Vec<u32> = (0..5)
+    rec.record(&index, rank(2), &[7], t0 + secs(5)).unwrap();
+    assert_eq!(rec.len(), 84);
+    let got: Vec<u32> = (0..4)
         .map(|i| lookup(&index, &prefixed_prompt(i)).get(rank(1)))
         .collect();
-    assert_eq!(got, vec![25, 26, 26, 26, 20]);
+    assert_eq!(got, vec![25, 26, 26, 26]);
 }
 
 #[test]
@@ -391,16 +457,47 @@ impl Model {
         }
         let deadline = now + self.ttl;
         let seqs = sequence_hashes(locals);
-        // At the bound: only up to the first new block that does not fit.
-        let new: Vec<usize> = (0..seqs.len())
-            .filter(|&i| !self.recs.contains_key(&(r, seqs[i])))
-            .collect();
-        let room = self.max - self.recs.len();
-        let keep = if new.len() <= room {
-            seqs.len()
-        } else {
+        let mut pruned = false;
+        let keep = loop {
+            let new: Vec<usize> = (0..seqs.len())
+                .filter(|&i| !self.recs.contains_key(&(r, seqs[i])))
+                .collect();
+            let room = self.max - self.recs.len();
+            if new.len() <= room {
+                break seqs.len();
+            }
+            // At the bound: evict the rank's least recent bookings (whole groups of the
+            // earliest deadline), never the prompt's own blocks.
+            let need = new.len() - room;
+            let mut gone = 0;
+            while gone < need {
+                let evictable = |k: &(RankId, u64)| k.0 == r && !seqs.contains(&k.1);
+                let Some(oldest) = self
+                    .recs
+                    .iter()
+                    .filter(|(k, _)| evictable(k))
+                    .map(|(_, v)| v.0)
+                    .min()
+                else {
+                    break;
+                };
+                let before = self.recs.len();
+                self.recs.retain(|k, v| !(evictable(k) && v.0 == oldest));
+                gone += before - self.recs.len();
+            }
+            out.evicted += gone;
+            self.stats.blocks_pruned += gone as u64;
+            if new.len() <= self.max - self.recs.len() {
+                continue;
+            }
+            // The rank holds too few: prune across ranks once, then what fits.
+            if !pruned {
+                self.prune();
+                pruned = true;
+                continue;
+            }
             self.prune_wanted = true;
-            new[room]
+            break new[self.max - self.recs.len()];
         };
         out.over_bound = seqs.len() - keep;
         for (depth, &seq) in seqs[..keep].iter().enumerate() {
@@ -434,19 +531,25 @@ impl Model {
         self.recs.retain(|_, v| v.0 > now);
         let n = before - self.recs.len();
         self.stats.blocks_expired += n as u64;
-        if std::mem::take(&mut self.prune_wanted) && self.recs.len() > self.target {
-            let mut all: Vec<_> = self.recs.iter().map(|(&k, &v)| (k, v)).collect();
-            // Deepest first, then the soonest deadline, then rank, then hash.
-            all.sort_by(|a, b| {
-                (b.1 .1, a.1 .0, a.0 .0, a.0 .1).cmp(&(a.1 .1, b.1 .0, b.0 .0, b.0 .1))
-            });
-            let excess = self.recs.len() - self.target;
-            for (k, _) in &all[..excess] {
-                self.recs.remove(k);
-            }
-            self.stats.blocks_pruned += excess as u64;
+        if std::mem::take(&mut self.prune_wanted) {
+            self.prune();
         }
         n
+    }
+
+    /// The prune across ranks, down to `target`.
+    fn prune(&mut self) {
+        if self.recs.len() <= self.target {
+            return;
+        }
+        let mut all: Vec<_> = self.recs.iter().map(|(&k, &v)| (k, v)).collect();
+        // Deepest first, then the soonest deadline, then rank, then hash.
+        all.sort_by(|a, b| (b.1 .1, a.1 .0, a.0 .0, a.0 .1).cmp(&(a.1 .1, b.1 .0, b.0 .0, b.0 .1)));
+        let excess = self.recs.len() - self.target;
+        for (k, _) in &all[..excess] {
+            self.recs.remove(k);
+        }
+        self.stats.blocks_pruned += excess as u64;
     }
 
     fn forget(&mut self, r: RankId) {

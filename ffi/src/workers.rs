@@ -46,7 +46,7 @@ pub struct kvr_rank_load {
 }
 
 /// Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
-pub const KVR_MAX_DP_SIZE: u32 = 1024;
+pub const KVR_MAX_DP_SIZE: u32 = 4096;
 
 const _: () = assert!(KVR_MAX_DP_SIZE == kvr::MAX_DP_SIZE);
 

@@ -57,6 +57,15 @@ pub struct ServeArgs {
     /// Largest request body in bytes (Dynamo: 8 MiB).
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Seconds a request's headers may take to arrive, counted from when the service
+    /// starts waiting for them (so also the longest a keep-alive connection stays idle
+    /// between requests); hyper's default. 0 = no limit.
+    #[arg(long, default_value_t = 30, env = "KVR_HTTP_HEADER_READ_TIMEOUT_SECS")]
+    pub http_header_read_timeout_secs: u64,
+    /// Seconds a connection may move no byte while the service waits on it (a body
+    /// stalled half-way, an answer nobody reads) before it is closed. 0 = no limit.
+    #[arg(long, default_value_t = 60, env = "KVR_HTTP_IDLE_TIMEOUT_SECS")]
+    pub http_idle_timeout_secs: u64,
     /// Seconds to let in-flight requests finish on SIGTERM/SIGINT before stopping.
     #[arg(long, default_value_t = 10)]
     pub shutdown_grace_secs: u64,
@@ -74,6 +83,14 @@ pub struct ServeArgs {
     pub log_format: String,
     #[command(flatten)]
     pub knobs: Knobs,
+    /// Dynamo's `--no-router-assume-kv-reuse`: accepted; kvr always assumes reuse (see
+    /// `--router-assume-kv-reuse`) and warns at start. Not refused next to
+    /// `--router-assume-kv-reuse` (Dynamo refuses both flags together), as clap would also
+    /// refuse it next to `DYN_ROUTER_ASSUME_KV_REUSE`, which Dynamo takes.
+    #[arg(long)]
+    pub no_router_assume_kv_reuse: bool,
+    #[command(flatten)]
+    pub tracking: crate::tracking::TrackingArgs,
 }
 
 /// The scheduling knobs, as Dynamo's router reads them.
@@ -163,9 +180,17 @@ pub struct Knobs {
     /// Lifetime in seconds of a booking nobody frees.
     #[arg(long, env = "DYN_ROUTER_TTL_SECS", default_value_t = 120.0)]
     pub router_ttl_secs: f64,
-    /// Dynamo's `--router-assume-kv-reuse` (default on); kvr always dedups a rank's
-    /// shared prompt blocks, which is that behaviour.
-    #[arg(long, env = "DYN_ROUTER_ASSUME_KV_REUSE", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Dynamo's `--router-assume-kv-reuse` (default on; the value is optional, as in
+    /// Dynamo, which takes none); kvr always dedups a rank's shared prompt blocks, which
+    /// is that behaviour: off is accepted and warned about at start.
+    #[arg(
+        long,
+        env = "DYN_ROUTER_ASSUME_KV_REUSE",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub router_assume_kv_reuse: bool,
 }
 
@@ -180,6 +205,29 @@ fn parse_cost_model(s: &str) -> Result<kvr::config::CostModel, String> {
 }
 
 impl ServeArgs {
+    /// The listener's connection timeouts.
+    pub fn conn_limits(&self) -> crate::conn::ConnLimits {
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        crate::conn::ConnLimits {
+            header_read: secs(self.http_header_read_timeout_secs),
+            idle: secs(self.http_idle_timeout_secs),
+        }
+    }
+
+    /// Dynamo's start-up checks of its flags (`Err`: kvr refuses to start, with Dynamo's
+    /// message), then the warnings about Dynamo settings kvr accepts but does not apply.
+    pub fn check_dynamo_flags(&self) -> Result<Vec<String>, String> {
+        let mut warnings: Vec<String> = self.tracking.check()?.into_iter().collect();
+        if self.no_router_assume_kv_reuse || !self.knobs.router_assume_kv_reuse {
+            warnings.push(
+                "router_assume_kv_reuse=false is accepted but not applied: kvr always \
+                 counts a prompt block active on a rank once, however many bookings share it"
+                    .into(),
+            );
+        }
+        Ok(warnings)
+    }
+
     pub fn booking_ttl(&self) -> Duration {
         let s = self.knobs.router_ttl_secs;
         if s.is_finite() && s > 0.0 {

@@ -11,15 +11,18 @@
 //! says so and why (the harness there checks every other answer against Dynamo's).
 
 pub mod args;
+pub mod conn;
 pub mod error;
 pub mod figures;
 pub mod ids;
 pub mod metrics;
 pub mod pending;
 pub mod recovery;
+pub mod refusals;
 pub mod registry;
 pub mod routes;
 pub mod server;
+pub mod tracking;
 pub mod wire;
 
 /// Hooks for the fuzz targets (not an API).
@@ -59,6 +62,9 @@ pub struct App {
 
 impl App {
     pub fn new(args: ServeArgs) -> Result<Arc<Self>, String> {
+        for warning in args.check_dynamo_flags()? {
+            tracing::warn!("{warning}");
+        }
         let engine = Arc::new(Engine::new());
         let config = partition_config(&args)?;
         let use_events = args.knobs.router_use_kv_events && args.remote_indexer_url.is_none();

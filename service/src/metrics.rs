@@ -96,6 +96,8 @@ pub struct Metrics {
     pub prompt_tokens: Counter,
     pub cached_tokens: Counter,
     pub recovery: Arc<RecoveryCounters>,
+    /// Refused requests and connections by reason (`kvr_http_refused_total`).
+    pub refusals: Arc<crate::refusals::Refusals>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -138,6 +140,7 @@ impl Metrics {
             cached_tokens.clone(),
         );
         let recovery = Arc::new(RecoveryCounters::default());
+        let refusals = Arc::new(crate::refusals::Refusals::register(&mut registry));
         registry.register_collector(Box::new(EngineCollector {
             workers,
             pending,
@@ -153,6 +156,7 @@ impl Metrics {
             prompt_tokens,
             cached_tokens,
             recovery,
+            refusals,
         }
     }
 

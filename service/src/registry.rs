@@ -191,15 +191,12 @@ impl Registry {
         if dp == 0 {
             reasons.push("data_parallel_size must be greater than 0".to_string());
         }
-        if dp > MAX_DP_SIZE {
-            reasons.push(format!("data_parallel_size must be at most {MAX_DP_SIZE}"));
-        }
         let start = r.data_parallel_start_rank.unwrap_or(0);
         if start.checked_add(dp).is_none() {
             reasons.push("data_parallel_start_rank + data_parallel_size overflows".to_string());
             return reasons;
         }
-        if self.use_kv_events && dp <= MAX_DP_SIZE {
+        if self.use_kv_events {
             for rank in start..start + dp {
                 if events_endpoint(r, rank).is_none() {
                     reasons.push(format!("kv_events endpoint is required for dp_rank {rank}"));
@@ -241,6 +238,13 @@ impl Registry {
     /// what is wrong with it is in its `not_schedulable_reasons`). A schedulable worker is
     /// a member of its partition and its KV events are subscribed; any other is not.
     pub fn upsert(&self, r: WorkerRequest) -> Result<WorkerRecord, ApiError> {
+        // Refused outright, as Dynamo does (400), before anything changes: a size over the
+        // limit would drive per-rank work (reasons, endpoints, subscriptions).
+        if let Some(dp) = r.data_parallel_size.filter(|&dp| dp > MAX_DP_SIZE) {
+            return Err(ApiError::bad_request(format!(
+                "data_parallel_size {dp} exceeds the maximum {MAX_DP_SIZE}"
+            )));
+        }
         let key = PartitionKey::new(r.model_name.clone(), r.routing_group.clone());
         let mut workers = self.lock();
         let previous = workers.remove(&r.worker_id);

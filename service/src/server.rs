@@ -70,16 +70,19 @@ pub async fn serve_on(
     let grace = Duration::from_secs(app.args.shutdown_grace_secs);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let router = crate::routes::router(app.clone());
-    let mut stop_wait = stop_rx.clone();
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-        let _ = stop_wait.wait_for(|s| *s).await;
-    });
-    let mut server = tokio::spawn(async move { server.await });
+    let server = crate::conn::serve_connections(
+        listener,
+        router,
+        app.args.conn_limits(),
+        app.metrics.refusals.clone(),
+        stop_rx,
+    );
+    let mut server = tokio::spawn(server);
     tokio::select! {
         r = &mut server => {
             sweeper.abort();
             app.registry.stop_all();
-            return r.map_err(|e| e.to_string())?.map_err(|e| e.to_string());
+            return r.map_err(|e| e.to_string());
         }
         () = shutdown => {}
     }

@@ -115,7 +115,7 @@ fn silent_and_dead_kv_event_endpoints_do_not_stall_the_service() {
         let id = 11 + u64::from(i % 2);
         let body = match i % 3 {
             0 => {
-                json!({"model_name": "silent", "token_ids": tokens(i, 48), "pinned_worker": {"worker_id": id}})
+                json!({"model_name": "silent", "token_ids": tokens(i, 48), "pinned_worker": {"worker_id": id, "dp_rank": 0}})
             }
             1 => {
                 json!({"model_name": "silent", "token_ids": tokens(i, 48), "allowed_worker_ids": [id]})

@@ -2865,12 +2865,12 @@ static void test_ingest(void)
     CHECK_EQ(decode_total, 1);
     CHECK_EQ(st[0].dp_rank_refused, 0);
 
-    /* A batch naming DP rank 1024 (KVR_MAX_DP_SIZE) of a worker not registered is refused
+    /* A batch naming DP rank 4096 (KVR_MAX_DP_SIZE) of a worker not registered is refused
        and counted: the wire never picks which ranks exist. Stream 7: the same batch, its
-       last byte (data_parallel_rank 0) replaced by msgpack 1024. */
+       last byte (data_parallel_rank 0) replaced by msgpack 4096. */
     uint8_t far[sizeof STORED_0123 + 2];
     memcpy(far, STORED_0123, n - 1);
-    memcpy(far + n - 1, "\xcd\x04\x00", 3);
+    memcpy(far + n - 1, "\xcd\x10\x00", 3);
     OK(kvr_partition_ingest(p, 1, 7, NULL, 0, 0, far, n + 2, &r));
     CHECK_EQ(r.batches_applied, 1);
     OK(kvr_partition_ingress_stats(p, st, 2, &ns));

@@ -500,6 +500,15 @@ def _scenario(rec: Recorder, base: str, fleet: Fleet):
       {"model_name": MODEL, "block_hashes": [1, 2], "sequence_hashes": [1], "isl_tokens": 2 * BS})
     S("select-by-hashes-tie", "POST", "/select",
       {"model_name": MODEL, "block_hashes": [1, 2], "sequence_hashes": [1, 2], "isl_tokens": 2 * BS}, mode="shape")
+    # bodies Dynamo refuses with 422 that kvr once accepted
+    S("bad-pinned-no-rank", "POST", "/select", sel(P1, pinned_worker={"worker_id": 1}))
+    S("bad-override-credit", "POST", "/select", sel(P1, router_config_override={"overlap_score_credit": -1}))
+    S("bad-override-temperature", "POST", "/select_and_reserve",
+      sel(P1, router_config_override={"router_temperature": -1}))
+    S("bad-override-prefill-scale", "POST", "/select", sel(P1, router_config_override={"prefill_load_scale": -1}))
+    S("bad-override-shared-cache", "POST", "/select", sel(P1, router_config_override={"shared_cache_multiplier": 2}))
+    S("bad-reserve-track-prefill-type", "POST", "/reservations",
+      {"selection_id": "bad-tp", "model_name": MODEL, "worker_id": 1, "token_ids": P1, "track_prefill_tokens": "x"})
     S("unknown-model", "POST", "/select", sel(P1, model_name="nope"))
     S("unknown-group", "POST", "/select", sel(P1, routing_group="nope"))
     S("overlap-unknown-model", "POST", "/overlap_scores", sel(P1, model_name="nope"))
@@ -524,6 +533,14 @@ def _scenario(rec: Recorder, base: str, fleet: Fleet):
       {"worker_id": 7, "model_name": "m-other", "block_size": BS, "endpoint": "http://w7.invalid",
        "data_parallel_size": 0, "kv_events_endpoint": "tcp://127.0.0.1:9"})
     S("workers-nothing", "POST", "/workers", {"worker_id": 8})
+    bad_w = {"worker_id": 11, "model_name": "m-other", "block_size": BS, "endpoint": "http://w11.invalid",
+             "kv_events_endpoint": "tcp://127.0.0.1:9"}
+    S("workers-bad-taint-type", "POST", "/workers", dict(bad_w, taints=[5]))
+    S("workers-bad-topology-type", "POST", "/workers", dict(bad_w, topology_domains={"a": 5}))
+    S("workers-bad-enforcement", "POST", "/workers", dict(bad_w, kv_transfer_enforcement="bogus"))
+    S("workers-bad-hint-type", "POST", "/workers", dict(bad_w, router_hint_worker_type=5))
+    S("workers-bad-source-mode-type", "POST", "/workers", dict(bad_w, kv_event_source_mode=5))
+    S("workers-dp-over-limit", "POST", "/workers", dict(bad_w, data_parallel_size=4097))
     S("workers-unknown-fields", "POST", "/workers",
       {"worker_id": 9, "model_name": "m-other", "block_size": BS, "endpoint": "http://w9.invalid",
        "kv_events_endpoint": "tcp://127.0.0.1:9", "bogus": 1})
@@ -545,6 +562,8 @@ def _scenario(rec: Recorder, base: str, fleet: Fleet):
     S("patch-incomplete-endpoint", "PATCH", "/workers/3", {"endpoint": "http://w3.invalid"})
     S("patch-bad-type", "PATCH", "/workers/9", raw=b'{"block_size": "x"}')
     S("patch-bad-syntax", "PATCH", "/workers/9", raw=b'{"block_size": ')
+    S("patch-bad-topology-type", "PATCH", "/workers/9", {"topology_domains": {"a": 5}})
+    S("patch-dp-over-limit", "PATCH", "/workers/9", {"data_parallel_size": 4097})
     S("patch-unknown", "PATCH", "/workers/99", {"endpoint": "x"})
     S("patch-bad-path", "PATCH", "/workers/abc", {"endpoint": "x"})
     S("reserve-on-w10-default-rank", "POST", "/reservations",

@@ -40,7 +40,7 @@ type StreamStats struct {
 	// events of batches refused for their DP rank.
 	EventsRejected uint64
 	// DPRankRefused: batches refused because they name a DP rank the worker does not
-	// have (at or above its dpSize, or at least KVR_MAX_DP_SIZE = 1024 for a worker not
+	// have (at or above its dpSize, or at least KVR_MAX_DP_SIZE = 4096 for a worker not
 	// yet registered): the wire never picks which ranks exist.
 	DPRankRefused uint64
 	// BlockSizeMismatches: stores refused because their block size is not the

@@ -75,14 +75,18 @@ fn finish(routes: Router<Arc<App>>, app: Arc<App>, limit: usize) -> Router {
 
 /// Middleware: counts and times every request by its route template.
 async fn track(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let matched = req.extensions().get::<MatchedPath>();
+    let route = matched.map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let detail = (matched.is_none()).then(|| format!("{} {}", req.method(), req.uri().path()));
     let start = Instant::now();
     let resp = next.run(req).await;
-    app.metrics
-        .request(route, resp.status().as_u16(), start.elapsed());
+    let status = resp.status().as_u16();
+    if let Some(why) = crate::refusals::Refusal::of_status(status, detail.is_none()) {
+        app.metrics
+            .refusals
+            .count(why, detail.as_deref().unwrap_or(&route));
+    }
+    app.metrics.request(route, status, start.elapsed());
     resp
 }
 

@@ -236,7 +236,7 @@ pub(crate) fn engine_request<'a>(prep: &'a Prepared, b: &'a SelectBody) -> kvr::
     req.lora_name = b.prompt.lora_name.as_deref();
     req.allowed_workers = prep.allowed.as_deref();
     req.pinned_worker = b.pinned_worker.map(|p| p.worker_id);
-    req.pinned_dp_rank = b.pinned_worker.and_then(|p| p.dp_rank);
+    req.pinned_dp_rank = b.pinned_worker.map(|p| p.dp_rank);
     req.session = session_of(b);
     req.legacy_session_id = b.session_id.as_deref();
     req.expected_output_tokens = b.expected_output_tokens.unwrap_or(0);

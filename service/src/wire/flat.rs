@@ -94,6 +94,8 @@ prompt_struct!(ReservationRequest {
     dp_rank: Option<u32>,
     #[serde(default)]
     expected_output_tokens: Option<u64>,
+    #[serde(default)]
+    track_prefill_tokens: Option<bool>,
 });
 
 impl From<SelectRequest> for super::select::SelectRequest {
@@ -129,6 +131,7 @@ impl From<ReservationRequest> for super::select::ReservationRequest {
             dp_rank: r.dp_rank,
             prompt,
             expected_output_tokens: r.expected_output_tokens,
+            track_prefill_tokens: r.track_prefill_tokens,
         }
     }
 }

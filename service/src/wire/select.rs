@@ -11,8 +11,10 @@ pub fn default_name() -> String {
     "default".to_string()
 }
 
-/// `router_config_override`: per-request knobs (absent = the service's).
+/// `router_config_override`: per-request knobs (absent = the service's). Out-of-range
+/// values are refused while the body is read (422), with Dynamo 1.6.1's messages.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(try_from = "RawOverride")]
 pub struct RouterConfigOverride {
     #[serde(default)]
     pub overlap_score_credit: Option<f64>,
@@ -26,6 +28,53 @@ pub struct RouterConfigOverride {
     pub track_prefill_tokens: Option<bool>,
     #[serde(default)]
     pub shared_cache_multiplier: Option<f64>,
+}
+
+/// [`RouterConfigOverride`] as read, before its ranges are checked.
+#[derive(Deserialize)]
+struct RawOverride {
+    #[serde(default)]
+    overlap_score_credit: Option<f64>,
+    #[serde(default)]
+    prefill_load_scale: Option<f64>,
+    #[serde(default)]
+    router_temperature: Option<f64>,
+    #[serde(default)]
+    assume_kv_reuse: Option<bool>,
+    #[serde(default)]
+    track_prefill_tokens: Option<bool>,
+    #[serde(default)]
+    shared_cache_multiplier: Option<f64>,
+}
+
+impl TryFrom<RawOverride> for RouterConfigOverride {
+    type Error = &'static str;
+
+    fn try_from(r: RawOverride) -> Result<Self, Self::Error> {
+        let bad = |v: Option<f64>| v.is_some_and(|x| !x.is_finite() || x < 0.0);
+        if bad(r.overlap_score_credit) {
+            return Err("overlap_score_credit must be a finite, non-negative number");
+        }
+        if bad(r.prefill_load_scale) {
+            return Err("prefill_load_scale must be finite and non-negative");
+        }
+        if bad(r.router_temperature) {
+            return Err("router_temperature must be finite and non-negative");
+        }
+        if r.shared_cache_multiplier
+            .is_some_and(|x| !(0.0..=1.0).contains(&x))
+        {
+            return Err("shared_cache_multiplier must be between 0 and 1");
+        }
+        Ok(RouterConfigOverride {
+            overlap_score_credit: r.overlap_score_credit,
+            prefill_load_scale: r.prefill_load_scale,
+            router_temperature: r.router_temperature,
+            assume_kv_reuse: r.assume_kv_reuse,
+            track_prefill_tokens: r.track_prefill_tokens,
+            shared_cache_multiplier: r.shared_cache_multiplier,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -60,8 +109,8 @@ impl InputTrigger {
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct PinnedWorker {
     pub worker_id: u64,
-    #[serde(default)]
-    pub dp_rank: Option<u32>,
+    /// Required, as in Dynamo (a body without it is refused with 422).
+    pub dp_rank: u32,
 }
 
 /// The body of `/select`, `/select_and_reserve`, `/potential_loads` and `/overlap_scores`
@@ -186,6 +235,10 @@ pub struct ReservationRequest {
     pub prompt: PromptBody,
     #[serde(default)]
     pub expected_output_tokens: Option<u64>,
+    /// Dynamo's field, type-checked as Dynamo does; an explicit booking adds no prefill
+    /// tokens whatever it says (tests/compat/README.md).
+    #[serde(default, skip_serializing)]
+    pub track_prefill_tokens: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]

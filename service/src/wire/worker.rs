@@ -52,15 +52,23 @@ pub struct WorkerRequest {
     #[serde(default)]
     pub is_eagle: Option<bool>,
     #[serde(default)]
-    pub taints: Vec<serde_json::Value>,
+    pub taints: Vec<String>,
     #[serde(default)]
-    pub topology_domains: BTreeMap<String, serde_json::Value>,
+    pub topology_domains: BTreeMap<String, String>,
     #[serde(default)]
     pub kv_transfer_domain: Option<String>,
     #[serde(default)]
-    pub kv_transfer_enforcement: Option<serde_json::Value>,
+    pub kv_transfer_enforcement: Option<KvTransferEnforcement>,
     #[serde(default)]
     pub kv_transfer_preferred_weight: Option<f64>,
+    /// Dynamo's routing-hint and event-source fields: type-checked as Dynamo does (a
+    /// wrong type is refused with 422), not used by kvr, not in the record.
+    #[serde(default, skip_serializing)]
+    pub router_hint_worker_type: Option<String>,
+    #[serde(default, skip_serializing)]
+    pub router_hint_source_control_endpoints: Option<BTreeMap<String, serde_json::Value>>,
+    #[serde(default, skip_serializing)]
+    pub kv_event_source_mode: Option<String>,
 }
 
 /// The record the routes answer: the request's fields plus the lifecycle and, while not
@@ -83,10 +91,10 @@ pub struct WorkerRecord {
     pub total_kv_blocks: Option<u64>,
     pub stable_routing_id: Option<String>,
     pub is_eagle: Option<bool>,
-    pub taints: Vec<serde_json::Value>,
-    pub topology_domains: BTreeMap<String, serde_json::Value>,
+    pub taints: Vec<String>,
+    pub topology_domains: BTreeMap<String, String>,
     pub kv_transfer_domain: Option<String>,
-    pub kv_transfer_enforcement: Option<serde_json::Value>,
+    pub kv_transfer_enforcement: Option<KvTransferEnforcement>,
     pub kv_transfer_preferred_weight: Option<f64>,
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub not_schedulable_reasons: Vec<String>,
@@ -113,11 +121,19 @@ impl WorkerRecord {
             taints: r.taints.clone(),
             topology_domains: r.topology_domains.clone(),
             kv_transfer_domain: r.kv_transfer_domain.clone(),
-            kv_transfer_enforcement: r.kv_transfer_enforcement.clone(),
+            kv_transfer_enforcement: r.kv_transfer_enforcement,
             kv_transfer_preferred_weight: r.kv_transfer_preferred_weight,
             not_schedulable_reasons: reasons,
         }
     }
+}
+
+/// `kv_transfer_enforcement`: Dynamo's two values (anything else is refused with 422).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum KvTransferEnforcement {
+    Required,
+    Preferred,
 }
 
 /// The body of `PATCH /workers/{id}`: any subset of the request's fields; `null` means
@@ -137,15 +153,23 @@ pub struct WorkerPatch {
     #[serde(default)]
     pub is_eagle: Option<bool>,
     #[serde(default)]
-    pub taints: Option<Vec<serde_json::Value>>,
+    pub taints: Option<Vec<String>>,
     #[serde(default)]
-    pub topology_domains: Option<BTreeMap<String, serde_json::Value>>,
+    pub topology_domains: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub kv_transfer_domain: Option<String>,
     #[serde(default)]
-    pub kv_transfer_enforcement: Option<serde_json::Value>,
+    pub kv_transfer_enforcement: Option<KvTransferEnforcement>,
     #[serde(default)]
     pub kv_transfer_preferred_weight: Option<f64>,
+    /// Dynamo's routing-hint and event-source fields: type-checked as Dynamo does (a
+    /// wrong type is refused with 422), not used by kvr, not in the record.
+    #[serde(default, skip_serializing)]
+    pub router_hint_worker_type: Option<String>,
+    #[serde(default, skip_serializing)]
+    pub router_hint_source_control_endpoints: Option<BTreeMap<String, serde_json::Value>>,
+    #[serde(default, skip_serializing)]
+    pub kv_event_source_mode: Option<String>,
     #[serde(default)]
     pub endpoint: Option<String>,
     #[serde(default)]

@@ -24,13 +24,17 @@
 //!
 //! The size bound is kept without a shared lock: a recording reserves room for its new
 //! records on one atomic count (`len`, a compare-and-swap loop) before storing them, so
-//! the records never exceed `max_blocks`. A prompt that does not fit is recorded up to
-//! the last block that does (a prefix: never a block without its parent), the rest is
-//! counted (`blocks_over_bound`) and a prune is requested. The prune itself, and the
-//! expiry of every rank, run in [`ApproxRecorder::expire`] (the maintenance pass: the
-//! booking table's sweep calls it, at least every half TTL) under a maintenance mutex that
-//! no booking takes, one rank's mutex at a time: deepest records first across ranks down
-//! to `prune_to` of the bound, so shared shallow prefixes survive.
+//! the records never exceed `max_blocks`. At the bound the index keeps recording, as a
+//! bounded LRU would: the booking evicts its own rank's least recently booked records
+//! (earliest deadline first, whole bookings, never the blocks of the prompt it records),
+//! under the rank mutex it already holds. Only if its rank holds too few (a new or
+//! little-used rank while others hold the bound) does it release that mutex and prune
+//! across ranks, deepest records first down to `prune_to` of the bound (so shared shallow
+//! prefixes survive), under a maintenance mutex, one rank's mutex at a time; then it
+//! records what fits. A prompt longer than the room a prune leaves is recorded up to the
+//! last block that fits (a prefix: never a block without its parent), the rest is counted
+//! (`blocks_over_bound`) and the next maintenance pass ([`ApproxRecorder::expire`]: the
+//! booking table's sweep calls it, at least every half TTL) prunes again.
 //!
 //! Loom model `loom_models::approx`: two ranks record at the bound at once (never over it;
 //! negative control `split_room_reservation`), and a recording races the forgetting of
@@ -40,7 +44,8 @@
 //! Time is always a parameter (`now`), never read here, so a simulator can drive virtual
 //! time; expiry is lazy (each `record` for its rank, or `expire`), with no thread.
 //!
-//! Costs: a record is O(its blocks) (a fully recorded prompt touches no index node);
+//! Costs: a record is O(its blocks) (a fully recorded prompt touches no index node),
+//! plus at the bound O(evicted) for its rank's evictions;
 //! expiry pops a per-rank deadline-ordered queue, O(1) amortized while `now` is monotonic
 //! (a backwards `now` inserts in place instead); a prune is O(records) but frees
 //! `(1 - prune_to) * max_blocks` of them. Deepest-first pruning and TTL refreshes that
@@ -65,20 +70,23 @@ use crate::ids::{RankId, Tier};
 
 use super::event::IndexError;
 use super::Index;
-use crate::hash::mix::HashMixMap;
+use crate::hash::mix::{HashMix, HashMixMap};
 #[cfg(any(test, feature = "testing"))]
 use crate::hash::next_sequence_hash;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, Mutex, Snapshot, StdArc};
 use records::{Deadline, RankRecords, RankState};
+use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
 
 /// Retention policy of the approximate index, which bookings feed (Dynamo's defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ApproxConfig {
     /// How long a recorded block is believed held after its last booking.
     pub ttl: Duration,
-    /// Most (rank, block) records kept; a booking that would go over records only what
-    /// fits, and the next maintenance pass prunes the deepest.
+    /// Most (rank, block) records kept. A booking that would go over evicts its rank's
+    /// least recently booked records to make room; if its rank holds too few, it prunes
+    /// across ranks (deepest first, down to `prune_to`) and records what then fits.
     pub max_blocks: usize,
     /// Fraction of `max_blocks` a prune leaves (clamped to 0..=1; NaN means 0.8), so
     /// pruning happens in batches, not on every booking once full.
@@ -106,11 +114,13 @@ pub struct ApproxStats {
     pub blocks_refreshed: u64,
     /// Records dropped because their TTL ran out.
     pub blocks_expired: u64,
-    /// Records dropped by the size bound's prune.
+    /// Records dropped to keep the size bound: evicted by a booking (its rank's least
+    /// recently booked) or pruned across ranks (deepest first).
     pub blocks_pruned: u64,
     /// `record` calls the index refused (e.g. too many ranks).
     pub record_errors: u64,
-    /// Blocks of booked prompts not recorded because the records were at the bound.
+    /// Blocks of booked prompts not recorded because the records were at the bound even
+    /// after evicting and pruning.
     pub blocks_over_bound: u64,
 }
 
@@ -126,8 +136,23 @@ pub struct RecordOutcome {
     /// Records of this rank that expired during this call.
     pub expired: usize,
     /// Blocks of the prompt (from the first that did not fit on) not recorded because the
-    /// records were at `max_blocks`; the next [`ApproxRecorder::expire`] prunes.
+    /// records were at `max_blocks` even after evicting and pruning (a prompt longer
+    /// than the room a prune leaves); the next [`ApproxRecorder::expire`] prunes.
     pub over_bound: usize,
+    /// Records evicted to make room for this prompt: the least recently booked of this
+    /// rank (counted in [`ApproxStats::blocks_pruned`]).
+    pub evicted: usize,
+}
+
+/// One recording's inputs, as [`ApproxRecorder::record_locked`] takes them.
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    seqs: &'a [u64],
+    deadline: Deadline,
+    now: Instant,
+    /// Whether a shortage of room may be answered by `None` (prune, then retry) rather
+    /// than by recording a prefix.
+    may_defer: bool,
 }
 
 /// Where records are written: the [`Index`]; a seam so unit tests can make it refuse.
@@ -328,6 +353,8 @@ impl ApproxRecorder {
             Some(t) => Deadline::At(t),
             None => Deadline::Never,
         };
+        let mut evicted = 0;
+        let mut pruned = false;
         loop {
             let rr = self.rank_records(rank);
             let mut st = rr.state.lock();
@@ -335,33 +362,96 @@ impl ApproxRecorder {
             let retired = st.retired && !crate::sync::faults::get().record_ignores_retired;
             #[cfg(not(loom))]
             let retired = st.retired;
-            if !retired {
-                return self.record_locked(index, rank, &mut st, seqs, deadline, now);
+            if retired {
+                // Forgotten after we looked it up: the next lookup finds (or makes) the
+                // new records.
+                continue;
             }
-            // Forgotten after we looked it up: the next lookup finds (or makes) the new
-            // records.
+            let attempt = Attempt {
+                seqs,
+                deadline,
+                now,
+                may_defer: !pruned,
+            };
+            if let Some(out) = self.record_locked(index, rank, &mut st, &attempt, &mut evicted)? {
+                return Ok(out);
+            }
+            // The rank's own records could not make room: prune across ranks (rank
+            // mutex released, one rank's at a time), then record what fits.
+            drop(st);
+            self.prune_now(index);
+            pruned = true;
         }
     }
 
-    /// [`ApproxRecorder::record`] with the rank's mutex held.
-    fn record_locked(
+    /// The size bound's prune, run by a booking its own rank's records could not make
+    /// room for (the rank is new or holds little while others hold the bound).
+    fn prune_now(&self, index: &impl Sink) {
+        let _m = self.maintenance.lock();
+        let ranks = self.ranks.load();
+        self.prune(index, &ranks);
+    }
+
+    /// Makes room for `want` more records: reserves what is free, then evicts the rank's
+    /// least recently booked records (never the prompt's) for the rest. Returns
+    /// the room reserved; adds what it evicted to `evicted`.
+    fn make_room(
         &self,
         index: &impl Sink,
         rank: RankId,
         st: &mut RankState,
         seqs: &[u64],
-        deadline: Deadline,
-        now: Instant,
-    ) -> Result<RecordOutcome, IndexError> {
+        want: usize,
+        evicted: &mut usize,
+    ) -> usize {
+        let mut granted = self.reserve(want);
+        if granted < want {
+            let keep: HashSet<u64, BuildHasherDefault<HashMix>> = seqs.iter().copied().collect();
+            let n = st.evict_oldest(index, rank, want - granted, &keep);
+            if n > 0 {
+                // Under the rank's mutex, as every change of its share of `len`.
+                self.len.fetch_sub(n, Ordering::Relaxed);
+                self.counters
+                    .blocks_pruned
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                *evicted += n;
+                granted += self.reserve(want - granted);
+            }
+        }
+        granted
+    }
+
+    /// [`ApproxRecorder::record`] with the rank's mutex held. `None` (nothing recorded,
+    /// no room kept) when the attempt may defer and there is not room for the whole
+    /// prompt even after evicting the rank's least recent records.
+    fn record_locked(
+        &self,
+        index: &impl Sink,
+        rank: RankId,
+        st: &mut RankState,
+        attempt: &Attempt<'_>,
+        evicted: &mut usize,
+    ) -> Result<Option<RecordOutcome>, IndexError> {
+        let Attempt {
+            seqs,
+            deadline,
+            now,
+            may_defer,
+        } = *attempt;
         if self.hooked.load(Ordering::Relaxed) {
             if let Some(h) = &*self.hook.load() {
                 h(rank);
             }
         }
-        // The bound: room for the new blocks, or for those up to the first that does not
-        // fit (a prefix of the prompt, so no record lacks its parent).
+        // The bound: room for the new blocks (evicting the rank's least recent records
+        // if need be), or, failing that, for those up to the first that does not fit (a
+        // prefix of the prompt, so no record lacks its parent).
         let new = seqs.iter().filter(|&&s| !st.holds(s)).count();
-        let granted = self.reserve(new);
+        let granted = self.make_room(index, rank, st, seqs, new, evicted);
+        if granted < new && may_defer {
+            self.len.fetch_sub(granted, Ordering::Relaxed);
+            return Ok(None);
+        }
         let keep = if granted == new {
             seqs.len()
         } else {
@@ -393,9 +483,10 @@ impl ApproxRecorder {
             refreshed: applied.refreshed,
             expired,
             over_bound,
+            evicted: *evicted,
         };
         self.count(&out);
-        Ok(out)
+        Ok(Some(out))
     }
 
     fn count(&self, out: &RecordOutcome) {

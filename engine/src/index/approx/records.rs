@@ -2,11 +2,12 @@
 //! rank's deadline-ordered expiry queue.
 
 use std::collections::hash_map::Entry;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::time::Instant;
 
 use super::Sink;
-use crate::hash::mix::HashMixMap;
+use crate::hash::mix::{HashMix, HashMixMap};
 use crate::ids::RankId;
 use crate::sync::Mutex;
 
@@ -181,6 +182,53 @@ impl RankState {
                     n += 1;
                 }
             }
+        }
+        self.remove_from_index(index, rank);
+        self.maybe_compact();
+        n
+    }
+
+    /// Makes room by evicting this rank's least recently booked records: whole groups of
+    /// records sharing the earliest deadline (one booking's blocks; a record's deadline
+    /// is its last booking plus the TTL, so earliest = least recent), deepest first, until
+    /// at least `want` are gone or only `keep`'s are left. `keep` (the blocks of the
+    /// prompt being recorded) is prefix-closed and a parent's deadline is never earlier
+    /// than its child's, so no record is left without its parent. From the records and
+    /// `index`; returns how many. O(evicted + kept) per call.
+    pub(super) fn evict_oldest(
+        &mut self,
+        index: &impl Sink,
+        rank: RankId,
+        want: usize,
+        keep: &HashSet<u64, BuildHasherDefault<HashMix>>,
+    ) -> usize {
+        let mut n = 0;
+        let mut kept: Vec<Due> = Vec::new();
+        while n < want {
+            let Some(at) = self.queue.front().map(|d| d.at) else {
+                break;
+            };
+            while let Some(d) = self.queue.front().copied() {
+                if d.at != at {
+                    break;
+                }
+                self.queue.pop_front();
+                if !self.is_live(&d) {
+                    continue;
+                }
+                if keep.contains(&d.seq) {
+                    kept.push(d);
+                    continue;
+                }
+                if let Some(r) = self.recs.remove(&d.seq) {
+                    self.removed.push((r.depth, d.seq));
+                    n += 1;
+                }
+            }
+        }
+        // Their deadlines are the earliest left: back at the front, still sorted.
+        for d in kept.into_iter().rev() {
+            self.queue.push_front(d);
         }
         self.remove_from_index(index, rank);
         self.maybe_compact();
