@@ -101,7 +101,7 @@ pub use index::{
 pub use indexer::RemoteClient;
 pub use ingress::door::{EventsOutcome, IngestOutcome};
 pub use load::{LoadSnapshot, LoadView, RankLoad};
-pub use partition::Partition;
+pub use partition::{Partition, MAX_REPLICA_BOOKING_TTL};
 pub use reservation::{
     ActiveLoad, ActiveLoads, BookingOrigin, BookingRequest, BookingStatus, BookingView,
     ForgetListener, FreeOutcome, FreedBy, Released, ReservationError, ReservationTable,

@@ -176,8 +176,14 @@ pub unsafe extern "C" fn kvr_subscribe_options_set_topic(
 /// `worker_id`'s stream `stream`, whose publisher serves replays at `replay_endpoint`
 /// (copied; `(NULL, 0)` = none; checked by `kvr_partition_subscribe`). A later route for
 /// the same topic replaces the earlier one. `KVR_ERR_INVALID_ARGUMENT` on connect-mode
-/// options. One replay runs at a time per subscription: a stream that needs one while
-/// another stream's is in flight is cleared instead.
+/// options. Each stream replays on its own: up to 64 replays run at once per
+/// subscription, each with its own timeout; a stream that needs one while 64 are in
+/// flight has its replay fail at once, as a timed-out one would. Messages under a topic no route names get a stream of their own, for the
+/// worker named by the topic's trailing digits, for at most 256 such topics per
+/// subscription (and `KVR_MAX_INGRESS_STREAMS` streams per partition); messages under
+/// further unknown topics are dropped and counted (`kvr_indexer_stats.ingress_refused`).
+/// A replayed batch under another topic than its stream's is dropped, as a live one
+/// would not reach that stream.
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call; `topic` and `replay_endpoint`
@@ -217,6 +223,9 @@ pub unsafe extern "C" fn kvr_subscribe_options_add_route(
         Ok(())
     })
 }
+
+const _: () = assert!(kvr_zmq::transport::MAX_REPLAYS == 64);
+const _: () = assert!(kvr::ingress::DEFAULT_MAX_UNROUTED_TOPICS == 256);
 
 /// Subscribes the partition to engine KV events as `opts` says, on a thread of kvr's
 /// own: it connects (or binds), reconnects (or retries the bind) for as long as it runs,

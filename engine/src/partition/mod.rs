@@ -12,7 +12,7 @@ use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
 use crate::ingress::registry::IngressRegistry;
 use crate::load::LoadView;
 use crate::reservation::{
-    ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
+    BookingRequest, ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
 };
 use crate::select::SelectionCounters;
 use crate::session::{SessionStats, SessionTable};
@@ -26,6 +26,10 @@ use crate::config::PartitionConfig;
 use crate::hooks::HostHooks;
 use crate::ids::PartitionKey;
 use crate::workers::{WorkerError, WorkerInfo, WorkerSet};
+
+/// The longest a replica peer's booking lives here (Dynamo's replica-booking expiry,
+/// 300 s): a longer TTL, or none (the partition's default), is cut to it.
+pub const MAX_REPLICA_BOOKING_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// One partition.
 pub struct Partition {
@@ -183,7 +187,29 @@ impl Partition {
 
     /// The indexer policy in force and its counters.
     pub fn indexer_stats(&self) -> IndexerStats {
-        self.indexing.stats()
+        IndexerStats {
+            ingress_refused: self.ingress.refused(),
+            ..self.indexing.stats()
+        }
+    }
+
+    /// A replica peer's booking as this partition takes it: on a rank of a registered
+    /// worker only (`None` otherwise: a peer never creates ranks here), and living at most
+    /// [`MAX_REPLICA_BOOKING_TTL`] (its own TTL, else the partition's, capped), so a
+    /// peer's bookings cannot outlive the peer's own state by much.
+    pub(crate) fn admit_replica_booking(&self, booking: BookingRequest) -> Option<BookingRequest> {
+        let member = self
+            .workers()
+            .get(booking.rank.worker_id)
+            .is_some_and(|w| w.has_rank(booking.rank.dp_rank));
+        if !member {
+            return None;
+        }
+        let ttl = booking.ttl.unwrap_or(self.config.booking_ttl);
+        Some(BookingRequest {
+            ttl: Some(ttl.min(MAX_REPLICA_BOOKING_TTL)),
+            ..booking
+        })
     }
 
     /// Whether a replica booking was ever installed here.
@@ -273,8 +299,11 @@ impl Partition {
         // Its ranks' index maps are sized for this at their first store (`index::capacity`).
         self.index
             .set_worker_capacity(info.worker_id, info.total_kv_blocks);
+        let id = info.worker_id;
         let new = next.insert(info).is_none();
         self.workers.store(next);
+        // Its ranks are the host's word now, no longer the pending budget's.
+        self.ingress.worker_registered(id);
         Ok(new)
     }
 

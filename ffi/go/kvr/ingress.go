@@ -21,6 +21,10 @@ type IngestResult struct {
 	Clears uint32
 	// DecodeErrors: batches that failed to decode (nothing of them was applied).
 	DecodeErrors uint32
+	// Refused: batches refused (their DP rank is not the worker's, or the message would
+	// open a stream past a bound); the error says which (KVR_ERR_UNKNOWN_RANK,
+	// KVR_ERR_UNKNOWN_WORKER, KVR_ERR_TOO_MANY_RANKS).
+	Refused uint32
 }
 
 // StreamStats are the counters of one event stream of a partition: one publisher
@@ -170,6 +174,7 @@ func (p *Partition) Ingest(workerID uint64, stream uint32, topic []byte, seq uin
 		BatchesApplied: uint32(c.batches_applied),
 		Clears:         uint32(c.clears),
 		DecodeErrors:   uint32(c.decode_errors),
+		Refused:        uint32(c.refused),
 	}
 	return res, check(st, "kvr_partition_ingest")
 }
