@@ -49,8 +49,8 @@ impl Fixture {
 
     fn ranks(&self) -> u64 {
         let mut s = std::mem::MaybeUninit::<kvr_index_stats>::zeroed();
-        // SAFETY: live handle, writable out.
         assert_eq!(
+            // SAFETY: live handle, writable out.
             unsafe { kvr_partition_index_stats(self.partition, s.as_mut_ptr()) },
             KVR_OK
         );
@@ -68,8 +68,8 @@ impl Fixture {
 
     fn bookings(&self) -> (u64, u64) {
         let mut s = std::mem::MaybeUninit::<kvr_booking_stats>::zeroed();
-        // SAFETY: live handle, writable out.
         assert_eq!(
+            // SAFETY: live handle, writable out.
             unsafe { kvr_partition_booking_stats(self.partition, s.as_mut_ptr()) },
             KVR_OK
         );
@@ -80,8 +80,8 @@ impl Fixture {
 
     fn ingress_refused(&self) -> u64 {
         let mut s = kvr_indexer_stats::default();
-        // SAFETY: live handle, writable out.
         assert_eq!(
+            // SAFETY: live handle, writable out.
             unsafe { kvr_partition_indexer_stats(self.partition, &mut s) },
             KVR_OK
         );

@@ -75,12 +75,16 @@ fn distinct_topics_on_a_bound_socket_stay_bounded() {
             seq += 1;
         }
         rt.block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
-        assert!(Instant::now() < deadline, "the subscriber never heard the publishers");
+        assert!(
+            Instant::now() < deadline,
+            "the subscriber never heard the publishers"
+        );
     }
     for i in 0..TOPICS {
         let s = &mut pubs[(i % PUBLISHERS) as usize];
         let topic = format!("flood-{i}");
-        rt.block_on(s.send(message(topic.as_bytes(), 0, b"\xc1"))).unwrap();
+        rt.block_on(s.send(message(topic.as_bytes(), 0, b"\xc1")))
+            .unwrap();
         if i % 64 == 0 {
             // Garbage topics: no digits, not UTF-8.
             rt.block_on(s.send(message(b"no-worker", 0, b""))).unwrap();
@@ -95,10 +99,14 @@ fn distinct_topics_on_a_bound_socket_stay_bounded() {
     let before = routed_messages(&p);
     let deadline = Instant::now() + Duration::from_secs(30);
     while routed_messages(&p) <= before {
-        rt.block_on(pubs[0].send(message(b"routed", seq, b""))).unwrap();
+        rt.block_on(pubs[0].send(message(b"routed", seq, b"")))
+            .unwrap();
         seq += 1;
         rt.block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
-        assert!(Instant::now() < deadline, "the routed publisher was starved");
+        assert!(
+            Instant::now() < deadline,
+            "the routed publisher was starved"
+        );
     }
     let refused = p.indexer_stats().ingress_refused;
     sub.stop();
