@@ -1982,6 +1982,12 @@ static void test_replica(void)
     b.prompt_blocks = NULL;
     b.n_prompt_blocks = 0;
     b.worker_id = 5;
+    /* A replica booking names a registered rank: never one the peer makes up. */
+    CHECK_ST(KVR_ERR_UNKNOWN_RANK, kvr_partition_install_replica_booking(p2, &b));
+    b.dp_rank = 1;
+    add_worker(p2, 5);
+    CHECK_ST(KVR_ERR_UNKNOWN_RANK, kvr_partition_install_replica_booking(p2, &b));
+    b.dp_rank = 0;
     OK(kvr_partition_install_replica_booking(p2, &b));
     CHECK_LOAD(p2, 5, 0, 100, 0, 1);
     CHECK_LOAD(p, 5, 0, 0, 0, 0);
@@ -2871,8 +2877,9 @@ static void test_ingest(void)
     uint8_t far[sizeof STORED_0123 + 2];
     memcpy(far, STORED_0123, n - 1);
     memcpy(far + n - 1, "\xcd\x04\x00", 3);
-    OK(kvr_partition_ingest(p, 1, 7, NULL, 0, 0, far, n + 2, &r));
-    CHECK_EQ(r.batches_applied, 1);
+    CHECK_ST(KVR_ERR_UNKNOWN_WORKER, kvr_partition_ingest(p, 1, 7, NULL, 0, 0, far, n + 2, &r));
+    CHECK_EQ(r.batches_applied, 0);
+    CHECK_EQ(r.refused, 1);
     OK(kvr_partition_ingress_stats(p, st, 2, &ns));
     CHECK_EQ(ns, 2);
     const kvr_stream_stats *s7 = st[0].stream == 7 ? &st[0] : &st[1];

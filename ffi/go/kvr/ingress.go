@@ -146,7 +146,10 @@ func streamStatsOf(c *C.kvr_stream_stats) StreamStats {
 // clears the stream's ranks: kvr does not own the socket, so it cannot ask for a
 // replay), decoded and applied to rank (workerID, the batch's data_parallel_rank), or
 // (workerID, stream) if the batch names none. A payload that does not decode applies
-// nothing, is counted by cause, and returns ErrDecode with the result.
+// nothing, is counted by cause, and returns ErrDecode with the result. A refused batch
+// (a DP rank the worker does not have, a worker not registered past the pending-rank
+// budget, a stream past the partition's cap) applies nothing and returns ErrUnknownRank,
+// ErrUnknownWorker or ErrTooManyRanks with the result (Refused counts it).
 //
 // Messages of one stream must be handed in order, one at a time; different streams may
 // be ingested from different goroutines at once. topic and payload are passed to C in
