@@ -274,6 +274,16 @@
 #define KVR_MAX_DP_SIZE 1024
 
 /**
+ * The most blocks one rank's index map is sized for ahead (`kvr_worker_set_total_kv_blocks`).
+ */
+#define KVR_MAX_RESERVED_BLOCKS (1 << 20)
+
+/**
+ * The most blocks all of one partition's ranks are sized for ahead together.
+ */
+#define KVR_MAX_RESERVED_BLOCKS_PER_PARTITION (8 << 20)
+
+/**
  * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
  * plus scheme, port and path).
  */
@@ -2364,7 +2374,10 @@ kvr_status kvr_worker_set_control_endpoint(struct kvr_worker *worker,
                                            size_t len);
 
 /**
- * Device KV blocks per rank (0 = unknown).
+ * Device KV blocks per rank (0 = unknown). It also sizes each rank's index map ahead, at
+ * the rank's first stored block: for at most `KVR_MAX_RESERVED_BLOCKS` blocks per rank
+ * (about 13 MiB) and `KVR_MAX_RESERVED_BLOCKS_PER_PARTITION` for all of the partition's
+ * ranks together (about 105 MiB); ranks past that budget grow their maps as they fill.
  *
  * # Safety
  * `worker` is NULL or live and not shared during the call.

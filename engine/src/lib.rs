@@ -97,6 +97,7 @@ pub use ids::{DpRank, PartitionKey, RankId, SelectionId, Tier, WorkerId};
 pub use index::{
     ApplyOutcome, DumpedStore, Index, IndexDump, IndexError, KvEvent, OverlapScores, RemoteError,
     RemoteIndex, StoredBlock, TieredOverlap, TieredScores, MAX_RANKS, MAX_RESERVED_BLOCKS,
+    MAX_RESERVED_BLOCKS_PER_INDEX,
 };
 pub use indexer::RemoteClient;
 pub use ingress::door::{EventsOutcome, IngestOutcome};

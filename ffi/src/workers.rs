@@ -48,6 +48,14 @@ pub struct kvr_rank_load {
 /// Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
 pub const KVR_MAX_DP_SIZE: u32 = 1024;
 
+/// The most blocks one rank's index map is sized for ahead (`kvr_worker_set_total_kv_blocks`).
+pub const KVR_MAX_RESERVED_BLOCKS: u64 = 1 << 20;
+/// The most blocks all of one partition's ranks are sized for ahead together.
+pub const KVR_MAX_RESERVED_BLOCKS_PER_PARTITION: u64 = 8 << 20;
+
+const _: () = assert!(KVR_MAX_RESERVED_BLOCKS == kvr::MAX_RESERVED_BLOCKS);
+const _: () = assert!(KVR_MAX_RESERVED_BLOCKS_PER_PARTITION == kvr::MAX_RESERVED_BLOCKS_PER_INDEX);
+
 const _: () = assert!(KVR_MAX_DP_SIZE == kvr::MAX_DP_SIZE);
 
 /// Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
@@ -154,7 +162,10 @@ pub unsafe extern "C" fn kvr_worker_set_control_endpoint(
     }
 }
 
-/// Device KV blocks per rank (0 = unknown).
+/// Device KV blocks per rank (0 = unknown). It also sizes each rank's index map ahead, at
+/// the rank's first stored block: for at most `KVR_MAX_RESERVED_BLOCKS` blocks per rank
+/// (about 13 MiB) and `KVR_MAX_RESERVED_BLOCKS_PER_PARTITION` for all of the partition's
+/// ranks together (about 105 MiB); ranks past that budget grow their maps as they fill.
 ///
 /// # Safety
 /// `worker` is NULL or live and not shared during the call.

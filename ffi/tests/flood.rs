@@ -47,6 +47,17 @@ impl Fixture {
         Fixture { engine, partition }
     }
 
+    fn index_stats(&self) -> kvr_index_stats {
+        let mut s = std::mem::MaybeUninit::<kvr_index_stats>::zeroed();
+        assert_eq!(
+            // SAFETY: live handle, writable out.
+            unsafe { kvr_partition_index_stats(self.partition, s.as_mut_ptr()) },
+            KVR_OK
+        );
+        // SAFETY: written by the call.
+        unsafe { s.assume_init() }
+    }
+
     fn ranks(&self) -> u64 {
         let mut s = std::mem::MaybeUninit::<kvr_index_stats>::zeroed();
         assert_eq!(
@@ -256,5 +267,34 @@ fn replica_bookings_need_a_registered_rank() {
         f.bookings(),
         (1, 1),
         "one booking on one rank, not a flood's"
+    );
+}
+
+#[test]
+fn capacity_sizing_is_bounded_per_partition() {
+    let f = Fixture::new();
+    let mut worker = ptr::null_mut();
+    // SAFETY: live handles and out-parameters.
+    unsafe {
+        assert_eq!(kvr_worker_new(2, KVR_MAX_DP_SIZE, &mut worker), KVR_OK);
+        assert_eq!(kvr_worker_set_total_kv_blocks(worker, 1 << 30), KVR_OK);
+        assert_eq!(kvr_partition_upsert_worker(f.partition, worker), KVR_OK);
+        kvr_worker_free(worker);
+    }
+    for dp in 0..KVR_MAX_DP_SIZE {
+        assert_eq!(f.apply(2, dp, 7).0, KVR_OK);
+    }
+    let s = f.index_stats();
+    assert_eq!(s.ranks, u64::from(KVR_MAX_DP_SIZE));
+    // 12-byte entries at most 7/8 full, with room for the rest of the index (the ranks past
+    // the budget hold one block each).
+    let budget_bytes = KVR_MAX_RESERVED_BLOCKS_PER_PARTITION * 13 * 8 / 7 * 2;
+    // The figure does see the sizing: the budget's ranks were sized ahead.
+    assert!(s.bytes > KVR_MAX_RESERVED_BLOCKS_PER_PARTITION * 12, "{}", s.bytes);
+    assert!(
+        s.bytes < budget_bytes,
+        "{} bytes of index (the per-rank bound alone would be {})",
+        s.bytes,
+        KVR_MAX_RESERVED_BLOCKS * 12 * u64::from(KVR_MAX_DP_SIZE)
     );
 }
