@@ -2440,7 +2440,9 @@ kvr_status kvr_partition_remove_worker(const struct kvr_partition *partition,
  * Publishes one batch of load reports: selections see all of it or none of it. Later
  * entries for the same rank win. `out_version` (may be NULL) receives the load view's
  * new version. A non-zero `reserved` field is `KVR_ERR_INVALID_ARGUMENT` (nothing
- * published).
+ * published). Only registered workers' own ranks are kept: entries for any other rank
+ * are skipped (never stored, so made-up ranks take no memory), the rest are published,
+ * and the call returns `KVR_ERR_UNKNOWN_RANK` (with `*out_version` written).
  *
  * # Safety
  * `partition` is NULL or live; `loads` points to `n` entries; `out_version` is NULL or

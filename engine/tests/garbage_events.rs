@@ -163,3 +163,25 @@ fn a_registered_workers_dp_ranks_are_admitted_and_others_refused() {
     assert!(p.index().ranks().contains(&RankId::new(5, max - 1)));
     assert!(!p.index().ranks().contains(&RankId::new(5, max)));
 }
+
+#[test]
+fn load_reports_of_made_up_ranks_are_not_kept() {
+    let p = Partition::new(PartitionKey::new("m", "g"), PartitionConfig::new(BS));
+    p.upsert_worker(WorkerInfo::new(1, 2)).unwrap();
+    let load = kvr::RankLoad {
+        kv_blocks_used: 1,
+        ..Default::default()
+    };
+    let mut batch = vec![(RankId::new(1, 0), load), (RankId::new(1, 1), load)];
+    assert_eq!(p.publish_load(&batch).1, 0);
+    for i in 0..10_000u64 {
+        batch.push((RankId::new(1_000 + i, 0), load));
+        batch.push((RankId::new(1, 2 + i as u32), load));
+    }
+    assert_eq!(p.publish_load(&batch).1, 20_000);
+    assert_eq!(
+        p.load_view().snapshot().len(),
+        2,
+        "only the worker's own ranks"
+    );
+}

@@ -293,7 +293,9 @@ pub unsafe extern "C" fn kvr_partition_remove_worker(
 /// Publishes one batch of load reports: selections see all of it or none of it. Later
 /// entries for the same rank win. `out_version` (may be NULL) receives the load view's
 /// new version. A non-zero `reserved` field is `KVR_ERR_INVALID_ARGUMENT` (nothing
-/// published).
+/// published). Only registered workers' own ranks are kept: entries for any other rank
+/// are skipped (never stored, so made-up ranks take no memory), the rest are published,
+/// and the call returns `KVR_ERR_UNKNOWN_RANK` (with `*out_version` written).
 ///
 /// # Safety
 /// `partition` is NULL or live; `loads` points to `n` entries; `out_version` is NULL or
@@ -326,9 +328,12 @@ pub unsafe extern "C" fn kvr_partition_publish_load(
                 )
             })
             .collect();
-        let v = p.partition.load_view().publish(&batch);
+        let (v, skipped) = p.partition.publish_load(&batch);
         // SAFETY: forwarded caller contract.
         unsafe { write_opt(out_version, v) };
+        if skipped > 0 {
+            return Err(KVR_ERR_UNKNOWN_RANK);
+        }
         Ok(())
     })
 }

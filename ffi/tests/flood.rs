@@ -290,11 +290,41 @@ fn capacity_sizing_is_bounded_per_partition() {
     // the budget hold one block each).
     let budget_bytes = KVR_MAX_RESERVED_BLOCKS_PER_PARTITION * 13 * 8 / 7 * 2;
     // The figure does see the sizing: the budget's ranks were sized ahead.
-    assert!(s.bytes > KVR_MAX_RESERVED_BLOCKS_PER_PARTITION * 12, "{}", s.bytes);
+    assert!(
+        s.bytes > KVR_MAX_RESERVED_BLOCKS_PER_PARTITION * 12,
+        "{}",
+        s.bytes
+    );
     assert!(
         s.bytes < budget_bytes,
         "{} bytes of index (the per-rank bound alone would be {})",
         s.bytes,
         KVR_MAX_RESERVED_BLOCKS * 12 * u64::from(KVR_MAX_DP_SIZE)
     );
+}
+
+#[test]
+fn load_reports_keep_to_registered_ranks() {
+    let f = Fixture::new();
+    let load = |worker: u64, dp: u32| kvr_rank_load {
+        worker_id: worker,
+        dp_rank: dp,
+        kv_blocks_used: 1,
+        ..kvr_rank_load::default()
+    };
+    let mut batch = vec![load(1, 0), load(1, 1)];
+    let mut v = 0;
+    // SAFETY: live handle; the batch points to its length.
+    let st =
+        unsafe { kvr_partition_publish_load(f.partition, batch.as_ptr(), batch.len(), &mut v) };
+    assert_eq!(st, KVR_OK);
+    for i in 0..FLOOD {
+        batch.push(load(1_000 + i, 0));
+        batch.push(load(1, 2 + i as u32));
+    }
+    // SAFETY: as above.
+    let st =
+        unsafe { kvr_partition_publish_load(f.partition, batch.as_ptr(), batch.len(), &mut v) };
+    assert_eq!(st, KVR_ERR_UNKNOWN_RANK, "the made-up ranks were skipped");
+    // (How many entries the view keeps: engine/tests/garbage_events.rs.)
 }

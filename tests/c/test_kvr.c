@@ -876,6 +876,9 @@ static void test_workers(void)
         {.worker_id = 7, .dp_rank = 0, .kv_blocks_used = 2, .kv_blocks_total = 10},
     };
     uint64_t v1 = 0, v2 = 0;
+    /* Worker 7 was removed: its reports are skipped, never stored, and said so. */
+    CHECK_ST(KVR_ERR_UNKNOWN_RANK, kvr_partition_publish_load(p, loads, 2, &v1));
+    add_worker(p, 7);
     OK(kvr_partition_publish_load(p, loads, 2, &v1));
     OK(kvr_partition_publish_load(p, NULL, 0, &v2)); /* empty batch */
     CHECK(v2 > v1);

@@ -6,11 +6,11 @@
 
 use crate::config::ConfigError;
 use crate::hash::{BlockHasher, HashSalt};
-use crate::ids::WorkerId;
+use crate::ids::{RankId, WorkerId};
 use crate::index::{Index, IndexConfig};
 use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
 use crate::ingress::registry::IngressRegistry;
-use crate::load::LoadView;
+use crate::load::{LoadView, RankLoad};
 use crate::reservation::{
     BookingRequest, ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
 };
@@ -263,9 +263,28 @@ impl Partition {
         &self.index
     }
 
-    /// Host-reported load (publish batches here).
+    /// Host-reported load (read it here; publish through [`Partition::publish_load`],
+    /// which keeps the view to registered ranks).
     pub fn load_view(&self) -> &LoadView {
         &self.load
+    }
+
+    /// Publishes one batch of load reports (selections see all of it or none of it;
+    /// later entries for a rank win), keeping only registered workers' own ranks: the
+    /// load of any other rank could never be read, so it is not stored. Returns the load
+    /// view's new version and how many entries were skipped so.
+    pub fn publish_load(&self, batch: &[(RankId, RankLoad)]) -> (u64, usize) {
+        let workers = self.workers();
+        let member = |r: &RankId| {
+            workers
+                .get(r.worker_id)
+                .is_some_and(|w| w.has_rank(r.dp_rank))
+        };
+        if batch.iter().all(|(r, _)| member(r)) {
+            return (self.load.publish(batch), 0);
+        }
+        let kept: Vec<_> = batch.iter().filter(|(r, _)| member(r)).copied().collect();
+        (self.load.publish(&kept), batch.len() - kept.len())
     }
 
     /// The engine's bookings on this partition.
