@@ -2263,7 +2263,7 @@ kvr_status kvr_subscribe_options_set_topic(struct kvr_subscribe_options *opts,
  * subscription, each with its own timeout; a stream that needs one while 64 are in
  * flight has its replay fail at once, as a timed-out one would. Messages under a topic no route names get a stream of their own, for the
  * worker named by the topic's trailing digits, for at most 256 such topics per
- * subscription (and `KVR_MAX_INGRESS_STREAMS` streams per partition); messages under
+ * subscription (`kvr_subscribe_options_set_max_unrouted_topics`; and `KVR_MAX_INGRESS_STREAMS` streams per partition); messages under
  * further unknown topics are dropped and counted (`kvr_indexer_stats.ingress_refused`).
  * A replayed batch under another topic than its stream's is dropped, as a live one
  * would not reach that stream.
@@ -2279,6 +2279,18 @@ kvr_status kvr_subscribe_options_add_route(struct kvr_subscribe_options *opts,
                                            uint32_t stream,
                                            const char *replay_endpoint,
                                            size_t replay_endpoint_len);
+
+/**
+ * Bind mode: gives at most `max` route-less topics a stream of their own (default 256;
+ * 0 = routed topics only). Messages under further topics no route names are dropped
+ * and counted (`kvr_indexer_stats.ingress_refused`), so a peer sending ever new topics
+ * cannot grow the partition. `KVR_ERR_INVALID_ARGUMENT` on connect-mode options.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_subscribe_options_set_max_unrouted_topics(struct kvr_subscribe_options *opts,
+                                                         uint32_t max);
 
 /**
  * Subscribes the partition to engine KV events as `opts` says, on a thread of kvr's

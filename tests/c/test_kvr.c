@@ -3154,6 +3154,11 @@ static void test_subscribe(void)
     OK(kvr_subscribe_options_set_topic(o, NULL, 0));
     CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_set_topic(ob, (const uint8_t *)"kv", 2));
 
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_set_max_unrouted_topics(NULL, 8));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_set_max_unrouted_topics(o, 8));
+    OK(kvr_subscribe_options_set_max_unrouted_topics(ob, 8));
+    OK(kvr_subscribe_options_set_max_unrouted_topics(ob, 0)); /* routed topics only */
+
     CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_add_route(NULL, (const uint8_t *)"kv", 2, 9, 0, NULL, 0));
     CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_add_route(ob, NULL, 2, 9, 0, NULL, 0));
     CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_add_route(ob, (const uint8_t *)"kv", 2, 9, 0, NULL, 4));
