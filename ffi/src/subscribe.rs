@@ -360,9 +360,9 @@ pub unsafe extern "C" fn kvr_subscription_free(sub: *mut kvr_subscription) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvr_zmq::subscribe::subscribe;
     use kvr::config::PartitionConfig;
     use kvr::{Partition, PartitionKey};
+    use kvr_zmq::subscribe::subscribe;
 
     fn partition() -> std::sync::Arc<Partition> {
         std::sync::Arc::new(Partition::new(

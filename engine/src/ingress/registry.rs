@@ -87,7 +87,8 @@ impl IngressRegistry {
 
     /// The lowest stream number of `worker` that no stream of the partition has (listed or
     /// claimed) and `taken` does not name, claimed for the caller's next
-    /// [`IngressRegistry::register`]; `None` (counted) at [`MAX_INGRESS_STREAMS`]. So two
+    /// [`IngressRegistry::register`]; `None` at [`MAX_INGRESS_STREAMS`] (the caller counts
+    /// what it drops). So two
     /// sources never number a worker's streams alike.
     pub(crate) fn claim_stream(
         &self,
@@ -96,8 +97,6 @@ impl IngressRegistry {
     ) -> Option<u32> {
         let mut streams = self.streams.lock();
         if streams.len() >= MAX_INGRESS_STREAMS {
-            drop(streams);
-            self.note_refused();
             return None;
         }
         let used: HashSet<u32> = streams

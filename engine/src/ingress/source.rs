@@ -484,6 +484,19 @@ mod tests {
         assert_eq!(source.stream_count(), 4);
         assert_eq!(p.ingress_stats().len(), 4);
         assert_eq!(p.indexer_stats().ingress_refused, 997);
+
+        // Negative control: without the source's cap, the partition's stream cap is the
+        // bound left.
+        let p = partition();
+        let mut source = EventSource::by_topic(p.clone(), Vec::new(), None)
+            .unwrap()
+            .with_max_unrouted_topics(usize::MAX);
+        for i in 0..2_000u32 {
+            source.on_message(format!("kv-{i}").as_bytes(), 0, b"", now);
+        }
+        assert_eq!(p.ingress_stats().len(), crate::ingress::MAX_INGRESS_STREAMS);
+        let over = 2_000 - crate::ingress::MAX_INGRESS_STREAMS as u64;
+        assert_eq!(p.indexer_stats().ingress_refused, over);
     }
 
     #[test]
