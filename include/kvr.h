@@ -129,6 +129,17 @@
 #define KVR_INDEXER_REMOTE_PRIMARY 3
 
 /**
+ * The most ingress streams one partition keeps (subscriptions' and raw ones together).
+ */
+#define KVR_MAX_INGRESS_STREAMS 1024
+
+/**
+ * The most DP ranks of workers not registered yet that a partition takes events for; a
+ * worker's ranks leave this budget when it is registered or removed.
+ */
+#define KVR_MAX_PENDING_RANKS 256
+
+/**
  * Slots of `kvr_stream_stats.decode_errors` (one per decode-error kind; more than kvr
  * has today, so kinds can be added without changing the struct).
  */
@@ -176,6 +187,12 @@
  * allowed): chosen by cost, and a booking rebinds the session (counted as forced).
  */
 #define KVR_DECISION_SESSION_REBOUND (1 << 4)
+
+/**
+ * The longest a replica peer's booking lives (Dynamo's replica-booking expiry, 300 s):
+ * `kvr_replica_booking.ttl_ms`, or the partition's default, is cut to it.
+ */
+#define KVR_MAX_REPLICA_BOOKING_TTL_MS 300000
 
 /**
  * This call freed the booking.
@@ -255,6 +272,16 @@
  * Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
  */
 #define KVR_MAX_DP_SIZE 4096
+
+/**
+ * The most blocks one rank's index map is sized for ahead (`kvr_worker_set_total_kv_blocks`).
+ */
+#define KVR_MAX_RESERVED_BLOCKS (1 << 20)
+
+/**
+ * The most blocks all of one partition's ranks are sized for ahead together.
+ */
+#define KVR_MAX_RESERVED_BLOCKS_PER_PARTITION (8 << 20)
 
 /**
  * Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
@@ -515,6 +542,13 @@ typedef struct kvr_indexer_stats {
    * Blocks of booked prompts not recorded because the records were at the size bound.
    */
   uint64_t approx_blocks_over_bound;
+  /**
+   * Engine messages, batches and topics refused because they would create ingress
+   * state past a bound: a bind subscription's route-less topic past its cap, a stream
+   * past `KVR_MAX_INGRESS_STREAMS`, a rank of a worker not registered past
+   * `KVR_MAX_PENDING_RANKS`, or a typed batch for a DP rank its worker does not have.
+   */
+  uint64_t ingress_refused;
 } kvr_indexer_stats;
 
 /**
@@ -533,7 +567,11 @@ typedef struct kvr_ingest_result {
    * Batches that failed to decode (nothing of them applied).
    */
   uint32_t decode_errors;
-  uint32_t reserved;
+  /**
+   * Batches refused (not applied, not in `batches_applied`): their DP rank is not
+   * the worker's, or the message would open a stream past a bound.
+   */
+  uint32_t refused;
 } kvr_ingest_result;
 
 /**
@@ -724,7 +762,8 @@ typedef struct kvr_replica_booking {
   uint64_t prefill_tokens;
   uint64_t expected_output_tokens;
   /**
-   * Lifetime in milliseconds (0 = the partition's default).
+   * Lifetime in milliseconds (0 = the partition's default), at most
+   * `KVR_MAX_REPLICA_BOOKING_TTL_MS` (a longer one is cut to it).
    */
   uint64_t ttl_ms;
 } kvr_replica_booking;
@@ -1495,8 +1534,13 @@ kvr_status kvr_partition_set_hooks(const struct kvr_partition *partition,
  * (`KVR_ERR_PARENT_NOT_FOUND`, `KVR_ERR_TOO_MANY_RANKS`). `out` (may be NULL) gets the
  * counts either way.
  *
- * The rank need not be a registered worker: engines may publish before the host
- * registers them. Writers to one rank serialize; other ranks and all lookups proceed.
+ * The rank is checked first, and a refused one applies nothing (every event counted in
+ * `out->events_rejected` and the batch in `kvr_indexer_stats.ingress_refused`): a
+ * registered worker's DP rank must be one of its own (else `KVR_ERR_UNKNOWN_RANK`); a
+ * worker not registered yet (engines may publish before the host registers them) is
+ * taken only for a DP rank below `KVR_MAX_DP_SIZE` and within the partition's budget of
+ * such ranks, `KVR_MAX_PENDING_RANKS` (else `KVR_ERR_UNKNOWN_WORKER`). Writers to one rank
+ * serialize; other ranks and all lookups proceed.
  *
  * A partition whose indexer policy applies no engine events (KV events off, or a remote
  * primary) ignores a well-formed batch, as `kvr_partition_ingest` does: `KVR_OK`, nothing
@@ -1687,6 +1731,19 @@ kvr_status kvr_partition_indexer_stats(const struct kvr_partition *partition,
  * `(worker_id, stream)` if the batch names none), with local hashes computed from the
  * token ids. A payload that does not decode applies nothing, is counted by cause, and
  * returns `KVR_ERR_DECODE`. `out` (may be NULL) gets what happened either way.
+ *
+ * Nothing handed in creates state without bound, and a refusal is never `KVR_OK`:
+ * - a batch naming a DP rank a registered worker does not have is refused
+ *   (`KVR_ERR_UNKNOWN_RANK`, `out->refused`, the stream's `dp_rank_refused`);
+ * - a worker not registered yet (engines may publish before the host registers them)
+ *   may open streams and ranks only within the partition's budget of such ranks
+ *   (`KVR_MAX_PENDING_RANKS`, `stream` counting as a DP rank; ranks at least
+ *   `KVR_MAX_DP_SIZE` never): past it, `KVR_ERR_UNKNOWN_WORKER`;
+ * - a message that would open a stream past `KVR_MAX_INGRESS_STREAMS` streams in the
+ *   partition: `KVR_ERR_TOO_MANY_RANKS`.
+ *
+ * Refusals also count in `kvr_indexer_stats.ingress_refused` (those of an existing
+ * stream's batches in its `dp_rank_refused`).
  *
  * Messages of one stream must be handed in order, one at a time; different streams may
  * be ingested from different threads at once.
@@ -1995,7 +2052,9 @@ kvr_status kvr_partition_reserve(const struct kvr_partition *partition,
 
 /**
  * Installs a replica peer's booking. It is not in the selection-id index: lifecycle
- * calls find it by scanning the partitions.
+ * calls find it by scanning the partitions. Its rank must be a registered worker's own
+ * (else `KVR_ERR_UNKNOWN_RANK`, nothing installed: a peer never creates ranks here), and
+ * it lives at most `KVR_MAX_REPLICA_BOOKING_TTL_MS`.
  *
  * # Safety
  * `partition` and `booking` are NULL or live; `booking->prompt_blocks` points to
@@ -2210,8 +2269,14 @@ kvr_status kvr_subscribe_options_set_topic(struct kvr_subscribe_options *opts,
  * `worker_id`'s stream `stream`, whose publisher serves replays at `replay_endpoint`
  * (copied; `(NULL, 0)` = none; checked by `kvr_partition_subscribe`). A later route for
  * the same topic replaces the earlier one. `KVR_ERR_INVALID_ARGUMENT` on connect-mode
- * options. One replay runs at a time per subscription: a stream that needs one while
- * another stream's is in flight is cleared instead.
+ * options. Each stream replays on its own: up to 64 replays run at once per
+ * subscription, each with its own timeout; a stream that needs one while 64 are in
+ * flight has its replay fail at once, as a timed-out one would. Messages under a topic no route names get a stream of their own, for the
+ * worker named by the topic's trailing digits, for at most 256 such topics per
+ * subscription (`kvr_subscribe_options_set_max_unrouted_topics`; and `KVR_MAX_INGRESS_STREAMS` streams per partition); messages under
+ * further unknown topics are dropped and counted (`kvr_indexer_stats.ingress_refused`).
+ * A replayed batch under another topic than its stream's is dropped, as a live one
+ * would not reach that stream.
  *
  * # Safety
  * `opts` is NULL or live and not shared during the call; `topic` and `replay_endpoint`
@@ -2224,6 +2289,18 @@ kvr_status kvr_subscribe_options_add_route(struct kvr_subscribe_options *opts,
                                            uint32_t stream,
                                            const char *replay_endpoint,
                                            size_t replay_endpoint_len);
+
+/**
+ * Bind mode: gives at most `max` route-less topics a stream of their own (default 256;
+ * 0 = routed topics only). Messages under further topics no route names are dropped
+ * and counted (`kvr_indexer_stats.ingress_refused`), so a peer sending ever new topics
+ * cannot grow the partition. `KVR_ERR_INVALID_ARGUMENT` on connect-mode options.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call.
+ */
+kvr_status kvr_subscribe_options_set_max_unrouted_topics(struct kvr_subscribe_options *opts,
+                                                         uint32_t max);
 
 /**
  * Subscribes the partition to engine KV events as `opts` says, on a thread of kvr's
@@ -2319,7 +2396,10 @@ kvr_status kvr_worker_set_control_endpoint(struct kvr_worker *worker,
                                            size_t len);
 
 /**
- * Device KV blocks per rank (0 = unknown).
+ * Device KV blocks per rank (0 = unknown). It also sizes each rank's index map ahead, at
+ * the rank's first stored block: for at most `KVR_MAX_RESERVED_BLOCKS` blocks per rank
+ * (about 13 MiB) and `KVR_MAX_RESERVED_BLOCKS_PER_PARTITION` for all of the partition's
+ * ranks together (about 105 MiB); ranks past that budget grow their maps as they fill.
  *
  * # Safety
  * `worker` is NULL or live and not shared during the call.
@@ -2382,7 +2462,9 @@ kvr_status kvr_partition_remove_worker(const struct kvr_partition *partition,
  * Publishes one batch of load reports: selections see all of it or none of it. Later
  * entries for the same rank win. `out_version` (may be NULL) receives the load view's
  * new version. A non-zero `reserved` field is `KVR_ERR_INVALID_ARGUMENT` (nothing
- * published).
+ * published). Only registered workers' own ranks are kept: entries for any other rank
+ * are skipped (never stored, so made-up ranks take no memory), the rest are published,
+ * and the call returns `KVR_ERR_UNKNOWN_RANK` (with `*out_version` written).
  *
  * # Safety
  * `partition` is NULL or live; `loads` points to `n` entries; `out_version` is NULL or

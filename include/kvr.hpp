@@ -1286,6 +1286,13 @@ public:
                       fn);
         return *this;
     }
+    /// Bind mode: at most `max` topics no route names get a stream of their own (default
+    /// 256; 0 = routed topics only); messages under further ones are dropped and counted.
+    SubscribeOptions &set_max_unrouted_topics(uint32_t max) {
+        const char *fn = "kvr_subscribe_options_set_max_unrouted_topics";
+        detail::check(kvr_subscribe_options_set_max_unrouted_topics(live(fn), max), fn);
+        return *this;
+    }
 
 private:
     friend class Partition;

@@ -415,7 +415,8 @@ impl Engine {
 
     /// Installs a booking received from a replica peer in `at` (a key or a handle). It is
     /// not indexed by id: the lifecycle calls find it by scanning the partitions
-    /// (DESIGN.md §8).
+    /// (DESIGN.md §8). Its rank must be a registered worker's (else `UnknownRank`), and it
+    /// lives at most [`MAX_REPLICA_BOOKING_TTL`](crate::MAX_REPLICA_BOOKING_TTL).
     pub fn install_replica_booking<'a>(
         &self,
         at: impl Into<PartitionRef<'a>>,
@@ -423,6 +424,11 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let p = self.resolve(at.into())?;
         let p = &*p;
+        // A registered rank only, its lifetime capped (`Partition::admit_replica_booking`).
+        let rank = booking.rank;
+        let booking = p
+            .admit_replica_booking(booking)
+            .ok_or(EngineError::UnknownRank(rank))?;
         // Selection ids are unique across the engine (DESIGN.md §2): not a booking of this
         // engine's, nor one live in another partition.
         let id = booking.selection_id;
@@ -435,7 +441,6 @@ impl Engine {
             return Err(EngineError::DuplicateSelectionId(id));
         }
         let now = Instant::now();
-        let rank = booking.rank;
         let blocks = p
             .indexing
             .recorder

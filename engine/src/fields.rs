@@ -139,7 +139,7 @@ field_lists! {
     }
     IndexerStats {
         policy, bookings_recorded, record_failures, approx: ApproxStats, remote_queries,
-        remote_failures, events_ignored,
+        remote_failures, events_ignored, ingress_refused,
     }
     ApproxStats {
         records, blocks_recorded, blocks_refreshed, blocks_expired, blocks_pruned,

@@ -311,6 +311,11 @@ pub struct IndexerStats {
     /// Engine event messages handed to a partition whose policy applies none (events
     /// off, or a remote primary): not applied.
     pub events_ignored: u64,
+    /// Engine messages, batches and topics refused because they would create ingress
+    /// state past a bound: a bind subscription's route-less topic past its cap, a stream
+    /// past the partition's stream cap, a rank of a worker not registered past the
+    /// pending-rank budget, or a typed batch for a DP rank its worker does not have.
+    pub ingress_refused: u64,
 }
 
 impl IndexState {
@@ -509,6 +514,8 @@ impl IndexState {
             remote_queries: self.counters.remote_queries.load(Ordering::Relaxed),
             remote_failures: self.counters.remote_failures.load(Ordering::Relaxed),
             events_ignored: self.counters.events_ignored.load(Ordering::Relaxed),
+            // The partition's ingress keeps this count (`Partition::indexer_stats`).
+            ingress_refused: 0,
         }
     }
 }

@@ -98,11 +98,12 @@ pub use ids::{DpRank, PartitionKey, RankId, SelectionId, Tier, WorkerId};
 pub use index::{
     ApplyOutcome, DumpedStore, Index, IndexDump, IndexError, KvEvent, OverlapScores, RemoteError,
     RemoteIndex, StoredBlock, TieredOverlap, TieredScores, MAX_RANKS, MAX_RESERVED_BLOCKS,
+    MAX_RESERVED_BLOCKS_PER_INDEX,
 };
 pub use indexer::RemoteClient;
 pub use ingress::door::{EventsOutcome, IngestOutcome};
 pub use load::{LoadSnapshot, LoadView, RankLoad};
-pub use partition::Partition;
+pub use partition::{Partition, MAX_REPLICA_BOOKING_TTL};
 pub use reservation::{
     ActiveLoad, ActiveLoads, BookingOrigin, BookingRequest, BookingStatus, BookingView,
     ForgetListener, FreeOutcome, FreedBy, Released, ReservationError, ReservationTable,

@@ -33,7 +33,9 @@ pub struct WorkerInfo {
     pub control_endpoints: Vec<Option<String>>,
     /// Device KV blocks per rank (0 = unknown; busy thresholds on decode blocks need it).
     /// It also sizes each rank's index map once, at the rank's first stored block
-    /// (`kvr::index` module `capacity`; at most `index::MAX_RESERVED_BLOCKS`).
+    /// (`kvr::index` module `capacity`): at most `MAX_RESERVED_BLOCKS` blocks per rank,
+    /// and `MAX_RESERVED_BLOCKS_PER_INDEX` for all of the partition's ranks together
+    /// (ranks past that budget grow their maps as they fill).
     pub total_kv_blocks: u64,
     /// Largest prefill batch per rank in tokens (0 = unknown).
     pub max_batched_tokens: u64,

@@ -666,6 +666,11 @@ fn selection_ids_are_unique_across_the_engine_for_replica_bookings_too() {
         "an id live as a local booking elsewhere"
     );
     e.install_replica_booking(&other, replica(5_000)).unwrap();
+    // A replica booking names a registered rank of the partition it is installed in.
+    e.partition(&key())
+        .unwrap()
+        .upsert_worker(WorkerInfo::new(9, 1))
+        .unwrap();
     assert_eq!(
         e.install_replica_booking(&key(), replica(5_000)),
         Err(EngineError::DuplicateSelectionId(5_000)),

@@ -151,8 +151,13 @@ const _: () = {
 /// (`KVR_ERR_PARENT_NOT_FOUND`, `KVR_ERR_TOO_MANY_RANKS`). `out` (may be NULL) gets the
 /// counts either way.
 ///
-/// The rank need not be a registered worker: engines may publish before the host
-/// registers them. Writers to one rank serialize; other ranks and all lookups proceed.
+/// The rank is checked first, and a refused one applies nothing (every event counted in
+/// `out->events_rejected` and the batch in `kvr_indexer_stats.ingress_refused`): a
+/// registered worker's DP rank must be one of its own (else `KVR_ERR_UNKNOWN_RANK`); a
+/// worker not registered yet (engines may publish before the host registers them) is
+/// taken only for a DP rank below `KVR_MAX_DP_SIZE` and within the partition's budget of
+/// such ranks, `KVR_MAX_PENDING_RANKS` (else `KVR_ERR_UNKNOWN_WORKER`). Writers to one rank
+/// serialize; other ranks and all lookups proceed.
 ///
 /// A partition whose indexer policy applies no engine events (KV events off, or a remote
 /// primary) ignores a well-formed batch, as `kvr_partition_ingest` does: `KVR_OK`, nothing
@@ -197,6 +202,17 @@ pub unsafe extern "C" fn kvr_partition_apply_events(
                 })
             }),
         );
+        if applied.rank_refused {
+            r.events_rejected = applied.rejected;
+            // SAFETY: forwarded caller contract.
+            unsafe { write_opt(out, r) };
+            let member = p.partition.workers().get(worker_id).is_some();
+            return Err(if member {
+                KVR_ERR_UNKNOWN_RANK
+            } else {
+                KVR_ERR_UNKNOWN_WORKER
+            });
+        }
         r.events_applied = applied.applied;
         r.events_rejected = applied.rejected;
         r.blocks_stored = applied.blocks_stored;

@@ -253,6 +253,11 @@ pub struct kvr_indexer_stats {
     pub approx_record_errors: u64,
     /// Blocks of booked prompts not recorded because the records were at the size bound.
     pub approx_blocks_over_bound: u64,
+    /// Engine messages, batches and topics refused because they would create ingress
+    /// state past a bound: a bind subscription's route-less topic past its cap, a stream
+    /// past `KVR_MAX_INGRESS_STREAMS`, a rank of a worker not registered past
+    /// `KVR_MAX_PENDING_RANKS`, or a typed batch for a DP rank its worker does not have.
+    pub ingress_refused: u64,
 }
 
 /// The partition's indexer statistics.
@@ -293,6 +298,7 @@ pub unsafe extern "C" fn kvr_partition_indexer_stats(
             approx_records: a.records,
             approx_record_errors: a.record_errors,
             approx_blocks_over_bound: a.blocks_over_bound,
+            ingress_refused: s.ingress_refused,
         };
         // SAFETY: forwarded caller contract.
         unsafe { write_out(out, stats) }

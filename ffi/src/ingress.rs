@@ -9,6 +9,15 @@ use kvr::stats::StreamStats;
 use crate::handles::kvr_partition;
 use crate::status::*;
 
+/// The most ingress streams one partition keeps (subscriptions' and raw ones together).
+pub const KVR_MAX_INGRESS_STREAMS: u32 = 1024;
+/// The most DP ranks of workers not registered yet that a partition takes events for; a
+/// worker's ranks leave this budget when it is registered or removed.
+pub const KVR_MAX_PENDING_RANKS: u32 = 256;
+
+const _: () = assert!(KVR_MAX_INGRESS_STREAMS as usize == kvr::ingress::MAX_INGRESS_STREAMS);
+const _: () = assert!(KVR_MAX_PENDING_RANKS as usize == kvr::ingress::MAX_PENDING_RANKS);
+
 /// Slots of `kvr_stream_stats.decode_errors` (one per decode-error kind; more than kvr
 /// has today, so kinds can be added without changing the struct).
 pub const KVR_DECODE_ERROR_KINDS: usize = 16;
@@ -26,7 +35,9 @@ pub struct kvr_ingest_result {
     pub clears: u32,
     /// Batches that failed to decode (nothing of them applied).
     pub decode_errors: u32,
-    pub reserved: u32,
+    /// Batches refused (not applied, not in `batches_applied`): their DP rank is not
+    /// the worker's, or the message would open a stream past a bound.
+    pub refused: u32,
 }
 
 /// One stream's counters.
@@ -149,6 +160,19 @@ fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
 /// token ids. A payload that does not decode applies nothing, is counted by cause, and
 /// returns `KVR_ERR_DECODE`. `out` (may be NULL) gets what happened either way.
 ///
+/// Nothing handed in creates state without bound, and a refusal is never `KVR_OK`:
+/// - a batch naming a DP rank a registered worker does not have is refused
+///   (`KVR_ERR_UNKNOWN_RANK`, `out->refused`, the stream's `dp_rank_refused`);
+/// - a worker not registered yet (engines may publish before the host registers them)
+///   may open streams and ranks only within the partition's budget of such ranks
+///   (`KVR_MAX_PENDING_RANKS`, `stream` counting as a DP rank; ranks at least
+///   `KVR_MAX_DP_SIZE` never): past it, `KVR_ERR_UNKNOWN_WORKER`;
+/// - a message that would open a stream past `KVR_MAX_INGRESS_STREAMS` streams in the
+///   partition: `KVR_ERR_TOO_MANY_RANKS`.
+///
+/// Refusals also count in `kvr_indexer_stats.ingress_refused` (those of an existing
+/// stream's batches in its `dp_rank_refused`).
+///
 /// Messages of one stream must be handed in order, one at a time; different streams may
 /// be ingested from different threads at once.
 ///
@@ -181,12 +205,19 @@ pub unsafe extern "C" fn kvr_partition_ingest(
             batches_applied: o.batches_applied,
             clears: o.clears,
             decode_errors: o.decode_errors,
-            reserved: 0,
+            refused: o.refused,
         };
         // SAFETY: forwarded caller contract.
         unsafe { write_opt(out, r) };
+        let member = || p.partition.workers().get(worker_id).is_some();
         if o.decode_errors > 0 {
             Err(KVR_ERR_DECODE)
+        } else if o.stream_refused && member() {
+            Err(KVR_ERR_TOO_MANY_RANKS)
+        } else if o.refused > 0 && member() {
+            Err(KVR_ERR_UNKNOWN_RANK)
+        } else if o.refused > 0 {
+            Err(KVR_ERR_UNKNOWN_WORKER)
         } else {
             Ok(())
         }

@@ -261,12 +261,22 @@ pub struct kvr_replica_booking {
     pub n_prompt_blocks: usize,
     pub prefill_tokens: u64,
     pub expected_output_tokens: u64,
-    /// Lifetime in milliseconds (0 = the partition's default).
+    /// Lifetime in milliseconds (0 = the partition's default), at most
+    /// `KVR_MAX_REPLICA_BOOKING_TTL_MS` (a longer one is cut to it).
     pub ttl_ms: u64,
 }
 
+/// The longest a replica peer's booking lives (Dynamo's replica-booking expiry, 300 s):
+/// `kvr_replica_booking.ttl_ms`, or the partition's default, is cut to it.
+pub const KVR_MAX_REPLICA_BOOKING_TTL_MS: u64 = 300_000;
+
+const _: () =
+    assert!(KVR_MAX_REPLICA_BOOKING_TTL_MS == kvr::MAX_REPLICA_BOOKING_TTL.as_millis() as u64);
+
 /// Installs a replica peer's booking. It is not in the selection-id index: lifecycle
-/// calls find it by scanning the partitions.
+/// calls find it by scanning the partitions. Its rank must be a registered worker's own
+/// (else `KVR_ERR_UNKNOWN_RANK`, nothing installed: a peer never creates ranks here), and
+/// it lives at most `KVR_MAX_REPLICA_BOOKING_TTL_MS`.
 ///
 /// # Safety
 /// `partition` and `booking` are NULL or live; `booking->prompt_blocks` points to

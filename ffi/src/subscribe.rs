@@ -18,7 +18,8 @@ use std::io;
 use std::os::raw::c_char;
 
 use kvr::ingress::TopicRoute;
-use kvr_zmq::subscribe::{subscribe, SubscribeConfig, Subscription};
+use kvr::ingress::DEFAULT_MAX_UNROUTED_TOPICS;
+use kvr_zmq::subscribe::{subscribe_with, SubscribeConfig, SubscribeOptions, Subscription};
 
 use crate::handles::kvr_partition;
 use crate::status::*;
@@ -30,6 +31,8 @@ use crate::status::*;
 #[derive(Debug)]
 pub struct kvr_subscribe_options {
     config: SubscribeConfig,
+    /// Bind: route-less topics given a stream (`kvr_subscribe_options_set_max_unrouted_topics`).
+    max_unrouted_topics: usize,
 }
 
 /// A running (or stopped) subscription of a partition to engine KV events (opaque).
@@ -74,7 +77,15 @@ pub unsafe extern "C" fn kvr_subscribe_options_new_connect(
             stream,
         };
         // SAFETY: forwarded caller contract.
-        unsafe { give(out, kvr_subscribe_options { config }) }
+        unsafe {
+            give(
+                out,
+                kvr_subscribe_options {
+                    config,
+                    max_unrouted_topics: DEFAULT_MAX_UNROUTED_TOPICS,
+                },
+            )
+        }
     })
 }
 
@@ -102,7 +113,15 @@ pub unsafe extern "C" fn kvr_subscribe_options_new_bind(
             routes: Vec::new(),
         };
         // SAFETY: forwarded caller contract.
-        unsafe { give(out, kvr_subscribe_options { config }) }
+        unsafe {
+            give(
+                out,
+                kvr_subscribe_options {
+                    config,
+                    max_unrouted_topics: DEFAULT_MAX_UNROUTED_TOPICS,
+                },
+            )
+        }
     })
 }
 
@@ -176,8 +195,14 @@ pub unsafe extern "C" fn kvr_subscribe_options_set_topic(
 /// `worker_id`'s stream `stream`, whose publisher serves replays at `replay_endpoint`
 /// (copied; `(NULL, 0)` = none; checked by `kvr_partition_subscribe`). A later route for
 /// the same topic replaces the earlier one. `KVR_ERR_INVALID_ARGUMENT` on connect-mode
-/// options. One replay runs at a time per subscription: a stream that needs one while
-/// another stream's is in flight is cleared instead.
+/// options. Each stream replays on its own: up to 64 replays run at once per
+/// subscription, each with its own timeout; a stream that needs one while 64 are in
+/// flight has its replay fail at once, as a timed-out one would. Messages under a topic no route names get a stream of their own, for the
+/// worker named by the topic's trailing digits, for at most 256 such topics per
+/// subscription (`kvr_subscribe_options_set_max_unrouted_topics`; and `KVR_MAX_INGRESS_STREAMS` streams per partition); messages under
+/// further unknown topics are dropped and counted (`kvr_indexer_stats.ingress_refused`).
+/// A replayed batch under another topic than its stream's is dropped, as a live one
+/// would not reach that stream.
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call; `topic` and `replay_endpoint`
@@ -218,6 +243,32 @@ pub unsafe extern "C" fn kvr_subscribe_options_add_route(
     })
 }
 
+/// Bind mode: gives at most `max` route-less topics a stream of their own (default 256;
+/// 0 = routed topics only). Messages under further topics no route names are dropped
+/// and counted (`kvr_indexer_stats.ingress_refused`), so a peer sending ever new topics
+/// cannot grow the partition. `KVR_ERR_INVALID_ARGUMENT` on connect-mode options.
+///
+/// # Safety
+/// `opts` is NULL or live and not shared during the call.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_subscribe_options_set_max_unrouted_topics(
+    opts: *mut kvr_subscribe_options,
+    max: u32,
+) -> kvr_status {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let o = unsafe { handle_mut(opts) }?;
+        if !matches!(o.config, SubscribeConfig::Bind { .. }) {
+            return Err(KVR_ERR_INVALID_ARGUMENT);
+        }
+        o.max_unrouted_topics = max as usize;
+        Ok(())
+    })
+}
+
+const _: () = assert!(kvr_zmq::transport::MAX_REPLAYS == 64);
+const _: () = assert!(kvr::ingress::DEFAULT_MAX_UNROUTED_TOPICS == 256);
+
 /// Subscribes the partition to engine KV events as `opts` says, on a thread of kvr's
 /// own: it connects (or binds), reconnects (or retries the bind) for as long as it runs,
 /// sequence-checks, replays or clears on gaps, decodes and applies every batch, and
@@ -250,8 +301,12 @@ pub unsafe extern "C" fn kvr_partition_subscribe(
         }
         // The engine checks every endpoint (replay ones too) before anything else, so a
         // refused start leaves nothing behind.
-        let subscription =
-            subscribe(p.partition.clone(), o.config.clone()).map_err(|e| start_status(&e))?;
+        let options = SubscribeOptions {
+            max_unrouted_topics: o.max_unrouted_topics,
+            ..SubscribeOptions::default()
+        };
+        let subscription = subscribe_with(p.partition.clone(), o.config.clone(), options)
+            .map_err(|e| start_status(&e))?;
         // SAFETY: forwarded caller contract.
         unsafe { give(out, kvr_subscription { subscription }) }
     })
@@ -307,6 +362,7 @@ mod tests {
     use super::*;
     use kvr::config::PartitionConfig;
     use kvr::{Partition, PartitionKey};
+    use kvr_zmq::subscribe::subscribe;
 
     fn partition() -> std::sync::Arc<Partition> {
         std::sync::Arc::new(Partition::new(

@@ -48,6 +48,14 @@ pub struct kvr_rank_load {
 /// Most data-parallel ranks of one worker (`kvr_worker_new` refuses more).
 pub const KVR_MAX_DP_SIZE: u32 = 4096;
 
+/// The most blocks one rank's index map is sized for ahead (`kvr_worker_set_total_kv_blocks`).
+pub const KVR_MAX_RESERVED_BLOCKS: u64 = 1 << 20;
+/// The most blocks all of one partition's ranks are sized for ahead together.
+pub const KVR_MAX_RESERVED_BLOCKS_PER_PARTITION: u64 = 8 << 20;
+
+const _: () = assert!(KVR_MAX_RESERVED_BLOCKS == kvr::MAX_RESERVED_BLOCKS);
+const _: () = assert!(KVR_MAX_RESERVED_BLOCKS_PER_PARTITION == kvr::MAX_RESERVED_BLOCKS_PER_INDEX);
+
 const _: () = assert!(KVR_MAX_DP_SIZE == kvr::MAX_DP_SIZE);
 
 /// Longest control endpoint a worker may register, in bytes (a DNS name is at most 253,
@@ -154,7 +162,10 @@ pub unsafe extern "C" fn kvr_worker_set_control_endpoint(
     }
 }
 
-/// Device KV blocks per rank (0 = unknown).
+/// Device KV blocks per rank (0 = unknown). It also sizes each rank's index map ahead, at
+/// the rank's first stored block: for at most `KVR_MAX_RESERVED_BLOCKS` blocks per rank
+/// (about 13 MiB) and `KVR_MAX_RESERVED_BLOCKS_PER_PARTITION` for all of the partition's
+/// ranks together (about 105 MiB); ranks past that budget grow their maps as they fill.
 ///
 /// # Safety
 /// `worker` is NULL or live and not shared during the call.
@@ -282,7 +293,9 @@ pub unsafe extern "C" fn kvr_partition_remove_worker(
 /// Publishes one batch of load reports: selections see all of it or none of it. Later
 /// entries for the same rank win. `out_version` (may be NULL) receives the load view's
 /// new version. A non-zero `reserved` field is `KVR_ERR_INVALID_ARGUMENT` (nothing
-/// published).
+/// published). Only registered workers' own ranks are kept: entries for any other rank
+/// are skipped (never stored, so made-up ranks take no memory), the rest are published,
+/// and the call returns `KVR_ERR_UNKNOWN_RANK` (with `*out_version` written).
 ///
 /// # Safety
 /// `partition` is NULL or live; `loads` points to `n` entries; `out_version` is NULL or
@@ -315,9 +328,12 @@ pub unsafe extern "C" fn kvr_partition_publish_load(
                 )
             })
             .collect();
-        let v = p.partition.load_view().publish(&batch);
+        let (v, skipped) = p.partition.publish_load(&batch);
         // SAFETY: forwarded caller contract.
         unsafe { write_opt(out_version, v) };
+        if skipped > 0 {
+            return Err(KVR_ERR_UNKNOWN_RANK);
+        }
         Ok(())
     })
 }

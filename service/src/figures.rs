@@ -210,6 +210,11 @@ pub const INDEXER: &[Figure<IndexerStats>] = &[
         "Event messages handed to a partition whose policy applies none",
         |s| s.events_ignored,
     ),
+    counter(
+        "kvr_indexer_ingress_refused",
+        "Engine messages, batches and topics refused because they would create ingress state past a bound",
+        |s| s.ingress_refused,
+    ),
 ];
 
 pub const APPROX: &[Figure<ApproxStats>] = &[

@@ -77,6 +77,7 @@ impl App {
             idle_probe_after: (args.kv_events_idle_probe_ms > 0)
                 .then(|| Duration::from_millis(args.kv_events_idle_probe_ms)),
             replay_timeout: Duration::from_millis(args.kv_events_replay_timeout_ms.max(1)),
+            ..kvr_zmq::SubscribeOptions::default()
         };
         let registry = Arc::new(
             Registry::new(engine.clone(), use_events, Box::new(factory))

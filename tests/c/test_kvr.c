@@ -876,6 +876,9 @@ static void test_workers(void)
         {.worker_id = 7, .dp_rank = 0, .kv_blocks_used = 2, .kv_blocks_total = 10},
     };
     uint64_t v1 = 0, v2 = 0;
+    /* Worker 7 was removed: its reports are skipped, never stored, and said so. */
+    CHECK_ST(KVR_ERR_UNKNOWN_RANK, kvr_partition_publish_load(p, loads, 2, &v1));
+    add_worker(p, 7);
     OK(kvr_partition_publish_load(p, loads, 2, &v1));
     OK(kvr_partition_publish_load(p, NULL, 0, &v2)); /* empty batch */
     CHECK(v2 > v1);
@@ -1982,6 +1985,12 @@ static void test_replica(void)
     b.prompt_blocks = NULL;
     b.n_prompt_blocks = 0;
     b.worker_id = 5;
+    /* A replica booking names a registered rank: never one the peer makes up. */
+    CHECK_ST(KVR_ERR_UNKNOWN_RANK, kvr_partition_install_replica_booking(p2, &b));
+    b.dp_rank = 1;
+    add_worker(p2, 5);
+    CHECK_ST(KVR_ERR_UNKNOWN_RANK, kvr_partition_install_replica_booking(p2, &b));
+    b.dp_rank = 0;
     OK(kvr_partition_install_replica_booking(p2, &b));
     CHECK_LOAD(p2, 5, 0, 100, 0, 1);
     CHECK_LOAD(p, 5, 0, 0, 0, 0);
@@ -2871,8 +2880,9 @@ static void test_ingest(void)
     uint8_t far[sizeof STORED_0123 + 2];
     memcpy(far, STORED_0123, n - 1);
     memcpy(far + n - 1, "\xcd\x10\x00", 3);
-    OK(kvr_partition_ingest(p, 1, 7, NULL, 0, 0, far, n + 2, &r));
-    CHECK_EQ(r.batches_applied, 1);
+    CHECK_ST(KVR_ERR_UNKNOWN_WORKER, kvr_partition_ingest(p, 1, 7, NULL, 0, 0, far, n + 2, &r));
+    CHECK_EQ(r.batches_applied, 0);
+    CHECK_EQ(r.refused, 1);
     OK(kvr_partition_ingress_stats(p, st, 2, &ns));
     CHECK_EQ(ns, 2);
     const kvr_stream_stats *s7 = st[0].stream == 7 ? &st[0] : &st[1];
@@ -3143,6 +3153,11 @@ static void test_subscribe(void)
     OK(kvr_subscribe_options_set_topic(o, (const uint8_t *)"\xff", 1)); /* bytes, not UTF-8 */
     OK(kvr_subscribe_options_set_topic(o, NULL, 0));
     CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_set_topic(ob, (const uint8_t *)"kv", 2));
+
+    CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_set_max_unrouted_topics(NULL, 8));
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_subscribe_options_set_max_unrouted_topics(o, 8));
+    OK(kvr_subscribe_options_set_max_unrouted_topics(ob, 8));
+    OK(kvr_subscribe_options_set_max_unrouted_topics(ob, 0)); /* routed topics only */
 
     CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_add_route(NULL, (const uint8_t *)"kv", 2, 9, 0, NULL, 0));
     CHECK_ST(KVR_ERR_NULL, kvr_subscribe_options_add_route(ob, NULL, 2, 9, 0, NULL, 0));

@@ -100,10 +100,12 @@ void ingress_test() {
     kvr::SubscribeOptions conn = kvr::SubscribeOptions::connect("tcp://127.0.0.1:9", 7, 1);
     conn.set_topic("kv").set_replay_endpoint("tcp://127.0.0.1:10").set_replay_endpoint({});
     CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, conn.add_route("t", 1));
+    CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, conn.set_max_unrouted_topics(8));
     const uint16_t port = free_port();
     CHECK(port != 0);
     kvr::SubscribeOptions bound = kvr::SubscribeOptions::bind("tcp://127.0.0.1:" + std::to_string(port));
     bound.add_route("kv-a", 2, 0).add_route("kv-b", 3, 1, "tcp://127.0.0.1:11");
+    bound.set_max_unrouted_topics(16);
     CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, bound.set_topic("kv"));
     CHECK_THROWS(KVR_ERR_INVALID_ARGUMENT, bound.set_replay_endpoint("tcp://127.0.0.1:10"));
 

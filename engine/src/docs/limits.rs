@@ -14,6 +14,7 @@
 //! | branch-table shards | 64 by default, rounded up to a power of two | [`IndexConfig::shards`] |
 //! | smallest shard table | 64 slots by default | [`IndexConfig::min_shard_capacity`] |
 //! | branch-key collision (two (run, offset, local) triples with one 64-bit key) | the store stops there, its later blocks unindexed and counted (`Index::run_counts`); never an overcount | `index::branch::branch_key` |
+//! | rank maps sized ahead from a registered capacity | 2^20 blocks a rank, 2^23 for all of an index's ranks together; past that, ranks grow as they fill | [`MAX_RESERVED_BLOCKS`], [`MAX_RESERVED_BLOCKS_PER_INDEX`] |
 //! | rank maps | bucketized cuckoo, 8-slot buckets, 64-96 % full, growing by 1.5× (a registered capacity sizes them once, for it and a twentieth more); 12 bytes a slot (an engine hash and a 4-byte place) | `index::block_map` |
 //! | runs a rank holds blocks of at once | 2^21 (a place is a 21-bit index in the rank's run table and an 11-bit offset); blocks a store would put in one more are left unindexed and counted (`Index::held_run_limit_hits`); never an overcount | `index::place::MAX_HELD_RUNS` |
 //! | table rebuild | when live + dead slots exceed 85 % of capacity; shrink below 1/8 live; a rebuilt table starts at ~62 % | `table::{MAX_LOAD_PCT, SHRINK_RATIO, TARGET_LOAD_PCT}` |
@@ -39,6 +40,7 @@
 //! | prefill tokens, expected output tokens, output blocks per booking | at most 2^40 each (`ReservationError::TooLarge` beyond) | [`MAX_PER_BOOKING`] |
 //! | booking shards | 64 by default, clamped to 1..=65,536 and rounded up to a power of two | [`ReservationConfig::shards`] |
 //! | default booking TTL | 3,600 s | [`ReservationConfig::default_ttl`] |
+//! | a replica peer's booking's lifetime | at most 300 s (a longer TTL, or the default, is cut to it) | [`MAX_REPLICA_BOOKING_TTL`] |
 //! | sweep interval | 30 s by default; with an approximate index at most half its TTL (at least 100 ms) | [`ReservationConfig::sweep_interval`] |
 //! | freed ids remembered per shard | 256 by default | [`ReservationConfig::recently_freed_per_shard`] |
 //!
@@ -58,6 +60,9 @@
 //! |---|---|---|
 //! | engine event payload | 64 MiB (larger is rejected before decoding) | [`MAX_PAYLOAD_BYTES`] |
 //! | live batches held while a replay is in flight | 100,000 (beyond, the replay is abandoned: clear and go on live) | `ingress::sequence::MAX_HELD` |
+//! | ingress streams per partition (subscriptions' and raw ones) | 1,024; a message that would open another is dropped and counted (`IndexerStats::ingress_refused`) | [`MAX_INGRESS_STREAMS`] |
+//! | route-less topics a bound source gives a stream | 256 by default; further unknown topics are dropped and counted | [`DEFAULT_MAX_UNROUTED_TOPICS`] |
+//! | DP ranks of workers not registered yet that take events | 256 per partition (below `MAX_DP_SIZE`); released when the worker is registered or removed | [`MAX_PENDING_RANKS`] |
 //! | remote query timeouts | connect 50 ms, request 200 ms by default; at least 1 ms | [`DEFAULT_CONNECT_TIMEOUT`], [`DEFAULT_REQUEST_TIMEOUT`], `index::remote` `MIN_TIMEOUT` |
 //! | remote response body | 32 MiB; at most 32 idle connections kept | `index::remote` `MAX_RESPONSE_BYTES`, `MAX_IDLE_CONNECTIONS` |
 //!
@@ -77,6 +82,12 @@
 //! | per-thread RNGs and id blocks remembered | 8 engines per thread | `engine::RNGS_PER_THREAD` |
 //!
 //! [`MAX_RANKS`]: crate::index::MAX_RANKS
+//! [`MAX_RESERVED_BLOCKS`]: crate::index::MAX_RESERVED_BLOCKS
+//! [`MAX_RESERVED_BLOCKS_PER_INDEX`]: crate::index::MAX_RESERVED_BLOCKS_PER_INDEX
+//! [`MAX_INGRESS_STREAMS`]: crate::ingress::MAX_INGRESS_STREAMS
+//! [`MAX_PENDING_RANKS`]: crate::ingress::MAX_PENDING_RANKS
+//! [`DEFAULT_MAX_UNROUTED_TOPICS`]: crate::ingress::DEFAULT_MAX_UNROUTED_TOPICS
+//! [`MAX_REPLICA_BOOKING_TTL`]: crate::partition::MAX_REPLICA_BOOKING_TTL
 //! [`Tier`]: crate::ids::Tier
 //! [`IndexConfig::shards`]: crate::index::IndexConfig::shards
 //! [`IndexConfig::min_shard_capacity`]: crate::index::IndexConfig::min_shard_capacity

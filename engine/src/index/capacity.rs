@@ -9,9 +9,13 @@
 //!
 //! When: at the rank's first accepted store, not at registration, so a registration no
 //! engine ever publishes for costs nothing, and refused events still create nothing
-//! (`engine/tests/garbage_events.rs`). Bounded by [`MAX_RESERVED_BLOCKS`] per rank, so a
-//! registered number cannot drive an unbounded allocation. A clear keeps the size (the
-//! cache refills); removing the rank frees it.
+//! (`engine/tests/garbage_events.rs`). Bounded by [`MAX_RESERVED_BLOCKS`] per rank and by
+//! [`MAX_RESERVED_BLOCKS_PER_INDEX`] for all the ranks of an index (one partition's), so
+//! neither a registered number nor many ranks can drive an unbounded allocation (a
+//! worker of 1,024 DP ranks at the per-rank bound alone would have taken 13 GiB): a rank
+//! past the index's budget gets what is left of it, then grows its map as it fills. A
+//! clear keeps the size (the cache refills); removing the rank frees it and gives its
+//! share back to the budget.
 
 use crate::ids::{RankId, Tier, WorkerId};
 
@@ -19,15 +23,39 @@ use super::{Index, IndexError, RankWriter};
 use crate::hash::mix::HashMixMap;
 use crate::sync::Mutex;
 
-/// The most blocks one rank's map is sized for ahead (about 20 MiB of map).
+/// The most blocks one rank's map is sized for ahead (about 13 MiB of map).
 pub const MAX_RESERVED_BLOCKS: u64 = 1 << 20;
+
+/// The most blocks all the ranks of one index (a partition's) are sized for ahead
+/// together, 8 × [`MAX_RESERVED_BLOCKS`] (about 105 MiB of maps): e.g. 80 ranks of
+/// 100,000 blocks each. Ranks past it grow their maps as they fill.
+pub const MAX_RESERVED_BLOCKS_PER_INDEX: u64 = 8 * MAX_RESERVED_BLOCKS;
 
 /// Registered device capacities by worker (blocks per rank). A leaf lock, taken once per
 /// rank lifetime by its writer and by the host's registration: never on a read path.
+/// Also the blocks of [`MAX_RESERVED_BLOCKS_PER_INDEX`] the ranks' maps took so far.
 #[derive(Default)]
-pub(crate) struct Capacities(Mutex<HashMixMap<WorkerId, u64>>);
+pub(crate) struct Capacities(Mutex<HashMixMap<WorkerId, u64>>, Mutex<u64>);
 
 impl Capacities {
+    /// Takes up to `blocks` of the index's sizing budget: what it may size for.
+    fn take(&self, blocks: u64) -> u64 {
+        let mut used = self.1.lock();
+        let n = blocks.min(MAX_RESERVED_BLOCKS_PER_INDEX.saturating_sub(*used));
+        *used += n;
+        n
+    }
+
+    fn give_back(&self, blocks: u64) {
+        let mut used = self.1.lock();
+        *used = used.saturating_sub(blocks);
+    }
+
+    /// The blocks of the budget taken now.
+    fn taken(&self) -> u64 {
+        *self.1.lock()
+    }
+
     fn set(&self, worker: WorkerId, blocks: u64) {
         let mut m = self.0.lock();
         if blocks == 0 {
@@ -59,16 +87,27 @@ impl Index {
     }
 
     /// Sizes `rank`'s map on `tier` for `blocks` blocks now (bounded by
-    /// [`MAX_RESERVED_BLOCKS`]) and keeps that size through evictions and clears. It
-    /// creates the rank's entry, as its first event would: the host's word for a rank it
-    /// registered, not the wire's.
+    /// [`MAX_RESERVED_BLOCKS`] and by what is left of [`MAX_RESERVED_BLOCKS_PER_INDEX`])
+    /// and keeps that size through evictions and clears. It creates the rank's entry, as
+    /// its first event would: the host's word for a rank it registered, not the wire's.
     pub fn reserve_blocks(&self, rank: RankId, tier: Tier, blocks: u64) -> Result<(), IndexError> {
-        let n = capped(blocks);
         self.with_writer(rank, true, |_, w| {
             w.sized = true;
-            w.blocks[tier as usize].reserve(n)
+            let n = self.capacities.take(capped(blocks));
+            w.reserved += n;
+            w.blocks[tier as usize].reserve(n as usize)
         })
         .map(|_| ())
+    }
+
+    /// The blocks of [`MAX_RESERVED_BLOCKS_PER_INDEX`] the ranks' maps were sized for.
+    pub fn reserved_blocks(&self) -> u64 {
+        self.capacities.taken()
+    }
+
+    /// A removed rank's share of the sizing budget goes back to it.
+    pub(super) fn release_reserved(&self, w: &mut RankWriter) {
+        self.capacities.give_back(std::mem::take(&mut w.reserved));
     }
 
     /// At a rank's first accepted store: sizes its device map for its worker's registered
@@ -78,14 +117,16 @@ impl Index {
             return;
         }
         w.sized = true;
-        let n = capped(self.capacities.get(rank.worker_id));
-        if n > 0 {
-            w.blocks[Tier::Device as usize].reserve(n);
+        let want = capped(self.capacities.get(rank.worker_id));
+        if want > 0 {
+            let n = self.capacities.take(want);
+            w.reserved += n;
+            w.blocks[Tier::Device as usize].reserve(n as usize);
         }
     }
 }
 
-/// A capacity in blocks as a map size, bounded by [`MAX_RESERVED_BLOCKS`].
-fn capped(blocks: u64) -> usize {
-    blocks.min(MAX_RESERVED_BLOCKS) as usize
+/// A capacity in blocks, bounded by [`MAX_RESERVED_BLOCKS`].
+fn capped(blocks: u64) -> u64 {
+    blocks.min(MAX_RESERVED_BLOCKS)
 }

@@ -139,6 +139,7 @@ impl Index {
             }
             self.empty_rank(&entry, &mut w);
             w.removed = true;
+            self.release_reserved(&mut w);
             self.ranks.forget(&entry);
             n += 1;
         }
@@ -156,6 +157,7 @@ impl Index {
         }
         self.empty_rank(&entry, &mut w);
         w.removed = true;
+        self.release_reserved(&mut w);
         self.ranks.forget(&entry);
         true
     }

@@ -65,7 +65,7 @@ mod write;
 
 pub(crate) use approx::ApproxRecorder;
 pub use approx::{ApproxConfig, ApproxStats};
-pub use capacity::MAX_RESERVED_BLOCKS;
+pub use capacity::{MAX_RESERVED_BLOCKS, MAX_RESERVED_BLOCKS_PER_INDEX};
 pub use dump::{DumpedStore, IndexDump};
 pub use event::{ApplyOutcome, IndexError, KvEvent, StoredBlock};
 pub use query::{OverlapScores, TieredOverlap, TieredScores};
@@ -126,6 +126,9 @@ pub(crate) struct RankWriter {
     /// The device map was sized for the worker's capacity, or found none to size for
     /// (`capacity`): checked once per rank.
     pub(crate) sized: bool,
+    /// Blocks of the index's sizing budget this rank's maps took (`capacity`), given back
+    /// when the rank is removed.
+    pub(crate) reserved: u64,
     /// Device tier, kept only `with_engine_names`: block → the engine hash last stored.
     pub(crate) names: BlockMap<u64>,
 }

@@ -388,6 +388,28 @@ fn reserved_rank_map_keeps_its_size() {
     assert!(big <= MAX_RESERVED_BLOCKS * 13 / 10, "{big}");
 }
 
+/// Sizing ahead is bounded per index as well as per rank: a worker of many ranks at the
+/// per-rank bound takes the index's budget and no more, and its removal gives it back.
+#[test]
+fn reservations_are_bounded_per_index() {
+    let idx = Index::new();
+    let dp = (MAX_RESERVED_BLOCKS_PER_INDEX / MAX_RESERVED_BLOCKS) as u32 + 4;
+    for d in 0..dp {
+        idx.reserve_blocks(RankId::new(9, d), Tier::Device, u64::MAX)
+            .unwrap();
+    }
+    assert_eq!(idx.reserved_blocks(), MAX_RESERVED_BLOCKS_PER_INDEX);
+    let last = idx.ranks.get(RankId::new(9, dp - 1)).unwrap();
+    assert_eq!(
+        last.writer.lock().reserved,
+        0,
+        "past the budget: nothing ahead"
+    );
+    drop(last);
+    idx.remove_worker(9);
+    assert_eq!(idx.reserved_blocks(), 0, "given back");
+}
+
 /// A rank holds blocks of at most so many runs at once (`place`): a store that would need
 /// one more leaves those blocks unindexed and counted, nothing else changes; once the rank
 /// holds one run fewer its index is reused, and every place still names its own block.

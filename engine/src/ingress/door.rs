@@ -51,6 +51,18 @@ pub trait EventSink {
     fn accepts_lookahead(&self, len: u32) -> bool {
         len == 0
     }
+    /// A stream number for a new stream of `worker` that a source numbers itself (a
+    /// route-less topic): the lowest that no stream of this sink has and `taken` does not
+    /// name, so streams of different sources never share a number; `None` when the sink
+    /// keeps no more streams (the topic is dropped). The lowest `taken` does not name by
+    /// default.
+    fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
+        let _ = worker;
+        (0..=u32::MAX).find(|n| !taken(*n))
+    }
+    /// Counts one message or topic a source dropped for a bound (its topic would open a
+    /// stream past the source's or the sink's cap). Nothing by default.
+    fn note_refused(&self) {}
 }
 
 /// Implements [`EventSink`] for a pointer to a sink by forwarding every method.
@@ -87,6 +99,12 @@ macro_rules! forward_sink {
             }
             fn accepts_lookahead(&self, len: u32) -> bool {
                 (**self).accepts_lookahead(len)
+            }
+            fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
+                (**self).claim_stream(worker, taken)
+            }
+            fn note_refused(&self) {
+                (**self).note_refused()
             }
         }
     )*};
@@ -154,6 +172,10 @@ pub(crate) fn apply_events<'e>(
 pub struct EventsOutcome {
     /// The policy applies no engine events here: nothing was applied (counted).
     pub ignored: bool,
+    /// The sink refused the batch's rank ([`EventSink::accepts_dp_rank`]): a DP rank the
+    /// worker does not have, or a worker not registered past the pending-rank budget.
+    /// Nothing was applied; every event counts in `rejected`.
+    pub rank_refused: bool,
     /// Events applied.
     pub applied: u64,
     /// Events the index refused (skipped; counted per rank).
@@ -180,4 +202,11 @@ pub struct IngestOutcome {
     pub replay_from: Option<u64>,
     /// Batches that failed to decode.
     pub decode_errors: u32,
+    /// Batches refused (not applied, not in `batches_applied`): they name a DP rank the
+    /// worker does not have, or the message would open a stream past a bound (raw
+    /// messages only; a source's refusals show in its stream's counters).
+    pub refused: u32,
+    /// The message would have opened a stream past a bound (raw messages only): nothing
+    /// of it was read, no stream was kept (`IndexerStats::ingress_refused`).
+    pub stream_refused: bool,
 }

@@ -34,5 +34,8 @@ pub use decode::{
     MAX_PAYLOAD_BYTES,
 };
 pub use door::EventSink;
+pub use registry::{MAX_INGRESS_STREAMS, MAX_PENDING_RANKS};
 pub use sequence::ReplayResult;
-pub use source::{EventSource, SourceAction, SourceRefused, TopicRoute};
+pub use source::{
+    EventSource, SourceAction, SourceRefused, TopicRoute, DEFAULT_MAX_UNROUTED_TOPICS,
+};

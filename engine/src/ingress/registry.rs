@@ -1,30 +1,64 @@
 //! What a partition keeps for the sources feeding it: each stream's counters, the streams
-//! a host feeds message by message, and which ranks are stale (`crate::freshness`).
+//! a host feeds message by message, which ranks are stale (`crate::freshness`), and the
+//! bounds that keep what a peer sends from growing any of it without end.
+
+use std::collections::HashSet;
 
 use crate::freshness::Freshness;
-use crate::ids::WorkerId;
+use crate::ids::{RankId, WorkerId};
+use crate::index::{ApplyOutcome, IndexError, KvEvent};
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, ShardedMap};
 
 use super::counters::{StreamCounters, StreamStats};
 use super::door::{Door, EventSink, IngestOutcome};
 use super::stream::IngressStream;
 
+/// The most ingress streams one partition keeps (subscriptions' and raw ones together):
+/// a stream is one publisher socket, so this is far beyond any deployment, and a flood of
+/// new topics or stream numbers stops here (counted in `IndexerStats::ingress_refused`).
+pub const MAX_INGRESS_STREAMS: usize = 1024;
+
+/// The most DP ranks of workers not registered yet that a partition takes events for
+/// (engines may publish before the host registers them). Past it, a batch for another
+/// such rank is refused and counted, so made-up worker ids cannot create ranks without
+/// end. A worker's entries leave this budget when it is registered or removed.
+pub const MAX_PENDING_RANKS: usize = 256;
+
 /// The counters of every stream of a partition, by (worker, stream), the streams a host
 /// feeds message by message, and the stale ranks.
 pub(crate) struct IngressRegistry {
-    streams: Mutex<Vec<StreamCounters>>,
+    streams: Mutex<Streams>,
     /// Streams fed through [`IngressRegistry::ingest_raw`] (no replay: kvr does not own the
     /// socket), sharded so messages of different streams never wait on one lock to find
     /// theirs.
     raw: ShardedMap<(WorkerId, u32), Arc<Mutex<IngressStream>>>,
+    /// The ranks of workers not registered yet that events were taken for (at most
+    /// [`MAX_PENDING_RANKS`]).
+    pending: Mutex<HashSet<RankId>>,
+    /// Messages, batches and topics refused for a bound (`IndexerStats::ingress_refused`).
+    refused: AtomicU64,
     /// The ranks whose state may be stale, for selection (`crate::freshness`).
     pub(crate) freshness: Freshness,
+}
+
+/// The listed streams' counters, and the stream numbers claimed but not registered yet.
+#[derive(Default)]
+struct Streams {
+    listed: Vec<((WorkerId, u32), StreamCounters)>,
+    claimed: Vec<(WorkerId, u32)>,
+}
+
+impl Streams {
+    fn len(&self) -> usize {
+        self.listed.len() + self.claimed.len()
+    }
 }
 
 impl std::fmt::Debug for IngressRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IngressRegistry")
-            .field("streams", &self.streams.lock().len())
+            .field("streams", &self.streams.lock().listed.len())
             .finish_non_exhaustive()
     }
 }
@@ -32,8 +66,10 @@ impl std::fmt::Debug for IngressRegistry {
 impl Default for IngressRegistry {
     fn default() -> Self {
         IngressRegistry {
-            streams: Mutex::new(Vec::new()),
+            streams: Mutex::new(Streams::default()),
             raw: ShardedMap::new(),
+            pending: Mutex::new(HashSet::new()),
+            refused: AtomicU64::new(0),
             freshness: Freshness::default(),
         }
     }
@@ -43,15 +79,75 @@ impl IngressRegistry {
     /// Counters for a new stream of `worker_id`, listed in the stats.
     pub(crate) fn register(&self, worker_id: WorkerId, stream: u32) -> StreamCounters {
         let s = StreamCounters::new(worker_id, stream);
-        self.streams.lock().push(s.clone());
+        let mut streams = self.streams.lock();
+        streams.claimed.retain(|&k| k != (worker_id, stream));
+        streams.listed.push(((worker_id, stream), s.clone()));
         s
+    }
+
+    /// The lowest stream number of `worker` that no stream of the partition has (listed or
+    /// claimed) and `taken` does not name, claimed for the caller's next
+    /// [`IngressRegistry::register`]; `None` at [`MAX_INGRESS_STREAMS`] (the caller counts
+    /// what it drops). So two
+    /// sources never number a worker's streams alike.
+    pub(crate) fn claim_stream(
+        &self,
+        worker: WorkerId,
+        taken: &dyn Fn(u32) -> bool,
+    ) -> Option<u32> {
+        let mut streams = self.streams.lock();
+        if streams.len() >= MAX_INGRESS_STREAMS {
+            return None;
+        }
+        let used: HashSet<u32> = streams
+            .listed
+            .iter()
+            .map(|(k, _)| *k)
+            .chain(streams.claimed.iter().copied())
+            .filter(|k| k.0 == worker)
+            .map(|k| k.1)
+            .collect();
+        let n = (0..=u32::MAX).find(|n| !used.contains(n) && !taken(*n))?;
+        streams.claimed.push((worker, n));
+        Some(n)
+    }
+
+    /// Whether events may create rank `rank` of a worker not registered yet: it was taken
+    /// before, or the budget ([`MAX_PENDING_RANKS`]) has room (then it is noted).
+    pub(crate) fn admit_pending(&self, rank: RankId) -> bool {
+        let mut p = self.pending.lock();
+        if p.contains(&rank) {
+            return true;
+        }
+        if p.len() >= MAX_PENDING_RANKS {
+            return false;
+        }
+        p.insert(rank);
+        true
+    }
+
+    /// `worker` was registered: its ranks leave the pending budget.
+    pub(crate) fn worker_registered(&self, worker: WorkerId) {
+        self.pending.lock().retain(|r| r.worker_id != worker);
+    }
+
+    /// Counts one message, batch or topic refused for a bound.
+    pub(crate) fn note_refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Messages, batches and topics refused for a bound so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Sequence-checks, decodes and applies one message of `worker_id`'s stream `stream`
     /// handed in by the host (no replay: kvr does not own the socket), through the sink's
     /// door: a sink that takes no engine events ignores it (counted), and keeps no stream
-    /// for it. Messages of one stream are serialized on that stream's lock; other streams
-    /// proceed in parallel.
+    /// for it. A new stream is opened only if `may_open` (the sink's say on the worker)
+    /// and the partition has fewer than [`MAX_INGRESS_STREAMS`]; else the message is
+    /// refused and counted. Messages of one stream are serialized on that stream's lock;
+    /// other streams proceed in parallel.
     pub(crate) fn ingest_raw(
         &self,
         sink: &impl EventSink,
@@ -59,17 +155,40 @@ impl IngressRegistry {
         stream: u32,
         seq: u64,
         payload: &[u8],
+        may_open: impl FnOnce() -> bool,
     ) -> IngestOutcome {
-        let Some(door) = Door::open(sink) else {
+        let counting = CountingRefusals {
+            sink,
+            refused: std::cell::Cell::new(0),
+        };
+        let Some(door) = Door::open(&counting) else {
             return IngestOutcome::default();
         };
-        let s = self.raw.get_or_insert_with((worker_id, stream), || {
-            Arc::new(Mutex::new(IngressStream::new(
-                sink, worker_id, stream, false,
-            )))
-        });
+        let key = (worker_id, stream);
+        let s = match self.raw.get(&key) {
+            Some(s) => s,
+            None => {
+                let full = self.streams.lock().len() >= MAX_INGRESS_STREAMS;
+                if full || !may_open() {
+                    self.note_refused();
+                    return IngestOutcome {
+                        refused: 1,
+                        stream_refused: true,
+                        ..IngestOutcome::default()
+                    };
+                }
+                self.raw.get_or_insert_with(key, || {
+                    Arc::new(Mutex::new(IngressStream::new(
+                        sink, worker_id, stream, false,
+                    )))
+                })
+            }
+        };
         let mut s = s.lock();
-        s.on_live(&door, seq, payload)
+        let mut out = s.on_live(&door, seq, payload);
+        out.refused = counting.refused.get();
+        out.batches_applied = out.batches_applied.saturating_sub(out.refused);
+        out
     }
 
     /// Drops a removed worker's streams: their sequence state (a rejoin starts fresh) and
@@ -80,9 +199,8 @@ impl IngressRegistry {
                 self.raw.remove(&(w, stream));
             }
         }
-        self.streams
-            .lock()
-            .retain(|s| s.0.lock().worker_id != worker_id);
+        self.streams.lock().listed.retain(|(k, _)| k.0 != worker_id);
+        self.worker_registered(worker_id);
         self.freshness.forget_worker(worker_id);
     }
 
@@ -90,8 +208,53 @@ impl IngressRegistry {
     pub(crate) fn stats(&self) -> Vec<StreamStats> {
         self.streams
             .lock()
+            .listed
             .iter()
-            .map(StreamCounters::snapshot)
+            .map(|(_, s)| s.snapshot())
             .collect()
+    }
+}
+
+/// A sink seen through one raw message: every batch it refuses for its DP rank is
+/// counted, so the host's outcome says so (the stream's own counters count it too).
+struct CountingRefusals<'s, S: ?Sized> {
+    sink: &'s S,
+    refused: std::cell::Cell<u32>,
+}
+
+impl<S: EventSink + ?Sized> EventSink for CountingRefusals<'_, S> {
+    fn block_size(&self) -> u32 {
+        self.sink.block_size()
+    }
+    fn cache_namespace(&self) -> Option<&str> {
+        self.sink.cache_namespace()
+    }
+    fn admit_events(&self) -> bool {
+        self.sink.admit_events()
+    }
+    fn apply_event(&self, rank: RankId, event: &KvEvent<'_>) -> Result<ApplyOutcome, IndexError> {
+        self.sink.apply_event(rank, event)
+    }
+    fn clear_ranks(&self, worker: WorkerId, dp_ranks: &[u32]) {
+        self.sink.clear_ranks(worker, dp_ranks)
+    }
+    fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters {
+        self.sink.register_stream(worker, stream)
+    }
+    fn mark_stale(&self, worker: WorkerId, dp_ranks: &[u32], since_unix_ms: Option<u64>) {
+        self.sink.mark_stale(worker, dp_ranks, since_unix_ms)
+    }
+    fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
+        let ok = self.sink.accepts_dp_rank(worker, dp);
+        if !ok {
+            self.refused.set(self.refused.get() + 1);
+        }
+        ok
+    }
+    fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
+        self.sink.claim_stream(worker, taken)
+    }
+    fn note_refused(&self) {
+        self.sink.note_refused()
     }
 }

@@ -11,9 +11,17 @@
 //! - **by topic** ([`EventSource::by_topic`]): many engines publish to one place and are
 //!   told apart by topic. Each topic is its own stream; the worker comes from the
 //!   configured [`TopicRoute`]s, else from the digits that end the topic (`"kv-17"` → 17;
-//!   such route-less topics of one worker are its streams 0, 1, … in the order they are
-//!   first heard, so each keeps its own counters and its own clears). Each route may name
-//!   its publisher's replay endpoint; every stream replays on its own.
+//!   such a route-less topic gets the lowest stream number of that worker that no stream
+//!   of the partition has, in the order they are first heard, so each keeps its own
+//!   counters and its own clears). Each route may name its publisher's replay endpoint;
+//!   every stream replays on its own.
+//!
+//!   What a peer sends never grows a source without bound: at most
+//!   [`EventSource::max_unrouted_topics`] route-less topics get a stream (default
+//!   [`DEFAULT_MAX_UNROUTED_TOPICS`]), and none past the partition's stream cap; a
+//!   message under any other unknown topic is dropped and counted
+//!   (`IndexerStats::ingress_refused`). Finding a message's stream is one hash lookup.
+//!   A replayed batch is taken only under its stream's topic, as a live one would be.
 //!
 //! Recovery follows `sequence`: replay on join, on a gap and on a restart, and an **idle
 //! probe**: a stream that can replay and has been silent for the source's
@@ -21,6 +29,7 @@
 //! publisher for what came after the last batch applied, which finds losses at the end
 //! of a burst and restarts of idle engines.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::ids::WorkerId;
@@ -81,6 +90,11 @@ struct SourceStream {
     last_heard: Option<Instant>,
 }
 
+/// The route-less topics a source by topic gives a stream, unless configured otherwise
+/// ([`EventSource::with_max_unrouted_topics`]): far more engines than one endpoint
+/// serves, few enough that a flood of made-up topics stays small.
+pub const DEFAULT_MAX_UNROUTED_TOPICS: usize = 256;
+
 /// The bookkeeping of one source's publishers (module docs), feeding sink `S`.
 pub struct EventSource<S: EventSink> {
     sink: S,
@@ -88,8 +102,15 @@ pub struct EventSource<S: EventSink> {
     /// with a replay endpoint from the start, so that it is probed at once). A stream's
     /// index is its replay id.
     streams: Vec<SourceStream>,
+    /// By topic: each stream's index in `streams`, by its topic.
+    by_topic_index: HashMap<Vec<u8>, usize>,
     routes: Vec<TopicRoute>,
+    /// Each route's index in `routes`, by its topic.
+    route_index: HashMap<Vec<u8>, usize>,
     by_topic: bool,
+    /// Route-less topics given a stream so far, and at most.
+    unrouted: usize,
+    max_unrouted: usize,
     idle_probe_after: Option<Duration>,
 }
 
@@ -134,6 +155,30 @@ impl<S: EventSink> EventSource<S> {
         Ok(s)
     }
 
+    /// Gives at most `max` route-less topics a stream (a source by topic; module docs).
+    pub fn with_max_unrouted_topics(mut self, max: usize) -> Self {
+        self.max_unrouted = max;
+        self
+    }
+
+    /// The most route-less topics this source gives a stream.
+    pub fn max_unrouted_topics(&self) -> usize {
+        self.max_unrouted
+    }
+
+    /// The number of streams this source keeps.
+    pub fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Each stream's (worker, stream number), by replay id.
+    pub fn stream_ids(&self) -> Vec<(WorkerId, u32)> {
+        self.streams
+            .iter()
+            .map(|s| (s.worker, s.state.stream()))
+            .collect()
+    }
+
     fn new(
         sink: S,
         routes: Vec<TopicRoute>,
@@ -143,11 +188,20 @@ impl<S: EventSink> EventSource<S> {
         if Door::open(&sink).is_none() {
             return Err(SourceRefused);
         }
+        // The first route of a topic wins, as a search in order would find it.
+        let mut route_index = HashMap::new();
+        for (i, r) in routes.iter().enumerate() {
+            route_index.entry(r.topic.clone()).or_insert(i);
+        }
         Ok(EventSource {
             sink,
             streams: Vec::new(),
+            by_topic_index: HashMap::new(),
             routes,
+            route_index,
             by_topic,
+            unrouted: 0,
+            max_unrouted: DEFAULT_MAX_UNROUTED_TOPICS,
             idle_probe_after,
         })
     }
@@ -167,16 +221,46 @@ impl<S: EventSink> EventSource<S> {
         payload: &[u8],
         now: Instant,
     ) -> SourceAction {
-        let Some(i) = self.stream_for(topic) else {
-            self.on_bad_frame();
-            return SourceAction::Continue;
+        let i = match self.stream_for(topic) {
+            Ok(i) => i,
+            Err(NoStream::NoWorker) => {
+                self.on_bad_frame();
+                return SourceAction::Continue;
+            }
+            Err(NoStream::Refused) => {
+                self.sink.note_refused();
+                return SourceAction::Continue;
+            }
         };
         self.feed(i, now, |s, d| s.on_live(d, seq, payload))
     }
 
-    /// One batch of replay `id`, in the publisher's order.
+    /// One batch of replay `id`, in the publisher's order (its topic not checked: see
+    /// [`EventSource::on_replayed_under`]).
     pub fn on_replayed(&mut self, id: u32, seq: u64, payload: &[u8], now: Instant) -> SourceAction {
         self.feed(id as usize, now, |s, d| s.on_replayed(d, seq, payload))
+    }
+
+    /// One batch of replay `id` that the publisher sent under `topic`: by topic, a batch
+    /// under another topic than the stream's is not the stream's, and is dropped (a live
+    /// message under it would not reach this stream either); with one publisher every
+    /// topic is its (the transport filters both live and replayed batches alike).
+    pub fn on_replayed_under(
+        &mut self,
+        id: u32,
+        topic: &[u8],
+        seq: u64,
+        payload: &[u8],
+        now: Instant,
+    ) -> SourceAction {
+        let theirs = self
+            .streams
+            .get(id as usize)
+            .is_some_and(|s| !self.by_topic || s.topic == topic);
+        if !theirs {
+            return SourceAction::Continue;
+        }
+        self.on_replayed(id, seq, payload, now)
     }
 
     /// Replay `id` ended.
@@ -220,24 +304,37 @@ impl<S: EventSink> EventSource<S> {
             .is_some_and(|s| s.state.replaying())
     }
 
-    /// The stream a message under `topic` belongs to, created on first sight; `None`
-    /// when the topic names no worker.
-    fn stream_for(&mut self, topic: &[u8]) -> Option<usize> {
+    /// The stream a message under `topic` belongs to, created on first sight: routed, or
+    /// route-less within the caps (module docs).
+    fn stream_for(&mut self, topic: &[u8]) -> Result<usize, NoStream> {
         if !self.by_topic {
-            return Some(0);
+            return Ok(0);
         }
-        if let Some(i) = self.streams.iter().position(|s| s.topic == topic) {
-            return Some(i);
+        if let Some(&i) = self.by_topic_index.get(topic) {
+            return Ok(i);
         }
-        let (worker, stream, replay) = match self.routes.iter().find(|r| r.topic == topic) {
-            Some(r) => (r.worker_id, r.stream, r.replay_endpoint.clone()),
+        let (worker, stream, replay) = match self.route_index.get(topic) {
+            Some(&r) => {
+                let r = &self.routes[r];
+                (r.worker_id, r.stream, r.replay_endpoint.clone())
+            }
             None => {
-                let w = worker_from_topic(topic)?;
-                (w, next_stream(&self.streams, &self.routes, w), None)
+                let w = worker_from_topic(topic).ok_or(NoStream::NoWorker)?;
+                if self.unrouted >= self.max_unrouted {
+                    return Err(NoStream::Refused);
+                }
+                let routes = &self.routes;
+                let routed = |n: u32| routes.iter().any(|r| r.worker_id == w && r.stream == n);
+                let n = self
+                    .sink
+                    .claim_stream(w, &routed)
+                    .ok_or(NoStream::Refused)?;
+                self.unrouted += 1;
+                (w, n, None)
             }
         };
         self.add_stream(topic.to_vec(), worker, stream, replay);
-        Some(self.streams.len() - 1)
+        Ok(self.streams.len() - 1)
     }
 
     fn add_stream(
@@ -248,6 +345,10 @@ impl<S: EventSink> EventSource<S> {
         replay_endpoint: Option<String>,
     ) {
         let state = IngressStream::new(&self.sink, worker, stream, replay_endpoint.is_some());
+        if self.by_topic {
+            self.by_topic_index
+                .insert(topic.clone(), self.streams.len());
+        }
         self.streams.push(SourceStream {
             topic,
             replay_endpoint,
@@ -283,17 +384,12 @@ impl<S: EventSink> EventSource<S> {
     }
 }
 
-/// The lowest stream number of `worker` no stream or route uses yet.
-fn next_stream(streams: &[SourceStream], routes: &[TopicRoute], worker: WorkerId) -> u32 {
-    let used = |n: u32| {
-        routes
-            .iter()
-            .any(|r| r.worker_id == worker && r.stream == n)
-            || streams
-                .iter()
-                .any(|s| s.worker == worker && s.state.stream() == n)
-    };
-    (0..).find(|&n| !used(n)).unwrap_or(0)
+/// Why a message under a topic has no stream.
+enum NoStream {
+    /// The topic is not routed and ends in no worker id (a bad frame).
+    NoWorker,
+    /// The topic would open a route-less stream past a cap (dropped and counted).
+    Refused,
 }
 
 /// The worker named by the digits that end `topic`.
@@ -315,12 +411,23 @@ mod tests {
     use crate::partition::Partition;
     use crate::sync::StdArc;
 
-    #[test]
-    fn route_less_topics_of_one_worker_are_distinct_streams() {
-        let p = StdArc::new(Partition::new(
+    fn partition() -> StdArc<Partition> {
+        StdArc::new(Partition::new(
             PartitionKey::new("m", "g"),
             PartitionConfig::new(4),
-        ));
+        ))
+    }
+
+    fn streams_of(p: &Partition) -> Vec<(u64, u32)> {
+        p.ingress_stats()
+            .iter()
+            .map(|s| (s.worker_id, s.stream))
+            .collect()
+    }
+
+    #[test]
+    fn route_less_topics_of_one_worker_are_distinct_streams() {
+        let p = partition();
         let route = TopicRoute {
             topic: b"routed".to_vec(),
             worker_id: 17,
@@ -329,21 +436,79 @@ mod tests {
         };
         let mut source = EventSource::by_topic(p.clone(), vec![route], None).unwrap();
         for t in [&b"routed"[..], b"a-17", b"b-17", b"a-17", b"c-3"] {
-            source.stream_for(t).unwrap();
+            assert!(source.stream_for(t).is_ok());
         }
-        let got: Vec<(u64, u32)> = source
-            .streams
-            .iter()
-            .map(|s| (s.worker, s.state.stream()))
-            .collect();
-        assert_eq!(got, vec![(17, 0), (17, 1), (17, 2), (3, 0)]);
-        assert!(source.stream_for(b"no-digits").is_none());
-        let stats: Vec<(u64, u32)> = p
-            .ingress_stats()
-            .iter()
-            .map(|s| (s.worker_id, s.stream))
-            .collect();
-        assert_eq!(stats, got, "each stream has its own counters");
+        assert_eq!(source.stream_ids(), vec![(17, 0), (17, 1), (17, 2), (3, 0)]);
+        assert_eq!(
+            streams_of(&p),
+            source.stream_ids(),
+            "each stream has its counters"
+        );
+        assert!(matches!(
+            source.stream_for(b"no-digits"),
+            Err(NoStream::NoWorker)
+        ));
+    }
+
+    #[test]
+    fn two_sources_never_number_a_workers_streams_alike() {
+        let p = partition();
+        let mut a = EventSource::by_topic(p.clone(), Vec::new(), None).unwrap();
+        let mut b = EventSource::by_topic(p.clone(), Vec::new(), None).unwrap();
+        assert!(a.stream_for(b"kv-7").is_ok());
+        assert!(b.stream_for(b"kv-7").is_ok());
+        assert!(b.stream_for(b"other-7").is_ok());
+        assert!(a.stream_for(b"more-7").is_ok());
+        assert_eq!(streams_of(&p), vec![(7, 0), (7, 1), (7, 2), (7, 3)]);
+    }
+
+    #[test]
+    fn route_less_topics_past_the_cap_are_dropped_and_counted() {
+        let p = partition();
+        let route = TopicRoute {
+            topic: b"routed".to_vec(),
+            worker_id: 1,
+            stream: 0,
+            replay_endpoint: None,
+        };
+        let mut source = EventSource::by_topic(p.clone(), vec![route], None)
+            .unwrap()
+            .with_max_unrouted_topics(3);
+        let now = Instant::now();
+        for i in 0..1_000u32 {
+            source.on_message(format!("kv-{i}").as_bytes(), 0, b"", now);
+        }
+        // A routed topic and the topics already heard still get their stream.
+        source.on_message(b"routed", 0, b"", now);
+        source.on_message(b"kv-1", 1, b"", now);
+        assert_eq!(source.stream_count(), 4);
+        assert_eq!(p.ingress_stats().len(), 4);
+        assert_eq!(p.indexer_stats().ingress_refused, 997);
+
+        // Negative control: without the source's cap, the partition's stream cap is the
+        // bound left.
+        let p = partition();
+        let mut source = EventSource::by_topic(p.clone(), Vec::new(), None)
+            .unwrap()
+            .with_max_unrouted_topics(usize::MAX);
+        for i in 0..2_000u32 {
+            source.on_message(format!("kv-{i}").as_bytes(), 0, b"", now);
+        }
+        assert_eq!(p.ingress_stats().len(), crate::ingress::MAX_INGRESS_STREAMS);
+        let over = 2_000 - crate::ingress::MAX_INGRESS_STREAMS as u64;
+        assert_eq!(p.indexer_stats().ingress_refused, over);
+    }
+
+    #[test]
+    fn a_replayed_batch_under_another_topic_is_not_the_streams() {
+        let p = partition();
+        let mut source = EventSource::by_topic(p.clone(), Vec::new(), None).unwrap();
+        let now = Instant::now();
+        source.on_message(b"kv-2", 0, b"", now);
+        source.on_replayed_under(0, b"kv-3", 1, b"", now);
+        assert_eq!(p.ingress_stats()[0].messages, 1);
+        source.on_replayed_under(0, b"kv-2", 1, b"", now);
+        assert_eq!(p.ingress_stats()[0].messages, 2);
     }
 
     #[test]

@@ -46,18 +46,27 @@ impl EventSink for Partition {
         self.ingress.freshness.mark(worker, dp_ranks, since_unix_ms);
     }
 
-    /// A registered worker's own ranks; below [`MAX_DP_SIZE`] for one not registered yet
-    /// (engines may publish before the host registers them).
+    /// A registered worker's own ranks; for one not registered yet (engines may publish
+    /// before the host registers them), a rank below [`MAX_DP_SIZE`] within the
+    /// partition's budget of such ranks ([`MAX_PENDING_RANKS`](crate::ingress::MAX_PENDING_RANKS)).
     fn accepts_dp_rank(&self, worker: WorkerId, dp: u32) -> bool {
         match self.workers().get(worker) {
             Some(w) => w.has_rank(dp),
-            None => dp < MAX_DP_SIZE,
+            None => dp < MAX_DP_SIZE && self.ingress.admit_pending(RankId::new(worker, dp)),
         }
     }
 
     /// Up to `MAX_LOOKAHEAD_LENGTHS` distinct lengths, each then hashed by selection.
     fn accepts_lookahead(&self, len: u32) -> bool {
         self.lookahead.note(len)
+    }
+
+    fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
+        self.ingress.claim_stream(worker, taken)
+    }
+
+    fn note_refused(&self) {
+        self.ingress.note_refused();
     }
 }
 
@@ -70,6 +79,13 @@ impl Partition {
     /// other streams proceed in parallel. A partition whose indexer policy applies no
     /// engine events (KV events off, or a remote primary) ignores the message and counts
     /// it (`indexer_stats().events_ignored`).
+    ///
+    /// Nothing handed in creates state without bound: a batch naming a DP rank its worker
+    /// does not have is refused (`IngestOutcome::refused`, the stream's `dp_rank_refused`),
+    /// and a message that would open a new stream past [`MAX_INGRESS_STREAMS`](crate::ingress::MAX_INGRESS_STREAMS), or for a
+    /// worker not registered past the pending-rank budget ([`MAX_PENDING_RANKS`](crate::ingress::MAX_PENDING_RANKS), with
+    /// `stream` as its DP rank), is refused and counted
+    /// (`indexer_stats().ingress_refused`).
     pub fn ingest(
         &self,
         worker_id: WorkerId,
@@ -78,21 +94,39 @@ impl Partition {
         seq: u64,
         payload: &[u8],
     ) -> IngestOutcome {
+        let may_open = || {
+            self.workers().get(worker_id).is_some()
+                || (stream < MAX_DP_SIZE
+                    && self.ingress.admit_pending(RankId::new(worker_id, stream)))
+        };
         self.ingress
-            .ingest_raw(self, worker_id, stream, seq, payload)
+            .ingest_raw(self, worker_id, stream, seq, payload, may_open)
     }
 
     /// Applies a batch of one rank's events in order, as the indexer policy says: a
     /// partition that applies no engine events (KV events off, or a remote primary)
     /// ignores the batch and counts it (`indexer_stats().events_ignored`). An event the
     /// index refuses (unknown parent, too many ranks) is skipped and counted; the rest
-    /// still apply. The rank need not be a registered worker (engines may publish before
-    /// the host registers them).
+    /// still apply. The rank is checked as a stream's batch is: a registered worker's
+    /// own DP rank, or, for a worker not registered yet (engines may publish before the
+    /// host registers them), a rank below [`MAX_DP_SIZE`] within the pending-rank budget
+    /// ([`MAX_PENDING_RANKS`](crate::ingress::MAX_PENDING_RANKS)); any other is refused whole (`EventsOutcome::rank_refused`,
+    /// counted in `indexer_stats().ingress_refused`).
     pub fn apply_events<'e>(
         &self,
         rank: RankId,
         events: impl IntoIterator<Item = KvEvent<'e>>,
     ) -> EventsOutcome {
+        if self.indexing.policy.applies_events()
+            && !self.accepts_dp_rank(rank.worker_id, rank.dp_rank)
+        {
+            self.ingress.note_refused();
+            return EventsOutcome {
+                rank_refused: true,
+                rejected: events.into_iter().count() as u64,
+                ..EventsOutcome::default()
+            };
+        }
         door::apply_events(self, rank, events)
     }
 

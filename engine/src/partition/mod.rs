@@ -6,14 +6,14 @@
 
 use crate::config::ConfigError;
 use crate::hash::{BlockHasher, HashSalt};
-use crate::ids::WorkerId;
+use crate::ids::{RankId, WorkerId};
 use crate::index::{Index, IndexConfig};
 use crate::indexer::{IndexState, IndexerPolicy, IndexerStats};
 use crate::ingress::registry::IngressRegistry;
-use crate::load::LoadView;
+use crate::load::{LoadView, RankLoad};
 use crate::lookahead::LookaheadLengths;
 use crate::reservation::{
-    ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
+    BookingRequest, ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
 };
 use crate::select::SelectionCounters;
 use crate::session::{SessionStats, SessionTable};
@@ -27,6 +27,10 @@ use crate::config::PartitionConfig;
 use crate::hooks::HostHooks;
 use crate::ids::PartitionKey;
 use crate::workers::{WorkerError, WorkerInfo, WorkerSet};
+
+/// The longest a replica peer's booking lives here (Dynamo's replica-booking expiry,
+/// 300 s): a longer TTL, or none (the partition's default), is cut to it.
+pub const MAX_REPLICA_BOOKING_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// One partition.
 pub struct Partition {
@@ -187,7 +191,29 @@ impl Partition {
 
     /// The indexer policy in force and its counters.
     pub fn indexer_stats(&self) -> IndexerStats {
-        self.indexing.stats()
+        IndexerStats {
+            ingress_refused: self.ingress.refused(),
+            ..self.indexing.stats()
+        }
+    }
+
+    /// A replica peer's booking as this partition takes it: on a rank of a registered
+    /// worker only (`None` otherwise: a peer never creates ranks here), and living at most
+    /// [`MAX_REPLICA_BOOKING_TTL`] (its own TTL, else the partition's, capped), so a
+    /// peer's bookings cannot outlive the peer's own state by much.
+    pub(crate) fn admit_replica_booking(&self, booking: BookingRequest) -> Option<BookingRequest> {
+        let member = self
+            .workers()
+            .get(booking.rank.worker_id)
+            .is_some_and(|w| w.has_rank(booking.rank.dp_rank));
+        if !member {
+            return None;
+        }
+        let ttl = booking.ttl.unwrap_or(self.config.booking_ttl);
+        Some(BookingRequest {
+            ttl: Some(ttl.min(MAX_REPLICA_BOOKING_TTL)),
+            ..booking
+        })
     }
 
     /// Whether a replica booking was ever installed here.
@@ -241,9 +267,28 @@ impl Partition {
         &self.index
     }
 
-    /// Host-reported load (publish batches here).
+    /// Host-reported load (read it here; publish through [`Partition::publish_load`],
+    /// which keeps the view to registered ranks).
     pub fn load_view(&self) -> &LoadView {
         &self.load
+    }
+
+    /// Publishes one batch of load reports (selections see all of it or none of it;
+    /// later entries for a rank win), keeping only registered workers' own ranks: the
+    /// load of any other rank could never be read, so it is not stored. Returns the load
+    /// view's new version and how many entries were skipped so.
+    pub fn publish_load(&self, batch: &[(RankId, RankLoad)]) -> (u64, usize) {
+        let workers = self.workers();
+        let member = |r: &RankId| {
+            workers
+                .get(r.worker_id)
+                .is_some_and(|w| w.has_rank(r.dp_rank))
+        };
+        if batch.iter().all(|(r, _)| member(r)) {
+            return (self.load.publish(batch), 0);
+        }
+        let kept: Vec<_> = batch.iter().filter(|(r, _)| member(r)).copied().collect();
+        (self.load.publish(&kept), batch.len() - kept.len())
     }
 
     /// The engine's bookings on this partition.
@@ -277,8 +322,11 @@ impl Partition {
         // Its ranks' index maps are sized for this at their first store (`index::capacity`).
         self.index
             .set_worker_capacity(info.worker_id, info.total_kv_blocks);
+        let id = info.worker_id;
         let new = next.insert(info).is_none();
         self.workers.store(next);
+        // Its ranks are the host's word now, no longer the pending budget's.
+        self.ingress.worker_registered(id);
         Ok(new)
     }
 

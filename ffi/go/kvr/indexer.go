@@ -246,6 +246,11 @@ type IndexerStats struct {
 	ApproxRecords         uint64
 	ApproxRecordErrors    uint64
 	ApproxBlocksOverBound uint64
+	// IngressRefused: engine messages, batches and topics refused because they would
+	// create ingress state past a bound (a bind subscription's route-less topic past its
+	// cap, a stream past KVR_MAX_INGRESS_STREAMS, a rank of a worker not registered past
+	// KVR_MAX_PENDING_RANKS, a typed batch for a DP rank its worker does not have).
+	IngressRefused uint64
 }
 
 // IndexerStats returns the partition's indexer statistics.
@@ -269,6 +274,7 @@ func (p *Partition) IndexerStats() (IndexerStats, error) {
 				ApproxRecords:         uint64(c.approx_records),
 				ApproxRecordErrors:    uint64(c.approx_record_errors),
 				ApproxBlocksOverBound: uint64(c.approx_blocks_over_bound),
+				IngressRefused:        uint64(c.ingress_refused),
 			}
 		})
 }

@@ -21,6 +21,10 @@ type IngestResult struct {
 	Clears uint32
 	// DecodeErrors: batches that failed to decode (nothing of them was applied).
 	DecodeErrors uint32
+	// Refused: batches refused (their DP rank is not the worker's, or the message would
+	// open a stream past a bound); the error says which (KVR_ERR_UNKNOWN_RANK,
+	// KVR_ERR_UNKNOWN_WORKER, KVR_ERR_TOO_MANY_RANKS).
+	Refused uint32
 }
 
 // StreamStats are the counters of one event stream of a partition: one publisher
@@ -149,7 +153,10 @@ func streamStatsOf(c *C.kvr_stream_stats) StreamStats {
 // clears the stream's ranks: kvr does not own the socket, so it cannot ask for a
 // replay), decoded and applied to rank (workerID, the batch's data_parallel_rank), or
 // (workerID, stream) if the batch names none. A payload that does not decode applies
-// nothing, is counted by cause, and returns ErrDecode with the result.
+// nothing, is counted by cause, and returns ErrDecode with the result. A refused batch
+// (a DP rank the worker does not have, a worker not registered past the pending-rank
+// budget, a stream past the partition's cap) applies nothing and returns ErrUnknownRank,
+// ErrUnknownWorker or ErrTooManyRanks with the result (Refused counts it).
 //
 // Messages of one stream must be handed in order, one at a time; different streams may
 // be ingested from different goroutines at once. topic and payload are passed to C in
@@ -177,6 +184,7 @@ func (p *Partition) Ingest(workerID uint64, stream uint32, topic []byte, seq uin
 		BatchesApplied: uint32(c.batches_applied),
 		Clears:         uint32(c.clears),
 		DecodeErrors:   uint32(c.decode_errors),
+		Refused:        uint32(c.refused),
 	}
 	return res, check(st, "kvr_partition_ingest")
 }

@@ -93,7 +93,9 @@ func (p *Partition) RemoveWorker(workerID uint64) error {
 
 // PublishLoad publishes one batch of load reports atomically (selections see all of it
 // or none); later entries for the same rank win. It returns the load view's new
-// version. loads is passed to C in place.
+// version. loads is passed to C in place. Only registered workers' own ranks are kept:
+// entries for any other rank are skipped (never stored), the rest published, and the
+// error is ErrUnknownRank (with the version).
 func (p *Partition) PublishLoad(loads []RankLoad) (uint64, error) {
 	if p.ptr == nil {
 		return 0, ErrClosed

@@ -40,6 +40,10 @@ type SubscribeConfig struct {
 
 	// Routes map topics to workers.
 	Routes []TopicRoute
+	// MaxUnroutedTopics: at most this many topics no route names get a stream of their
+	// own (0 = kvr's default, 256); messages under further unknown topics are dropped
+	// and counted (IndexerStats.IngressRefused).
+	MaxUnroutedTopics uint32
 }
 
 // TopicRoute says whose messages carry a topic, for a bound subscription.
@@ -144,6 +148,14 @@ func (cfg *SubscribeConfig) setOptions(opts *C.kvr_subscribe_options) error {
 		gc()
 		runtime.KeepAlive(cfg.Topic)
 		if err := check(st, "kvr_subscribe_options_set_topic"); err != nil {
+			return err
+		}
+	}
+	if cfg.MaxUnroutedTopics != 0 {
+		gc()
+		st := C.kvr_subscribe_options_set_max_unrouted_topics(opts, C.uint32_t(cfg.MaxUnroutedTopics))
+		gc()
+		if err := check(st, "kvr_subscribe_options_set_max_unrouted_topics"); err != nil {
 			return err
 		}
 	}

@@ -8,12 +8,19 @@
 //!   every message is that engine's, one stream ([`EventSource::single`]).
 //! - **bind**: kvr binds one endpoint and many engines connect to it (vLLM connects when
 //!   its endpoint has no `*`); each topic is its own stream, routed by [`TopicRoute`]s or
-//!   by the digits that end the topic ([`EventSource::by_topic`]).
+//!   by the digits that end the topic ([`EventSource::by_topic`]), at most
+//!   [`SubscribeOptions::max_unrouted_topics`] of the latter.
+//!
+//! Replayed batches pass the same topic filter as live ones: the transport drops those
+//! outside the subscription's topic, and a bound source those not under the replaying
+//! stream's topic.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvr::ingress::{EventSource, ReplayResult, SourceAction, TopicRoute};
+use kvr::ingress::{
+    EventSource, ReplayResult, SourceAction, TopicRoute, DEFAULT_MAX_UNROUTED_TOPICS,
+};
 use kvr::{Partition, WorkerId};
 
 use crate::transport::{FrameSink, ReplayEnd, Subscriber, SubscriberConfig};
@@ -46,6 +53,10 @@ pub struct SubscribeOptions {
     pub idle_probe_after: Option<Duration>,
     /// How long a replay may go without a reply before it fails.
     pub replay_timeout: Duration,
+    /// Bind: the most route-less topics given a stream of their own (default
+    /// [`DEFAULT_MAX_UNROUTED_TOPICS`]); a message under any further unknown topic is
+    /// dropped and counted (`IndexerStats::ingress_refused`). 0 takes routed topics only.
+    pub max_unrouted_topics: usize,
 }
 
 impl Default for SubscribeOptions {
@@ -53,6 +64,7 @@ impl Default for SubscribeOptions {
         SubscribeOptions {
             idle_probe_after: Some(Duration::from_millis(1500)),
             replay_timeout: Duration::from_secs(5),
+            max_unrouted_topics: DEFAULT_MAX_UNROUTED_TOPICS,
         }
     }
 }
@@ -88,8 +100,9 @@ impl FrameSink for SourceSink {
         self.0.on_message(topic, seq, payload, Instant::now())
     }
 
-    fn on_replayed(&mut self, id: u32, _topic: &[u8], seq: u64, payload: &[u8]) -> SourceAction {
-        self.0.on_replayed(id, seq, payload, Instant::now())
+    fn on_replayed(&mut self, id: u32, topic: &[u8], seq: u64, payload: &[u8]) -> SourceAction {
+        self.0
+            .on_replayed_under(id, topic, seq, payload, Instant::now())
     }
 
     fn on_replay_end(&mut self, id: u32, end: ReplayEnd) -> SourceAction {
@@ -170,7 +183,8 @@ pub fn subscribe_with(
             (t, source.map_err(refused)?)
         }
         SubscribeConfig::Bind { endpoint, routes } => {
-            let source = EventSource::by_topic(partition, routes, probe);
+            let source = EventSource::by_topic(partition, routes, probe)
+                .map(|s| s.with_max_unrouted_topics(options.max_unrouted_topics));
             (SubscriberConfig::bind(&endpoint), source.map_err(refused)?)
         }
     };

@@ -484,10 +484,25 @@ fn topic_prefix_filter() {
 type Requests = Arc<Mutex<Vec<Vec<Vec<u8>>>>>;
 
 /// A replay ROUTER served by a task on the test's runtime: records each request's
-/// frames, then answers with `batches` (seq ≥ start) and the end marker unless `silent`.
+/// frames, then answers with `batches` (seq ≥ start, under topic "kv") and the end marker
+/// unless `silent`.
 fn spawn_router(
     rt: &Runtime,
     batches: Vec<(u64, Vec<u8>)>,
+    silent: bool,
+    reply_gap: Duration,
+) -> (String, Requests) {
+    let batches = batches
+        .into_iter()
+        .map(|(seq, payload)| (b"kv".to_vec(), seq, payload))
+        .collect();
+    spawn_router_under(rt, batches, silent, reply_gap)
+}
+
+/// [`spawn_router`] replying each batch under its own topic.
+fn spawn_router_under(
+    rt: &Runtime,
+    batches: Vec<(Vec<u8>, u64, Vec<u8>)>,
     silent: bool,
     reply_gap: Duration,
 ) -> (String, Requests) {
@@ -507,9 +522,9 @@ fn spawn_router(
             }
             let start = u64::from_be_bytes(frames[2][..].try_into().unwrap());
             let identity = frames[0].clone();
-            for (seq, payload) in batches.iter().filter(|(s, _)| *s >= start) {
+            for (topic, seq, payload) in batches.iter().filter(|(_, s, _)| *s >= start) {
                 tokio::time::sleep(reply_gap).await;
-                let reply = message(&[&identity, b"", b"kv", &seq.to_be_bytes(), payload]);
+                let reply = message(&[&identity, b"", topic, &seq.to_be_bytes(), payload]);
                 router.send(reply).await.expect("replay reply");
             }
             let end = message(&[&identity, b"", b"", &[0xff; 8], b""]);
@@ -517,6 +532,44 @@ fn spawn_router(
         }
     });
     (endpoint, requests)
+}
+
+/// Replayed batches pass the subscription's topic filter as live ones do: a publisher's
+/// replay resends every topic it has.
+#[test]
+fn replayed_batches_pass_the_topic_filter() {
+    let rt = runtime();
+    let batches = vec![
+        (b"other".to_vec(), 3, b"no".to_vec()),
+        (b"kv".to_vec(), 4, b"yes".to_vec()),
+        (b"k".to_vec(), 5, b"no".to_vec()),
+        (b"kv-1".to_vec(), 6, b"yes".to_vec()),
+    ];
+    let (replay_endpoint, _) = spawn_router_under(&rt, batches, false, Duration::ZERO);
+    let (mut publisher, endpoint) = bind_pub(&rt, "tcp://127.0.0.1:0");
+    let cfg = SubscriberConfig {
+        topic: b"kv".to_vec(),
+        replay_endpoint: Some(replay_endpoint),
+        ..config(&endpoint, false)
+    };
+    let mut h = Harness::start(cfg, Some((b"kv-warm", 3)));
+    h.warm_up(&rt, &mut publisher, b"kv-warm");
+    h.wait_for(&rt, "the replay's end", |s| {
+        s.iter().any(|e| matches!(e, Ev::End(_)))
+    });
+    let seen = h.stop();
+    let replayed: Vec<_> = seen
+        .iter()
+        .filter(|e| matches!(e, Ev::Replayed { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        replayed,
+        vec![
+            Ev::replayed(b"kv", 4, b"yes"),
+            Ev::replayed(b"kv-1", 6, b"yes")
+        ]
+    );
 }
 
 #[test]

@@ -31,7 +31,8 @@
 //! - **Replay**: each [`SourceAction::Replay`] opens a fresh DEALER to its endpoint (the
 //!   action's, else `replay_endpoint`), sends `["", start_seq as 8-byte big-endian]` and
 //!   reads `["", topic, seq, payload]` replies until the end marker `["", "", ff×8, ""]`,
-//!   then closes it. Live messages keep flowing to [`FrameSink::on_message`] meanwhile
+//!   then closes it. A reply whose topic does not start with the subscription's `topic`
+//!   is dropped, as a live message under it would be. Live messages keep flowing to [`FrameSink::on_message`] meanwhile
 //!   (the sink deduplicates by `seq`). A replay ends [`ReplayEnd::TimedOut`] when nothing
 //!   arrives within `replay_timeout` of the request or of the previous reply (a long
 //!   replay that keeps answering is not cut short).
@@ -367,9 +368,9 @@ async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal)
             }
             Step::Replay(i, ReplayEvent::Reply(msg)) => {
                 let id = replays.running[i].0;
-                match deliver_replayed(id, &msg, sink) {
+                match deliver_replayed(id, &msg, &topic_filter, sink) {
                     Replied::Batch(action) => replays.start(action, sink),
-                    Replied::Malformed => {}
+                    Replied::Malformed | Replied::Filtered => {}
                     Replied::End => replays.end(i, ReplayEnd::Completed, sink),
                 }
             }

@@ -82,10 +82,18 @@ pub(super) enum Replied {
     End,
     /// Malformed (reported to the sink).
     Malformed,
+    /// Under a topic the subscription filters out (dropped).
+    Filtered,
 }
 
-/// Hands one reply of replay `id` to the sink.
-pub(super) fn deliver_replayed(id: u32, msg: &ZmqMessage, sink: &mut dyn FrameSink) -> Replied {
+/// Hands one reply of replay `id` to the sink, unless its topic is filtered out (as a
+/// live message under it would be: the publisher's replay does not filter by topic).
+pub(super) fn deliver_replayed(
+    id: u32,
+    msg: &ZmqMessage,
+    topic_filter: &[u8],
+    sink: &mut dyn FrameSink,
+) -> Replied {
     let frames = (msg.get(0), msg.get(1), msg.get(2), msg.get(3));
     let (Some(empty), Some(topic), Some(seq), Some(payload)) = frames else {
         sink.on_bad_frame(bad_frame::REPLAY_FRAME_COUNT);
@@ -102,6 +110,9 @@ pub(super) fn deliver_replayed(id: u32, msg: &ZmqMessage, sink: &mut dyn FrameSi
     let seq = u64::from_be_bytes(seq);
     if seq == END_MARKER_SEQ {
         return Replied::End;
+    }
+    if !topic.starts_with(topic_filter) {
+        return Replied::Filtered;
     }
     Replied::Batch(sink.on_replayed(id, topic, seq, payload))
 }
