@@ -1233,6 +1233,16 @@ inline std::string_view decode_error_name(uint32_t kind) {
     return std::string_view(name, len);
 }
 
+/// The words for kvr_stream_stats::health_reason (e.g. "decode errors"; a static
+/// string). Error KVR_ERR_INVALID_ARGUMENT for a number kvr does not use.
+inline std::string_view health_reason_name(uint32_t reason) {
+    const char *fn = "kvr_health_reason_name";
+    const char *name = nullptr;
+    std::size_t len = 0;
+    detail::check(kvr_health_reason_name(reason, &name, &len), fn);
+    return std::string_view(name, len);
+}
+
 /// How Partition::subscribe reaches engines (kvr_subscribe_options): connect to one
 /// engine's PUB socket, or bind one socket that many engines connect to.
 class SubscribeOptions : public detail::Handle<kvr_subscribe_options> {

@@ -314,6 +314,11 @@ pub const STREAM: &[Figure<StreamStats>] = &[
         "Events skipped: a medium kvr does not know",
         |s| s.events_skipped_medium,
     ),
+    counter(
+        "kvr_kv_stream_link_failures",
+        "Failed connects or binds to the stream's endpoint, and lost connections",
+        |s| s.link_failures,
+    ),
 ];
 
 pub const SEQUENCE: &[Figure<SequenceStats>] = &[

@@ -20,6 +20,7 @@ pub mod recovery;
 pub mod registry;
 pub mod routes;
 pub mod server;
+pub mod sources;
 pub mod wire;
 
 /// Hooks for the fuzz targets (not an API).
@@ -71,6 +72,8 @@ impl App {
             idle_probe_after: (args.kv_events_idle_probe_ms > 0)
                 .then(|| Duration::from_millis(args.kv_events_idle_probe_ms)),
             replay_timeout: Duration::from_millis(args.kv_events_replay_timeout_ms.max(1)),
+            silence_bound: (args.kv_events_silence_ms > 0)
+                .then(|| Duration::from_millis(args.kv_events_silence_ms)),
         };
         let registry = Arc::new(
             Registry::new(engine.clone(), use_events, Box::new(factory))

@@ -19,6 +19,7 @@ pub(crate) mod counters;
 mod decode;
 pub(crate) mod door;
 mod groups;
+pub(crate) mod health;
 pub(crate) mod registry;
 pub(crate) mod sequence;
 mod source;
@@ -34,5 +35,6 @@ pub use decode::{
     MAX_PAYLOAD_BYTES,
 };
 pub use door::EventSink;
+pub use health::{HealthReason, SourceHealth};
 pub use sequence::ReplayResult;
 pub use source::{EventSource, SourceAction, SourceRefused, TopicRoute};

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvr::ingress::{EventSource, ReplayResult, SourceAction, TopicRoute};
+use kvr::ingress::{EventSource, HealthReason, ReplayResult, SourceAction, TopicRoute};
 use kvr::{Partition, WorkerId};
 
 use crate::transport::{FrameSink, ReplayEnd, Subscriber, SubscriberConfig};
@@ -38,7 +38,7 @@ pub enum SubscribeConfig {
 }
 
 /// How a subscription recovers (defaults: probe after 1.5 s of silence, replay timeout
-/// 5 s).
+/// 5 s, no silence bound).
 #[derive(Clone, Debug)]
 pub struct SubscribeOptions {
     /// Probe a stream with a replay endpoint after this long without a message (and once
@@ -46,6 +46,9 @@ pub struct SubscribeOptions {
     pub idle_probe_after: Option<Duration>,
     /// How long a replay may go without a reply before it fails.
     pub replay_timeout: Duration,
+    /// A stream silent this long while connected counts as dead (`None`: silence never
+    /// does; an idle engine without a replay endpoint is silent).
+    pub silence_bound: Option<Duration>,
 }
 
 impl Default for SubscribeOptions {
@@ -53,6 +56,7 @@ impl Default for SubscribeOptions {
         SubscribeOptions {
             idle_probe_after: Some(Duration::from_millis(1500)),
             replay_timeout: Duration::from_secs(5),
+            silence_bound: None,
         }
     }
 }
@@ -106,6 +110,10 @@ impl FrameSink for SourceSink {
 
     fn on_bad_frame(&mut self, _why: &'static str) {
         self.0.on_bad_frame();
+    }
+
+    fn on_link(&mut self, down: Option<HealthReason>) {
+        self.0.on_link(down, Instant::now());
     }
 }
 
@@ -167,11 +175,20 @@ pub fn subscribe_with(
             t.topic = topic;
             t.replay_endpoint = replay_endpoint.clone();
             let source = EventSource::single(partition, worker_id, stream, replay_endpoint, probe);
-            (t, source.map_err(refused)?)
+            (
+                t,
+                source
+                    .map_err(refused)?
+                    .with_silence_bound(options.silence_bound),
+            )
         }
         SubscribeConfig::Bind { endpoint, routes } => {
             let source = EventSource::by_topic(partition, routes, probe);
-            (SubscriberConfig::bind(&endpoint), source.map_err(refused)?)
+            let source = source.map_err(refused)?;
+            (
+                SubscriberConfig::bind(&endpoint),
+                source.with_silence_bound(options.silence_bound),
+            )
         }
     };
     let transport = SubscriberConfig {
