@@ -807,7 +807,8 @@ public:
         return *this;
     }
     /// Whether selection credits a stale rank's overlap (a stream whose loss is being
-    /// replayed; kvr_stream_stats.stale_since_unix_ms); default false: it counts as none.
+    /// replayed, or degraded or dead; kvr_stream_stats.stale_since_unix_ms, health);
+    /// default false: it counts as none.
     PartitionOptions &set_trust_stale_overlap(bool on) {
         const char *fn = "kvr_partition_options_set_trust_stale_overlap";
         detail::check(kvr_partition_options_set_trust_stale_overlap(live(fn), on ? 1u : 0u), fn);

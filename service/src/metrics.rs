@@ -368,7 +368,7 @@ impl Collector for EngineCollector {
         family(
             &mut enc,
             "kvr_kv_stream_stale_seconds",
-            "How long the stream's ranks have been stale (a known loss being replayed; their overlap is not credited), 0 when fresh",
+            "How long the stream's ranks have been stale (a known loss being replayed, or the stream degraded or dead; their overlap is not credited), 0 when fresh",
             g,
             &stale,
         )?;
