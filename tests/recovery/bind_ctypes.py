@@ -59,7 +59,9 @@ class StreamStats(ctypes.Structure):
                                       "replays_failed", "idle_probes",
                                       "events_skipped_group", "group_switches",
                                       "events_skipped_medium", "stale_since_unix_ms")]
-                + [("recovering", u32), ("reserved2", u32), ("dp_rank_refused", u64)])
+                + [("recovering", u32), ("reserved2", u32), ("dp_rank_refused", u64),
+                   ("health", u32), ("health_reason", u32), ("health_since_unix_ms", u64),
+                   ("link_failures", u64)])
 
 
 class Kvr:
