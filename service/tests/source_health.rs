@@ -2,7 +2,7 @@
 //! `kv_events_endpoint` nobody listens on shows it within 10 s in the log (one warning),
 //! in `/ready` (200, the stream listed `dead`) and in `/metrics`
 //! (`kvr_kv_stream_health{state="dead"} 1`); with `--ready-requires-kv-events`, `/ready`
-//! answers 503. Negative control: a live vLLM-style publisher (Python, skipped without
+//! answers 503; an endpoint that accepts TCP and never speaks ZMQ is dead too. Negative control: a live vLLM-style publisher (Python, skipped without
 //! pyzmq unless `KVR_REQUIRE_PYZMQ=1`) shows `exact` and is not listed.
 //!
 //! Shown able to fail: with the transport's `on_link` report removed
@@ -159,6 +159,23 @@ fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_
             .any(|l| l.contains("worker_id=2")),
         "nothing logged for the live publisher"
     );
+}
+
+#[test]
+fn an_endpoint_that_accepts_tcp_and_never_speaks_zmq_is_dead() {
+    // The kernel completes the TCP handshake (the listener's backlog); no ZMQ greeting
+    // ever comes, so each connect attempt times out.
+    let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = mute.local_addr().unwrap().port();
+    let server = Server::start();
+    let mut c = server.client();
+    register(&mut c, worker(3, &format!("tcp://127.0.0.1:{port}")));
+    let dead = wait_until(Duration::from_secs(10), || {
+        ready_entry(&c.get("/ready").json(), 3).is_some_and(|e| e["state"] == "dead")
+    });
+    assert!(dead, "dead within 10 s: {}", c.get("/ready").json());
+    assert!(metrics_state(&mut c, 3, "dead"));
+    drop(mute);
 }
 
 #[test]
