@@ -146,6 +146,28 @@
 #define KVR_DECODE_ERROR_KINDS 16
 
 /**
+ * `kvr_stream_stats.health`: in sequence, the index follows the publisher.
+ */
+#define KVR_SOURCE_EXACT 0
+
+/**
+ * `kvr_stream_stats.health`: a replay is in flight, nothing known lost.
+ */
+#define KVR_SOURCE_RECOVERING 1
+
+/**
+ * `kvr_stream_stats.health`: the stream's ranks may miss state or hold stale state (a
+ * loss not repaired, state cleared, decode errors, a reconnection).
+ */
+#define KVR_SOURCE_DEGRADED 2
+
+/**
+ * `kvr_stream_stats.health`: the publisher cannot be reached, or is silent beyond the
+ * subscription's bound.
+ */
+#define KVR_SOURCE_DEAD 3
+
+/**
  * Most multimodal inputs one request may carry (`kvr_request_add_mm_input`).
  */
 #define KVR_MAX_MM_INPUTS 4096
@@ -663,6 +685,23 @@ typedef struct kvr_stream_stats {
    * by engine hash only) that the rank held on no tier: left out of the index.
    */
   uint64_t tokenless_blocks_unknown;
+  /**
+   * The stream's health: `KVR_SOURCE_EXACT`, `_RECOVERING`, `_DEGRADED` or `_DEAD`. A
+   * degraded or dead stream's ranks are stale (`stale_since_unix_ms`).
+   */
+  uint32_t health;
+  /**
+   * Why it is in that state (`kvr_health_reason_name` says it in words).
+   */
+  uint32_t health_reason;
+  /**
+   * Since when it is in that state, ms since the Unix epoch (0 = since registered).
+   */
+  uint64_t health_since_unix_ms;
+  /**
+   * Failed connects or binds and lost connections (subscriptions only).
+   */
+  uint64_t link_failures;
 } kvr_stream_stats;
 
 /**
@@ -1318,8 +1357,9 @@ kvr_status kvr_partition_options_set_booking_ttl_ms(struct kvr_partition_options
 
 /**
  * Whether selection credits a stale rank's overlap (a stream with a known loss being
- * replayed: `kvr_stream_stats.stale_since_unix_ms`); default 0: a stale rank's overlap
- * counts as none until the loss is repaired or its ranks are cleared.
+ * replayed, or degraded or dead: `kvr_stream_stats.stale_since_unix_ms`, `health`);
+ * default 0: a stale rank's overlap counts as none until the stream's repair is in the
+ * index.
  *
  * # Safety
  * `opts` is NULL or live and not shared during the call.
@@ -1787,6 +1827,18 @@ kvr_status kvr_partition_ingress_stats(const struct kvr_partition *partition,
 kvr_status kvr_decode_error_name(uint32_t kind,
                                  const char **name,
                                  size_t *len);
+
+/**
+ * The words for `kvr_stream_stats.health_reason` `reason` (e.g. "decode errors"), as a
+ * static string of `*len` bytes (not NUL-terminated); `KVR_ERR_INVALID_ARGUMENT` for a
+ * number kvr does not use.
+ *
+ * # Safety
+ * `name` and `len` are NULL or writable.
+ */
+kvr_status kvr_health_reason_name(uint32_t reason,
+                                  const char **name,
+                                  size_t *len);
 
 /**
  * A new, empty request (an empty prompt). Free with `kvr_request_free`.

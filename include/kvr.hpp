@@ -807,7 +807,8 @@ public:
         return *this;
     }
     /// Whether selection credits a stale rank's overlap (a stream whose loss is being
-    /// replayed; kvr_stream_stats.stale_since_unix_ms); default false: it counts as none.
+    /// replayed, or degraded or dead; kvr_stream_stats.stale_since_unix_ms, health);
+    /// default false: it counts as none.
     PartitionOptions &set_trust_stale_overlap(bool on) {
         const char *fn = "kvr_partition_options_set_trust_stale_overlap";
         detail::check(kvr_partition_options_set_trust_stale_overlap(live(fn), on ? 1u : 0u), fn);
@@ -1230,6 +1231,16 @@ inline std::string_view decode_error_name(uint32_t kind) {
     const char *name = nullptr;
     std::size_t len = 0;
     detail::check(kvr_decode_error_name(kind, &name, &len), fn);
+    return std::string_view(name, len);
+}
+
+/// The words for kvr_stream_stats::health_reason (e.g. "decode errors"; a static
+/// string). Error KVR_ERR_INVALID_ARGUMENT for a number kvr does not use.
+inline std::string_view health_reason_name(uint32_t reason) {
+    const char *fn = "kvr_health_reason_name";
+    const char *name = nullptr;
+    std::size_t len = 0;
+    detail::check(kvr_health_reason_name(reason, &name, &len), fn);
     return std::string_view(name, len);
 }
 

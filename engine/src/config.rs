@@ -82,9 +82,11 @@ pub struct PartitionConfig {
     /// distinct block, tables at most 3/4 full): for a peer to recover from (Dynamo's
     /// `/dump`). Off by default.
     pub index_dump: bool,
-    /// Credit a stale rank's overlap anyway (a stream with a known loss being replayed,
-    /// `crate::freshness`). Off by default: a stale rank may still hold blocks the lost
-    /// batches evicted, so its overlap counts as none until the loss is repaired.
+    /// Credit a stale rank's overlap anyway (`crate::freshness`): a rank whose stream has
+    /// a known loss being replayed, or is degraded or dead (`SourceHealth`: unreachable,
+    /// silent, state cleared, decode errors, reconnected). Off by default: such a rank may
+    /// hold blocks kvr did not see evicted, so its overlap counts as none until the
+    /// stream's repair is in the index; it still competes on load.
     pub trust_stale_overlap: bool,
 }
 

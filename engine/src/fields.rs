@@ -154,7 +154,8 @@ field_lists! {
         events_rejected, dp_rank_refused, block_size_mismatches, events_skipped_group,
         group_switches, events_skipped_medium, events_skipped_malformed,
         tokenless_blocks_unknown, decode_errors, bad_frames,
-        sequence: SequenceStats, last_batch_unix_ms, stale_since_unix_ms,
+        sequence: SequenceStats, last_batch_unix_ms, stale_since_unix_ms, health, health_reason,
+        health_since_unix_ms, link_failures,
     }
     SequenceStats {
         gaps, restarts, duplicates, replays_requested, replays_filled, replays_partial,

@@ -9,6 +9,7 @@
 pub use crate::index::{ApproxStats, IndexStats, RankStats, RemoteStats};
 pub use crate::indexer::IndexerStats;
 pub use crate::ingress::counters::{StreamFreshness, StreamStats};
+pub use crate::ingress::health::{HealthReason, SourceHealth};
 pub use crate::ingress::sequence::SequenceStats;
 pub use crate::reservation::ReservationStats;
 pub use crate::select::SelectionStats;

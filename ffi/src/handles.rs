@@ -248,8 +248,9 @@ pub unsafe extern "C" fn kvr_partition_options_set_booking_ttl_ms(
 }
 
 /// Whether selection credits a stale rank's overlap (a stream with a known loss being
-/// replayed: `kvr_stream_stats.stale_since_unix_ms`); default 0: a stale rank's overlap
-/// counts as none until the loss is repaired or its ranks are cleared.
+/// replayed, or degraded or dead: `kvr_stream_stats.stale_since_unix_ms`, `health`);
+/// default 0: a stale rank's overlap counts as none until the stream's repair is in the
+/// index.
 ///
 /// # Safety
 /// `opts` is NULL or live and not shared during the call.

@@ -4,7 +4,7 @@
 use std::os::raw::c_char;
 
 use kvr::ingress::DecodeErrorKind;
-use kvr::stats::StreamStats;
+use kvr::stats::{HealthReason, SourceHealth, StreamStats};
 
 use crate::handles::kvr_partition;
 use crate::status::*;
@@ -23,6 +23,24 @@ const _: () = assert!(KVR_MAX_PENDING_RANKS as usize == kvr::ingress::MAX_PENDIN
 pub const KVR_DECODE_ERROR_KINDS: usize = 16;
 
 const _: () = assert!(DecodeErrorKind::ALL.len() <= KVR_DECODE_ERROR_KINDS);
+
+/// `kvr_stream_stats.health`: in sequence, the index follows the publisher.
+pub const KVR_SOURCE_EXACT: u32 = 0;
+/// `kvr_stream_stats.health`: a replay is in flight, nothing known lost.
+pub const KVR_SOURCE_RECOVERING: u32 = 1;
+/// `kvr_stream_stats.health`: the stream's ranks may miss state or hold stale state (a
+/// loss not repaired, state cleared, decode errors, a reconnection).
+pub const KVR_SOURCE_DEGRADED: u32 = 2;
+/// `kvr_stream_stats.health`: the publisher cannot be reached, or is silent beyond the
+/// subscription's bound.
+pub const KVR_SOURCE_DEAD: u32 = 3;
+
+const _: () = assert!(
+    KVR_SOURCE_EXACT == SourceHealth::Exact as u32
+        && KVR_SOURCE_RECOVERING == SourceHealth::Recovering as u32
+        && KVR_SOURCE_DEGRADED == SourceHealth::Degraded as u32
+        && KVR_SOURCE_DEAD == SourceHealth::Dead as u32
+);
 
 /// What one `kvr_partition_ingest` call did.
 #[allow(non_camel_case_types)]
@@ -100,6 +118,15 @@ pub struct kvr_stream_stats {
     /// Blocks of tokenless stores (an offloading connector's host or disk copies, named
     /// by engine hash only) that the rank held on no tier: left out of the index.
     pub tokenless_blocks_unknown: u64,
+    /// The stream's health: `KVR_SOURCE_EXACT`, `_RECOVERING`, `_DEGRADED` or `_DEAD`. A
+    /// degraded or dead stream's ranks are stale (`stale_since_unix_ms`).
+    pub health: u32,
+    /// Why it is in that state (`kvr_health_reason_name` says it in words).
+    pub health_reason: u32,
+    /// Since when it is in that state, ms since the Unix epoch (0 = since registered).
+    pub health_since_unix_ms: u64,
+    /// Failed connects or binds and lost connections (subscriptions only).
+    pub link_failures: u64,
 }
 
 fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
@@ -148,6 +175,10 @@ fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
         dp_rank_refused: s.dp_rank_refused,
         events_skipped_malformed: s.events_skipped_malformed,
         tokenless_blocks_unknown: s.tokenless_blocks_unknown,
+        health: s.health as u32,
+        health_reason: s.health_reason as u32,
+        health_since_unix_ms: s.health_since_unix_ms,
+        link_failures: s.link_failures,
     }
 }
 
@@ -277,6 +308,35 @@ pub unsafe extern "C" fn kvr_decode_error_name(
             .get(kind as usize)
             .ok_or(KVR_ERR_INVALID_ARGUMENT)?;
         let s = k.name();
+        // SAFETY: both checked non-NULL; writable by the caller's contract.
+        unsafe {
+            name.write(s.as_ptr().cast());
+            len.write(s.len());
+        }
+        Ok(())
+    })
+}
+
+/// The words for `kvr_stream_stats.health_reason` `reason` (e.g. "decode errors"), as a
+/// static string of `*len` bytes (not NUL-terminated); `KVR_ERR_INVALID_ARGUMENT` for a
+/// number kvr does not use.
+///
+/// # Safety
+/// `name` and `len` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_health_reason_name(
+    reason: u32,
+    name: *mut *const c_char,
+    len: *mut usize,
+) -> kvr_status {
+    guard(|| {
+        if name.is_null() || len.is_null() {
+            return Err(KVR_ERR_NULL);
+        }
+        let r = HealthReason::ALL
+            .get(reason as usize)
+            .ok_or(KVR_ERR_INVALID_ARGUMENT)?;
+        let s = r.text();
         // SAFETY: both checked non-NULL; writable by the caller's contract.
         unsafe {
             name.write(s.as_ptr().cast());

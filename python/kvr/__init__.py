@@ -241,6 +241,12 @@ class SelectionService:
     def ready(self) -> dict:
         return self._core.ready()
 
+    def kv_event_sources(self) -> list:
+        """kvr's addition: every KV-event stream's state (``exact``, ``recovering``,
+        ``degraded``, ``dead``), ``reason``, ``decode_errors`` and ``link_failures``;
+        ``ready()`` lists the streams that are not exact."""
+        return self._core.kv_event_sources()
+
     def loads(self, *, model_name: Optional[str] = None,
               routing_group: Optional[str] = None) -> list:
         return self._core.loads(model_name, routing_group)

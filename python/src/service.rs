@@ -310,6 +310,15 @@ impl NativeService {
         records_to_py(py, &py.detach(|| app.ready()))
     }
 
+    /// Every KV-event stream's health (kvr's addition): a list of dicts with
+    /// `model_name`, `routing_group`, `worker_id`, `stream`, `state` (`exact`,
+    /// `recovering`, `degraded`, `dead`), `reason`, `since_unix_ms`, `decode_errors` and
+    /// `link_failures`. `ready()` lists the streams that are not exact.
+    fn kv_event_sources(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let app = &*self.app;
+        to_py(py, &py.detach(|| app.kv_event_sources()))
+    }
+
     #[pyo3(signature = (model_name=None, routing_group=None))]
     fn loads(
         &self,

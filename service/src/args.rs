@@ -78,6 +78,16 @@ pub struct ServeArgs {
     /// stream's ranks are then cleared and rebuilt).
     #[arg(long, default_value_t = 5000, env = "KVR_KV_EVENTS_REPLAY_TIMEOUT_MS")]
     pub kv_events_replay_timeout_ms: u64,
+    /// Milliseconds without a message after which a connected KV-event stream counts as
+    /// dead (reason "no message within the silence bound"); 0 = never (the default: an
+    /// idle engine without a replay endpoint sends nothing). An unreachable endpoint is
+    /// dead whatever this says.
+    #[arg(long, default_value_t = 0, env = "KVR_KV_EVENTS_SILENCE_MS")]
+    pub kv_events_silence_ms: u64,
+    /// Answer `/ready` 503 while any KV-event stream is dead (off: `/ready` stays 200
+    /// once a worker is schedulable, and its body lists the streams that are not exact).
+    #[arg(long, env = "KVR_READY_REQUIRES_KV_EVENTS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub ready_requires_kv_events: bool,
     /// Log format: `text` or `json` (structured, one object a line).
     #[arg(long, default_value = "text", env = "KVR_LOG_FORMAT")]
     pub log_format: String,
@@ -99,8 +109,9 @@ pub struct Knobs {
     /// Use the engines' KV events (off: overlaps come from the service's own bookings).
     #[arg(long, env = "DYN_ROUTER_USE_KV_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub router_use_kv_events: bool,
-    /// Credit a stale rank's overlap (a stream whose known loss is being replayed; off: it
-    /// counts as none until repaired, `kvr_kv_stream_stale_seconds` > 0 meanwhile).
+    /// Credit a stale rank's overlap (a stream whose known loss is being replayed, or that
+    /// is degraded or dead; off: it counts as none until repaired,
+    /// `kvr_kv_stream_stale_seconds` > 0 meanwhile).
     #[arg(long, env = "KVR_TRUST_STALE_OVERLAP", default_value_t = false, action = clap::ArgAction::Set)]
     pub trust_stale_overlap: bool,
     /// Softmax temperature of the choice (0 = lowest cost wins).

@@ -329,6 +329,11 @@ pub const STREAM: &[Figure<StreamStats>] = &[
         "Blocks of tokenless stores held on no tier, left out",
         |s| s.tokenless_blocks_unknown,
     ),
+    counter(
+        "kvr_kv_stream_link_failures",
+        "Failed connects or binds to the stream's endpoint, and lost connections",
+        |s| s.link_failures,
+    ),
 ];
 
 pub const SEQUENCE: &[Figure<SequenceStats>] = &[

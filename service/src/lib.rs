@@ -23,6 +23,7 @@ pub mod registry;
 pub mod routes;
 pub mod server;
 pub mod tracking;
+pub mod sources;
 pub mod wire;
 
 /// Hooks for the fuzz targets (not an API).
@@ -77,6 +78,8 @@ impl App {
             idle_probe_after: (args.kv_events_idle_probe_ms > 0)
                 .then(|| Duration::from_millis(args.kv_events_idle_probe_ms)),
             replay_timeout: Duration::from_millis(args.kv_events_replay_timeout_ms.max(1)),
+            silence_bound: (args.kv_events_silence_ms > 0)
+                .then(|| Duration::from_millis(args.kv_events_silence_ms)),
             ..kvr_zmq::SubscribeOptions::default()
         };
         let registry = Arc::new(

@@ -11,7 +11,7 @@
 //! | `kvr_router_kv_hit_rate`, `dynamo_component_router_kv_hit_rate` | gauge | | cached / prompt tokens since start |
 //! | `kvr_kv_events_applied_total` | counter | `model`, `event_type` (`stored_blocks`, `removed_blocks`), `status` (`ok`) | blocks the index applied |
 //! | `kvr_kv_events_rejected_total` | counter | `model`, `reason` | events or frames refused |
-//! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` (+ `outcome`) | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total` (requested), `replay_outcomes_total` (`outcome`: `filled`, `partial`, `failed`), `restarts_total`, `idle_probes_total`, `clears_total`, `batches_lost_total`, `recovering` (1 while a replay is in flight), `stale_seconds` (how long a known loss has been waiting for its replay; 0 = fresh) |
+//! | `kvr_kv_stream_*` | gauge/counter | `model`, `worker_id`, `stream` (+ `outcome`, `state`, `reason`) | per stream: `last_batch_age_seconds`, `gaps_total`, `replays_total` (requested), `replay_outcomes_total` (`outcome`: `filled`, `partial`, `failed`), `restarts_total`, `idle_probes_total`, `clears_total`, `batches_lost_total`, `recovering` (1 while a replay is in flight), `stale_seconds` (how long the ranks have been stale; 0 = fresh), `health` (`state`: `exact`, `recovering`, `degraded`, `dead`, 1 for the current one; `reason`), `health_seconds` (time in that state), `link_failures_total` |
 //! | `kvr_index_blocks`, `kvr_index_nodes`, `kvr_index_bytes`, `kvr_index_bytes_per_holder_block` | gauge | `model` | index size |
 //! | `kvr_index_*`, `kvr_selection_*`, `kvr_session_*`, `kvr_indexer_*`, `kvr_approx_index_*`, `kvr_booking_*` | counter/gauge | `model` | the engine's figures, one family per stats field (figures.rs; e.g. `kvr_index_stored_events_total`, `kvr_index_tier_blocks{tier}`, `kvr_session_leases`) |
 //! | `kvr_kv_stream_*` (more) | counter | `model`, `worker_id`, `stream` | per stream: `messages_total`, `bytes_total`, `batches_total`, `events_total`, `duplicates_total`, `dp_rank_refused_total`, `events_skipped_group_total`, `group_switches_total`, `events_skipped_medium_total`, `events_skipped_malformed_total`, `tokenless_blocks_unknown_total` |
@@ -36,6 +36,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry as PromRegistry;
+
+use kvr::stats::SourceHealth;
 
 use crate::figures::{self, family, Labels, Rows};
 use crate::registry::Registry;
@@ -220,6 +222,7 @@ impl Collector for EngineCollector {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut tiers, mut per_block, mut bookings) = (Vec::new(), Vec::new(), Vec::new());
         let (mut rate_gauge, mut rate_obs) = (Vec::new(), Vec::new());
+        let (mut health, mut health_age) = (Vec::new(), Vec::new());
         let mut index = Rows::new(figures::INDEX);
         let mut selection = Rows::new(figures::SELECTION);
         let mut session = Rows::new(figures::SESSION);
@@ -267,7 +270,19 @@ impl Collector for EngineCollector {
                     0 => 0.0,
                     t => now_ms.saturating_sub(t) as f64 / 1e3,
                 };
-                stale.push((l, ConstGauge::new(st)));
+                stale.push((l.clone(), ConstGauge::new(st)));
+                let reason = s.health_reason.text().to_string();
+                for state in SourceHealth::ALL {
+                    let mut labels = l.clone();
+                    labels.push(("state", state.name().to_string()));
+                    labels.push(("reason", reason.clone()));
+                    health.push((labels, ConstGauge::new(i64::from(state == s.health))));
+                }
+                let since = match s.health_since_unix_ms {
+                    0 => 0.0,
+                    t => now_ms.saturating_sub(t) as f64 / 1e3,
+                };
+                health_age.push((l, ConstGauge::new(since)));
             }
             let ml = |extra: &[(&'static str, &str)]| -> Labels {
                 let mut v = vec![("model", model.clone())];
@@ -357,9 +372,23 @@ impl Collector for EngineCollector {
         family(
             &mut enc,
             "kvr_kv_stream_stale_seconds",
-            "How long the stream's ranks have been stale (a known loss being replayed; their overlap is not credited), 0 when fresh",
+            "How long the stream's ranks have been stale (a known loss being replayed, or the stream degraded or dead; their overlap is not credited), 0 when fresh",
             g,
             &stale,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_health",
+            "The stream's state, 1 for the current one (exact, recovering, degraded, dead), with why",
+            g,
+            &health,
+        )?;
+        family(
+            &mut enc,
+            "kvr_kv_stream_health_seconds",
+            "Seconds the stream has been in its state (0: since its subscription started)",
+            g,
+            &health_age,
         )?;
         stream.encode(&mut enc)?;
         sequence.encode(&mut enc)?;

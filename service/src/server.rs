@@ -67,6 +67,7 @@ pub async fn serve_on(
 ) -> Result<(), String> {
     crate::recovery::start(app.clone());
     let sweeper = tokio::spawn(sweep_named_ids(app.clone()));
+    let health_log = tokio::spawn(log_source_health(app.clone()));
     let grace = Duration::from_secs(app.args.shutdown_grace_secs);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let router = crate::routes::router(app.clone());
@@ -81,6 +82,7 @@ pub async fn serve_on(
     tokio::select! {
         r = &mut server => {
             sweeper.abort();
+            health_log.abort();
             app.registry.stop_all();
             return r.map_err(|e| e.to_string());
         }
@@ -97,9 +99,23 @@ pub async fn serve_on(
         server.abort();
     }
     sweeper.abort();
+    health_log.abort();
     app.registry.stop_all();
     tracing::info!("KV-event subscriptions stopped; bye");
     Ok(())
+}
+
+/// How often the KV-event streams' health is checked for the log.
+pub const HEALTH_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// Logs each KV-event stream's change of state, once per change (`sources::HealthLog`).
+async fn log_source_health(app: Arc<App>) {
+    let mut log = crate::sources::HealthLog::default();
+    let mut tick = tokio::time::interval(HEALTH_LOG_EVERY);
+    loop {
+        tick.tick().await;
+        log.log_changes(&app);
+    }
 }
 
 async fn sweep_named_ids(app: Arc<App>) {

@@ -216,6 +216,20 @@ const EXCEPTIONS: &[Exception] = &[
         "as an age (0 when fresh)",
     ),
     renamed(
+        "StreamStats",
+        "health_reason",
+        STREAM,
+        "kvr_kv_stream_health",
+        "the reason label of the state's series",
+    ),
+    renamed(
+        "StreamStats",
+        "health_since_unix_ms",
+        STREAM,
+        "kvr_kv_stream_health_seconds",
+        "as an age",
+    ),
+    renamed(
         "SequenceStats",
         "replays_requested",
         STREAM,

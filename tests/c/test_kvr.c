@@ -2867,6 +2867,9 @@ static void test_ingest(void)
     CHECK(st[0].replays_partial == 0 && st[0].replays_failed == 0);
     CHECK(st[0].events_skipped_group == 0 && st[0].group_switches == 0);
     CHECK_EQ(st[0].events_skipped_medium, 0);
+    /* The restart's batch applied after the decode error: exact again, no link. */
+    CHECK(st[0].health == KVR_SOURCE_EXACT && st[0].health_reason == 0 && st[0].link_failures == 0);
+    CHECK(st[0].health_since_unix_ms > 0);
     uint64_t decode_total = 0;
     for (size_t i = 0; i < KVR_DECODE_ERROR_KINDS; i++) {
         decode_total += st[0].decode_errors[i];
@@ -2895,6 +2898,10 @@ static void test_ingest(void)
     CHECK(len == strlen("truncated") && memcmp(name, "truncated", len) == 0);
     CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_decode_error_name(KVR_DECODE_ERROR_KINDS, &name, &len));
     CHECK_ST(KVR_ERR_NULL, kvr_decode_error_name(0, NULL, &len));
+    OK(kvr_health_reason_name(4, &name, &len));
+    CHECK(len == strlen("decode errors") && memcmp(name, "decode errors", len) == 0);
+    CHECK_ST(KVR_ERR_INVALID_ARGUMENT, kvr_health_reason_name(UINT32_MAX, &name, &len));
+    CHECK_ST(KVR_ERR_NULL, kvr_health_reason_name(0, &name, NULL));
 
     kvr_partition_free(p);
     kvr_engine_free(e);

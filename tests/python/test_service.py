@@ -80,6 +80,36 @@ def test_int_rank_keys_in_and_out(monkeypatch):
         assert rec["kv_events_endpoints"] == {0: "tcp://127.0.0.1:9", 1: "tcp://127.0.0.1:10"}
 
 
+def test_dead_kv_event_endpoint_is_visible(monkeypatch):
+    """A worker whose KV-event endpoint nobody listens on: kv_event_sources() says dead
+    (with why), ready() stays ready and lists it; a worker without one lists nothing."""
+    monkeypatch.setenv("DYN_ROUTER_USE_KV_EVENTS", "true")
+    import socket
+    import time
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    s = kvr.SelectionService()
+    try:
+        s.upsert_worker_sync({"worker_id": 1, "model_name": "m", "block_size": BS,
+                              "endpoint": "http://w1.invalid",
+                              "kv_events_endpoint": f"tcp://127.0.0.1:{port}"})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            src = s.kv_event_sources()
+            if src and src[0]["state"] == "dead":
+                break
+            time.sleep(0.05)
+        assert [(x["worker_id"], x["state"]) for x in src] == [(1, "dead")], src
+        assert src[0]["reason"] == "cannot connect (refused or timed out)"
+        assert src[0]["link_failures"] >= 1 and src[0]["decode_errors"] == 0
+        r = s.ready()
+        assert r["ready"] is True
+        assert [x["state"] for x in r["kv_event_sources"]] == ["dead"]
+    finally:
+        s.shutdown()
+
+
 def test_async_surface(svc):
     async def main():
         r = await svc.select_and_reserve({"model_name": "m", "token_ids": prompt(0),

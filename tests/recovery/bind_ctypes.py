@@ -60,7 +60,9 @@ class StreamStats(ctypes.Structure):
                                       "events_skipped_group", "group_switches",
                                       "events_skipped_medium", "stale_since_unix_ms")]
                 + [("recovering", u32), ("reserved2", u32), ("dp_rank_refused", u64),
-                   ("events_skipped_malformed", u64), ("tokenless_blocks_unknown", u64)])
+                   ("events_skipped_malformed", u64), ("tokenless_blocks_unknown", u64),
+                   ("health", u32), ("health_reason", u32), ("health_since_unix_ms", u64),
+                   ("link_failures", u64)])
 
 
 class Kvr:

@@ -5,6 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::ids::WorkerId;
 use crate::sync::{Arc, Mutex};
 
+use super::health::{HealthReason, SourceHealth};
 use super::sequence::SequenceStats;
 
 /// One stream's counters (a partition's `ingress_stats`).
@@ -61,8 +62,19 @@ pub struct StreamStats {
     /// Wall-clock time of the last applied batch, ms since the Unix epoch (0 = never).
     pub last_batch_unix_ms: u64,
     /// Since when the stream's ranks may be stale (a known loss being replayed), ms since
-    /// the Unix epoch; 0 = not stale.
+    /// the Unix epoch; 0 = not stale. A degraded or dead stream's ranks are stale too
+    /// (`SourceHealth`).
     pub stale_since_unix_ms: u64,
+    /// The stream's health: exact, recovering, degraded or dead (`ingress::health`).
+    pub health: SourceHealth,
+    /// Why it is in that state.
+    pub health_reason: HealthReason,
+    /// Since when it is in that state with that reason, ms since the Unix epoch (0 = since
+    /// it was registered, exact).
+    pub health_since_unix_ms: u64,
+    /// Times the transport failed to reach the publisher (failed connects or binds, lost
+    /// connections).
+    pub link_failures: u64,
 }
 
 impl StreamStats {

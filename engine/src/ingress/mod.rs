@@ -19,6 +19,7 @@ pub(crate) mod counters;
 mod decode;
 pub(crate) mod door;
 mod groups;
+pub(crate) mod health;
 pub(crate) mod registry;
 pub(crate) mod sequence;
 mod source;
@@ -35,6 +36,7 @@ pub use decode::{
 };
 pub use door::EventSink;
 pub use registry::{MAX_INGRESS_STREAMS, MAX_PENDING_RANKS};
+pub use health::{HealthReason, SourceHealth};
 pub use sequence::ReplayResult;
 pub use source::{
     EventSource, SourceAction, SourceRefused, TopicRoute, DEFAULT_MAX_UNROUTED_TOPICS,

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use crate::ids::WorkerId;
 
 use super::door::{Door, EventSink, IngestOutcome};
+use super::health::HealthReason;
 use super::sequence::ReplayResult;
 use super::stream::IngressStream;
 
@@ -88,6 +89,9 @@ struct SourceStream {
     worker: WorkerId,
     /// The last message (live or replayed) or probe; `None` before the first.
     last_heard: Option<Instant>,
+    /// The last message, completed replay or reconnection (the silence bound's clock);
+    /// `None` before the first.
+    last_message: Option<Instant>,
 }
 
 /// The route-less topics a source by topic gives a stream, unless configured otherwise
@@ -112,6 +116,12 @@ pub struct EventSource<S: EventSink> {
     unrouted: usize,
     max_unrouted: usize,
     idle_probe_after: Option<Duration>,
+    /// A stream silent this long (while its link is up) is dead (`None`: never).
+    silence_bound: Option<Duration>,
+    /// The first tick (the silence bound's clock for a stream never heard from).
+    started: Option<Instant>,
+    /// What the transport last reported about the link (`None`: up, or not reported).
+    link_down: Option<HealthReason>,
 }
 
 impl<S: EventSink> std::fmt::Debug for EventSource<S> {
@@ -203,14 +213,45 @@ impl<S: EventSink> EventSource<S> {
             unrouted: 0,
             max_unrouted: DEFAULT_MAX_UNROUTED_TOPICS,
             idle_probe_after,
+            silence_bound: None,
+            started: None,
+            link_down: None,
         })
+    }
+
+    /// Streams silent for `bound` while their link is up count as dead
+    /// (`HealthReason::Silent`); `None` (the default): silence is never dead. Only for
+    /// publishers that are never idle that long: an idle engine without a replay
+    /// endpoint sends nothing (one with a replay endpoint answers the idle probes).
+    pub fn with_silence_bound(mut self, bound: Option<Duration>) -> Self {
+        self.silence_bound = bound;
+        self
+    }
+
+    /// The transport reached its endpoint (`None`: connected, or bound) or failed to
+    /// (`Some`, a dead reason: every failed attempt, counted in `link_failures`). It applies
+    /// to every stream of the source; a stream that held state and comes back stays
+    /// degraded until a batch applies or a replay fills.
+    pub fn on_link(&mut self, down: Option<HealthReason>, now: Instant) {
+        self.link_down = down;
+        for s in &mut self.streams {
+            if down.is_none() {
+                s.last_message = Some(now);
+            }
+            s.state.on_link(&self.sink, down);
+        }
     }
 
     /// How often the transport should call [`EventSource::on_tick`]: often enough that a
     /// probe starts within a fifth of the silence it waits for (`None`: no probes).
     pub fn tick_interval(&self) -> Option<Duration> {
-        self.idle_probe_after
-            .map(|d| (d / 5).min(Duration::from_millis(250)))
+        let probe = self.idle_probe_after.map(|d| d / 5);
+        let silence = self.silence_bound.map(|d| d / 5);
+        let shortest = match (probe, silence) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        shortest.map(|d| d.min(Duration::from_millis(250)))
     }
 
     /// One live message under `topic` (ignored with one publisher), heard at `now`.
@@ -232,12 +273,14 @@ impl<S: EventSink> EventSource<S> {
                 return SourceAction::Continue;
             }
         };
+        self.heard(i, now);
         self.feed(i, now, |s, d| s.on_live(d, seq, payload))
     }
 
     /// One batch of replay `id`, in the publisher's order (its topic not checked: see
     /// [`EventSource::on_replayed_under`]).
     pub fn on_replayed(&mut self, id: u32, seq: u64, payload: &[u8], now: Instant) -> SourceAction {
+        self.heard(id as usize, now);
         self.feed(id as usize, now, |s, d| s.on_replayed(d, seq, payload))
     }
 
@@ -265,12 +308,16 @@ impl<S: EventSink> EventSource<S> {
 
     /// Replay `id` ended.
     pub fn on_replay_end(&mut self, id: u32, result: ReplayResult, now: Instant) -> SourceAction {
+        if result == ReplayResult::Completed {
+            self.heard(id as usize, now);
+        }
         self.feed(id as usize, now, |s, d| s.on_replay_end(d, result))
     }
 
     /// The clock: probes every silent stream that can replay (its replay actions into
     /// `out`).
     pub fn on_tick(&mut self, now: Instant, out: &mut Vec<SourceAction>) {
+        self.check_silence(now);
         let Some(after) = self.idle_probe_after else {
             return;
         };
@@ -285,6 +332,29 @@ impl<S: EventSink> EventSource<S> {
             match self.feed(i, now, |s, d| s.on_idle(d)) {
                 SourceAction::Continue => {}
                 a => out.push(a),
+            }
+        }
+    }
+
+    /// Marks each stream silent or not by the silence bound (the link being up).
+    fn check_silence(&mut self, now: Instant) {
+        let Some(bound) = self.silence_bound else {
+            return;
+        };
+        let start = *self.started.get_or_insert(now);
+        for s in &mut self.streams {
+            let since = s.last_message.unwrap_or(start);
+            let silent = self.link_down.is_none() && now.saturating_duration_since(since) >= bound;
+            s.state.on_silence(&self.sink, silent);
+        }
+    }
+
+    /// Stream `i` delivered something: the silence bound's clock restarts.
+    fn heard(&mut self, i: usize, now: Instant) {
+        if let Some(s) = self.streams.get_mut(i) {
+            s.last_message = Some(now);
+            if s.state.silent() {
+                s.state.on_silence(&self.sink, false);
             }
         }
     }
@@ -355,6 +425,7 @@ impl<S: EventSink> EventSource<S> {
             state,
             worker,
             last_heard: None,
+            last_message: None,
         });
     }
 
@@ -509,6 +580,65 @@ mod tests {
         assert_eq!(p.ingress_stats()[0].messages, 1);
         source.on_replayed_under(0, b"kv-2", 1, b"", now);
         assert_eq!(p.ingress_stats()[0].messages, 2);
+    }
+
+    #[test]
+    fn link_and_silence_make_a_stream_dead_and_a_batch_makes_it_exact_again() {
+        use crate::ingress::decode::fixture::{a, batch, enc, m, s, toks, u, V};
+        use crate::ingress::health::{HealthReason as R, SourceHealth as H};
+        let p = StdArc::new(Partition::new(
+            PartitionKey::new("m", "g"),
+            PartitionConfig::new(4),
+        ));
+        let store = |hash: u64| {
+            enc(&batch(vec![m(vec![
+                ("type", s("BlockStored")),
+                ("block_hashes", a(vec![u(hash)])),
+                ("parent_block_hash", V::Nil),
+                ("token_ids", toks(1..5)),
+                ("block_size", u(4)),
+                ("medium", s("GPU")),
+            ])]))
+        };
+        let mut source = EventSource::single(p.clone(), 1, 0, None, None)
+            .unwrap()
+            .with_silence_bound(Some(Duration::from_secs(2)));
+        let health = || {
+            let st = &p.ingress_stats()[0];
+            (st.health, st.health_reason, st.link_failures)
+        };
+        let stale = || p.ingress_stats()[0].stale_since_unix_ms != 0;
+        let t0 = Instant::now();
+        source.on_message(b"", 0, &store(7), t0);
+        assert_eq!(health(), (H::Exact, R::InSequence, 0));
+        // Two failed connects: dead, counted twice, the rank stale.
+        source.on_link(Some(R::Unreachable), t0);
+        source.on_link(Some(R::Unreachable), t0);
+        assert_eq!(health(), (H::Dead, R::Unreachable, 2));
+        assert!(stale());
+        // Back: degraded until a batch applies.
+        source.on_link(None, t0);
+        assert_eq!(health().0, H::Degraded);
+        assert!(stale());
+        source.on_message(b"", 1, &store(8), t0);
+        assert_eq!(health(), (H::Exact, R::InSequence, 2));
+        assert!(!stale());
+        // Silent beyond the bound: dead; a message: exact.
+        let mut out = Vec::new();
+        source.on_tick(t0 + Duration::from_secs(1), &mut out);
+        assert_eq!(health().0, H::Exact);
+        source.on_tick(t0 + Duration::from_secs(3), &mut out);
+        assert_eq!(health().1, R::Silent);
+        assert!(stale());
+        source.on_message(b"", 2, &store(9), t0 + Duration::from_secs(3));
+        assert_eq!(health().0, H::Exact);
+        // An undecodable batch: degraded (decode errors) until the next good one.
+        source.on_message(b"", 3, &[0x93, 0x01], t0 + Duration::from_secs(3));
+        assert_eq!(health(), (H::Degraded, R::DecodeErrors, 2));
+        assert!(stale());
+        source.on_message(b"", 4, &store(10), t0 + Duration::from_secs(3));
+        assert_eq!(health().0, H::Exact);
+        assert!(!stale());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use super::counters::{now_unix_ms, StreamCounters};
 use super::decode::{decode_batch, DecodedBatch};
 use super::door::{Door, EventSink, EventsOutcome, IngestOutcome};
 use super::groups::GroupRouting;
+use super::health::{HealthFlags, HealthReason, SourceHealth};
 use super::sequence::{Action, ReplayResult, SequenceTracker};
 use super::translate::{translate, SinkShape, Skips};
 
@@ -33,6 +34,8 @@ pub(crate) struct IngressStream {
     stats: StreamCounters,
     /// Since when this stream is stale, and how many of `ranks_seen` were listed then.
     stale: Option<(u64, usize)>,
+    /// What its health depends on beyond the tracker (`health`).
+    health: HealthFlags,
 }
 
 impl std::fmt::Debug for IngressStream {
@@ -65,6 +68,7 @@ impl IngressStream {
             groups: GroupRouting::default(),
             stats: sink.register_stream(worker_id, stream),
             stale: None,
+            health: HealthFlags::default(),
         }
     }
 
@@ -151,16 +155,23 @@ impl IngressStream {
         actions: &mut Vec<Action>,
     ) -> IngestOutcome {
         let mut out = IngestOutcome::default();
+        let sequence = self.tracker.stats();
         for a in actions.drain(..) {
             match a {
                 Action::Apply { payload, .. } => {
-                    if self.apply_batch(door, &payload) {
+                    let applied = self.apply_batch(door, &payload);
+                    if applied {
                         out.batches_applied += 1;
                     } else {
                         out.decode_errors += 1;
                         clear_fed_ranks(door.sink(), self.worker_id, &self.ranks_seen);
                         out.clears += 1;
                     }
+                    // A batch that applies repairs a clear and a reconnection; one that
+                    // does not decode is lost.
+                    self.health.decode_failed = !applied;
+                    self.health.cleared &= !applied;
+                    self.health.relinked &= !applied;
                 }
                 Action::Clear(_) => {
                     clear_fed_ranks(door.sink(), self.worker_id, &self.ranks_seen);
@@ -169,16 +180,75 @@ impl IngressStream {
                 Action::RequestReplay { from_seq } => out.replay_from = Some(from_seq),
             }
         }
+        let after = self.tracker.stats();
+        // Batches lost without a replay to bring them back: the clear left state missing.
+        self.health.cleared |= after.batches_lost > sequence.batches_lost;
+        if after.replays_filled > sequence.replays_filled {
+            self.health.relinked = false;
+        }
         self.note_freshness(door.sink());
-        self.stats.0.lock().sequence = self.tracker.stats();
+        self.note_health();
+        self.stats.0.lock().sequence = after;
         out
+    }
+
+    /// The transport reached the publisher (`None`) or could not (`Some`, a dead reason).
+    /// After a reconnection the stream stays degraded until a batch applies or a replay
+    /// fills: messages sent meanwhile were lost.
+    pub(crate) fn on_link(&mut self, sink: &(impl EventSink + ?Sized), down: Option<HealthReason>) {
+        match (self.health.link_down, down) {
+            (_, Some(r)) => {
+                self.stats.0.lock().link_failures += 1;
+                self.health.link_down = Some(r);
+            }
+            (Some(_), None) => {
+                self.health.link_down = None;
+                self.health.relinked = !self.ranks_seen.is_empty();
+            }
+            (None, None) => return,
+        }
+        self.note_freshness(sink);
+        self.note_health();
+    }
+
+    /// Whether nothing was heard for longer than the source's silence bound.
+    pub(crate) fn on_silence(&mut self, sink: &(impl EventSink + ?Sized), silent: bool) {
+        if self.health.silent != silent {
+            self.health.silent = silent;
+            self.note_freshness(sink);
+            self.note_health();
+        }
+    }
+
+    /// Whether the stream is marked silent.
+    pub(crate) fn silent(&self) -> bool {
+        self.health.silent
+    }
+
+    /// The stream's health now (`health`).
+    fn reason(&self) -> HealthReason {
+        self.health
+            .reason(self.tracker.stale(), self.tracker.replaying())
+    }
+
+    /// Publishes the health to the stats, with the time it changed.
+    fn note_health(&self) {
+        let reason = self.reason();
+        let mut s = self.stats.0.lock();
+        if s.health_reason != reason {
+            s.health = reason.health();
+            s.health_reason = reason;
+            s.health_since_unix_ms = now_unix_ms();
+        }
     }
 
     /// Lists or unlists the stream's ranks as stale (after the actions: an unlisting
     /// follows the repair it waited for, `crate::freshness`).
     fn note_freshness(&mut self, sink: &(impl EventSink + ?Sized)) {
         let n = self.ranks_seen.len();
-        match (self.tracker.stale(), self.stale) {
+        // A known loss, and any degraded or dead state: the ranks' state may be missing.
+        let stale = self.tracker.stale() || self.reason().health() >= SourceHealth::Degraded;
+        match (stale, self.stale) {
             (true, Some((_, listed))) if listed == n => {}
             (true, since) => {
                 let t = since.map_or_else(now_unix_ms, |s| s.0);

@@ -94,8 +94,9 @@ func WithKVEvents(on bool) PartitionOption {
 }
 
 // WithTrustStaleOverlap sets whether selection credits a stale rank's overlap (a stream
-// with a known loss being replayed: StreamStats.StaleSince); default false, so a stale
-// rank's overlap counts as none until its loss is repaired or its ranks are cleared.
+// with a known loss being replayed, or degraded or dead: StreamStats.StaleSince and
+// Health); default false, so a stale rank's overlap counts as none until the stream's
+// repair is in the index.
 func WithTrustStaleOverlap(on bool) PartitionOption {
 	return func(o *C.kvr_partition_options) error {
 		var v C.uint32_t

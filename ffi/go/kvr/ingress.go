@@ -90,6 +90,50 @@ type StreamStats struct {
 	// (unless WithTrustStaleOverlap).
 	Recovering bool
 	StaleSince time.Time
+	// Health: Exact, Recovering, Degraded (state may be missing or stale) or Dead
+	// (unreachable, or silent beyond the bound), with HealthReason in words, since
+	// HealthSince (zero: since registered). A degraded or dead stream's ranks are stale.
+	Health       SourceHealth
+	HealthReason string
+	HealthSince  time.Time
+	// LinkFailures: failed connects or binds and lost connections (subscriptions only).
+	LinkFailures uint64
+}
+
+// SourceHealth is a stream's state (kvr_stream_stats.health).
+type SourceHealth uint32
+
+// The states of SourceHealth.
+const (
+	SourceExact      SourceHealth = C.KVR_SOURCE_EXACT
+	SourceRecovering SourceHealth = C.KVR_SOURCE_RECOVERING
+	SourceDegraded   SourceHealth = C.KVR_SOURCE_DEGRADED
+	SourceDead       SourceHealth = C.KVR_SOURCE_DEAD
+)
+
+// String is the state's name: exact, recovering, degraded, dead.
+func (h SourceHealth) String() string {
+	switch h {
+	case SourceExact:
+		return "exact"
+	case SourceRecovering:
+		return "recovering"
+	case SourceDegraded:
+		return "degraded"
+	case SourceDead:
+		return "dead"
+	}
+	return "unknown"
+}
+
+// healthReasonName is kvr_health_reason_name's text ("" for a number kvr does not use).
+func healthReasonName(reason uint32) string {
+	var name *C.char
+	var n C.size_t
+	if C.kvr_health_reason_name(C.uint32_t(reason), &name, &n) != C.KVR_OK {
+		return ""
+	}
+	return C.GoStringN(name, C.int(n))
 }
 
 // DecodeErrorTotal is the sum of DecodeErrors.
@@ -143,6 +187,11 @@ func streamStatsOf(c *C.kvr_stream_stats) StreamStats {
 	if ms := int64(c.stale_since_unix_ms); ms != 0 {
 		s.StaleSince = time.UnixMilli(ms)
 	}
+	s.Health, s.HealthReason = SourceHealth(c.health), healthReasonName(uint32(c.health_reason))
+	if ms := int64(c.health_since_unix_ms); ms != 0 {
+		s.HealthSince = time.UnixMilli(ms)
+	}
+	s.LinkFailures = uint64(c.link_failures)
 	return s
 }
 

@@ -108,9 +108,28 @@ func TestIngest(t *testing.T) {
 	if s.LastBatch.Before(before) || s.LastBatch.After(time.Now().Add(time.Second)) {
 		t.Fatalf("LastBatch %v", s.LastBatch)
 	}
+	if s.Health != SourceExact || s.HealthReason != "in sequence" || s.LinkFailures != 0 {
+		t.Fatalf("worker 1's health: %v %q", s.Health, s.HealthReason)
+	}
 	s2, ok := streamOf(t, p, 2)
 	if !ok || s2.Stream != 3 || s2.LastSeq != 8 || s2.DecodeErrorTotal() != 1 {
 		t.Fatalf("worker 2's stream: %+v", s2)
+	}
+	// Its last batch did not decode: degraded, its rank stale, its overlap not credited.
+	if s2.Health != SourceDegraded || s2.HealthReason != "decode errors" || s2.StaleSince.IsZero() ||
+		s2.HealthSince.IsZero() || s2.Health.String() != "degraded" {
+		t.Fatalf("worker 2's health: %v %q since %v", s2.Health, s2.HealthReason, s2.HealthSince)
+	}
+	ov, err = p.FindMatches(local, ov)
+	must(t, err)
+	if len(ov) != 1 || ov[0].WorkerID != 1 {
+		t.Fatalf("FindMatches with worker 2 degraded = %+v", ov)
+	}
+	// The next batch that applies makes it exact again.
+	_, err = p.Ingest(2, 3, nil, 9, msgpackStored(9, tokens, testBlock, 0))
+	must(t, err)
+	if s2, _ = streamOf(t, p, 2); s2.Health != SourceExact || !s2.StaleSince.IsZero() {
+		t.Fatalf("worker 2 after a good batch: %v %q", s2.Health, s2.HealthReason)
 	}
 	ov, err = p.FindMatches(local, ov)
 	must(t, err)

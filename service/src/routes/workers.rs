@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use kvr::stats::SourceHealth;
+
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -103,17 +105,23 @@ impl App {
     }
 
     /// `GET /ready`'s body: ready once a worker is schedulable (and peer recovery, if
-    /// any, ended).
+    /// any, ended), and, with `--ready-requires-kv-events`, no KV-event stream is dead.
+    /// The streams that are not exact are listed either way.
     pub fn ready(&self) -> ReadyBody {
         let workers = self.registry.records();
         let schedulable = workers
             .iter()
             .filter(|w| w.lifecycle == Lifecycle::Schedulable)
             .count();
+        let mut sources = self.kv_event_sources();
+        sources.retain(|s| s.state != SourceHealth::Exact.name());
+        let dead = sources.iter().any(|s| s.state == SourceHealth::Dead.name());
+        let events_ok = !(dead && self.args.ready_requires_kv_events);
         ReadyBody {
-            ready: schedulable > 0 && self.recovered(),
+            ready: schedulable > 0 && self.recovered() && events_ok,
             schedulable_workers: schedulable,
             workers,
+            kv_event_sources: sources,
         }
     }
 

@@ -206,6 +206,10 @@ pub struct ReadyBody {
     pub ready: bool,
     pub schedulable_workers: usize,
     pub workers: Vec<WorkerRecord>,
+    /// kvr's addition: the KV-event streams that are not exact (recovering, degraded,
+    /// dead), absent when every stream is exact (Dynamo's body then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kv_event_sources: Vec<crate::sources::SourceState>,
 }
 
 impl crate::error::WireBody for WorkerRequest {

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvr::ingress::{
-    EventSource, ReplayResult, SourceAction, TopicRoute, DEFAULT_MAX_UNROUTED_TOPICS,
+    EventSource, HealthReason, ReplayResult, SourceAction, TopicRoute,
+    DEFAULT_MAX_UNROUTED_TOPICS,
 };
 use kvr::{Partition, WorkerId};
 
@@ -45,7 +46,7 @@ pub enum SubscribeConfig {
 }
 
 /// How a subscription recovers (defaults: probe after 1.5 s of silence, replay timeout
-/// 5 s).
+/// 5 s, no silence bound).
 #[derive(Clone, Debug)]
 pub struct SubscribeOptions {
     /// Probe a stream with a replay endpoint after this long without a message (and once
@@ -57,6 +58,9 @@ pub struct SubscribeOptions {
     /// [`DEFAULT_MAX_UNROUTED_TOPICS`]); a message under any further unknown topic is
     /// dropped and counted (`IndexerStats::ingress_refused`). 0 takes routed topics only.
     pub max_unrouted_topics: usize,
+    /// A stream silent this long while connected counts as dead (`None`: silence never
+    /// does; an idle engine without a replay endpoint is silent).
+    pub silence_bound: Option<Duration>,
 }
 
 impl Default for SubscribeOptions {
@@ -65,6 +69,7 @@ impl Default for SubscribeOptions {
             idle_probe_after: Some(Duration::from_millis(1500)),
             replay_timeout: Duration::from_secs(5),
             max_unrouted_topics: DEFAULT_MAX_UNROUTED_TOPICS,
+            silence_bound: None,
         }
     }
 }
@@ -119,6 +124,10 @@ impl FrameSink for SourceSink {
 
     fn on_bad_frame(&mut self, _why: &'static str) {
         self.0.on_bad_frame();
+    }
+
+    fn on_link(&mut self, down: Option<HealthReason>) {
+        self.0.on_link(down, Instant::now());
     }
 }
 
@@ -180,12 +189,21 @@ pub fn subscribe_with(
             t.topic = topic;
             t.replay_endpoint = replay_endpoint.clone();
             let source = EventSource::single(partition, worker_id, stream, replay_endpoint, probe);
-            (t, source.map_err(refused)?)
+            (
+                t,
+                source
+                    .map_err(refused)?
+                    .with_silence_bound(options.silence_bound),
+            )
         }
         SubscribeConfig::Bind { endpoint, routes } => {
             let source = EventSource::by_topic(partition, routes, probe)
                 .map(|s| s.with_max_unrouted_topics(options.max_unrouted_topics));
-            (SubscriberConfig::bind(&endpoint), source.map_err(refused)?)
+            let source = source.map_err(refused)?;
+            (
+                SubscriberConfig::bind(&endpoint),
+                source.with_silence_bound(options.silence_bound),
+            )
         }
     };
     let transport = SubscriberConfig {

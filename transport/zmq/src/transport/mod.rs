@@ -64,7 +64,7 @@ use std::task::{Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvr::ingress::SourceAction;
+use kvr::ingress::{HealthReason, SourceAction};
 use zeromq::{
     Endpoint, Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError, ZmqMessage,
 };
@@ -171,6 +171,9 @@ pub trait FrameSink: Send + 'static {
     fn on_tick(&mut self, _out: &mut Vec<SourceAction>) {}
     /// A message without exactly 3 frames, or a seq frame not 8 bytes (live or replayed).
     fn on_bad_frame(&mut self, why: &'static str);
+    /// The SUB socket connected (or bound): `None`; or an attempt failed, or the
+    /// connection dropped: `Some` with why (each failed attempt is reported).
+    fn on_link(&mut self, _down: Option<HealthReason>) {}
 }
 
 /// [`FrameSink::on_bad_frame`] causes.
@@ -354,7 +357,10 @@ async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal)
             biased;
             () = stop.raised() => return,
             (i, event) = replays.next_event() => Step::Replay(i, event),
-            msg = link.next_message() => Step::Live(msg),
+            event = link.next_event() => match event {
+                LinkEvent::Message(msg) => Step::Live(msg),
+                LinkEvent::Changed(down) => Step::Link(down),
+            },
             () = next_tick(&mut tick) => Step::Tick,
         };
         if stop.is_raised() {
@@ -375,6 +381,7 @@ async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal)
                 }
             }
             Step::Replay(i, ReplayEvent::Ended(end)) => replays.end(i, end, sink),
+            Step::Link(down) => sink.on_link(down),
             Step::Tick => {
                 sink.on_tick(&mut actions);
                 for action in actions.drain(..) {
@@ -397,6 +404,8 @@ async fn next_tick(tick: &mut Option<tokio::time::Interval>) {
 
 enum Step {
     Live(ZmqMessage),
+    /// The link opened (`None`) or failed (`Some`).
+    Link(Option<HealthReason>),
     /// An event of `replays.running[i]`.
     Replay(usize, ReplayEvent),
     Tick,
@@ -474,8 +483,9 @@ impl SubLink {
         }
     }
 
-    /// The next live message, (re)opening the socket as needed. Cancel-safe.
-    async fn next_message(&mut self) -> ZmqMessage {
+    /// The next live message or change of the link, (re)opening the socket as needed.
+    /// Cancel-safe.
+    async fn next_event(&mut self) -> LinkEvent {
         loop {
             match &mut self.state {
                 LinkState::Closed => {
@@ -489,16 +499,20 @@ impl SubLink {
                 }
                 LinkState::Opening(open, started) => {
                     let started = *started;
-                    self.state = match open.as_mut().await {
-                        Ok(open) => LinkState::Open(open),
-                        Err(_) => {
+                    match open.as_mut().await {
+                        Ok(open) => {
+                            self.state = LinkState::Open(open);
+                            return LinkEvent::Changed(None);
+                        }
+                        Err(e) => {
                             // A connect keeps retrying for up to `reconnect_interval` before it
                             // fails; a bind fails at once. Either way the next attempt starts
                             // `reconnect_interval` after this one did.
                             let wait = self.reconnect_interval.saturating_sub(started.elapsed());
-                            LinkState::Backoff(Box::pin(tokio::time::sleep(wait)))
+                            self.state = LinkState::Backoff(Box::pin(tokio::time::sleep(wait)));
+                            return LinkEvent::Changed(Some(failure_reason(&e, self.bind)));
                         }
-                    };
+                    }
                 }
                 LinkState::Backoff(sleep) => {
                     sleep.as_mut().await;
@@ -510,7 +524,7 @@ impl SubLink {
                         _ = open.check.tick() => None,
                     };
                     match got {
-                        Some(Ok(msg)) => return msg,
+                        Some(Ok(msg)) => return LinkEvent::Message(msg),
                         // A peer's error: the peer is dropped (in connect mode the monitor
                         // reports it, below).
                         Some(Err(_)) => {}
@@ -518,10 +532,29 @@ impl SubLink {
                     }
                     if open.disconnected() {
                         self.state = LinkState::Closed;
+                        return LinkEvent::Changed(Some(HealthReason::Disconnected));
                     }
                 }
             }
         }
+    }
+}
+
+/// What the SUB link yields.
+enum LinkEvent {
+    Message(ZmqMessage),
+    /// Opened (`None`) or failed (`Some`).
+    Changed(Option<HealthReason>),
+}
+
+/// Why opening the SUB socket failed, as a stream's health reason.
+fn failure_reason(e: &ZmqError, bind: bool) -> HealthReason {
+    match e {
+        _ if bind => HealthReason::BindFailed,
+        ZmqError::Codec(_) | ZmqError::UnsupportedVersion(_) | ZmqError::Socket(_) => {
+            HealthReason::HandshakeFailed
+        }
+        _ => HealthReason::Unreachable,
     }
 }
 
