@@ -47,10 +47,10 @@ pub trait EventSink {
     }
     /// Whether blocks hashed with `len` tokens of lookahead (`crate::hash::lookahead`) may
     /// be indexed: only where selection hashes prompts with that length too, or they
-    /// could never match. A refused store is skipped and counted. None by default.
-    fn accepts_lookahead(&self, len: u32) -> bool {
-        len == 0
-    }
+    /// could never match. A refused store is skipped and counted. Required (no default),
+    /// so that a sink wrapping another cannot drop it by forgetting to forward it; a sink
+    /// that hashes no prompt with lookahead answers `len == 0`.
+    fn accepts_lookahead(&self, len: u32) -> bool;
     /// A stream number for a new stream of `worker` that a source numbers itself (a
     /// route-less topic): the lowest that no stream of this sink has and `taken` does not
     /// name, so streams of different sources never share a number; `None` when the sink

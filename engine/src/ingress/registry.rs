@@ -251,6 +251,9 @@ impl<S: EventSink + ?Sized> EventSink for CountingRefusals<'_, S> {
         }
         ok
     }
+    fn accepts_lookahead(&self, len: u32) -> bool {
+        self.sink.accepts_lookahead(len)
+    }
     fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
         self.sink.claim_stream(worker, taken)
     }
