@@ -48,7 +48,10 @@ use arbitrary::{Result, Unstructured};
 use kvr::config::PartitionConfig;
 use kvr::hash::{local_block_hash_mm, lookahead_key, HashSalt};
 
-use kvr::ingress::{decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind};
+use kvr::ingress::{
+    decode_batch, DecodeErrorKind, DecodedBatch, DecodedEvent, HealthReason, Medium, SourceHealth,
+    SpecKind,
+};
 use kvr::stats::StreamStats;
 use kvr::{IngestOutcome, KvEvent, RankId, StoredBlock, Tier, WorkerId, WorkerInfo};
 use kvr::{Partition, PartitionKey};
@@ -694,6 +697,10 @@ struct StreamModel {
     last_payload: Vec<u8>,
     ranks_seen: Vec<u32>,
     stats: StreamStats,
+    /// Health (`kvr::ingress::health`, rules written again for a raw stream): batches
+    /// were lost and no batch applied since; the last batch did not decode.
+    cleared: bool,
+    decode_failed: bool,
 }
 
 struct Harness {
@@ -924,6 +931,8 @@ impl Harness {
                 decode_errors: DecodeErrorKind::ALL.iter().map(|k| (k.name(), 0)).collect(),
                 ..StreamStats::default()
             },
+            cleared: false,
+            decode_failed: false,
         });
         self.streams.len() - 1
     }
@@ -1267,6 +1276,10 @@ impl Harness {
         let sm = &mut self.streams[si];
         sm.stats.messages += 1;
         sm.stats.bytes += payload.len() as u64;
+        // A batch that starts by clearing everything is a fence: a gap before it loses
+        // nothing that matters (the index is cleared either way).
+        let fence = kvr::ingress::starts_with_clear(payload);
+        let mut lost = false;
         let (clear, apply) = match sm.last {
             None => (false, true),
             Some(l) if seq == l.wrapping_add(1) => (false, true),
@@ -1281,9 +1294,12 @@ impl Harness {
             }
             Some(l) => {
                 sm.stats.sequence.gaps += 1;
-                // A counter saturates; it must never wrap (nor panic on overflow).
-                sm.stats.sequence.batches_lost =
-                    sm.stats.sequence.batches_lost.saturating_add(seq - l - 1);
+                if !fence {
+                    // A counter saturates; it must never wrap (nor panic on overflow).
+                    sm.stats.sequence.batches_lost =
+                        sm.stats.sequence.batches_lost.saturating_add(seq - l - 1);
+                    lost = true;
+                }
                 sm.stats.sequence.clears += 1;
                 (true, true)
             }
@@ -1320,11 +1336,32 @@ impl Harness {
                     c.1 += 1;
                 }
                 Ok(b) => {
-                    want.batches_applied = 1;
-                    self.apply_batch(w, st, si, b, &groups_of(&db));
+                    // A batch refused for its DP rank is reported so, not as applied.
+                    if self.apply_batch(w, st, si, b, &groups_of(&db)) {
+                        want.batches_applied = 1;
+                    } else {
+                        want.refused = 1;
+                    }
                 }
             }
         }
+        // Health: a batch that applies repairs a clear; one that does not decode makes
+        // the stream degraded until one does; batches lost for good leave it cleared.
+        let sm = &mut self.streams[si];
+        if apply {
+            sm.decode_failed = decoded.is_err();
+            sm.cleared &= decoded.is_err();
+        }
+        sm.cleared |= lost;
+        let reason = if sm.cleared {
+            HealthReason::StateCleared
+        } else if sm.decode_failed {
+            HealthReason::DecodeErrors
+        } else {
+            HealthReason::InSequence
+        };
+        sm.stats.health_reason = reason;
+        sm.stats.health = reason.health();
         assert_eq!(got, want, "IngestOutcome (engine vs model); {}", ctx());
         self.sum.messages += 1;
         self.sum.structured += u64::from(intended.is_some());
@@ -1348,6 +1385,15 @@ impl Harness {
                 ctx()
             );
             want.last_batch_unix_ms = g.last_batch_unix_ms;
+            // A degraded stream's ranks are listed stale; the times are the engine's.
+            assert_eq!(
+                (g.stale_since_unix_ms > 0, g.health_reason),
+                (want.health >= SourceHealth::Degraded, want.health_reason),
+                "stale iff degraded, and why; {}",
+                ctx()
+            );
+            want.stale_since_unix_ms = g.stale_since_unix_ms;
+            want.health_since_unix_ms = g.health_since_unix_ms;
             assert_eq!(g, &want, "StreamStats (engine vs model); {}", ctx());
         }
 
@@ -1388,7 +1434,7 @@ impl Harness {
         si: usize,
         b: &Batch,
         groups: &[(Option<u32>, Option<SpecKind>)],
-    ) {
+    ) -> bool {
         let dp = b.dp.unwrap_or(st);
         // The workers here are never registered while they publish: a DP rank of
         // MAX_DP_SIZE or more refuses the whole batch, counted, touching nothing else (no
@@ -1401,7 +1447,7 @@ impl Harness {
             s.events_rejected += n;
             s.dp_rank_refused += 1;
             self.sum.events_rejected += n;
-            return;
+            return false;
         }
         let sm = &mut self.streams[si];
         if !sm.ranks_seen.contains(&dp) {
@@ -1529,6 +1575,7 @@ impl Harness {
         self.sum.blocks_removed += removed;
         self.sum.events_rejected += rejected;
         self.sum.block_size_mismatches += mismatched;
+        true
     }
 
     /// Removes every worker: the index must come back to nothing.

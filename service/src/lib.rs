@@ -22,8 +22,8 @@ pub mod refusals;
 pub mod registry;
 pub mod routes;
 pub mod server;
-pub mod tracking;
 pub mod sources;
+pub mod tracking;
 pub mod wire;
 
 /// Hooks for the fuzz targets (not an API).

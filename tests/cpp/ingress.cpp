@@ -70,14 +70,15 @@ void ingress_test() {
     req.set_tokens(tokens);
     CHECK_EQ(held_by(p, req, 1), 1u);
 
-    // A duplicate applies nothing; garbage is reported, not thrown, and applies nothing.
+    // A duplicate applies nothing; garbage is reported, not thrown, applies nothing, and
+    // clears what the stream fed (what it held is unknown).
     r = p.ingest(1, 0, "kv@0", 0, kStored0123);
     CHECK(r.decoded() && r.batches_applied == 0);
     const uint8_t garbage[] = {0x93, 0x01};
     r = p.ingest(1, 0, {}, 1, garbage);
-    CHECK(!r.decoded() && r.status == KVR_ERR_DECODE && r.decode_errors == 1);
+    CHECK(!r.decoded() && r.status == KVR_ERR_DECODE && r.decode_errors == 1 && r.clears == 1);
     CHECK_THROWS(KVR_ERR_NULL, p.ingest(1, 0, {}, 2, Span<const uint8_t>(nullptr, 3)));
-    CHECK_EQ(held_by(p, req, 1), 1u);
+    CHECK_EQ(held_by(p, req, 1), 0u);
 
     // Counters of the one stream, the decode error by name.
     std::vector<kvr_stream_stats> stats;

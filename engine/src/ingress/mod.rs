@@ -31,12 +31,12 @@ pub use counters::StreamCounters;
 #[cfg(all(test, loom))]
 pub(crate) use decode::fixture;
 pub use decode::{
-    decode_batch, DecodeError, DecodeErrorKind, DecodedBatch, DecodedEvent, Medium, SpecKind,
-    MAX_PAYLOAD_BYTES,
+    decode_batch, starts_with_clear, DecodeError, DecodeErrorKind, DecodedBatch, DecodedEvent,
+    Medium, SpecKind, MAX_PAYLOAD_BYTES,
 };
 pub use door::EventSink;
-pub use registry::{MAX_INGRESS_STREAMS, MAX_PENDING_RANKS};
 pub use health::{HealthReason, SourceHealth};
+pub use registry::{MAX_INGRESS_STREAMS, MAX_PENDING_RANKS};
 pub use sequence::ReplayResult;
 pub use source::{
     EventSource, SourceAction, SourceRefused, TopicRoute, DEFAULT_MAX_UNROUTED_TOPICS,

@@ -13,11 +13,11 @@ use crate::ids::{RankId, WorkerId};
 use crate::index::{KvEvent, StoredBlock};
 
 use super::counters::{now_unix_ms, StreamCounters};
-use super::decode::{decode_batch, DecodedBatch};
+use super::decode::{decode_batch, starts_with_clear, DecodedBatch};
 use super::door::{Door, EventSink, EventsOutcome, IngestOutcome};
 use super::groups::GroupRouting;
 use super::health::{HealthFlags, HealthReason, SourceHealth};
-use super::sequence::{Action, ReplayResult, SequenceTracker};
+use super::sequence::{Action, ReplayResult, SequenceStats, SequenceTracker};
 use super::translate::{translate, SinkShape, Skips};
 
 /// The state of one stream: its sequence tracker, reusable decode buffers, its counters.
@@ -80,6 +80,9 @@ impl IngressStream {
         payload: &[u8],
     ) -> IngestOutcome {
         self.note_message(payload.len());
+        if starts_with_clear(payload) {
+            return self.track(door, |t, out| t.on_fence(seq, payload, out));
+        }
         self.track(door, |t, out| t.on_live(seq, payload, out))
     }
 
@@ -133,12 +136,14 @@ impl IngressStream {
         step: impl FnOnce(&mut SequenceTracker, &mut Vec<Action>),
     ) -> IngestOutcome {
         let mut actions = std::mem::take(&mut self.actions);
+        // Before the step: what it counts (batches lost for good) decides the health.
+        let before = self.tracker.stats();
         step(&mut self.tracker, &mut actions);
         #[cfg(loom)]
         if crate::sync::faults::get().unlist_before_repair {
             self.note_freshness(door.sink());
         }
-        let out = self.perform(door, &mut actions);
+        let out = self.perform(door, &mut actions, before);
         self.actions = actions;
         out
     }
@@ -153,9 +158,9 @@ impl IngressStream {
         &mut self,
         door: &Door<'_, S>,
         actions: &mut Vec<Action>,
+        sequence: SequenceStats,
     ) -> IngestOutcome {
         let mut out = IngestOutcome::default();
-        let sequence = self.tracker.stats();
         for a in actions.drain(..) {
             match a {
                 Action::Apply { payload, .. } => {

@@ -19,8 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvr::ingress::{
-    EventSource, HealthReason, ReplayResult, SourceAction, TopicRoute,
-    DEFAULT_MAX_UNROUTED_TOPICS,
+    EventSource, HealthReason, ReplayResult, SourceAction, TopicRoute, DEFAULT_MAX_UNROUTED_TOPICS,
 };
 use kvr::{Partition, WorkerId};
 

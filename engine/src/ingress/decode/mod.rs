@@ -31,6 +31,7 @@ mod payload;
 pub use batch::{DecodedBatch, DecodedEvent, Medium, SpecKind, MAX_PAYLOAD_BYTES};
 pub use error::{DecodeError, DecodeErrorKind};
 pub use payload::decode_batch;
+pub use payload::starts_with_clear;
 
 #[cfg(test)]
 pub(crate) mod fixture;

@@ -53,3 +53,43 @@ pub fn decode_batch(payload: &[u8], out: &mut DecodedBatch) -> Result<()> {
     }
     Ok(())
 }
+
+/// Whether a payload's first event is `AllBlocksCleared` (tagged or positional), read
+/// without decoding the rest: such a batch makes whatever its publisher sent before it
+/// irrelevant to the index, so a stream takes it as a fence (a loss or a restart it ends
+/// is not replayed, the stream's ranks are cleared). `false` for anything that does not
+/// read so far.
+pub fn starts_with_clear(payload: &[u8]) -> bool {
+    let first_tag = || -> Result<bool> {
+        let mut c = Cursor::new(payload);
+        if c.array_len(K::BatchShape, "batch is not an array")? < 2 {
+            return Ok(false);
+        }
+        c.skip_values(1)?;
+        if c.array_len(K::BatchShape, "events is not an array")? == 0 {
+            return Ok(false);
+        }
+        let tag = match c.peek()? {
+            rmp::Marker::FixMap(_) | rmp::Marker::Map16 | rmp::Marker::Map32 => {
+                let n = c.map_len(K::EventShape, "event is not a map")?;
+                let mut tag = None;
+                for _ in 0..n {
+                    if c.key()? == Some(&b"type"[..]) {
+                        tag = Some(c.str_bytes(K::EventShape, "type is not a string")?);
+                        break;
+                    }
+                    c.skip_values(1)?;
+                }
+                tag
+            }
+            _ => {
+                if c.array_len(K::EventShape, "event is not an array")? == 0 {
+                    return Ok(false);
+                }
+                Some(c.str_bytes(K::EventShape, "tag is not a string")?)
+            }
+        };
+        Ok(tag == Some(&b"AllBlocksCleared"[..]))
+    };
+    payload.len() <= MAX_PAYLOAD_BYTES && first_tag().unwrap_or(false)
+}

@@ -318,6 +318,39 @@ impl SequenceTracker {
         out.push(Action::RequestReplay { from_seq: 0 });
     }
 
+    /// A live batch whose first event clears the publisher's whole cache
+    /// (`AllBlocksCleared`): a **fence**. Nothing the publisher sent before it matters to
+    /// the index any more, so a loss or a restart it ends is not replayed: the stream's
+    /// ranks are cleared (a lost batch may have fed a rank this one does not clear) and the
+    /// batch applies, its number the last applied. vLLM sends this first when an engine
+    /// resets its prefix cache and when one is restored from a checkpoint, whose numbers go
+    /// on from the checkpoint's (so "the sequence went back" no longer tells every new
+    /// instance). In sequence, or a duplicate, it is an ordinary live batch.
+    pub(crate) fn on_fence(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
+        let ordinary = self.replay.is_none()
+            && match self.last {
+                None => seq == 0 || !self.replay_enabled,
+                Some((last, d)) => {
+                    seq == last.wrapping_add(1) || (seq == last && digest(payload) == d)
+                }
+            };
+        if ordinary {
+            return self.on_live(seq, payload, out);
+        }
+        out.clear();
+        match self.last {
+            Some((last, _)) if seq <= last => self.stats.restarts += 1,
+            Some(_) => self.stats.gaps += 1,
+            None => {}
+        }
+        // A replay in flight is abandoned (its late batches find none and are ignored;
+        // the clear tells the transport to drop it); its held live batches are older than
+        // this one (the live stream never goes back but for a restart, which this is then).
+        self.replay = None;
+        self.clear(ClearCause::Restart, out);
+        self.apply(seq, payload.to_vec(), out);
+    }
+
     /// A live batch. Returns the actions to perform in `out` (cleared first).
     pub(crate) fn on_live(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
         out.clear();

@@ -503,3 +503,79 @@ fn joining_late_with_replay_asks_for_what_the_publisher_still_holds() {
     assert_eq!(applied(&end(&mut t, ReplayResult::Completed)), vec![5]);
     assert_eq!(t.stats().clears, 0);
 }
+
+fn fence(t: &mut SequenceTracker, seq: u64, inst: u8) -> Vec<Action> {
+    let mut out = Vec::new();
+    t.on_fence(seq, &[seq as u8, inst, 0xcc], &mut out);
+    out
+}
+
+fn replays(out: &[Action]) -> Vec<u64> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::RequestReplay { from_seq } => Some(*from_seq),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_fence_in_sequence_is_an_ordinary_batch() {
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    let out = fence(&mut t, 1, 0);
+    assert_eq!((applied(&out), clears(&out)), (vec![1], vec![]));
+    assert!(fence(&mut t, 1, 0).is_empty(), "its duplicate drops");
+    assert_eq!(t.stats().duplicates, 1);
+}
+
+#[test]
+fn a_fence_after_a_gap_or_from_a_restored_instance_needs_no_replay() {
+    // A gap: what was lost came before the clear, so nothing is asked again.
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    let out = fence(&mut t, 5, 0);
+    assert_eq!(replays(&out), Vec::<u64>::new());
+    assert_eq!(
+        (clears(&out), applied(&out)),
+        (vec![ClearCause::Restart], vec![5])
+    );
+    assert_eq!(t.stats().gaps, 1);
+    assert_eq!(
+        applied(&live(&mut t, 6)),
+        vec![6],
+        "and the stream goes on from it"
+    );
+    // A clone restored from an older checkpoint: its numbers go on from the checkpoint's.
+    let out = fence(&mut t, 3, 1);
+    assert_eq!(
+        (clears(&out), applied(&out)),
+        (vec![ClearCause::Restart], vec![3])
+    );
+    assert_eq!(replays(&out), Vec::<u64>::new());
+    assert_eq!(t.stats().restarts, 1);
+    assert_eq!(applied(&live_of(&mut t, 4, 1)), vec![4]);
+}
+
+#[test]
+fn a_fence_ends_a_replay_in_flight() {
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    assert_eq!(replays(&live(&mut t, 3)), vec![0], "a gap: replay asked");
+    assert!(t.replaying());
+    let out = fence(&mut t, 4, 0);
+    assert_eq!(
+        (clears(&out), applied(&out)),
+        (vec![ClearCause::Restart], vec![4])
+    );
+    assert!(!t.replaying() && !t.stale());
+    // The late replay finds none in flight and is ignored.
+    assert!(replayed(&mut t, 1, 0).is_empty());
+    // A join that meets a fence applies it at once, no replay asked.
+    let mut t = SequenceTracker::new(true);
+    let out = fence(&mut t, 9, 0);
+    assert_eq!(
+        (clears(&out), applied(&out), replays(&out)),
+        (vec![ClearCause::Restart], vec![9], vec![])
+    );
+}
