@@ -90,10 +90,14 @@ fn a_failed_repair_clears_and_the_rank_is_fresh_again() {
     live(&mut s, 2, &batch(&[]));
     assert!(matches!(freshness(&p), StreamFreshness::Stale { .. }));
     s.on_replay_end(0, ReplayResult::Failed, Instant::now());
-    // Cleared: nothing to credit, and nothing stale (an undercount only).
-    assert_eq!((credited(&p), freshness(&p)), (0, StreamFreshness::Live));
+    // Cleared: nothing to credit; the stream stays listed (degraded, its state cleared)
+    // until a batch applies, since the engine holds blocks kvr no longer knows of.
+    assert_eq!(credited(&p), 0);
+    assert!(matches!(freshness(&p), StreamFreshness::Stale { .. }));
+    let health = p.ingress_stats().remove(0).health_reason;
+    assert_eq!(health, kvr::ingress::HealthReason::StateCleared);
     live(&mut s, 3, &batch(&[10, 11]));
-    assert_eq!(credited(&p), 2);
+    assert_eq!((credited(&p), freshness(&p)), (2, StreamFreshness::Live));
     // A probe in flight is recovering, not stale: its rank stays credited.
     let mut probes = Vec::new();
     s.on_tick(Instant::now(), &mut probes);
