@@ -45,6 +45,9 @@ Scenarios (issue 15's list):
                             topic and replay endpoint; B's replay ROUTER never answers. A
                             batch lost on A is replayed (exact) without waiting for B's,
                             B recovers by clearing, C is untouched (bind_ctypes.py)
+  restore-from-checkpoint   an engine restored from a checkpoint on the same endpoints
+                            (numbers going on from the checkpoint's, the old replay buffer,
+                            AllBlocksCleared first): kvr clears and goes on, no replay asked
   loss-during-idle-probe    a rank whose replay endpoint never answers loses a batch while
                             an idle probe is in flight: the probe's failure must clear it
 Scenarios hit by a kvr bug keep that part as an expected failure (KNOWN_BUGS).
@@ -63,6 +66,7 @@ join-after-last-batch holds nothing).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
@@ -226,6 +230,37 @@ def connector_shapes(fl, base, check):
     return [plain, ahead], ok
 
 
+def restore_from_checkpoint(fl, base, check):
+    """An engine restored from a checkpoint on the same endpoints: its batch numbers go
+    on from the checkpoint's (behind what kvr applied), its replay buffer is the old
+    instance's, and its first batch clears everything. That clear is a fence: kvr clears
+    and goes on from it without asking a replay (the old history it would bring is cleared
+    anyway). Run with idle probes off, so that any replay counted is the restore's."""
+    w = Worker(fl, 114)
+    w.register(base)
+    r = w.ranks[0]
+    time.sleep(1.0)
+    p, q = prompt(22000, 4), prompt(23000, 3)
+    for i in range(4):
+        r.publish([r.stored(p[: (i + 1) * BS])])  # batches 0..3
+    ok = check.converge("restore-from-checkpoint (before)", [w], [p, q])
+    replays = metric(base, "kvr_kv_stream_replays_total", 114)
+    # The checkpoint was taken after batch 1: the restored engine numbers from 2 on, its
+    # replay buffer as it was then.
+    r.pub._seq_gen = itertools.count(2)
+    kept = [b for b in r.pub._buffer if b[0] < 2]
+    r.pub._buffer.clear()
+    r.pub._buffer.extend(kept)
+    r.forget(p)
+    r.publish([fl.kv.AllBlocksCleared(), r.stored(q)])
+    ok &= check.converge("restore-from-checkpoint (restored, cleared)", [w], [p, q])
+    asked = metric(base, "kvr_kv_stream_replays_total", 114) - replays
+    if asked:
+        log(f"restore-from-checkpoint: {asked:.0f} replay(s) asked; a fence needs none")
+        ok = False
+    return w, ok
+
+
 def extra_keys(fl, base, check):
     """Equal tokens, different images or cache salts, are different blocks (REFERENCE.md
     §9): engines publish them with vLLM's `extra_keys` ((mm identifier, offset) pairs, a
@@ -355,6 +390,8 @@ SCENARIOS = {
                                ["--kv-events-idle-probe-ms", "300",
                                 "--kv-events-replay-timeout-ms", "2000"]),
     "bind-stuck-replay": (bind_stuck_replay, (), False),
+    "restore-from-checkpoint": (restore_from_checkpoint, (),
+                                ["--kv-events-idle-probe-ms", "0"]),
 }
 NEGATIVE = ["gap-at-end-of-burst", "join-after-last-batch"]
 # Scenarios with a part that fails because of a kvr bug (not of the test): that part is
