@@ -40,13 +40,41 @@ __all__ = [
 class SelectionCacheConfig:
     """Bounds of the pending-selection cache (``select`` with a ``selection_id``), as
     Dynamo's ``SelectionCacheConfig``; ``None`` keeps the default (120 s, 4096 entries,
-    256 MiB)."""
+    256 MiB). ``SelectionService(selection_cache=...)`` takes only this class: Dynamo's
+    own keeps its bounds where Python cannot read them, and a dict is refused as Dynamo
+    refuses it (a ``TypeError`` either way, never a bound silently dropped)."""
 
     def __init__(self, *, ttl_secs: Optional[float] = None, max_entries: Optional[int] = None,
                  max_bytes: Optional[int] = None) -> None:
+        """The bounds (checked when the service starts: a ``ValueError`` if out of range)."""
         self.ttl_secs = ttl_secs
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+
+
+def _cache_config(c: Any) -> SelectionCacheConfig:
+    """``selection_cache`` as kvr's class, or a TypeError: never a bound silently dropped.
+
+    Dynamo's own ``SelectionCacheConfig`` keeps its bounds in native fields Python cannot
+    read (no attributes, no pickling), so kvr cannot honour them and refuses the object,
+    naming the class to pass instead. Anything else (a dict, ...) is refused with the
+    TypeError Dynamo's constructor raises for it."""
+    if isinstance(c, SelectionCacheConfig):
+        return c
+    kind = type(c).__name__
+    if kind == "SelectionCacheConfig":
+        raise TypeError(
+            "argument 'selection_cache': Dynamo's SelectionCacheConfig does not expose its "
+            "bounds to Python, so kvr cannot honour them; pass kvr.SelectionCacheConfig("
+            "ttl_secs=..., max_entries=..., max_bytes=...) with the same arguments")
+    raise TypeError(f"argument 'selection_cache': '{kind}' object cannot be converted to "
+                    "'SelectionCacheConfig'")
+
+
+def _count(name: str, v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name} must be an int >= 0")
+    return str(v)
 
 
 def _whole_secs(name: str, v: float, lo: int = 0) -> str:
@@ -112,14 +140,13 @@ def _argv(indexer_threads, indexer_peers, replica_sync_port, replica_sync_peers,
     if replica_sync_peers:
         argv += ["--replica-sync-peers", ",".join(replica_sync_peers)]
     if selection_cache is not None:
-        c = selection_cache
-        ttl = getattr(c, "ttl_secs", None)
-        if ttl is not None:
-            argv += ["--selection-cache-ttl-secs", _whole_secs("ttl_secs", ttl)]
-        if getattr(c, "max_entries", None) is not None:
-            argv += ["--selection-cache-max-entries", str(int(c.max_entries))]
-        if getattr(c, "max_bytes", None) is not None:
-            argv += ["--selection-cache-max-bytes", str(int(c.max_bytes))]
+        c = _cache_config(selection_cache)
+        if c.ttl_secs is not None:
+            argv += ["--selection-cache-ttl-secs", _whole_secs("ttl_secs", c.ttl_secs)]
+        if c.max_entries is not None:
+            argv += ["--selection-cache-max-entries", _count("max_entries", c.max_entries)]
+        if c.max_bytes is not None:
+            argv += ["--selection-cache-max-bytes", _count("max_bytes", c.max_bytes)]
     if session_affinity_ttl_secs is not None:
         argv += ["--session-affinity-ttl-secs",
                  _whole_secs("session_affinity_ttl_secs", session_affinity_ttl_secs, 1)]
@@ -168,6 +195,7 @@ class SelectionService:
                  itl_per_request_ms: Optional[float] = None,
                  queue_externality: Optional[float] = None,
                  decode_block_us: Optional[float] = None) -> None:
+        """Starts the service (see the class docstring for the arguments)."""
         argv = _argv(indexer_threads, indexer_peers, replica_sync_port, replica_sync_peers,
                      selection_cache, session_affinity_ttl_secs, remote_indexer_url)
         argv += _cost_argv(cost_model, dict(
@@ -193,52 +221,67 @@ class SelectionService:
         return fut
 
     def upsert_worker(self, worker: dict) -> "asyncio.Future[dict]":
+        """Adds or replaces a worker (Dynamo's worker dict) and subscribes to its KV events; resolves to its catalog record."""
         return self._future(self._core.upsert_worker, worker)
 
     def patch_worker(self, worker_id: int, patch: dict) -> "asyncio.Future[dict]":
+        """Changes some fields of a known worker; resolves to its catalog record."""
         return self._future(self._core.patch_worker, worker_id, patch)
 
     def delete_worker(self, worker_id: int) -> "asyncio.Future[dict]":
+        """Removes a worker and stops its KV events; resolves to its last catalog record."""
         return self._future(self._core.delete_worker, worker_id)
 
     def select(self, request: dict) -> "asyncio.Future[dict]":
+        """Chooses a rank for the request dict without booking it (with ``selection_id``, the choice is held for a later ``create_reservation`` claim); resolves to the choice."""
         return self._future(self._core.select, request)
 
     def select_and_reserve(self, request: dict) -> "asyncio.Future[dict]":
+        """Chooses a rank and books the request on it; resolves to the choice with its ``selection_id``."""
         return self._future(self._core.select_and_reserve, request)
 
     def create_reservation(self, request: dict) -> "asyncio.Future[dict]":
+        """Books a request on a rank the caller chose, or claims a pending ``select``; resolves to the booking."""
         return self._future(self._core.create_reservation, request)
 
     def prefill_complete(self, selection_id: str) -> "asyncio.Future[None]":
+        """The booking's prefill is done: its prefill tokens leave the rank's load. Resolves to ``None``."""
         return self._future(self._core.prefill_complete, selection_id)
 
     def free_reservation(self, selection_id: str) -> "asyncio.Future[None]":
+        """Ends a booking; its load leaves the rank. Resolves to ``None``."""
         return self._future(self._core.free_reservation, selection_id)
 
     def potential_loads(self, request: dict) -> "asyncio.Future[list]":
+        """Resolves to each candidate rank's load were the request booked on it."""
         return self._future(self._core.potential_loads, request)
 
     def overlap_scores(self, request: dict) -> "asyncio.Future[dict]":
+        """Resolves to each candidate rank's cached-prefix overlap for the request, in blocks."""
         return self._future(self._core.overlap_scores, request)
 
     def indexer_snapshot(self) -> "asyncio.Future[dict]":
+        """Resolves to the index as ``GET /dump`` answers it (what a peer recovers from)."""
         return self._future(self._core.indexer_snapshot)
 
     def recover_indexer_from_peers(self, peers: list[str]) -> "asyncio.Future[bool]":
+        """Loads the index from the first peer whose ``/dump`` answers; resolves to False when none could be used. Runs on the loop's default executor (blocking HTTP)."""
         # Blocking HTTP GETs: always off the loop.
         return asyncio.get_running_loop().run_in_executor(
             None, self._core.recover_indexer_from_peers, list(peers))
 
     async def shutdown_async(self) -> None:
+        """``shutdown()`` as a coroutine."""
         self._core.shutdown()
 
     # -- synchronous in Dynamo too
     def list_workers(self, *, model_name: Optional[str] = None,
                      routing_group: Optional[str] = None) -> list:
+        """The catalog records, optionally of one model and routing group."""
         return self._core.list_workers(model_name, routing_group)
 
     def ready(self) -> dict:
+        """Readiness: ``ready``, the worker records and the KV-event streams that are not exact."""
         return self._core.ready()
 
     def kv_event_sources(self) -> list:
@@ -249,54 +292,71 @@ class SelectionService:
 
     def loads(self, *, model_name: Optional[str] = None,
               routing_group: Optional[str] = None) -> list:
+        """Each rank's booked load (prefill tokens, decode blocks, active requests), optionally of one model and routing group."""
         return self._core.loads(model_name, routing_group)
 
     def add_output_block(self, selection_id: str, *,
                          decay_fraction: Optional[float] = None) -> None:
+        """The booking's decode grew by one output block (``decay_fraction`` decays its prefill credit)."""
         return self._core.add_output_block(selection_id, decay_fraction=decay_fraction)
 
     def shutdown(self) -> None:
+        """Stops the KV-event subscriptions and the sweeper; later calls fail fast. Idempotent."""
         self._core.shutdown()
 
     # -- synchronous twins of the awaitable methods (kvr's; no event loop needed)
     def upsert_worker_sync(self, worker: dict) -> dict:
+        """The synchronous twin of ``upsert_worker`` (kvr's; no event loop needed): answers directly."""
         return self._core.upsert_worker(worker)
 
     def patch_worker_sync(self, worker_id: int, patch: dict) -> dict:
+        """The synchronous twin of ``patch_worker`` (kvr's; no event loop needed): answers directly."""
         return self._core.patch_worker(worker_id, patch)
 
     def delete_worker_sync(self, worker_id: int) -> dict:
+        """The synchronous twin of ``delete_worker`` (kvr's; no event loop needed): answers directly."""
         return self._core.delete_worker(worker_id)
 
     def select_sync(self, request: dict) -> dict:
+        """The synchronous twin of ``select`` (kvr's; no event loop needed): answers directly."""
         return self._core.select(request)
 
     def select_and_reserve_sync(self, request: dict) -> dict:
+        """The synchronous twin of ``select_and_reserve`` (kvr's; no event loop needed): answers directly."""
         return self._core.select_and_reserve(request)
 
     def create_reservation_sync(self, request: dict) -> dict:
+        """The synchronous twin of ``create_reservation`` (kvr's; no event loop needed): answers directly."""
         return self._core.create_reservation(request)
 
     def prefill_complete_sync(self, selection_id: str) -> None:
+        """The synchronous twin of ``prefill_complete`` (kvr's; no event loop needed): answers directly."""
         return self._core.prefill_complete(selection_id)
 
     def free_reservation_sync(self, selection_id: str) -> None:
+        """The synchronous twin of ``free_reservation`` (kvr's; no event loop needed): answers directly."""
         return self._core.free_reservation(selection_id)
 
     def potential_loads_sync(self, request: dict) -> list:
+        """The synchronous twin of ``potential_loads`` (kvr's; no event loop needed): answers directly."""
         return self._core.potential_loads(request)
 
     def overlap_scores_sync(self, request: dict) -> dict:
+        """The synchronous twin of ``overlap_scores`` (kvr's; no event loop needed): answers directly."""
         return self._core.overlap_scores(request)
 
     def indexer_snapshot_sync(self) -> dict:
+        """The synchronous twin of ``indexer_snapshot`` (kvr's; no event loop needed): answers directly."""
         return self._core.indexer_snapshot()
 
     def recover_indexer_from_peers_sync(self, peers: list[str]) -> bool:
+        """The synchronous twin of ``recover_indexer_from_peers`` (kvr's; no event loop needed): answers directly."""
         return self._core.recover_indexer_from_peers(list(peers))
 
     def __enter__(self) -> "SelectionService":
+        """The service itself (``with SelectionService(...) as svc:``)."""
         return self
 
     def __exit__(self, *exc) -> None:
+        """Calls ``shutdown()``."""
         self.shutdown()

@@ -30,6 +30,8 @@ pub struct Engine {
 
 #[pymethods]
 impl Engine {
+    /// A new engine with no partitions; `seed` fixes the tie-break and temperature
+    /// sampling for reproducible selections (None: seeded from the clock).
     #[new]
     #[pyo3(signature = (seed=None))]
     fn new(seed: Option<u64>) -> Self {
@@ -155,6 +157,7 @@ impl Engine {
             .map_err(|e| lifecycle_error(py, e))
     }
 
+    /// The booking's decode grew by `n` output blocks (they join its rank's decode load).
     #[pyo3(signature = (selection_id, n=1))]
     fn add_output_blocks(&self, py: Python<'_>, selection_id: u64, n: u64) -> PyResult<()> {
         let e = &*self.inner;
@@ -208,6 +211,7 @@ pub struct Decision {
 
 #[pymethods]
 impl Decision {
+    /// `Decision(worker_id=…, dp_rank=…, selection_id=…, cached_tokens=…, cost=…)`.
     fn __repr__(&self) -> String {
         format!(
             "Decision(worker_id={}, dp_rank={}, selection_id={}, cached_tokens={}, cost={})",
@@ -223,16 +227,19 @@ impl Decision {
 
 #[pymethods]
 impl Partition {
+    /// The partition's model name.
     #[getter]
     fn model_name(&self) -> String {
         self.inner.key().model.to_string()
     }
 
+    /// The partition's routing group.
     #[getter]
     fn routing_group(&self) -> String {
         self.inner.key().routing_group.to_string()
     }
 
+    /// Tokens per KV block (the workers' `kv_block_size`).
     #[getter]
     fn block_size(&self) -> u32 {
         self.inner.block_size()
@@ -275,6 +282,7 @@ impl Partition {
         Ok(())
     }
 
+    /// Removes a worker, its ranks' cached blocks and bookings; false if it was unknown.
     fn remove_worker(&self, py: Python<'_>, worker_id: u64) -> bool {
         let p = &*self.inner;
         py.detach(|| p.remove_worker(worker_id))

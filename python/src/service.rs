@@ -256,6 +256,7 @@ impl NativeService {
         self.app.args.remote_indexer_url.is_some()
     }
 
+    /// Adds or replaces a worker (Dynamo's worker dict) and subscribes to its KV events; answers its catalog record.
     fn upsert_worker(&self, py: Python<'_>, worker: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let req: WorkerRequest = body(&worker_in(worker)?)?;
         let app = self.live(py)?;
@@ -265,6 +266,7 @@ impl NativeService {
         }
     }
 
+    /// Changes some fields of a known worker; answers its catalog record.
     fn patch_worker(
         &self,
         py: Python<'_>,
@@ -280,6 +282,7 @@ impl NativeService {
         }
     }
 
+    /// Removes a worker and stops its KV events; answers its last catalog record.
     /// (`worker_id` typed as Dynamo's: a non-int is pyo3's TypeError, as there.)
     fn delete_worker(&self, py: Python<'_>, worker_id: u64) -> PyResult<Py<PyAny>> {
         let id = worker_id;
@@ -290,6 +293,7 @@ impl NativeService {
         }
     }
 
+    /// The catalog records, optionally of one model and routing group.
     #[pyo3(signature = (model_name=None, routing_group=None))]
     fn list_workers(
         &self,
@@ -305,9 +309,17 @@ impl NativeService {
         records_to_py(py, &py.detach(|| app.list_workers(&f)))
     }
 
+    /// Readiness: `ready`, the worker records and the streams that are not exact.
     fn ready(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let app = &*self.app;
-        records_to_py(py, &py.detach(|| app.ready()))
+        let out = records_to_py(py, &py.detach(|| app.ready()))?;
+        // After `shutdown` nothing is served: not ready, as Dynamo's class answers.
+        if self.shut.load(Ordering::Acquire) {
+            if let Ok(d) = out.bind(py).cast::<PyDict>() {
+                d.set_item("ready", false)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Every KV-event stream's health (kvr's addition): a list of dicts with
@@ -319,6 +331,7 @@ impl NativeService {
         to_py(py, &py.detach(|| app.kv_event_sources()))
     }
 
+    /// Each rank's booked load (prefill tokens, decode blocks, active requests).
     #[pyo3(signature = (model_name=None, routing_group=None))]
     fn loads(
         &self,
@@ -334,11 +347,13 @@ impl NativeService {
         to_py(py, &py.detach(|| app.loads(&f)))
     }
 
+    /// Chooses a rank for a request dict without booking it (or with `selection_id`, pending a claim).
     fn select(&self, py: Python<'_>, request: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let b: SelectRequest = body(request)?;
         self.run(py, move |app| app.select(&b))
     }
 
+    /// Chooses a rank and books the request on it; answers the choice and its `selection_id`.
     fn select_and_reserve(
         &self,
         py: Python<'_>,
@@ -348,16 +363,19 @@ impl NativeService {
         self.run(py, move |app| app.select_and_reserve(&b))
     }
 
+    /// Each candidate rank's load if the request were booked on it.
     fn potential_loads(&self, py: Python<'_>, request: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let b: SelectRequest = body(request)?;
         self.run(py, move |app| app.potential_loads(&b))
     }
 
+    /// Each candidate rank's cached-prefix overlap for the request, in blocks.
     fn overlap_scores(&self, py: Python<'_>, request: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let b: SelectRequest = body(request)?;
         self.run(py, move |app| app.overlap_scores(&b))
     }
 
+    /// Books a request on a rank the caller chose (or claims a pending selection).
     fn create_reservation(
         &self,
         py: Python<'_>,
@@ -367,10 +385,12 @@ impl NativeService {
         self.run(py, move |app| app.reserve(&b))
     }
 
+    /// The booking's prefill is done: its prefill tokens leave the rank's load.
     fn prefill_complete(&self, py: Python<'_>, selection_id: &str) -> PyResult<()> {
         self.lifecycle(py, |app| app.prefill_complete(selection_id))
     }
 
+    /// The booking's decode grew by one output block (optionally decaying its prefill credit).
     #[pyo3(signature = (selection_id, *, decay_fraction=None))]
     fn add_output_block(
         &self,
@@ -381,6 +401,7 @@ impl NativeService {
         self.lifecycle(py, |app| app.output_block(selection_id, decay_fraction))
     }
 
+    /// Ends a booking; its load leaves the rank.
     fn free_reservation(&self, py: Python<'_>, selection_id: &str) -> PyResult<()> {
         self.lifecycle(py, |app| app.free(selection_id))
     }

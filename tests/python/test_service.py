@@ -237,3 +237,69 @@ def test_threads_book_and_free(svc):
     for p in svc.loads():
         for r in p["loads"]:
             assert r["potential_prefill_tokens"] == 0 and r["potential_decode_blocks"] == 0
+
+
+def _public_methods(cls):
+    return [n for n, v in vars(cls).items()
+            if callable(v) and (not n.startswith("_") or n in ("__init__", "__enter__", "__exit__"))]
+
+
+def test_every_public_method_documented():
+    """Every public method of the Python classes, the native ones and the .pyi stubs has
+    a docstring of its own."""
+    import ast
+    import inspect
+    import os
+    missing = []
+    for cls in (kvr.SelectionService, kvr.SelectionCacheConfig, kvr.Engine, kvr.Partition,
+                kvr.Decision):
+        for name in _public_methods(cls):
+            if name == "__init__" and cls in (kvr.Engine,):
+                doc = cls.__doc__ or cls.__init__.__doc__
+            else:
+                doc = getattr(cls, name).__doc__
+            if not doc or doc == object.__init__.__doc__:
+                missing.append(f"{cls.__name__}.{name}")
+    stub = os.path.join(os.path.dirname(kvr.__file__), "__init__.pyi")
+    for c in ast.parse(open(stub).read()).body:
+        if isinstance(c, ast.ClassDef):
+            for f in c.body:
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and not ast.get_docstring(f):
+                    missing.append(f"stub {c.name}.{f.name}")
+    assert not missing, missing
+    assert inspect.getdoc(kvr.SelectionService.select)  # the check reads real docstrings
+
+
+def test_selection_cache_config_refused_unless_kvrs():
+    for bad in ({"max_entries": 1}, 7, object()):
+        with pytest.raises(TypeError, match="selection_cache"):
+            kvr.SelectionService(selection_cache=bad)
+    for bad in (dict(max_entries=-1), dict(max_entries=1.5), dict(max_bytes=True),
+                dict(ttl_secs=-1)):
+        with pytest.raises(ValueError):
+            kvr.SelectionService(selection_cache=kvr.SelectionCacheConfig(**bad))
+
+
+def test_selection_cache_bound_honoured(monkeypatch):
+    monkeypatch.setenv("DYN_ROUTER_USE_KV_EVENTS", "false")
+    with kvr.SelectionService(selection_cache=kvr.SelectionCacheConfig(max_entries=1)) as s:
+        s.upsert_worker_sync({"worker_id": 1, "model_name": "m", "block_size": BS,
+                              "endpoint": "http://w1.invalid"})
+        for sid, start in (("p1", 0), ("p2", 100)):
+            s.select_sync({"model_name": "m", "token_ids": prompt(start), "selection_id": sid})
+        with pytest.raises(kvr.SelectionServiceError):  # evicted by the one-entry bound
+            s.create_reservation_sync({"selection_id": "p1", "model_name": "m"})
+        assert s.create_reservation_sync({"selection_id": "p2", "model_name": "m"})["selection_id"] == "p2"
+
+
+def test_pin_to_a_missing_rank_is_unavailable(svc):
+    """A pin to an unknown worker or to a rank it lacks is 503 (Dynamo's answer), not a
+    selection elsewhere; a pin to a rank it has routes there."""
+    for pin in ({"worker_id": 99, "dp_rank": 0}, {"worker_id": 1, "dp_rank": 5}):
+        for call in (svc.select_sync, svc.select_and_reserve_sync):
+            with pytest.raises(kvr.SelectionServiceError) as e:
+                call({"model_name": "m", "token_ids": prompt(0), "pinned_worker": pin})
+            assert e.value.status_code == 503, pin
+    r = svc.select_sync({"model_name": "m", "token_ids": prompt(0),
+                         "pinned_worker": {"worker_id": 2, "dp_rank": 0}})
+    assert (r["worker_id"], r["dp_rank"]) == (2, 0)

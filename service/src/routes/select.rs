@@ -303,6 +303,33 @@ impl App {
             b.allowed_worker_ids.as_deref(),
         )
     }
+
+    /// A selection pinned to a rank no schedulable worker has (an unknown worker, or a
+    /// `dp_rank` outside its ranks) is unavailable, as Dynamo answers it (503): routing it
+    /// elsewhere would hide the caller's mistake. A pin outside `allowed_worker_ids` is left
+    /// to the engine (it does not survive the allow-set).
+    fn check_pin(prep: &Prepared, b: &SelectBody) -> Result<(), ApiError> {
+        let Some(pin) = b.pinned_worker else {
+            return Ok(());
+        };
+        let allowed = prep
+            .allowed
+            .as_ref()
+            .is_none_or(|a| a.contains(&pin.worker_id));
+        let has_rank = prep.entry.is_schedulable(pin.worker_id)
+            && prep
+                .entry
+                .partition
+                .workers()
+                .get(pin.worker_id)
+                .is_some_and(|w| w.has_rank(pin.dp_rank));
+        if allowed && !has_rank {
+            return Err(ApiError::unavailable(
+                "no endpoints available to route work",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `POST /select`: the decision and projected load, nothing booked. With a
@@ -330,6 +357,7 @@ impl App {
     pub fn select(&self, b: &SelectBody) -> Result<SelectResponse, ApiError> {
         let app = self;
         let prep = app.prepare_select(b)?;
+        Self::check_pin(&prep, b)?;
         let req = engine_request(&prep, b);
         let outcome = app
             .engine
@@ -365,6 +393,7 @@ impl App {
     pub fn select_and_reserve(&self, b: &SelectBody) -> Result<SelectResponse, ApiError> {
         let app = self;
         let prep = app.prepare_select(b)?;
+        Self::check_pin(&prep, b)?;
         let mut req = engine_request(&prep, b);
         let named = match &b.selection_id {
             Some(s) => Some(app.name_new(s, &prep.key)?),
