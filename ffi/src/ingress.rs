@@ -300,20 +300,13 @@ pub unsafe extern "C" fn kvr_decode_error_name(
     name: *mut *const c_char,
     len: *mut usize,
 ) -> kvr_status {
-    guard(|| {
-        if name.is_null() || len.is_null() {
-            return Err(KVR_ERR_NULL);
-        }
-        let k = DecodeErrorKind::ALL
-            .get(kind as usize)
-            .ok_or(KVR_ERR_INVALID_ARGUMENT)?;
-        let s = k.name();
-        // SAFETY: both checked non-NULL; writable by the caller's contract.
-        unsafe {
-            name.write(s.as_ptr().cast());
-            len.write(s.len());
-        }
-        Ok(())
+    // SAFETY: forwarded from this function's contract.
+    guard(|| unsafe {
+        static_name(
+            DecodeErrorKind::ALL.get(kind as usize).map(|k| k.name()),
+            name,
+            len,
+        )
     })
 }
 
@@ -329,19 +322,34 @@ pub unsafe extern "C" fn kvr_health_reason_name(
     name: *mut *const c_char,
     len: *mut usize,
 ) -> kvr_status {
-    guard(|| {
-        if name.is_null() || len.is_null() {
-            return Err(KVR_ERR_NULL);
-        }
-        let r = HealthReason::ALL
-            .get(reason as usize)
-            .ok_or(KVR_ERR_INVALID_ARGUMENT)?;
-        let s = r.text();
-        // SAFETY: both checked non-NULL; writable by the caller's contract.
-        unsafe {
-            name.write(s.as_ptr().cast());
-            len.write(s.len());
-        }
-        Ok(())
+    // SAFETY: forwarded from this function's contract.
+    guard(|| unsafe {
+        static_name(
+            HealthReason::ALL.get(reason as usize).map(|r| r.text()),
+            name,
+            len,
+        )
     })
+}
+
+/// Writes a static string's address and length to `name` and `len` (not NUL-terminated):
+/// `KVR_ERR_INVALID_ARGUMENT` when there is none (an unused number).
+///
+/// # Safety
+/// `name` and `len` are NULL or writable.
+unsafe fn static_name(
+    s: Option<&'static str>,
+    name: *mut *const c_char,
+    len: *mut usize,
+) -> Result<(), kvr_status> {
+    if name.is_null() || len.is_null() {
+        return Err(KVR_ERR_NULL);
+    }
+    let s = s.ok_or(KVR_ERR_INVALID_ARGUMENT)?;
+    // SAFETY: both checked non-NULL; writable by the caller's contract.
+    unsafe {
+        name.write(s.as_ptr().cast());
+        len.write(s.len());
+    }
+    Ok(())
 }

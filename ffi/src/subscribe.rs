@@ -35,6 +35,16 @@ pub struct kvr_subscribe_options {
     max_unrouted_topics: usize,
 }
 
+impl kvr_subscribe_options {
+    /// Options of `config`, every other knob at its default.
+    fn of(config: SubscribeConfig) -> Self {
+        kvr_subscribe_options {
+            config,
+            max_unrouted_topics: DEFAULT_MAX_UNROUTED_TOPICS,
+        }
+    }
+}
+
 /// A running (or stopped) subscription of a partition to engine KV events (opaque).
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
@@ -77,15 +87,7 @@ pub unsafe extern "C" fn kvr_subscribe_options_new_connect(
             stream,
         };
         // SAFETY: forwarded caller contract.
-        unsafe {
-            give(
-                out,
-                kvr_subscribe_options {
-                    config,
-                    max_unrouted_topics: DEFAULT_MAX_UNROUTED_TOPICS,
-                },
-            )
-        }
+        unsafe { give(out, kvr_subscribe_options::of(config)) }
     })
 }
 
@@ -113,15 +115,7 @@ pub unsafe extern "C" fn kvr_subscribe_options_new_bind(
             routes: Vec::new(),
         };
         // SAFETY: forwarded caller contract.
-        unsafe {
-            give(
-                out,
-                kvr_subscribe_options {
-                    config,
-                    max_unrouted_topics: DEFAULT_MAX_UNROUTED_TOPICS,
-                },
-            )
-        }
+        unsafe { give(out, kvr_subscribe_options::of(config)) }
     })
 }
 

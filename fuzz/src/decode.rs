@@ -233,18 +233,50 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
         }
         en::write_str(&mut w, tag).unwrap();
         match ev {
-            DecodedEvent::Stored {
-                hashes,
-                parent,
-                tokens,
-                block_size,
-                lora_name,
-                medium: m,
-                group: g,
-                spec,
-                lookahead,
-                ..
-            } => {
+            DecodedEvent::Stored { .. } | DecodedEvent::Tokenless { .. } => {
+                // A tokenless store is a store with no parent, no tokens, block size 0.
+                let (hashes, parent, tokens, block_size, lora_name, m, g, spec, lookahead) =
+                    match ev {
+                        DecodedEvent::Stored {
+                            hashes,
+                            parent,
+                            tokens,
+                            block_size,
+                            lora_name,
+                            medium,
+                            group,
+                            spec,
+                            lookahead,
+                            ..
+                        } => (
+                            hashes.clone(),
+                            *parent,
+                            &b.tokens[tokens.clone()],
+                            *block_size,
+                            lora_name.clone(),
+                            *medium,
+                            *group,
+                            *spec,
+                            lookahead.clone(),
+                        ),
+                        DecodedEvent::Tokenless {
+                            hashes,
+                            medium,
+                            group,
+                            spec,
+                        } => (
+                            hashes.clone(),
+                            None,
+                            &[][..],
+                            0,
+                            None,
+                            *medium,
+                            *group,
+                            *spec,
+                            0..0,
+                        ),
+                        _ => unreachable!("matched above"),
+                    };
                 key(&mut w, "block_hashes");
                 en::write_array_len(&mut w, hashes.len() as u32).unwrap();
                 for (k, &h) in b.hashes[hashes.clone()].iter().enumerate() {
@@ -252,29 +284,29 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                 }
                 key(&mut w, "parent_block_hash");
                 match parent {
-                    Some(p) => hash(&mut w, *p, 1),
+                    Some(p) => hash(&mut w, p, 1),
                     None => en::write_nil(&mut w).unwrap(),
                 }
                 key(&mut w, "token_ids");
                 en::write_array_len(&mut w, tokens.len() as u32).unwrap();
-                for &t in &b.tokens[tokens.clone()] {
+                for &t in tokens {
                     en::write_uint(&mut w, u64::from(t)).unwrap();
                 }
                 key(&mut w, "block_size");
-                en::write_uint(&mut w, u64::from(*block_size)).unwrap();
+                en::write_uint(&mut w, u64::from(block_size)).unwrap();
                 key(&mut w, "lora_id");
                 en::write_nil(&mut w).unwrap();
                 key(&mut w, "medium");
-                en::write_str(&mut w, medium(*m)).unwrap();
+                en::write_str(&mut w, medium(m)).unwrap();
                 key(&mut w, "lora_name");
                 match lora_name {
-                    Some(r) => en::write_str(&mut w, &b.text[r.clone()]).unwrap(),
+                    Some(r) => en::write_str(&mut w, &b.text[r]).unwrap(),
                     None => en::write_nil(&mut w).unwrap(),
                 }
                 key(&mut w, "extra_keys");
                 en::write_nil(&mut w).unwrap();
                 key(&mut w, "group_idx");
-                group(&mut w, *g);
+                group(&mut w, g);
                 key(&mut w, "kv_cache_spec_kind");
                 match spec {
                     SpecKind::Unspecified => en::write_nil(&mut w).unwrap(),
@@ -294,46 +326,12 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                     key(&mut w, "lookahead_token_ids");
                     en::write_array_len(&mut w, hashes.len() as u32).unwrap();
                     for i in 0..hashes.len() {
-                        let t = b.block_lookahead_tokens(lookahead, i);
+                        let t = b.block_lookahead_tokens(&lookahead, i);
                         en::write_array_len(&mut w, t.len() as u32).unwrap();
                         for &x in t {
                             en::write_uint(&mut w, u64::from(x)).unwrap();
                         }
                     }
-                }
-            }
-            DecodedEvent::Tokenless {
-                hashes,
-                medium: m,
-                group: g,
-                spec,
-            } => {
-                key(&mut w, "block_hashes");
-                en::write_array_len(&mut w, hashes.len() as u32).unwrap();
-                for (k, &h) in b.hashes[hashes.clone()].iter().enumerate() {
-                    hash(&mut w, h, k);
-                }
-                key(&mut w, "parent_block_hash");
-                en::write_nil(&mut w).unwrap();
-                key(&mut w, "token_ids");
-                en::write_array_len(&mut w, 0).unwrap();
-                key(&mut w, "block_size");
-                en::write_uint(&mut w, 0).unwrap();
-                key(&mut w, "lora_id");
-                en::write_nil(&mut w).unwrap();
-                key(&mut w, "medium");
-                en::write_str(&mut w, medium(*m)).unwrap();
-                key(&mut w, "lora_name");
-                en::write_nil(&mut w).unwrap();
-                key(&mut w, "extra_keys");
-                en::write_nil(&mut w).unwrap();
-                key(&mut w, "group_idx");
-                group(&mut w, *g);
-                key(&mut w, "kv_cache_spec_kind");
-                match spec {
-                    SpecKind::Unspecified => en::write_nil(&mut w).unwrap(),
-                    SpecKind::FullAttention => en::write_str(&mut w, "full_attention").unwrap(),
-                    SpecKind::Other => en::write_str(&mut w, "sliding_window").unwrap(),
                 }
             }
             DecodedEvent::Malformed { .. } => {
