@@ -4,5 +4,6 @@ pub mod dump;
 mod flat;
 pub mod prompt;
 pub mod select;
+pub mod source;
 pub(crate) mod tokens;
 pub mod worker;

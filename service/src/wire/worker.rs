@@ -209,7 +209,7 @@ pub struct ReadyBody {
     /// kvr's addition: the KV-event streams that are not exact (recovering, degraded,
     /// dead), absent when every stream is exact (Dynamo's body then).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kv_event_sources: Vec<crate::sources::SourceState>,
+    pub kv_event_sources: Vec<super::source::SourceState>,
 }
 
 impl crate::error::WireBody for WorkerRequest {
