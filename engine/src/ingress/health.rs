@@ -130,6 +130,20 @@ impl HealthReason {
             | HealthReason::Silent => SourceHealth::Dead,
         }
     }
+
+    /// Whether the index may hold blocks the engine dropped in this state, so the stream's
+    /// ranks are listed stale: a loss not repaired, a lost or dead link, silence. A clear
+    /// (after a loss, or of a batch that did not decode) leaves only an undercount, so
+    /// those ranks stay credited for what kvr does know.
+    pub const fn may_overcount(self) -> bool {
+        !matches!(
+            self,
+            HealthReason::InSequence
+                | HealthReason::ReplayInFlight
+                | HealthReason::StateCleared
+                | HealthReason::DecodeErrors
+        )
+    }
 }
 
 /// What a stream knows about its health beyond its sequence tracker.

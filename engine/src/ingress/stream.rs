@@ -16,7 +16,7 @@ use super::counters::{now_unix_ms, StreamCounters};
 use super::decode::{decode_batch, starts_with_clear, DecodedBatch};
 use super::door::{Door, EventSink, EventsOutcome, IngestOutcome};
 use super::groups::GroupRouting;
-use super::health::{HealthFlags, HealthReason, SourceHealth};
+use super::health::{HealthFlags, HealthReason};
 use super::sequence::{Action, ReplayResult, SequenceStats, SequenceTracker};
 use super::translate::{translate, SinkShape, Skips};
 
@@ -252,7 +252,7 @@ impl IngressStream {
     fn note_freshness(&mut self, sink: &(impl EventSink + ?Sized)) {
         let n = self.ranks_seen.len();
         // A known loss, and any degraded or dead state: the ranks' state may be missing.
-        let stale = self.tracker.stale() || self.reason().health() >= SourceHealth::Degraded;
+        let stale = self.tracker.stale() || self.reason().may_overcount();
         match (stale, self.stale) {
             (true, Some((_, listed))) if listed == n => {}
             (true, since) => {
