@@ -115,8 +115,9 @@ func TestIngest(t *testing.T) {
 	if !ok || s2.Stream != 3 || s2.LastSeq != 8 || s2.DecodeErrorTotal() != 1 {
 		t.Fatalf("worker 2's stream: %+v", s2)
 	}
-	// Its last batch did not decode: degraded, its rank stale, its overlap not credited.
-	if s2.Health != SourceDegraded || s2.HealthReason != "decode errors" || s2.StaleSince.IsZero() ||
+	// Its last batch did not decode: degraded, its rank cleared (so nothing stale: an
+	// undercount only), its overlap gone.
+	if s2.Health != SourceDegraded || s2.HealthReason != "decode errors" || !s2.StaleSince.IsZero() ||
 		s2.HealthSince.IsZero() || s2.Health.String() != "degraded" {
 		t.Fatalf("worker 2's health: %v %q since %v", s2.Health, s2.HealthReason, s2.HealthSince)
 	}
