@@ -11,7 +11,7 @@
 //! has seen ([`lookahead_local_hashes`]), and each rank matches only the hashes of its own
 //! length, so no block is counted where only its own tokens match.
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::Xxh3;
 
 use super::{local_block_hash_mm, BlockExtras, HashSalt, LocalHash};
 
@@ -21,11 +21,12 @@ const LOOKAHEAD_SEED: u64 = 0x6b76_725f_6c61; // "kvr_la"
 /// The key value of a block's lookahead tokens: xxh3 of the tokens as LE u32, seeded with
 /// a seed of its own.
 pub fn lookahead_key(tokens: &[u32]) -> u64 {
-    let mut bytes = Vec::with_capacity(tokens.len() * 4);
+    // Streamed: no buffer per block (it runs once per stored block and prompt block).
+    let mut h = Xxh3::with_seed(LOOKAHEAD_SEED);
     for t in tokens {
-        bytes.extend_from_slice(&t.to_le_bytes());
+        h.update(&t.to_le_bytes());
     }
-    xxh3_64_with_seed(&bytes, LOOKAHEAD_SEED)
+    h.digest()
 }
 
 /// The local hashes a rank hashing with `lookahead` tokens of lookahead gives `tokens`'
@@ -57,6 +58,13 @@ pub fn lookahead_local_hashes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_key_is_xxh3_of_the_tokens_le_bytes() {
+        let bytes: Vec<u8> = [4u32, 5].iter().flat_map(|t| t.to_le_bytes()).collect();
+        let want = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, LOOKAHEAD_SEED);
+        assert_eq!(lookahead_key(&[4, 5]), want);
+    }
 
     #[test]
     fn a_block_is_hashed_only_with_its_lookahead_tokens_present() {
