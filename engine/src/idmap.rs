@@ -4,11 +4,10 @@
 //! lock; writers serialize per shard.
 
 use crate::sync::epoch;
-use crate::table::{table_key, Shard};
+use crate::table::{table_key, Shard, Shards};
 
 pub(crate) struct IdMap {
-    shards: Box<[Shard]>,
-    mask: u64,
+    shards: Shards,
 }
 
 impl IdMap {
@@ -19,15 +18,13 @@ impl IdMap {
     /// freeing the retired tables in crossbeam's periodic collection made every 64th
     /// booked selection of the selection harness its slowest.
     pub(crate) fn new(shards: usize, min_capacity: usize) -> Self {
-        let n = shards.max(1).next_power_of_two();
         IdMap {
-            shards: (0..n).map(|_| Shard::new(min_capacity)).collect(),
-            mask: n as u64 - 1,
+            shards: Shards::new(shards, min_capacity),
         }
     }
 
     fn shard(&self, key: u64) -> &Shard {
-        &self.shards[(key & self.mask) as usize]
+        self.shards.of(key)
     }
 
     /// The value of `key`. Lock-free; never waits for a writer.

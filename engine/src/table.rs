@@ -295,6 +295,38 @@ struct ShardWriter {
     live: usize,
 }
 
+/// Shards picked by a key's low bits (homes use its high bits): what the branch table,
+/// the selection-id map and the recurrent-state table share.
+pub(crate) struct Shards {
+    shards: Box<[Shard]>,
+    mask: u64,
+}
+
+impl Shards {
+    /// `shards` (rounded up to a power of two) of at least `min_capacity` slots each.
+    pub(crate) fn new(shards: usize, min_capacity: usize) -> Self {
+        let n = shards.max(1).next_power_of_two();
+        Shards {
+            shards: (0..n).map(|_| Shard::new(min_capacity)).collect(),
+            mask: n as u64 - 1,
+        }
+    }
+
+    /// The shard that holds `key`.
+    #[inline(always)]
+    pub(crate) fn of(&self, key: u64) -> &Shard {
+        &self.shards[(key & self.mask) as usize]
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Shard> {
+        self.shards.iter()
+    }
+
+    pub(crate) fn table_bytes(&self) -> u64 {
+        self.shards.iter().map(Shard::table_bytes).sum()
+    }
+}
+
 pub(crate) struct Shard {
     /// The current table's address | capacity code.
     table: AtomicUsize,

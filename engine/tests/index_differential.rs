@@ -161,6 +161,17 @@ enum Op {
         rank: RankId,
         via_apply: bool,
     },
+    /// A recurrent group's states at blocks the rank holds (and some it does not).
+    StoreStates {
+        rank: RankId,
+        tier: Tier,
+        hashes: Vec<u64>,
+    },
+    RemoveStates {
+        rank: RankId,
+        tier: Tier,
+        hashes: Vec<u64>,
+    },
     RemoveRank(RankId),
     RemoveWorker(u64),
 }
@@ -171,6 +182,8 @@ impl Op {
             Op::Store { rank, .. }
             | Op::Remove { rank, .. }
             | Op::StoreKnown { rank, .. }
+            | Op::StoreStates { rank, .. }
+            | Op::RemoveStates { rank, .. }
             | Op::Clear { rank, .. } => Some(*rank),
             Op::RemoveRank(r) => Some(*r),
             Op::RemoveWorker(_) => None,
@@ -185,6 +198,10 @@ struct Coverage {
     parent_not_found: u64,
     removes: u64,
     stores_known: u64,
+    states_stored: u64,
+    states_removed: u64,
+    /// Hybrid ranks whose score a state cut back (the model's scores with and without).
+    state_cuts: u64,
     removed_blocks: u64,
     not_found: u64,
     clears: u64,
@@ -304,6 +321,10 @@ impl Gen<'_> {
         }
         let live = model.rank(rank).map_or(0, |r| r.names_len());
         let remove_pct = if live > SOFT_CAP { 65 } else { 30 };
+        // Odd workers serve a hybrid model: their recurrent group announces states.
+        if rank.worker_id % 2 == 1 && live > 0 && self.rng.chance(1, 5) {
+            return self.gen_states(model, rank);
+        }
         if live > 0 && self.rng.chance(1, 12) {
             // Names picked as a removal picks them, copied onto a tier.
             let Op::Remove { hashes, .. } = self.gen_remove(model, rank) else {
@@ -403,6 +424,41 @@ impl Gen<'_> {
         }
         q.push_back(op.clone());
         op
+    }
+
+    /// States at a few blocks of the rank's chains (sparse, as vLLM's align mode keeps
+    /// them), or their removal.
+    fn gen_states(&mut self, model: &Model, rank: RankId) -> Op {
+        let rm = model.rank(rank).expect("live rank");
+        let tier = self.tier();
+        let held: Vec<u64> = {
+            let mut v: Vec<u64> = rm.states[tier as usize].keys().copied().collect();
+            v.sort_unstable();
+            v
+        };
+        if !held.is_empty() && self.rng.chance(1, 3) {
+            let mut hashes: Vec<u64> = (0..self.rng.range(1, 3))
+                .map(|_| *self.rng.pick(&held))
+                .collect();
+            if self.rng.chance(1, 8) {
+                hashes.push(self.rng.next_u64());
+            }
+            return Op::RemoveStates { rank, tier, hashes };
+        }
+        let w = self.world;
+        let mut hashes = Vec::new();
+        for _ in 0..self.rng.range(1, 3) {
+            let c = w.pick_chain(&mut self.rng);
+            let p = self.progress(model, rank, c);
+            if p > 0 {
+                hashes.push(w.ext(rank, c, self.rng.below(p)));
+            }
+        }
+        if hashes.is_empty() || self.rng.chance(1, 8) {
+            // A state of a block the rank does not hold: left out, counted.
+            hashes.push(self.rng.next_u64());
+        }
+        Op::StoreStates { rank, tier, hashes }
     }
 
     fn gen_remove(&mut self, model: &Model, rank: RankId) -> Op {
@@ -562,6 +618,34 @@ fn apply_op(index: &Index, model: &mut Model, op: &Op, cov: &mut Coverage) {
             cov.stores_known += 1;
             cov.stored_blocks += want.stored as u64;
         }
+        Op::StoreStates { rank, tier, hashes } => {
+            let want = model.store_states(*rank, *tier, hashes);
+            let got = index
+                .apply(
+                    *rank,
+                    &KvEvent::StatesStored {
+                        tier: *tier,
+                        external_hashes: hashes,
+                    },
+                )
+                .expect("StatesStored is never refused");
+            assert_eq!(got, want, "state store outcome (index vs model)");
+            cov.states_stored += want.stored as u64;
+        }
+        Op::RemoveStates { rank, tier, hashes } => {
+            let want = model.remove_states(*rank, *tier, hashes);
+            let got = index
+                .apply(
+                    *rank,
+                    &KvEvent::StatesRemoved {
+                        tier: *tier,
+                        external_hashes: hashes,
+                    },
+                )
+                .expect("StatesRemoved is never refused");
+            assert_eq!(got, want, "state removal outcome (index vs model)");
+            cov.states_removed += want.removed as u64;
+        }
         Op::Clear { rank, via_apply } => {
             let want = model.clear(*rank);
             let got = if *via_apply {
@@ -637,6 +721,15 @@ fn check_query(
     cov.queries += 1;
     cov.nonzero_scores += got.len() as u64;
     cov.tiered_host_or_disk += got_t.iter().filter(|t| t.host + t.disk > 0).count() as u64;
+    let mut plain = model.clone();
+    for rm in plain.ranks.values_mut() {
+        rm.hybrid = false;
+    }
+    let uncut = plain.find_matches(q);
+    cov.state_cuts += uncut
+        .iter()
+        .filter(|(r, s)| want.iter().find(|e| e.0 == *r).map_or(0, |e| e.1) < *s)
+        .count() as u64;
 }
 
 /// The most ranks holding one block on the device.
@@ -739,6 +832,10 @@ fn assert_coverage(c: &Coverage, ops: usize) {
     assert!(c.parent_not_found > 0, "no unknown parents: {c:?}");
     assert!(c.not_found > 0, "no unknown removals: {c:?}");
     assert!(c.stores_known > 0, "no tokenless stores: {c:?}");
+    assert!(
+        c.states_stored > 0 && c.states_removed > 0 && c.state_cuts > 0,
+        "no recurrent states stored, removed, or cutting a score: {c:?}"
+    );
     assert!(
         c.clears > 0 && c.remove_ranks > 0,
         "no clears/removals: {c:?}"

@@ -227,10 +227,10 @@ fn a_sliding_window_groups_eviction_keeps_the_full_attention_blocks() {
     let s = stats_of(&p, 8);
     assert_eq!((s.events_skipped_group, s.group_switches), (2, 0));
 
-    // Mamba-like, the state group's store first: routing moves to the full-attention
-    // group when it shows up, and what came from the other group is cleared.
+    // A windowed group's store first (only that group seen): routing moves to the
+    // full-attention group when it shows up, and what came from the other is cleared.
     let b: Vec<u32> = (100..108).collect();
-    e.in_group(1, Some("mamba"))
+    e.in_group(1, Some("sliding_window"))
         .stored(&[31, 32], None, &b, BS, Medium::Gpu, None);
     p.ingest(9, 0, b"", 0, &e.finish(1.0, None));
     assert_eq!(device_overlap(&p, &b, RankId::new(9, 0)), 2);

@@ -74,8 +74,12 @@ fn an_offloaded_placeholder_beside_device_events_applies_with_them() {
     assert_eq!(tiers(&p, &tokens), (0, 0, 0));
 }
 
+/// A Mamba state checkpoint (vLLM 0.34's offloading tracker: one hash, its parent, no
+/// tokens) is recurrent state at that block, not a block: the hybrid rank's prefix runs
+/// up to it (on any tier for tiered scores, on the device for device scores). See
+/// `hybrid.rs` for the whole rule.
 #[test]
-fn a_state_checkpoint_of_another_group_is_skipped_by_the_group_rule() {
+fn a_state_checkpoint_is_recurrent_state_not_a_block() {
     let p = partition();
     let tokens: Vec<u32> = (0..8).collect();
     let mut e = BatchEncoder::new();
@@ -86,7 +90,15 @@ fn a_state_checkpoint_of_another_group_is_skipped_by_the_group_rule() {
     let o = p.ingest(RANK.worker_id, 0, b"", 0, &e.finish(1.0, None));
     assert_eq!((o.batches_applied, o.decode_errors), (1, 0));
     assert_eq!(tiers(&p, &tokens), (2, 0, 0));
-    assert_eq!(stats(&p).events_skipped_group, 1);
+    let h = BlockHasher::new(BS as usize, HashSalt::NONE).unwrap();
+    let mut local = Vec::new();
+    h.local_hashes(&tokens, &mut local);
+    assert_eq!(
+        p.index().find_matches(&local).get(RANK),
+        0,
+        "no state on the device: a device hit needs one"
+    );
+    assert_eq!(stats(&p).events_skipped_group, 0);
 }
 
 #[test]

@@ -312,6 +312,7 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                     SpecKind::Unspecified => en::write_nil(&mut w).unwrap(),
                     SpecKind::FullAttention => en::write_str(&mut w, "full_attention").unwrap(),
                     SpecKind::Other => en::write_str(&mut w, "sliding_window").unwrap(),
+                    SpecKind::Recurrent => en::write_str(&mut w, "mamba").unwrap(),
                 }
                 if !lookahead.is_empty() {
                     for k in [

@@ -51,6 +51,7 @@ pub(super) fn drop_names(
         aliases,
         tally,
         hold_heap,
+        states,
         ..
     } = w;
     let mut hold = holds.get_mut(&run);
@@ -76,6 +77,9 @@ pub(super) fn drop_names(
             tally.tier_blocks[t] -= 1;
             if !hold.has_any(offset) {
                 tally.holder_blocks -= 1;
+                if !states.is_empty() {
+                    states.orphaned.push(BlockRef::from_parts(run, offset).0);
+                }
             }
         }
     }

@@ -11,11 +11,11 @@
 
 use super::run::Run;
 use crate::sync::epoch;
-use crate::table::{table_key, Shard};
+use crate::table::{table_key, Shard, Shards};
 
 /// Folded 128-bit multiply: a strong, cheap mixer of two words.
 #[inline(always)]
-fn fold(a: u64, b: u64) -> u64 {
+pub(super) fn fold(a: u64, b: u64) -> u64 {
     let m = (a as u128) * (b as u128);
     (m as u64) ^ ((m >> 64) as u64)
 }
@@ -31,22 +31,19 @@ pub(crate) fn branch_key(parent: usize, at: u32, local: u64) -> u64 {
 }
 
 pub(crate) struct Branches {
-    shards: Box<[Shard]>,
-    mask: u64,
+    shards: Shards,
 }
 
 impl Branches {
     pub(crate) fn new(shards: usize, min_capacity: usize) -> Self {
-        let n = shards.max(1).next_power_of_two();
         Branches {
-            shards: (0..n).map(|_| Shard::new(min_capacity)).collect(),
-            mask: n as u64 - 1,
+            shards: Shards::new(shards, min_capacity),
         }
     }
 
     #[inline(always)]
     fn shard(&self, key: u64) -> &Shard {
-        &self.shards[(key & self.mask) as usize]
+        self.shards.of(key)
     }
 
     /// The child `(parent, at, local)`, if linked. Lock-free; the run is valid while
@@ -105,6 +102,6 @@ impl Branches {
     }
 
     pub(crate) fn table_bytes(&self) -> u64 {
-        self.shards.iter().map(Shard::table_bytes).sum()
+        self.shards.table_bytes()
     }
 }

@@ -45,6 +45,24 @@ pub enum KvEvent<'a> {
     },
     /// The rank dropped its whole cache (prefix-cache reset).
     Cleared,
+    /// A hybrid model's recurrent (Mamba, linear-attention) group holds its state, on
+    /// `tier`, at the end of the blocks these engine hashes name: the engine can reuse a
+    /// prefix only up to a block where it holds such a state. A rank that announces one
+    /// is scored that way from then on. A hash naming no block the rank holds is left
+    /// out and counted ([`ApplyOutcome::not_found`]).
+    StatesStored {
+        /// The tier the states are held on.
+        tier: Tier,
+        /// The engine's hashes of the blocks whose end the states belong to.
+        external_hashes: &'a [u64],
+    },
+    /// The recurrent group dropped the states these engine hashes name from `tier`.
+    StatesRemoved {
+        /// The tier the states left.
+        tier: Tier,
+        /// The engine's hashes the states were announced under.
+        external_hashes: &'a [u64],
+    },
 }
 
 /// Why an event was refused. Refusals are counted per rank and in total.

@@ -105,6 +105,7 @@ impl Index {
             w.aliases[t] = Default::default();
         }
         w.names = Default::default();
+        w.states.clear(&self.states, entry.slot, false, &guard);
         let mut touched = Touched::default();
         for (&addr, hold) in w.holds.iter_mut() {
             let (tiers, any) = hold.counts();
@@ -138,6 +139,8 @@ impl Index {
                 continue;
             }
             self.empty_rank(&entry, &mut w);
+            w.states
+                .clear(&self.states, entry.slot, true, &epoch::pin());
             w.removed = true;
             self.release_reserved(&mut w);
             self.ranks.forget(&entry);
@@ -156,6 +159,8 @@ impl Index {
             return false;
         }
         self.empty_rank(&entry, &mut w);
+        w.states
+            .clear(&self.states, entry.slot, true, &epoch::pin());
         w.removed = true;
         self.release_reserved(&mut w);
         self.ranks.forget(&entry);

@@ -56,6 +56,7 @@ pub(crate) mod hold;
 mod place;
 mod query;
 mod ranks;
+mod recurrent;
 pub(crate) mod remote;
 pub(crate) mod run;
 mod stats;
@@ -131,6 +132,8 @@ pub(crate) struct RankWriter {
     pub(crate) reserved: u64,
     /// Device tier, kept only `with_engine_names`: block → the engine hash last stored.
     pub(crate) names: BlockMap<u64>,
+    /// Where this rank's recurrent group holds state (hybrid models, `recurrent`).
+    pub(crate) states: recurrent::StateBook,
 }
 
 impl WriterState for RankWriter {
@@ -172,6 +175,7 @@ impl RankWriter {
                 .sum::<u64>()
             + holds as u64
             + self.runs.bytes() as u64
+            + self.states.bytes()
     }
 }
 
@@ -206,6 +210,10 @@ pub struct Index {
     keyed_by_sequence: AtomicBool,
     /// Workers' device KV capacities, for sizing their ranks' maps (`capacity`).
     capacities: capacity::Capacities,
+    /// Recurrent states of hybrid ranks (`recurrent`), and whether any rank ever
+    /// announced one (queries skip the cut until then).
+    states: recurrent::StateTable,
+    has_states: AtomicBool,
 }
 
 impl std::fmt::Debug for Index {
@@ -257,6 +265,8 @@ impl Index {
             engine_names: false,
             keyed_by_sequence: AtomicBool::new(false),
             capacities: Default::default(),
+            states: recurrent::StateTable::new(),
+            has_states: AtomicBool::new(false),
         }
     }
 

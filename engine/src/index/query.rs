@@ -20,6 +20,8 @@ pub struct OverlapScores {
     /// Walk state: slot-sorted ranks still matching, and ranks done with their score.
     pub(crate) active: Vec<u32>,
     pub(crate) done: Vec<(u32, u32)>,
+    /// The prompt's places, for hybrid ranks (`recurrent`).
+    pub(crate) places: Vec<u64>,
 }
 
 impl PartialEq for OverlapScores {
@@ -96,6 +98,8 @@ pub struct TieredScores {
     pub(crate) entries: Vec<TieredOverlap>,
     pub(crate) live: Vec<Walk>,
     pub(crate) done: Vec<Walk>,
+    /// The prompt's places, for hybrid ranks (`recurrent`).
+    pub(crate) places: Vec<u64>,
 }
 
 impl PartialEq for TieredScores {
@@ -261,6 +265,7 @@ impl Index {
             mut done,
         } = walk;
         done.extend(active.drain(..).map(|s| (s, pos as u32)));
+        self.cut_to_states(locals, &guard, &mut done, &mut out.places);
         // Translate after the walk: every slot read above is still owned by its rank while
         // `guard` is pinned (slots are reused only past the epoch).
         let rank_of = self.ranks.translator(&guard);
@@ -297,6 +302,7 @@ impl Index {
         self.walk(run, locals, &guard, &mut walk);
         let TieredWalk { mut live, mut done } = walk;
         done.append(&mut live);
+        self.cut_tiered_to_states(locals, &guard, &mut done, &mut out.places);
         let rank_of = self.ranks.translator(&guard);
         out.entries.extend(done.iter().filter_map(|w| {
             rank_of(w.slot).map(|rank| TieredOverlap {
@@ -466,7 +472,7 @@ impl Index {
 impl Index {
     /// The places (`BlockRef` words) of positions `range` of the prompt `keys`, as far as
     /// the trie has them (a prompt that leaves the trie early gives fewer).
-    fn places(
+    pub(super) fn places(
         &self,
         keys: &[u64],
         range: std::ops::Range<usize>,

@@ -19,8 +19,8 @@ pub struct IndexStats {
     pub tier_blocks: [u64; 3],
     /// All index memory: `table_bytes + holder_set_bytes + rank_map_bytes`.
     pub bytes: u64,
-    /// The lock-free read structure: the branch table and the runs (headers, states with
-    /// their covers, local-hash arrays).
+    /// The lock-free read structure: the branch table, the recurrent-state table (hybrid
+    /// models) and the runs (headers, states with their covers, local-hash arrays).
     pub table_bytes: u64,
     /// Always 0: kvr's first index kept heap holder sets; covers live in the runs' states
     /// (counted in `table_bytes`).
@@ -86,6 +86,7 @@ impl Index {
             too_many_ranks: t.too_many_ranks.load(Ordering::Relaxed),
             nodes: t.run_blocks.load(Ordering::Relaxed).max(0) as u64,
             table_bytes: self.branches.table_bytes()
+                + self.states.table_bytes()
                 + t.run_bytes.load(Ordering::Relaxed).max(0) as u64,
             ..Default::default()
         };

@@ -67,6 +67,14 @@ impl Index {
                 removed: self.clear(rank),
                 ..Default::default()
             }),
+            KvEvent::StatesStored {
+                tier,
+                external_hashes,
+            } => Ok(self.store_states(rank, tier, external_hashes)),
+            KvEvent::StatesRemoved {
+                tier,
+                external_hashes,
+            } => Ok(self.remove_states(rank, tier, external_hashes)),
         }
     }
 
@@ -497,6 +505,10 @@ impl Index {
         touched: &Touched,
         guard: &epoch::Guard,
     ) {
+        if !w.states.orphaned.is_empty() {
+            // Before any cover goes: a run may be retired below (`recurrent`'s invariant).
+            w.states.drop_orphans(&self.states, slot, guard);
+        }
         for &(addr, pins) in &touched.runs {
             // SAFETY: the rank held blocks of it before this event or pinned it.
             let run = unsafe { run_at(addr) };

@@ -18,6 +18,10 @@
 //! - when the routing group changes (a full-attention group shows up after another was
 //!   followed), the stream's ranks are cleared: their blocks came from the other group.
 //!
+//! - a recurrent (Mamba) group never routes: its stores and removals are recurrent state
+//!   (`index::KvEvent::StatesStored` / `StatesRemoved`), which cut a hybrid rank's score
+//!   back to the last block with a state.
+//!
 //! Skipped events are counted (`StreamStats::events_skipped_group`).
 
 use super::decode::SpecKind;
@@ -32,58 +36,103 @@ pub(crate) struct Verdict {
     /// Clear the stream's ranks first (the routing group changed).
     pub(crate) clear_first: bool,
     pub(crate) apply: bool,
+    /// Apply it as recurrent state (`index::KvEvent::StatesStored` / `StatesRemoved`),
+    /// not as blocks: the event is of a recurrent group.
+    pub(crate) state: bool,
 }
 
 pub(crate) const APPLY: Verdict = Verdict {
     clear_first: false,
     apply: true,
+    state: false,
 };
 
 const SKIP: Verdict = Verdict {
     clear_first: false,
     apply: false,
+    state: false,
 };
+
+const STATE: Verdict = Verdict {
+    clear_first: false,
+    apply: true,
+    state: true,
+};
+
+/// What a group's stores said it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Full attention, or no kind given: may route.
+    Routes,
+    /// Sliding window and the like: routes only while nothing better is seen.
+    Other,
+    /// Recurrent state (Mamba): never routes; its events are states.
+    Recurrent,
+}
 
 /// One stream's groups.
 #[derive(Debug, Default)]
 pub(crate) struct GroupRouting {
-    /// (group, routes: full attention or unspecified kind), by group.
-    seen: Vec<(u32, bool)>,
+    /// (group, role), by group.
+    seen: Vec<(u32, Role)>,
     routing: Option<u32>,
 }
 
 impl GroupRouting {
     pub(crate) fn on_store(&mut self, group: Option<u32>, spec: SpecKind) -> Verdict {
-        let Some(g) = group else {
-            return APPLY;
+        let role = match spec {
+            SpecKind::Recurrent => Role::Recurrent,
+            SpecKind::Other => Role::Other,
+            SpecKind::FullAttention | SpecKind::Unspecified => Role::Routes,
         };
-        let full = spec != SpecKind::Other;
+        let Some(g) = group else {
+            return if role == Role::Recurrent {
+                STATE
+            } else {
+                APPLY
+            };
+        };
         match self.seen.iter().position(|e| e.0 == g) {
-            // A group that changes its kind keeps the most trusting reading.
-            Some(i) => self.seen[i].1 |= full,
-            None if self.seen.len() < MAX_GROUPS => self.seen.push((g, full)),
+            // A group that changes its kind keeps the most trusting reading; a recurrent
+            // group stays one (its stores name states, not blocks).
+            Some(i) => {
+                let e = &mut self.seen[i].1;
+                *e = match (*e, role) {
+                    (Role::Recurrent, _) | (_, Role::Recurrent) => Role::Recurrent,
+                    (Role::Routes, _) | (_, Role::Routes) => Role::Routes,
+                    _ => Role::Other,
+                };
+            }
+            None if self.seen.len() < MAX_GROUPS => self.seen.push((g, role)),
+            None if role == Role::Recurrent => return STATE,
             None => return SKIP,
         }
-        let routing = self
-            .seen
-            .iter()
-            .filter(|e| e.1)
+        let candidates = || self.seen.iter().filter(|e| e.1 != Role::Recurrent);
+        let routing = candidates()
+            .filter(|e| e.1 == Role::Routes)
             .map(|e| e.0)
             .min()
-            .or_else(|| self.seen.iter().map(|e| e.0).min());
+            .or_else(|| candidates().map(|e| e.0).min());
         let clear_first = self.routing.is_some() && routing != self.routing;
         self.routing = routing;
+        let state = self.is_recurrent(g);
         Verdict {
             clear_first,
-            apply: routing == Some(g),
+            apply: state || routing == Some(g),
+            state,
         }
     }
 
     pub(crate) fn on_remove(&self, group: Option<u32>) -> Verdict {
         match group {
+            Some(g) if self.is_recurrent(g) => STATE,
             Some(g) if self.routing != Some(g) && self.seen.iter().any(|e| e.0 == g) => SKIP,
             _ => APPLY,
         }
+    }
+
+    fn is_recurrent(&self, g: u32) -> bool {
+        self.seen.iter().any(|e| e.0 == g && e.1 == Role::Recurrent)
     }
 }
 
@@ -119,7 +168,8 @@ mod tests {
             g.on_store(Some(0), SpecKind::FullAttention),
             Verdict {
                 clear_first: true,
-                apply: true
+                apply: true,
+                state: false,
             }
         );
         assert_eq!(g.on_store(Some(1), SpecKind::Other), SKIP);
@@ -129,6 +179,22 @@ mod tests {
         assert_eq!(g.on_store(Some(2), SpecKind::FullAttention), APPLY);
         assert_eq!(g.on_store(Some(3), SpecKind::FullAttention), SKIP);
         assert_eq!(g.on_store(None, SpecKind::Other), APPLY);
+    }
+
+    #[test]
+    fn a_recurrent_group_never_routes_and_its_events_are_states() {
+        // Qwen3-Next / Nemotron-H like: the Mamba group may come first.
+        let mut g = GroupRouting::default();
+        assert_eq!(g.on_store(Some(0), SpecKind::Recurrent), STATE);
+        assert_eq!(g.on_store(Some(1), SpecKind::FullAttention), APPLY);
+        assert_eq!(g.on_remove(Some(0)), STATE);
+        assert_eq!(g.on_remove(Some(1)), APPLY);
+        assert_eq!(g.on_store(Some(0), SpecKind::Recurrent), STATE);
+        // Only recurrent groups (a pure Mamba model): nothing routes, states still apply.
+        let mut g = GroupRouting::default();
+        assert_eq!(g.on_store(Some(0), SpecKind::Recurrent), STATE);
+        assert_eq!(g.routing, None);
+        assert_eq!(g.on_store(None, SpecKind::Recurrent), STATE);
     }
 
     #[test]

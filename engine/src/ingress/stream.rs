@@ -9,6 +9,8 @@
 //! and the ranks the stream fed are cleared: whatever it held (a removal, a clear) is
 //! unknown, and an index that kept blocks the engine dropped would overcount.
 
+use smallvec::SmallVec;
+
 use crate::ids::{RankId, WorkerId};
 use crate::index::{KvEvent, StoredBlock};
 
@@ -18,7 +20,7 @@ use super::door::{Door, EventSink, EventsOutcome, IngestOutcome};
 use super::groups::GroupRouting;
 use super::health::{HealthFlags, HealthReason};
 use super::sequence::{Action, ReplayResult, SequenceStats, SequenceTracker};
-use super::translate::{translate, SinkShape, Skips};
+use super::translate::{translate, translate_state, SinkShape, Skips};
 
 /// The state of one stream: its sequence tracker, reusable decode buffers, its counters.
 pub(crate) struct IngressStream {
@@ -322,7 +324,9 @@ impl IngressStream {
         let (mut applied, mut skips) = (EventsOutcome::default(), Skips::default());
         // Blocks of tokenless stores the rank held on no tier (left out).
         let mut tokenless_unknown = 0;
-        for ev in &self.batch.events {
+        // Recurrent groups' events, applied after the rest (`translate_state`).
+        let mut states: SmallVec<[u32; 8]> = SmallVec::new();
+        for (i, ev) in self.batch.events.iter().enumerate() {
             let t = translate(
                 ev,
                 &self.batch,
@@ -334,6 +338,9 @@ impl IngressStream {
             if t.clear_first {
                 clear_fed_ranks(door.sink(), self.worker_id, &self.ranks_seen);
             }
+            if t.state {
+                states.push(i as u32);
+            }
             if let Some(event) = t.event {
                 let unknown = applied.blocks_not_found;
                 door.apply(rank, &event, &mut applied);
@@ -341,6 +348,21 @@ impl IngressStream {
                     tokenless_unknown += applied.blocks_not_found - unknown;
                     applied.blocks_not_found = unknown;
                 }
+            }
+        }
+        for &i in &states {
+            let ev = &self.batch.events[i as usize];
+            if let Some(event) = translate_state(ev, &self.batch) {
+                // States are not blocks: only what was left out is counted, as for a
+                // tokenless store (names of blocks the rank does not hold).
+                let before = applied;
+                door.apply(rank, &event, &mut applied);
+                if let KvEvent::StatesStored { .. } = event {
+                    tokenless_unknown += applied.blocks_not_found - before.blocks_not_found;
+                }
+                applied.blocks_stored = before.blocks_stored;
+                applied.blocks_removed = before.blocks_removed;
+                applied.blocks_not_found = before.blocks_not_found;
             }
         }
         let mut s = self.stats.0.lock();

@@ -11,7 +11,9 @@
 //! known), its other blocks are left out and counted; a malformed store is skipped and
 //! counted; a store's lookahead tokens (`crate::hash::lookahead`) are folded into its
 //! blocks' local hashes, if the sink hashes prompts with that length (else the store is
-//! skipped and counted). No skip ever touches the batch's other events.
+//! skipped and counted); a recurrent (Mamba) group's stores and removals are recurrent
+//! state ([`translate_state`]), applied after the batch's other events. No skip ever
+//! touches the batch's other events.
 
 use smallvec::SmallVec;
 
@@ -45,8 +47,30 @@ pub(crate) struct Skips {
 pub(crate) struct Translated<'a> {
     /// The routing group changed: the stream's ranks are cleared before `event` applies.
     pub(crate) clear_first: bool,
-    /// The event to apply, or `None` (skipped and counted).
+    /// The event to apply, or `None` (skipped and counted, or `state`).
     pub(crate) event: Option<KvEvent<'a>>,
+    /// A recurrent group's event: applied by [`translate_state`] once the batch's other
+    /// events are in (its hashes name attention blocks, which the same batch may store
+    /// after it).
+    pub(crate) state: bool,
+}
+
+/// A recurrent group's event (`Translated::state`) as recurrent state.
+pub(crate) fn translate_state<'a>(
+    ev: &'a DecodedEvent,
+    b: &'a DecodedBatch,
+) -> Option<KvEvent<'a>> {
+    match ev {
+        DecodedEvent::Tokenless { hashes, medium, .. } => Some(KvEvent::StatesStored {
+            tier: tier(*medium)?,
+            external_hashes: &b.hashes[hashes.clone()],
+        }),
+        DecodedEvent::Removed { hashes, medium, .. } => Some(KvEvent::StatesRemoved {
+            tier: tier(*medium)?,
+            external_hashes: &b.hashes[hashes.clone()],
+        }),
+        _ => None,
+    }
 }
 
 /// Translates `ev` of batch `b`: its tier, its group's verdict and, for a store, its
@@ -62,6 +86,7 @@ pub(crate) fn translate<'a>(
     let skip = Translated {
         clear_first: false,
         event: None,
+        state: false,
     };
     let medium = match ev {
         DecodedEvent::Stored { medium, .. }
@@ -89,11 +114,12 @@ pub(crate) fn translate<'a>(
         DecodedEvent::Cleared | DecodedEvent::Malformed { .. } => APPLY,
     };
     skips.group_switches += u64::from(verdict.clear_first);
-    if !verdict.apply {
-        skips.group += 1;
+    if !verdict.apply || verdict.state {
+        skips.group += u64::from(!verdict.apply);
         return Translated {
             clear_first: verdict.clear_first,
             event: None,
+            state: verdict.state,
         };
     }
     let event = match ev {
@@ -117,6 +143,7 @@ pub(crate) fn translate<'a>(
                 return Translated {
                     clear_first: verdict.clear_first,
                     event: None,
+                    state: false,
                 };
             }
             let lora = lora_name.clone().map(|r| &b.text[r]);
@@ -165,6 +192,7 @@ pub(crate) fn translate<'a>(
     Translated {
         clear_first: verdict.clear_first,
         event: Some(event),
+        state: false,
     }
 }
 

@@ -13,6 +13,12 @@
 //!   named there are counted (`block_not_found`).
 //! - `Cleared`: every tier of the rank is emptied.
 //! - A rank holds sequence hash `S` on tier `t` iff some external hash names `S` on `t`.
+//! - `StatesStored { tier, hashes }` (a hybrid model's recurrent state): the rank becomes
+//!   hybrid; each hash the rank holds (resolved as a parent is) names a state at that
+//!   sequence hash on `tier`, replacing any other name of a state there on that tier;
+//!   other hashes are counted. `StatesRemoved` drops names. A state lives only while the
+//!   rank holds its block on some tier. A hybrid rank's score is cut back to the last
+//!   block inside it with a state (on the device for device scores, any tier for tiered).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -43,9 +49,29 @@ pub(crate) struct RankModel {
     pub cleared_events: u64,
     pub parent_not_found: u64,
     pub block_not_found: u64,
+    /// Per tier: state name (external hash) → the sequence hash it is the state of.
+    pub states: [HashMap<u64, u64>; 3],
+    /// The rank announced recurrent state (kept across clears).
+    pub hybrid: bool,
 }
 
 impl RankModel {
+    /// The longest prefix of `seq[..n]` whose last block has a state on a tier in
+    /// `tiers`; `n` itself for a rank that is not hybrid.
+    pub(crate) fn reusable(&self, seq: &[u64], n: usize, tiers: &[Tier]) -> usize {
+        if !self.hybrid {
+            return n;
+        }
+        (0..n)
+            .rev()
+            .find(|&j| {
+                tiers
+                    .iter()
+                    .any(|&t| self.states[t as usize].values().any(|&s| s == seq[j]))
+            })
+            .map_or(0, |j| j + 1)
+    }
+
     pub(crate) fn holds(&self, tier: Tier, seq: u64) -> bool {
         self.held[tier as usize].contains_key(&seq)
     }
@@ -143,6 +169,11 @@ fn name_dropped(
     *n -= 1;
     if *n == 0 {
         rm.held[t].remove(&seq);
+        if !rm.held.iter().any(|h| h.contains_key(&seq)) {
+            for names in rm.states.iter_mut() {
+                names.retain(|_, s| *s != seq);
+            }
+        }
         if let Some(l) = log {
             l.push(Transition {
                 rank,
@@ -200,7 +231,65 @@ impl Model {
                 removed: self.clear(rank),
                 ..Default::default()
             }),
+            KvEvent::StatesStored {
+                tier,
+                external_hashes,
+            } => Ok(self.store_states(rank, tier, external_hashes)),
+            KvEvent::StatesRemoved {
+                tier,
+                external_hashes,
+            } => Ok(self.remove_states(rank, tier, external_hashes)),
         }
+    }
+
+    pub(crate) fn store_states(
+        &mut self,
+        rank: RankId,
+        tier: Tier,
+        external_hashes: &[u64],
+    ) -> ApplyOutcome {
+        self.stored_events += 1;
+        let mut out = ApplyOutcome::default();
+        let Some(rm) = self.ranks.get_mut(&rank) else {
+            out.not_found = external_hashes.len();
+            return out;
+        };
+        rm.stored_events += 1;
+        rm.hybrid = true;
+        let t = tier as usize;
+        for &h in external_hashes {
+            let Some(seq) = rm.resolve(h) else {
+                out.not_found += 1;
+                continue;
+            };
+            let fresh = !rm.states[t].values().any(|&s| s == seq);
+            rm.states[t].retain(|&n, s| n == h || *s != seq);
+            rm.states[t].insert(h, seq);
+            out.stored += usize::from(fresh);
+        }
+        out
+    }
+
+    pub(crate) fn remove_states(
+        &mut self,
+        rank: RankId,
+        tier: Tier,
+        external_hashes: &[u64],
+    ) -> ApplyOutcome {
+        self.removed_events += 1;
+        let mut out = ApplyOutcome::default();
+        let Some(rm) = self.ranks.get_mut(&rank) else {
+            out.not_found = external_hashes.len();
+            return out;
+        };
+        rm.removed_events += 1;
+        for h in external_hashes {
+            match rm.states[tier as usize].remove(h) {
+                Some(_) => out.removed += 1,
+                None => out.not_found += 1,
+            }
+        }
+        out
     }
 
     /// Returns the blocks that became held on `tier` (a name moved onto a block another
@@ -372,6 +461,7 @@ impl Model {
                 .iter()
                 .take_while(|s| rm.holds(Tier::Device, **s))
                 .count();
+            let d = rm.reusable(seq, d, &[Tier::Device]);
             if d > 0 {
                 out.push((*r, d as u32));
             }
@@ -396,6 +486,10 @@ impl Model {
             let d = run(0, Tier::Device);
             let h = run(d, Tier::Host);
             let k = run(d + h, Tier::Disk);
+            let total = rm.reusable(seq, d + h + k, &TIERS);
+            let d = d.min(total);
+            let h = h.min(total - d);
+            let k = total - d - h;
             if d + h + k > 0 {
                 out.push(TieredOverlap {
                     rank: *r,
@@ -444,6 +538,12 @@ impl Model {
                     *counts.entry(*seq).or_insert(0) += 1;
                 }
                 assert_eq!(counts, rm.held[t], "model self-check: rank {r} tier {t}");
+                for seq in rm.states[t].values() {
+                    assert!(
+                        rm.held.iter().any(|h| h.contains_key(seq)),
+                        "model self-check: rank {r} has a state at a block it does not hold"
+                    );
+                }
             }
         }
     }

@@ -67,9 +67,13 @@ pub enum SpecKind {
     /// Absent or nil (engines without hybrid groups).
     #[default]
     Unspecified,
-    /// `"full_attention"`.
+    /// A group holding every block of the prefix: `"full_attention"`, `"mla_attention"`,
+    /// `"sink_full_attention"`.
     FullAttention,
-    /// Anything else: `"sliding_window"`, `"mamba"`, `"chunked_local_attention"`, ...
+    /// A recurrent (Mamba, linear-attention) group, `"mamba"`: it holds a state at some
+    /// block boundaries, named by the attention blocks' hashes (`index::KvEvent::StatesStored`).
+    Recurrent,
+    /// Anything else: `"sliding_window"`, `"chunked_local_attention"`, ...
     Other,
 }
 

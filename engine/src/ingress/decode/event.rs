@@ -285,7 +285,14 @@ fn decode_field(
         Field::KvCacheSpecKind => {
             f.spec = match c.opt_str("kv_cache_spec_kind is not a string or nil")? {
                 None => SpecKind::Unspecified,
-                Some(k) if k.eq_ignore_ascii_case("full_attention") => SpecKind::FullAttention,
+                Some(k)
+                    if ["full_attention", "mla_attention", "sink_full_attention"]
+                        .iter()
+                        .any(|f| k.eq_ignore_ascii_case(f)) =>
+                {
+                    SpecKind::FullAttention
+                }
+                Some(k) if k.eq_ignore_ascii_case("mamba") => SpecKind::Recurrent,
                 Some(_) => SpecKind::Other,
             };
         }
@@ -335,7 +342,9 @@ fn decode_field(
 fn stored_event(out: &mut DecodedBatch, f: EventFields) -> DecodedEvent {
     let n_blocks = f.hashes.len();
     let malformed = |detail| DecodedEvent::Malformed { detail };
-    if n_blocks > 0 && f.tokens.is_empty() {
+    // A recurrent group's store names states by hash; its tokens span the blocks between
+    // (vLLM skips the null ones in `block_hashes`), so it is never read as blocks.
+    if n_blocks > 0 && (f.tokens.is_empty() || f.spec == SpecKind::Recurrent) {
         return DecodedEvent::Tokenless {
             hashes: f.hashes,
             medium: f.medium,

@@ -490,6 +490,11 @@ fn groups_and_spec_kinds_are_read() {
     let b = decode(&batch(vec![
         store_in(1, "sliding_window"),
         store_in(0, "full_attention"),
+        store_in(2, "MLA_attention"),
+        store_in(3, "sink_full_attention"),
+        // A recurrent group's store names states: tokenless whatever its token ids.
+        store_in(4, "mamba"),
+        store_in(5, "chunked_local_attention"),
         m(vec![
             ("type", s("BlockRemoved")),
             ("block_hashes", a(vec![u(1)])),
@@ -501,6 +506,7 @@ fn groups_and_spec_kinds_are_read() {
         ]),
     ]))
     .unwrap();
+    assert!(matches!(b.events[4], DecodedEvent::Tokenless { .. }));
     let groups: Vec<_> = b
         .events
         .iter()
@@ -516,6 +522,10 @@ fn groups_and_spec_kinds_are_read() {
         vec![
             (Some(1), Some(SpecKind::Other)),
             (Some(0), Some(SpecKind::FullAttention)),
+            (Some(2), Some(SpecKind::FullAttention)),
+            (Some(3), Some(SpecKind::FullAttention)),
+            (Some(4), Some(SpecKind::Recurrent)),
+            (Some(5), Some(SpecKind::Other)),
             (Some(u32::MAX), None),
             (None, None),
         ]
