@@ -1,8 +1,10 @@
 //! Measures what a flood of distinct topics costs a bound subscription over a real socket,
 //! against a clean run: RSS growth and the end-to-end time of a routed publisher's
 //! messages afterwards (from the first send until the partition's ingress stats count the
-//! last one). One run per process: `socket_flood clean|flood [N]` (N defaults to 100,000);
-//! `tests/flood/measure.sh` repeats both and takes medians. A measurement, not a test: it
+//! last one). One run per process: `socket_flood clean|flood [N [MAX_UNROUTED [PACE]]]`
+//! (N defaults to 100,000; MAX_UNROUTED, the subscription's `max_unrouted_topics`, to its
+//! default; PACE, how many messages of the phase are sent before waiting until they are
+//! heard, to 0: no pacing); `tests/flood/measure.sh` repeats both and takes medians. A measurement, not a test: it
 //! asserts nothing about times.
 //!
 //! Both modes first warm up (N routed messages, so that socket buffers and the PUB queues'
@@ -18,10 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvr::config::PartitionConfig;
-use kvr::ingress::{Medium, TopicRoute};
+use kvr::ingress::{Medium, TopicRoute, DEFAULT_MAX_UNROUTED_TOPICS};
 use kvr::{Partition, PartitionKey, WorkerInfo};
 use kvr_emulator::BatchEncoder;
-use kvr_zmq::{subscribe, SubscribeConfig};
+use kvr_zmq::{subscribe_with, SubscribeConfig, SubscribeOptions};
 use tokio::runtime::Runtime;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
@@ -112,16 +114,23 @@ fn main() {
         Some("flood") => true,
         Some("clean") => false,
         _ => {
-            eprintln!("usage: socket_flood clean|flood [N]");
+            eprintln!("usage: socket_flood clean|flood [N [MAX_UNROUTED [PACE]]]");
             std::process::exit(2);
         }
     };
     let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
-    println!("{}", run(flood, n));
+    let max_unrouted = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(DEFAULT_MAX_UNROUTED_TOPICS);
+    let pace = args.next().and_then(|a| a.parse().ok()).unwrap_or(0);
+    println!("{}", run(flood, n, max_unrouted, pace));
 }
 
-/// One run; its figures as one line of `key=value`.
-fn run(flood: bool, n: u64) -> String {
+/// One run; its figures as one line of `key=value`. With `pace` > 0 the phase waits
+/// until every `pace` messages sent are heard (what the phase leaves without the
+/// backlog of an unpaced burst).
+fn run(flood: bool, n: u64, max_unrouted_topics: usize, pace: u64) -> String {
     let p = Arc::new(Partition::new(
         PartitionKey::new("m", "g"),
         PartitionConfig::new(BS),
@@ -141,11 +150,15 @@ fn run(flood: bool, n: u64) -> String {
     let dir = std::env::temp_dir().join(format!("kvr-socket-flood-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let endpoint = format!("ipc://{}", dir.join("sub.sock").display());
-    let mut sub = subscribe(
+    let mut sub = subscribe_with(
         p.clone(),
         SubscribeConfig::Bind {
             endpoint: endpoint.clone(),
             routes,
+        },
+        SubscribeOptions {
+            max_unrouted_topics,
+            ..SubscribeOptions::default()
         },
     )
     .expect("subscribe");
@@ -207,6 +220,9 @@ fn run(flood: bool, n: u64) -> String {
             pubs.send_routed(&rt, k, &payload);
             sent += 1;
         }
+        if pace > 0 && (i + 1) % pace == 0 {
+            wait_for(&rt, start + sent, || heard(&p));
+        }
     }
     let phase_heard = wait_for(&rt, start + sent, || heard(&p)) - start;
     let phase_ns = t.elapsed().as_nanos() as f64 / phase_heard.max(1) as f64;
@@ -244,7 +260,7 @@ mod tests {
     #[test]
     fn smoke() {
         for (flood, streams) in [(false, 4), (true, 4 + 256)] {
-            let line = super::run(flood, 1_000);
+            let line = super::run(flood, 1_000, super::DEFAULT_MAX_UNROUTED_TOPICS, 0);
             let value = |key: &str| -> u64 {
                 line.split_whitespace()
                     .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
