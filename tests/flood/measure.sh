@@ -70,3 +70,9 @@ row c-abi "phase ns/call" ns_per_call ratio
 row c-abi "then ns/valid apply" apply_ns_per_call target
 row c-abi "RSS growth KiB" rss_growth_kib kib
 printf '%s\n' "${verdicts[@]}"
+# A socket run whose PUB queues dropped messages timed fewer than it sent: say so.
+cat "$out"/socket-* | awk '{
+  for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+  if (v["heard"] != v["sent"] || v["routed"] != v["messages"])
+    print "WARNING: a socket run heard less than it sent: " $0
+}'
