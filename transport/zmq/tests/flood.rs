@@ -1,7 +1,8 @@
 //! A flood on a bound socket: 100,000 distinct topics (and topics naming no worker) from
 //! several publishers must leave the partition with a bounded number of streams, count
 //! what it dropped, and keep a routed publisher's messages flowing. Counts only; the
-//! flood's cost is measured by `kvr-flood-measure` (docs/benchmarks.md).
+//! flood's cost is measured by `examples/socket_flood.rs` (`tests/flood/measure.sh`,
+//! docs/benchmarks.md).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
