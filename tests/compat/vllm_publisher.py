@@ -14,7 +14,9 @@ over (parent hash, block tokens, extra keys), folded to its last 8 bytes as an
 unsigned int (vLLM's default int block hashes). Routers cannot recompute these
 and do not need to: they key blocks by the local hash of the event's
 `token_ids` (REFERENCE.md sec. 1/2). The engine hash only has to be consistent,
-so that BlockRemoved and parent_block_hash refer to earlier stores.
+so that BlockRemoved and parent_block_hash refer to earlier stores. A publisher made
+with `hash_seed` folds it into every hash, as two engines with different hash seeds
+(vLLM's PYTHONHASHSEED-derived root) name the same tokens differently.
 
 Usage:
     pub = WorkerPublisher(worker_id=1, dp_size=2, base_port=P, replay_base_port=R)
@@ -140,20 +142,25 @@ def load_kv_events(vllm_dir: str = DEFAULT_VLLM_DIR):
     return mod
 
 
-def engine_block_hash(parent: int | None, block_tokens: list[int], extra=None) -> int:
-    """Chained SHA-256 over (parent, tokens, extra), last 8 bytes as u64."""
+def engine_block_hash(parent: int | None, block_tokens: list[int], extra=None,
+                      seed: str | None = None) -> int:
+    """Chained SHA-256 over (seed, parent, tokens, extra), last 8 bytes as u64; no seed
+    folds nothing (the hashes every test saw before seeds existed)."""
     h = hashlib.sha256()
+    if seed is not None:
+        h.update(b"seed:" + seed.encode())
     h.update(b"none" if parent is None else parent.to_bytes(8, "big"))
     h.update(struct.pack(f"<{len(block_tokens)}I", *block_tokens))
     h.update(repr(extra).encode())
     return int.from_bytes(h.digest()[-8:], "big")
 
 
-def engine_hashes(tokens: list[int], block_size: int, extra=None) -> list[int]:
+def engine_hashes(tokens: list[int], block_size: int, extra=None,
+                  seed: str | None = None) -> list[int]:
     out: list[int] = []
     parent = None
     for i in range(len(tokens) // block_size):
-        parent = engine_block_hash(parent, tokens[i * block_size:(i + 1) * block_size], extra)
+        parent = engine_block_hash(parent, tokens[i * block_size:(i + 1) * block_size], extra, seed)
         out.append(parent)
     return out
 
@@ -191,8 +198,10 @@ class WorkerPublisher:
 
     def __init__(self, worker_id: int, dp_size: int = 1, base_port: int | None = None,
                  replay_base_port: int | None = None, dp_start_rank: int = 0,
-                 host: str = "127.0.0.1", topic: str = "", replay: bool = True):
+                 host: str = "127.0.0.1", topic: str = "", replay: bool = True,
+                 hash_seed: str | None = None):
         import zmq
+        self.hash_seed = hash_seed
         self.kv = load_kv_events()
         self.zmq = zmq
         self.worker_id = worker_id
@@ -282,7 +291,7 @@ class WorkerPublisher:
         """BlockStored for the complete blocks of `tokens` (appended after parent_tokens)."""
         parent_tokens = list(parent_tokens or [])
         full = parent_tokens + list(tokens)
-        hashes = engine_hashes(full, block_size, lora_name)
+        hashes = engine_hashes(full, block_size, lora_name, self.hash_seed)
         n_parent = len(parent_tokens) // block_size
         new = hashes[n_parent:]
         n = len(new)
@@ -307,7 +316,7 @@ class WorkerPublisher:
     def remove(self, rank: int, tokens: list[int], block_size: int, first_block: int = 0,
                medium: str | None = "GPU", lora_name: str | None = None) -> None:
         """BlockRemoved for blocks first_block.. of the chain of `tokens`."""
-        hashes = engine_hashes(list(tokens), block_size, lora_name)[first_block:]
+        hashes = engine_hashes(list(tokens), block_size, lora_name, self.hash_seed)[first_block:]
         self._publish(rank, [self.kv.BlockRemoved(block_hashes=hashes, medium=medium, group_idx=0)])
 
     def clear(self, rank: int) -> None:

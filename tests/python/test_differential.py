@@ -32,6 +32,7 @@ except ImportError:
 
 import kvr
 import harness
+import scenario_ranks
 from adapter import InProcess
 
 pytestmark = pytest.mark.skipif(not HAVE_DYNAMO, reason="Dynamo's venv is not on the path")
@@ -97,6 +98,43 @@ def test_comparison_catches_a_difference(transcripts):
     unexplained, _ = harness.compare_transcripts(ta, bad, allow_list())
     names = {u[0] for u in unexplained}
     assert {"select-P1", "claim-unknown"} <= names, names
+
+
+def _step(t, name):
+    return next(s for s in t["steps"] if s["name"] == name)["value"]
+
+
+def test_ranks_listed_differences_are_dynamos(transcripts):
+    """The rank and engine-name steps (tests/compat/scenario_ranks.py) differ only where
+    known-differences.md says, and in the direction it says: checked here so a change on
+    either side (kvr copying Dynamo's figure, or Dynamo fixing its own) updates the list."""
+    ta, tb = transcripts
+    assert not scenario_ranks.own_figures_failures(tb)
+    for name in ("ranks-select-pin-w22r1", "ranks-select-and-reserve-pin-w22r1",
+                 "ranks-select-w22-loaded"):
+        a, b = _step(ta, name), _step(tb, name)
+        assert (a["worker_id"], a["dp_rank"]) == (b["worker_id"], b["dp_rank"]) == (22, 1), name
+        assert a["overlap"]["dp"] == b["overlap"]["dp"] == {"0": 4 * BS, "1": BS}, name
+        # kvr: the chosen rank's own overlap, the one its prefill figure comes from.
+        o = b["overlap"]
+        assert o["gpu"] == o["cpu"] == o["disk"] == o["longest_matched"] == BS, (name, o)
+        assert b["effective_prefill_tokens"] == 3 * BS, (name, b)
+        # Dynamo: the worker's best rank's, beside a prefill figure priced on the own.
+        assert a["overlap"]["gpu"] == 4 * BS and a["effective_prefill_tokens"] == 3 * BS, (name, a)
+    for name in ("ranks-select-pin-w21r0", "ranks-select-pin-w22r0"):
+        b = _step(tb, name)
+        assert b["overlap"]["gpu"] == b["overlap"]["dp"][str(b["dp_rank"])], (name, b)
+    own = {"21/0/device": ["engine-a"] * 3, "22/0/device": ["engine-b"] * 4,
+           "22/1/device": ["engine-b"]}
+    assert _step(tb, "ranks-dump-names") == own
+    assert _step(ta, "ranks-dump-names") == dict(own, **{"21/0/device": ["engine-b"] * 3})
+    after = _step(tb, "ranks-dump-names-after-remove")
+    assert after["21/0/device"] == ["engine-a"] * 3, after  # 2 of Q's blocks and the marker
+    by_rank = lambda v: {(w["worker_id"], w["dp_rank"]): w["device_blocks"] for w in v["workers"]}
+    assert by_rank(_step(tb, "ranks-overlap-after-remove"))[(21, 0)] == 2
+    assert by_rank(_step(ta, "ranks-overlap-after-remove"))[(21, 0)] == 3
+    assert by_rank(_step(tb, "ranks-overlap-extended"))[(22, 0)] == 3
+    assert by_rank(_step(ta, "ranks-overlap-extended"))[(22, 0)] == 2
 
 
 def test_hash_tokens_matches_compute_block_hash_for_seq():
