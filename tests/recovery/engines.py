@@ -151,6 +151,10 @@ class Rank:
         self.dp_rank, self.topic = dp_rank, topic
         # token prefixes, one per held block, by tier
         self.held: dict[str, set[tuple[int, ...]]] = {"device": set(), "host": set()}
+        # A hybrid model's recurrent states (token prefixes whose last block has one, any
+        # tier); once a rank announced one, its prefix counts up to its last state.
+        self.states: set[tuple[int, ...]] = set()
+        self.hybrid = False
         self.pub = None
         self.bin = False  # name blocks by 32-byte digests (msgpack bin) instead of ints
         self.start()
@@ -166,6 +170,7 @@ class Rank:
         self.pub.shutdown()
         for t in self.held.values():
             t.clear()
+        self.states.clear()
         time.sleep(0.2)
         self.start()
 
@@ -201,11 +206,23 @@ class Rank:
         return [self.fl.placeholder(hashes[i], medium, 0) for i in blocks]
 
     def checkpoint(self, tokens: list[int], block: int, medium: str) -> object:
-        """A Mamba state checkpoint at `block`, in group 1 (not the full-attention group
-        a prefix hit is counted on: the truth does not change)."""
+        """A Mamba state checkpoint at `block`, in group 1 (the recurrent group): the
+        engine can now reuse the prefix up to that block."""
         hashes = self.names(tokens)
+        self.hybrid = True
+        self.states.add(tuple(tokens[: (block + 1) * BS]))
         return self.fl.checkpoint(hashes[block], hashes[block - 1] if block else None,
                                   medium, 1)
+
+    def recurrent(self, tokens: list[int], blocks: list[int]) -> object:
+        """The Mamba group's device store of one step, as vLLM's align mode sends it: the
+        hashes of the blocks it keeps a state for (`blocks`), the token ids of all the
+        step's blocks (the others are null in that group), group 1, kind "mamba"."""
+        hashes = self.names(tokens)
+        self.hybrid = True
+        for b in blocks:
+            self.states.add(tuple(tokens[: (b + 1) * BS]))
+        return self.fl.stored([hashes[b] for b in blocks], tokens, "GPU", 1, "mamba")
 
     def removed(self, tokens: list[int], first_block: int, group: int = 0,
                 medium: str = "GPU"):
@@ -215,6 +232,9 @@ class Rank:
         if group == 0:
             for i in range(first_block, len(hashes)):
                 self.held[TIERS[medium]].discard(tuple(tokens[: (i + 1) * BS + self.lookahead]))
+        elif self.hybrid:
+            for i in range(first_block, len(hashes)):
+                self.states.discard(tuple(tokens[: (i + 1) * BS]))
         return self.fl.removed(hashes[first_block:], medium, group)
 
     def names(self, tokens: list[int]) -> list:
@@ -226,7 +246,7 @@ class Rank:
 
     def forget(self, tokens: list[int]) -> None:
         """The truth after a recovery by clearing: these blocks are gone for good."""
-        for t in self.held.values():
+        for t in [*self.held.values(), self.states]:
             t.difference_update(tuple(tokens[: (i + 1) * BS])
                                 for i in range(len(tokens) // BS))
 
@@ -241,7 +261,14 @@ class Rank:
                 d += 1
             return d - start
         dev = run(0, "device")
-        return dev, run(dev, "host")
+        host = run(dev, "host")
+        if self.hybrid:
+            # The last block of the prefix with a recurrent state (vLLM's hybrid hit).
+            total = next((k for k in range(dev + host, 0, -1)
+                          if tuple(prompt[: k * BS]) in self.states), 0)
+            dev = min(dev, total)
+            host = total - dev
+        return dev, host
 
     def close(self) -> None:
         self.pub.shutdown()

@@ -199,11 +199,13 @@ def host_tier(fl, base, check):
 
 def connector_shapes(fl, base, check):
     """What vLLM 0.34 sends beside its device events, in the same batches: the offloading
-    connector's tokenless placeholders of host copies, a Mamba group's state checkpoint,
-    and stores hashed with speculative lookahead. Every device block must be indexed
-    (such a batch used to be refused whole), each host copy counted where kvr knows its
-    tokens, no checkpoint counted as a block, and a lookahead block only where the prompt
-    continues with its lookahead tokens (never at a divergence or a prompt's tail)."""
+    connector's tokenless placeholders of host copies, a hybrid model's Mamba group (its
+    device store naming the blocks it keeps a state for, and a state checkpoint offloaded
+    to host memory), and stores hashed with speculative lookahead. Every device block must
+    be indexed (such a batch used to be refused whole), each host copy counted where kvr
+    knows its tokens, the hybrid rank's prefix only up to its last recurrent state, and a
+    lookahead block only where the prompt continues with its lookahead tokens (never at a
+    divergence or a prompt's tail)."""
     plain, ahead = Worker(fl, 112), Worker(fl, 113)
     for w in (plain, ahead):
         w.register(base)
@@ -211,19 +213,22 @@ def connector_shapes(fl, base, check):
     la.lookahead = 2
     time.sleep(1.0)
     p, q = prompt(20000, 6), prompt(21000, 6)
-    # One scheduler step: device stores, host placeholders of blocks 0..3, the state
-    # checkpoint of block 3, and another device store after them.
-    r.publish([r.stored(p[: 4 * BS]), *r.placeholders(p, range(4), "CPU"),
-               r.checkpoint(p, 3, "CPU"), r.stored(q)])
+    # One scheduler step: the Mamba group's device store first (states at blocks 2 and 5
+    # of q), device stores, host placeholders of blocks 0..3, the state checkpoint of
+    # block 3 offloaded to host memory, and another device store after them.
+    r.publish([r.recurrent(q, [2, 5]), r.stored(p[: 4 * BS]),
+               *r.placeholders(p, range(4), "CPU"), r.checkpoint(p, 3, "CPU"),
+               r.stored(q)])
     la.publish([la.stored(q)])
     # The lookahead rank's prompts: its own, a divergence right after block 0 (its
     # lookahead differs), and its prompt cut after block 1 (block 1's lookahead missing).
     diverged = q[:BS] + [7] + q[BS + 1:]
-    prompts = [p, q, diverged, q[: 2 * BS], q[: 2 * BS + 2]]
+    prompts = [p, q, diverged, q[: 2 * BS], q[: 2 * BS + 2], q[: 4 * BS]]
     ok = check.converge("connector-shapes (placeholders, checkpoint, lookahead)",
                         [plain, ahead], prompts)
-    # The device evicts; the host copies stay and extend the device prefix.
-    r.publish([r.removed(p[: 4 * BS], 2)])
+    # The device evicts; the host copies stay and extend the device prefix. The Mamba
+    # group drops q's last state: q's prefix now ends at block 2's.
+    r.publish([r.removed(p[: 4 * BS], 2), r.removed(q, 5, group=1)])
     la.publish([la.removed(q, 3)])
     ok &= check.converge("connector-shapes (device evictions, host copies stay)",
                          [plain, ahead], prompts)
