@@ -154,3 +154,26 @@ fn an_attention_only_rank_is_not_cut() {
     assert_eq!(m.get(RANK), 4);
     assert_eq!(m.get(RankId::new(RANK.worker_id + 1, 0)), 2);
 }
+
+/// A dump (what a peer recovers from) cannot carry recurrent states: a hybrid rank's
+/// blocks are left out and counted, never handed on to be overcounted.
+#[test]
+fn a_dump_leaves_a_hybrid_rank_out() {
+    let p = partition();
+    let tokens: Vec<u32> = (0..8).collect();
+    let mut e = BatchEncoder::new();
+    e.stored(&[1, 2], None, &tokens, BS, Medium::Gpu, None);
+    p.ingest(RANK.worker_id + 1, 0, b"", 0, &e.finish(1.0, None));
+    e.in_group(0, Some("full_attention"))
+        .stored(&[1, 2], None, &tokens, BS, Medium::Gpu, None)
+        .in_group(1, Some("mamba"))
+        .stored(&[2], None, &tokens, BS, Medium::Gpu, None);
+    p.ingest(RANK.worker_id, 0, b"", 0, &e.finish(1.0, None));
+    let d = p.index().dump();
+    assert!(d.stores.iter().all(|s| s.rank != RANK), "{:?}", d.stores);
+    assert!(d
+        .stores
+        .iter()
+        .any(|s| s.rank.worker_id == RANK.worker_id + 1));
+    assert_eq!(d.skipped_blocks, 2);
+}

@@ -12,7 +12,9 @@
 //! the rank no longer holds (a hole left by a mid-chain removal) cannot be re-created with
 //! its prefix, so it and its descendants are left out and counted: a dump never
 //! overcounts what a peer will believe. An index keyed by sequence hashes (fed by
-//! bookings) has no local hashes to write and dumps nothing.
+//! bookings) has no local hashes to write and dumps nothing; a hybrid rank (one that
+//! announced recurrent state, `recurrent`) is left out too, its blocks counted: its
+//! score depends on states the dump's events cannot carry.
 
 use std::collections::HashMap;
 
@@ -85,6 +87,13 @@ impl Index {
         for entry in entries {
             let w = entry.writer.lock();
             if w.removed {
+                continue;
+            }
+            if w.states.is_hybrid() {
+                // A hybrid rank's blocks count only up to its recurrent states, which
+                // engine events of the attention group cannot carry: a peer would
+                // overcount them. Left out, counted.
+                out.skipped_blocks += (0..3).map(|t| w.blocks[t].len() as u64).sum::<u64>();
                 continue;
             }
             // The rank's engine name of every block it holds (any tier).

@@ -121,6 +121,11 @@ impl StateBook {
         self.at.is_empty()
     }
 
+    /// Whether the rank announced recurrent state (and was not removed since).
+    pub(crate) fn is_hybrid(&self) -> bool {
+        self.marked
+    }
+
     /// Marks the rank hybrid (once).
     pub(crate) fn mark(&mut self, table: &StateTable, slot: u32, guard: &epoch::Guard) {
         if !self.marked {
