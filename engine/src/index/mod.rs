@@ -6,7 +6,9 @@
 //!
 //! Contract (DESIGN.md §4): a rank's score is the number of leading query blocks it holds,
 //! contiguous from block 0; the index never overcounts; a hole left by a mid-chain removal
-//! cuts a score short there. Nothing that no rank holds is kept for long: a run with no
+//! cuts a score short there; a hybrid rank's score (attention plus Mamba layers) is cut
+//! back further, to its last block with a recurrent state (`recurrent`). Nothing that no
+//! rank holds is kept for long: a run with no
 //! holder, child or writer is retired, so memory follows live blocks.
 //!
 //! # The trie stored as runs (chain-native)
