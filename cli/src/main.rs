@@ -29,6 +29,9 @@ enum Command {
     /// Serve Dynamo's selection-service HTTP API (a drop-in for `python -m
     /// dynamo.select_service`): workers, selection, bookings, loads, metrics.
     Serve(kvr_service::ServeArgs),
+    /// Be a gateway's endpoint picker: an Envoy ext_proc server (Gateway API Inference
+    /// Extension protocol) that sends each request to the pod holding its prefix.
+    Epp(kvr_epp::EppArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::Hash(args) => hash_cmd::run(&args),
         Command::Replay(args) => replay::run(&args),
         Command::Serve(args) => kvr_service::run(args),
+        Command::Epp(args) => kvr_epp::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

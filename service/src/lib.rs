@@ -63,6 +63,15 @@ pub struct App {
 
 impl App {
     pub fn new(args: ServeArgs) -> Result<Arc<Self>, String> {
+        Self::with_metrics(args, |_| {})
+    }
+
+    /// As [`App::new`], with a host's own metrics in the same `/metrics` (`extra`
+    /// registers them).
+    pub fn with_metrics(
+        args: ServeArgs,
+        extra: impl FnOnce(&mut prometheus_client::registry::Registry),
+    ) -> Result<Arc<Self>, String> {
         for warning in args.check_dynamo_flags()? {
             tracing::warn!("{warning}");
         }
@@ -91,7 +100,7 @@ impl App {
             max_entries: args.selection_cache_max_entries.max(1),
             max_bytes: args.selection_cache_max_bytes,
         }));
-        let metrics = Metrics::new(registry.clone(), pending.clone());
+        let metrics = Metrics::with_extra(registry.clone(), pending.clone(), extra);
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)

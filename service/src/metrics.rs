@@ -109,7 +109,18 @@ fn latency_histogram() -> Histogram {
 
 impl Metrics {
     pub fn new(workers: Arc<Registry>, pending: Arc<crate::pending::PendingCache>) -> Self {
+        Self::with_extra(workers, pending, |_| {})
+    }
+
+    /// As [`Metrics::new`], with a host's own metrics registered by `extra` (the endpoint
+    /// picker's), so one `/metrics` carries both.
+    pub fn with_extra(
+        workers: Arc<Registry>,
+        pending: Arc<crate::pending::PendingCache>,
+        extra: impl FnOnce(&mut PromRegistry),
+    ) -> Self {
         let mut registry = PromRegistry::default();
+        extra(&mut registry);
         let requests = Family::<RouteStatus, Counter>::default();
         let latency =
             Family::<RouteLabel, Histogram>::new_with_constructor(latency_histogram as fn() -> _);

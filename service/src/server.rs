@@ -142,7 +142,8 @@ impl App {
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves at SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -163,7 +164,8 @@ async fn shutdown_signal() {
     }
 }
 
-fn init_logging(format: &str) {
+/// Structured logs to stderr (`--log-format json`), filtered by `KVR_LOG` or `RUST_LOG`.
+pub fn init_logging(format: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("KVR_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())

@@ -1,0 +1,42 @@
+//! `kvr epp`'s flags (each with an environment variable, as `kvr serve`'s).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use kvr_service::ServeArgs;
+
+/// `kvr epp`: the endpoint picker of a gateway (Envoy ext_proc), with the selection
+/// service's HTTP API (`/metrics`, `/ready`, `/dump`, ...) beside it.
+#[derive(Clone, Debug, Args)]
+pub struct EppArgs {
+    /// gRPC port of the ext_proc and health services (the Gateway API Inference
+    /// Extension's usual EPP port).
+    #[arg(long, default_value_t = 9002, env = "KVR_EPP_GRPC_PORT")]
+    pub grpc_port: u16,
+    /// gRPC address; the default takes connections from this machine only.
+    #[arg(long, default_value = "127.0.0.1", env = "KVR_EPP_GRPC_HOST")]
+    pub grpc_host: String,
+    /// The pool membership file (JSON: pods, their ports per DP rank and KV-event
+    /// endpoints); watched and applied without a restart.
+    #[arg(long, env = "KVR_EPP_POOL")]
+    pub pool: PathBuf,
+    /// How often the membership file is checked for changes, ms.
+    #[arg(long, default_value_t = 1000, env = "KVR_EPP_POOL_POLL_MS")]
+    pub pool_poll_ms: u64,
+    /// Fallback endpoints sent after the best one (the next-best workers).
+    #[arg(long, default_value_t = 2, env = "KVR_EPP_FALLBACKS")]
+    pub fallbacks: usize,
+    /// Answer 429 when every eligible rank is over its busy threshold; `false` picks the
+    /// least-costly rank anyway.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "KVR_EPP_SHED_WHEN_BUSY")]
+    pub shed_when_busy: bool,
+    /// A request header whose value names the request's session (affinity).
+    #[arg(long, env = "KVR_EPP_SESSION_HEADER")]
+    pub session_header: Option<String>,
+    /// How often readiness is recomputed, ms.
+    #[arg(long, default_value_t = 500)]
+    pub readiness_poll_ms: u64,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
