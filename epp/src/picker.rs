@@ -6,8 +6,9 @@
 //! affinity, metrics and (later) replica sync behave alike in both hosts.
 //!
 //! Decisions:
-//! - the request's `model` names a pool model, or else a LoRA adapter of the pool's
-//!   default model (as vLLM serves adapters under their own names);
+//! - the request's `model` names a pool model, or a LoRA adapter pods declare (vLLM
+//!   serves adapters under their own names): then only those pods are candidates; any
+//!   other name is 404;
 //! - fallbacks are the best ranks of the other workers (advisory selections that book
 //!   nothing), so a refusing pod's retry goes elsewhere;
 //! - a subset hint narrows candidates to the workers it names; if the chosen rank of a
@@ -175,37 +176,41 @@ impl Picker {
         self.pool.load_full()
     }
 
-    /// The pool model and LoRA adapter a request's `model` names.
+    /// The pool model, LoRA adapter and serving workers a request's `model` names.
     fn resolve_model(
         pool: &Membership,
         model: Option<&str>,
-    ) -> Result<(String, Option<String>), PickError> {
-        let known = |m: &str| pool.workers.values().any(|w| w == m);
-        match model {
-            Some(m) if known(m) => Ok((m.to_owned(), None)),
-            Some(m) => match &pool.default_model {
-                Some(d) if known(d) => Ok((d.clone(), Some(m.to_owned()))),
-                _ => Err(PickError::UnknownModel(format!(
-                    "model {m:?} is not served by this pool"
-                ))),
-            },
-            None => match &pool.default_model {
-                Some(d) => Ok((d.clone(), None)),
-                None => Err(PickError::UnknownModel("the request names no model".into())),
-            },
+    ) -> Result<(String, Option<String>, Vec<u64>), PickError> {
+        let serving = |m: &str| -> Vec<u64> {
+            pool.workers
+                .iter()
+                .filter(|(_, w)| *w == m)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        let name = match model {
+            Some(m) => m,
+            None => pool
+                .default_model
+                .as_deref()
+                .ok_or_else(|| PickError::UnknownModel("the request names no model".into()))?,
+        };
+        let base = serving(name);
+        if !base.is_empty() {
+            return Ok((name.to_owned(), None, base));
+        }
+        match pool.adapters.get(name) {
+            Some((base, workers)) => Ok((base.clone(), Some(name.to_owned()), workers.clone())),
+            None => Err(PickError::UnknownModel(format!(
+                "model {name:?} is not served by this pool"
+            ))),
         }
     }
 
     /// Picks and books.
     pub fn pick(&self, input: PickInput<'_>) -> Result<Pick, PickError> {
         let pool = self.pool();
-        let (model, lora) = Self::resolve_model(&pool, input.model)?;
-        let serving: Vec<u64> = pool
-            .workers
-            .iter()
-            .filter(|(_, m)| **m == model)
-            .map(|(id, _)| *id)
-            .collect();
+        let (model, lora, serving) = Self::resolve_model(&pool, input.model)?;
         // The endpoints the request may go to, and their workers.
         let (allowed_eps, allowed_workers): (Option<HashSet<&str>>, Vec<u64>) = match &input.subset
         {
@@ -214,7 +219,11 @@ impl Picker {
                 let eps: HashSet<&str> = subset
                     .iter()
                     .map(String::as_str)
-                    .filter(|e| pool.by_endpoint.get(*e).is_some_and(|ep| ep.model == model))
+                    .filter(|e| {
+                        pool.by_endpoint
+                            .get(*e)
+                            .is_some_and(|ep| serving.contains(&ep.worker_id))
+                    })
                     .collect();
                 let mut workers: Vec<u64> =
                     eps.iter().map(|e| pool.by_endpoint[*e].worker_id).collect();

@@ -65,6 +65,10 @@ pub struct PodSpec {
     pub replay: Option<String>,
     #[serde(default)]
     pub total_kv_blocks: Option<u64>,
+    /// LoRA adapters the pod serves: a request naming one in its `model` field is a
+    /// request for the pod's model with that adapter.
+    #[serde(default)]
+    pub lora_adapters: Vec<String>,
 }
 
 /// One endpoint the gateway can send a request to.
@@ -82,6 +86,8 @@ pub struct Membership {
     pub by_rank: HashMap<(u64, u32), String>,
     /// Worker id → the model it serves.
     pub workers: BTreeMap<u64, String>,
+    /// LoRA adapter → (its base model, the workers serving it).
+    pub adapters: HashMap<String, (String, Vec<u64>)>,
     /// The default model (the file's).
     pub default_model: Option<String>,
     /// The registrations it was built from, by worker id.
@@ -142,6 +148,13 @@ impl PoolFile {
             if p.model.as_ref().or(self.model.as_ref()).is_none() {
                 return Err(what("no model (give the pod's or the file's)"));
             }
+            let model = p.model.as_ref().or(self.model.as_ref());
+            if p.lora_adapters
+                .iter()
+                .any(|a| Some(a) == model || a.is_empty())
+            {
+                return Err(what("a LoRA adapter named like its model, or empty"));
+            }
             if !ids.insert(p.worker_id.unwrap_or_else(|| worker_id_of(&p.name))) {
                 return Err(what("worker id taken by another pod"));
             }
@@ -180,6 +193,15 @@ impl PoolFile {
                 m.by_rank.insert((id, rank as u32), ep);
             }
             m.workers.insert(id, model.clone());
+            for a in &p.lora_adapters {
+                let e = m
+                    .adapters
+                    .entry(a.clone())
+                    .or_insert_with(|| (model.clone(), Vec::new()));
+                if e.0 == model {
+                    e.1.push(id);
+                }
+            }
             let kv_events = (!p.kv_events.is_empty()).then(|| {
                 p.kv_events
                     .iter()

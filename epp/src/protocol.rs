@@ -240,6 +240,7 @@ mod tests {
             HeaderAppendAction::OverwriteIfExistsOrAdd as i32
         );
         let md = Metadata {
+            typed_filter_metadata: Default::default(),
             filter_metadata: r
                 .dynamic_metadata
                 .unwrap()
@@ -298,6 +299,7 @@ mod tests {
             )),
         };
         let md = Metadata {
+            typed_filter_metadata: Default::default(),
             filter_metadata: [(
                 SUBSET_NAMESPACE.to_owned(),
                 Struct {
