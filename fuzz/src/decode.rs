@@ -284,7 +284,7 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                             medium,
                             group,
                             spec: SpecKind::Recurrent,
-                        } if salt % 2 == 0 => (
+                        } if salt.is_multiple_of(2) => (
                             hashes.clone(),
                             Some(0x9a7e),
                             &SPAN_TOKENS[..(hashes.len() * 4 + salt % 3).min(SPAN_TOKENS.len())],
