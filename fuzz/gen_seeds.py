@@ -127,6 +127,21 @@ seeds["tagged_hybrid_sliding_window"] = Batch(TS, [
       kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=4096,
       session_id="sess-42", lookahead_token_ids=[[7, 8, 9]]),
 ], 3)
+# A hybrid model (Qwen3-Next like: its Mamba group 0 first, full attention group 1). In vLLM's
+# align mode the Mamba group's store names the blocks it holds a state at (here the last
+# one) with the token ids of every block spanned; a state offloaded to the CPU comes without
+# token ids; the Mamba group drops its state.
+seeds["tagged_hybrid_mamba"] = Batch(TS, [
+    S(block_hashes=[h_u64(91)], parent_block_hash=None, token_ids=list(range(32)),
+      block_size=16, lora_id=None, medium="GPU", lora_name=None, group_idx=0,
+      kv_cache_spec_kind="mamba"),
+    S(block_hashes=[h_u64(90), h_u64(91)], parent_block_hash=None, token_ids=list(range(32)),
+      block_size=16, lora_id=None, medium="GPU", lora_name=None, group_idx=1,
+      kv_cache_spec_kind="full_attention"),
+    S(block_hashes=[h_u64(91)], parent_block_hash=None, token_ids=[], block_size=0,
+      lora_id=None, medium="CPU", lora_name=None, group_idx=0, kv_cache_spec_kind="mamba"),
+    R(block_hashes=[h_u64(91)], medium="GPU", group_idx=0),
+], 0)
 seeds["empty_batch"] = Batch(TS, [], 0)
 
 # ---- older vLLM and SGLang: positional arrays

@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
-use kvr::ingress::{decode_batch, DecodedBatch, DecodedEvent, Medium};
+use kvr::ingress::{decode_batch, DecodedBatch, DecodedEvent, Medium, SpecKind};
 
 struct Counting;
 
@@ -209,6 +209,44 @@ fn seeds_decode_to_what_gen_seeds_wrote() {
         }
         e => panic!("{e:?}"),
     }
+
+    // A hybrid model's Mamba group: its stores are tokenless (token ids or not), its
+    // removal keeps its group.
+    let b = get("tagged_hybrid_mamba.msgpack");
+    let shapes: Vec<_> = b
+        .events
+        .iter()
+        .map(|e| match e {
+            DecodedEvent::Tokenless {
+                medium,
+                group,
+                spec,
+                ..
+            } => ("tokenless", *medium, *group, Some(*spec)),
+            DecodedEvent::Stored {
+                medium,
+                group,
+                spec,
+                ..
+            } => ("stored", *medium, *group, Some(*spec)),
+            DecodedEvent::Removed { medium, group, .. } => ("removed", *medium, *group, None),
+            e => panic!("{e:?}"),
+        })
+        .collect();
+    assert_eq!(
+        shapes,
+        [
+            ("tokenless", Medium::Gpu, Some(0), Some(SpecKind::Recurrent)),
+            (
+                "stored",
+                Medium::Gpu,
+                Some(1),
+                Some(SpecKind::FullAttention)
+            ),
+            ("tokenless", Medium::Cpu, Some(0), Some(SpecKind::Recurrent)),
+            ("removed", Medium::Gpu, Some(0), None),
+        ]
+    );
 }
 
 #[test]

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 
 use kvr::hash::chain_hash;
 use kvr::{Index, OverlapScores, TieredScores};
-use kvr::{RankId, StoredBlock};
+use kvr::{RankId, StoredBlock, Tier};
 
-use crate::model::{assert_rank_stats_equal, assert_stats_equal, Model};
+use crate::model::{assert_rank_stats_equal, assert_stats_equal, seqs, Model};
 
 /// Runs the index's deferred frees now (it retires tables and holder sets through
 /// crossbeam-epoch, which frees them at a later pin), so an input frees what it allocated:
@@ -166,6 +166,10 @@ pub struct Scratch {
     pub shared_hits: u64,
     /// Queries some rank scored on host or disk.
     pub lower_tier_hits: u64,
+    /// Queries a hybrid rank (one that announced recurrent state) scored on the device,
+    /// and ones where its states cut its device score below the blocks it holds.
+    pub state_hits: u64,
+    pub state_cuts: u64,
 }
 
 /// Index vs model on one query (a prompt's local hashes, as the index is looked up):
@@ -187,6 +191,9 @@ pub fn check_query(
     );
     scratch.queries += 1;
     scratch.device_hits += u64::from(!want.is_empty());
+    let (hits, cuts) = state_effect(model, locals);
+    scratch.state_hits += u64::from(hits);
+    scratch.state_cuts += u64::from(cuts);
     scratch.shared_hits += u64::from(want.len() >= 4);
     let want_t = model.find_matches_tiered(locals);
     scratch.lower_tier_hits += u64::from(want_t.iter().any(|t| t.host + t.disk > 0));
@@ -197,6 +204,24 @@ pub fn check_query(
         "find_matches_tiered (index vs model); locals {locals:x?}; {}",
         ctx()
     );
+}
+
+/// Whether, on the model, a hybrid rank scores `locals` on the device, and whether one's
+/// states cut its score below the blocks it holds there.
+fn state_effect(model: &Model, locals: &[u64]) -> (bool, bool) {
+    let (mut hits, mut cuts) = (false, false);
+    let mut seq: Option<Vec<u64>> = None;
+    for rm in model.ranks.values().filter(|rm| rm.hybrid) {
+        let seq = seq.get_or_insert_with(|| seqs(locals));
+        let held = seq
+            .iter()
+            .take_while(|s| rm.holds(Tier::Device, **s))
+            .count();
+        let reusable = rm.reusable(seq, held, &[Tier::Device]);
+        hits |= reusable > 0;
+        cuts |= reusable < held;
+    }
+    (hits, cuts)
 }
 
 /// The whole comparison after one step: stats, exact — all of them (total and every rank)

@@ -2,9 +2,10 @@
 //!
 //! Must never panic (overflow checks are on in cargo-fuzz builds). On every input: decoding
 //! into a fresh batch and into a reused one agree. On a successful decode: every range is
-//! in bounds, every store's tokens are `blocks × block_size`, and re-encoding the decoded
-//! batch (tagged maps or positional arrays, hashes as uint64 / int64 / bin) decodes to the
-//! same events.
+//! in bounds, every store's tokens are `blocks × block_size`, no store of blocks is of a
+//! recurrent group, and re-encoding the decoded batch (tagged maps or positional arrays,
+//! hashes as uint64 / int64 / bin, each group kind in one of its spellings, a recurrent
+//! group's store with or without token ids) decodes to the same events.
 
 use std::cell::RefCell;
 
@@ -62,9 +63,15 @@ fn check_invariants(b: &DecodedBatch) {
                 lora_name,
                 extras,
                 lookahead,
+                spec,
                 ..
             } => {
                 assert!(hashes.start <= hashes.end && hashes.end <= b.hashes.len());
+                // A recurrent group's store names states, never blocks.
+                assert!(
+                    hashes.is_empty() || *spec != SpecKind::Recurrent,
+                    "a recurrent group's store decoded as blocks"
+                );
                 // Lookahead tokens: none, or one in-bounds range per block.
                 if !lookahead.is_empty() {
                     assert_eq!(lookahead.len(), hashes.len());
@@ -183,6 +190,17 @@ enum Style {
     Positional,
 }
 
+/// Token ids a re-encoded recurrent store spans (a prefix of them).
+const SPAN_TOKENS: [u32; 64] = {
+    let mut t = [0u32; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = i as u32 * 7 % 11;
+        i += 1;
+    }
+    t
+};
+
 fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
     use rmp::encode as en;
     let mut w = Vec::new();
@@ -259,6 +277,24 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                             *spec,
                             lookahead.clone(),
                         ),
+                        // A recurrent group's store may carry a parent and the token ids of
+                        // every block its names span (vLLM's align mode): still tokenless.
+                        DecodedEvent::Tokenless {
+                            hashes,
+                            medium,
+                            group,
+                            spec: SpecKind::Recurrent,
+                        } if salt.is_multiple_of(2) => (
+                            hashes.clone(),
+                            Some(0x9a7e),
+                            &SPAN_TOKENS[..(hashes.len() * 4 + salt % 3).min(SPAN_TOKENS.len())],
+                            4,
+                            None,
+                            *medium,
+                            *group,
+                            SpecKind::Recurrent,
+                            0..0,
+                        ),
                         DecodedEvent::Tokenless {
                             hashes,
                             medium,
@@ -308,11 +344,17 @@ fn encode(b: &DecodedBatch, style: Style, salt: usize) -> Vec<u8> {
                 key(&mut w, "group_idx");
                 group(&mut w, g);
                 key(&mut w, "kv_cache_spec_kind");
-                match spec {
-                    SpecKind::Unspecified => en::write_nil(&mut w).unwrap(),
-                    SpecKind::FullAttention => en::write_str(&mut w, "full_attention").unwrap(),
-                    SpecKind::Other => en::write_str(&mut w, "sliding_window").unwrap(),
-                    SpecKind::Recurrent => en::write_str(&mut w, "mamba").unwrap(),
+                let names: &[&str] = match spec {
+                    SpecKind::Unspecified => &[],
+                    SpecKind::FullAttention => {
+                        &["full_attention", "mla_attention", "sink_full_attention"]
+                    }
+                    SpecKind::Other => &["sliding_window", "chunked_local_attention"],
+                    SpecKind::Recurrent => &["mamba", "MAMBA"],
+                };
+                match names.get(salt % names.len().max(1)) {
+                    None => en::write_nil(&mut w).unwrap(),
+                    Some(n) => en::write_str(&mut w, n).unwrap(),
                 }
                 if !lookahead.is_empty() {
                     for k in [

@@ -9,7 +9,10 @@
 //! content), known or arbitrary engine hashes and local hashes from a small vocabulary
 //! (including 0 and `u64::MAX`); repeated stores (same or another rank); removes of held
 //! names (right or wrong tier), of chain tails, of unknown hashes; clears; `remove_rank`;
-//! `remove_worker` — each through `Index::apply` or the direct method.
+//! `remove_worker`; a hybrid model's recurrent states (`StatesStored` at names the rank
+//! holds, chain tails, known or unknown hashes; `StatesRemoved` of its states' names, on
+//! the right tier or another, of other hashes) — each through `Index::apply` or the direct
+//! method.
 //!
 //! After every operation: its outcome equals the model's (`Result<stored>`,
 //! `ApplyOutcome`, cleared count, `remove_rank` / `remove_worker` results); the rank list
@@ -102,6 +105,33 @@ pub enum Op {
     RemoveWorker {
         worker: u8,
     },
+    /// A recurrent group's states at some blocks (the rank becomes hybrid).
+    StoreStates {
+        rank: u8,
+        tier: u8,
+        hashes: Vec<StateSel>,
+        via_apply: bool,
+    },
+    RemoveStates {
+        rank: u8,
+        tier: u8,
+        hashes: Vec<StateSel>,
+        via_apply: bool,
+    },
+}
+
+/// A name a state event gives.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum StateSel {
+    /// A name the rank holds on any tier (a block it may have a state at).
+    Held(u16),
+    /// The last name of one of the rank's recent stores (a state at a chain's end).
+    Tail(u8),
+    /// The name of a state the rank has on the event's tier, or on any tier.
+    State(u16),
+    StateAny(u16),
+    Known(u16),
+    Raw(u64),
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -200,6 +230,13 @@ enum Resolved {
     },
     RemoveRank(RankId),
     RemoveWorker(u64),
+    States {
+        rank: RankId,
+        tier: Tier,
+        hashes: Vec<u64>,
+        stored: bool,
+        via_apply: bool,
+    },
 }
 
 struct Run {
@@ -229,6 +266,11 @@ pub struct Summary {
     pub queries: u64,
     pub device_hits: u64,
     pub lower_tier_hits: u64,
+    pub states_stored: u64,
+    pub states_removed: u64,
+    /// Queries a hybrid rank scored on the device, and ones where its states cut a score.
+    pub state_hits: u64,
+    pub state_cuts: u64,
 }
 
 impl Summary {
@@ -247,6 +289,10 @@ impl Summary {
             ("queries", self.queries),
             ("device_hits", self.device_hits),
             ("lower_tier_hits", self.lower_tier_hits),
+            ("states_stored", self.states_stored),
+            ("states_removed", self.states_removed),
+            ("state_hits", self.state_hits),
+            ("state_cuts", self.state_cuts),
         ]
     }
 
@@ -265,6 +311,10 @@ impl Summary {
             queries,
             device_hits,
             lower_tier_hits,
+            states_stored,
+            states_removed,
+            state_hits,
+            state_cuts,
         } = o;
         self.ops += ops;
         self.blocks_stored += blocks_stored;
@@ -278,6 +328,10 @@ impl Summary {
         self.queries += queries;
         self.device_hits += device_hits;
         self.lower_tier_hits += lower_tier_hits;
+        self.states_stored += states_stored;
+        self.states_removed += states_removed;
+        self.state_hits += state_hits;
+        self.state_cuts += state_cuts;
     }
 }
 
@@ -358,6 +412,7 @@ pub fn run_input(input: &Input) -> Summary {
         let (full, rank) = match res {
             Resolved::Store { rank, .. }
             | Resolved::Remove { rank, .. }
+            | Resolved::States { rank, .. }
             | Resolved::Clear { rank, .. } => (i % 4 == 0, rank),
             Resolved::RemoveRank(rank) => (true, rank),
             Resolved::RemoveWorker(_) => (true, RANKS[0]),
@@ -406,6 +461,8 @@ pub fn run_input(input: &Input) -> Summary {
     r.sum.device_hits = r.scratch.device_hits;
     r.sum.shared_hits = r.scratch.shared_hits;
     r.sum.lower_tier_hits = r.scratch.lower_tier_hits;
+    r.sum.state_hits = r.scratch.state_hits;
+    r.sum.state_cuts = r.scratch.state_cuts;
     crate::check::collect_garbage();
     r.sum
 }
@@ -574,10 +631,77 @@ impl Run {
                 via_apply: *via_apply,
             },
             Op::RemoveRank { rank } => Resolved::RemoveRank(Self::rank(*rank)),
+            Op::StoreStates {
+                rank,
+                tier,
+                hashes,
+                via_apply,
+            }
+            | Op::RemoveStates {
+                rank,
+                tier,
+                hashes,
+                via_apply,
+            } => {
+                let rank = Self::rank(*rank);
+                let tier = tier_of(*tier);
+                Resolved::States {
+                    rank,
+                    tier,
+                    hashes: self.state_names(rank, tier, hashes),
+                    stored: matches!(op, Op::StoreStates { .. }),
+                    via_apply: *via_apply,
+                }
+            }
             Op::RemoveWorker { worker } => {
                 Resolved::RemoveWorker(WORKERS[*worker as usize % WORKERS.len()])
             }
         }
+    }
+
+    /// The names `sel` gives for a state event of `rank` on `tier`.
+    fn state_names(&self, rank: RankId, tier: Tier, sel: &[StateSel]) -> Vec<u64> {
+        let held = self.held(rank, None);
+        let states = |tiers: &[Tier]| {
+            let mut v: Vec<u64> = self.model.rank(rank).map_or_else(Vec::new, |rm| {
+                tiers
+                    .iter()
+                    .flat_map(|t| rm.states[*t as usize].keys().copied())
+                    .collect()
+            });
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let (on_tier, any) = (states(&[tier]), states(&TIERS));
+        let tails: Vec<u64> = self
+            .recent
+            .iter()
+            .rev()
+            .filter(|s| s.rank == rank)
+            .filter_map(|s| s.blocks.last().map(|b| b.external_hash))
+            .collect();
+        sel.iter()
+            .take(MAX_LIST)
+            .map(|h| {
+                let k = match *h {
+                    StateSel::Held(k)
+                    | StateSel::State(k)
+                    | StateSel::StateAny(k)
+                    | StateSel::Known(k) => k,
+                    StateSel::Tail(k) => u16::from(k),
+                    StateSel::Raw(x) => return x,
+                };
+                let from = match *h {
+                    StateSel::Held(_) => &held,
+                    StateSel::Tail(_) => &tails,
+                    StateSel::State(_) => &on_tier,
+                    StateSel::StateAny(_) => &any,
+                    _ => &self.known,
+                };
+                Self::nth(from, k).copied().unwrap_or(u64::from(k))
+            })
+            .collect()
     }
 
     fn apply(&mut self, op: &Resolved, touched: &mut Vec<u64>, ctx: &dyn Fn() -> String) {
@@ -676,6 +800,44 @@ impl Run {
                 let want = model.remove_worker(*w);
                 assert_eq!(index.remove_worker(*w), want, "remove_worker; {}", ctx());
                 self.sum.workers_removed += u64::from(want > 0);
+            }
+            Resolved::States {
+                rank,
+                tier,
+                hashes,
+                stored,
+                via_apply,
+            } => {
+                let (tier, hashes) = (*tier, hashes.as_slice());
+                let (want, got) = match (*stored, *via_apply) {
+                    (true, false) => (
+                        model.store_states(*rank, tier, hashes),
+                        index.store_states(*rank, tier, hashes),
+                    ),
+                    (false, false) => (
+                        model.remove_states(*rank, tier, hashes),
+                        index.remove_states(*rank, tier, hashes),
+                    ),
+                    (true, true) => {
+                        let ev = KvEvent::StatesStored {
+                            tier,
+                            external_hashes: hashes,
+                        };
+                        let want = model.apply(*rank, &ev).expect("never refused");
+                        (want, index.apply(*rank, &ev).expect("never refused"))
+                    }
+                    (false, true) => {
+                        let ev = KvEvent::StatesRemoved {
+                            tier,
+                            external_hashes: hashes,
+                        };
+                        let want = model.apply(*rank, &ev).expect("never refused");
+                        (want, index.apply(*rank, &ev).expect("never refused"))
+                    }
+                };
+                assert_eq!(got, want, "state event outcome (index vs model); {}", ctx());
+                self.sum.states_stored += want.stored as u64;
+                self.sum.states_removed += want.removed as u64;
             }
         }
     }

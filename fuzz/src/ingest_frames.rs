@@ -10,7 +10,11 @@
 //!   come from a 4-token vocabulary, continuing earlier stores of the rank, with unknown
 //!   parents, LoRA names, other block sizes, content-addressed / colliding / arbitrary
 //!   engine hashes; removes of names the rank holds (right or wrong tier), of other known
-//!   or unknown hashes; clears — encoded with `rmp` as tagged maps or positional arrays
+//!   or unknown hashes; clears; each worker's engine plain or hybrid (an attention group
+//!   and a Mamba group, group 0 or 1: `hybrid`), whose recurrent group stores states at
+//!   some blocks of an attention store of the same batch (before or after it), or of
+//!   blocks the rank holds (with the token ids of every block spanned, or tokenless, as a
+//!   CPU checkpoint) and removes them — encoded with `rmp` as tagged maps or positional arrays
 //!   (hashes as uint64, int64 or bin; optional fields present or absent; unknown keys and
 //!   trailing fields; `ts` as float or int; a 2-element batch without rank);
 //! - sometimes such a payload with one byte flipped, inserted or removed, or cut short;
@@ -25,8 +29,11 @@
 //! decoder, fuzzed on its own by target (a), is the oracle of what they say): a failed
 //! decode applies nothing; otherwise events go to rank `(worker, dp or stream)`; a store
 //! of another block size is refused; local hashes are `local_block_hash(tokens,
-//! HashSalt::new(lora_name, namespace))`; the events are applied to the model, whose
-//! semantics are the index's (unknown parent → refused; unknown removes ignored).
+//! HashSalt::new(lora_name, namespace))`; each event's group gets its verdict from the
+//! group rule (`groups`, written again); the events are applied to the model, whose
+//! semantics are the index's (unknown parent → refused; unknown removes ignored), a
+//! recurrent group's events as states after the batch's other events, in batch order
+//! (their unknown names counted as a tokenless store's, in no block counter).
 //!
 //! After every message, any difference is a panic: the `IngestOutcome`; every stream's
 //! `StreamStats` (messages, bytes, batches, events, blocks stored/removed, refusals,
@@ -58,6 +65,12 @@ use kvr::{Partition, PartitionKey};
 use crate::check::{check_all, Links, Scratch};
 use crate::model::Model;
 
+mod groups;
+mod hybrid;
+
+use groups::GroupModel;
+use hybrid::Layout;
+
 /// Messages per input at most.
 pub const MAX_MESSAGES: usize = 48;
 /// Worker ids are 1..=WORKERS.
@@ -82,19 +95,49 @@ pub enum Ev {
         extras: Extras,
         /// Each block's lookahead tokens; empty when the engine hashes without lookahead.
         lookahead: Vec<Vec<u32>>,
+        /// KV-cache group and its kind (never `Recurrent` with blocks: the decoder reads
+        /// a recurrent group's store as tokenless).
+        group: Option<u32>,
+        spec: SpecKind,
     },
-    /// A store without token ids (an offloading connector's placeholder): names only.
+    /// A store named by engine hashes only: an offloading connector's placeholder (no
+    /// token ids), or a recurrent group's store (with or without token ids).
     Tokenless {
         medium: Medium,
         hashes: Vec<u64>,
+        group: Option<u32>,
+        spec: SpecKind,
+        /// What else the generator wrote (parent, token ids, block size), which the
+        /// decoder does not give back.
+        wire: Unread<TokenlessWire>,
     },
     Removed {
         medium: Medium,
         hashes: Vec<u64>,
+        group: Option<u32>,
     },
     Cleared,
     /// A store the decoder reads as unusable (never generated; garbage may decode to it).
     Malformed,
+}
+
+/// A value the generator wrote that a decoded batch does not carry: equal to anything.
+#[derive(Clone, Debug, Default)]
+pub struct Unread<T>(pub T);
+
+impl<T> PartialEq for Unread<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// A tokenless store's fields beyond its names, as written (a recurrent group's store in
+/// vLLM's align mode: token ids of every block its names span, its block size).
+#[derive(Clone, Debug, Default)]
+pub struct TokenlessWire {
+    pub parent: Option<u64>,
+    pub tokens: Vec<u32>,
+    pub block_size: u32,
 }
 
 /// A store's extra keys: the values the model expects (compared with the decoder's) and
@@ -201,7 +244,8 @@ impl Batch {
                     medium,
                     extras,
                     lookahead,
-                    ..
+                    group,
+                    spec,
                 } => Ev::Stored {
                     medium: *medium,
                     parent: *parent,
@@ -220,14 +264,29 @@ impl Batch {
                         .filter(|_| !lookahead.is_empty())
                         .map(|k| b.block_lookahead_tokens(lookahead, k).to_vec())
                         .collect(),
+                    group: *group,
+                    spec: *spec,
                 },
-                DecodedEvent::Tokenless { hashes, medium, .. } => Ev::Tokenless {
+                DecodedEvent::Tokenless {
+                    hashes,
+                    medium,
+                    group,
+                    spec,
+                } => Ev::Tokenless {
                     medium: *medium,
                     hashes: b.hashes[hashes.clone()].to_vec(),
+                    group: *group,
+                    spec: *spec,
+                    wire: Unread::default(),
                 },
-                DecodedEvent::Removed { hashes, medium, .. } => Ev::Removed {
+                DecodedEvent::Removed {
+                    hashes,
+                    medium,
+                    group,
+                } => Ev::Removed {
                     medium: *medium,
                     hashes: b.hashes[hashes.clone()].to_vec(),
+                    group: *group,
                 },
                 DecodedEvent::Cleared => Ev::Cleared,
                 DecodedEvent::Malformed { .. } => Ev::Malformed,
@@ -247,51 +306,6 @@ fn tier(m: Medium) -> Option<Tier> {
         Medium::Cpu => Some(Tier::Host),
         Medium::Storage => Some(Tier::Disk),
         Medium::Unknown => None,
-    }
-}
-
-/// Each decoded event's KV-cache group and (stores) spec kind.
-fn groups_of(b: &DecodedBatch) -> Vec<(Option<u32>, Option<SpecKind>)> {
-    b.events
-        .iter()
-        .map(|e| match e {
-            DecodedEvent::Stored { group, spec, .. }
-            | DecodedEvent::Tokenless { group, spec, .. } => (*group, Some(*spec)),
-            DecodedEvent::Removed { group, .. } => (*group, None),
-            DecodedEvent::Cleared | DecodedEvent::Malformed { .. } => (None, None),
-        })
-        .collect()
-}
-
-/// The model of `ingress::groups` (its rules, written again): the groups a stream saw
-/// in stores, whether each routes (full attention or no kind), and the group followed.
-#[derive(Default)]
-struct GroupModel {
-    seen: Vec<(u32, bool)>,
-    routing: Option<u32>,
-}
-
-impl GroupModel {
-    /// (clear the stream's ranks first, apply).
-    fn store(&mut self, g: Option<u32>, spec: SpecKind) -> (bool, bool) {
-        let Some(g) = g else { return (false, true) };
-        let routes = spec != SpecKind::Other;
-        if let Some(e) = self.seen.iter_mut().find(|e| e.0 == g) {
-            e.1 |= routes;
-        } else if self.seen.len() < 16 {
-            self.seen.push((g, routes));
-        } else {
-            return (false, false);
-        }
-        let full = self.seen.iter().filter(|e| e.1).map(|e| e.0).min();
-        let routing = full.or_else(|| self.seen.iter().map(|e| e.0).min());
-        let switched = self.routing.is_some() && self.routing != routing;
-        self.routing = routing;
-        (switched, routing == Some(g))
-    }
-
-    fn remove(&self, g: Option<u32>) -> bool {
-        g.is_none_or(|g| self.routing == Some(g) || self.seen.iter().all(|e| e.0 != g))
     }
 }
 
@@ -430,6 +444,30 @@ fn medium_v(u: &mut Unstructured<'_>, m: Medium) -> Result<V> {
     })
 }
 
+fn group_v(g: Option<u32>) -> V {
+    g.map_or(V::Nil, |g| V::U(u64::from(g)))
+}
+
+/// A group's `kv_cache_spec_kind` in one of the spellings that read as `spec`.
+fn spec_v(u: &mut Unstructured<'_>, spec: SpecKind) -> Result<V> {
+    let names: &[&str] = match spec {
+        SpecKind::Unspecified => return Ok(V::Nil),
+        SpecKind::FullAttention => &[
+            "full_attention",
+            "mla_attention",
+            "sink_full_attention",
+            "FULL_ATTENTION",
+        ],
+        SpecKind::Recurrent => &["mamba", "Mamba"],
+        SpecKind::Other => &[
+            "sliding_window",
+            "chunked_local_attention",
+            "linear_attention",
+        ],
+    };
+    Ok(s(names[u.choose_index(names.len())?]))
+}
+
 /// A value of a newer engine's field (any shape).
 fn unknown_v(u: &mut Unstructured<'_>) -> Result<V> {
     Ok(match pick(u, &[1, 1, 1, 1, 1])? {
@@ -452,6 +490,8 @@ fn stored_fields(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -
         block_size,
         extras,
         lookahead,
+        group,
+        spec,
         ..
     } = ev
     else {
@@ -474,10 +514,8 @@ fn stored_fields(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -
         medium_v(u, *medium)?,
         lora_v,
         extra_keys,
-        // KV-cache groups: hybrid models send group 1 as a sliding window (or Mamba).
-        [V::Nil, V::U(0), V::U(1)][pick(u, &[4, 4, 1])?].clone(),
-        [V::Nil, s("full_attention"), s("sliding_window"), s("mamba")][pick(u, &[4, 4, 1, 1])?]
-            .clone(),
+        group_v(*group),
+        spec_v(u, *spec)?,
         if u.ratio(1, 3)? { V::U(128) } else { V::Nil },
         if u.ratio(1, 3)? { s("LOCAL") } else { V::Nil },
         V::Nil,
@@ -528,11 +566,15 @@ fn event_v(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -> Resu
             stored_fields(u, ev, lora_raw)?,
             &STORED_KEYS[..],
         ),
-        Ev::Removed { medium, hashes } => {
+        Ev::Removed {
+            medium,
+            hashes,
+            group,
+        } => {
             let f = vec![
                 hashes_v(u, hashes)?,
                 medium_v(u, *medium)?,
-                [V::Nil, V::U(0), V::U(1)][pick(u, &[4, 4, 1])?].clone(),
+                group_v(*group),
                 if u.ratio(1, 3)? { s("LOCAL") } else { V::Nil },
                 V::Nil,
             ];
@@ -548,15 +590,30 @@ fn event_v(u: &mut Unstructured<'_>, ev: &Ev, lora_raw: &Option<String>) -> Resu
                 ][..],
             )
         }
-        Ev::Tokenless { medium, hashes } => {
+        Ev::Tokenless {
+            medium,
+            hashes,
+            group,
+            spec,
+            wire,
+        } => {
             // vLLM's placeholder: hashes, no tokens, block size 0, a medium; the rest nil.
+            // A recurrent group's store: its parent, the token ids of every block its
+            // names span, its block size.
             let mut f = vec![
                 hashes_v(u, hashes)?,
-                V::Nil,
-                V::A(Vec::new()),
-                V::U(0),
+                match wire.0.parent {
+                    None => V::Nil,
+                    Some(p) => hash_v(u, p)?,
+                },
+                V::A(wire.0.tokens.iter().map(|&t| V::U(u64::from(t))).collect()),
+                V::U(u64::from(wire.0.block_size)),
                 V::Nil,
                 medium_v(u, *medium)?,
+                V::Nil,
+                V::Nil,
+                group_v(*group),
+                spec_v(u, *spec)?,
             ];
             f.resize(STORED_KEYS.len(), V::Nil);
             ("BlockStored", f, &STORED_KEYS[..])
@@ -620,6 +677,8 @@ fn significant(ev: &Ev, lora_raw: &Option<String>, i: usize) -> bool {
             block_size,
             extras,
             lookahead,
+            group,
+            spec,
             ..
         } => match i {
             0 => !hashes.is_empty(),
@@ -629,17 +688,35 @@ fn significant(ev: &Ev, lora_raw: &Option<String>, i: usize) -> bool {
             5 => *medium != Medium::Gpu,
             6 => lora_raw.as_deref().is_some_and(|l| !l.is_empty()),
             7 => !extras.values.is_empty(),
+            8 => group.is_some(),
+            9 => *spec != SpecKind::Unspecified,
             14 => !lookahead.is_empty(),
             _ => false,
         },
-        Ev::Removed { medium, hashes } => match i {
+        Ev::Removed {
+            medium,
+            hashes,
+            group,
+        } => match i {
             0 => !hashes.is_empty(),
             1 => *medium != Medium::Gpu,
+            2 => group.is_some(),
             _ => false,
         },
-        // A tokenless store must show its empty token ids (or a reader could not tell it
-        // from a store of nothing); its medium is field 5.
-        Ev::Tokenless { medium, .. } => i <= 2 || (i == 5 && *medium != Medium::Gpu),
+        // A tokenless store must show its token ids, empty or not (or a reader could not
+        // tell it from a store of nothing); its medium is field 5, its group 8 and 9.
+        Ev::Tokenless {
+            medium,
+            group,
+            spec,
+            ..
+        } => match i {
+            0..=2 => true,
+            5 => *medium != Medium::Gpu,
+            8 => group.is_some(),
+            9 => *spec != SpecKind::Unspecified,
+            _ => false,
+        },
         Ev::Cleared | Ev::Malformed => false,
     }
 }
@@ -715,6 +792,8 @@ struct Harness {
     known: Vec<Vec<u64>>,
     /// Per rank: the last engine hash of recent stores (chain tails to continue).
     tails: BTreeMap<RankId, Vec<u64>>,
+    /// Per worker (index `w - 1`): its engine's KV-cache groups.
+    layouts: Vec<Layout>,
     touched: Vec<u64>,
     msg: usize,
     sum: Summary,
@@ -751,6 +830,14 @@ pub struct Summary {
     /// Blocks a tokenless store put on a tier, and stores with lookahead that applied.
     pub tokenless_blocks: u64,
     pub lookahead_stores: u64,
+    /// Recurrent states stored and removed; state stores that named a block the batch
+    /// stored after them (applied in order, they would have missed it).
+    pub states_stored: u64,
+    pub states_removed: u64,
+    pub states_late: u64,
+    /// Queries a hybrid rank scored on the device, and ones where its states cut a score.
+    pub state_hits: u64,
+    pub state_cuts: u64,
 }
 
 impl Summary {
@@ -775,6 +862,11 @@ impl Summary {
             ("lower_tier_hits", self.lower_tier_hits),
             ("tokenless_blocks", self.tokenless_blocks),
             ("lookahead_stores", self.lookahead_stores),
+            ("states_stored", self.states_stored),
+            ("states_removed", self.states_removed),
+            ("states_late", self.states_late),
+            ("state_hits", self.state_hits),
+            ("state_cuts", self.state_cuts),
         ]
     }
 
@@ -799,10 +891,20 @@ impl Summary {
             lower_tier_hits,
             tokenless_blocks,
             lookahead_stores,
+            states_stored,
+            states_removed,
+            states_late,
+            state_hits,
+            state_cuts,
         } = o;
         self.messages += messages;
         self.tokenless_blocks += tokenless_blocks;
         self.lookahead_stores += lookahead_stores;
+        self.states_stored += states_stored;
+        self.states_removed += states_removed;
+        self.states_late += states_late;
+        self.state_hits += state_hits;
+        self.state_cuts += state_cuts;
         self.structured += structured;
         self.batches_applied += batches_applied;
         self.decode_errors += decode_errors;
@@ -893,6 +995,10 @@ impl Harness {
     fn new(u: &mut Unstructured<'_>) -> Result<Self> {
         let bs = [2, 1, 4, 3][pick(u, &[4, 2, 2, 1])?];
         let namespace = u.ratio(1, 4)?.then(|| "tenant-a".to_owned());
+        let mut layouts = Vec::with_capacity(WORKERS as usize);
+        for _ in 0..WORKERS {
+            layouts.push(Layout::gen(u)?);
+        }
         let mut model = Model::new();
         let p = partition_for(bs, namespace.as_deref(), &mut model);
         Ok(Harness {
@@ -905,6 +1011,7 @@ impl Harness {
             streams: Vec::new(),
             known: vec![Vec::new(); WORKERS as usize],
             tails: BTreeMap::new(),
+            layouts,
             touched: Vec::new(),
             msg: 0,
             sum: Summary::default(),
@@ -976,6 +1083,7 @@ impl Harness {
         rank: RankId,
     ) -> Result<(Ev, Option<String>)> {
         let medium = Self::medium(u)?;
+        let (group, spec) = self.layouts[(w - 1) as usize].attention(u)?;
         let lora_raw = match pick(u, &[12, 2, 1, 1])? {
             0 => None,
             1 => Some("sql-lora".to_owned()),
@@ -1065,6 +1173,8 @@ impl Harness {
                 lora,
                 extras,
                 lookahead,
+                group,
+                spec,
             },
             lora_raw,
         ))
@@ -1075,6 +1185,7 @@ impl Harness {
     fn gen_tokenless(&mut self, u: &mut Unstructured<'_>, w: WorkerId, rank: RankId) -> Result<Ev> {
         let medium =
             [Medium::Cpu, Medium::Storage, Medium::Gpu, Medium::Unknown][pick(u, &[6, 3, 2, 1])?];
+        let (group, spec) = self.layouts[(w - 1) as usize].attention(u)?;
         let mut names: Vec<u64> = self
             .model
             .rank(rank)
@@ -1093,11 +1204,18 @@ impl Harness {
                 },
             });
         }
-        Ok(Ev::Tokenless { medium, hashes })
+        Ok(Ev::Tokenless {
+            medium,
+            hashes,
+            group,
+            spec,
+            wire: Unread(TokenlessWire::default()),
+        })
     }
 
     fn gen_remove(&mut self, u: &mut Unstructured<'_>, w: WorkerId, rank: RankId) -> Result<Ev> {
         let medium = Self::medium(u)?;
+        let group = self.layouts[(w - 1) as usize].attention_removal(u)?;
         // Names the rank holds: on the event's tier mostly, else on any tier (wrong tier).
         let mut names: Vec<u64> = Vec::new();
         if let Some(rm) = self.model.rank(rank) {
@@ -1132,7 +1250,11 @@ impl Harness {
                 hashes.insert(0, t[t.len() - 1]);
             }
         }
-        Ok(Ev::Removed { medium, hashes })
+        Ok(Ev::Removed {
+            medium,
+            hashes,
+            group,
+        })
     }
 
     fn gen_batch(
@@ -1152,12 +1274,41 @@ impl Harness {
         let n = [1usize, 2, 3, 0, 4, 6][pick(u, &[6, 4, 2, 1, 1, 1])?];
         let mut events = Vec::with_capacity(n);
         let mut loras = Vec::with_capacity(n);
+        let layout = self.layouts[(w - 1) as usize];
+        // Store, remove, clear, tokenless store; then the recurrent group's: an attention
+        // store with its states, a store of states alone, a removal of states.
+        let weights: &[u32] = if layout.is_hybrid() {
+            &[8, 4, 1, 2, 6, 3, 4]
+        } else {
+            &[12, 6, 1, 2, 1, 1, 1]
+        };
         for _ in 0..n {
-            match pick(u, &[12, 6, 1, 2])? {
+            match pick(u, weights)? {
                 0 => {
                     let (ev, l) = self.gen_store(u, w, rank)?;
                     events.push(ev);
                     loras.push(l);
+                }
+                4 => {
+                    // In group order (the Mamba group first when it is group 0), or not.
+                    let (ev, l) = self.gen_store(u, w, rank)?;
+                    let states = self.gen_mamba_store(u, w, rank, layout, Some(&ev))?;
+                    let mamba_first = matches!(layout, Layout::Hybrid { mamba: 0 });
+                    if mamba_first != u.ratio(1, 5)? {
+                        events.extend([states, ev]);
+                        loras.extend([None, l]);
+                    } else {
+                        events.extend([ev, states]);
+                        loras.extend([l, None]);
+                    }
+                }
+                5 => {
+                    events.push(self.gen_mamba_store(u, w, rank, layout, None)?);
+                    loras.push(None);
+                }
+                6 => {
+                    events.push(self.gen_mamba_remove(u, w, rank, layout)?);
+                    loras.push(None);
                 }
                 1 => {
                     events.push(self.gen_remove(u, w, rank)?);
@@ -1336,7 +1487,7 @@ impl Harness {
                 }
                 Ok(b) => {
                     // A batch refused for its DP rank is reported so, not as applied.
-                    if self.apply_batch(w, st, si, b, &groups_of(&db)) {
+                    if self.apply_batch(w, st, si, b) {
                         want.batches_applied = 1;
                     } else {
                         want.refused = 1;
@@ -1426,14 +1577,7 @@ impl Harness {
         emptied
     }
 
-    fn apply_batch(
-        &mut self,
-        w: WorkerId,
-        st: u32,
-        si: usize,
-        b: &Batch,
-        groups: &[(Option<u32>, Option<SpecKind>)],
-    ) -> bool {
+    fn apply_batch(&mut self, w: WorkerId, st: u32, si: usize, b: &Batch) -> bool {
         let dp = b.dp.unwrap_or(st);
         // The workers here are never registered while they publish: a DP rank of
         // MAX_DP_SIZE or more refuses the whole batch, counted, touching nothing else (no
@@ -1457,7 +1601,10 @@ impl Harness {
         let (mut skipped_group, mut skipped_medium, mut switches) = (0u64, 0u64, 0u64);
         let (mut skipped_malformed, mut tokenless_unknown) = (0u64, 0u64);
         let mut blocks = Vec::new();
-        for (ev, &(group, spec)) in b.events.iter().zip(groups) {
+        // The recurrent group's events (index, tier, how many of their names the rank
+        // resolved when they came), applied once the batch's other events are in.
+        let mut states: Vec<(usize, Tier, usize)> = Vec::new();
+        for (i, ev) in b.events.iter().enumerate() {
             let medium = match ev {
                 Ev::Stored { medium, .. }
                 | Ev::Tokenless { medium, .. }
@@ -1473,23 +1620,31 @@ impl Harness {
                 continue;
             };
             let sm = &mut self.streams[si];
-            let (clear_first, apply) = match (ev, spec) {
-                (Ev::Stored { block_size, .. }, _) if *block_size != self.bs => {
+            let verdict = match ev {
+                Ev::Stored { block_size, .. } if *block_size != self.bs => {
                     mismatched += 1;
                     continue;
                 }
-                (Ev::Stored { .. } | Ev::Tokenless { .. }, Some(spec)) => {
-                    sm.groups.store(group, spec)
+                Ev::Stored { group, spec, .. } | Ev::Tokenless { group, spec, .. } => {
+                    sm.groups.store(*group, *spec)
                 }
-                (Ev::Removed { .. }, _) => (false, sm.groups.remove(group)),
-                _ => (false, true),
+                Ev::Removed { group, .. } => sm.groups.remove(*group),
+                Ev::Cleared | Ev::Malformed => groups::APPLY,
             };
-            if clear_first {
+            if verdict.clear_first {
                 switches += 1;
                 self.clear_fed_ranks(w, si);
             }
-            if !apply {
+            if !verdict.apply {
                 skipped_group += 1;
+                continue;
+            }
+            if verdict.state {
+                let resolved = match ev {
+                    Ev::Tokenless { hashes, .. } => self.resolved(rank, hashes),
+                    _ => 0,
+                };
+                states.push((i, tier, resolved));
                 continue;
             }
             let r = match ev {
@@ -1558,6 +1713,24 @@ impl Harness {
                 Err(_) => rejected += 1,
             }
         }
+        // States name attention blocks, which the batch may store after them; they count
+        // in no block counter, and the names of a store the rank does not hold count as a
+        // tokenless store's do. A store of blocks in a recurrent group does nothing.
+        for (i, tier, resolved_then) in states {
+            match &b.events[i] {
+                Ev::Tokenless { hashes, .. } => {
+                    self.sum.states_late += u64::from(self.resolved(rank, hashes) > resolved_then);
+                    let o = self.model.store_states(rank, tier, hashes);
+                    tokenless_unknown += o.not_found as u64;
+                    self.sum.states_stored += o.stored as u64;
+                }
+                Ev::Removed { hashes, .. } => {
+                    let o = self.model.remove_states(rank, tier, hashes);
+                    self.sum.states_removed += o.removed as u64;
+                }
+                _ => {}
+            }
+        }
         let s = &mut self.streams[si].stats;
         s.batches += 1;
         s.events += b.events.len() as u64;
@@ -1577,6 +1750,13 @@ impl Harness {
         true
     }
 
+    /// How many of `hashes` name a block `rank` holds (on the model).
+    fn resolved(&self, rank: RankId, hashes: &[u64]) -> usize {
+        self.model.rank(rank).map_or(0, |rm| {
+            hashes.iter().filter(|h| rm.resolve(**h).is_some()).count()
+        })
+    }
+
     /// Removes every worker: the index must come back to nothing.
     fn finish(mut self) -> Summary {
         for sm in &self.streams {
@@ -1587,6 +1767,8 @@ impl Harness {
         self.sum.queries = self.scratch.queries;
         self.sum.device_hits = self.scratch.device_hits;
         self.sum.lower_tier_hits = self.scratch.lower_tier_hits;
+        self.sum.state_hits = self.scratch.state_hits;
+        self.sum.state_cuts = self.scratch.state_cuts;
         let index = self.p.index();
         for w in 1..=WORKERS {
             let want = self.model.remove_worker(w);
