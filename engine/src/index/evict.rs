@@ -159,6 +159,15 @@ impl Index {
             return false;
         }
         self.empty_rank(&entry, &mut w);
+        #[cfg(loom)]
+        if crate::sync::faults::get().unmark_after_free {
+            w.removed = true;
+            self.release_reserved(&mut w);
+            self.ranks.forget(&entry);
+            w.states
+                .clear(&self.states, entry.slot, true, &epoch::pin());
+            return true;
+        }
         w.states
             .clear(&self.states, entry.slot, true, &epoch::pin());
         w.removed = true;
