@@ -20,15 +20,15 @@ mod prefill_rate;
 mod reservations;
 mod runs;
 mod sessions;
+mod states;
 
 /// Checks `f` under loom (preemption bound 3 unless `LOOM_MAX_PREEMPTIONS` says
 /// otherwise) and prints how many executions it explored.
 fn model(f: impl Fn() + Sync + Send + 'static) {
     use crate::sync::std_atomic::{AtomicUsize, Ordering};
     let mut b = loom::model::Builder::new();
-    if b.preemption_bound.is_none() {
-        b.preemption_bound = Some(3);
-    }
+    let cap = PREEMPTION_CAP.with(|c| c.get());
+    b.preemption_bound = Some(b.preemption_bound.unwrap_or(3).min(cap));
     let runs = crate::sync::StdArc::new(AtomicUsize::new(0));
     let counted = runs.clone();
     b.check(move || {
@@ -36,6 +36,18 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
         f()
     });
     eprintln!("loom: {} executions", runs.load(Ordering::Relaxed));
+}
+
+std::thread_local! {
+    /// A lower preemption bound for the calling test's models ([`cap_preemptions`]).
+    static PREEMPTION_CAP: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Caps loom's preemption bound for the models this test runs (in this process and in
+/// its child), for a model whose search at the usual bound does not end in reasonable
+/// time. Each test runs on its own thread, so the cap stays with the test.
+fn cap_preemptions(bound: usize) {
+    PREEMPTION_CAP.with(|c| c.set(bound));
 }
 
 /// Runs `f` under loom with `fault` injected and requires loom to reject it with a

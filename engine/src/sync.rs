@@ -369,6 +369,15 @@ pub(crate) mod faults {
         /// Queries: `find_matches` and the tiered query walk without pinning the epoch
         /// (crossbeam's unprotected guard), so a retired run may be freed under them.
         pub unpinned_query: bool,
+        /// Recurrent states: a block the rank stops holding keeps its state (the
+        /// writer's `finish` skips dropping the event's orphaned states).
+        pub keep_orphaned_states: bool,
+        /// Recurrent states: a removed rank's slot is handed back before its hybrid mark
+        /// and states are cleared, not after.
+        pub unmark_after_free: bool,
+        /// Recurrent states: a writer's `finish` drops the event's orphaned states after
+        /// republishing covers and retiring runs, not before.
+        pub drop_orphans_late: bool,
     }
 
     std::thread_local! {

@@ -65,6 +65,10 @@
 //! | `split_last_lease_release` | sessions: the same, three threads (a release, the next turn's lookup and bind, its own release) | `sessions::session_turns_race` | `loom_models::sessions::session_turns_race_negative_split_release` | leaked lease |
 //! | `ignore_early_release` | sessions: a bind ignores the memory of a lease released before it | `sessions::session_early_release_vs_bind` | `loom_models::sessions::session_early_release_vs_bind_negative_ignore_memory` | leaked lease |
 //! | `ignore_early_release` | sessions: the same, three threads | `sessions::session_turns_race` | `loom_models::sessions::session_turns_race_negative_ignore_memory` | leaked lease |
+//! | `keep_orphaned_states` | recurrent states: a block the rank stops holding keeps its state (`finish` skips the drop) | `states::state_dropped_with_block` | `loom_models::states::state_dropped_with_block_negative_keep_orphans` | overcount (the state credited when the block comes back) |
+//! | `keep_orphaned_states` | recurrent states: the same, the tiered query | `states::state_dropped_with_block_tiered` | `loom_models::states::state_dropped_with_block_tiered_negative_keep_orphans` | overcount (the state credited when the block comes back) |
+//! | `drop_orphans_late` | recurrent states: orphaned states dropped after the covers are republished and the run retired, not before | `states::state_run_retirement` | `loom_models::states::state_run_retirement_negative_drop_late` | a state names a run already unlinked |
+//! | `unmark_after_free` | recurrent states: a removed rank's slot handed back before its hybrid mark is cleared | `states::hybrid_slot_reuse` (preemption bound 2) | `loom_models::states::hybrid_slot_reuse_negative_unmark_after_free` | a new rank in the slot inherits the hybrid mark (its score cut to 0) |
 //!
 //! Model names are under `loom_models::`. The models run with loom's preemption bound
 //! 3; `model()` prints how many executions each explored (`--nocapture`).

@@ -139,11 +139,9 @@ impl Index {
                 continue;
             }
             self.empty_rank(&entry, &mut w);
-            w.states
-                .clear(&self.states, entry.slot, true, &epoch::pin());
             w.removed = true;
             self.release_reserved(&mut w);
-            self.ranks.forget(&entry);
+            self.forget_rank(&entry, &mut w);
             n += 1;
         }
         n
@@ -159,11 +157,28 @@ impl Index {
             return false;
         }
         self.empty_rank(&entry, &mut w);
-        w.states
-            .clear(&self.states, entry.slot, true, &epoch::pin());
         w.removed = true;
         self.release_reserved(&mut w);
-        self.ranks.forget(&entry);
+        self.forget_rank(&entry, &mut w);
         true
+    }
+
+    /// Forgets a removed rank whose holders are emptied: its hybrid mark (and any state
+    /// left) is cleared after its slot stops translating to it, so a reader that sees the
+    /// mark gone also sees the rank gone (else it would list the rank with its whole
+    /// attention prefix), and before the slot can be reused (else a new rank in it would
+    /// be hybrid).
+    fn forget_rank(&self, entry: &RankEntry<RankWriter>, w: &mut RankWriter) {
+        let unmark = |w: &mut RankWriter| {
+            w.states
+                .clear(&self.states, entry.slot, true, &epoch::pin())
+        };
+        #[cfg(loom)]
+        if crate::sync::faults::get().unmark_after_free {
+            self.ranks.forget(entry, || {});
+            unmark(w);
+            return;
+        }
+        self.ranks.forget(entry, || unmark(w));
     }
 }

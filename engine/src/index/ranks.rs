@@ -166,11 +166,14 @@ impl<W: WriterState> RankRegistry<W> {
         self.directory.capacity()
     }
 
-    /// Forgets `id`: the caller has already emptied its holders. Its slot is reusable once
+    /// Forgets `id`: the caller has already emptied its holders. `unlisted` runs once no
+    /// reader can translate the slot to the rank any more and before the slot can be
+    /// reused (a removed hybrid rank's mark is cleared there). The slot is reusable once
     /// every reader pinned now has finished.
-    pub(crate) fn forget(&self, entry: &RankEntry<W>) {
+    pub(crate) fn forget(&self, entry: &RankEntry<W>, unlisted: impl FnOnce()) {
         self.by_id.remove(&entry.id);
         self.set_directory(entry.slot, None);
+        unlisted();
         let reusable = Arc::new(AtomicBool::new(false));
         self.slots
             .lock()

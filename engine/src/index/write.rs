@@ -505,7 +505,15 @@ impl Index {
         touched: &Touched,
         guard: &epoch::Guard,
     ) {
-        if !w.states.orphaned.is_empty() {
+        #[cfg(loom)]
+        if crate::sync::faults::get().keep_orphaned_states {
+            w.states.orphaned.clear();
+        }
+        #[cfg(loom)]
+        let late = crate::sync::faults::get().drop_orphans_late;
+        #[cfg(not(loom))]
+        let late = false;
+        if !late && !w.states.orphaned.is_empty() {
             // Before any cover goes: a run may be retired below (`recurrent`'s invariant).
             w.states.drop_orphans(&self.states, slot, guard);
         }
@@ -555,6 +563,9 @@ impl Index {
                 rw.accounted = bytes;
             }
             self.reap(run, rw, guard);
+        }
+        if late {
+            w.states.drop_orphans(&self.states, slot, guard);
         }
     }
 
