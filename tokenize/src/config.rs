@@ -41,6 +41,10 @@ impl TokenizerConfig {
     /// Parses the file's text. A `chat_template` given as a list of `{name, template}`
     /// takes the one named `default` (as transformers does), else none.
     pub fn from_json(text: &str) -> Result<Self, String> {
+        // serde would read a struct from an array too: the file must be an object.
+        if !text.trim_start().starts_with('{') {
+            return Err("not a JSON object".into());
+        }
         let raw: RawConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
         Ok(Self {
             chat_template: raw.chat_template.as_ref().and_then(default_template),
