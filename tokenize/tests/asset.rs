@@ -19,14 +19,13 @@ const VOCAB_SIZE: usize = 2048;
 const SPECIAL: [&str; 4] = ["<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"];
 const MAX_ASSET_BYTES: u64 = 200 << 10;
 
-/// A ChatML template written the way HF templates are (relies on `trim_blocks`: the
-/// newline after each block tag is dropped).
-const CHAT_TEMPLATE: &str = "{{ bos_token }}
-{% for message in messages %}
-{% if loop.first and message['role'] != 'system' %}
+/// A ChatML template written the way HF templates are: it relies on `trim_blocks` (the
+/// newline after a block tag is dropped) and `lstrip_blocks` (the indentation before one).
+const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}
+  {% if loop.first and message['role'] != 'system' %}
 <|im_start|>system
 You are a helpful assistant.<|im_end|>
-{% endif %}
+  {% endif %}
 <|im_start|>{{ message['role'] }}
 {{ message['content'] | trim }}<|im_end|>
 {% endfor %}
