@@ -103,6 +103,12 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// A tokenizer is shared by the threads of a host.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tokenizer>();
+};
+
 impl Tokenizer {
     /// Loads `dir/tokenizer.json`, and `dir/tokenizer_config.json` and
     /// `dir/chat_template.jinja` when they exist. Reads only local files.
@@ -120,12 +126,16 @@ impl Tokenizer {
             Err(e) => return Err(LoadError::Io(cfg_path, e)),
         };
         let tmpl_path = dir.join(TEMPLATE_FILE);
+        let mut tmpl_source = cfg_path.clone();
         match std::fs::read_to_string(&tmpl_path) {
-            Ok(text) => config.chat_template = Some(text),
+            Ok(text) => {
+                config.chat_template = Some(text);
+                tmpl_source = tmpl_path;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(LoadError::Io(tmpl_path, e)),
         }
-        Self::new(inner, config).map_err(|e| e.at(dir))
+        Self::new(inner, config).map_err(|e| e.at(&tmpl_source, &cfg_path))
     }
 
     /// A tokenizer from parts already loaded (tests, or tokenizers built in memory).
@@ -236,14 +246,14 @@ impl Tokenizer {
 }
 
 impl LoadError {
-    /// Sets the path of an error raised while the directory was not known.
-    fn at(self, dir: &Path) -> Self {
+    /// Sets the path of an error raised while the files were not known.
+    fn at(self, template: &Path, config: &Path) -> Self {
         match self {
             LoadError::Template(p, e) if p.as_os_str().is_empty() => {
-                LoadError::Template(dir.join(CONFIG_FILE), e)
+                LoadError::Template(template.to_owned(), e)
             }
             LoadError::UnknownSpecialToken(p, t) if p.as_os_str().is_empty() => {
-                LoadError::UnknownSpecialToken(dir.join(CONFIG_FILE), t)
+                LoadError::UnknownSpecialToken(config.to_owned(), t)
             }
             other => other,
         }

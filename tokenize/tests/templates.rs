@@ -146,3 +146,10 @@ fn none_content_is_none_in_templates() {
     ];
     assert_eq!(t.render(&m).unwrap(), "user=q;assistant=-;");
 }
+
+#[test]
+fn unsupported_generation_tag_fails_at_load() {
+    // transformers' assistant-mask extension; documented as unsupported.
+    let e = ChatTemplate::new("{% generation %}x{% endgeneration %}", None, None).unwrap_err();
+    assert!(matches!(e, kvr_tokenize::ChatError::BadTemplate(_)), "{e}");
+}

@@ -176,6 +176,13 @@ fn chat_template_file_wins_over_the_config() {
     std::fs::write(dir.join("chat_template.jinja"), "n={{ messages|length }}").unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     assert_eq!(tok.render_chat(&msgs(&[("user", "a")])).unwrap(), "n=1");
+    // Its errors name it.
+    std::fs::write(dir.join("chat_template.jinja"), "{% if %}").unwrap();
+    let e = Tokenizer::from_dir(&dir).unwrap_err();
+    assert!(
+        matches!(&e, LoadError::Template(p, _) if p.ends_with("chat_template.jinja")),
+        "{e}"
+    );
 }
 
 #[test]
