@@ -1,6 +1,11 @@
 //! Encode time on the test asset for 1k-, 8k- and 32k-token prompts. A measurement, not a
 //! test of a threshold; run it with
 //! `cargo test -p kvr-tokenize --release --locked --test encode_speed -- --ignored --nocapture`.
+//!
+//! Each figure is the median of 21 runs (after a first, reported apart), as wall time and
+//! as the thread's time on a CPU (`CLOCK_THREAD_CPUTIME_ID`): on a busy
+//! machine a run longer than a scheduler slice is preempted, and only the latter shows
+//! the work itself.
 
 mod common;
 
@@ -111,44 +116,52 @@ fn median(mut d: Vec<Duration>) -> Duration {
     d[d.len() / 2]
 }
 
-fn time(runs: usize, mut f: impl FnMut()) -> (Duration, Duration) {
+/// The calling thread's time on a CPU so far.
+fn cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// (first run's wall time, median wall time, median CPU time) of `runs` runs of `f`.
+fn time(runs: usize, mut f: impl FnMut()) -> (Duration, Duration, Duration) {
     let start = Instant::now();
     f();
     let first = start.elapsed();
-    let d = (0..runs)
+    let (wall, cpu) = (0..runs)
         .map(|_| {
-            let s = Instant::now();
+            let (s, c) = (Instant::now(), cpu_time());
             f();
-            s.elapsed()
+            (s.elapsed(), cpu_time().saturating_sub(c))
         })
-        .collect();
-    (first, median(d))
+        .unzip();
+    (first, median(wall), median(cpu))
 }
 
 #[test]
 #[ignore = "a measurement: run with --ignored --nocapture"]
 fn encode_speed() {
     let tok = common::asset();
-    println!("| prompt | bytes | first run | median of 21 | tokens/s (median) |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| what | bytes | first run (wall) | median (wall) | median (on CPU) | tokens/s (on CPU) |"
+    );
+    println!("|---|---|---|---|---|---|");
     for (i, target) in [1024usize, 8192, 32768].into_iter().enumerate() {
         let text = text_of(&tok, target, 17 + i as u64);
-        if let Some(dir) = std::env::var_os("PROBE_DUMP") {
-            std::fs::write(
-                std::path::Path::new(&dir).join(format!("{target}.txt")),
-                &text,
-            )
-            .unwrap();
-        }
         let mut n = 0;
-        let (first, med) = time(21, || {
+        let (first, wall, cpu) = time(21, || {
             n = tok.encode(std::hint::black_box(&text)).unwrap().len()
         });
         assert_eq!(n, target + 1, "the text has {target} tokens, plus BOS");
         println!(
-            "| encode {target} | {} | {first:.2?} | {med:.2?} | {:.1} M |",
+            "| encode {target} tokens | {} | {first:.2?} | {wall:.2?} | {cpu:.2?} | {:.2} M |",
             text.len(),
-            target as f64 / med.as_secs_f64() / 1e6
+            target as f64 / cpu.as_secs_f64() / 1e6
         );
     }
     let text = text_of(&tok, 32768, 99);
@@ -156,32 +169,25 @@ fn encode_speed() {
         ChatMessage::new("system", "You are terse."),
         ChatMessage::new("user", text.clone()),
     ];
-    let (first, med) = time(21, || {
+    let (first, wall, cpu) = time(21, || {
         std::hint::black_box(tok.encode_chat(&chat).unwrap());
     });
-    println!(
-        "| encode_chat 32768 (render + encode) | {} | {first:.2?} | {med:.2?} | |",
-        text.len()
-    );
-    let (first, med) = time(21, || {
+    let len = text.len();
+    println!("| encode_chat 32768 tokens (render + encode) | {len} | {first:.2?} | {wall:.2?} | {cpu:.2?} | |");
+    let (first, wall, cpu) = time(21, || {
         std::hint::black_box(tok.render_chat(&chat).unwrap());
     });
-    println!(
-        "| render_chat 32768 (template only) | {} | {first:.2?} | {med:.2?} | |",
-        text.len()
-    );
+    println!("| render_chat 32768 tokens (template only) | {len} | {first:.2?} | {wall:.2?} | {cpu:.2?} | |");
     let ids: Vec<u32> = (0..32768).map(|i| i % 2048).collect();
     let body = format!(
         r#"{{"model": "m", "prompt": {}}}"#,
         serde_json::to_string(&ids).unwrap()
     );
-    let (first, med) = time(21, || {
+    let (first, wall, cpu) = time(21, || {
         std::hint::black_box(
             kvr_tokenize::parse_openai("/v1/completions", body.as_bytes()).unwrap(),
         );
     });
-    println!(
-        "| parse_openai 32768 token ids | {} | {first:.2?} | {med:.2?} | |",
-        body.len()
-    );
+    let len = body.len();
+    println!("| parse_openai, 32768 token ids | {len} | {first:.2?} | {wall:.2?} | {cpu:.2?} | |");
 }
