@@ -241,7 +241,7 @@ fn registry_shares_a_directory_and_refuses_mistakes() {
     ));
     let missing = common::scratch("missing");
     assert!(matches!(
-        Tokenizers::load([("a", dir), ("m", missing)]),
+        Tokenizers::load([("a", dir), ("m", missing.to_path_buf())]),
         Err(RegistryError::Load(m, LoadError::Io(..))) if m == "m"
     ));
 }

@@ -14,8 +14,30 @@ pub fn asset() -> Tokenizer {
     Tokenizer::from_dir(asset_dir()).expect("the test asset loads")
 }
 
-/// A fresh empty directory under the target's temp dir (removed first if it exists).
-pub fn scratch(name: &str) -> PathBuf {
+/// A directory for one test, removed when dropped (so test runs leave nothing behind).
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh empty directory under the system's temp dir.
+pub fn scratch(name: &str) -> Scratch {
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
         "kvr-tokenize-{}-{}-{name}",
@@ -24,11 +46,11 @@ pub fn scratch(name: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
 }
 
 /// A scratch copy of the asset directory.
-pub fn asset_copy(name: &str) -> PathBuf {
+pub fn asset_copy(name: &str) -> Scratch {
     let dir = scratch(name);
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(asset_dir().join(f), dir.join(f)).unwrap();
