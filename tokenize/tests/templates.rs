@@ -153,3 +153,11 @@ fn unsupported_generation_tag_fails_at_load() {
     let e = ChatTemplate::new("{% generation %}x{% endgeneration %}", None, None).unwrap_err();
     assert!(matches!(e, kvr_tokenize::ChatError::BadTemplate(_)), "{e}");
 }
+
+#[test]
+fn tojson_is_compact() {
+    // The documented difference from transformers' `json.dumps` (which would write
+    // `{"b": 1, "a": [1, 2]}`).
+    let t = ChatTemplate::new("{{ {'b': 1, 'a': [1, 2]} | tojson }}", None, None).unwrap();
+    assert_eq!(t.render(&[]).unwrap(), r#"{"a":[1,2],"b":1}"#);
+}
