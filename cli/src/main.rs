@@ -29,6 +29,9 @@ enum Command {
     /// Serve Dynamo's selection-service HTTP API (a drop-in for `python -m
     /// dynamo.select_service`): workers, selection, bookings, loads, metrics.
     Serve(kvr_service::ServeArgs),
+    /// Emulate GPU-free model servers: OpenAI-compatible HTTP, a prefix KV cache per pod,
+    /// and its KV events on vLLM's ZMQ wire (for testing and demonstrating routing).
+    Emulate(kvr_emulate::EmulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::Hash(args) => hash_cmd::run(&args),
         Command::Replay(args) => replay::run(&args),
         Command::Serve(args) => kvr_service::run(args),
+        Command::Emulate(args) => kvr_emulate::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

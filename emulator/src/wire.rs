@@ -203,6 +203,81 @@ impl BatchEncoder {
         self
     }
 
+    /// A `BlockStored` exactly as vLLM 0.33's scheduler publishes a full-attention model's
+    /// device blocks: every required field written even when nil (`lora_id`, `lora_name`),
+    /// `extra_keys` one entry per block (nil, or `[lora_name]`), `group_idx` 0 and
+    /// `kv_cache_spec_kind` "full_attention", in vLLM's field order (msgspec writes a
+    /// struct's fields in declaration order and omits only defaulted ones at their default).
+    pub fn vllm_stored(
+        &mut self,
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        block_size: u32,
+        lora_name: Option<&str>,
+    ) -> &mut Self {
+        enc::write_map_len(&mut self.body, 11).expect(INFALLIBLE);
+        self.key("type");
+        self.key("BlockStored");
+        self.key("block_hashes");
+        self.hashes(hashes);
+        self.key("parent_block_hash");
+        match parent {
+            Some(p) => {
+                enc::write_uint(&mut self.body, p).expect(INFALLIBLE);
+            }
+            None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
+        }
+        self.key("token_ids");
+        enc::write_array_len(&mut self.body, tokens.len() as u32).expect(INFALLIBLE);
+        for t in tokens {
+            enc::write_uint(&mut self.body, u64::from(*t)).expect(INFALLIBLE);
+        }
+        self.key("block_size");
+        enc::write_uint(&mut self.body, u64::from(block_size)).expect(INFALLIBLE);
+        self.key("lora_id");
+        enc::write_nil(&mut self.body).expect(INFALLIBLE);
+        self.key("medium");
+        self.key(medium_name(Medium::Gpu));
+        self.key("lora_name");
+        match lora_name {
+            Some(l) => self.key(l),
+            None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
+        }
+        self.key("extra_keys");
+        enc::write_array_len(&mut self.body, hashes.len() as u32).expect(INFALLIBLE);
+        for _ in hashes {
+            match lora_name {
+                Some(l) => {
+                    enc::write_array_len(&mut self.body, 1).expect(INFALLIBLE);
+                    self.key(l);
+                }
+                None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
+            }
+        }
+        self.key("group_idx");
+        enc::write_uint(&mut self.body, 0).expect(INFALLIBLE);
+        self.key("kv_cache_spec_kind");
+        self.key("full_attention");
+        self.events += 1;
+        self
+    }
+
+    /// A `BlockRemoved` of device blocks exactly as vLLM 0.33 publishes it (`group_idx` 0).
+    pub fn vllm_removed(&mut self, hashes: &[u64]) -> &mut Self {
+        enc::write_map_len(&mut self.body, 4).expect(INFALLIBLE);
+        self.key("type");
+        self.key("BlockRemoved");
+        self.key("block_hashes");
+        self.hashes(hashes);
+        self.key("medium");
+        self.key(medium_name(Medium::Gpu));
+        self.key("group_idx");
+        enc::write_uint(&mut self.body, 0).expect(INFALLIBLE);
+        self.events += 1;
+        self
+    }
+
     /// A `BlockRemoved` of `hashes` from `medium`.
     pub fn removed(&mut self, hashes: &[u64], medium: Medium) -> &mut Self {
         let (group, group_fields) = self.take_group(false);
