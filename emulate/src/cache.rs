@@ -79,6 +79,8 @@ pub struct CacheStats {
     pub used_blocks: usize,
     pub cached_blocks: usize,
     pub running_requests: usize,
+    /// Blocks evicted since the start.
+    pub evicted_blocks: u64,
 }
 
 /// The engine hash of the root's parent (vLLM's `NONE_HASH`).
@@ -92,6 +94,7 @@ pub struct KvCache {
     next_tick: u64,
     uncached: usize,
     running: usize,
+    evicted: u64,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -113,6 +116,7 @@ impl KvCache {
             next_tick: 0,
             uncached: 0,
             running: 0,
+            evicted: 0,
         }
     }
 
@@ -157,6 +161,7 @@ impl KvCache {
             used_blocks: self.map.len() + self.uncached,
             cached_blocks: self.map.len(),
             running_requests: self.running,
+            evicted_blocks: self.evicted,
         }
     }
 
@@ -206,6 +211,7 @@ impl KvCache {
         if let Some(p) = e.parent.and_then(|p| self.map.get_mut(&p)) {
             p.children -= 1;
         }
+        self.evicted += 1;
         Some(h)
     }
 

@@ -207,7 +207,8 @@ impl BatchEncoder {
     /// device blocks: every required field written even when nil (`lora_id`, `lora_name`),
     /// `extra_keys` one entry per block (nil, or `[lora_name]`), `group_idx` 0 and
     /// `kv_cache_spec_kind` "full_attention", in vLLM's field order (msgspec writes a
-    /// struct's fields in declaration order and omits only defaulted ones at their default).
+    /// struct's fields in declaration order and omits only defaulted ones at their default),
+    /// under msgspec's map header.
     pub fn vllm_stored(
         &mut self,
         hashes: &[u64],
@@ -216,7 +217,11 @@ impl BatchEncoder {
         block_size: u32,
         lora_name: Option<&str>,
     ) -> &mut Self {
-        enc::write_map_len(&mut self.body, 11).expect(INFALLIBLE);
+        // msgspec sizes a struct's map header by the fields it could have (BlockStored's
+        // 15 and the tag: map16, 0xde) before omitting defaults, so 11 entries go under a
+        // map16 header, not the fixmap a minimal encoder picks.
+        self.body.push(0xde);
+        self.body.extend_from_slice(&11u16.to_be_bytes());
         self.key("type");
         self.key("BlockStored");
         self.key("block_hashes");
@@ -325,6 +330,40 @@ impl BatchEncoder {
 mod tests {
     use super::*;
     use kvr::ingress::{decode_batch, DecodedBatch, DecodedEvent};
+
+    #[test]
+    fn vllms_exact_shapes_decode_as_a_full_attention_group() {
+        let mut e = BatchEncoder::new();
+        let tokens: Vec<u32> = (0..8).collect();
+        e.vllm_stored(&[u64::MAX, 3], Some(1), &tokens, 4, None)
+            .vllm_removed(&[3]);
+        let payload = e.finish(1.0, Some(0));
+        let mut b = DecodedBatch::default();
+        decode_batch(&payload, &mut b).unwrap();
+        match &b.events[0] {
+            DecodedEvent::Stored {
+                hashes,
+                parent,
+                medium,
+                group,
+                lora_name,
+                ..
+            } => {
+                assert_eq!(&b.hashes[hashes.clone()], &[u64::MAX, 3]);
+                assert_eq!((*parent, *medium, *group), (Some(1), Medium::Gpu, Some(0)));
+                assert!(lora_name.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            &b.events[1],
+            DecodedEvent::Removed {
+                medium: Medium::Gpu,
+                group: Some(0),
+                ..
+            }
+        ));
+    }
 
     #[test]
     fn what_it_writes_decodes_to_the_same_events() {

@@ -1,6 +1,6 @@
 //! Shared by the integration tests: pods on 127.0.0.1 (every port chosen by the OS) on a
 //! runtime of their own, and a blocking HTTP client.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
 use std::time::Duration;
