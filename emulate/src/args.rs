@@ -16,7 +16,7 @@ use crate::tokenizer::{Tokenizer, WordTokenizer};
 #[derive(Clone, Debug, Args)]
 pub struct EmulateArgs {
     /// How many pods (pod i: HTTP on --base-port + i, KV events on --kv-events-base-port
-    /// + 2i, replay on --kv-events-base-port + 2i + 1). Not with --pod.
+    /// + 2i, replay on --kv-events-base-port + 2i + 1). --pod replaces it.
     #[arg(long, default_value_t = 1)]
     pub pods: usize,
     /// The first pod's HTTP port.

@@ -85,17 +85,34 @@ fn bad_request(message: &str) -> Response {
     error(StatusCode::BAD_REQUEST, "BadRequestError", message)
 }
 
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(body).map_err(|e| bad_request(&format!("invalid request body: {e}")))
+/// An error answer not yet rendered (small, unlike a `Response`).
+struct Refusal {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
 }
 
-fn check_model(pod: &Pod, model: Option<&str>) -> Result<(), Response> {
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.status, self.kind, &self.message)
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Refusal> {
+    serde_json::from_slice(body).map_err(|e| Refusal {
+        status: StatusCode::BAD_REQUEST,
+        kind: "BadRequestError",
+        message: format!("invalid request body: {e}"),
+    })
+}
+
+fn check_model(pod: &Pod, model: Option<&str>) -> Result<(), Refusal> {
     match model {
-        Some(m) if m != pod.cfg.model => Err(error(
-            StatusCode::NOT_FOUND,
-            "NotFoundError",
-            &format!("The model `{m}` does not exist."),
-        )),
+        Some(m) if m != pod.cfg.model => Err(Refusal {
+            status: StatusCode::NOT_FOUND,
+            kind: "NotFoundError",
+            message: format!("The model `{m}` does not exist."),
+        }),
         _ => Ok(()),
     }
 }
@@ -103,10 +120,10 @@ fn check_model(pod: &Pod, model: Option<&str>) -> Result<(), Response> {
 async fn completions(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
     let req: CompletionRequest = match parse(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(resp) => return resp.into_response(),
     };
     if let Err(resp) = check_model(&pod, req.model.as_deref()) {
-        return resp;
+        return resp.into_response();
     }
     let tokens = match req.prompt {
         Prompt::Text(t) => pod.tokenize(&t),
@@ -129,10 +146,10 @@ async fn completions(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
 async fn chat_completions(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
     let req: ChatRequest = match parse(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(resp) => return resp.into_response(),
     };
     if let Err(resp) = check_model(&pod, req.model.as_deref()) {
-        return resp;
+        return resp.into_response();
     }
     let text = pod
         .tokenizer
@@ -269,10 +286,10 @@ fn token_stream(
 async fn tokenize(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
     let req: TokenizeRequest = match parse(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(resp) => return resp.into_response(),
     };
     if let Err(resp) = check_model(&pod, req.model.as_deref()) {
-        return resp;
+        return resp.into_response();
     }
     let text = match (req.prompt, req.messages) {
         (Some(p), None) => p,
@@ -326,7 +343,7 @@ async fn set_mode(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
             pod.log(format_args!("mode set to {:?}", b.mode));
             Json(json!({"mode": b.mode})).into_response()
         }
-        Err(resp) => resp,
+        Err(resp) => resp.into_response(),
     }
 }
 
@@ -340,6 +357,6 @@ async fn drop_events(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
             Json(json!({"dropping": b.batches})).into_response()
         }
         Ok(_) => bad_request("the pod publishes no KV events"),
-        Err(resp) => resp,
+        Err(resp) => resp.into_response(),
     }
 }

@@ -194,7 +194,12 @@ fn without_a_replay_socket_a_dropped_batch_stays_lost() {
     let lost = e.h.pod.tokenize(&prompt(300));
     e.complete(json!(prompt(300)), 1);
     e.complete(json!(prompt(301)), 1);
-    let d = settle(&e, &partition, &[lost.clone()], Duration::from_secs(4));
+    let d = settle(
+        &e,
+        &partition,
+        std::slice::from_ref(&lost),
+        Duration::from_secs(4),
+    );
     assert!(
         !d.is_empty(),
         "a batch dropped without replay was recovered?"
