@@ -63,12 +63,12 @@ pub fn run(args: EmulateArgs) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("pod {name}: {e}"))?;
             eprintln!(
-                "kvr-emulate pod={} http=http://{} kv_events={} replay={} mode={:?}",
+                "kvr-emulate pod={} http=http://{} kv_events={} replay={} mode={}",
                 h.pod.name(),
                 h.http,
                 h.pod.kv_events_endpoint().unwrap_or("-"),
                 h.pod.replay_endpoint().unwrap_or("-"),
-                h.pod.mode(),
+                h.pod.mode().name(),
             );
             pods.push(h);
         }

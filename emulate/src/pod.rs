@@ -28,6 +28,15 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The name flags and `/emulate/mode` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Serve => "serve",
+            Mode::Refuse => "refuse",
+            Mode::Hang => "hang",
+        }
+    }
+
     fn from_u8(v: u8) -> Mode {
         match v {
             1 => Mode::Refuse,

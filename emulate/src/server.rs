@@ -340,7 +340,7 @@ async fn set_mode(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
     match parse::<Body>(&body) {
         Ok(b) => {
             pod.set_mode(b.mode);
-            pod.log(format_args!("mode set to {:?}", b.mode));
+            pod.log(format_args!("mode set to {}", b.mode.name()));
             Json(json!({"mode": b.mode})).into_response()
         }
         Err(resp) => resp.into_response(),
