@@ -32,6 +32,9 @@ enum Command {
     /// Be a gateway's endpoint picker: an Envoy ext_proc server (Gateway API Inference
     /// Extension protocol) that sends each request to the pod holding its prefix.
     Epp(kvr_epp::EppArgs),
+    /// Emulate GPU-free model servers: OpenAI-compatible HTTP, a prefix KV cache per pod,
+    /// and its KV events on vLLM's ZMQ wire (for testing and demonstrating routing).
+    Emulate(kvr_emulate::EmulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay::run(&args),
         Command::Serve(args) => kvr_service::run(args),
         Command::Epp(args) => kvr_epp::run(args),
+        Command::Emulate(args) => kvr_emulate::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

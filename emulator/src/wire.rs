@@ -203,6 +203,86 @@ impl BatchEncoder {
         self
     }
 
+    /// A `BlockStored` exactly as vLLM 0.33's scheduler publishes a full-attention model's
+    /// device blocks: every required field written even when nil (`lora_id`, `lora_name`),
+    /// `extra_keys` one entry per block (nil, or `[lora_name]`), `group_idx` 0 and
+    /// `kv_cache_spec_kind` "full_attention", in vLLM's field order (msgspec writes a
+    /// struct's fields in declaration order and omits only defaulted ones at their default),
+    /// under msgspec's map header.
+    pub fn vllm_stored(
+        &mut self,
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        block_size: u32,
+        lora_name: Option<&str>,
+    ) -> &mut Self {
+        // msgspec sizes a struct's map header by the fields it could have (BlockStored's
+        // 15 and the tag: map16, 0xde) before omitting defaults, so 11 entries go under a
+        // map16 header, not the fixmap a minimal encoder picks.
+        self.body.push(0xde);
+        self.body.extend_from_slice(&11u16.to_be_bytes());
+        self.key("type");
+        self.key("BlockStored");
+        self.key("block_hashes");
+        self.hashes(hashes);
+        self.key("parent_block_hash");
+        match parent {
+            Some(p) => {
+                enc::write_uint(&mut self.body, p).expect(INFALLIBLE);
+            }
+            None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
+        }
+        self.key("token_ids");
+        enc::write_array_len(&mut self.body, tokens.len() as u32).expect(INFALLIBLE);
+        for t in tokens {
+            enc::write_uint(&mut self.body, u64::from(*t)).expect(INFALLIBLE);
+        }
+        self.key("block_size");
+        enc::write_uint(&mut self.body, u64::from(block_size)).expect(INFALLIBLE);
+        self.key("lora_id");
+        enc::write_nil(&mut self.body).expect(INFALLIBLE);
+        self.key("medium");
+        self.key(medium_name(Medium::Gpu));
+        self.key("lora_name");
+        match lora_name {
+            Some(l) => self.key(l),
+            None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
+        }
+        self.key("extra_keys");
+        enc::write_array_len(&mut self.body, hashes.len() as u32).expect(INFALLIBLE);
+        for _ in hashes {
+            match lora_name {
+                Some(l) => {
+                    enc::write_array_len(&mut self.body, 1).expect(INFALLIBLE);
+                    self.key(l);
+                }
+                None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
+            }
+        }
+        self.key("group_idx");
+        enc::write_uint(&mut self.body, 0).expect(INFALLIBLE);
+        self.key("kv_cache_spec_kind");
+        self.key("full_attention");
+        self.events += 1;
+        self
+    }
+
+    /// A `BlockRemoved` of device blocks exactly as vLLM 0.33 publishes it (`group_idx` 0).
+    pub fn vllm_removed(&mut self, hashes: &[u64]) -> &mut Self {
+        enc::write_map_len(&mut self.body, 4).expect(INFALLIBLE);
+        self.key("type");
+        self.key("BlockRemoved");
+        self.key("block_hashes");
+        self.hashes(hashes);
+        self.key("medium");
+        self.key(medium_name(Medium::Gpu));
+        self.key("group_idx");
+        enc::write_uint(&mut self.body, 0).expect(INFALLIBLE);
+        self.events += 1;
+        self
+    }
+
     /// A `BlockRemoved` of `hashes` from `medium`.
     pub fn removed(&mut self, hashes: &[u64], medium: Medium) -> &mut Self {
         let (group, group_fields) = self.take_group(false);
@@ -250,6 +330,40 @@ impl BatchEncoder {
 mod tests {
     use super::*;
     use kvr::ingress::{decode_batch, DecodedBatch, DecodedEvent};
+
+    #[test]
+    fn vllms_exact_shapes_decode_as_a_full_attention_group() {
+        let mut e = BatchEncoder::new();
+        let tokens: Vec<u32> = (0..8).collect();
+        e.vllm_stored(&[u64::MAX, 3], Some(1), &tokens, 4, None)
+            .vllm_removed(&[3]);
+        let payload = e.finish(1.0, Some(0));
+        let mut b = DecodedBatch::default();
+        decode_batch(&payload, &mut b).unwrap();
+        match &b.events[0] {
+            DecodedEvent::Stored {
+                hashes,
+                parent,
+                medium,
+                group,
+                lora_name,
+                ..
+            } => {
+                assert_eq!(&b.hashes[hashes.clone()], &[u64::MAX, 3]);
+                assert_eq!((*parent, *medium, *group), (Some(1), Medium::Gpu, Some(0)));
+                assert!(lora_name.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            &b.events[1],
+            DecodedEvent::Removed {
+                medium: Medium::Gpu,
+                group: Some(0),
+                ..
+            }
+        ));
+    }
 
     #[test]
     fn what_it_writes_decodes_to_the_same_events() {
