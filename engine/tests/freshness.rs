@@ -6,7 +6,7 @@ use kvr::config::PartitionConfig;
 use kvr::hash::{BlockHasher, HashSalt};
 use std::time::{Duration, Instant};
 
-use kvr::ingress::{EventSource, Medium, ReplayResult, SourceAction};
+use kvr::ingress::{EventSource, HealthReason, Medium, ReplayResult, SourceAction};
 use kvr::stats::StreamFreshness;
 use kvr::TieredScores;
 use kvr::{Partition, PartitionKey};
@@ -116,4 +116,21 @@ fn a_failed_repair_clears_and_the_rank_is_fresh_again() {
     let mut s2 = source(&p, false);
     live(&mut s2, 0, &batch(&[10, 11]));
     assert_eq!(credited(&p), 2);
+}
+
+/// Found by the ingest fuzz model: `batches_lost` saturates, so a loss after a publisher
+/// filled it (two jumps in sequence numbers) cleared the ranks but left the stream listed
+/// in sequence. Losses are now seen as events, whatever the count.
+#[test]
+fn a_loss_after_the_lost_count_is_full_still_shows_the_clear() {
+    let p = Partition::new(PartitionKey::new("m", "g"), PartitionConfig::new(2));
+    let empty = [0x92, 0x00, 0x90];
+    let mut last = None;
+    for seq in [0, u64::MAX - 1, u64::MAX, 0, 5, 1, 9] {
+        last = Some(p.ingest(1, 0, b"", seq, &empty));
+    }
+    assert_eq!(last.unwrap().clears, 1);
+    let s = p.ingress_stats().remove(0);
+    assert_eq!(s.sequence.batches_lost, u64::MAX);
+    assert_eq!(s.health_reason, HealthReason::StateCleared);
 }

@@ -1715,7 +1715,8 @@ impl Harness {
         }
         // States name attention blocks, which the batch may store after them; they count
         // in no block counter, and the names of a store the rank does not hold count as a
-        // tokenless store's do. A store of blocks in a recurrent group does nothing.
+        // tokenless store's do. A store of blocks in a recurrent group (one that changed
+        // its kind) is skipped as its group's.
         for (i, tier, resolved_then) in states {
             match &b.events[i] {
                 Ev::Tokenless { hashes, .. } => {
@@ -1728,6 +1729,7 @@ impl Harness {
                     let o = self.model.remove_states(rank, tier, hashes);
                     self.sum.states_removed += o.removed as u64;
                 }
+                Ev::Stored { .. } => skipped_group += 1,
                 _ => {}
             }
         }

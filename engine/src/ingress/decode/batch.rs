@@ -113,10 +113,12 @@ pub enum DecodedEvent {
         lookahead: Range<usize>,
     },
     /// `BlockStored` that names its blocks only by engine hash: `token_ids` is empty
-    /// while `block_hashes` is not. vLLM's offloading connector announces host and disk
-    /// copies this way (a placeholder, `block_size` 0), and so does a recurrent (Mamba)
-    /// group's state checkpoint (one hash, `kv_cache_spec_kind` "mamba"). kvr can apply
-    /// it only to blocks the rank already holds on some tier (their tokens are known).
+    /// while `block_hashes` is not, or the store is a recurrent group's (`SpecKind::
+    /// Recurrent`, whose token ids span blocks it left out). vLLM's offloading connector
+    /// announces host and disk copies this way (a placeholder, `block_size` 0); a
+    /// recurrent (Mamba) group announces states so (its device stores, and its state
+    /// checkpoints: one hash, kind "mamba"). kvr can apply it only to blocks the rank
+    /// already holds on some tier (their tokens are known).
     Tokenless {
         /// The engine's hashes of the blocks, in `batch.hashes`.
         hashes: Range<usize>,

@@ -198,6 +198,9 @@ pub(crate) struct SequenceTracker {
     last: Option<(u64, u64)>,
     replay: Option<Replay>,
     stats: SequenceStats,
+    /// Losses for good, counted once each (wrapping): `batches_lost` saturates, so a
+    /// loss after it is full must still be seen (`loss_events`).
+    losses: u64,
 }
 
 impl std::fmt::Debug for SequenceTracker {
@@ -224,7 +227,14 @@ impl SequenceTracker {
             last: None,
             replay: None,
             stats: SequenceStats::default(),
+            losses: 0,
         }
+    }
+
+    /// How many losses for good the tracker has seen (wrapping): a change between two
+    /// reads means state went missing in between.
+    pub(crate) fn loss_events(&self) -> u64 {
+        self.losses
     }
 
     pub(crate) fn stats(&self) -> SequenceStats {
@@ -267,6 +277,9 @@ impl SequenceTracker {
 
     fn lose(&mut self, n: u64) {
         self.stats.batches_lost = self.stats.batches_lost.saturating_add(n);
+        if n > 0 {
+            self.losses = self.losses.wrapping_add(1);
+        }
     }
 
     /// Starts a replay from `from` (superseding the transport's replay in flight).
