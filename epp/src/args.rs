@@ -34,9 +34,27 @@ pub struct EppArgs {
     /// A request header whose value names the request's session (affinity).
     #[arg(long, env = "KVR_EPP_SESSION_HEADER")]
     pub session_header: Option<String>,
+    /// A model's local tokenizer: `MODEL=DIR`, DIR holding its `tokenizer.json` (and
+    /// `tokenizer_config.json` with its chat template). Repeat per model.
+    #[arg(long = "tokenizer", value_parser = parse_tokenizer, env = "KVR_EPP_TOKENIZERS", value_delimiter = ',')]
+    pub tokenizers: Vec<(String, PathBuf)>,
+    /// Tokenize through an engine's `/tokenize` (vLLM's) at this base URL, for models
+    /// without a local tokenizer.
+    #[arg(long, env = "KVR_EPP_TOKENIZE_URL")]
+    pub tokenize_url: Option<String>,
+    /// Timeout of a `/tokenize` call, ms.
+    #[arg(long, default_value_t = 2000)]
+    pub tokenize_timeout_ms: u64,
     /// How often readiness is recomputed, ms.
     #[arg(long, default_value_t = 500)]
     pub readiness_poll_ms: u64,
     #[command(flatten)]
     pub serve: ServeArgs,
+}
+
+fn parse_tokenizer(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((m, d)) if !m.is_empty() && !d.is_empty() => Ok((m.to_owned(), PathBuf::from(d))),
+        _ => Err(format!("{s:?}: expected MODEL=DIR")),
+    }
 }

@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 
 use crate::metrics::EppMetrics;
 use crate::picker::{Pick, PickInput, Picker};
-use crate::prompt::{self, Tokenize};
+use crate::prompt::{self, Tokenization};
 use crate::protocol::{self as p, header, metadata_string, split_endpoints};
 
 /// What every exchange shares.
@@ -28,7 +28,7 @@ use crate::protocol::{self as p, header, metadata_string, split_endpoints};
 pub struct Shared {
     pub picker: Arc<Picker>,
     pub metrics: EppMetrics,
-    pub tokenizer: Option<Arc<dyn Tokenize>>,
+    pub tokenizer: Arc<Tokenization>,
     /// Largest request body read, bytes.
     pub max_body_bytes: usize,
     /// The request header naming a session (affinity), if any.
@@ -126,9 +126,10 @@ impl Exchange {
                     };
                 }
                 if self.body.len() + b.body.len() > self.shared.max_body_bytes {
-                    let e = prompt::PromptError::TooLarge {
+                    let e = prompt::PromptError::Body(kvr_tokenize::BodyError::TooLarge {
+                        len: self.body.len() + b.body.len(),
                         limit: self.shared.max_body_bytes,
-                    };
+                    });
                     return vec![self.refuse(e.status(), e.kind(), &e.message())];
                 }
                 self.body.extend_from_slice(&b.body);
@@ -180,12 +181,16 @@ impl Exchange {
     /// The body is complete: read it, pick, answer.
     fn pick_for_body(&mut self) -> Vec<ProcessingResponse> {
         let body = std::mem::take(&mut self.body);
-        let read = prompt::read(
-            &self.path,
-            &body,
-            self.shared.max_body_bytes,
-            self.shared.tokenizer.as_deref(),
-        );
+        // Tokenizing is CPU (a 32k-token prompt takes milliseconds) or a blocking call
+        // to the engine's /tokenize: off the async workers' hands.
+        let read = blocking(|| {
+            prompt::read(
+                &self.path,
+                &body,
+                self.shared.max_body_bytes,
+                &self.shared.tokenizer,
+            )
+        });
         let r = match read {
             Ok(r) => r,
             Err(e) => return vec![self.refuse(e.status(), e.kind(), &e.message())],
@@ -314,6 +319,16 @@ impl Drop for Exchange {
                 self.shared.metrics.broken_streams.inc();
             }
         }
+    }
+}
+
+/// Runs `f` where blocking is allowed: in place on a multi-threaded runtime's worker
+/// (`block_in_place`), else directly.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

@@ -1,22 +1,23 @@
 //! From a request's path and body to what picking needs: the model, the prompt's token
-//! ids and the request's shape.
+//! ids and the request's shape (`kvr-tokenize` reads the body and tokenizes).
 //!
 //! Token ids come, in this order, from: the body itself (a `/v1/completions` prompt given
-//! as token ids, what vLLM accepts), or the configured tokenizer of the model (a local
-//! `tokenizer.json`, or the engine's `/tokenize`). A request is tokenized once.
+//! as token ids, as vLLM accepts), the model's local tokenizer (`tokenizer.json`, chats
+//! through its template), or the engine's `/tokenize` when configured. A request is
+//! tokenized once.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use kvr_tokenize::{
+    parse_openai_limited, BodyError, Prompt, TokenizeCallError, TokenizeClient, Tokenizers,
+};
 
 /// Why a body gave no prompt: each kind is counted and answered with its status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PromptError {
-    /// 413: the body is over the limit.
-    TooLarge { limit: usize },
-    /// 400: not JSON, or not a completions / chat body.
-    Malformed(String),
-    /// 400: a prompt kvr needs a tokenizer for, and none is configured for the model.
+    /// 413 (too large) or 400: the body is not a completions / chat body kvr can read.
+    Body(BodyError),
+    /// 400: a text prompt, and no tokenizer is configured for its model.
     NoTokenizer(String),
     /// 503: the tokenizer failed (the engine's `/tokenize` unreachable, ...).
     Tokenizer(String),
@@ -25,16 +26,17 @@ pub enum PromptError {
 impl PromptError {
     pub fn status(&self) -> u16 {
         match self {
-            PromptError::TooLarge { .. } => 413,
-            PromptError::Malformed(_) | PromptError::NoTokenizer(_) => 400,
+            PromptError::Body(BodyError::TooLarge { .. }) => 413,
+            PromptError::Body(_) | PromptError::NoTokenizer(_) => 400,
             PromptError::Tokenizer(_) => 503,
         }
     }
 
+    /// The metric label and error type: `body_<kind>`, `no_tokenizer`, `tokenizer_error`.
     pub fn kind(&self) -> &'static str {
         match self {
-            PromptError::TooLarge { .. } => "body_too_large",
-            PromptError::Malformed(_) => "malformed_body",
+            PromptError::Body(BodyError::TooLarge { .. }) => "body_too_large",
+            PromptError::Body(_) => "malformed_body",
             PromptError::NoTokenizer(_) => "no_tokenizer",
             PromptError::Tokenizer(_) => "tokenizer_error",
         }
@@ -42,27 +44,37 @@ impl PromptError {
 
     pub fn message(&self) -> String {
         match self {
-            PromptError::TooLarge { limit } => format!("request body over {limit} bytes"),
-            PromptError::Malformed(m) | PromptError::NoTokenizer(m) | PromptError::Tokenizer(m) => {
-                m.clone()
-            }
+            PromptError::Body(e) => e.to_string(),
+            PromptError::NoTokenizer(m) | PromptError::Tokenizer(m) => m.clone(),
         }
     }
 }
 
-/// What a request's text is, before tokenizing.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Text {
-    /// A completion prompt.
-    Prompt(String),
-    /// Chat messages (the OpenAI `messages` array), rendered by the model's template.
-    Chat(Value),
+/// How text becomes token ids: local tokenizers by model, else the engine's `/tokenize`.
+#[derive(Debug, Default)]
+pub struct Tokenization {
+    pub local: Option<Tokenizers>,
+    pub remote: Option<TokenizeClient>,
 }
 
-/// Turns a model's text into token ids (a local tokenizer, or the engine's `/tokenize`).
-pub trait Tokenize: Send + Sync + std::fmt::Debug {
-    /// `Err(None)`: no tokenizer for this model; `Err(Some(e))`: it failed.
-    fn tokens(&self, model: &str, text: &Text) -> Result<Vec<u32>, Option<String>>;
+impl Tokenization {
+    /// Local tokenizers from `(model, directory)` pairs, and the engine's `/tokenize` at
+    /// `url` if given.
+    pub fn new(
+        local: &[(String, std::path::PathBuf)],
+        url: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let local = if local.is_empty() {
+            None
+        } else {
+            Some(Tokenizers::load(local.iter().cloned()).map_err(|e| e.to_string())?)
+        };
+        let remote = url
+            .map(|u| TokenizeClient::new(u, timeout).map_err(|e| format!("--tokenize-url: {e}")))
+            .transpose()?;
+        Ok(Tokenization { local, remote })
+    }
 }
 
 /// A request, read.
@@ -82,88 +94,40 @@ pub fn read(
     path: &str,
     body: &[u8],
     limit: usize,
-    tok: Option<&dyn Tokenize>,
+    tok: &Tokenization,
 ) -> Result<RequestPrompt, PromptError> {
-    if body.len() > limit {
-        return Err(PromptError::TooLarge { limit });
-    }
     let t0 = Instant::now();
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| PromptError::Malformed(format!("body is not JSON: {e}")))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| PromptError::Malformed("body is not a JSON object".into()))?;
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(PromptError::Malformed("model is not a string".into())),
-    };
-    let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let max_tokens = obj
-        .get("max_completion_tokens")
-        .or_else(|| obj.get("max_tokens"))
-        .and_then(Value::as_u64);
-    let route = path.split('?').next().unwrap_or(path);
-    let text = if route.ends_with("/chat/completions") {
-        match obj.get("messages") {
-            Some(m @ Value::Array(_)) => Text::Chat(m.clone()),
-            _ => return Err(PromptError::Malformed("messages is not an array".into())),
-        }
-    } else if route.ends_with("/completions") {
-        match obj.get("prompt") {
-            Some(Value::String(s)) => Text::Prompt(s.clone()),
-            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-                Text::Prompt(a[0].as_str().unwrap_or_default().to_owned())
-            }
-            Some(Value::Array(a)) => {
-                // Token ids, or a one-prompt batch of them.
-                let ids = match a.first() {
-                    Some(Value::Array(inner)) if a.len() == 1 => inner,
-                    _ => a,
-                };
-                let tokens = ids
-                    .iter()
-                    .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-                    .collect::<Option<Vec<u32>>>()
-                    .ok_or_else(|| {
-                        PromptError::Malformed(
-                            "prompt is not a string, a token id array or one of either".into(),
-                        )
-                    })?;
-                return Ok(RequestPrompt {
-                    model,
-                    tokens,
-                    stream,
-                    max_tokens,
-                    parse_secs: t0.elapsed().as_secs_f64(),
-                    tokenize_secs: 0.0,
-                });
-            }
-            _ => return Err(PromptError::Malformed("prompt is missing".into())),
-        }
+    let input = parse_openai_limited(path, body, limit).map_err(PromptError::Body)?;
+    let parse_secs = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let name = input.model.clone().unwrap_or_default();
+    let tokens = if let Some(ids) = input.attached_token_ids() {
+        ids.to_vec()
+    } else if let Some(t) = tok.local.as_ref().and_then(|l| l.get(&name)) {
+        input
+            .token_ids(t)
+            .map(|c| c.into_owned())
+            .map_err(|e| PromptError::Tokenizer(e.to_string()))?
+    } else if let Some(client) = &tok.remote {
+        let called = match &input.prompt {
+            Prompt::Text(t) => client.tokenize_prompt(&name, t),
+            Prompt::Chat(m) => client.tokenize_chat(&name, m),
+            Prompt::TokenIds(_) => unreachable!("attached ids are taken above"),
+        };
+        called
+            .map(|t| t.tokens)
+            .map_err(|e: TokenizeCallError| PromptError::Tokenizer(format!("/tokenize: {e}")))?
     } else {
-        return Err(PromptError::Malformed(format!(
-            "{route}: not a completions or chat completions request"
+        return Err(PromptError::NoTokenizer(format!(
+            "no tokenizer is configured for model {name:?}: send the prompt as token ids, \
+             or start kvr epp with --tokenizer {name}=DIR or --tokenize-url"
         )));
     };
-    let parse_secs = t0.elapsed().as_secs_f64();
-    let name = model.clone().unwrap_or_default();
-    let t1 = Instant::now();
-    let tokens = match tok {
-        None => Err(None),
-        Some(t) => t.tokens(&name, &text),
-    }
-    .map_err(|e| match e {
-        None => PromptError::NoTokenizer(format!(
-            "no tokenizer is configured for model {name:?}: send the prompt as token ids"
-        )),
-        Some(e) => PromptError::Tokenizer(e),
-    })?;
     Ok(RequestPrompt {
-        model,
+        model: input.model,
         tokens,
-        stream,
-        max_tokens,
+        stream: input.stream,
+        max_tokens: input.max_tokens,
         parse_secs,
         tokenize_secs: t1.elapsed().as_secs_f64(),
     })
@@ -173,106 +137,99 @@ pub fn read(
 mod tests {
     use super::*;
 
-    #[derive(Debug)]
-    struct Words;
-    impl Tokenize for Words {
-        fn tokens(&self, model: &str, text: &Text) -> Result<Vec<u32>, Option<String>> {
-            match (model, text) {
-                ("broken", _) => Err(Some("down".into())),
-                ("m", Text::Prompt(p)) => Ok(p.split(' ').map(|w| w.len() as u32).collect()),
-                ("m", Text::Chat(_)) => Ok(vec![1, 2]),
-                _ => Err(None),
-            }
-        }
+    fn asset() -> Tokenization {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tokenize/tests/assets/tokenizer");
+        Tokenization::new(&[("m".into(), dir)], None, Duration::from_secs(1)).unwrap()
     }
 
     #[test]
-    fn token_ids_pass_through_and_text_is_tokenized() {
+    fn token_ids_pass_through_and_text_is_tokenized_once() {
+        let tok = asset();
         let r = read(
             "/v1/completions",
             br#"{"model":"m","prompt":[1,2,3],"stream":true}"#,
             1000,
-            None,
+            &tok,
         )
         .unwrap();
         assert_eq!((r.tokens, r.stream), (vec![1, 2, 3], true));
         let r = read(
             "/v1/completions",
-            br#"{"model":"m","prompt":[[4,5]]}"#,
+            br#"{"model":"m","prompt":"the cache","max_tokens":7}"#,
             1000,
-            None,
+            &tok,
         )
         .unwrap();
-        assert_eq!(r.tokens, vec![4, 5]);
-        let r = read(
-            "/v1/completions",
-            br#"{"model":"m","prompt":"ab c","max_tokens":7}"#,
-            1000,
-            Some(&Words),
-        )
-        .unwrap();
-        assert_eq!((r.tokens, r.max_tokens), (vec![2, 1], Some(7)));
+        let local = tok.local.as_ref().unwrap().get("m").unwrap();
+        assert_eq!(r.tokens, local.encode("the cache").unwrap());
+        assert_eq!(r.max_tokens, Some(7));
         let r = read(
             "/v1/chat/completions?x=1",
             br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
             1000,
-            Some(&Words),
+            &tok,
         )
         .unwrap();
-        assert_eq!(r.tokens, vec![1, 2]);
+        assert!(!r.tokens.is_empty());
     }
 
     #[test]
     fn every_error_has_its_kind_and_status() {
-        let cases: [(&str, &[u8], Option<&dyn Tokenize>, &str, u16); 8] = [
-            ("/v1/completions", b"{not json", None, "malformed_body", 400),
-            ("/v1/completions", b"[1]", None, "malformed_body", 400),
-            (
-                "/v1/completions",
-                br#"{"model":1,"prompt":"x"}"#,
-                None,
-                "malformed_body",
-                400,
-            ),
+        let tok = asset();
+        let none = Tokenization::default();
+        let cases: [(&str, &[u8], &Tokenization, &str, u16); 6] = [
+            ("/v1/completions", b"{not json", &tok, "malformed_body", 400),
             (
                 "/v1/completions",
                 br#"{"prompt":[1,-2]}"#,
-                None,
+                &tok,
                 "malformed_body",
                 400,
             ),
             (
                 "/v1/embeddings",
                 br#"{"input":"x"}"#,
-                None,
+                &tok,
                 "malformed_body",
                 400,
             ),
             (
                 "/v1/completions",
                 br#"{"model":"m","prompt":"x"}"#,
-                None,
+                &none,
                 "no_tokenizer",
                 400,
             ),
             (
                 "/v1/completions",
-                br#"{"model":"broken","prompt":"x"}"#,
-                Some(&Words),
-                "tokenizer_error",
-                503,
+                br#"{"model":"other","prompt":"x"}"#,
+                &tok,
+                "no_tokenizer",
+                400,
             ),
             (
                 "/v1/completions",
                 &[b' '; 2000],
-                None,
+                &tok,
                 "body_too_large",
                 413,
             ),
         ];
-        for (path, body, tok, kind, status) in cases {
-            let e = read(path, body, 1000, tok).unwrap_err();
+        for (path, body, t, kind, status) in cases {
+            let e = read(path, body, 1000, t).unwrap_err();
             assert_eq!((e.kind(), e.status()), (kind, status), "{path} {e:?}");
         }
+        // An engine /tokenize that does not answer.
+        let dead =
+            Tokenization::new(&[], Some("http://127.0.0.1:9"), Duration::from_millis(200)).unwrap();
+        let e = read(
+            "/v1/completions",
+            br#"{"model":"m","prompt":"x"}"#,
+            1000,
+            &dead,
+        )
+        .unwrap_err();
+        assert_eq!((e.kind(), e.status()), ("tokenizer_error", 503), "{e:?}");
     }
 }

@@ -108,6 +108,11 @@ pub async fn serve_with(
     let text = std::fs::read_to_string(&args.pool)
         .map_err(|e| format!("pool file {}: {e}", args.pool.display()))?;
     let membership = PoolFile::parse(&text)?.membership();
+    let tokenization = crate::prompt::Tokenization::new(
+        &args.tokenizers,
+        args.tokenize_url.as_deref(),
+        Duration::from_millis(args.tokenize_timeout_ms.max(1)),
+    )?;
     let mut registered = None;
     let app = App::with_metrics(args.serve.clone(), |r| {
         registered = Some(EppMetrics::register(r))
@@ -150,7 +155,7 @@ pub async fn serve_with(
     let shared = Shared {
         picker,
         metrics,
-        tokenizer: None,
+        tokenizer: Arc::new(tokenization),
         max_body_bytes: args.serve.max_body_bytes,
         session_header: args.session_header.clone(),
     };
