@@ -89,13 +89,7 @@ pub struct EmulateArgs {
 pub fn tokenizer(args: &EmulateArgs) -> Result<Arc<dyn Tokenizer>, String> {
     match &args.tokenizer {
         None => Ok(Arc::new(WordTokenizer)),
-        // TODO(kvr-tokenize): load tokenizer.json and its chat template from `dir` through
-        // the kvr-tokenize crate (a `Tokenizer` implementation) once it is in the workspace.
-        Some(dir) => Err(format!(
-            "--tokenizer {}: HuggingFace tokenizers are not wired into kvr emulate yet; \
-             drop the flag to use the built-in word tokenizer",
-            dir.display()
-        )),
+        Some(dir) => Ok(Arc::new(crate::tokenizer::HfTokenizer::from_dir(dir)?)),
     }
 }
 

@@ -151,10 +151,9 @@ async fn chat_completions(State(pod): State<Arc<Pod>>, body: Bytes) -> Response 
     if let Err(resp) = check_model(&pod, req.model.as_deref()) {
         return resp.into_response();
     }
-    let text = pod
+    let tokens = pod
         .tokenizer
-        .render_chat(&req.messages, req.add_generation_prompt);
-    let tokens = pod.tokenize(&text);
+        .encode_chat(&req.messages, req.add_generation_prompt);
     let job = Job {
         kind: Kind::Chat,
         path: "/v1/chat/completions",
@@ -291,12 +290,11 @@ async fn tokenize(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
     if let Err(resp) = check_model(&pod, req.model.as_deref()) {
         return resp.into_response();
     }
-    let text = match (req.prompt, req.messages) {
-        (Some(p), None) => p,
-        (None, Some(m)) => pod.tokenizer.render_chat(&m, req.add_generation_prompt),
+    let tokens = match (req.prompt, req.messages) {
+        (Some(p), None) => pod.tokenize(&p),
+        (None, Some(m)) => pod.tokenizer.encode_chat(&m, req.add_generation_prompt),
         _ => return bad_request("give either `prompt` or `messages`"),
     };
-    let tokens = pod.tokenize(&text);
     Json(json!({
         "count": tokens.len(),
         "max_model_len": pod.cfg.max_model_len,

@@ -14,6 +14,12 @@ pub trait Tokenizer: Send + Sync {
     /// Chat `messages` as the prompt text the model would see.
     fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> String;
 
+    /// The token ids of a chat: its rendering, encoded (a HuggingFace tokenizer adds no
+    /// special tokens there, as vLLM does not: the template has them).
+    fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Vec<u32> {
+        self.encode(&self.render_chat(messages, add_generation_prompt))
+    }
+
     /// A short name for logs and `/v1/models`.
     fn name(&self) -> &str;
 }
@@ -119,6 +125,65 @@ pub const OUTPUT_WORDS: &[&str] = &[
     "the", "cache", "holds", "a", "prefix", "of", "blocks", "and", "this", "pod", "emulates", "an",
     "engine", "without", "any", "gpu",
 ];
+
+/// A HuggingFace tokenizer (`tokenizer.json` and its chat template) through
+/// `kvr-tokenize`: the same ids `kvr epp --tokenizer` computes for the same text, as a
+/// real engine and a router sharing a model's tokenizer would.
+#[derive(Debug)]
+pub struct HfTokenizer {
+    inner: kvr_tokenize::Tokenizer,
+    name: String,
+}
+
+impl HfTokenizer {
+    pub fn from_dir(dir: &std::path::Path) -> Result<Self, String> {
+        let inner = kvr_tokenize::Tokenizer::from_dir(dir)
+            .map_err(|e| format!("--tokenizer {}: {e}", dir.display()))?;
+        Ok(HfTokenizer {
+            inner,
+            name: format!("hf:{}", dir.display()),
+        })
+    }
+
+    fn messages(messages: &[ChatMessage]) -> Vec<kvr_tokenize::ChatMessage> {
+        messages
+            .iter()
+            .map(|m| kvr_tokenize::ChatMessage::new(m.role.clone(), m.text()))
+            .collect()
+    }
+}
+
+impl Tokenizer for HfTokenizer {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.inner.encode(text).unwrap_or_else(|e| {
+            eprintln!("kvr-emulate: tokenizing failed: {e}");
+            Vec::new()
+        })
+    }
+
+    /// The model's template always adds the generation prompt.
+    fn render_chat(&self, messages: &[ChatMessage], _add_generation_prompt: bool) -> String {
+        self.inner
+            .render_chat(&Self::messages(messages))
+            .unwrap_or_else(|e| {
+                eprintln!("kvr-emulate: chat template failed: {e}");
+                String::new()
+            })
+    }
+
+    fn encode_chat(&self, messages: &[ChatMessage], _add_generation_prompt: bool) -> Vec<u32> {
+        self.inner
+            .encode_chat(&Self::messages(messages))
+            .unwrap_or_else(|e| {
+                eprintln!("kvr-emulate: chat template failed: {e}");
+                Vec::new()
+            })
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
 
 #[cfg(test)]
 mod tests {
