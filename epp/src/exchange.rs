@@ -284,7 +284,7 @@ impl Exchange {
         let bs = u64::from(pick.booking.block_size.max(1));
         for _ in 0..events {
             self.output_tokens += 1;
-            if self.output_tokens % bs == 0 {
+            if self.output_tokens.is_multiple_of(bs) {
                 pick.booking.output_block();
             }
         }
