@@ -225,6 +225,7 @@ class Gateway:
             ROUTE_TIMEOUT="30s", SHORT_TIMEOUT="1.5s", NUM_RETRIES=2,
             FAILURE_MODE_ALLOW=e["allow"], RESPONSE_BODY_MODE=self.args.response_body_mode,
             POOL_ENDPOINTS=eps, EPP_GRPC_PORT=self.epp_grpc,
+            RECEIVING_NAMESPACES="[]" if self.args.negative else "[envoy.lb]",
         )
         path = os.path.join(self.workdir, f"envoy-{which}.yaml")
         with open(path, "w") as f:
@@ -347,10 +348,21 @@ def expect(cond, msg):
 
 def case_follows_pick(g):
     """Each request is served by the first endpoint of the picker's list (and the list
-    carries the fallbacks)."""
-    seen = set()
-    for i in range(8):
-        r = g.chat([{"role": "user", "content": words(100 + i, 40)}])
+    carries the fallbacks): prompts whose prefixes the test placed on each pod (so the
+    picks differ), then fresh ones."""
+    conversations = []
+    for i, pod in enumerate(PODS):
+        msgs = [{"role": "user", "content": words(100 + i, 60)}]
+        r = g.direct_chat(pod, msgs)
+        expect(r.status == 200, f"seeding {pod}: {r.status}")
+        msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": words(110 + i, 10)}]
+        conversations.append(msgs)
+    g.wait_events_indexed()
+    conversations += [[{"role": "user", "content": words(120 + i, 40)}] for i in range(4)]
+    seen = []
+    for i, msgs in enumerate(conversations):
+        r = g.chat(msgs)
         expect(r.status == 200, f"request {i}: {r.status} {r.body[:200]!r}")
         lst = picked(r)
         expect(len(lst) == 3, f"request {i}: picked list {lst} (want the best and 2 fallbacks)")
@@ -359,9 +371,12 @@ def case_follows_pick(g):
                f"request {i}: served by {served}, the picker's first endpoint is {lst[0]} ({g.pod_at(lst[0])})")
         expect(r.headers.get("x-test-upstream") == lst[0],
                f"request {i}: Envoy's upstream {r.headers.get('x-test-upstream')} != pick {lst[0]}")
-        seen.add(served)
+        expect(r.headers.get("x-test-picked-lb") == ",".join(lst),
+               f"request {i}: envoy.lb metadata {r.headers.get('x-test-picked-lb')!r} != the header {lst}")
+        seen.append(served)
+    expect(set(seen) == set(PODS), f"the picks did not cover every pod: {seen}")
     g.wait_bookings_zero("the routed requests")
-    return f"8/8 served by the first picked endpoint; pods used: {sorted(seen)}"
+    return f"8/8 served by the first picked endpoint; served: {seen}"
 
 
 def case_prefix_affinity(g):
@@ -557,6 +572,10 @@ CASES = [
 ]
 
 
+# The cases a gateway that ignores the picker's envoy.lb metadata fails.
+NEGATIVE = ["requests follow the EPP's pick", "fallback endpoint serves when the first refuses"]
+
+
 def main():
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -568,6 +587,10 @@ def main():
     ap.add_argument("--envoy-log-level", default="warning")
     ap.add_argument("--only", help="run only the cases whose name contains this")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
+    ap.add_argument("--negative", action="store_true",
+                    help="negative control: Envoy without receiving_namespaces [envoy.lb] (the "
+                         "picker's metadata never reaches the load balancer); the cases in "
+                         "NEGATIVE must fail, and the run passes if they all do")
     args = ap.parse_args()
     if not args.envoy or not os.access(args.envoy, os.X_OK):
         sys.exit("no envoy binary: pass --envoy (tests/gateway/ensure-envoy.sh prints it)")
@@ -587,6 +610,8 @@ def main():
         log(f"up in {time.monotonic() - t_start:.1f}s (pods {g.pod_http}, epp grpc {g.epp_grpc})")
         ok_setup = True
         for name, fn in CASES:
+            if args.negative and name not in NEGATIVE:
+                continue
             if args.only and args.only not in name:
                 continue
             t0 = time.monotonic()
@@ -609,6 +634,10 @@ def main():
         if not isinstance(e, AssertionError):
             traceback.print_exc()
     finally:
+        if args.negative:
+            # Expected to fail; the run fails if one of them passed.
+            results = [(n, not ok, ("failed as it must: " if not ok else "PASSED under the negative control: ") + d)
+                       for n, ok, d in results]
         failed_any = not ok_setup or not all(ok for _, ok, _ in results)
         if failed_any:
             for name, p in g.procs.items():
@@ -618,12 +647,16 @@ def main():
             log(f"logs and configs kept in {g.workdir}")
         else:
             shutil.rmtree(g.workdir, ignore_errors=True)
-    log(f"summary ({time.monotonic() - t_start:.1f}s):")
-    for name, ok, _ in results:
-        log(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    mode = " (negative control: each case must fail)" if args.negative else ""
+    log(f"summary{mode} ({time.monotonic() - t_start:.1f}s):")
+    for name, ok, detail in results:
+        log(f"  {'PASS' if ok else 'FAIL'}  {name}" + (f": {detail}" if args.negative else ""))
     if not ok_setup:
         log("  FAIL  setup")
     failed = sum(1 for _, ok, _ in results if not ok) + (0 if ok_setup else 1)
+    if args.negative and ok_setup and len(results) != len(NEGATIVE):
+        log(f"  FAIL  ran {len(results)} of the {len(NEGATIVE)} negative cases")
+        failed += 1
     log(f"{len(results) - failed if ok_setup else 0} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
