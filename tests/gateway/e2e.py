@@ -2,7 +2,7 @@
 """The gateway end to end on loopback: `kvr epp` behind the real Envoy 1.40, in front of
 `kvr emulate` pods, each case named and judged PASS/FAIL.
 
-Starts four emulated pods (the test tokenizer, KV events and replay on ZMQ), `kvr epp`
+Starts four emulated pods, one with two DP ranks (the test tokenizer, KV events and replay on ZMQ), `kvr epp`
 with a pool file naming them, and two Envoys from tests/gateway/envoy.yaml.tmpl: one
 failing open (`failure_mode_allow: true`), one failing closed. Then checks that requests
 follow the picker's pick, that a conversation lands where its prefix is cached (the pod
@@ -16,8 +16,9 @@ Builds nothing: give --kvr-bin (default target/release/kvr under $CARGO_TARGET_D
 repository) and --envoy (tests/gateway/ensure-envoy.sh prints it). Everything it starts
 is stopped at the end, on failure too; exits 1 if any case failed.
 
-The emulator serves one port per pod (its pods are all DP rank 0), so the pool has no
-multi-rank pod here; epp/tests/ext_proc.rs covers a pod with two rank ports.
+One pod of the pool is data-parallel: two ranks, each on its own port with its own KV
+events (emulated pods with `dp-rank=0` and `dp-rank=1`), so the picks and the subset hint
+are checked per rank.
 """
 
 import argparse
@@ -39,12 +40,35 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = "kvr-emulated"
 BLOCK = 16
-PODS = ["pod-0", "pod-1", "pod-2", "pod-3"]
+# The pool: four pods, pod-3 data-parallel with two ranks. Each rank is an emulated pod
+# of its own (its HTTP port, its events, `dp-rank=`), named as it answers in
+# `x-kvr-emulated-pod`; PODS lists those, one per endpoint.
+POOL = {"pod-0": ["pod-0"], "pod-1": ["pod-1"], "pod-2": ["pod-2"], "pod-3": ["pod-3-r0", "pod-3-r1"]}
+PODS = [r for ranks in POOL.values() for r in ranks]
 TIMEOUT = 60.0  # readiness and polls: generous, for a loaded 2-core machine
 
 
 def log(msg):
     print(f"[gateway-e2e] {msg}", flush=True)
+
+
+def free_port_pair():
+    """Two consecutive free loopback ports (a data-parallel pod's replay ports: rank r's
+    is rank 0's plus r)."""
+    for _ in range(100):
+        a = socket.socket()
+        a.bind(("127.0.0.1", 0))
+        port = a.getsockname()[1]
+        b = socket.socket()
+        try:
+            b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+        finally:
+            a.close()
+            b.close()
+    raise RuntimeError("no two consecutive free ports")
 
 
 def free_ports(n):
@@ -154,13 +178,20 @@ class Gateway:
         self.args = args
         self.workdir = tempfile.mkdtemp(prefix="kvr-gateway-e2e-")
         self.procs = {}
-        ports = free_ports(4 * 3 + 2 + 2 * 2 + 2)
+        n = len(PODS)
+        ports = free_ports(3 * n + 2 + 2 * 2 + 2)
         self.pod_http = {}
         self.pod_events = {}
         for i, name in enumerate(PODS):
             self.pod_http[name] = ports[3 * i]
             self.pod_events[name] = (ports[3 * i + 1], ports[3 * i + 2])
-        rest = ports[12:]
+        # A data-parallel pod's ranks replay on consecutive ports.
+        for ranks in POOL.values():
+            if len(ranks) > 1:
+                base = free_port_pair()
+                for r, name in enumerate(ranks):
+                    self.pod_events[name] = (self.pod_events[name][0], base + r)
+        rest = ports[3 * n:]
         self.epp_grpc, self.epp_http = rest[0], rest[1]
         self.envoy = {
             "open": {"listen": rest[2], "admin": rest[3], "allow": "true"},
@@ -178,20 +209,22 @@ class Gateway:
             # Fast enough for a quick test, slow enough to close a stream mid-way.
             "--decode-ns-per-token", "5000000", "--max-tokens", "8",
         ]
-        for name in PODS:
-            ev, replay = self.pod_events[name]
-            argv += ["--pod", f"name={name},http={self.pod_http[name]},kv-events={ev},replay={replay}"]
+        for ranks in POOL.values():
+            for r, name in enumerate(ranks):
+                ev, replay = self.pod_events[name]
+                argv += ["--pod", f"name={name},http={self.pod_http[name]},kv-events={ev},replay={replay},dp-rank={r}"]
         self.procs["emulate"] = Proc("emulate", argv, self.workdir)
         for name in PODS:
             poll(f"{name} /health", lambda n=name: request(self.pod_http[n], "GET", "/health").status == 200)
 
     def write_pool(self):
         pods = []
-        for name in PODS:
-            ev, replay = self.pod_events[name]
+        for pod, ranks in POOL.items():
             pods.append({
-                "name": name, "address": "127.0.0.1", "ports": [self.pod_http[name]],
-                "kv_events": [f"tcp://127.0.0.1:{ev}"], "replay": f"tcp://127.0.0.1:{replay}",
+                "name": pod, "address": "127.0.0.1",
+                "ports": [self.pod_http[r] for r in ranks],
+                "kv_events": [f"tcp://127.0.0.1:{self.pod_events[r][0]}" for r in ranks],
+                "replay": f"tcp://127.0.0.1:{self.pod_events[ranks[0]][1]}",
             })
         self.pool_path = os.path.join(self.workdir, "pool.json")
         with open(self.pool_path, "w") as f:
@@ -359,7 +392,7 @@ def case_follows_pick(g):
                  {"role": "user", "content": words(110 + i, 10)}]
         conversations.append(msgs)
     g.wait_events_indexed()
-    conversations += [[{"role": "user", "content": words(120 + i, 40)}] for i in range(4)]
+    conversations += [[{"role": "user", "content": words(120 + i, 40)}] for i in range(3)]
     seen = []
     for i, msgs in enumerate(conversations):
         r = g.chat(msgs)
@@ -374,9 +407,9 @@ def case_follows_pick(g):
         expect(r.headers.get("x-test-picked-lb") == ",".join(lst),
                f"request {i}: envoy.lb metadata {r.headers.get('x-test-picked-lb')!r} != the header {lst}")
         seen.append(served)
-    expect(set(seen) == set(PODS), f"the picks did not cover every pod: {seen}")
+    expect(set(seen) == set(PODS), f"the picks did not cover every endpoint (pod-3's two ranks included): {seen}")
     g.wait_bookings_zero("the routed requests")
-    return f"8/8 served by the first picked endpoint; served: {seen}"
+    return f"{len(seen)}/{len(seen)} served by the first picked endpoint, both ranks of pod-3 included; served: {seen}"
 
 
 def case_prefix_affinity(g):
@@ -443,7 +476,7 @@ def case_fallback(g):
 def case_subset_hint(g):
     """The subset hint (x-test-subset-hint → envoy.lb.subset_hint metadata) limits the
     pick; a hint naming nothing in the pool gets 503."""
-    target = "pod-3"
+    target = "pod-3-r1"  # one rank of the data-parallel pod
     lst_seen = []
     for i in range(3):
         r = g.chat([{"role": "user", "content": words(500 + i, 30)}],
