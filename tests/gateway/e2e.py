@@ -215,7 +215,8 @@ class Gateway:
                 argv += ["--pod", f"name={name},http={self.pod_http[name]},kv-events={ev},replay={replay},dp-rank={r}"]
         self.procs["emulate"] = Proc("emulate", argv, self.workdir)
         for name in PODS:
-            poll(f"{name} /health", lambda n=name: request(self.pod_http[n], "GET", "/health").status == 200)
+            poll(f"{name} /health",
+                 lambda n=name: self.running("emulate") and request(self.pod_http[n], "GET", "/health").status == 200)
 
     def write_pool(self):
         pods = []
@@ -239,7 +240,14 @@ class Gateway:
         ]
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"), NO_COLOR="1")
         self.procs["epp"] = Proc("epp", argv, self.workdir, env=env)
-        poll("kvr epp /ready", lambda: request(self.epp_http, "GET", "/ready").status == 200)
+        poll("kvr epp /ready", lambda: self.running("epp") and request(self.epp_http, "GET", "/ready").status == 200)
+
+    def running(self, name):
+        """True while the process runs; a start that died fails at once, not at a timeout."""
+        p = self.procs[name]
+        if not p.alive():
+            raise AssertionError(f"{name} exited with {p.p.returncode}: {p.tail(10)}")
+        return True
 
     def stop_epp(self):
         self.procs.pop("epp").stop()
@@ -276,6 +284,7 @@ class Gateway:
             self.wait_epp_health(which, healthy=True)
 
     def epp_health(self, which):
+        self.running(f"envoy-{which}")
         r = request(self.envoy[which]["admin"], "GET", "/clusters")
         flags = re.search(
             rf"^epp::127\.0\.0\.1:{self.epp_grpc}::health_flags::(\S+)$", r.body.decode(), re.M
