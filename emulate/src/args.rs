@@ -29,8 +29,10 @@ pub struct EmulateArgs {
     #[arg(long, default_value = "0.0.0.0")]
     pub host: IpAddr,
     /// One pod, given explicitly (repeat for more; replaces --pods):
-    /// `name=NAME,http=PORT[,kv-events=PORT][,replay=PORT][,seed=N][,mode=serve|refuse|hang]`.
+    /// `name=NAME,http=PORT[,kv-events=PORT][,replay=PORT][,seed=N][,mode=serve|refuse|hang][,dp-rank=N]`.
     /// A pod without kv-events publishes none; without replay it has no replay socket.
+    /// `dp-rank` is the `data_parallel_rank` its KV-event batches carry (default 0): one
+    /// spec per rank emulates a data-parallel deployment, each rank on its own ports.
     #[arg(long = "pod", value_name = "SPEC")]
     pub pod_specs: Vec<String>,
     /// Pod names are this prefix and the pod's index (with --pods).
@@ -77,7 +79,7 @@ pub struct EmulateArgs {
     #[arg(long, value_name = "POD")]
     pub hang: Vec<String>,
     /// A HuggingFace tokenizer directory (tokenizer.json and its chat template) instead of
-    /// the built-in word tokenizer. Not available in this build: the flag is refused.
+    /// the built-in word tokenizer (the ids `kvr epp --tokenizer` computes for the same text).
     #[arg(long, value_name = "DIR")]
     pub tokenizer: Option<PathBuf>,
     /// Do not log each request on stderr.
@@ -115,6 +117,11 @@ fn parse_spec(spec: &str, args: &EmulateArgs) -> Result<PodConfig, String> {
                 cfg.cache.hash_seed = v
                     .parse()
                     .map_err(|e| format!("--pod {spec}: seed={v}: {e}"))?
+            }
+            "dp-rank" => {
+                cfg.data_parallel_rank = v
+                    .parse()
+                    .map_err(|e| format!("--pod {spec}: dp-rank={v}: {e}"))?
             }
             "mode" => {
                 cfg.mode = <Mode as clap::ValueEnum>::from_str(v, true)
@@ -265,15 +272,17 @@ mod tests {
             "--pod",
             "name=a,http=1,kv-events=2,seed=5,mode=hang",
             "--pod",
-            "name=b,http=3",
+            "name=b,http=3,dp-rank=1",
         ])
         .unwrap();
         assert_eq!((p[0].cache.hash_seed, p[0].mode), (5, Mode::Hang));
+        assert_eq!((p[0].data_parallel_rank, p[1].data_parallel_rank), (0, 1));
         assert!(p[0].replay_endpoint.is_none() && p[1].kv_events_endpoint.is_none());
         for bad in [
             &["--pod", "name=a"][..],
             &["--pod", "http=1"],
             &["--pod", "name=a,http=1,color=red"],
+            &["--pod", "name=a,http=1,dp-rank=-1"],
             &["--pod", "name=a,http=1", "--pod", "name=a,http=2"],
             &["--pods", "1", "--hang", "nobody"],
             &["--pods", "0"],

@@ -183,14 +183,17 @@ impl Exchange {
         let body = std::mem::take(&mut self.body);
         // Tokenizing is CPU (a 32k-token prompt takes milliseconds) or a blocking call
         // to the engine's /tokenize: off the async workers' hands.
-        let read = blocking(|| {
-            prompt::read(
-                &self.path,
-                &body,
-                self.shared.max_body_bytes,
-                &self.shared.tokenizer,
-            )
-        });
+        let parsed = match blocking(|| prompt::parse(&self.path, &body, self.shared.max_body_bytes))
+        {
+            Ok(p) => p,
+            Err(e) => return vec![self.refuse(e.status(), e.kind(), &e.message())],
+        };
+        // A model the pool does not serve is 404, whatever its prompt: no tokenizer (and no
+        // engine's /tokenize) is asked about it.
+        if let Err(e) = self.shared.picker.check_model(parsed.model()) {
+            return vec![self.refuse(e.status(), e.kind(), e.message())];
+        }
+        let read = blocking(|| parsed.tokenize(&self.shared.tokenizer));
         let r = match read {
             Ok(r) => r,
             Err(e) => return vec![self.refuse(e.status(), e.kind(), &e.message())],

@@ -207,6 +207,12 @@ impl Picker {
         }
     }
 
+    /// Whether the pool serves `model` (a base model or an adapter): 404 if not, checked
+    /// before a prompt is tokenized for it.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), PickError> {
+        Self::resolve_model(&self.pool(), model).map(|_| ())
+    }
+
     /// Picks and books.
     pub fn pick(&self, input: PickInput<'_>) -> Result<Pick, PickError> {
         let pool = self.pool();

@@ -9,7 +9,8 @@
 use std::time::{Duration, Instant};
 
 use kvr_tokenize::{
-    parse_openai_limited, BodyError, Prompt, TokenizeCallError, TokenizeClient, Tokenizers,
+    parse_openai_limited, BodyError, Prompt, PromptInput, TokenizeCallError, TokenizeClient,
+    Tokenizers,
 };
 
 /// Why a body gave no prompt: each kind is counted and answered with its status.
@@ -89,6 +90,23 @@ pub struct RequestPrompt {
     pub tokenize_secs: f64,
 }
 
+/// A request body, parsed and not yet tokenized (the picker checks its model first).
+#[derive(Debug)]
+pub struct ParsedBody {
+    input: PromptInput,
+    parse_secs: f64,
+}
+
+/// Parses `body` (a request to `path`).
+pub fn parse(path: &str, body: &[u8], limit: usize) -> Result<ParsedBody, PromptError> {
+    let t0 = Instant::now();
+    let input = parse_openai_limited(path, body, limit).map_err(PromptError::Body)?;
+    Ok(ParsedBody {
+        input,
+        parse_secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
 /// Reads `body` (a request to `path`), tokenizing with `tok` where needed.
 pub fn read(
     path: &str,
@@ -96,41 +114,51 @@ pub fn read(
     limit: usize,
     tok: &Tokenization,
 ) -> Result<RequestPrompt, PromptError> {
-    let t0 = Instant::now();
-    let input = parse_openai_limited(path, body, limit).map_err(PromptError::Body)?;
-    let parse_secs = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let name = input.model.clone().unwrap_or_default();
-    let tokens = if let Some(ids) = input.attached_token_ids() {
-        ids.to_vec()
-    } else if let Some(t) = tok.local.as_ref().and_then(|l| l.get(&name)) {
-        input
-            .token_ids(t)
-            .map(|c| c.into_owned())
-            .map_err(|e| PromptError::Tokenizer(e.to_string()))?
-    } else if let Some(client) = &tok.remote {
-        let called = match &input.prompt {
-            Prompt::Text(t) => client.tokenize_prompt(&name, t),
-            Prompt::Chat(m) => client.tokenize_chat(&name, m),
-            Prompt::TokenIds(_) => unreachable!("attached ids are taken above"),
+    parse(path, body, limit)?.tokenize(tok)
+}
+
+impl ParsedBody {
+    /// The model the request names.
+    pub fn model(&self) -> Option<&str> {
+        self.input.model.as_deref()
+    }
+
+    /// The prompt's token ids, with `tok` where the body has none attached.
+    pub fn tokenize(self, tok: &Tokenization) -> Result<RequestPrompt, PromptError> {
+        let ParsedBody { input, parse_secs } = self;
+        let t1 = Instant::now();
+        let name = input.model.clone().unwrap_or_default();
+        let tokens = if let Some(ids) = input.attached_token_ids() {
+            ids.to_vec()
+        } else if let Some(t) = tok.local.as_ref().and_then(|l| l.get(&name)) {
+            input
+                .token_ids(t)
+                .map(|c| c.into_owned())
+                .map_err(|e| PromptError::Tokenizer(e.to_string()))?
+        } else if let Some(client) = &tok.remote {
+            let called = match &input.prompt {
+                Prompt::Text(t) => client.tokenize_prompt(&name, t),
+                Prompt::Chat(m) => client.tokenize_chat(&name, m),
+                Prompt::TokenIds(_) => unreachable!("attached ids are taken above"),
+            };
+            called
+                .map(|t| t.tokens)
+                .map_err(|e: TokenizeCallError| PromptError::Tokenizer(format!("/tokenize: {e}")))?
+        } else {
+            return Err(PromptError::NoTokenizer(format!(
+                "no tokenizer is configured for model {name:?}: send the prompt as token ids, \
+                 or start kvr epp with --tokenizer {name}=DIR or --tokenize-url"
+            )));
         };
-        called
-            .map(|t| t.tokens)
-            .map_err(|e: TokenizeCallError| PromptError::Tokenizer(format!("/tokenize: {e}")))?
-    } else {
-        return Err(PromptError::NoTokenizer(format!(
-            "no tokenizer is configured for model {name:?}: send the prompt as token ids, \
-             or start kvr epp with --tokenizer {name}=DIR or --tokenize-url"
-        )));
-    };
-    Ok(RequestPrompt {
-        model: input.model,
-        tokens,
-        stream: input.stream,
-        max_tokens: input.max_tokens,
-        parse_secs,
-        tokenize_secs: t1.elapsed().as_secs_f64(),
-    })
+        Ok(RequestPrompt {
+            model: input.model,
+            tokens,
+            stream: input.stream,
+            max_tokens: input.max_tokens,
+            parse_secs,
+            tokenize_secs: t1.elapsed().as_secs_f64(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -415,6 +415,12 @@ async fn the_subset_hint_narrows_and_refusals_are_immediate() {
         (prompt(5, 8), Some("10.9.9.9:1"), 503),
         (r#"{"model":"m","prompt":"#.to_string(), None, 400),
         (r#"{"model":"nope","prompt":[1,2]}"#.to_string(), None, 404),
+        // A model the pool does not serve is 404 before any tokenizing, text or not.
+        (
+            r#"{"model":"nope","prompt":"a text prompt"}"#.to_string(),
+            None,
+            404,
+        ),
         (
             r#"{"model":"m","prompt":"text needs a tokenizer"}"#.to_string(),
             None,
