@@ -45,6 +45,12 @@ pub struct EppArgs {
     /// Timeout of a `/tokenize` call, ms.
     #[arg(long, default_value_t = 2000)]
     pub tokenize_timeout_ms: u64,
+    /// At shutdown, how long to keep taking streams after reporting not serving, ms, so
+    /// the gateway's health check sees it before the listener closes (a gateway that
+    /// fails open cannot once a streamed body has gone out). At least twice the gateway's
+    /// health-check interval.
+    #[arg(long, default_value_t = 2000, env = "KVR_EPP_DRAIN_MS")]
+    pub drain_ms: u64,
     /// How often readiness is recomputed, ms.
     #[arg(long, default_value_t = 500)]
     pub readiness_poll_ms: u64,

@@ -176,14 +176,19 @@ pub async fn serve_with(
     );
     shutdown.await;
     tracing::info!("shutting down: not ready, draining streams");
+    readiness.abort();
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
     health
         .set_service_status("readiness", ServingStatus::NotServing)
         .await;
     health
         .set_service_status(EXT_PROC_SERVICE, ServingStatus::NotServing)
         .await;
-    readiness.abort();
     watcher.abort();
+    // Streams still arrive until the gateway's health check sees the change.
+    tokio::time::sleep(Duration::from_millis(args.drain_ms)).await;
     let _ = stop_tx.send(true);
     let grace = Duration::from_secs(args.serve.shutdown_grace_secs);
     let (g, h) = tokio::join!(
