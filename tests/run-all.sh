@@ -130,6 +130,8 @@ python3 tests/gateway/e2e.py --kvr-bin "$target/release/kvr" --envoy "$envoy_bin
 # Its negative control: an Envoy that keeps the picker's envoy.lb metadata from its load
 # balancer fails the routing cases.
 python3 tests/gateway/e2e.py --kvr-bin "$target/release/kvr" --envoy "$envoy_bin" --negative
+echo "== the gateway demo (README): Envoy + kvr epp against Envoy round robin on the same pods"
+cargo build --release -p kvr-cli && python3 tests/gateway/demo.py
 # The Python bindings (python/): the abi3 wheel built with maturin, installed in a fresh
 # venv, its pytest suite, and the differential test against Dynamo 1.6.1's class.
 bash tests/python/run.sh

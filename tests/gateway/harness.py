@@ -6,13 +6,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 TIMEOUT = 60.0  # readiness and polls: generous, for a loaded 2-core machine
 
 
 def log(msg):
-    print(f"[gateway-e2e] {msg}", flush=True)
+    print(f"[gateway-e2e] {msg}", file=sys.stderr, flush=True)
 
 
 def free_port_pair():
