@@ -237,6 +237,13 @@ impl Exchange {
                     .metrics
                     .predicted_cached_tokens
                     .inc_by(pick.predicted_cached_tokens);
+                if pick.cache_given_up_tokens > 0 {
+                    self.shared.metrics.cache_given_up_for_load.inc();
+                    self.shared
+                        .metrics
+                        .cached_tokens_given_up
+                        .inc_by(pick.cache_given_up_tokens);
+                }
                 let list = pick.endpoints.join(",");
                 self.pick = Some(pick);
                 self.tokens = tokens;

@@ -37,6 +37,10 @@ pub struct EppMetrics {
     pub predicted_cached_tokens: Counter,
     pub observed_cached_tokens: Counter,
     pub observed_prompt_tokens: Counter,
+    /// Requests sent to a rank holding less of the prompt than another eligible rank
+    /// (load outweighed the cache), and the device tokens given up so.
+    pub cache_given_up_for_load: Counter,
+    pub cached_tokens_given_up: Counter,
     /// Membership files refused, and pods not registered.
     pub pool_errors: Counter,
     /// ext_proc messages out of order or of a kind the picker does not take.
@@ -60,6 +64,8 @@ impl EppMetrics {
             predicted_cached_tokens: Counter::default(),
             observed_cached_tokens: Counter::default(),
             observed_prompt_tokens: Counter::default(),
+            cache_given_up_for_load: Counter::default(),
+            cached_tokens_given_up: Counter::default(),
             pool_errors: Counter::default(),
             protocol_errors: Counter::default(),
         };
@@ -98,6 +104,16 @@ impl EppMetrics {
             "kvr_epp_observed_prompt_tokens",
             "Prompt tokens of the requests that reported cached tokens",
             m.observed_prompt_tokens.clone(),
+        );
+        r.register(
+            "kvr_epp_cache_given_up_for_load",
+            "Requests sent to a rank holding less of the prompt than another eligible rank",
+            m.cache_given_up_for_load.clone(),
+        );
+        r.register(
+            "kvr_epp_cached_tokens_given_up",
+            "Device tokens an eligible rank held beyond the chosen one's",
+            m.cached_tokens_given_up.clone(),
         );
         r.register(
             "kvr_epp_pool_errors",

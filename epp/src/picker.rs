@@ -21,7 +21,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use kvr_service::wire::prompt::PromptBody;
-use kvr_service::wire::select::{PinnedWorker, SelectRequest, SelectResponse};
+use kvr_service::wire::select::{OverlapScoresBody, PinnedWorker, SelectRequest, SelectResponse};
 use kvr_service::App;
 
 use crate::pool::Membership;
@@ -153,6 +153,9 @@ pub struct Pick {
     pub booking: Booking,
     /// Prompt tokens the chosen rank holds, as kvr predicts.
     pub predicted_cached_tokens: u64,
+    /// Prompt tokens an eligible rank held on its device beyond the chosen rank's: the
+    /// cache given up for load (0 when the chosen rank held the most).
+    pub cache_given_up_tokens: u64,
     pub prompt_tokens: u64,
     /// The model the request was booked under, and its LoRA adapter if any.
     pub model: String,
@@ -260,6 +263,10 @@ impl Picker {
                 advisory: advisory.then_some(true),
                 ..Default::default()
             };
+        let before = self
+            .app
+            .overlap_scores(&body(allowed_workers.clone(), None, true))
+            .ok();
         let mut chosen = self.book(&body(allowed_workers.clone(), None, false))?;
         if let Some(eps) = &allowed_eps {
             let in_subset = |r: &SelectResponse| {
@@ -306,14 +313,53 @@ impl Picker {
                 }
             }
         }
+        let cache_given_up_tokens = Self::given_up(
+            before.as_ref(),
+            &allowed_workers,
+            &allowed_eps,
+            &pool,
+            &resp,
+        );
         Ok(Pick {
             endpoints,
+            cache_given_up_tokens,
             predicted_cached_tokens: resp.overlap.gpu,
             prompt_tokens: input.tokens.len() as u64,
             booking,
             model,
             lora,
         })
+    }
+
+    /// Device tokens the best eligible rank held beyond the chosen one's, from the
+    /// overlaps read before the booking (a booking-fed index learns the booked prompt).
+    fn given_up(
+        scores: Option<&OverlapScoresBody>,
+        allowed: &[u64],
+        allowed_eps: &Option<HashSet<&str>>,
+        pool: &Membership,
+        chosen: &SelectResponse,
+    ) -> u64 {
+        let Some(scores) = scores else {
+            return 0;
+        };
+        let eligible = scores.workers.iter().filter(|w| {
+            allowed.contains(&w.worker_id)
+                && allowed_eps.as_ref().is_none_or(|eps| {
+                    pool.endpoint_of(w.worker_id, w.dp_rank)
+                        .is_some_and(|e| eps.contains(e))
+                })
+        });
+        let best = eligible
+            .map(|w| u64::from(w.device_blocks))
+            .max()
+            .unwrap_or(0);
+        let mine = scores
+            .workers
+            .iter()
+            .find(|w| (w.worker_id, w.dp_rank) == (chosen.worker_id, chosen.dp_rank))
+            .map_or(0, |w| u64::from(w.device_blocks));
+        best.saturating_sub(mine) * u64::from(scores.block_size)
     }
 
     fn book(&self, b: &SelectRequest) -> Result<(SelectResponse, Booking), PickError> {

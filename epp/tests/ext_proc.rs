@@ -52,6 +52,10 @@ impl Drop for TempDir {
 
 impl Epp {
     async fn start(extra: &[&str]) -> Epp {
+        Self::start_with(POOL, extra).await
+    }
+
+    async fn start_with(pool_json: &str, extra: &[&str]) -> Epp {
         let dir = std::env::temp_dir().join(format!(
             "kvr-epp-test-{}-{}",
             std::process::id(),
@@ -59,7 +63,7 @@ impl Epp {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let pool = dir.join("pool.json");
-        std::fs::write(&pool, POOL).unwrap();
+        std::fs::write(&pool, pool_json).unwrap();
         let mut argv = vec![
             "kvr-epp".to_string(),
             "--pool".into(),
@@ -111,7 +115,11 @@ impl Epp {
             .await
             .unwrap()
             .into_inner();
-        Stream { tx, rx: out }
+        Stream {
+            tx,
+            rx: out,
+            session: "s1",
+        }
     }
 
     /// A metric's value in `/metrics` (0 if absent).
@@ -148,6 +156,7 @@ fn rand_suffix() -> u64 {
 struct Stream {
     tx: mpsc::Sender<ProcessingRequest>,
     rx: Streaming<ProcessingResponse>,
+    session: &'static str,
 }
 
 fn headers(path: &str, extra: &[(&str, &str)], end: bool) -> HttpHeaders {
@@ -225,7 +234,11 @@ impl Stream {
     async fn request(&mut self, body: &str, subset: Option<&str>) -> ProcessingResponse {
         let md = subset.map(|s| metadata(SUBSET_NAMESPACE, SUBSET_KEY, s));
         self.send(
-            Request::RequestHeaders(headers("/v1/completions", &[("x-session", "s1")], false)),
+            Request::RequestHeaders(headers(
+                "/v1/completions",
+                &[("x-session", self.session)],
+                false,
+            )),
             md,
             true,
         )
@@ -436,4 +449,35 @@ async fn the_subset_hint_narrows_and_refusals_are_immediate() {
         epp.metric("kvr_epp_picks_total{outcome=\"no_endpoint\"}"),
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_away_from_the_cache_is_counted() {
+    // Session affinity pins a session to its pod: its turn for a prompt cached on another
+    // pod leaves that cache (as load would), and the cache given up is counted.
+    let mut epp = Epp::start(&[
+        "--session-header",
+        "x-session",
+        "--session-affinity-ttl-secs",
+        "60",
+    ])
+    .await;
+    let mut a = epp.open().await;
+    a.session = "A";
+    let pa = destination(&a.request(&prompt(10, 64), None).await)[0].clone();
+    let mut b = epp.open().await;
+    b.session = "B";
+    let pb = destination(&b.request(&prompt(11, 64), None).await)[0].clone();
+    assert_ne!(pa, pb, "the second session went to a less loaded pod");
+    // Its prompt is in pb's cache once it ran (the booking-fed index learns it then).
+    b.respond(&pb, "{}").await;
+    assert_eq!(epp.metric("kvr_epp_cache_given_up_for_load_total"), 0.0);
+    // Session A asks for B's prompt: pinned to A's pod, B's cache given up.
+    let mut a2 = epp.open().await;
+    a2.session = "A";
+    let p = destination(&a2.request(&prompt(11, 64), None).await)[0].clone();
+    assert_eq!(p, pa, "the session stays on its pod");
+    assert_eq!(epp.metric("kvr_epp_cache_given_up_for_load_total"), 1.0);
+    assert_eq!(epp.metric("kvr_epp_cached_tokens_given_up_total"), 64.0);
+    drop((a, b, a2));
 }
