@@ -39,6 +39,11 @@ pub async fn start_pod(
     let http = listener.local_addr()?;
     let pod = Pod::start(cfg, tokenizer).await?;
     let app = server::router(pod.clone());
+    // No Nagle delay on answers: a gateway in front keeps connections open, and a reply
+    // held back for the peer's delayed ACK costs tens of milliseconds.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             eprintln!("kvr-emulate: HTTP server ended: {e}");

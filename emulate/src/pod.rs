@@ -68,6 +68,14 @@ impl Timing {
     }
 }
 
+/// Waits `d`; no wait at all for zero (a zero tokio sleep still waits for the timer's next
+/// millisecond tick, which would be all a zero-cost pod's latency).
+pub async fn wait(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
 /// Everything about one pod.
 #[derive(Clone, Debug)]
 pub struct PodConfig {
@@ -143,7 +151,7 @@ impl Running {
     /// Waits out the prefill of the uncached prompt tokens, then caches the prompt's blocks.
     pub async fn prefill(&mut self, tokens: &[u32]) {
         let uncached = self.prompt_tokens - self.cached_tokens;
-        tokio::time::sleep(self.pod.cfg.timing.prefill(uncached)).await;
+        wait(self.pod.cfg.timing.prefill(uncached)).await;
         let pod = &self.pod;
         let mut cache = pod.lock_cache();
         let mut events = Vec::new();

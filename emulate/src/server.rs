@@ -223,7 +223,7 @@ async fn complete(pod: Arc<Pod>, job: Job, tokens: Vec<u32>) -> Response {
     };
     if !job.stream {
         let step = pod.cfg.timing.decode_step();
-        tokio::time::sleep(step * job.max_tokens as u32).await;
+        crate::pod::wait(step * job.max_tokens as u32).await;
         let u = usage(running.prompt_tokens, job.max_tokens, running.cached_tokens);
         drop(running);
         return Json(envelope.full(&output_text(job.max_tokens), u)).into_response();
@@ -263,7 +263,7 @@ fn token_stream(
         let data = if step == 0 {
             s.envelope.chunk(None, false)
         } else if step <= n {
-            tokio::time::sleep(s.pod.cfg.timing.decode_step()).await;
+            crate::pod::wait(s.pod.cfg.timing.decode_step()).await;
             s.envelope.chunk(Some(&output_piece(step - 1)), step == n)
         } else if step == n + 1 {
             let r = s.running.take()?;

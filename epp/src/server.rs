@@ -172,7 +172,7 @@ pub async fn serve_with(
         tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(ExternalProcessorServer::new(EppService { shared }))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx)),
+            .serve_with_incoming_shutdown(no_nagle(TcpListenerStream::new(grpc)), stopped(stop_rx)),
     );
     shutdown.await;
     tracing::info!("shutting down: not ready, draining streams");
@@ -229,4 +229,19 @@ async fn track_readiness(
         }
         tracing::info!(ready, "readiness changed");
     }
+}
+
+/// The accepted gRPC connections with Nagle's algorithm off (tonic's own `tcp_nodelay`
+/// applies only to listeners it binds). With it on, a small answer waits for the
+/// gateway's delayed ACK: about 40 ms added to every request on an idle connection.
+fn no_nagle(
+    incoming: TcpListenerStream,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    incoming.map(|conn| {
+        if let Ok(c) = &conn {
+            let _ = c.set_nodelay(true);
+        }
+        conn
+    })
 }

@@ -47,6 +47,22 @@ POOL = {"pod-0": ["pod-0"], "pod-1": ["pod-1"], "pod-2": ["pod-2"], "pod-3": ["p
 PODS = [r for ranks in POOL.values() for r in ranks]
 
 
+def without_ext_proc(template):
+    """The Envoy template with its ext_proc filter cut out (the lines between its markers):
+    no picker at all, the pool cluster's own round robin (the benchmark's baseline)."""
+    out, skipping, cut = [], False, False
+    for line in template.splitlines(keepends=True):
+        if line.strip().startswith("# ext_proc filter: begin"):
+            skipping, cut = True, True
+        elif line.strip().startswith("# ext_proc filter: end"):
+            skipping = False
+        elif not skipping:
+            out.append(line)
+    if skipping or not cut or "envoy.filters.http.ext_proc" in "".join(out):
+        raise ValueError("envoy.yaml.tmpl: the ext_proc filter markers are missing")
+    return "".join(out)
+
+
 class Gateway:
     def __init__(self, args):
         self.args = args
@@ -80,9 +96,10 @@ class Gateway:
         argv = [
             self.args.kvr_bin, "emulate", "--host", "127.0.0.1", "--model", MODEL,
             "--block-size", str(BLOCK), "--tokenizer", self.args.tokenizer,
-            # Fast enough for a quick test, slow enough to close a stream mid-way.
-            "--decode-ns-per-token", "5000000", "--max-tokens", "8",
         ]
+        # Fast enough for a quick test, slow enough to close a stream mid-way (the
+        # benchmark, tests/gateway/bench.py, gives its own).
+        argv += getattr(self.args, "emulate_args", None) or ["--decode-ns-per-token", "5000000", "--max-tokens", "8"]
         for ranks in POOL.values():
             for r, name in enumerate(ranks):
                 ev, replay = self.pod_events[name]
@@ -111,7 +128,7 @@ class Gateway:
             "--grpc-port", str(self.epp_grpc), "--port", str(self.epp_http),
             "--tokenizer", f"{MODEL}={self.args.tokenizer}", "--fallbacks", "2",
             "--shutdown-grace-secs", "2",
-        ]
+        ] + list(getattr(self.args, "epp_args", None) or [])
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"), NO_COLOR="1")
         self.procs["epp"] = Proc("epp", argv, self.workdir, env=env)
         poll("kvr epp /ready", lambda: self.running("epp") and request(self.epp_http, "GET", "/ready").status == 200)
@@ -133,7 +150,10 @@ class Gateway:
             for p in self.pod_http.values()
         )
         with open(os.path.join(HERE, "envoy.yaml.tmpl")) as f:
-            tmpl = string.Template(f.read())
+            text = f.read()
+        if e.get("static"):
+            text = without_ext_proc(text)
+        tmpl = string.Template(text)
         text = tmpl.substitute(
             ADMIN_PORT=e["admin"], LISTEN_PORT=e["listen"],
             ACCESS_LOG=os.path.join(self.workdir, f"access-{which}.log"),
