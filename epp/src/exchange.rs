@@ -19,7 +19,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 
 use crate::metrics::EppMetrics;
-use crate::picker::{Pick, PickInput, Picker};
+use crate::picker::{Pick, PickConfig, PickInput, Picker};
+use crate::pool::{self, Membership};
 use crate::prompt::{self, Tokenization};
 use crate::protocol::{self as p, header, metadata_string, split_endpoints};
 
@@ -33,6 +34,45 @@ pub struct Shared {
     pub max_body_bytes: usize,
     /// The request header naming a session (affinity), if any.
     pub session_header: Option<String>,
+}
+
+impl Shared {
+    /// The state every exchange shares, built from the flags and a membership (no
+    /// listener, no watcher: `serve_with` adds those; the fuzz target and tests build
+    /// exchanges on it directly): the selection service, the pool's pods registered in
+    /// it (a pod refused is logged and counted in `pool_errors`), the picker and the
+    /// tokenizers.
+    pub fn new(args: &crate::EppArgs, membership: &Membership) -> Result<Shared, String> {
+        let tokenization = Tokenization::new(
+            &args.tokenizers,
+            args.tokenize_url.as_deref(),
+            std::time::Duration::from_millis(args.tokenize_timeout_ms.max(1)),
+        )?;
+        let mut registered = None;
+        let app = kvr_service::App::with_metrics(args.serve.clone(), |r| {
+            registered = Some(EppMetrics::register(r))
+        })?;
+        let metrics = registered.expect("the metrics hook runs in App::with_metrics");
+        for e in pool::apply(&app, &Membership::default(), membership) {
+            tracing::warn!(error = %e, "pool member not registered");
+            metrics.pool_errors.inc();
+        }
+        let picker = Arc::new(Picker::new(
+            app,
+            membership.clone(),
+            PickConfig {
+                fallbacks: args.fallbacks,
+                shed_when_busy: args.shed_when_busy,
+            },
+        ));
+        Ok(Shared {
+            picker,
+            metrics,
+            tokenizer: Arc::new(tokenization),
+            max_body_bytes: args.serve.max_body_bytes,
+            session_header: args.session_header.clone(),
+        })
+    }
 }
 
 /// One stream's state.
