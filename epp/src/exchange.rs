@@ -255,6 +255,9 @@ impl Exchange {
         model: Option<String>,
         max_tokens: Option<u64>,
     ) -> ProcessingResponse {
+        // Request headers twice on one stream (out of protocol) pick twice: the first
+        // booking ends here, counted, instead of being dropped with the gauge still up.
+        self.finish();
         let t0 = Instant::now();
         let result = self.shared.picker.pick(PickInput {
             model: model.as_deref(),
