@@ -303,10 +303,19 @@ impl Exchange {
         }
         self.shared.metrics.fallback_served.inc();
         let picker = self.shared.picker.clone();
-        if !picker.rebook(pick, &self.tokens, served) {
+        let was_live = pick.booking.is_live();
+        let moved = picker.rebook(pick, &self.tokens, served);
+        // The gauge follows the booking: a rebooking the serving rank refused (another
+        // model's pod, busy) leaves none; a later report of a rank that takes it books again.
+        match (was_live, pick.booking.is_live()) {
+            (true, false) => self.shared.metrics.bookings_active.dec(),
+            (false, true) => self.shared.metrics.bookings_active.inc(),
+            _ => 0,
+        };
+        if !moved {
             tracing::warn!(
                 served,
-                "the serving endpoint is not in the pool: booking kept"
+                "the serving endpoint is not in the pool or refused the booking"
             );
         }
     }
