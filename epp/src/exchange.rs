@@ -340,9 +340,10 @@ impl Exchange {
                 pick.booking.output_block();
             }
         }
-        // Counted once: where the number ends in this chunk's bytes.
+        // Counted once: in the chunk holding the byte after the number (the one that
+        // shows it complete; a number ending the previous chunk was not counted there).
         if let Some((cached, end)) = find_number(&scan, b"\"cached_tokens\":") {
-            if end > fresh {
+            if end >= fresh {
                 self.shared.metrics.observed_cached_tokens.inc_by(cached);
                 if let Some((prompt, _)) = find_number(&scan, b"\"prompt_tokens\":") {
                     self.shared.metrics.observed_prompt_tokens.inc_by(prompt);
