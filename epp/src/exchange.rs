@@ -19,7 +19,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 
 use crate::metrics::EppMetrics;
-use crate::picker::{Pick, PickInput, Picker};
+use crate::picker::{Pick, PickConfig, PickInput, Picker};
+use crate::pool::{self, Membership};
 use crate::prompt::{self, Tokenization};
 use crate::protocol::{self as p, header, metadata_string, split_endpoints};
 
@@ -33,6 +34,45 @@ pub struct Shared {
     pub max_body_bytes: usize,
     /// The request header naming a session (affinity), if any.
     pub session_header: Option<String>,
+}
+
+impl Shared {
+    /// The state every exchange shares, built from the flags and a membership (no
+    /// listener, no watcher: `serve_with` adds those; the fuzz target and tests build
+    /// exchanges on it directly): the selection service, the pool's pods registered in
+    /// it (a pod refused is logged and counted in `pool_errors`), the picker and the
+    /// tokenizers.
+    pub fn new(args: &crate::EppArgs, membership: &Membership) -> Result<Shared, String> {
+        let tokenization = Tokenization::new(
+            &args.tokenizers,
+            args.tokenize_url.as_deref(),
+            std::time::Duration::from_millis(args.tokenize_timeout_ms.max(1)),
+        )?;
+        let mut registered = None;
+        let app = kvr_service::App::with_metrics(args.serve.clone(), |r| {
+            registered = Some(EppMetrics::register(r))
+        })?;
+        let metrics = registered.expect("the metrics hook runs in App::with_metrics");
+        for e in pool::apply(&app, &Membership::default(), membership) {
+            tracing::warn!(error = %e, "pool member not registered");
+            metrics.pool_errors.inc();
+        }
+        let picker = Arc::new(Picker::new(
+            app,
+            membership.clone(),
+            PickConfig {
+                fallbacks: args.fallbacks,
+                shed_when_busy: args.shed_when_busy,
+            },
+        ));
+        Ok(Shared {
+            picker,
+            metrics,
+            tokenizer: Arc::new(tokenization),
+            max_body_bytes: args.serve.max_body_bytes,
+            session_header: args.session_header.clone(),
+        })
+    }
 }
 
 /// One stream's state.
@@ -218,6 +258,9 @@ impl Exchange {
         model: Option<String>,
         max_tokens: Option<u64>,
     ) -> ProcessingResponse {
+        // Request headers twice on one stream (out of protocol) pick twice: the first
+        // booking ends here, counted, instead of being dropped with the gauge still up.
+        self.finish();
         let t0 = Instant::now();
         let result = self.shared.picker.pick(PickInput {
             model: model.as_deref(),
@@ -270,10 +313,19 @@ impl Exchange {
         }
         self.shared.metrics.fallback_served.inc();
         let picker = self.shared.picker.clone();
-        if !picker.rebook(pick, &self.tokens, served) {
+        let was_live = pick.booking.is_live();
+        let moved = picker.rebook(pick, &self.tokens, served);
+        // The gauge follows the booking: a rebooking the serving rank refused (another
+        // model's pod, busy) leaves none; a later report of a rank that takes it books again.
+        match (was_live, pick.booking.is_live()) {
+            (true, false) => self.shared.metrics.bookings_active.dec(),
+            (false, true) => self.shared.metrics.bookings_active.inc(),
+            _ => 0,
+        };
+        if !moved {
             tracing::warn!(
                 served,
-                "the serving endpoint is not in the pool: booking kept"
+                "the serving endpoint is not in the pool or refused the booking"
             );
         }
     }
@@ -298,9 +350,10 @@ impl Exchange {
                 pick.booking.output_block();
             }
         }
-        // Counted once: where the number ends in this chunk's bytes.
+        // Counted once: in the chunk holding the byte after the number (the one that
+        // shows it complete; a number ending the previous chunk was not counted there).
         if let Some((cached, end)) = find_number(&scan, b"\"cached_tokens\":") {
-            if end > fresh {
+            if end >= fresh {
                 self.shared.metrics.observed_cached_tokens.inc_by(cached);
                 if let Some((prompt, _)) = find_number(&scan, b"\"prompt_tokens\":") {
                     self.shared.metrics.observed_prompt_tokens.inc_by(prompt);

@@ -21,9 +21,7 @@ use kvr_service::App;
 
 use crate::args::EppArgs;
 use crate::exchange::{Exchange, Shared};
-use crate::metrics::EppMetrics;
-use crate::picker::{PickConfig, Picker};
-use crate::pool::{self, Membership, PoolFile};
+use crate::pool::{self, PoolFile};
 
 /// The gRPC service name Envoy's health check and the protocol name.
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
@@ -108,28 +106,12 @@ pub async fn serve_with(
     let text = std::fs::read_to_string(&args.pool)
         .map_err(|e| format!("pool file {}: {e}", args.pool.display()))?;
     let membership = PoolFile::parse(&text)?.membership();
-    let tokenization = crate::prompt::Tokenization::new(
-        &args.tokenizers,
-        args.tokenize_url.as_deref(),
-        Duration::from_millis(args.tokenize_timeout_ms.max(1)),
-    )?;
-    let mut registered = None;
-    let app = App::with_metrics(args.serve.clone(), |r| {
-        registered = Some(EppMetrics::register(r))
-    })?;
-    let metrics = registered.expect("the metrics hook runs in App::with_metrics");
-    for e in pool::apply(&app, &Membership::default(), &membership) {
-        tracing::warn!(error = %e, "pool member not registered");
-        metrics.pool_errors.inc();
-    }
-    let picker = Arc::new(Picker::new(
-        app.clone(),
-        membership.clone(),
-        PickConfig {
-            fallbacks: args.fallbacks,
-            shed_when_busy: args.shed_when_busy,
-        },
-    ));
+    let shared = Shared::new(&args, &membership)?;
+    let (app, picker, metrics) = (
+        shared.picker.app.clone(),
+        shared.picker.clone(),
+        shared.metrics.clone(),
+    );
     let watcher = {
         let (p, m) = (picker.clone(), metrics.clone());
         tokio::spawn(pool::watch(
@@ -152,13 +134,6 @@ pub async fn serve_with(
         health.clone(),
         Duration::from_millis(args.readiness_poll_ms.max(10)),
     ));
-    let shared = Shared {
-        picker,
-        metrics,
-        tokenizer: Arc::new(tokenization),
-        max_body_bytes: args.serve.max_body_bytes,
-        session_header: args.session_header.clone(),
-    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --manifest-path fuzz/Cargo.toml --release --example pick_seeds -- \
-//!     <ingest_frames|event_sequence|recovery> <corpus dir> <out dir> [count, default 6]
+//!     <ingest_frames|event_sequence|recovery|ext_proc> <corpus dir> <out dir> [count, default 6]
 //! ```
 //!
 //! Greedy: each pick adds the most to `min(counter, 20)` summed over the counters (ties:
@@ -22,6 +22,7 @@ fn main() {
         "ingest_frames" => |d| kvr_fuzz::ingest_frames::run_summary(d).fields(),
         "event_sequence" => |d| kvr_fuzz::event_sequence::run_summary(d).fields(),
         "recovery" => |d| kvr_fuzz::recovery::run_summary(d).fields(),
+        "ext_proc" => |d| kvr_fuzz::ext_proc::run_summary(d).fields(),
         t => panic!("no summary for target {t}"),
     };
     let count: usize = args.get(4).map_or(6, |c| c.parse().unwrap());

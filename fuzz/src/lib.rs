@@ -11,6 +11,9 @@
 //!   differential against the naive model.
 //! - [`recovery`]: loss / reorder / restart / replay schedules → replay-enabled ingress
 //!   streams → index, never overcounting the publishers' truth once quiescent.
+//! - [`ext_proc`]: sequences of Envoy ext_proc streams → `kvr epp`'s exchanges (documented
+//!   statuses and counters per refusal, routes within the pool and the subset hint, no
+//!   booking left after any stream).
 //! - [`service_bodies`]: a route selector and arbitrary bytes → `kvr serve`'s axum router
 //!   in-process (no panic, no 5xx but the documented 503s, JSON `{"error"}` on every 4xx;
 //!   the hand-read `token_ids` agree with serde on every body).
@@ -20,6 +23,7 @@
 pub mod check;
 pub mod decode;
 pub mod event_sequence;
+pub mod ext_proc;
 pub mod ingest_frames;
 pub mod recovery;
 pub mod service_bodies;

@@ -54,6 +54,7 @@ fn every_target_is_replayed() {
         "event_sequence",
         "recovery",
         "service_bodies",
+        "ext_proc",
     ];
     for sub in ["seeds", "regressions"] {
         for e in std::fs::read_dir(fuzz_dir().join(sub)).unwrap() {
@@ -102,6 +103,11 @@ fn replay_service_bodies() {
     assert!(replay("service_bodies", kvr_fuzz::service_bodies::run) >= 11);
 }
 
+#[test]
+fn replay_ext_proc() {
+    assert!(replay("ext_proc", kvr_fuzz::ext_proc::run) >= 4);
+}
+
 /// The committed seeds of the differential targets, together, exercise every path their
 /// summaries count (so a change of the input format that leaves them shallow is caught).
 #[test]
@@ -120,6 +126,13 @@ fn seeds_cover_every_path() {
     for (name, n) in e.fields() {
         assert!(n > 0, "event_sequence seeds never exercise {name}: {e:?}");
     }
+    let mut x = kvr_fuzz::ext_proc::Summary::default();
+    for (_, bytes) in inputs("seeds", "ext_proc") {
+        x.add(&kvr_fuzz::ext_proc::run_summary(&bytes));
+    }
+    for (name, n) in x.fields() {
+        assert!(n > 0, "ext_proc seeds never exercise {name}: {x:?}");
+    }
     let mut r = kvr_fuzz::recovery::Summary::default();
     for (_, bytes) in inputs("seeds", "recovery") {
         r.add(&kvr_fuzz::recovery::run_summary(&bytes));
@@ -137,6 +150,7 @@ fn replay_prefixes() {
         ("ingest_frames", kvr_fuzz::ingest_frames::run as fn(&[u8])),
         ("event_sequence", kvr_fuzz::event_sequence::run),
         ("recovery", kvr_fuzz::recovery::run),
+        ("ext_proc", kvr_fuzz::ext_proc::run),
     ] {
         for (_, bytes) in inputs("seeds", target) {
             let step = (bytes.len() / 16).max(1);
