@@ -230,10 +230,11 @@ impl Exchange {
         };
         // A model the pool does not serve is 404, whatever its prompt: no tokenizer (and no
         // engine's /tokenize) is asked about it.
-        if let Err(e) = self.shared.picker.check_model(parsed.model()) {
-            return vec![self.refuse(e.status(), e.kind(), e.message())];
-        }
-        let read = blocking(|| parsed.tokenize(&self.shared.tokenizer));
+        let base = match self.shared.picker.check_model(parsed.model()) {
+            Ok(base) => base,
+            Err(e) => return vec![self.refuse(e.status(), e.kind(), e.message())],
+        };
+        let read = blocking(|| parsed.tokenize(&self.shared.tokenizer, &base));
         let r = match read {
             Ok(r) => r,
             Err(e) => return vec![self.refuse(e.status(), e.kind(), &e.message())],

@@ -212,8 +212,10 @@ impl Picker {
 
     /// Whether the pool serves `model` (a base model or an adapter): 404 if not, checked
     /// before a prompt is tokenized for it.
-    pub fn check_model(&self, model: Option<&str>) -> Result<(), PickError> {
-        Self::resolve_model(&self.pool(), model).map(|_| ())
+    /// The pool model a request's `model` names: itself, or the base model of a LoRA
+    /// adapter pods declare (whose tokenizer is the base model's).
+    pub fn check_model(&self, model: Option<&str>) -> Result<String, PickError> {
+        Self::resolve_model(&self.pool(), model).map(|(base, _, _)| base)
     }
 
     /// Picks and books.

@@ -114,7 +114,9 @@ pub fn read(
     limit: usize,
     tok: &Tokenization,
 ) -> Result<RequestPrompt, PromptError> {
-    parse(path, body, limit)?.tokenize(tok)
+    let parsed = parse(path, body, limit)?;
+    let base = parsed.model().unwrap_or_default().to_owned();
+    parsed.tokenize(tok, &base)
 }
 
 impl ParsedBody {
@@ -124,13 +126,16 @@ impl ParsedBody {
     }
 
     /// The prompt's token ids, with `tok` where the body has none attached.
-    pub fn tokenize(self, tok: &Tokenization) -> Result<RequestPrompt, PromptError> {
+    /// `base`: the pool model the request's model names (a LoRA adapter's base model):
+    /// its local tokenizer is used; the engine's `/tokenize` is asked with the request's
+    /// own model name (an engine knows its adapters).
+    pub fn tokenize(self, tok: &Tokenization, base: &str) -> Result<RequestPrompt, PromptError> {
         let ParsedBody { input, parse_secs } = self;
         let t1 = Instant::now();
-        let name = input.model.clone().unwrap_or_default();
+        let name = input.model.clone().unwrap_or_else(|| base.to_owned());
         let tokens = if let Some(ids) = input.attached_token_ids() {
             ids.to_vec()
-        } else if let Some(t) = tok.local.as_ref().and_then(|l| l.get(&name)) {
+        } else if let Some(t) = tok.local.as_ref().and_then(|l| l.get(base)) {
             input
                 .token_ids(t)
                 .map(|c| c.into_owned())

@@ -285,13 +285,21 @@ impl Model {
                 if *chat != api {
                     return Expect::Refuse(400, "malformed_body");
                 }
-                if *text && model.as_deref().unwrap_or("") != "m" {
-                    // Only the dead /tokenize could read it: 503, or 404 first for a
-                    // model the pool does not serve (docs/epp.md orders neither).
-                    return match serving(model.as_deref()) {
-                        Ok(_) => Expect::Refuse(503, "tokenizer_error"),
-                        Err(_) => Expect::Either((503, "tokenizer_error"), (404, "unknown_model")),
+                if *text {
+                    // The model is resolved first (404 for one the pool does not serve);
+                    // a text prompt is then tokenized with its base model's tokenizer (no
+                    // model: the pool's default "m"; the adapter "m-lora": "m"), else
+                    // only the dead /tokenize could read it: 503.
+                    if let Err(e) = serving(model.as_deref()) {
+                        return e;
+                    }
+                    let base = match model.as_deref() {
+                        None | Some("m") | Some("m-lora") => "m",
+                        Some(other) => other,
                     };
+                    if base != "m" {
+                        return Expect::Refuse(503, "tokenizer_error");
+                    }
                 }
                 self.pick(model.as_deref(), false, !full_duplex(self.req_mode))
             }
