@@ -181,8 +181,9 @@ fn without_a_replay_socket_a_dropped_batch_stays_lost() {
         {
             break;
         }
+        // Generous: on a loaded machine the subscription can take seconds to connect.
         assert!(
-            t0.elapsed() < Duration::from_secs(10),
+            t0.elapsed() < Duration::from_secs(60),
             "no batch ever arrived"
         );
         std::thread::sleep(Duration::from_millis(50));
