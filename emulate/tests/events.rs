@@ -190,7 +190,7 @@ fn without_a_replay_socket_a_dropped_batch_stays_lost() {
     }
     let since = prompts.len() - 1;
     let live = &prompts[since..];
-    assert!(settle(&e, &partition, live, Duration::from_secs(10)).is_empty());
+    assert!(settle(&e, &partition, live, Duration::from_secs(30)).is_empty());
     e.h.pod.drop_next_event_batches(1);
     let lost = e.h.pod.tokenize(&prompt(300));
     e.complete(json!(prompt(300)), 1);
