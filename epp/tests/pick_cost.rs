@@ -99,7 +99,7 @@ fn one(shared: &Shared, body: &[u8]) -> Duration {
 }
 
 #[test]
-#[ignore]
+#[ignore = "a measurement, not a test: run with --ignored --nocapture"]
 fn pick_cost_by_prompt_size() {
     let shared = shared();
     let words = [
