@@ -88,7 +88,6 @@ pub struct Exchange {
     /// The request is answered (routed or refused): later request messages pass.
     answered: bool,
     pick: Option<Pick>,
-    tokens: Vec<u32>,
     response_started: bool,
     /// Output tokens seen in a streamed response (one per `data:` event).
     output_tokens: u64,
@@ -108,7 +107,6 @@ impl Exchange {
             body: Vec::new(),
             answered: false,
             pick: None,
-            tokens: Vec::new(),
             response_started: false,
             output_tokens: 0,
             tail: Vec::new(),
@@ -265,7 +263,7 @@ impl Exchange {
         let t0 = Instant::now();
         let result = self.shared.picker.pick(PickInput {
             model: model.as_deref(),
-            tokens: tokens.clone(),
+            tokens,
             subset: self.subset.clone(),
             session: self.session.clone(),
             expected_output_tokens: max_tokens,
@@ -290,7 +288,6 @@ impl Exchange {
                 }
                 let list = pick.endpoints.join(",");
                 self.pick = Some(pick);
-                self.tokens = tokens;
                 p::route_to(&list, &[], on_body)
             }
             Err(e) => self.refuse(e.status(), e.kind(), e.message()),
@@ -315,7 +312,7 @@ impl Exchange {
         self.shared.metrics.fallback_served.inc();
         let picker = self.shared.picker.clone();
         let was_live = pick.booking.is_live();
-        let moved = picker.rebook(pick, &self.tokens, served);
+        let moved = picker.rebook(pick, served);
         // The gauge follows the booking: a rebooking the serving rank refused (another
         // model's pod, busy) leaves none; a later report of a rank that takes it books again.
         match (was_live, pick.booking.is_live()) {

@@ -30,6 +30,7 @@ use crate::pool::Membership;
 #[derive(Debug, Default)]
 pub struct PickInput<'a> {
     pub model: Option<&'a str>,
+    /// Moved into the pick (and kept there: [`Pick::tokens`]).
     pub tokens: Vec<u32>,
     /// The endpoints the request may go to (the subset hint); `None` = the pool's.
     pub subset: Option<Vec<String>>,
@@ -157,6 +158,8 @@ pub struct Pick {
     /// cache given up for load (0 when the chosen rank held the most).
     pub cache_given_up_tokens: u64,
     pub prompt_tokens: u64,
+    /// The prompt's tokens (kept for a rebooking on the endpoint that served).
+    pub tokens: Vec<u32>,
     /// The model the request was booked under, and its LoRA adapter if any.
     pub model: String,
     pub lora: Option<String>,
@@ -249,27 +252,25 @@ impl Picker {
                 None => format!("no endpoint serves model {model:?}"),
             }));
         }
-        let body =
-            |allowed: Vec<u64>, pinned: Option<PinnedWorker>, advisory: bool| SelectRequest {
-                model_name: model.clone(),
-                routing_group: "default".into(),
-                prompt: PromptBody {
-                    token_ids: Some(input.tokens.clone()),
-                    lora_name: lora.clone(),
-                    ..Default::default()
-                },
-                expected_output_tokens: input.expected_output_tokens,
-                session_id: input.session.clone(),
-                allowed_worker_ids: Some(allowed),
-                pinned_worker: pinned,
-                advisory: advisory.then_some(true),
+        // One request for every call of this pick (the overlaps, the booking, a pin,
+        // the fallbacks): only its constraints change, the prompt is never copied.
+        let mut req = SelectRequest {
+            model_name: model.clone(),
+            routing_group: "default".into(),
+            prompt: PromptBody {
+                token_ids: Some(input.tokens),
+                lora_name: lora.clone(),
                 ..Default::default()
-            };
-        let before = self
-            .app
-            .overlap_scores(&body(allowed_workers.clone(), None, true))
-            .ok();
-        let mut chosen = self.book(&body(allowed_workers.clone(), None, false))?;
+            },
+            expected_output_tokens: input.expected_output_tokens,
+            session_id: input.session,
+            allowed_worker_ids: Some(allowed_workers.clone()),
+            advisory: Some(true),
+            ..Default::default()
+        };
+        let before = self.app.overlap_scores(&req).ok();
+        req.advisory = None;
+        let mut chosen = self.book(&req)?;
         if let Some(eps) = &allowed_eps {
             let in_subset = |r: &SelectResponse| {
                 pool.endpoint_of(r.worker_id, r.dp_rank)
@@ -287,8 +288,9 @@ impl Picker {
                     .min();
                 let worker_id = chosen.0.worker_id;
                 drop(chosen);
-                let pin = rank.map(|dp_rank| PinnedWorker { worker_id, dp_rank });
-                chosen = self.book(&body(allowed_workers.clone(), pin, false))?;
+                req.pinned_worker = rank.map(|dp_rank| PinnedWorker { worker_id, dp_rank });
+                chosen = self.book(&req)?;
+                req.pinned_worker = None;
             }
         }
         let (resp, booking) = chosen;
@@ -304,8 +306,10 @@ impl Picker {
             .copied()
             .filter(|w| *w != resp.worker_id)
             .collect();
+        req.advisory = Some(true);
         while endpoints.len() <= self.config.fallbacks && !left.is_empty() {
-            let Ok(r) = self.app.select(&body(left.clone(), None, true)) else {
+            req.allowed_worker_ids = Some(left.clone());
+            let Ok(r) = self.app.select(&req) else {
                 break;
             };
             left.retain(|w| *w != r.worker_id);
@@ -322,11 +326,13 @@ impl Picker {
             &pool,
             &resp,
         );
+        let tokens = req.prompt.token_ids.take().unwrap_or_default();
         Ok(Pick {
             endpoints,
             cache_given_up_tokens,
             predicted_cached_tokens: resp.overlap.gpu,
-            prompt_tokens: input.tokens.len() as u64,
+            prompt_tokens: tokens.len() as u64,
+            tokens,
             booking,
             model,
             lora,
@@ -419,7 +425,7 @@ impl Picker {
     /// Moves `booking` to the rank of `served` (a fallback served the request): a new
     /// booking there for the same prompt, the old one freed. `false` if `served` is not
     /// a pool endpoint (the booking stays).
-    pub fn rebook(&self, pick: &mut Pick, tokens: &[u32], served: &str) -> bool {
+    pub fn rebook(&self, pick: &mut Pick, served: &str) -> bool {
         let pool = self.pool();
         let Some(ep) = pool.by_endpoint.get(served) else {
             return false;
@@ -431,7 +437,7 @@ impl Picker {
             model_name: pick.model.clone(),
             routing_group: "default".into(),
             prompt: PromptBody {
-                token_ids: Some(tokens.to_vec()),
+                token_ids: Some(pick.tokens.clone()),
                 lora_name: pick.lora.clone(),
                 ..Default::default()
             },
