@@ -140,6 +140,35 @@ impl BatchEncoder {
         }
     }
 
+    /// The fields every `BlockStored` starts with, in vLLM's order: the tag, the block
+    /// hashes, the parent, the token ids and the block size.
+    fn stored_head(
+        &mut self,
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        block_size: u32,
+    ) {
+        self.key("type");
+        self.key("BlockStored");
+        self.key("block_hashes");
+        self.hashes(hashes);
+        self.key("parent_block_hash");
+        match parent {
+            Some(p) => {
+                enc::write_uint(&mut self.body, p).expect(INFALLIBLE);
+            }
+            None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
+        }
+        self.key("token_ids");
+        enc::write_array_len(&mut self.body, tokens.len() as u32).expect(INFALLIBLE);
+        for t in tokens {
+            enc::write_uint(&mut self.body, u64::from(*t)).expect(INFALLIBLE);
+        }
+        self.key("block_size");
+        enc::write_uint(&mut self.body, u64::from(block_size)).expect(INFALLIBLE);
+    }
+
     /// A `BlockStored` of `hashes` (the engine's block ids) extending `parent`, with the
     /// blocks' `tokens` (`hashes.len() * block_size` of them).
     pub fn stored(
@@ -162,24 +191,7 @@ impl BatchEncoder {
             + u32::from(lookahead.is_some())
             + group_fields;
         enc::write_map_len(&mut self.body, fields).expect(INFALLIBLE);
-        self.key("type");
-        self.key("BlockStored");
-        self.key("block_hashes");
-        self.hashes(hashes);
-        self.key("parent_block_hash");
-        match parent {
-            Some(p) => {
-                enc::write_uint(&mut self.body, p).expect(INFALLIBLE);
-            }
-            None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
-        }
-        self.key("token_ids");
-        enc::write_array_len(&mut self.body, tokens.len() as u32).expect(INFALLIBLE);
-        for t in tokens {
-            enc::write_uint(&mut self.body, u64::from(*t)).expect(INFALLIBLE);
-        }
-        self.key("block_size");
-        enc::write_uint(&mut self.body, u64::from(block_size)).expect(INFALLIBLE);
+        self.stored_head(hashes, parent, tokens, block_size);
         self.key("medium");
         self.key(medium_name(medium));
         if let Some(l) = lora_name {
@@ -222,24 +234,7 @@ impl BatchEncoder {
         // map16 header, not the fixmap a minimal encoder picks.
         self.body.push(0xde);
         self.body.extend_from_slice(&11u16.to_be_bytes());
-        self.key("type");
-        self.key("BlockStored");
-        self.key("block_hashes");
-        self.hashes(hashes);
-        self.key("parent_block_hash");
-        match parent {
-            Some(p) => {
-                enc::write_uint(&mut self.body, p).expect(INFALLIBLE);
-            }
-            None => enc::write_nil(&mut self.body).expect(INFALLIBLE),
-        }
-        self.key("token_ids");
-        enc::write_array_len(&mut self.body, tokens.len() as u32).expect(INFALLIBLE);
-        for t in tokens {
-            enc::write_uint(&mut self.body, u64::from(*t)).expect(INFALLIBLE);
-        }
-        self.key("block_size");
-        enc::write_uint(&mut self.body, u64::from(block_size)).expect(INFALLIBLE);
+        self.stored_head(hashes, parent, tokens, block_size);
         self.key("lora_id");
         enc::write_nil(&mut self.body).expect(INFALLIBLE);
         self.key("medium");
