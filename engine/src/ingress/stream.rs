@@ -361,18 +361,16 @@ impl IngressStream {
                 skips.group += 1;
                 continue;
             };
-            {
-                // States are not blocks: only what was left out is counted, as for a
-                // tokenless store (names of blocks the rank does not hold).
-                let before = applied;
-                door.apply(rank, &event, &mut applied);
-                if let KvEvent::StatesStored { .. } = event {
-                    tokenless_unknown += applied.blocks_not_found - before.blocks_not_found;
-                }
-                applied.blocks_stored = before.blocks_stored;
-                applied.blocks_removed = before.blocks_removed;
-                applied.blocks_not_found = before.blocks_not_found;
+            // States are not blocks: only what was left out is counted, as for a tokenless
+            // store (names of blocks the rank does not hold).
+            let before = applied;
+            door.apply(rank, &event, &mut applied);
+            if let KvEvent::StatesStored { .. } = event {
+                tokenless_unknown += applied.blocks_not_found - before.blocks_not_found;
             }
+            applied.blocks_stored = before.blocks_stored;
+            applied.blocks_removed = before.blocks_removed;
+            applied.blocks_not_found = before.blocks_not_found;
         }
         let mut s = self.stats.0.lock();
         s.batches += 1;
