@@ -166,31 +166,35 @@ fn without_a_replay_socket_a_dropped_batch_stays_lost() {
     ));
     let _sub = subscribed(&e, &partition);
     // Without replay, batches sent before the subscription took are lost too: publish
-    // until one arrives.
-    let mut prompts = Vec::new();
-    let t0 = Instant::now();
-    for i in 0.. {
-        let text = prompt(200 + i);
-        e.complete(json!(text), 1);
-        prompts.push(e.h.pod.tokenize(&text));
-        let rank = RankId::new(WORKER, 0);
-        if partition
+    // until one arrives. Each warm-up prompt has a head of its own (a lost batch holding
+    // a shared head would orphan every later store), and a reset then starts both sides
+    // from an empty cache.
+    let rank = RankId::new(WORKER, 0);
+    let held = || {
+        partition
             .index()
             .rank_stats(rank)
-            .is_some_and(|s| s.tier_blocks[0] > 0)
-        {
+            .map_or(0, |s| s.tier_blocks[0])
+    };
+    let t0 = Instant::now();
+    for i in 0.. {
+        e.complete(json!(format!("Warm-up {i}. {}", prompt(i))), 1);
+        if held() > 0 {
             break;
         }
         // Generous: on a loaded machine the subscription can take seconds to connect.
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "no batch ever arrived"
+            "no batch ever arrived: {:#?}",
+            partition.ingress_stats()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let since = prompts.len() - 1;
-    let live = &prompts[since..];
-    assert!(settle(&e, &partition, live, Duration::from_secs(30)).is_empty());
+    assert_eq!(e.post("/reset_prefix_cache", &json!({})).status, 200);
+    let live = vec![e.h.pod.tokenize(&prompt(200))];
+    e.complete(json!(prompt(200)), 1);
+    let d = settle(&e, &partition, &live, Duration::from_secs(30));
+    assert!(d.is_empty(), "after the reset: {d:#?}");
     e.h.pod.drop_next_event_batches(1);
     let lost = e.h.pod.tokenize(&prompt(300));
     e.complete(json!(prompt(300)), 1);
