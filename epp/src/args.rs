@@ -42,6 +42,12 @@ pub struct EppArgs {
     /// without a local tokenizer.
     #[arg(long, env = "KVR_EPP_TOKENIZE_URL")]
     pub tokenize_url: Option<String>,
+    /// Memory for token reuse, MiB per local tokenizer: the token ids of prompts seen
+    /// before are kept, and a prompt resending one's head (a conversation's history, up
+    /// to an added token such as `<|im_start|>`) is tokenized only from there. 0 turns
+    /// it off.
+    #[arg(long, default_value_t = 64, env = "KVR_EPP_TOKENIZE_REUSE_MB")]
+    pub tokenize_reuse_mb: u64,
     /// Timeout of a `/tokenize` call, ms.
     #[arg(long, default_value_t = 2000)]
     pub tokenize_timeout_ms: u64,

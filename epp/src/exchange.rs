@@ -47,10 +47,11 @@ impl Shared {
             &args.tokenizers,
             args.tokenize_url.as_deref(),
             std::time::Duration::from_millis(args.tokenize_timeout_ms.max(1)),
+            prompt::reuse_config(args.tokenize_reuse_mb),
         )?;
         let mut registered = None;
         let app = kvr_service::App::with_metrics(args.serve.clone(), |r| {
-            registered = Some(EppMetrics::register(r))
+            registered = Some(EppMetrics::register(r, tokenization.local.clone()))
         })?;
         let metrics = registered.expect("the metrics hook runs in App::with_metrics");
         for e in pool::apply(&app, &Membership::default(), membership) {

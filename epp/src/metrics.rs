@@ -1,11 +1,17 @@
 //! The picker's own metrics, in the same `/metrics` as the selection service's.
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+
+use kvr_tokenize::{ReuseStats, Tokenizers};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
@@ -53,8 +59,10 @@ fn seconds_histogram() -> Histogram {
 }
 
 impl EppMetrics {
-    /// New metrics, registered in `r`.
-    pub fn register(r: &mut Registry) -> Self {
+    /// New metrics, registered in `r`, with token reuse read from `tokenizers` (a clone
+    /// shares the tokenizers' tables).
+    pub fn register(r: &mut Registry, tokenizers: Option<Tokenizers>) -> Self {
+        r.register_collector(Box::new(TokenReuseCollector(tokenizers)));
         let m = EppMetrics {
             picks: Family::default(),
             pick_seconds: Family::new_with_constructor(seconds_histogram as fn() -> _),
@@ -136,5 +144,122 @@ impl EppMetrics {
         self.pick_seconds
             .get_or_create(&Phase { phase })
             .observe(secs);
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+/// Token reuse of each local tokenizer (labelled by the first model name using it),
+/// read at scrape time.
+#[derive(Debug)]
+pub struct TokenReuseCollector(pub Option<Tokenizers>);
+
+impl TokenReuseCollector {
+    /// Each distinct tokenizer with reuse on, once.
+    fn rows(&self) -> Vec<(ModelLabel, ReuseStats)> {
+        let Some(t) = self.0.as_ref() else {
+            return Vec::new();
+        };
+        let mut names: Vec<&str> = t.models().collect();
+        names.sort_unstable();
+        let mut seen = Vec::new();
+        let mut rows = Vec::new();
+        for name in names {
+            let Some(tok) = t.get(name) else { continue };
+            let ptr = Arc::as_ptr(tok);
+            if seen.contains(&ptr) {
+                continue;
+            }
+            seen.push(ptr);
+            if let Some(s) = tok.reuse_stats() {
+                rows.push((
+                    ModelLabel {
+                        model: name.to_owned(),
+                    },
+                    s,
+                ));
+            }
+        }
+        rows
+    }
+}
+
+impl Collector for TokenReuseCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = self.rows();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        type Get = fn(&ReuseStats) -> u64;
+        let counters: [(&str, &str, Get); 7] = [
+            (
+                "kvr_epp_token_reuse_lookups",
+                "Prompts looked up for a head seen before",
+                |s| s.lookups,
+            ),
+            (
+                "kvr_epp_token_reuse_hits",
+                "Prompts whose head's token ids were reused",
+                |s| s.hits,
+            ),
+            (
+                "kvr_epp_token_reuse_reused_tokens",
+                "Token ids taken from prompts seen before",
+                |s| s.reused_tokens,
+            ),
+            (
+                "kvr_epp_token_reuse_encoded_tokens",
+                "Token ids the tokenizer produced for looked-up prompts",
+                |s| s.encoded_tokens,
+            ),
+            (
+                "kvr_epp_token_reuse_checks",
+                "Reuses checked against a full encoding",
+                |s| s.checks,
+            ),
+            (
+                "kvr_epp_token_reuse_mismatches",
+                "Checks that differed (reuse then off)",
+                |s| s.mismatches,
+            ),
+            (
+                "kvr_epp_token_reuse_evictions",
+                "Prompts dropped to stay within the capacity",
+                |s| s.evictions,
+            ),
+        ];
+        for (name, help, get) in counters {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (l, s) in &rows {
+                ConstCounter::new(get(s)).encode(m.encode_family(l)?)?;
+            }
+        }
+        let gauges: [(&str, &str, Get); 3] = [
+            (
+                "kvr_epp_token_reuse_bytes",
+                "Bytes of prompts and token ids kept for reuse",
+                |s| s.bytes,
+            ),
+            (
+                "kvr_epp_token_reuse_prompts",
+                "Prompts kept for reuse",
+                |s| s.texts,
+            ),
+            (
+                "kvr_epp_token_reuse_disabled",
+                "1 when reuse was turned off by a mismatch",
+                |s| u64::from(s.disabled),
+            ),
+        ];
+        for (name, help, get) in gauges {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (l, s) in &rows {
+                ConstGauge::new(get(s) as i64).encode(m.encode_family(l)?)?;
+            }
+        }
+        Ok(())
     }
 }

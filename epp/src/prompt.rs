@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use kvr_tokenize::{
-    parse_openai_limited, BodyError, Prompt, PromptInput, TokenizeCallError, TokenizeClient,
-    Tokenizers,
+    parse_openai_limited, BodyError, Prompt, PromptInput, ReuseConfig, TokenizeCallError,
+    TokenizeClient, Tokenizers,
 };
 
 /// Why a body gave no prompt: each kind is counted and answered with its status.
@@ -59,22 +59,34 @@ pub struct Tokenization {
 }
 
 impl Tokenization {
-    /// Local tokenizers from `(model, directory)` pairs, and the engine's `/tokenize` at
-    /// `url` if given.
+    /// Local tokenizers from `(model, directory)` pairs (reusing the token ids of prompt
+    /// heads seen before as `reuse` says), and the engine's `/tokenize` at `url` if given.
     pub fn new(
         local: &[(String, std::path::PathBuf)],
         url: Option<&str>,
         timeout: Duration,
+        reuse: ReuseConfig,
     ) -> Result<Self, String> {
         let local = if local.is_empty() {
             None
         } else {
-            Some(Tokenizers::load(local.iter().cloned()).map_err(|e| e.to_string())?)
+            Some(
+                Tokenizers::load_reusing(local.iter().cloned(), reuse)
+                    .map_err(|e| e.to_string())?,
+            )
         };
         let remote = url
             .map(|u| TokenizeClient::new(u, timeout).map_err(|e| format!("--tokenize-url: {e}")))
             .transpose()?;
         Ok(Tokenization { local, remote })
+    }
+}
+
+/// Token reuse keeping up to `mb` MiB (0: off), checked as [`ReuseConfig::default`].
+pub fn reuse_config(mb: u64) -> ReuseConfig {
+    ReuseConfig {
+        capacity_bytes: usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+        ..ReuseConfig::default()
     }
 }
 
@@ -173,7 +185,13 @@ mod tests {
     fn asset() -> Tokenization {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../tokenize/tests/assets/tokenizer");
-        Tokenization::new(&[("m".into(), dir)], None, Duration::from_secs(1)).unwrap()
+        Tokenization::new(
+            &[("m".into(), dir)],
+            None,
+            Duration::from_secs(1),
+            reuse_config(1),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -254,8 +272,13 @@ mod tests {
             assert_eq!((e.kind(), e.status()), (kind, status), "{path} {e:?}");
         }
         // An engine /tokenize that does not answer.
-        let dead =
-            Tokenization::new(&[], Some("http://127.0.0.1:9"), Duration::from_millis(200)).unwrap();
+        let dead = Tokenization::new(
+            &[],
+            Some("http://127.0.0.1:9"),
+            Duration::from_millis(200),
+            reuse_config(0),
+        )
+        .unwrap();
         let e = read(
             "/v1/completions",
             br#"{"model":"m","prompt":"x"}"#,

@@ -119,6 +119,7 @@ impl Epp {
             tx,
             rx: out,
             session: "s1",
+            path: "/v1/completions",
         }
     }
 
@@ -157,6 +158,7 @@ struct Stream {
     tx: mpsc::Sender<ProcessingRequest>,
     rx: Streaming<ProcessingResponse>,
     session: &'static str,
+    path: &'static str,
 }
 
 fn headers(path: &str, extra: &[(&str, &str)], end: bool) -> HttpHeaders {
@@ -235,7 +237,7 @@ impl Stream {
         let md = subset.map(|s| metadata(SUBSET_NAMESPACE, SUBSET_KEY, s));
         self.send(
             Request::RequestHeaders(headers(
-                "/v1/completions",
+                self.path,
                 &[("x-session", self.session)],
                 false,
             )),
@@ -480,4 +482,30 @@ async fn a_pick_away_from_the_cache_is_counted() {
     assert_eq!(epp.metric("kvr_epp_cache_given_up_for_load_total"), 1.0);
     assert_eq!(epp.metric("kvr_epp_cached_tokens_given_up_total"), 64.0);
     drop((a, b, a2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversations_next_turn_reuses_its_history_token_ids() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokenize/tests/assets/tokenizer");
+    let mut epp = Epp::start(&["--tokenizer", &format!("m={dir}")]).await;
+    let mut turn = vec![serde_json::json!({"role": "user", "content": "where is the cache?"})];
+    let mut dests = Vec::new();
+    for reply in ["on the pod that served you", "still there"] {
+        let body = serde_json::json!({"model": "m", "messages": turn}).to_string();
+        let mut s = epp.open().await;
+        s.path = "/v1/chat/completions";
+        let d = destination(&s.request(&body, None).await);
+        s.respond(&d[0], "{}").await;
+        dests.push(d[0].clone());
+        turn.push(serde_json::json!({"role": "assistant", "content": reply}));
+        turn.push(serde_json::json!({"role": "user", "content": "and then?"}));
+    }
+    assert_eq!(dests[0], dests[1], "the next turn goes where its history is");
+    let m = |n: &str| epp.metric(&format!("{n}{{model=\"m\"}}"));
+    assert_eq!(m("kvr_epp_token_reuse_lookups_total"), 2.0);
+    assert_eq!(m("kvr_epp_token_reuse_hits_total"), 1.0);
+    assert!(m("kvr_epp_token_reuse_reused_tokens_total") > 10.0);
+    assert_eq!(m("kvr_epp_token_reuse_mismatches_total"), 0.0);
+    // The first reuses are checked against a full encoding.
+    assert_eq!(m("kvr_epp_token_reuse_checks_total"), 1.0);
 }

@@ -29,7 +29,8 @@ struct Cli {
 fn shared() -> Shared {
     let args = Cli::parse_from(["t", "--router-use-kv-events", "false"]).args;
     let mut m = None;
-    let app = kvr_service::App::with_metrics(args, |r| m = Some(EppMetrics::register(r))).unwrap();
+    let app =
+        kvr_service::App::with_metrics(args, |r| m = Some(EppMetrics::register(r, None))).unwrap();
     let pool = PoolFile::parse(
         r#"{"model": "m", "block_size": 16, "pods": [
         {"name": "a", "address": "10.0.0.1", "ports": [8000]},
@@ -53,7 +54,13 @@ fn shared() -> Shared {
         )),
         metrics: m.unwrap(),
         tokenizer: Arc::new(
-            Tokenization::new(&[("m".into(), dir)], None, Duration::from_secs(1)).unwrap(),
+            Tokenization::new(
+                &[("m".into(), dir)],
+                None,
+                Duration::from_secs(1),
+                kvr_epp::prompt::reuse_config(64),
+            )
+            .unwrap(),
         ),
         max_body_bytes: 64 << 20,
         session_header: None,

@@ -31,6 +31,7 @@ pub mod chat;
 pub mod client;
 pub mod config;
 mod registry;
+mod reuse;
 mod tokenizer;
 
 pub use body::{
@@ -41,6 +42,7 @@ pub use chat::{render_plain, ChatError, ChatMessage, ChatTemplate};
 pub use client::{TokenizeCallError, TokenizeClient, Tokenized, DEFAULT_TOKENIZE_TIMEOUT};
 pub use config::TokenizerConfig;
 pub use registry::{RegistryError, Tokenizers};
+pub use reuse::{ReuseConfig, ReuseStats};
 pub use tokenizer::{
     LoadError, TokenizeError, Tokenizer, CONFIG_FILE, TEMPLATE_FILE, TOKENIZER_FILE,
 };

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::reuse::ReuseConfig;
 use crate::tokenizer::{LoadError, Tokenizer};
 
 /// Why a registry could not be built.
@@ -43,6 +44,21 @@ impl Tokenizers {
         S: Into<String>,
         P: Into<PathBuf>,
     {
+        let off = ReuseConfig {
+            capacity_bytes: 0,
+            ..ReuseConfig::default()
+        };
+        Self::load_reusing(models, off)
+    }
+
+    /// [`Self::load`], each tokenizer reusing the ids of prompt heads it has seen as
+    /// `reuse` says ([`Tokenizer::with_reuse`]; a table per directory).
+    pub fn load_reusing<I, S, P>(models: I, reuse: ReuseConfig) -> Result<Self, RegistryError>
+    where
+        I: IntoIterator<Item = (S, P)>,
+        S: Into<String>,
+        P: Into<PathBuf>,
+    {
         let mut by_dir: HashMap<PathBuf, Arc<Tokenizer>> = HashMap::new();
         let mut by_model = HashMap::new();
         for (name, dir) in models {
@@ -55,7 +71,8 @@ impl Tokenizers {
                 None => {
                     let t = Arc::new(
                         Tokenizer::from_dir(&dir)
-                            .map_err(|e| RegistryError::Load(name.clone(), e))?,
+                            .map_err(|e| RegistryError::Load(name.clone(), e))?
+                            .with_reuse(reuse),
                     );
                     by_dir.insert(dir, Arc::clone(&t));
                     t

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::chat::{render_plain, ChatError, ChatMessage, ChatTemplate};
 use crate::config::TokenizerConfig;
+use crate::reuse::{Reuse, ReuseConfig, ReuseStats};
 
 /// The file holding the vocabulary, model, normalizer, pre-tokenizer and post-processor.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -87,10 +88,15 @@ enum SpecialTokens {
 
 /// One model's tokenizer, loaded once; `Send + Sync`, shared by every request thread.
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    pub(crate) inner: tokenizers::Tokenizer,
     config: TokenizerConfig,
     template: Option<ChatTemplate>,
     special: SpecialTokens,
+    /// Token reuse ([`Self::with_reuse`]); off by default.
+    pub(crate) reuse: Option<Reuse>,
+    /// What the post-processor adds before and after a completion prompt's ids, when it
+    /// only adds (then reuse serves completions too).
+    around: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -154,12 +160,29 @@ impl Tokenizer {
             .transpose()
             .map_err(|e| LoadError::Template(PathBuf::new(), e))?;
         let special = special_tokens(&inner, &config)?;
+        let around = added_around(&inner);
         Ok(Self {
             inner,
             config,
             template,
             special,
+            reuse: None,
+            around,
         })
+    }
+
+    /// Reuses the ids of prompt heads seen before (a conversation's resent history) as
+    /// `config` says: `crate::reuse` has the rule that keeps the ids exact and the check
+    /// that turns it off otherwise. Off when the tokenizer truncates or pads, or has no
+    /// added token reuse can start at.
+    pub fn with_reuse(mut self, config: ReuseConfig) -> Self {
+        self.reuse = Reuse::new(&self.inner, config);
+        self
+    }
+
+    /// What token reuse did, if it is on.
+    pub fn reuse_stats(&self) -> Option<ReuseStats> {
+        self.reuse.as_ref().map(Reuse::stats)
     }
 
     /// The token ids of a completion prompt, with the special tokens the model adds
@@ -171,7 +194,13 @@ impl Tokenizer {
     /// BOS/EOS are added (what transformers does for Llama-family tokenizers).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         match self.special {
-            SpecialTokens::PostProcessor => self.encode_raw(text, true),
+            SpecialTokens::PostProcessor => match (&self.reuse, &self.around) {
+                (Some(_), Some((before, after))) => {
+                    let ids = self.encode_raw(text, false)?;
+                    Ok([before.as_slice(), &ids, after].concat())
+                }
+                _ => self.encode_raw(text, true),
+            },
             SpecialTokens::Explicit { bos, eos } => {
                 let mut ids = self.encode_raw(text, false)?;
                 if let Some(b) = bos {
@@ -190,6 +219,15 @@ impl Tokenizer {
     }
 
     fn encode_raw(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizeError> {
+        if let Some(r) = self.reuse.as_ref().filter(|_| !add_special) {
+            // With offsets (byte offsets): reuse reads where each added token is.
+            let reused = r.encode(text, |t| {
+                self.inner.encode(t, false).map_err(|e| e.to_string())
+            });
+            if let Some(ids) = reused {
+                return ids.map_err(TokenizeError::Encode);
+            }
+        }
         self.inner
             .encode_fast(text, add_special)
             .map(|e| e.get_ids().to_vec())
@@ -258,6 +296,25 @@ impl LoadError {
             other => other,
         }
     }
+}
+
+/// What the post-processor adds around a text's ids, found on two probe texts; `None`
+/// when it does anything else (reuse then leaves completion prompts to it).
+fn added_around(inner: &tokenizers::Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
+    let mut found = None;
+    for probe in ["a", "kv cache 42"] {
+        let with = inner.encode_fast(probe, true).ok()?;
+        let without = inner.encode_fast(probe, false).ok()?;
+        let (with, without) = (with.get_ids(), without.get_ids());
+        let n = without.len();
+        let start = (0..=with.len().checked_sub(n)?).find(|&p| with[p..p + n] == *without)?;
+        let pair = (with[..start].to_vec(), with[start + n..].to_vec());
+        match &found {
+            Some(f) if *f != pair => return None,
+            _ => found = Some(pair),
+        }
+    }
+    found
 }
 
 /// Decides [`SpecialTokens`]: probes what the post-processor adds around a one-character

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use kvr_tokenize::{ChatMessage, Tokenizer};
+use kvr_tokenize::{ChatMessage, ReuseConfig, Tokenizer};
 
 const WORDS: &[&str] = &[
     "the",
@@ -190,4 +190,62 @@ fn encode_speed() {
     });
     let len = body.len();
     println!("| parse_openai, 32768 token ids | {len} | {first:.2?} | {wall:.2?} | {cpu:.2?} | |");
+    conversation_rows();
+}
+
+/// A conversation of 16 turns (~8k tokens) whose history is resent with a new reply and
+/// question (~500 tokens): its encoding with and without token reuse, each run a new last
+/// turn (so only the history is seen before; reuse's first checked uses are run before);
+/// and a text never seen, with reuse on.
+fn conversation_rows() {
+    let plain = common::asset();
+    let reuse = common::asset().with_reuse(ReuseConfig::default());
+    let mut history = vec![ChatMessage::new("system", text_of(&plain, 200, 1))];
+    for t in 0..15 {
+        let role = if t % 2 == 0 { "user" } else { "assistant" };
+        history.push(ChatMessage::new(role, text_of(&plain, 500, 100 + t)));
+    }
+    let turns: Vec<Vec<ChatMessage>> = (0..60)
+        .map(|i| {
+            let mut h = history.clone();
+            h.push(ChatMessage::new("assistant", text_of(&plain, 250, 500 + i)));
+            h.push(ChatMessage::new("user", text_of(&plain, 250, 900 + i)));
+            h
+        })
+        .collect();
+    let tokens = plain.encode_chat(&turns[0]).unwrap().len();
+    let bytes = plain.render_chat(&turns[0]).unwrap().len();
+    // The history as the previous turn sent it.
+    let mut previous = history.clone();
+    previous.pop();
+    reuse.encode_chat(&history).unwrap();
+    // Past the first reuses, each checked against a full encoding (then one in 256).
+    for t in &turns[..ReuseConfig::default().check_first as usize] {
+        reuse.encode_chat(t).unwrap();
+    }
+    for (name, tok) in [("without reuse", &plain), ("with reuse", &reuse)] {
+        let mut i = 32;
+        let (first, wall, cpu) = time(21, || {
+            let ids = tok.encode_chat(&turns[i % turns.len()]).unwrap();
+            assert!(ids.len() > tokens / 2);
+            i += 1;
+        });
+        println!("| encode_chat {tokens} tokens, a new last turn, {name} | {bytes} | {first:.2?} | {wall:.2?} | {cpu:.2?} | |");
+    }
+    let s = reuse.reuse_stats().unwrap();
+    assert!(s.hits >= 21 && s.mismatches == 0, "{s:?}");
+    let texts: Vec<String> = (0..44).map(|i| text_of(&plain, 8192, 7000 + i)).collect();
+    for (name, tok, at) in [
+        ("with reuse (misses)", &reuse, 0),
+        ("without reuse", &plain, 22),
+    ] {
+        let mut i = at;
+        let (first, wall, cpu) = time(21, || {
+            std::hint::black_box(tok.encode(&texts[i]).unwrap());
+            i += 1;
+        });
+        println!(
+            "| encode 8192 tokens never seen, {name} | | {first:.2?} | {wall:.2?} | {cpu:.2?} | |"
+        );
+    }
 }
