@@ -236,11 +236,7 @@ impl Stream {
     async fn request(&mut self, body: &str, subset: Option<&str>) -> ProcessingResponse {
         let md = subset.map(|s| metadata(SUBSET_NAMESPACE, SUBSET_KEY, s));
         self.send(
-            Request::RequestHeaders(headers(
-                self.path,
-                &[("x-session", self.session)],
-                false,
-            )),
+            Request::RequestHeaders(headers(self.path, &[("x-session", self.session)], false)),
             md,
             true,
         )
@@ -486,7 +482,10 @@ async fn a_pick_away_from_the_cache_is_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversations_next_turn_reuses_its_history_token_ids() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokenize/tests/assets/tokenizer");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tokenize/tests/assets/tokenizer"
+    );
     let mut epp = Epp::start(&["--tokenizer", &format!("m={dir}")]).await;
     let mut turn = vec![serde_json::json!({"role": "user", "content": "where is the cache?"})];
     let mut dests = Vec::new();
@@ -500,7 +499,10 @@ async fn a_conversations_next_turn_reuses_its_history_token_ids() {
         turn.push(serde_json::json!({"role": "assistant", "content": reply}));
         turn.push(serde_json::json!({"role": "user", "content": "and then?"}));
     }
-    assert_eq!(dests[0], dests[1], "the next turn goes where its history is");
+    assert_eq!(
+        dests[0], dests[1],
+        "the next turn goes where its history is"
+    );
     let m = |n: &str| epp.metric(&format!("{n}{{model=\"m\"}}"));
     assert_eq!(m("kvr_epp_token_reuse_lookups_total"), 2.0);
     assert_eq!(m("kvr_epp_token_reuse_hits_total"), 1.0);

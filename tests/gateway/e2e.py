@@ -159,6 +159,7 @@ class Gateway:
             ACCESS_LOG=os.path.join(self.workdir, f"access-{which}.log"),
             ROUTE_TIMEOUT="30s", SHORT_TIMEOUT="1.5s", NUM_RETRIES=2,
             FAILURE_MODE_ALLOW=e["allow"], RESPONSE_BODY_MODE=self.args.response_body_mode,
+            REQUEST_BODY_MODE=getattr(self.args, "request_body_mode", "FULL_DUPLEX_STREAMED"),
             POOL_ENDPOINTS=eps, EPP_GRPC_PORT=self.epp_grpc,
             RECEIVING_NAMESPACES="[]" if self.args.negative else "[envoy.lb]",
         )

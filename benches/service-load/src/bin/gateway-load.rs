@@ -1,10 +1,13 @@
 //! A closed-loop HTTP/1.1 load client for the gateway benchmark (tests/gateway/bench.py):
 //! C connections, each sending POSTs back to back for a fixed time, the bodies taken in
-//! turn from the given files. Prints one JSON line: answers by status, requests/s of 2xx
-//! answers and their latency percentiles. It is in Rust so that the client is not what
+//! turn from the given files (or, with `--shared-order`, each file once in order across all
+//! connections). Prints one JSON line: answers by status, requests/s of 2xx answers and
+//! their latency percentiles. It is in Rust so that the client is not what
 //! limits 64 streams on a small machine (a Python client with threads would be).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,6 +33,11 @@ struct Args {
     /// Seconds to send for.
     #[arg(long, default_value_t = 5.0)]
     secs: f64,
+    /// One order for all connections: each request takes the next file, so each file is
+    /// sent once until the list wraps (a conversation's turns in order; `wrapped` in the
+    /// output says whether it did).
+    #[arg(long)]
+    shared_order: bool,
     /// JSON request bodies, one per file, sent in turn (connection i starts at file i).
     #[arg(required = true)]
     bodies: Vec<String>,
@@ -83,7 +91,14 @@ async fn one(sender: &mut Sender, path: &str, body: Bytes) -> Result<u16, String
     Ok(status)
 }
 
-async fn drive(port: u16, path: String, bodies: Vec<Bytes>, first: usize, until: Instant) -> Tally {
+async fn drive(
+    port: u16,
+    path: String,
+    bodies: Vec<Bytes>,
+    first: usize,
+    shared: Option<Arc<AtomicUsize>>,
+    until: Instant,
+) -> Tally {
     let mut t = Tally::new();
     let mut next = first;
     let mut sender = None;
@@ -98,8 +113,14 @@ async fn drive(port: u16, path: String, bodies: Vec<Bytes>, first: usize, until:
                 }
             }
         }
-        let body = bodies[next % bodies.len()].clone();
-        next += 1;
+        let i = match &shared {
+            Some(n) => n.fetch_add(1, Ordering::Relaxed),
+            None => {
+                next += 1;
+                next - 1
+            }
+        };
+        let body = bodies[i % bodies.len()].clone();
         let start = Instant::now();
         match one(sender.as_mut().expect("connected above"), &path, body).await {
             Ok(status) => {
@@ -135,11 +156,22 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    let shared = a.shared_order.then(|| Arc::new(AtomicUsize::new(0)));
     let (tallies, elapsed) = rt.block_on(async {
         let start = Instant::now();
         let until = start + Duration::from_secs_f64(a.secs);
         let tasks: Vec<_> = (0..a.conc)
-            .map(|i| tokio::spawn(drive(a.port, a.path.clone(), bodies.clone(), i, until)))
+            .map(|i| {
+                let d = drive(
+                    a.port,
+                    a.path.clone(),
+                    bodies.clone(),
+                    i,
+                    shared.clone(),
+                    until,
+                );
+                tokio::spawn(d)
+            })
             .collect();
         let mut tallies = Vec::new();
         for t in tasks {
@@ -166,6 +198,7 @@ fn main() {
         "p90_ms": ms(0.9),
         "p99_ms": ms(0.99),
         "mean_ms": all.latency_us.mean() / 1000.0,
+        "wrapped": shared.is_some_and(|n| n.load(Ordering::Relaxed) > bodies.len()),
     });
     println!("{out}");
 }
