@@ -1,0 +1,14 @@
+//! kvr's index kept on disk so that a restarted router comes back warm: a snapshot of
+//! each partition's index and a journal of the batches applied since.
+//!
+//! Everything on disk is a sequence of checksummed frames ([`frame`]) after a header that
+//! names the file's kind, the format version and the partition it belongs to
+//! ([`format`]); a reader takes the longest valid prefix and says why it stopped, so a
+//! torn tail is cut, and a foreign or corrupt file is refused with a reason, never half
+//! applied. [`snapshot`] writes and reads a partition's index (its ranks' chains of
+//! blocks per tier, as the engine's dump gives them) and the last sequence number of
+//! each stream.
+
+pub mod format;
+pub mod frame;
+pub mod snapshot;

@@ -1,0 +1,249 @@
+//! A partition's index on disk: its ranks' blocks as the engine's dump writes them
+//! (unbranched runs of `(engine hash, local hash)`, parents first, per rank and tier) and
+//! the last sequence number applied from each KV-event stream.
+//!
+//! Layout: the header frame ([`crate::format`]), then one frame per record: `Stream`,
+//! `Store` (a run, split into frames of at most [`BLOCKS_PER_FRAME`] blocks; each part's
+//! parent is the last block of the part before), and a final `End` that counts them. A
+//! snapshot is all or nothing: one missing or corrupt frame, or counts that disagree with
+//! `End`, refuses the whole file ([`FileError`]). Written to a temporary name and renamed
+//! by the I/O layer, a snapshot is never seen half written; only corruption can cut it.
+
+use kvr::{DumpedStore, Partition, RankId, StoredBlock, Tier};
+
+use crate::format::{self, FileError, Identity, Kind, Reader, Writer};
+use crate::frame::{put_frame, Frames};
+
+/// Blocks per `Store` frame (16 bytes each: 16 MiB).
+pub const BLOCKS_PER_FRAME: usize = 1 << 20;
+
+const TAG_STREAM: u8 = 1;
+const TAG_STORE: u8 = 2;
+const TAG_END: u8 = 3;
+
+/// Where a KV-event stream was when the snapshot was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamMark {
+    pub worker_id: u64,
+    pub stream: u32,
+    /// The last sequence number applied (`None`: nothing applied yet).
+    pub last_seq: Option<u64>,
+}
+
+/// A partition's index and streams at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub identity: Identity,
+    pub stores: Vec<DumpedStore>,
+    pub streams: Vec<StreamMark>,
+}
+
+/// What restoring a snapshot into a partition did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Blocks the index took, and those it refused (a rank refused, an unknown parent).
+    pub blocks: u64,
+    pub refused: u64,
+}
+
+impl Snapshot {
+    /// The snapshot of `p` now: its index dump (each rank consistent in itself) and its
+    /// streams' last sequence numbers. Blocks the dump leaves out (a hybrid rank's, a
+    /// block whose parent is gone) are not in it; they come back from the engines.
+    pub fn of(p: &Partition) -> Snapshot {
+        let dump = p.dump_index();
+        let streams = p
+            .ingress_stats()
+            .iter()
+            .map(|s| StreamMark {
+                worker_id: s.worker_id,
+                stream: s.stream,
+                last_seq: s.sequence.last_seq,
+            })
+            .collect();
+        Snapshot {
+            identity: Identity::of(p),
+            stores: dump.stores,
+            streams,
+        }
+    }
+
+    /// Blocks held, over every rank and tier.
+    pub fn blocks(&self) -> u64 {
+        self.stores.iter().map(|s| s.blocks.len() as u64).sum()
+    }
+
+    /// The file's bytes, handed to `out` frame by frame (a writer need not hold the whole
+    /// file).
+    pub fn write(&self, mut out: impl FnMut(&[u8])) {
+        let mut frame = Vec::new();
+        let mut emit = |payload: &[u8]| {
+            frame.clear();
+            put_frame(&mut frame, payload);
+            out(&frame);
+        };
+        emit(&format::header(Kind::Snapshot, &self.identity));
+        for s in &self.streams {
+            let mut w = Writer::default();
+            w.u8(TAG_STREAM);
+            w.u64(s.worker_id);
+            w.u32(s.stream);
+            w.u8(u8::from(s.last_seq.is_some()));
+            w.u64(s.last_seq.unwrap_or(0));
+            emit(&w.0);
+        }
+        let mut parts = 0u64;
+        for s in &self.stores {
+            let mut parent = s.parent;
+            for chunk in s.blocks.chunks(BLOCKS_PER_FRAME) {
+                let mut w = Writer(Vec::with_capacity(32 + chunk.len() * 16));
+                w.u8(TAG_STORE);
+                w.u64(s.rank.worker_id);
+                w.u32(s.rank.dp_rank);
+                w.u8(s.tier as u8);
+                w.u8(u8::from(parent.is_some()));
+                w.u64(parent.unwrap_or(0));
+                w.u32(chunk.len() as u32);
+                for b in chunk {
+                    w.u64(b.external_hash);
+                    w.u64(b.local_hash);
+                }
+                emit(&w.0);
+                parts += 1;
+                parent = chunk.last().map(|b| b.external_hash);
+            }
+        }
+        let mut w = Writer::default();
+        w.u8(TAG_END);
+        w.u64(self.streams.len() as u64);
+        w.u64(parts);
+        w.u64(self.blocks());
+        emit(&w.0);
+    }
+
+    /// The file's bytes in one buffer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.write(|f| v.extend_from_slice(f));
+        v
+    }
+
+    /// Reads a snapshot file for the partition `want` names: the whole snapshot, or why
+    /// not.
+    pub fn read(bytes: &[u8], want: &Identity) -> Result<Snapshot, FileError> {
+        if bytes.is_empty() {
+            return Err(FileError::Empty);
+        }
+        let mut frames = Frames::new(bytes);
+        let head = match frames.next() {
+            Some(h) => h,
+            None => {
+                let stop = frames.stop().expect("bytes left and no frame: a stop");
+                return Err(if bytes.len() < 16 || !bytes[8..].starts_with(b"KVRS") {
+                    FileError::NotKvr
+                } else {
+                    FileError::Header(stop)
+                });
+            }
+        };
+        format::check_header(head, Kind::Snapshot, want)?;
+        let bad = |what| FileError::Malformed(what);
+        let mut snap = Snapshot {
+            identity: want.clone(),
+            stores: Vec::new(),
+            streams: Vec::new(),
+        };
+        let mut parts = 0u64;
+        let mut end = None;
+        for payload in frames.by_ref() {
+            if end.is_some() {
+                return Err(bad("a record after the end"));
+            }
+            let mut r = Reader::new(payload);
+            match r.u8() {
+                Some(TAG_STREAM) => {
+                    let worker_id = r.u64().ok_or(bad("stream"))?;
+                    let stream = r.u32().ok_or(bad("stream"))?;
+                    let has = r.u8().ok_or(bad("stream"))?;
+                    let seq = r.u64().ok_or(bad("stream"))?;
+                    snap.streams.push(StreamMark {
+                        worker_id,
+                        stream,
+                        last_seq: (has == 1).then_some(seq),
+                    });
+                }
+                Some(TAG_STORE) => {
+                    let worker = r.u64().ok_or(bad("store"))?;
+                    let dp = r.u32().ok_or(bad("store"))?;
+                    let tier = match r.u8() {
+                        Some(0) => Tier::Device,
+                        Some(1) => Tier::Host,
+                        Some(2) => Tier::Disk,
+                        _ => return Err(bad("store tier")),
+                    };
+                    let has = r.u8().ok_or(bad("store"))?;
+                    let parent = r.u64().ok_or(bad("store"))?;
+                    let n = r.u32().ok_or(bad("store"))? as usize;
+                    if n == 0 || n > BLOCKS_PER_FRAME || r.left() != n * 16 {
+                        return Err(bad("store length"));
+                    }
+                    let blocks = (0..n)
+                        .map(|_| StoredBlock {
+                            external_hash: r.u64().expect("length checked"),
+                            local_hash: r.u64().expect("length checked"),
+                        })
+                        .collect();
+                    snap.stores.push(DumpedStore {
+                        rank: RankId::new(worker, dp),
+                        tier,
+                        parent: (has == 1).then_some(parent),
+                        blocks,
+                    });
+                    parts += 1;
+                }
+                Some(TAG_END) => {
+                    let streams = r.u64().ok_or(bad("end"))?;
+                    let p = r.u64().ok_or(bad("end"))?;
+                    let blocks = r.u64().ok_or(bad("end"))?;
+                    end = Some((streams, p, blocks));
+                }
+                _ => return Err(bad("unknown record")),
+            }
+            if !r.done() {
+                return Err(bad("trailing bytes in a record"));
+            }
+        }
+        if let Some(stop) = frames.stop() {
+            return Err(FileError::Frame(stop));
+        }
+        match end {
+            None => Err(bad("no end record")),
+            Some(e) if e != (snap.streams.len() as u64, parts, snap.blocks()) => {
+                Err(bad("counts differ from the end record"))
+            }
+            Some(_) => Ok(snap),
+        }
+    }
+
+    /// Applies the snapshot's blocks to `p` (an empty partition, or one whose ranks the
+    /// snapshot does not name). Ranks are checked as engine events are: a worker not
+    /// registered is taken within the pending-rank budget, the rest refused and counted.
+    pub fn restore(&self, p: &Partition) -> Restored {
+        let mut out = Restored::default();
+        for s in &self.stores {
+            let ev = kvr::KvEvent::Stored {
+                tier: s.tier,
+                parent: s.parent,
+                blocks: &s.blocks,
+            };
+            let r = p.apply_events(s.rank, [ev]);
+            let n = s.blocks.len() as u64;
+            if r.ignored || r.rank_refused || r.rejected > 0 {
+                out.refused += n;
+            } else {
+                out.blocks += n;
+            }
+        }
+        out
+    }
+}
