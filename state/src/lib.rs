@@ -11,4 +11,5 @@
 
 pub mod format;
 pub mod frame;
+pub mod journal;
 pub mod snapshot;

@@ -1,0 +1,407 @@
+//! The journal: what the index applied since the last snapshot, batch by batch, so that a
+//! restart replays it on top of the snapshot.
+//!
+//! After the header frame ([`crate::format`], kind `Journal`), one frame per record: a
+//! batch a stream applied (its worker, stream, sequence number, and each event with its
+//! rank, in the index's own terms: local and engine hashes, not tokens), or ranks cleared.
+//! Unlike a snapshot, a journal is read up to its first bad frame: a torn tail (the
+//! process killed mid-write) is cut there and what came before is kept.
+
+use kvr::{KvEvent, RankId, StoredBlock, Tier};
+
+use crate::format::{self, FileError, Identity, Kind, Reader, Writer};
+use crate::frame::{put_frame, FrameStop, Frames};
+
+const TAG_BATCH: u8 = 1;
+const TAG_CLEAR: u8 = 2;
+
+/// An event with its lists owned (a journal record outlives the batch it came from).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnedEvent {
+    Stored {
+        tier: Tier,
+        parent: Option<u64>,
+        blocks: Vec<StoredBlock>,
+    },
+    StoredKnown {
+        tier: Tier,
+        external_hashes: Vec<u64>,
+    },
+    Removed {
+        tier: Tier,
+        external_hashes: Vec<u64>,
+    },
+    Cleared,
+    StatesStored {
+        tier: Tier,
+        external_hashes: Vec<u64>,
+    },
+    StatesRemoved {
+        tier: Tier,
+        external_hashes: Vec<u64>,
+    },
+}
+
+impl OwnedEvent {
+    pub fn of(e: &KvEvent<'_>) -> Self {
+        match *e {
+            KvEvent::Stored {
+                tier,
+                parent,
+                blocks,
+            } => OwnedEvent::Stored {
+                tier,
+                parent,
+                blocks: blocks.to_vec(),
+            },
+            KvEvent::StoredKnown {
+                tier,
+                external_hashes,
+            } => OwnedEvent::StoredKnown {
+                tier,
+                external_hashes: external_hashes.to_vec(),
+            },
+            KvEvent::Removed {
+                tier,
+                external_hashes,
+            } => OwnedEvent::Removed {
+                tier,
+                external_hashes: external_hashes.to_vec(),
+            },
+            KvEvent::Cleared => OwnedEvent::Cleared,
+            KvEvent::StatesStored {
+                tier,
+                external_hashes,
+            } => OwnedEvent::StatesStored {
+                tier,
+                external_hashes: external_hashes.to_vec(),
+            },
+            KvEvent::StatesRemoved {
+                tier,
+                external_hashes,
+            } => OwnedEvent::StatesRemoved {
+                tier,
+                external_hashes: external_hashes.to_vec(),
+            },
+        }
+    }
+
+    /// The event, borrowing this one's lists.
+    pub fn as_event(&self) -> KvEvent<'_> {
+        match self {
+            OwnedEvent::Stored {
+                tier,
+                parent,
+                blocks,
+            } => KvEvent::Stored {
+                tier: *tier,
+                parent: *parent,
+                blocks,
+            },
+            OwnedEvent::StoredKnown {
+                tier,
+                external_hashes,
+            } => KvEvent::StoredKnown {
+                tier: *tier,
+                external_hashes,
+            },
+            OwnedEvent::Removed {
+                tier,
+                external_hashes,
+            } => KvEvent::Removed {
+                tier: *tier,
+                external_hashes,
+            },
+            OwnedEvent::Cleared => KvEvent::Cleared,
+            OwnedEvent::StatesStored {
+                tier,
+                external_hashes,
+            } => KvEvent::StatesStored {
+                tier: *tier,
+                external_hashes,
+            },
+            OwnedEvent::StatesRemoved {
+                tier,
+                external_hashes,
+            } => KvEvent::StatesRemoved {
+                tier: *tier,
+                external_hashes,
+            },
+        }
+    }
+}
+
+/// One journal record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// A batch a stream applied, each event with its rank.
+    Batch {
+        worker_id: u64,
+        stream: u32,
+        seq: u64,
+        events: Vec<(RankId, OwnedEvent)>,
+    },
+    /// `worker`'s DP ranks `dp_ranks` were cleared (all of its ranks when empty).
+    Clear { worker_id: u64, dp_ranks: Vec<u32> },
+}
+
+/// The journal's header frame, to start a file with.
+pub fn header_frame(id: &Identity) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_frame(&mut out, &format::header(Kind::Journal, id));
+    out
+}
+
+fn tier_byte(t: Tier) -> u8 {
+    t as u8
+}
+
+fn tier_of(b: u8) -> Option<Tier> {
+    match b {
+        0 => Some(Tier::Device),
+        1 => Some(Tier::Host),
+        2 => Some(Tier::Disk),
+        _ => None,
+    }
+}
+
+fn put_hashes(w: &mut Writer, tier: Tier, hashes: &[u64]) {
+    w.u8(tier_byte(tier));
+    w.u32(hashes.len() as u32);
+    for h in hashes {
+        w.u64(*h);
+    }
+}
+
+/// Appends `rec` to `out` as one frame.
+pub fn put_record(out: &mut Vec<u8>, rec: &Record) {
+    let mut w = Writer::default();
+    match rec {
+        Record::Batch {
+            worker_id,
+            stream,
+            seq,
+            events,
+        } => {
+            w.u8(TAG_BATCH);
+            w.u64(*worker_id);
+            w.u32(*stream);
+            w.u64(*seq);
+            w.u32(events.len() as u32);
+            for (rank, e) in events {
+                w.u64(rank.worker_id);
+                w.u32(rank.dp_rank);
+                match e {
+                    OwnedEvent::Stored {
+                        tier,
+                        parent,
+                        blocks,
+                    } => {
+                        w.u8(1);
+                        w.u8(tier_byte(*tier));
+                        w.u8(u8::from(parent.is_some()));
+                        w.u64(parent.unwrap_or(0));
+                        w.u32(blocks.len() as u32);
+                        for b in blocks {
+                            w.u64(b.external_hash);
+                            w.u64(b.local_hash);
+                        }
+                    }
+                    OwnedEvent::StoredKnown {
+                        tier,
+                        external_hashes,
+                    } => {
+                        w.u8(2);
+                        put_hashes(&mut w, *tier, external_hashes);
+                    }
+                    OwnedEvent::Removed {
+                        tier,
+                        external_hashes,
+                    } => {
+                        w.u8(3);
+                        put_hashes(&mut w, *tier, external_hashes);
+                    }
+                    OwnedEvent::Cleared => w.u8(4),
+                    OwnedEvent::StatesStored {
+                        tier,
+                        external_hashes,
+                    } => {
+                        w.u8(5);
+                        put_hashes(&mut w, *tier, external_hashes);
+                    }
+                    OwnedEvent::StatesRemoved {
+                        tier,
+                        external_hashes,
+                    } => {
+                        w.u8(6);
+                        put_hashes(&mut w, *tier, external_hashes);
+                    }
+                }
+            }
+        }
+        Record::Clear {
+            worker_id,
+            dp_ranks,
+        } => {
+            w.u8(TAG_CLEAR);
+            w.u64(*worker_id);
+            w.u32(dp_ranks.len() as u32);
+            for d in dp_ranks {
+                w.u32(*d);
+            }
+        }
+    }
+    put_frame(out, &w.0);
+}
+
+fn hashes(r: &mut Reader<'_>) -> Option<(Tier, Vec<u64>)> {
+    let tier = tier_of(r.u8()?)?;
+    let n = r.u32()? as usize;
+    if n.checked_mul(8)? > r.left() {
+        return None;
+    }
+    Some((
+        tier,
+        (0..n).map(|_| r.u64().expect("length checked")).collect(),
+    ))
+}
+
+fn record(payload: &[u8]) -> Option<Record> {
+    let mut r = Reader::new(payload);
+    let rec = match r.u8()? {
+        TAG_BATCH => {
+            let worker_id = r.u64()?;
+            let stream = r.u32()?;
+            let seq = r.u64()?;
+            let n = r.u32()? as usize;
+            // Each event takes at least 13 bytes: a corrupt count cannot allocate much.
+            if n.checked_mul(13)? > r.left() {
+                return None;
+            }
+            let mut events = Vec::with_capacity(n);
+            for _ in 0..n {
+                let rank = RankId::new(r.u64()?, r.u32()?);
+                let e = match r.u8()? {
+                    1 => {
+                        let tier = tier_of(r.u8()?)?;
+                        let has = r.u8()?;
+                        let parent = r.u64()?;
+                        let k = r.u32()? as usize;
+                        if k.checked_mul(16)? > r.left() {
+                            return None;
+                        }
+                        let blocks = (0..k)
+                            .map(|_| StoredBlock {
+                                external_hash: r.u64().expect("length checked"),
+                                local_hash: r.u64().expect("length checked"),
+                            })
+                            .collect();
+                        OwnedEvent::Stored {
+                            tier,
+                            parent: (has == 1).then_some(parent),
+                            blocks,
+                        }
+                    }
+                    2 => {
+                        let (tier, external_hashes) = hashes(&mut r)?;
+                        OwnedEvent::StoredKnown {
+                            tier,
+                            external_hashes,
+                        }
+                    }
+                    3 => {
+                        let (tier, external_hashes) = hashes(&mut r)?;
+                        OwnedEvent::Removed {
+                            tier,
+                            external_hashes,
+                        }
+                    }
+                    4 => OwnedEvent::Cleared,
+                    5 => {
+                        let (tier, external_hashes) = hashes(&mut r)?;
+                        OwnedEvent::StatesStored {
+                            tier,
+                            external_hashes,
+                        }
+                    }
+                    6 => {
+                        let (tier, external_hashes) = hashes(&mut r)?;
+                        OwnedEvent::StatesRemoved {
+                            tier,
+                            external_hashes,
+                        }
+                    }
+                    _ => return None,
+                };
+                events.push((rank, e));
+            }
+            Record::Batch {
+                worker_id,
+                stream,
+                seq,
+                events,
+            }
+        }
+        TAG_CLEAR => {
+            let worker_id = r.u64()?;
+            let n = r.u32()? as usize;
+            if n.checked_mul(4)? > r.left() {
+                return None;
+            }
+            let dp_ranks = (0..n).map(|_| r.u32().expect("length checked")).collect();
+            Record::Clear {
+                worker_id,
+                dp_ranks,
+            }
+        }
+        _ => return None,
+    };
+    r.done().then_some(rec)
+}
+
+/// A journal, read: its valid records and where (and why) reading stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalRead {
+    pub records: Vec<Record>,
+    /// Bytes of the file that are valid: a writer appending again truncates to this.
+    pub valid_len: usize,
+    /// Why reading stopped before the end: a torn or corrupt frame, or a frame whose
+    /// checksum holds but whose record does not read (`None`: read to the end).
+    pub stop: Option<&'static str>,
+}
+
+/// Reads a journal for the partition `want` names. The header must be whole and this
+/// partition's ([`FileError`] otherwise: nothing is applied); records are read up to
+/// the first that does not.
+pub fn read(bytes: &[u8], want: &Identity) -> Result<JournalRead, FileError> {
+    if bytes.is_empty() {
+        return Err(FileError::Empty);
+    }
+    let mut frames = Frames::new(bytes);
+    let head = match frames.next() {
+        Some(h) => h,
+        None => {
+            return Err(FileError::Header(
+                frames.stop().unwrap_or(FrameStop::Truncated),
+            ))
+        }
+    };
+    format::check_header(head, Kind::Journal, want)?;
+    let mut out = JournalRead {
+        records: Vec::new(),
+        valid_len: frames.valid_len(),
+        stop: None,
+    };
+    while let Some(payload) = frames.next() {
+        match record(payload) {
+            Some(r) => out.records.push(r),
+            None => {
+                out.stop = Some("malformed_record");
+                return Ok(out);
+            }
+        }
+        out.valid_len = frames.valid_len();
+    }
+    out.stop = frames.stop().map(FrameStop::name);
+    Ok(out)
+}
