@@ -101,9 +101,9 @@ pub use index::{
     MAX_RESERVED_BLOCKS_PER_INDEX,
 };
 pub use indexer::RemoteClient;
-pub use ingress::door::{EventsOutcome, IngestOutcome};
+pub use ingress::door::{EventsOutcome, IngestOutcome, Origin};
 pub use load::{LoadSnapshot, LoadView, RankLoad};
-pub use partition::{Partition, MAX_REPLICA_BOOKING_TTL};
+pub use partition::{AppliedLog, Partition, MAX_REPLICA_BOOKING_TTL};
 pub use reservation::{
     ActiveLoad, ActiveLoads, BookingOrigin, BookingRequest, BookingStatus, BookingView,
     ForgetListener, FreeOutcome, FreedBy, Released, ReservationError, ReservationTable,

@@ -58,6 +58,10 @@ pub(crate) type Arc<T> = std::sync::Arc<T>;
 /// hooks and listeners as `dyn` callbacks, a partition shared with its subscriptions).
 pub(crate) type StdArc<T> = std::sync::Arc<T>;
 
+/// A value set once and read after: std's even under loom, for a partition's journal
+/// hook (set at start, before events flow; no model checks it).
+pub(crate) type StdOnceLock<T> = std::sync::OnceLock<T>;
+
 /// Epoch-based reclamation (crossbeam-epoch; loom-aware under `crossbeam_loom`).
 pub(crate) use crossbeam_epoch as epoch;
 

@@ -51,6 +51,11 @@ pub trait EventSink {
     /// so that a sink wrapping another cannot drop it by forgetting to forward it; a sink
     /// that hashes no prompt with lookahead answers `len == 0`.
     fn accepts_lookahead(&self, len: u32) -> bool;
+    /// `event` of `rank`, from `origin`, was applied (after [`Self::apply_event`]
+    /// succeeded): what a journal of the index records. Required, as
+    /// `accepts_lookahead`, so that a sink wrapping another cannot drop it; a sink that
+    /// keeps no journal does nothing.
+    fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>);
     /// A stream number for a new stream of `worker` that a source numbers itself (a
     /// route-less topic): the lowest that no stream of this sink has and `taken` does not
     /// name, so streams of different sources never share a number; `None` when the sink
@@ -100,6 +105,9 @@ macro_rules! forward_sink {
             fn accepts_lookahead(&self, len: u32) -> bool {
                 (**self).accepts_lookahead(len)
             }
+            fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>) {
+                (**self).applied(origin, rank, event)
+            }
             fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
                 (**self).claim_stream(worker, taken)
             }
@@ -116,13 +124,26 @@ forward_sink!(StdArc<S>, &S);
 
 /// A sink whose policy takes engine events, for one message or batch: the only handle
 /// events are applied through.
-pub(crate) struct Door<'s, S: ?Sized>(&'s S);
+pub(crate) struct Door<'s, S: ?Sized>(&'s S, Origin);
 
 impl<'s, S: EventSink + ?Sized> Door<'s, S> {
     /// The events-on check, the only one: `None` (counted by the sink) when its indexer
-    /// policy applies no engine events.
+    /// policy applies no engine events. Events applied through it are [`Origin::Direct`]
+    /// until [`Door::for_batch`] says otherwise.
     pub(crate) fn open(sink: &'s S) -> Option<Self> {
-        sink.admit_events().then_some(Door(sink))
+        sink.admit_events().then_some(Door(sink, Origin::Direct))
+    }
+
+    /// The same door, for the events of a stream's batch `seq`.
+    pub(crate) fn for_batch(&self, worker_id: WorkerId, stream: u32, seq: u64) -> Self {
+        Door(
+            self.0,
+            Origin::Stream {
+                worker_id,
+                stream,
+                seq,
+            },
+        )
     }
 
     /// The sink behind the door.
@@ -134,6 +155,7 @@ impl<'s, S: EventSink + ?Sized> Door<'s, S> {
     pub(crate) fn apply(&self, rank: RankId, event: &KvEvent<'_>, out: &mut EventsOutcome) {
         match self.0.apply_event(rank, event) {
             Ok(o) => {
+                self.0.applied(self.1, rank, event);
                 out.applied += 1;
                 out.blocks_stored += o.stored as u64;
                 out.blocks_removed += o.removed as u64;
@@ -164,6 +186,22 @@ pub(crate) fn apply_events<'e>(
         door.apply(rank, &ev, &mut out);
     }
     out
+}
+
+/// Where an applied event came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A batch of a KV-event stream.
+    Stream {
+        /// The worker whose stream it is.
+        worker_id: WorkerId,
+        /// The stream's number (its DP rank, for a stream per rank).
+        stream: u32,
+        /// The batch's sequence number.
+        seq: u64,
+    },
+    /// A host's own call (`Partition::apply_events`, a peer's dump, a restore).
+    Direct,
 }
 
 /// What applying a batch of events did.

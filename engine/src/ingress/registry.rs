@@ -254,6 +254,9 @@ impl<S: EventSink + ?Sized> EventSink for CountingRefusals<'_, S> {
     fn accepts_lookahead(&self, len: u32) -> bool {
         self.sink.accepts_lookahead(len)
     }
+    fn applied(&self, origin: super::door::Origin, rank: RankId, event: &KvEvent<'_>) {
+        self.sink.applied(origin, rank, event)
+    }
     fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
         self.sink.claim_stream(worker, taken)
     }

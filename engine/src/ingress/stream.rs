@@ -167,8 +167,9 @@ impl IngressStream {
         let mut out = IngestOutcome::default();
         for a in actions.drain(..) {
             match a {
-                Action::Apply { payload, .. } => {
-                    let applied = self.apply_batch(door, &payload);
+                Action::Apply { payload, seq } => {
+                    let door = door.for_batch(self.worker_id, self.stream, seq);
+                    let applied = self.apply_batch(&door, &payload);
                     if applied {
                         out.batches_applied += 1;
                     } else {

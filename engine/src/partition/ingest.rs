@@ -7,7 +7,7 @@ use super::Partition;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{ApplyOutcome, IndexError, KvEvent};
 use crate::ingress::counters::{StreamCounters, StreamStats};
-use crate::ingress::door::{self, EventSink, EventsOutcome, IngestOutcome};
+use crate::ingress::door::{self, EventSink, EventsOutcome, IngestOutcome, Origin};
 use crate::workers::MAX_DP_SIZE;
 
 impl EventSink for Partition {
@@ -35,6 +35,15 @@ impl EventSink for Partition {
             {
                 self.index.clear(rank);
             }
+        }
+        if let Some(log) = self.log() {
+            log.cleared(worker, dp_ranks);
+        }
+    }
+
+    fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>) {
+        if let Some(log) = self.log() {
+            log.applied(origin, rank, event);
         }
     }
 

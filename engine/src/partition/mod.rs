@@ -21,7 +21,10 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, Mutex, Snapshot, StdArc};
 
 mod ingest;
+mod log;
 mod routing;
+
+pub use log::AppliedLog;
 
 use crate::config::PartitionConfig;
 use crate::hooks::HostHooks;
@@ -59,6 +62,8 @@ pub struct Partition {
     ingress: IngressRegistry,
     /// The lookahead lengths its engines hash with (selection hashes prompts with each).
     lookahead: LookaheadLengths,
+    /// What the index applied and cleared goes here too, once attached (`log`).
+    applied_log: crate::sync::StdOnceLock<StdArc<dyn AppliedLog>>,
 }
 
 impl std::fmt::Debug for Partition {
@@ -168,6 +173,7 @@ impl Partition {
             counters: Default::default(),
             ingress: Default::default(),
             lookahead: LookaheadLengths::default(),
+            applied_log: Default::default(),
         })
     }
 

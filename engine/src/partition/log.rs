@@ -1,0 +1,34 @@
+//! A journal of what a partition's index applied: a warm restart replays it on top of a
+//! snapshot (the `kvr-state` crate keeps both on disk; the engine only hands events out).
+//!
+//! Every event the index applied, whatever its way in (a stream's batch, a host's typed
+//! events, a peer's dump, a restore), goes through ingress's one door, which reports it
+//! with its [`Origin`]; every clear of ranks is reported too. The log is called on the
+//! ingesting thread, after the index changed: it must not block (a journal hands the
+//! event to a writer thread).
+
+use super::Partition;
+use crate::ids::{RankId, WorkerId};
+use crate::index::KvEvent;
+use crate::ingress::door::Origin;
+use crate::sync::StdArc;
+
+/// Receives what a partition's index applied ([`Partition::attach_applied_log`]).
+pub trait AppliedLog: Send + Sync {
+    /// `event` of `rank` was applied; `origin` says from where (a stream's batch `seq`).
+    fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>);
+    /// `worker`'s DP ranks `dp_ranks` were cleared (all of its ranks when empty).
+    fn cleared(&self, worker: WorkerId, dp_ranks: &[u32]);
+}
+
+impl Partition {
+    /// Hands every applied event and clear to `log` from now on. A partition has one
+    /// log: `false` (and `log` unused) when one is attached already.
+    pub fn attach_applied_log(&self, log: StdArc<dyn AppliedLog>) -> bool {
+        self.applied_log.set(log).is_ok()
+    }
+
+    pub(super) fn log(&self) -> Option<&dyn AppliedLog> {
+        self.applied_log.get().map(|l| &**l)
+    }
+}
