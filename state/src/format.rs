@@ -6,9 +6,9 @@
 //! seed, cache namespace). A file whose partition or hashing differs would make the index
 //! name blocks no prompt hashes to, so it is refused, never applied.
 
-use kvr::{Partition, PartitionKey};
+use kvr::{Partition, PartitionKey, StoredBlock, Tier};
 
-use crate::frame::FrameStop;
+use crate::frame::{FrameStop, Frames};
 
 /// The file's first bytes.
 pub const MAGIC: &[u8; 8] = b"KVRSTATE";
@@ -165,6 +165,28 @@ pub fn check_header(payload: &[u8], kind: Kind, want: &Identity) -> Result<(), F
     Ok(())
 }
 
+/// Opens a state file of `kind` for the partition `want` names: its frames after a header
+/// that checks out, or why the file is refused.
+pub fn open<'a>(bytes: &'a [u8], kind: Kind, want: &Identity) -> Result<Frames<'a>, FileError> {
+    if bytes.is_empty() {
+        return Err(FileError::Empty);
+    }
+    let mut frames = Frames::new(bytes);
+    let Some(head) = frames.next() else {
+        let stop = frames.stop().unwrap_or(FrameStop::Truncated);
+        // No whole first frame: a header cut short, or not a kvr file at all.
+        return Err(
+            if bytes.len() < 16 || !bytes[8..].starts_with(&MAGIC[..4]) {
+                FileError::NotKvr
+            } else {
+                FileError::Header(stop)
+            },
+        );
+    };
+    check_header(head, kind, want)?;
+    Ok(frames)
+}
+
 /// Little-endian encoding of records.
 #[derive(Default, Debug)]
 pub struct Writer(pub Vec<u8>);
@@ -184,6 +206,17 @@ impl Writer {
     }
     pub fn bytes(&mut self, b: &[u8]) {
         self.0.extend_from_slice(b);
+    }
+    pub fn tier(&mut self, t: Tier) {
+        self.u8(t as u8);
+    }
+    /// A count, then each block's engine and local hash.
+    pub fn blocks(&mut self, blocks: &[StoredBlock]) {
+        self.u32(blocks.len() as u32);
+        for b in blocks {
+            self.u64(b.external_hash);
+            self.u64(b.local_hash);
+        }
     }
     /// A string of at most 65,535 bytes (longer ones are cut at a char boundary).
     pub fn str(&mut self, s: &str) {
@@ -230,6 +263,30 @@ impl<'a> Reader<'a> {
     pub fn str(&mut self) -> Option<String> {
         let n = self.u16()? as usize;
         String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+    pub fn tier(&mut self) -> Option<Tier> {
+        match self.u8()? {
+            0 => Some(Tier::Device),
+            1 => Some(Tier::Host),
+            2 => Some(Tier::Disk),
+            _ => None,
+        }
+    }
+    /// What [`Writer::blocks`] wrote; `None` when the count is over `max` or over what
+    /// is left (a corrupt count cannot allocate much).
+    pub fn blocks(&mut self, max: usize) -> Option<Vec<StoredBlock>> {
+        let n = self.u32()? as usize;
+        if n > max || n.checked_mul(16)? > self.left() {
+            return None;
+        }
+        Some(
+            (0..n)
+                .map(|_| StoredBlock {
+                    external_hash: self.u64().expect("length checked"),
+                    local_hash: self.u64().expect("length checked"),
+                })
+                .collect(),
+        )
     }
     /// Bytes left.
     pub fn left(&self) -> usize {

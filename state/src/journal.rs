@@ -10,7 +10,7 @@
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 use crate::format::{self, FileError, Identity, Kind, Reader, Writer};
-use crate::frame::{put_frame, FrameStop, Frames};
+use crate::frame::{put_frame, FrameStop};
 
 const TAG_BATCH: u8 = 1;
 const TAG_CLEAR: u8 = 2;
@@ -152,21 +152,8 @@ pub fn header_frame(id: &Identity) -> Vec<u8> {
     out
 }
 
-fn tier_byte(t: Tier) -> u8 {
-    t as u8
-}
-
-fn tier_of(b: u8) -> Option<Tier> {
-    match b {
-        0 => Some(Tier::Device),
-        1 => Some(Tier::Host),
-        2 => Some(Tier::Disk),
-        _ => None,
-    }
-}
-
 fn put_hashes(w: &mut Writer, tier: Tier, hashes: &[u64]) {
-    w.u8(tier_byte(tier));
+    w.tier(tier);
     w.u32(hashes.len() as u32);
     for h in hashes {
         w.u64(*h);
@@ -198,14 +185,10 @@ pub fn put_record(out: &mut Vec<u8>, rec: &Record) {
                         blocks,
                     } => {
                         w.u8(1);
-                        w.u8(tier_byte(*tier));
+                        w.tier(*tier);
                         w.u8(u8::from(parent.is_some()));
                         w.u64(parent.unwrap_or(0));
-                        w.u32(blocks.len() as u32);
-                        for b in blocks {
-                            w.u64(b.external_hash);
-                            w.u64(b.local_hash);
-                        }
+                        w.blocks(blocks);
                     }
                     OwnedEvent::StoredKnown {
                         tier,
@@ -255,7 +238,7 @@ pub fn put_record(out: &mut Vec<u8>, rec: &Record) {
 }
 
 fn hashes(r: &mut Reader<'_>) -> Option<(Tier, Vec<u64>)> {
-    let tier = tier_of(r.u8()?)?;
+    let tier = r.tier()?;
     let n = r.u32()? as usize;
     if n.checked_mul(8)? > r.left() {
         return None;
@@ -283,19 +266,10 @@ fn record(payload: &[u8]) -> Option<Record> {
                 let rank = RankId::new(r.u64()?, r.u32()?);
                 let e = match r.u8()? {
                     1 => {
-                        let tier = tier_of(r.u8()?)?;
+                        let tier = r.tier()?;
                         let has = r.u8()?;
                         let parent = r.u64()?;
-                        let k = r.u32()? as usize;
-                        if k.checked_mul(16)? > r.left() {
-                            return None;
-                        }
-                        let blocks = (0..k)
-                            .map(|_| StoredBlock {
-                                external_hash: r.u64().expect("length checked"),
-                                local_hash: r.u64().expect("length checked"),
-                            })
-                            .collect();
+                        let blocks = r.blocks(usize::MAX)?;
                         OwnedEvent::Stored {
                             tier,
                             parent: (has == 1).then_some(parent),
@@ -374,19 +348,7 @@ pub struct JournalRead {
 /// partition's ([`FileError`] otherwise: nothing is applied); records are read up to
 /// the first that does not.
 pub fn read(bytes: &[u8], want: &Identity) -> Result<JournalRead, FileError> {
-    if bytes.is_empty() {
-        return Err(FileError::Empty);
-    }
-    let mut frames = Frames::new(bytes);
-    let head = match frames.next() {
-        Some(h) => h,
-        None => {
-            return Err(FileError::Header(
-                frames.stop().unwrap_or(FrameStop::Truncated),
-            ))
-        }
-    };
-    format::check_header(head, Kind::Journal, want)?;
+    let mut frames = format::open(bytes, Kind::Journal, want)?;
     let mut out = JournalRead {
         records: Vec::new(),
         valid_len: frames.valid_len(),

@@ -9,10 +9,10 @@
 //! `End`, refuses the whole file ([`FileError`]). Written to a temporary name and renamed
 //! by the I/O layer, a snapshot is never seen half written; only corruption can cut it.
 
-use kvr::{DumpedStore, Partition, RankId, StoredBlock, Tier};
+use kvr::{DumpedStore, Partition, RankId};
 
 use crate::format::{self, FileError, Identity, Kind, Reader, Writer};
-use crate::frame::{put_frame, Frames};
+use crate::frame::put_frame;
 
 /// Blocks per `Store` frame (16 bytes each: 16 MiB).
 pub const BLOCKS_PER_FRAME: usize = 1 << 20;
@@ -100,14 +100,10 @@ impl Snapshot {
                 w.u8(TAG_STORE);
                 w.u64(s.rank.worker_id);
                 w.u32(s.rank.dp_rank);
-                w.u8(s.tier as u8);
+                w.tier(s.tier);
                 w.u8(u8::from(parent.is_some()));
                 w.u64(parent.unwrap_or(0));
-                w.u32(chunk.len() as u32);
-                for b in chunk {
-                    w.u64(b.external_hash);
-                    w.u64(b.local_hash);
-                }
+                w.blocks(chunk);
                 emit(&w.0);
                 parts += 1;
                 parent = chunk.last().map(|b| b.external_hash);
@@ -131,22 +127,7 @@ impl Snapshot {
     /// Reads a snapshot file for the partition `want` names: the whole snapshot, or why
     /// not.
     pub fn read(bytes: &[u8], want: &Identity) -> Result<Snapshot, FileError> {
-        if bytes.is_empty() {
-            return Err(FileError::Empty);
-        }
-        let mut frames = Frames::new(bytes);
-        let head = match frames.next() {
-            Some(h) => h,
-            None => {
-                let stop = frames.stop().expect("bytes left and no frame: a stop");
-                return Err(if bytes.len() < 16 || !bytes[8..].starts_with(b"KVRS") {
-                    FileError::NotKvr
-                } else {
-                    FileError::Header(stop)
-                });
-            }
-        };
-        format::check_header(head, Kind::Snapshot, want)?;
+        let mut frames = format::open(bytes, Kind::Snapshot, want)?;
         let bad = |what| FileError::Malformed(what);
         let mut snap = Snapshot {
             identity: want.clone(),
@@ -175,24 +156,13 @@ impl Snapshot {
                 Some(TAG_STORE) => {
                     let worker = r.u64().ok_or(bad("store"))?;
                     let dp = r.u32().ok_or(bad("store"))?;
-                    let tier = match r.u8() {
-                        Some(0) => Tier::Device,
-                        Some(1) => Tier::Host,
-                        Some(2) => Tier::Disk,
-                        _ => return Err(bad("store tier")),
-                    };
+                    let tier = r.tier().ok_or(bad("store tier"))?;
                     let has = r.u8().ok_or(bad("store"))?;
                     let parent = r.u64().ok_or(bad("store"))?;
-                    let n = r.u32().ok_or(bad("store"))? as usize;
-                    if n == 0 || n > BLOCKS_PER_FRAME || r.left() != n * 16 {
+                    let blocks = r.blocks(BLOCKS_PER_FRAME).ok_or(bad("store length"))?;
+                    if blocks.is_empty() || !r.done() {
                         return Err(bad("store length"));
                     }
-                    let blocks = (0..n)
-                        .map(|_| StoredBlock {
-                            external_hash: r.u64().expect("length checked"),
-                            local_hash: r.u64().expect("length checked"),
-                        })
-                        .collect();
                     snap.stores.push(DumpedStore {
                         rank: RankId::new(worker, dp),
                         tier,
