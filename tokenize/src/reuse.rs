@@ -269,20 +269,26 @@ impl Reuse {
     /// The last of `starts` (places in `text`) that a text seen before confirms: that
     /// text and the index of the place in its list.
     fn find(&self, text: &str, starts: &[usize]) -> Option<(Arc<Seen>, usize)> {
-        for &at in starts.iter().rev().take(TRIES) {
-            let key = self.key(text, at);
-            let Some((seen, idx)) = self.lock().keys.get(&key).cloned() else {
-                continue;
-            };
+        let keys: Vec<(usize, u64)> = starts
+            .iter()
+            .rev()
+            .take(TRIES)
+            .map(|&at| (at, self.key(text, at)))
+            .collect();
+        // One lock for every candidate; the comparisons run outside it.
+        let candidates: Vec<(usize, Arc<Seen>, usize)> = {
+            let s = self.lock();
+            keys.iter()
+                .filter_map(|(at, k)| s.keys.get(k).map(|(seen, i)| (*at, Arc::clone(seen), *i)))
+                .collect()
+        };
+        candidates.into_iter().find_map(|(at, seen, idx)| {
             let end = at + self.margin;
-            if seen.places[idx].0 == at
+            (seen.places[idx].0 == at
                 && seen.text.len() >= end
-                && seen.text.as_bytes()[..end] == text.as_bytes()[..end]
-            {
-                return Some((seen, idx));
-            }
-        }
-        None
+                && seen.text.as_bytes()[..end] == text.as_bytes()[..end])
+                .then_some((seen, idx))
+        })
     }
 
     /// The places of `text` reuse may start at: eligible added tokens its encoding
