@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 
-from harness import Proc, expect, free_port_pair, free_ports, log, poll, request, settle, words
+from harness import Proc, expect, free_ports, log, poll, request, settle, words
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -69,18 +69,18 @@ class Gateway:
         self.workdir = tempfile.mkdtemp(prefix="kvr-gateway-e2e-")
         self.procs = {}
         n = len(PODS)
-        ports = free_ports(3 * n + 2 + 2 * 2 + 2)
+        dp_pods = [ranks for ranks in POOL.values() if len(ranks) > 1]
+        ports, bases = free_ports(3 * n + 2 + 2 * 2 + 2, pairs=len(dp_pods))
         self.pod_http = {}
         self.pod_events = {}
         for i, name in enumerate(PODS):
             self.pod_http[name] = ports[3 * i]
             self.pod_events[name] = (ports[3 * i + 1], ports[3 * i + 2])
         # A data-parallel pod's ranks replay on consecutive ports.
-        for ranks in POOL.values():
-            if len(ranks) > 1:
-                base = free_port_pair()
-                for r, name in enumerate(ranks):
-                    self.pod_events[name] = (self.pod_events[name][0], base + r)
+        for ranks, base in zip(dp_pods, bases):
+            assert len(ranks) == 2, "a pair of replay ports per data-parallel pod"
+            for r, name in enumerate(ranks):
+                self.pod_events[name] = (self.pod_events[name][0], base + r)
         rest = ports[3 * n:]
         self.epp_grpc, self.epp_http = rest[0], rest[1]
         self.envoy = {

@@ -16,36 +16,37 @@ def log(msg):
     print(f"[gateway-e2e] {msg}", file=sys.stderr, flush=True)
 
 
-def free_port_pair():
-    """Two consecutive free loopback ports (a data-parallel pod's replay ports: rank r's
-    is rank 0's plus r)."""
-    for _ in range(100):
-        a = socket.socket()
-        a.bind(("127.0.0.1", 0))
-        port = a.getsockname()[1]
-        b = socket.socket()
-        try:
-            b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-        finally:
-            a.close()
-            b.close()
-    raise RuntimeError("no two consecutive free ports")
+def free_ports(n, pairs=0):
+    """n distinct free loopback ports, then `pairs` bases of two consecutive free ports
+    (a data-parallel pod's replay ports: rank r's is rank 0's plus r). Every port stays
+    bound until all are chosen, so no two answers can name the same port."""
+    held, ports, bases = [], [], []
 
-
-def free_ports(n):
-    """n distinct free loopback ports (bound together, then released)."""
-    socks, ports = [], []
-    for _ in range(n):
+    def hold(port):
         s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            return None
+        held.append(s)
+        return s.getsockname()[1]
+
+    try:
+        for _ in range(n):
+            ports.append(hold(0))
+        for _ in range(pairs):
+            for _ in range(100):
+                a = hold(0)
+                if hold(a + 1) is not None:
+                    bases.append(a)
+                    break
+            else:
+                raise RuntimeError("no two consecutive free ports")
+    finally:
+        for s in held:
+            s.close()
+    return (ports, bases) if pairs else ports
 
 
 def poll(what, fn, timeout=TIMEOUT, every=0.1):
