@@ -101,7 +101,7 @@ pub use index::{
     MAX_RESERVED_BLOCKS_PER_INDEX,
 };
 pub use indexer::RemoteClient;
-pub use ingress::door::{EventsOutcome, IngestOutcome, Origin};
+pub use ingress::door::{EventsOutcome, IngestOutcome, Origin, StreamResume};
 pub use load::{LoadSnapshot, LoadView, RankLoad};
 pub use partition::{AppliedLog, Partition, MAX_REPLICA_BOOKING_TTL};
 pub use reservation::{

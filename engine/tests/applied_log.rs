@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use kvr::config::PartitionConfig;
 use kvr::hash::{BlockHasher, HashSalt};
 use kvr::ingress::Medium;
-use kvr::{AppliedLog, KvEvent, Origin, Partition, PartitionKey, RankId, StoredBlock, Tier};
+use kvr::{
+    AppliedLog, KvEvent, Origin, Partition, PartitionKey, RankId, StoredBlock, Tier, WorkerInfo,
+};
 use kvr_emulator::BatchEncoder;
 
 const BS: u32 = 4;
@@ -26,6 +28,7 @@ enum Owned {
 struct Recorded {
     events: Mutex<Vec<(Origin, RankId, Owned)>>,
     clears: Mutex<Vec<(u64, Vec<u32>)>>,
+    removed: Mutex<Vec<u64>>,
 }
 
 impl AppliedLog for Recorded {
@@ -49,6 +52,9 @@ impl AppliedLog for Recorded {
             .lock()
             .unwrap()
             .push((worker, dp_ranks.to_vec()));
+    }
+    fn worker_removed(&self, worker: u64) {
+        self.removed.lock().unwrap().push(worker);
     }
 }
 
@@ -109,13 +115,27 @@ fn every_applied_event_and_clear_reaches_the_log_and_replays_to_the_same_index()
         }],
     );
     let events = log.events.lock().unwrap().clone();
-    let origins: Vec<Origin> = events.iter().map(|e| e.0).collect();
-    let at = |seq| Origin::Stream {
-        worker_id: 1,
-        stream: 0,
-        seq,
+    // (worker, stream, seq) of each origin; the digest is the batch's.
+    let origins: Vec<Option<(u64, u32, u64)>> = events
+        .iter()
+        .map(|e| match e.0 {
+            Origin::Stream {
+                worker_id,
+                stream,
+                seq,
+                ..
+            } => Some((worker_id, stream, seq)),
+            Origin::Direct => None,
+        })
+        .collect();
+    let at = |seq| Some((1, 0, seq));
+    assert_eq!(origins, vec![at(0), at(1), at(1), None]);
+    let digest = |i: usize| match events[i].0 {
+        Origin::Stream { digest, .. } => digest,
+        Origin::Direct => unreachable!(),
     };
-    assert_eq!(origins, vec![at(0), at(1), at(1), Origin::Direct]);
+    assert_eq!(digest(1), digest(2), "one batch, one digest");
+    assert_ne!(digest(0), digest(1));
     assert!(matches!(&events[2].2, Owned::Removed(Tier::Device, h) if h == &vec![14]));
     assert_eq!((device(&p, r0, &tokens), device(&p, r1, &tokens)), (3, 1));
 
@@ -145,4 +165,114 @@ fn every_applied_event_and_clear_reaches_the_log_and_replays_to_the_same_index()
     e.stored(&[31], None, &tokens[..4], BS, Medium::Gpu, None);
     p.ingest(1, 0, b"", 9, &e.finish(4.0, None));
     assert_eq!(log.clears.lock().unwrap().clone(), vec![(1, vec![0])]);
+}
+
+#[test]
+fn a_removed_worker_reaches_the_log() {
+    let p = partition();
+    let log = Arc::new(Recorded::default());
+    p.attach_applied_log(log.clone());
+    p.upsert_worker(WorkerInfo::new(7, 1)).unwrap();
+    assert!(p.remove_worker(7));
+    assert!(!p.remove_worker(7));
+    assert_eq!(log.removed.lock().unwrap().clone(), vec![7]);
+}
+
+/// The digest a logged batch carries, for a batch built by `build`.
+fn digest_of(seq: u64, payload: &[u8]) -> u64 {
+    let p = partition();
+    let log = Arc::new(Recorded::default());
+    p.attach_applied_log(log.clone());
+    p.ingest(1, 0, b"", seq, payload);
+    let events = log.events.lock().unwrap();
+    match events.first().map(|e| e.0) {
+        Some(Origin::Stream { digest, .. }) => digest,
+        other => panic!("no stream batch logged: {other:?}"),
+    }
+}
+
+#[test]
+fn a_resumed_stream_goes_on_from_its_last_batch_and_clears_on_anything_else() {
+    let tokens: Vec<u32> = (0..24).collect();
+    let batch = |hashes: &[u64], parent, from: usize, ts| {
+        let mut e = BatchEncoder::new();
+        e.stored(
+            hashes,
+            parent,
+            &tokens[from..from + 4 * hashes.len()],
+            BS,
+            Medium::Gpu,
+            None,
+        );
+        e.finish(ts, None)
+    };
+    let b4 = batch(&[11], None, 0, 1.0);
+    let b5 = batch(&[12], Some(11), 4, 2.0);
+    let d4 = digest_of(4, &b4);
+    let r = RankId::new(1, 0);
+    // The previous run applied seq 4 (b4); its block comes back from the snapshot.
+    let restored = |resume: bool| {
+        let p = partition();
+        let log = Arc::new(Recorded::default());
+        p.attach_applied_log(log.clone());
+        p.ingest(9, 0, b"", 0, &batch(&[99], None, 0, 0.5)); // another worker
+        let first = {
+            let h = BlockHasher::new(BS as usize, HashSalt::NONE).unwrap();
+            let mut l = Vec::new();
+            h.local_hashes(&tokens[..4], &mut l);
+            l[0]
+        };
+        p.apply_events(
+            r,
+            [KvEvent::Stored {
+                tier: Tier::Device,
+                parent: None,
+                blocks: &[StoredBlock {
+                    external_hash: 11,
+                    local_hash: first,
+                }],
+            }],
+        );
+        if resume {
+            assert!(p.resume_stream(kvr::StreamResume {
+                worker_id: 1,
+                stream: 0,
+                seq: 4,
+                digest: d4,
+                dp_ranks: vec![0],
+            }));
+        }
+        (p, log)
+    };
+    // Resumed: the next batch (seq 5) continues what the snapshot held.
+    let (p, log) = restored(true);
+    p.ingest(1, 0, b"", 5, &b5);
+    assert_eq!(device(&p, r, &tokens), 2);
+    assert!(log.clears.lock().unwrap().is_empty());
+    // Resumed, but the publisher restarted (seq back to 0): the rank is cleared.
+    let (p, log) = restored(true);
+    p.ingest(1, 0, b"", 0, &batch(&[21], None, 8, 3.0));
+    assert_eq!(log.clears.lock().unwrap().clone(), vec![(1, vec![0])]);
+    assert_eq!(device(&p, r, &tokens), 0);
+    // Negative control: not resumed, the restarted publisher's seq 0 is a fresh stream's
+    // first batch, and the restored block (which the new instance does not hold) stays.
+    let (p, log) = restored(false);
+    p.ingest(1, 0, b"", 0, &batch(&[21], None, 8, 3.0));
+    assert!(log.clears.lock().unwrap().is_empty());
+    assert_eq!(
+        device(&p, r, &tokens[..4]),
+        1,
+        "the overcount a resume point prevents"
+    );
+    // Resumed, and batches were lost (seq 7, no replay): cleared.
+    let (p, log) = restored(true);
+    p.ingest(1, 0, b"", 7, &b5);
+    assert_eq!(log.clears.lock().unwrap().len(), 1);
+    // A resume point is taken once: a worker removed and back starts afresh.
+    let (p, _) = restored(true);
+    p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
+    p.remove_worker(1);
+    p.upsert_worker(WorkerInfo::new(1, 1)).unwrap();
+    p.ingest(1, 0, b"", 0, &batch(&[11], None, 0, 4.0));
+    assert_eq!(device(&p, r, &tokens[..4]), 1);
 }

@@ -14,6 +14,9 @@ use crate::frame::{put_frame, FrameStop};
 
 const TAG_BATCH: u8 = 1;
 const TAG_CLEAR: u8 = 2;
+const TAG_DIRECT: u8 = 3;
+const TAG_REMOVED: u8 = 4;
+const TAG_GAP: u8 = 5;
 
 /// An event with its lists owned (a journal record outlives the batch it came from).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,10 +142,19 @@ pub enum Record {
         worker_id: u64,
         stream: u32,
         seq: u64,
+        /// The digest of the batch's payload (what a resumed stream verifies).
+        digest: u64,
         events: Vec<(RankId, OwnedEvent)>,
     },
+    /// Events a host applied itself (no stream: its own calls, a peer's dump).
+    Direct { events: Vec<(RankId, OwnedEvent)> },
     /// `worker`'s DP ranks `dp_ranks` were cleared (all of its ranks when empty).
     Clear { worker_id: u64, dp_ranks: Vec<u32> },
+    /// `worker` was removed: its blocks and its streams' places are gone.
+    Removed { worker_id: u64 },
+    /// The writer dropped `records` records here (its queue was full): what follows does
+    /// not continue the state before it; only a snapshot taken after it does.
+    Gap { records: u64 },
 }
 
 /// The journal's header frame, to start a file with.
@@ -160,6 +172,57 @@ fn put_hashes(w: &mut Writer, tier: Tier, hashes: &[u64]) {
     }
 }
 
+/// Writes each event with its rank.
+fn put_events(w: &mut Writer, events: &[(RankId, OwnedEvent)]) {
+    w.u32(events.len() as u32);
+    for (rank, e) in events {
+        w.u64(rank.worker_id);
+        w.u32(rank.dp_rank);
+        match e {
+            OwnedEvent::Stored {
+                tier,
+                parent,
+                blocks,
+            } => {
+                w.u8(1);
+                w.tier(*tier);
+                w.u8(u8::from(parent.is_some()));
+                w.u64(parent.unwrap_or(0));
+                w.blocks(blocks);
+            }
+            OwnedEvent::StoredKnown {
+                tier,
+                external_hashes,
+            } => {
+                w.u8(2);
+                put_hashes(w, *tier, external_hashes);
+            }
+            OwnedEvent::Removed {
+                tier,
+                external_hashes,
+            } => {
+                w.u8(3);
+                put_hashes(w, *tier, external_hashes);
+            }
+            OwnedEvent::Cleared => w.u8(4),
+            OwnedEvent::StatesStored {
+                tier,
+                external_hashes,
+            } => {
+                w.u8(5);
+                put_hashes(w, *tier, external_hashes);
+            }
+            OwnedEvent::StatesRemoved {
+                tier,
+                external_hashes,
+            } => {
+                w.u8(6);
+                put_hashes(w, *tier, external_hashes);
+            }
+        }
+    }
+}
+
 /// Appends `rec` to `out` as one frame.
 pub fn put_record(out: &mut Vec<u8>, rec: &Record) {
     let mut w = Writer::default();
@@ -168,59 +231,27 @@ pub fn put_record(out: &mut Vec<u8>, rec: &Record) {
             worker_id,
             stream,
             seq,
+            digest,
             events,
         } => {
             w.u8(TAG_BATCH);
             w.u64(*worker_id);
             w.u32(*stream);
             w.u64(*seq);
-            w.u32(events.len() as u32);
-            for (rank, e) in events {
-                w.u64(rank.worker_id);
-                w.u32(rank.dp_rank);
-                match e {
-                    OwnedEvent::Stored {
-                        tier,
-                        parent,
-                        blocks,
-                    } => {
-                        w.u8(1);
-                        w.tier(*tier);
-                        w.u8(u8::from(parent.is_some()));
-                        w.u64(parent.unwrap_or(0));
-                        w.blocks(blocks);
-                    }
-                    OwnedEvent::StoredKnown {
-                        tier,
-                        external_hashes,
-                    } => {
-                        w.u8(2);
-                        put_hashes(&mut w, *tier, external_hashes);
-                    }
-                    OwnedEvent::Removed {
-                        tier,
-                        external_hashes,
-                    } => {
-                        w.u8(3);
-                        put_hashes(&mut w, *tier, external_hashes);
-                    }
-                    OwnedEvent::Cleared => w.u8(4),
-                    OwnedEvent::StatesStored {
-                        tier,
-                        external_hashes,
-                    } => {
-                        w.u8(5);
-                        put_hashes(&mut w, *tier, external_hashes);
-                    }
-                    OwnedEvent::StatesRemoved {
-                        tier,
-                        external_hashes,
-                    } => {
-                        w.u8(6);
-                        put_hashes(&mut w, *tier, external_hashes);
-                    }
-                }
-            }
+            w.u64(*digest);
+            put_events(&mut w, events);
+        }
+        Record::Direct { events } => {
+            w.u8(TAG_DIRECT);
+            put_events(&mut w, events);
+        }
+        Record::Removed { worker_id } => {
+            w.u8(TAG_REMOVED);
+            w.u64(*worker_id);
+        }
+        Record::Gap { records } => {
+            w.u8(TAG_GAP);
+            w.u64(*records);
         }
         Record::Clear {
             worker_id,
@@ -249,6 +280,64 @@ fn hashes(r: &mut Reader<'_>) -> Option<(Tier, Vec<u64>)> {
     ))
 }
 
+/// Reads events with their ranks (a corrupt count cannot allocate much).
+fn events(r: &mut Reader<'_>) -> Option<Vec<(RankId, OwnedEvent)>> {
+    let n = r.u32()? as usize;
+    // Each event takes at least 13 bytes: a corrupt count cannot allocate much.
+    if n.checked_mul(13)? > r.left() {
+        return None;
+    }
+    let mut events = Vec::with_capacity(n);
+    for _ in 0..n {
+        let rank = RankId::new(r.u64()?, r.u32()?);
+        let e = match r.u8()? {
+            1 => {
+                let tier = r.tier()?;
+                let has = r.u8()?;
+                let parent = r.u64()?;
+                let blocks = r.blocks(usize::MAX)?;
+                OwnedEvent::Stored {
+                    tier,
+                    parent: (has == 1).then_some(parent),
+                    blocks,
+                }
+            }
+            2 => {
+                let (tier, external_hashes) = hashes(r)?;
+                OwnedEvent::StoredKnown {
+                    tier,
+                    external_hashes,
+                }
+            }
+            3 => {
+                let (tier, external_hashes) = hashes(r)?;
+                OwnedEvent::Removed {
+                    tier,
+                    external_hashes,
+                }
+            }
+            4 => OwnedEvent::Cleared,
+            5 => {
+                let (tier, external_hashes) = hashes(r)?;
+                OwnedEvent::StatesStored {
+                    tier,
+                    external_hashes,
+                }
+            }
+            6 => {
+                let (tier, external_hashes) = hashes(r)?;
+                OwnedEvent::StatesRemoved {
+                    tier,
+                    external_hashes,
+                }
+            }
+            _ => return None,
+        };
+        events.push((rank, e));
+    }
+    Some(events)
+}
+
 fn record(payload: &[u8]) -> Option<Record> {
     let mut r = Reader::new(payload);
     let rec = match r.u8()? {
@@ -256,66 +345,23 @@ fn record(payload: &[u8]) -> Option<Record> {
             let worker_id = r.u64()?;
             let stream = r.u32()?;
             let seq = r.u64()?;
-            let n = r.u32()? as usize;
-            // Each event takes at least 13 bytes: a corrupt count cannot allocate much.
-            if n.checked_mul(13)? > r.left() {
-                return None;
-            }
-            let mut events = Vec::with_capacity(n);
-            for _ in 0..n {
-                let rank = RankId::new(r.u64()?, r.u32()?);
-                let e = match r.u8()? {
-                    1 => {
-                        let tier = r.tier()?;
-                        let has = r.u8()?;
-                        let parent = r.u64()?;
-                        let blocks = r.blocks(usize::MAX)?;
-                        OwnedEvent::Stored {
-                            tier,
-                            parent: (has == 1).then_some(parent),
-                            blocks,
-                        }
-                    }
-                    2 => {
-                        let (tier, external_hashes) = hashes(&mut r)?;
-                        OwnedEvent::StoredKnown {
-                            tier,
-                            external_hashes,
-                        }
-                    }
-                    3 => {
-                        let (tier, external_hashes) = hashes(&mut r)?;
-                        OwnedEvent::Removed {
-                            tier,
-                            external_hashes,
-                        }
-                    }
-                    4 => OwnedEvent::Cleared,
-                    5 => {
-                        let (tier, external_hashes) = hashes(&mut r)?;
-                        OwnedEvent::StatesStored {
-                            tier,
-                            external_hashes,
-                        }
-                    }
-                    6 => {
-                        let (tier, external_hashes) = hashes(&mut r)?;
-                        OwnedEvent::StatesRemoved {
-                            tier,
-                            external_hashes,
-                        }
-                    }
-                    _ => return None,
-                };
-                events.push((rank, e));
-            }
+            let digest = r.u64()?;
+            let events = events(&mut r)?;
             Record::Batch {
                 worker_id,
                 stream,
                 seq,
+                digest,
                 events,
             }
         }
+        TAG_DIRECT => Record::Direct {
+            events: events(&mut r)?,
+        },
+        TAG_REMOVED => Record::Removed {
+            worker_id: r.u64()?,
+        },
+        TAG_GAP => Record::Gap { records: r.u64()? },
         TAG_CLEAR => {
             let worker_id = r.u64()?;
             let n = r.u32()? as usize;

@@ -9,7 +9,7 @@
 //! `End`, refuses the whole file ([`FileError`]). Written to a temporary name and renamed
 //! by the I/O layer, a snapshot is never seen half written; only corruption can cut it.
 
-use kvr::{DumpedStore, Partition, RankId};
+use kvr::{DumpedStore, Partition, RankId, StreamResume};
 
 use crate::format::{self, FileError, Identity, Kind, Reader, Writer};
 use crate::frame::put_frame;
@@ -21,21 +21,14 @@ const TAG_STREAM: u8 = 1;
 const TAG_STORE: u8 = 2;
 const TAG_END: u8 = 3;
 
-/// Where a KV-event stream was when the snapshot was taken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StreamMark {
-    pub worker_id: u64,
-    pub stream: u32,
-    /// The last sequence number applied (`None`: nothing applied yet).
-    pub last_seq: Option<u64>,
-}
-
 /// A partition's index and streams at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
     pub identity: Identity,
     pub stores: Vec<DumpedStore>,
-    pub streams: Vec<StreamMark>,
+    /// Where each stream was: the last batch the journal had from it when the snapshot
+    /// began (the index holds at least that much).
+    pub streams: Vec<StreamResume>,
 }
 
 /// What restoring a snapshot into a partition did.
@@ -47,20 +40,12 @@ pub struct Restored {
 }
 
 impl Snapshot {
-    /// The snapshot of `p` now: its index dump (each rank consistent in itself) and its
-    /// streams' last sequence numbers. Blocks the dump leaves out (a hybrid rank's, a
-    /// block whose parent is gone) are not in it; they come back from the engines.
-    pub fn of(p: &Partition) -> Snapshot {
+    /// The snapshot of `p` now: its index dump (each rank consistent in itself) and
+    /// where its streams were (`streams`, as the journal's writer knows them). Blocks the
+    /// dump leaves out (a hybrid rank's, a block whose parent is gone) are not in it;
+    /// they come back from the engines.
+    pub fn of(p: &Partition, streams: Vec<StreamResume>) -> Snapshot {
         let dump = p.dump_index();
-        let streams = p
-            .ingress_stats()
-            .iter()
-            .map(|s| StreamMark {
-                worker_id: s.worker_id,
-                stream: s.stream,
-                last_seq: s.sequence.last_seq,
-            })
-            .collect();
         Snapshot {
             identity: Identity::of(p),
             stores: dump.stores,
@@ -88,8 +73,12 @@ impl Snapshot {
             w.u8(TAG_STREAM);
             w.u64(s.worker_id);
             w.u32(s.stream);
-            w.u8(u8::from(s.last_seq.is_some()));
-            w.u64(s.last_seq.unwrap_or(0));
+            w.u64(s.seq);
+            w.u64(s.digest);
+            w.u32(s.dp_ranks.len() as u32);
+            for d in &s.dp_ranks {
+                w.u32(*d);
+            }
             emit(&w.0);
         }
         let mut parts = 0u64;
@@ -145,12 +134,19 @@ impl Snapshot {
                 Some(TAG_STREAM) => {
                     let worker_id = r.u64().ok_or(bad("stream"))?;
                     let stream = r.u32().ok_or(bad("stream"))?;
-                    let has = r.u8().ok_or(bad("stream"))?;
                     let seq = r.u64().ok_or(bad("stream"))?;
-                    snap.streams.push(StreamMark {
+                    let digest = r.u64().ok_or(bad("stream"))?;
+                    let n = r.u32().ok_or(bad("stream"))? as usize;
+                    if n > kvr::MAX_DP_SIZE as usize || n * 4 > r.left() {
+                        return Err(bad("stream ranks"));
+                    }
+                    let dp_ranks = (0..n).map(|_| r.u32().unwrap_or(0)).collect();
+                    snap.streams.push(StreamResume {
                         worker_id,
                         stream,
-                        last_seq: (has == 1).then_some(seq),
+                        seq,
+                        digest,
+                        dp_ranks,
                     });
                 }
                 Some(TAG_STORE) => {

@@ -24,15 +24,21 @@ fn records() -> Vec<Record> {
             .collect()
     };
     (0..20u64)
-        .map(|i| match i % 4 {
+        .map(|i| match i % 8 {
             3 => Record::Clear {
                 worker_id: 7,
                 dp_ranks: vec![1],
+            },
+            5 => Record::Removed { worker_id: 8 },
+            6 => Record::Gap { records: i },
+            7 => Record::Direct {
+                events: vec![(r, OwnedEvent::Cleared)],
             },
             _ => Record::Batch {
                 worker_id: 7,
                 stream: 1,
                 seq: i,
+                digest: i * 31,
                 events: vec![
                     (
                         r,

@@ -83,10 +83,30 @@ fn answers(p: &Partition, prompts: &[Vec<u32>]) -> Vec<Vec<(RankId, u32, u32)>> 
         .collect()
 }
 
+/// Where two streams were (the journal's writer hands these to a snapshot).
+fn marks() -> Vec<kvr::StreamResume> {
+    vec![
+        kvr::StreamResume {
+            worker_id: 1,
+            stream: 0,
+            seq: 41,
+            digest: 0xfeed,
+            dp_ranks: vec![0],
+        },
+        kvr::StreamResume {
+            worker_id: 2,
+            stream: 3,
+            seq: 0,
+            digest: 7,
+            dp_ranks: vec![0, 1, 3],
+        },
+    ]
+}
+
 #[test]
 fn a_snapshot_restores_an_index_that_answers_as_the_original() {
     let (p, prompts) = filled();
-    let snap = Snapshot::of(&p);
+    let snap = Snapshot::of(&p, marks());
     assert!(snap.blocks() > 100);
     let bytes = snap.to_bytes();
     let fresh = partition("m");
@@ -108,7 +128,7 @@ fn a_snapshot_restores_an_index_that_answers_as_the_original() {
 #[test]
 fn damaged_and_foreign_files_are_refused_with_their_reason() {
     let (p, _) = filled();
-    let snap = Snapshot::of(&p);
+    let snap = Snapshot::of(&p, marks());
     let bytes = snap.to_bytes();
     let id = Identity::of(&partition("m"));
     assert_eq!(Snapshot::read(&[], &id), Err(FileError::Empty));

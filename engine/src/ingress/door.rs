@@ -56,6 +56,10 @@ pub trait EventSink {
     /// `accepts_lookahead`, so that a sink wrapping another cannot drop it; a sink that
     /// keeps no journal does nothing.
     fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>);
+    /// Where a new stream of `worker` numbered `stream` resumes: the last batch a previous
+    /// run applied from it (seq, payload digest), taken once, as a warm restart restored
+    /// it; `None` to start afresh. Required, as `applied`.
+    fn resume_point(&self, worker: WorkerId, stream: u32) -> Option<StreamResume>;
     /// A stream number for a new stream of `worker` that a source numbers itself (a
     /// route-less topic): the lowest that no stream of this sink has and `taken` does not
     /// name, so streams of different sources never share a number; `None` when the sink
@@ -108,6 +112,9 @@ macro_rules! forward_sink {
             fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>) {
                 (**self).applied(origin, rank, event)
             }
+            fn resume_point(&self, worker: WorkerId, stream: u32) -> Option<StreamResume> {
+                (**self).resume_point(worker, stream)
+            }
             fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
                 (**self).claim_stream(worker, taken)
             }
@@ -135,13 +142,20 @@ impl<'s, S: EventSink + ?Sized> Door<'s, S> {
     }
 
     /// The same door, for the events of a stream's batch `seq`.
-    pub(crate) fn for_batch(&self, worker_id: WorkerId, stream: u32, seq: u64) -> Self {
+    pub(crate) fn for_batch(
+        &self,
+        worker_id: WorkerId,
+        stream: u32,
+        seq: u64,
+        digest: u64,
+    ) -> Self {
         Door(
             self.0,
             Origin::Stream {
                 worker_id,
                 stream,
                 seq,
+                digest,
             },
         )
     }
@@ -188,6 +202,22 @@ pub(crate) fn apply_events<'e>(
     out
 }
 
+/// Where a KV-event stream resumes after a warm restart: the last batch a previous run
+/// applied from it (`Partition::resume_stream`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StreamResume {
+    /// The worker whose stream it is.
+    pub worker_id: WorkerId,
+    /// The stream's number ([`Origin::Stream`]'s).
+    pub stream: u32,
+    /// The last batch applied: its sequence number...
+    pub seq: u64,
+    /// ...and the digest of its payload (`Origin::Stream`'s).
+    pub digest: u64,
+    /// The DP ranks the stream's batches fed (what a restart or a loss clears).
+    pub dp_ranks: Vec<u32>,
+}
+
 /// Where an applied event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
@@ -199,6 +229,9 @@ pub enum Origin {
         stream: u32,
         /// The batch's sequence number.
         seq: u64,
+        /// The digest of the batch's payload: a restart that resumes the stream from
+        /// `seq` asks its publisher to send this batch back unchanged (`resume`).
+        digest: u64,
     },
     /// A host's own call (`Partition::apply_events`, a peer's dump, a restore).
     Direct,

@@ -2,7 +2,7 @@
 //! a host feeds message by message, which ranks are stale (`crate::freshness`), and the
 //! bounds that keep what a peer sends from growing any of it without end.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::freshness::Freshness;
 use crate::ids::{RankId, WorkerId};
@@ -11,7 +11,7 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, ShardedMap};
 
 use super::counters::{StreamCounters, StreamStats};
-use super::door::{Door, EventSink, IngestOutcome};
+use super::door::{Door, EventSink, IngestOutcome, StreamResume};
 use super::stream::IngressStream;
 
 /// The most ingress streams one partition keeps (subscriptions' and raw ones together):
@@ -36,6 +36,10 @@ pub(crate) struct IngressRegistry {
     /// The ranks of workers not registered yet that events were taken for (at most
     /// [`MAX_PENDING_RANKS`]).
     pending: Mutex<HashSet<RankId>>,
+    /// Where streams resume after a warm restart: (worker, stream) → the last batch a
+    /// previous run applied (seq, payload digest), taken by the stream's creation (at
+    /// most [`MAX_INGRESS_STREAMS`]).
+    resume: Mutex<HashMap<(WorkerId, u32), StreamResume>>,
     /// Messages, batches and topics refused for a bound (`IndexerStats::ingress_refused`).
     refused: AtomicU64,
     /// The ranks whose state may be stale, for selection (`crate::freshness`).
@@ -69,6 +73,7 @@ impl Default for IngressRegistry {
             streams: Mutex::new(Streams::default()),
             raw: ShardedMap::new(),
             pending: Mutex::new(HashSet::new()),
+            resume: Mutex::new(HashMap::new()),
             refused: AtomicU64::new(0),
             freshness: Freshness::default(),
         }
@@ -124,6 +129,23 @@ impl IngressRegistry {
         }
         p.insert(rank);
         true
+    }
+
+    /// Notes where `worker`'s stream `stream` resumes (replacing an earlier point); false
+    /// (nothing noted) past [`MAX_INGRESS_STREAMS`] points.
+    pub(crate) fn set_resume_point(&self, at: StreamResume) -> bool {
+        let mut r = self.resume.lock();
+        let key = (at.worker_id, at.stream);
+        if r.len() >= MAX_INGRESS_STREAMS && !r.contains_key(&key) {
+            return false;
+        }
+        r.insert(key, at);
+        true
+    }
+
+    /// Takes where `worker`'s stream `stream` resumes, if a restart noted it.
+    pub(crate) fn take_resume_point(&self, worker: WorkerId, stream: u32) -> Option<StreamResume> {
+        self.resume.lock().remove(&(worker, stream))
     }
 
     /// `worker` was registered: its ranks leave the pending budget.
@@ -200,6 +222,7 @@ impl IngressRegistry {
             }
         }
         self.streams.lock().listed.retain(|(k, _)| k.0 != worker_id);
+        self.resume.lock().retain(|k, _| k.0 != worker_id);
         self.worker_registered(worker_id);
         self.freshness.forget_worker(worker_id);
     }
@@ -256,6 +279,9 @@ impl<S: EventSink + ?Sized> EventSink for CountingRefusals<'_, S> {
     }
     fn applied(&self, origin: super::door::Origin, rank: RankId, event: &KvEvent<'_>) {
         self.sink.applied(origin, rank, event)
+    }
+    fn resume_point(&self, worker: WorkerId, stream: u32) -> Option<StreamResume> {
+        self.sink.resume_point(worker, stream)
     }
     fn claim_stream(&self, worker: WorkerId, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
         self.sink.claim_stream(worker, taken)

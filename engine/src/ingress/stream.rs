@@ -59,14 +59,18 @@ impl IngressStream {
         stream: u32,
         replay: bool,
     ) -> Self {
+        let resume = sink.resume_point(worker_id, stream);
         IngressStream {
             worker_id,
             stream,
-            tracker: SequenceTracker::new(replay),
+            tracker: match &resume {
+                Some(r) => SequenceTracker::resumed(replay, (r.seq, r.digest)),
+                None => SequenceTracker::new(replay),
+            },
             batch: DecodedBatch::default(),
             blocks: Vec::new(),
             actions: Vec::new(),
-            ranks_seen: Vec::new(),
+            ranks_seen: resume.map(|r| r.dp_ranks).unwrap_or_default(),
             groups: GroupRouting::default(),
             stats: sink.register_stream(worker_id, stream),
             stale: None,
@@ -167,8 +171,12 @@ impl IngressStream {
         let mut out = IngestOutcome::default();
         for a in actions.drain(..) {
             match a {
-                Action::Apply { payload, seq } => {
-                    let door = door.for_batch(self.worker_id, self.stream, seq);
+                Action::Apply {
+                    payload,
+                    seq,
+                    digest,
+                } => {
+                    let door = door.for_batch(self.worker_id, self.stream, seq, digest);
                     let applied = self.apply_batch(&door, &payload);
                     if applied {
                         out.batches_applied += 1;

@@ -7,7 +7,7 @@ use super::Partition;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{ApplyOutcome, IndexError, KvEvent};
 use crate::ingress::counters::{StreamCounters, StreamStats};
-use crate::ingress::door::{self, EventSink, EventsOutcome, IngestOutcome, Origin};
+use crate::ingress::door::{self, EventSink, EventsOutcome, IngestOutcome, Origin, StreamResume};
 use crate::workers::MAX_DP_SIZE;
 
 impl EventSink for Partition {
@@ -45,6 +45,10 @@ impl EventSink for Partition {
         if let Some(log) = self.log() {
             log.applied(origin, rank, event);
         }
+    }
+
+    fn resume_point(&self, worker: WorkerId, stream: u32) -> Option<StreamResume> {
+        self.ingress.take_resume_point(worker, stream)
     }
 
     fn register_stream(&self, worker: WorkerId, stream: u32) -> StreamCounters {

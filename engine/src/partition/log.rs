@@ -10,7 +10,7 @@
 use super::Partition;
 use crate::ids::{RankId, WorkerId};
 use crate::index::KvEvent;
-use crate::ingress::door::Origin;
+use crate::ingress::door::{Origin, StreamResume};
 use crate::sync::StdArc;
 
 /// Receives what a partition's index applied ([`Partition::attach_applied_log`]).
@@ -19,6 +19,9 @@ pub trait AppliedLog: Send + Sync {
     fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>);
     /// `worker`'s DP ranks `dp_ranks` were cleared (all of its ranks when empty).
     fn cleared(&self, worker: WorkerId, dp_ranks: &[u32]);
+    /// `worker` was removed: its ranks' blocks are gone and its streams start afresh if it
+    /// comes back.
+    fn worker_removed(&self, worker: WorkerId);
 }
 
 impl Partition {
@@ -26,6 +29,16 @@ impl Partition {
     /// log: `false` (and `log` unused) when one is attached already.
     pub fn attach_applied_log(&self, log: StdArc<dyn AppliedLog>) -> bool {
         self.applied_log.set(log).is_ok()
+    }
+
+    /// Makes stream `at.stream` of `at.worker_id`, when it is next created (its worker
+    /// registered with a KV-event source), go on from the batch `at` names instead of
+    /// starting afresh: it asks its publisher (through replay) for that batch, unchanged,
+    /// and what followed; a publisher that restarted since shows it, and the stream's ranks
+    /// are cleared and re-read. False when the partition keeps no more such points
+    /// ([`MAX_INGRESS_STREAMS`](crate::ingress::MAX_INGRESS_STREAMS)).
+    pub fn resume_stream(&self, at: StreamResume) -> bool {
+        self.ingress.set_resume_point(at)
     }
 
     pub(super) fn log(&self) -> Option<&dyn AppliedLog> {

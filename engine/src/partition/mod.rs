@@ -370,6 +370,9 @@ impl Partition {
         self.indexing.forget_worker(id, info.ranks());
         self.index.set_worker_capacity(id, 0);
         self.index.remove_worker(id);
+        if let Some(log) = self.log() {
+            log.worker_removed(id);
+        }
         self.load.remove_worker(id);
         for rank in info.ranks() {
             self.bookings.remove_rank(rank);

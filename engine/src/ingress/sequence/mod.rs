@@ -58,7 +58,12 @@ pub(crate) enum ClearCause {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Action {
     /// Decode and apply this batch.
-    Apply { seq: u64, payload: Vec<u8> },
+    Apply {
+        seq: u64,
+        payload: Vec<u8>,
+        /// The payload's digest (what a resumed stream verifies).
+        digest: u64,
+    },
     /// Clear the ranks this stream feeds (the index's state for them may be stale).
     Clear(ClearCause),
     /// Ask the publisher to resend from `from_seq` (only returned with replay enabled);
@@ -231,6 +236,18 @@ impl SequenceTracker {
         }
     }
 
+    /// A tracker for a publisher whose batch `last.0` (payload digest `last.1`) a previous
+    /// run applied last (a warm restart): it goes on as a stream that applied that batch
+    /// and went silent — the probe after subscribing asks for a replay from it, which the
+    /// publisher must send back unchanged (else a restart: clear, replay from 0); without
+    /// replay, only the very next batch continues it (anything else clears).
+    pub(crate) fn resumed(replay_enabled: bool, last: (u64, u64)) -> Self {
+        SequenceTracker {
+            last: Some(last),
+            ..Self::new(replay_enabled)
+        }
+    }
+
     /// How many losses for good the tracker has seen (wrapping): a change between two
     /// reads means state went missing in between.
     pub(crate) fn loss_events(&self) -> u64 {
@@ -272,7 +289,11 @@ impl SequenceTracker {
     /// [`Self::apply`] of a batch whose digest is known.
     fn apply_digested(&mut self, seq: u64, payload: Vec<u8>, d: u64, out: &mut Vec<Action>) {
         self.last = Some((seq, d));
-        out.push(Action::Apply { seq, payload });
+        out.push(Action::Apply {
+            seq,
+            payload,
+            digest: d,
+        });
     }
 
     fn lose(&mut self, n: u64) {

@@ -579,3 +579,27 @@ fn a_fence_ends_a_replay_in_flight() {
         (vec![ClearCause::Restart], vec![9], vec![])
     );
 }
+
+#[test]
+fn a_resumed_stream_probes_from_its_last_batch_and_fences_a_new_instance() {
+    let last = (7, digest(&[7, 0]));
+    // The same instance sends batch 7 back unchanged, then 8: nothing is cleared.
+    let mut t = SequenceTracker::resumed(true, last);
+    assert_eq!(replays(&idle(&mut t)), vec![7]);
+    assert!(
+        replayed(&mut t, 7, 0).is_empty(),
+        "batch 7 was applied already"
+    );
+    assert_eq!(applied(&replayed(&mut t, 8, 0)), vec![8]);
+    assert!(clears(&end(&mut t, ReplayResult::Completed)).is_empty());
+    assert_eq!(t.stats().last_seq, Some(8));
+    // A new instance (batch 7 differs): cleared, and everything read again from 0.
+    let mut t = SequenceTracker::resumed(true, last);
+    idle(&mut t);
+    let out = replayed(&mut t, 7, 1);
+    assert_eq!(clears(&out), vec![ClearCause::Restart]);
+    assert_eq!(replays(&out), vec![0]);
+    // Negative control: a fresh tracker takes that batch as new.
+    let mut t = SequenceTracker::new(true);
+    assert_eq!(replays(&idle(&mut t)), vec![0]);
+}
