@@ -29,6 +29,7 @@ struct Recorded {
     events: Mutex<Vec<(Origin, RankId, Owned)>>,
     clears: Mutex<Vec<(u64, Vec<u32>)>>,
     removed: Mutex<Vec<u64>>,
+    ends: Mutex<Vec<Origin>>,
 }
 
 impl AppliedLog for Recorded {
@@ -52,6 +53,9 @@ impl AppliedLog for Recorded {
             .lock()
             .unwrap()
             .push((worker, dp_ranks.to_vec()));
+    }
+    fn batch_end(&self, origin: Origin) {
+        self.ends.lock().unwrap().push(origin);
     }
     fn worker_removed(&self, worker: u64) {
         self.removed.lock().unwrap().push(worker);
@@ -135,6 +139,10 @@ fn every_applied_event_and_clear_reaches_the_log_and_replays_to_the_same_index()
         Origin::Direct => unreachable!(),
     };
     assert_eq!(digest(1), digest(2), "one batch, one digest");
+    // Each stream batch ends once, after its events (the refused one's too).
+    let ends: Vec<Origin> = log.ends.lock().unwrap().clone();
+    assert_eq!(ends.len(), 3);
+    assert_eq!((ends[0], ends[1]), (events[0].0, events[2].0));
     assert_ne!(digest(0), digest(1));
     assert!(matches!(&events[2].2, Owned::Removed(Tier::Device, h) if h == &vec![14]));
     assert_eq!((device(&p, r0, &tokens), device(&p, r1, &tokens)), (3, 1));

@@ -6,10 +6,18 @@
 //! ([`format`]); a reader takes the longest valid prefix and says why it stopped, so a
 //! torn tail is cut, and a foreign or corrupt file is refused with a reason, never half
 //! applied. [`snapshot`] writes and reads a partition's index (its ranks' chains of
-//! blocks per tier, as the engine's dump gives them) and the last sequence number of
-//! each stream.
+//! blocks per tier, as the engine's dump gives them) and where each stream was;
+//! [`journal`] the records applied since. [`log`] is the writer a partition hands what
+//! it applies to; [`restore`] reads a directory back into a partition at start.
 
+pub mod files;
 pub mod format;
 pub mod frame;
 pub mod journal;
+pub mod log;
+pub mod restore;
 pub mod snapshot;
+
+pub use files::Files;
+pub use log::{partition_dir, StateConfig, StateLog, StateStats};
+pub use restore::{restore, Restored};

@@ -56,6 +56,10 @@ pub trait EventSink {
     /// `accepts_lookahead`, so that a sink wrapping another cannot drop it; a sink that
     /// keeps no journal does nothing.
     fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>);
+    /// Every event of the stream batch `origin` names has been handed to
+    /// [`Self::applied`]: a journal writes a batch whole or not at all. Required, as
+    /// `applied`.
+    fn batch_end(&self, origin: Origin);
     /// Where a new stream of `worker` numbered `stream` resumes: the last batch a previous
     /// run applied from it (seq, payload digest), taken once, as a warm restart restored
     /// it; `None` to start afresh. Required, as `applied`.
@@ -112,6 +116,9 @@ macro_rules! forward_sink {
             fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>) {
                 (**self).applied(origin, rank, event)
             }
+            fn batch_end(&self, origin: Origin) {
+                (**self).batch_end(origin)
+            }
             fn resume_point(&self, worker: WorkerId, stream: u32) -> Option<StreamResume> {
                 (**self).resume_point(worker, stream)
             }
@@ -158,6 +165,11 @@ impl<'s, S: EventSink + ?Sized> Door<'s, S> {
                 digest,
             },
         )
+    }
+
+    /// Where this door's events come from.
+    pub(crate) fn origin(&self) -> Origin {
+        self.1
     }
 
     /// The sink behind the door.

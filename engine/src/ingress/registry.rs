@@ -280,6 +280,9 @@ impl<S: EventSink + ?Sized> EventSink for CountingRefusals<'_, S> {
     fn applied(&self, origin: super::door::Origin, rank: RankId, event: &KvEvent<'_>) {
         self.sink.applied(origin, rank, event)
     }
+    fn batch_end(&self, origin: super::door::Origin) {
+        self.sink.batch_end(origin)
+    }
     fn resume_point(&self, worker: WorkerId, stream: u32) -> Option<StreamResume> {
         self.sink.resume_point(worker, stream)
     }

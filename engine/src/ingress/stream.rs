@@ -178,6 +178,7 @@ impl IngressStream {
                 } => {
                     let door = door.for_batch(self.worker_id, self.stream, seq, digest);
                     let applied = self.apply_batch(&door, &payload);
+                    door.sink().batch_end(door.origin());
                     if applied {
                         out.batches_applied += 1;
                     } else {

@@ -47,6 +47,12 @@ impl EventSink for Partition {
         }
     }
 
+    fn batch_end(&self, origin: Origin) {
+        if let Some(log) = self.log() {
+            log.batch_end(origin);
+        }
+    }
+
     fn resume_point(&self, worker: WorkerId, stream: u32) -> Option<StreamResume> {
         self.ingress.take_resume_point(worker, stream)
     }

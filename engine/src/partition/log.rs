@@ -17,6 +17,9 @@ use crate::sync::StdArc;
 pub trait AppliedLog: Send + Sync {
     /// `event` of `rank` was applied; `origin` says from where (a stream's batch `seq`).
     fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>);
+    /// The stream batch `origin` names is over: every event of it that applied was
+    /// handed to [`Self::applied`] (a journal keeps a batch whole or not at all).
+    fn batch_end(&self, origin: Origin);
     /// `worker`'s DP ranks `dp_ranks` were cleared (all of its ranks when empty).
     fn cleared(&self, worker: WorkerId, dp_ranks: &[u32]);
     /// `worker` was removed: its ranks' blocks are gone and its streams start afresh if it

@@ -1,0 +1,511 @@
+//! The journal's writer: what the partition's index applies is handed, event by event, to
+//! a writer thread through a bounded queue; the thread groups events into records, appends
+//! them (one durable sync per drain of the queue) and takes a snapshot when the journal
+//! has grown, after a loss, and at shutdown.
+//!
+//! Ingest never waits for the disk: when the queue is full the event is dropped and
+//! counted, and the writer then records a `Gap` (a restart stops reading there, with the
+//! state before it, which is a true prefix) and takes a snapshot, which supersedes it.
+//!
+//! Files of one partition, in its own directory ([`partition_dir`]): `journal-N.kvr`
+//! segments and `snapshot-N.kvr`, the snapshot taken when segment `N` began (so it holds
+//! at least everything of the segments before `N`). A snapshot is written aside and
+//! renamed; only then are the older files removed. A restart reads the newest snapshot
+//! and the segments from its number on ([`crate::restore`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvr::{AppliedLog, KvEvent, Origin, Partition, RankId, StreamResume, WorkerId};
+
+use crate::files::{Files, JournalFile};
+use crate::format::Identity;
+use crate::journal::{self, OwnedEvent, Record};
+use crate::snapshot::Snapshot;
+
+/// How a partition's state is kept.
+#[derive(Clone, Debug)]
+pub struct StateConfig {
+    /// The partition's directory (created if missing).
+    pub dir: PathBuf,
+    /// Events the queue holds before ingest drops (and counts) them.
+    pub queue_events: usize,
+    /// A snapshot is taken when the journal has grown by this many bytes since the last.
+    pub snapshot_after_bytes: u64,
+}
+
+impl StateConfig {
+    /// Defaults: a queue of 262,144 events, a snapshot every 256 MiB of journal.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        StateConfig {
+            dir: dir.into(),
+            queue_events: 1 << 18,
+            snapshot_after_bytes: 256 << 20,
+        }
+    }
+}
+
+/// The directory of `id`'s partition under `root`: its key, made safe for a file name,
+/// and a checksum of the key (two keys that read alike still differ).
+pub fn partition_dir(root: &Path, id: &Identity) -> PathBuf {
+    let key = format!("{}@{}", id.key.model, id.key.routing_group);
+    let safe: String = key
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-@".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    root.join(format!("{safe}-{:08x}", crc32fast::hash(key.as_bytes())))
+}
+
+/// What the writer did, for metrics (every field only grows, except the last ones).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateStats {
+    /// Events handed to the writer, and those dropped because its queue was full.
+    pub events_queued: u64,
+    pub events_dropped: u64,
+    /// Journal records written, their bytes, and durable syncs.
+    pub records_written: u64,
+    pub bytes_written: u64,
+    pub syncs: u64,
+    /// Appends that failed (the disk full, an I/O error): the journal has a gap there.
+    pub write_failures: u64,
+    /// Snapshots written, and those that failed (the previous one and its journal stay).
+    pub snapshots: u64,
+    pub snapshot_failures: u64,
+    /// Blocks in the last snapshot written.
+    pub snapshot_blocks: u64,
+    /// Bytes of journal since the last snapshot.
+    pub journal_bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    queued: AtomicU64,
+    dropped: AtomicU64,
+    stats: Mutex<StateStats>,
+}
+
+enum Msg {
+    Applied(Origin, RankId, OwnedEvent),
+    BatchEnd(Origin),
+    Cleared(WorkerId, Vec<u32>),
+    Removed(WorkerId),
+    /// Write what came before; then take a snapshot (`true`) or not; answer when done.
+    Flush(SyncSender<()>, bool),
+}
+
+/// A partition's journal and snapshots: attach it with
+/// [`Partition::attach_applied_log`] (after restoring, [`crate::restore`]).
+pub struct StateLog {
+    tx: Mutex<Option<SyncSender<Msg>>>,
+    counters: Arc<Counters>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for StateLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateLog").finish_non_exhaustive()
+    }
+}
+
+impl StateLog {
+    /// Starts the writer of `partition`'s state in `cfg.dir`: its thread first takes a
+    /// snapshot (so the journal starts from what is in the index now), with the
+    /// streams' resume points `marks` (what a restore found). `next_segment` is the first
+    /// journal number not used yet ([`crate::restore::Restored::next_segment`]).
+    pub fn start(
+        partition: &Arc<Partition>,
+        cfg: StateConfig,
+        files: Files,
+        marks: Vec<StreamResume>,
+        next_segment: u64,
+    ) -> std::io::Result<Arc<StateLog>> {
+        std::fs::create_dir_all(&cfg.dir)?;
+        let (tx, rx) = mpsc::sync_channel(cfg.queue_events.max(1));
+        let counters = Arc::new(Counters::default());
+        let w = Writer {
+            partition: Arc::downgrade(partition),
+            identity: Identity::of(partition),
+            cfg,
+            files,
+            counters: counters.clone(),
+            marks: marks
+                .into_iter()
+                .map(|m| ((m.worker_id, m.stream), m))
+                .collect(),
+            open: HashMap::new(),
+            segment: next_segment,
+            journal: None,
+            seen_dropped: 0,
+            buf: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("kvr-state".into())
+            .spawn(move || w.run(rx))?;
+        Ok(Arc::new(StateLog {
+            tx: Mutex::new(Some(tx)),
+            counters,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    fn send(&self, m: Msg) {
+        self.counters.queued.fetch_add(1, Ordering::Relaxed);
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = match tx.as_ref() {
+            Some(tx) => match tx.try_send(m) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            },
+            None => false,
+        };
+        if !sent {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes a snapshot now and waits for it (e.g. before a planned restart); false when
+    /// the writer has stopped.
+    pub fn snapshot_now(&self) -> bool {
+        self.flush_with(true)
+    }
+
+    /// Waits until everything handed over so far is in the journal, durably; false when
+    /// the writer has stopped.
+    pub fn flush(&self) -> bool {
+        self.flush_with(false)
+    }
+
+    fn flush_with(&self, snapshot: bool) -> bool {
+        let (ack, done) = mpsc::sync_channel(1);
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match tx {
+            Some(tx) => tx.send(Msg::Flush(ack, snapshot)).is_ok() && done.recv().is_ok(),
+            None => false,
+        }
+    }
+
+    /// Writes what is queued, takes a final snapshot and stops the writer (a graceful
+    /// shutdown: the next start needs no journal). Events after this are dropped.
+    pub fn close(&self) {
+        self.snapshot_now();
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The writer's counters now.
+    pub fn stats(&self) -> StateStats {
+        let mut s = *self
+            .counters
+            .stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        s.events_queued = self.counters.queued.load(Ordering::Relaxed);
+        s.events_dropped = self.counters.dropped.load(Ordering::Relaxed);
+        s
+    }
+}
+
+impl AppliedLog for StateLog {
+    fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>) {
+        self.send(Msg::Applied(origin, rank, OwnedEvent::of(event)));
+    }
+    fn batch_end(&self, origin: Origin) {
+        self.send(Msg::BatchEnd(origin));
+    }
+    fn cleared(&self, worker: WorkerId, dp_ranks: &[u32]) {
+        self.send(Msg::Cleared(worker, dp_ranks.to_vec()));
+    }
+    fn worker_removed(&self, worker: WorkerId) {
+        self.send(Msg::Removed(worker));
+    }
+}
+
+/// The writer thread's state.
+struct Writer {
+    partition: Weak<Partition>,
+    identity: Identity,
+    cfg: StateConfig,
+    files: Files,
+    counters: Arc<Counters>,
+    /// Each stream's last batch journaled whole (what a snapshot stores).
+    marks: HashMap<(WorkerId, u32), StreamResume>,
+    /// Each stream's batch whose end has not come yet (written whole at its end).
+    open: HashMap<(WorkerId, u32), Record>,
+    /// The current journal segment's number, and its file once opened.
+    segment: u64,
+    journal: Option<JournalFile>,
+    /// `counters.dropped` when a gap was last recorded.
+    seen_dropped: u64,
+    buf: Vec<u8>,
+}
+
+/// Messages taken from the queue per append (one durable sync each).
+const DRAIN: usize = 4096;
+
+impl Writer {
+    fn run(mut self, rx: Receiver<Msg>) {
+        // The journal starts from what the index holds now (restored or empty).
+        self.snapshot();
+        let mut msgs = Vec::with_capacity(DRAIN);
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(m) => msgs.push(m),
+                Err(RecvTimeoutError::Timeout) => {
+                    // A loss with nothing queued since still needs its gap and snapshot.
+                    if self.counters.dropped.load(Ordering::Relaxed) != self.seen_dropped {
+                        self.write(&mut msgs);
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            while msgs.len() < DRAIN {
+                match rx.try_recv() {
+                    Ok(m) => msgs.push(m),
+                    Err(_) => break,
+                }
+            }
+            self.write(&mut msgs);
+        }
+    }
+
+    /// Appends `msgs` as records, then snapshots when one is due or asked for.
+    fn write(&mut self, msgs: &mut Vec<Msg>) {
+        let mut records = Vec::new();
+        let mut asked = Vec::new();
+        let mut snapshot_asked = false;
+        let dropped = self.counters.dropped.load(Ordering::Relaxed);
+        let lost = dropped.wrapping_sub(self.seen_dropped);
+        for m in msgs.drain(..) {
+            match m {
+                Msg::Applied(origin, rank, e) => self.push_event(&mut records, origin, rank, e),
+                Msg::BatchEnd(Origin::Stream {
+                    worker_id, stream, ..
+                }) => self.close_batch(&mut records, (worker_id, stream)),
+                Msg::BatchEnd(Origin::Direct) => {}
+                Msg::Cleared(worker_id, dp_ranks) => records.push(Record::Clear {
+                    worker_id,
+                    dp_ranks,
+                }),
+                Msg::Removed(worker_id) => {
+                    self.marks.retain(|k, _| k.0 != worker_id);
+                    self.open.retain(|k, _| k.0 != worker_id);
+                    records.push(Record::Removed { worker_id });
+                }
+                Msg::Flush(ack, snap) => {
+                    snapshot_asked |= snap;
+                    asked.push(ack);
+                }
+            }
+        }
+        // Dropped events were applied before the ones queued after them: the gap goes
+        // first, and what follows it is not read at a restart (the snapshot below is).
+        if lost > 0 {
+            records.insert(0, Record::Gap { records: lost });
+            self.seen_dropped = dropped;
+        }
+        let mut ok = true;
+        if !records.is_empty() {
+            ok = self.append(&records);
+        }
+        let due = self.stats(|s| s.journal_bytes) >= self.cfg.snapshot_after_bytes;
+        if lost > 0 || !ok || due || snapshot_asked {
+            self.snapshot();
+        }
+        for a in asked {
+            let _ = a.send(());
+        }
+    }
+
+    /// Adds an applied event to the last record when it is of the same batch, else to a
+    /// new record; notes the stream's place.
+    fn push_event(
+        &mut self,
+        records: &mut Vec<Record>,
+        origin: Origin,
+        rank: RankId,
+        e: OwnedEvent,
+    ) {
+        match origin {
+            Origin::Stream {
+                worker_id,
+                stream,
+                seq,
+                digest,
+            } => {
+                let key = (worker_id, stream);
+                // A batch of the stream still open: it ended (batches of one stream
+                // apply in turn) though its end was lost.
+                if matches!(self.open.get(&key), Some(Record::Batch { seq: q, .. }) if *q != seq) {
+                    self.close_batch(records, key);
+                }
+                let open = self.open.entry(key).or_insert_with(|| Record::Batch {
+                    worker_id,
+                    stream,
+                    seq,
+                    digest,
+                    events: Vec::new(),
+                });
+                if let Record::Batch { events, .. } = open {
+                    events.push((rank, e));
+                }
+            }
+            Origin::Direct => {
+                if let Some(Record::Direct { events }) = records.last_mut() {
+                    events.push((rank, e));
+                    return;
+                }
+                records.push(Record::Direct {
+                    events: vec![(rank, e)],
+                });
+            }
+        }
+    }
+
+    /// Writes the stream's open batch whole, and notes it as the stream's place.
+    fn close_batch(&mut self, records: &mut Vec<Record>, key: (WorkerId, u32)) {
+        let Some(batch) = self.open.remove(&key) else {
+            return;
+        };
+        if let Record::Batch {
+            worker_id,
+            stream,
+            seq,
+            digest,
+            events,
+        } = &batch
+        {
+            let mark = self.marks.entry(key).or_insert_with(|| StreamResume {
+                worker_id: *worker_id,
+                stream: *stream,
+                seq: *seq,
+                digest: *digest,
+                dp_ranks: Vec::new(),
+            });
+            mark.seq = *seq;
+            mark.digest = *digest;
+            for (rank, _) in events {
+                if !mark.dp_ranks.contains(&rank.dp_rank) && mark.dp_ranks.len() < 4096 {
+                    mark.dp_ranks.push(rank.dp_rank);
+                }
+            }
+        }
+        records.push(batch);
+    }
+
+    fn stats<T>(&self, f: impl FnOnce(&mut StateStats) -> T) -> T {
+        f(&mut self
+            .counters
+            .stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn journal_name(n: u64) -> String {
+        format!("journal-{n}.kvr")
+    }
+
+    /// Appends records to the current segment and syncs; false (counted, logged by the
+    /// host through the stats) when the write failed: the segment is left as it is (a
+    /// restart stops at its torn end) and the next write goes to a new one after a
+    /// snapshot.
+    fn append(&mut self, records: &[Record]) -> bool {
+        self.buf.clear();
+        for r in records {
+            journal::put_record(&mut self.buf, r);
+        }
+        if self.journal.is_none() {
+            let path = self.cfg.dir.join(Self::journal_name(self.segment));
+            match self
+                .files
+                .create_journal(&path, &journal::header_frame(&self.identity))
+            {
+                Ok(j) => self.journal = Some(j),
+                Err(_) => {
+                    self.stats(|s| s.write_failures += 1);
+                    return false;
+                }
+            }
+        }
+        let j = self.journal.as_mut().expect("opened above");
+        match j.append(&self.buf) {
+            Ok(()) => {
+                let n = self.buf.len() as u64;
+                self.stats(|s| {
+                    s.records_written += records.len() as u64;
+                    s.bytes_written += n;
+                    s.journal_bytes += n;
+                    s.syncs += 1;
+                });
+                true
+            }
+            Err(_) => {
+                self.journal = None;
+                self.segment += 1;
+                self.stats(|s| s.write_failures += 1);
+                false
+            }
+        }
+    }
+
+    /// Starts a new segment, snapshots the index into `snapshot-<segment>` and, once it
+    /// is on disk, removes the older files. On failure the older files stay (they still
+    /// restore) and the failure is counted.
+    fn snapshot(&mut self) {
+        let Some(p) = self.partition.upgrade() else {
+            return;
+        };
+        // Everything journaled so far was applied before now: the snapshot holds it.
+        self.journal = None;
+        self.segment += 1;
+        let n = self.segment;
+        let marks: Vec<StreamResume> = self.marks.values().cloned().collect();
+        let snap = Snapshot::of(&p, marks);
+        drop(p);
+        let name = format!("snapshot-{n}.kvr");
+        match self
+            .files
+            .write_atomic(&self.cfg.dir, &name, &mut |out| snap.write(out))
+        {
+            Ok(()) => {
+                let blocks = snap.blocks();
+                self.stats(|s| {
+                    s.snapshots += 1;
+                    s.snapshot_blocks = blocks;
+                    s.journal_bytes = 0;
+                });
+                remove_older(&self.cfg.dir, n);
+            }
+            Err(_) => self.stats(|s| s.snapshot_failures += 1),
+        }
+    }
+}
+
+/// Removes the journal segments and snapshots numbered below `n`.
+fn remove_older(dir: &Path, n: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if let Some((_, k)) = crate::restore::numbered(&name.to_string_lossy()) {
+            if k < n {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! A partition's state written by the journal's writer and read back at a restart: after a
+//! graceful close (the final snapshot), after a crash (the journal since the snapshot), a
+//! torn journal (a true prefix, with where each stream was), and a writer that dropped
+//! events (its gap is not read; the snapshot after it is).
+// A test outside the engine: its sync facade is not a test's.
+#![allow(clippy::disallowed_types)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kvr::config::PartitionConfig;
+use kvr::hash::{BlockHasher, HashSalt};
+use kvr::ingress::Medium;
+use kvr::{AppliedLog, KvEvent, Partition, PartitionKey, RankId, StoredBlock, Tier};
+use kvr_emulator::BatchEncoder;
+use kvr_state::{restore, Files, StateConfig, StateLog};
+
+const BS: u32 = 4;
+
+fn partition() -> Arc<Partition> {
+    Arc::new(Partition::new(
+        PartitionKey::new("m", "g"),
+        PartitionConfig::new(BS),
+    ))
+}
+
+fn prompt(i: u64) -> Vec<u32> {
+    // Shared heads (i % 3), own tails.
+    let mut t: Vec<u32> = (0..8).map(|k| (i % 3) as u32 * 100 + k).collect();
+    t.extend((0..8).map(|k| 10_000 + i as u32 * 16 + k));
+    t
+}
+
+fn locals(tokens: &[u32]) -> Vec<u64> {
+    let h = BlockHasher::new(BS as usize, HashSalt::NONE).unwrap();
+    let mut l = Vec::new();
+    h.local_hashes(tokens, &mut l);
+    l
+}
+
+/// Batch `seq` of worker `w`'s stream: stores prompt `seq` (engine hashes = local ^ w),
+/// and from seq 4 on removes the tail of prompt `seq - 4`.
+fn batch(w: u64, seq: u64) -> Vec<u8> {
+    let t = prompt(seq);
+    let l = locals(&t);
+    let eh: Vec<u64> = l.iter().map(|h| h ^ w).collect();
+    let mut e = BatchEncoder::new();
+    e.stored(&eh, None, &t, BS, Medium::Gpu, None);
+    if seq >= 4 {
+        let old = locals(&prompt(seq - 4));
+        e.removed(&[old[3] ^ w], Medium::Gpu);
+    }
+    e.finish(seq as f64, None)
+}
+
+/// Every prompt's device overlap per rank.
+fn answers(p: &Partition, n: u64) -> Vec<Vec<(RankId, u32)>> {
+    (0..n)
+        .map(|i| {
+            let l = locals(&prompt(i));
+            let mut v: Vec<(RankId, u32)> = p
+                .index()
+                .find_matches_tiered(&l)
+                .iter()
+                .map(|o| (o.rank, o.device))
+                .collect();
+            v.sort();
+            v
+        })
+        .collect()
+}
+
+fn start(p: &Arc<Partition>, dir: &Path, cfg: impl FnOnce(&mut StateConfig)) -> Arc<StateLog> {
+    let r = restore(dir, p);
+    let mut c = StateConfig::new(dir);
+    cfg(&mut c);
+    let log = StateLog::start(p, c, Files::default(), r.streams, r.next_segment).unwrap();
+    assert!(p.attach_applied_log(log.clone() as Arc<dyn AppliedLog>));
+    log
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn feed(p: &Partition, seqs: std::ops::Range<u64>) {
+    for s in seqs {
+        for w in [1u64, 2] {
+            p.ingest(w, 0, b"", s, &batch(w, s));
+        }
+    }
+}
+
+fn direct(p: &Partition) {
+    let l = locals(&prompt(50));
+    let blocks: Vec<StoredBlock> = l
+        .iter()
+        .map(|&h| StoredBlock {
+            external_hash: h ^ 9,
+            local_hash: h,
+        })
+        .collect();
+    p.apply_events(
+        RankId::new(9, 0),
+        [KvEvent::Stored {
+            tier: Tier::Device,
+            parent: None,
+            blocks: &blocks,
+        }],
+    );
+}
+
+#[test]
+fn a_graceful_restart_and_a_crash_both_come_back_with_the_same_index() {
+    let tmp = tempdir("restart");
+    let dir = tmp.join("p");
+    let p = partition();
+    let log = start(&p, &dir, |_| {});
+    feed(&p, 0..10);
+    direct(&p);
+    assert!(log.snapshot_now());
+    // Past the snapshot: only in the journal.
+    feed(&p, 10..16);
+    // Worker 2 loses batches (no replay): its rank is cleared, then batch 20 applies.
+    p.ingest(2, 0, b"", 20, &batch(2, 20));
+    assert!(log.flush());
+    let crash = tmp.join("crash");
+    copy_dir(&dir, &crash);
+    let want = answers(&p, 60);
+    assert!(want.iter().filter(|a| !a.is_empty()).count() > 10);
+
+    // A crash: the snapshot and the journal after it.
+    let q = partition();
+    let r = restore(&crash, &q);
+    assert_eq!(r.stopped, None, "{r:?}");
+    assert!(r.snapshot.is_some() && r.records > 0, "{r:?}");
+    assert_eq!(answers(&q, 60), want);
+    let w1 = r
+        .streams
+        .iter()
+        .find(|m| m.worker_id == 1)
+        .expect("worker 1's place");
+    assert_eq!((w1.stream, w1.seq, w1.dp_ranks.clone()), (0, 15, vec![0]));
+    // The stream goes on from there: batch 16 applies, nothing is cleared.
+    q.ingest(1, 0, b"", 16, &batch(1, 16));
+    p.ingest(1, 0, b"", 16, &batch(1, 16));
+    assert_eq!(answers(&q, 60), answers(&p, 60));
+
+    // Negative control: without the journal, the crash copy loses what followed.
+    let journal_less = tmp.join("journal-less");
+    copy_dir(&crash, &journal_less);
+    for e in std::fs::read_dir(&journal_less).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("journal") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let z = partition();
+    restore(&journal_less, &z);
+    assert_ne!(answers(&z, 60), want);
+
+    // A graceful close: a final snapshot, nothing to replay.
+    log.close();
+    let g = partition();
+    let r = restore(&dir, &g);
+    assert_eq!((r.records, r.stopped.clone()), (0, None), "{r:?}");
+    assert_eq!(answers(&g, 60), answers(&p, 60));
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_torn_journal_restores_a_true_prefix_with_its_streams_places() {
+    let tmp = tempdir("torn");
+    let dir = tmp.join("p");
+    let p = partition();
+    let log = start(&p, &dir, |_| {});
+    for s in 0..12 {
+        p.ingest(1, 0, b"", s, &batch(1, s));
+        assert!(log.flush(), "one append per batch");
+    }
+    let seg = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("journal")
+        })
+        .unwrap();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let mut seen = std::collections::HashSet::new();
+    for cut in (0..len).step_by(7) {
+        let d = tmp.join(format!("cut{cut}"));
+        copy_dir(&dir, &d);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.join(seg.file_name().unwrap()))
+            .unwrap();
+        f.set_len(cut).unwrap();
+        let q = partition();
+        let r = restore(&d, &q);
+        // What it holds is exactly batches 0..=seq applied (or nothing).
+        let upto = r.streams.iter().find(|m| m.worker_id == 1).map(|m| m.seq);
+        let c = partition();
+        if let Some(last) = upto {
+            for s in 0..=last {
+                c.ingest(1, 0, b"", s, &batch(1, s));
+            }
+        }
+        assert_eq!(answers(&q, 20), answers(&c, 20), "cut at {cut}: {r:?}");
+        seen.insert(upto);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    assert!(seen.len() > 5, "cuts fall in many records: {seen:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_writer_that_drops_events_records_the_gap_and_its_snapshot_covers_it() {
+    let tmp = tempdir("gap");
+    let dir = tmp.join("p");
+    let p = partition();
+    let log = start(&p, &dir, |c| c.queue_events = 1);
+    feed(&p, 0..40);
+    assert!(log.snapshot_now());
+    let st = log.stats();
+    assert!(
+        st.events_dropped > 0,
+        "a queue of one must drop in a burst: {st:?}"
+    );
+    assert!(st.snapshots >= 2, "{st:?}");
+    let q = partition();
+    let r = restore(&dir, &q);
+    assert_eq!(answers(&q, 60), answers(&p, 60), "{r:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("kvr-state-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
