@@ -11,5 +11,6 @@
 
 pub mod format;
 pub mod frame;
+pub mod io;
 pub mod journal;
 pub mod snapshot;
