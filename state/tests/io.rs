@@ -369,7 +369,13 @@ fn a_refused_io_uring_falls_back_to_plain_with_the_reason() {
             "{why}"
         );
         let e = Io::new(IoMode::Uring).unwrap_err();
-        assert!(e.to_string().contains("Operation not permitted"), "{e}");
+        assert_eq!(e.op(), "io_uring_setup");
+        assert_eq!(e.os_error().raw_os_error(), Some(libc::EPERM), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("io_uring_setup failed: Operation not permitted"),
+            "{e}"
+        );
         let plain = Io::new(IoMode::Plain).unwrap();
         assert_eq!(plain.fallback_reason(), None);
 

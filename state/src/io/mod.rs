@@ -126,7 +126,8 @@ impl IoError {
     }
 
     /// The operation: `open`, `create`, `write`, `fdatasync`, `truncate`, `rename`,
-    /// `fsync directory`, `io_uring_enter`, or `io_uring` (the backend could not start).
+    /// `fsync directory`, `io_uring_enter`; starting the io_uring backend:
+    /// `io_uring_setup`, `io_uring_register (probe)`, `io_uring_register (buffers)`.
     pub fn op(&self) -> &'static str {
         self.op
     }
@@ -175,7 +176,8 @@ pub struct Io {
 
 impl Io {
     /// Starts the backend `mode` asks for. Only [`IoMode::Uring`] can fail (io_uring
-    /// unavailable or refused; the error says why).
+    /// unavailable or refused: the error names the step and carries the OS's error,
+    /// e.g. `io_uring_setup failed: Operation not permitted (os error 1)`).
     pub fn new(mode: IoMode) -> Result<Io, IoError> {
         let plain = |reason| Io {
             inner: Inner::Plain {
@@ -190,18 +192,14 @@ impl Io {
                     inner: Inner::Uring(Box::new(ring)),
                     fallback_reason: None,
                 },
-                Err(why) => plain(Some(why)),
+                Err((step, e)) => plain(Some(format!("{step}: {e}"))),
             }),
             IoMode::Uring => match uring::Ring::probe(STAGE_BYTES) {
                 Ok(ring) => Ok(Io {
                     inner: Inner::Uring(Box::new(ring)),
                     fallback_reason: None,
                 }),
-                Err(why) => Err(IoError::new(
-                    "io_uring",
-                    None,
-                    io::Error::other(format!("io_uring is unavailable ({why})")),
-                )),
+                Err((step, e)) => Err(IoError::new(step, None, e)),
             },
         }
     }

@@ -56,13 +56,13 @@ impl std::fmt::Debug for Ring {
 impl Ring {
     /// Creates the ring, checks that the kernel has the operations used, registers a
     /// `fixed_len` buffer and runs a no-op through the ring (a filter that lets the ring
-    /// be set up but blocks `io_uring_enter` is caught here). The error is the reason.
-    pub(super) fn probe(fixed_len: usize) -> Result<Ring, String> {
-        let ring = IoUring::new(ENTRIES).map_err(|e| format!("io_uring_setup: {e}"))?;
+    /// be set up but blocks `io_uring_enter` is caught here). The error names the step.
+    pub(super) fn probe(fixed_len: usize) -> Result<Ring, Failed> {
+        let ring = IoUring::new(ENTRIES).map_err(|e| ("io_uring_setup", e))?;
         let mut probe = Probe::new();
         ring.submitter()
             .register_probe(&mut probe)
-            .map_err(|e| format!("io_uring_register (probe): {e}"))?;
+            .map_err(|e| ("io_uring_register (probe)", e))?;
         for (code, name) in [
             (opcode::Write::CODE, "IORING_OP_WRITE"),
             (opcode::WriteFixed::CODE, "IORING_OP_WRITE_FIXED"),
@@ -70,7 +70,11 @@ impl Ring {
             (opcode::Nop::CODE, "IORING_OP_NOP"),
         ] {
             if !probe.is_supported(code) {
-                return Err(format!("the kernel's io_uring lacks {name}"));
+                let e = io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("the kernel's io_uring lacks {name}"),
+                );
+                return Err(("io_uring_register (probe)", e));
             }
         }
         let fixed = vec![0u8; fixed_len].into_boxed_slice();
@@ -83,14 +87,14 @@ impl Ring {
         // dropped first, which unregisters it). The kernel pins its pages for as long as
         // the registration lasts.
         unsafe { ring.submitter().register_buffers(&[iov]) }
-            .map_err(|e| format!("io_uring_register (buffers): {e}"))?;
+            .map_err(|e| ("io_uring_register (buffers)", e))?;
         let mut r = Ring {
             ring,
             fixed,
             round: 0,
             broken: None,
         };
-        r.nop().map_err(|e| format!("io_uring_enter: {e}"))?;
+        r.nop().map_err(|e| ("io_uring_enter", e))?;
         Ok(r)
     }
 
