@@ -10,14 +10,14 @@
 //! [`journal`] the records applied since. [`log`] is the writer a partition hands what
 //! it applies to; [`restore`] reads a directory back into a partition at start.
 
-pub mod files;
 pub mod format;
 pub mod frame;
+pub mod io;
 pub mod journal;
 pub mod log;
 pub mod restore;
 pub mod snapshot;
 
-pub use files::Files;
+pub use io::{Io, IoMode};
 pub use log::{partition_dir, StateConfig, StateLog, StateStats};
 pub use restore::{restore, Restored};

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use kvr::{AppliedLog, KvEvent, Origin, Partition, RankId, StreamResume, WorkerId};
 
-use crate::files::{Files, JournalFile};
 use crate::format::Identity;
+use crate::io::{AppendFile, Io};
 use crate::journal::{self, OwnedEvent, Record};
 use crate::snapshot::Snapshot;
 
@@ -127,7 +127,7 @@ impl StateLog {
     pub fn start(
         partition: &Arc<Partition>,
         cfg: StateConfig,
-        files: Files,
+        io: Io,
         marks: Vec<StreamResume>,
         next_segment: u64,
     ) -> std::io::Result<Arc<StateLog>> {
@@ -138,7 +138,7 @@ impl StateLog {
             partition: Arc::downgrade(partition),
             identity: Identity::of(partition),
             cfg,
-            files,
+            io,
             counters: counters.clone(),
             marks: marks
                 .into_iter()
@@ -239,7 +239,7 @@ struct Writer {
     partition: Weak<Partition>,
     identity: Identity,
     cfg: StateConfig,
-    files: Files,
+    io: Io,
     counters: Arc<Counters>,
     /// Each stream's last batch journaled whole (what a snapshot stores).
     marks: HashMap<(WorkerId, u32), StreamResume>,
@@ -247,7 +247,7 @@ struct Writer {
     open: HashMap<(WorkerId, u32), Record>,
     /// The current journal segment's number, and its file once opened.
     segment: u64,
-    journal: Option<JournalFile>,
+    journal: Option<AppendFile>,
     /// `counters.dropped` when a gap was last recorded.
     seen_dropped: u64,
     buf: Vec<u8>,
@@ -428,13 +428,16 @@ impl Writer {
         for r in records {
             journal::put_record(&mut self.buf, r);
         }
+        let mut header = Vec::new();
         if self.journal.is_none() {
             let path = self.cfg.dir.join(Self::journal_name(self.segment));
-            match self
-                .files
-                .create_journal(&path, &journal::header_frame(&self.identity))
-            {
-                Ok(j) => self.journal = Some(j),
+            match self.io.open_append(&path) {
+                Ok(j) => {
+                    if j.is_empty() {
+                        header = journal::header_frame(&self.identity);
+                    }
+                    self.journal = Some(j);
+                }
                 Err(_) => {
                     self.stats(|s| s.write_failures += 1);
                     return false;
@@ -442,7 +445,7 @@ impl Writer {
             }
         }
         let j = self.journal.as_mut().expect("opened above");
-        match j.append(&self.buf) {
+        match self.io.append(j, &[&header, &self.buf]) {
             Ok(()) => {
                 let n = self.buf.len() as u64;
                 self.stats(|s| {
@@ -478,10 +481,10 @@ impl Writer {
         drop(p);
         let name = format!("snapshot-{n}.kvr");
         match self
-            .files
-            .write_atomic(&self.cfg.dir, &name, &mut |out| snap.write(out))
+            .io
+            .write_atomic(&self.cfg.dir, &name, |out| snap.write(out))
         {
-            Ok(()) => {
+            Ok(_) => {
                 let blocks = snap.blocks();
                 self.stats(|s| {
                     s.snapshots += 1;

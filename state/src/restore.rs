@@ -112,13 +112,11 @@ pub fn restore(dir: &Path, p: &Partition) -> Restored {
         }
     }
     // The segments from the snapshot's on, with no number missing.
-    let mut expect = n;
-    for (&k, path) in segs.range(n..) {
+    for (expect, (&k, path)) in (n..).zip(segs.range(n..)) {
         if k != expect {
             out.stopped = Some(format!("journal segment {expect} is missing"));
             break;
         }
-        expect += 1;
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) => {

@@ -13,7 +13,7 @@ use kvr::hash::{BlockHasher, HashSalt};
 use kvr::ingress::Medium;
 use kvr::{AppliedLog, KvEvent, Partition, PartitionKey, RankId, StoredBlock, Tier};
 use kvr_emulator::BatchEncoder;
-use kvr_state::{restore, Files, StateConfig, StateLog};
+use kvr_state::{restore, Io, IoMode, StateConfig, StateLog};
 
 const BS: u32 = 4;
 
@@ -74,9 +74,14 @@ fn start(p: &Arc<Partition>, dir: &Path, cfg: impl FnOnce(&mut StateConfig)) -> 
     let r = restore(dir, p);
     let mut c = StateConfig::new(dir);
     cfg(&mut c);
-    let log = StateLog::start(p, c, Files::default(), r.streams, r.next_segment).unwrap();
+    let log = StateLog::start(p, c, Io::new(mode()).unwrap(), r.streams, r.next_segment).unwrap();
     assert!(p.attach_applied_log(log.clone() as Arc<dyn AppliedLog>));
     log
+}
+
+/// Both I/O paths: `KVR_STATE_IO` picks one (CI runs the tests with each).
+fn mode() -> IoMode {
+    IoMode::from_env_or(IoMode::Auto).unwrap()
 }
 
 fn copy_dir(from: &Path, to: &Path) {
