@@ -26,6 +26,16 @@ pub struct ServeArgs {
     /// until recovery ends.
     #[arg(long, value_delimiter = ',')]
     pub indexer_peers: Vec<String>,
+    /// Keep each partition's index (a snapshot and a journal of what it applied) and the
+    /// workers' registrations in this directory, so that a restart comes back warm: the
+    /// registrations are replayed, the index restored, and each KV-event stream resumes
+    /// from the last batch applied. Peer recovery is skipped when a partition was restored.
+    #[arg(long, env = "KVR_STATE_DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
+    /// How state files are written: `auto` (io_uring when the kernel allows it, else
+    /// pwrite/fdatasync), `uring` (fail at start without it) or `plain`.
+    #[arg(long, default_value = "auto", env = "KVR_STATE_IO")]
+    pub state_io: kvr_state::IoMode,
     /// Largest peer `/dump` accepted at recovery, in bytes.
     #[arg(long, default_value_t = 1 << 30)]
     pub recovery_max_bytes: u64,

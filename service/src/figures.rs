@@ -36,7 +36,11 @@ pub struct Figure<S> {
     pub read: Read<S>,
 }
 
-const fn counter<S>(name: &'static str, help: &'static str, f: fn(&S) -> u64) -> Figure<S> {
+pub(crate) const fn counter<S>(
+    name: &'static str,
+    help: &'static str,
+    f: fn(&S) -> u64,
+) -> Figure<S> {
     Figure {
         name,
         help,
@@ -44,7 +48,11 @@ const fn counter<S>(name: &'static str, help: &'static str, f: fn(&S) -> u64) ->
     }
 }
 
-const fn gauge<S>(name: &'static str, help: &'static str, f: fn(&S) -> i64) -> Figure<S> {
+pub(crate) const fn gauge<S>(
+    name: &'static str,
+    help: &'static str,
+    f: fn(&S) -> i64,
+) -> Figure<S> {
     Figure {
         name,
         help,

@@ -23,6 +23,7 @@ pub mod registry;
 pub mod routes;
 pub mod server;
 pub mod sources;
+pub mod state;
 pub mod tracking;
 pub mod wire;
 
@@ -57,6 +58,8 @@ pub struct App {
     pub pending: Arc<PendingCache>,
     pub metrics: Metrics,
     pub args: ServeArgs,
+    /// `--state-dir`'s partitions and registrations.
+    pub state: Option<Arc<crate::state::ServiceState>>,
     /// False while recovering from peers: `/ready` answers 503.
     recovered: AtomicBool,
 }
@@ -100,7 +103,24 @@ impl App {
             max_entries: args.selection_cache_max_entries.max(1),
             max_bytes: args.selection_cache_max_bytes,
         }));
-        let metrics = Metrics::with_extra(registry.clone(), pending.clone(), extra);
+        let state = match &args.state_dir {
+            Some(dir) => {
+                let s = crate::state::ServiceState::open(dir, args.state_io)?;
+                registry.set_state(s.clone());
+                Some(s)
+            }
+            None => None,
+        };
+        let metrics = Metrics::with_extra(registry.clone(), pending.clone(), |r| {
+            if let Some(s) = &state {
+                r.register_collector(Box::new(crate::state::StateMetrics(s.clone())));
+            }
+            extra(r)
+        });
+        if state.is_some() {
+            let n = registry.replay_saved_workers();
+            tracing::info!(workers = n, "state: kept registrations registered again");
+        }
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
@@ -113,6 +133,7 @@ impl App {
             metrics,
             recovered: AtomicBool::new(args.indexer_peers.is_empty()),
             args,
+            state,
         }))
     }
 

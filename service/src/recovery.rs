@@ -25,7 +25,7 @@ const RECOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Starts recovery from the peers (if any) on a blocking thread.
 pub fn start(app: Arc<App>) {
-    if app.args.indexer_peers.is_empty() {
+    if app.args.indexer_peers.is_empty() || app.state.as_ref().is_some_and(|s| s.restored_any()) {
         app.set_recovered();
         return;
     }

@@ -64,6 +64,8 @@ pub struct Registry {
     config_for: Box<PartitionFactory>,
     use_kv_events: bool,
     subscribe_options: SubscribeOptions,
+    /// `--state-dir`: partitions restored and journaled, registrations kept.
+    state: std::sync::OnceLock<Arc<crate::state::ServiceState>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -100,7 +102,37 @@ impl Registry {
             config_for,
             use_kv_events,
             subscribe_options: SubscribeOptions::default(),
+            state: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Keeps partitions and registrations in `state` (before any worker registers).
+    pub fn set_state(&self, state: Arc<crate::state::ServiceState>) {
+        let _ = self.state.set(state);
+    }
+
+    /// Registers again the workers a previous run kept (`--state-dir`), each partition
+    /// restored before its streams start; the registrations file is written once, after.
+    /// Returns how many were registered.
+    pub fn replay_saved_workers(&self) -> usize {
+        let Some(state) = self.state.get() else {
+            return 0;
+        };
+        let saved = state.saved_workers();
+        state.suspend_saves(true);
+        let mut n = 0;
+        for r in saved {
+            let id = r.worker_id;
+            match self.upsert(r) {
+                Ok(_) => n += 1,
+                Err(e) => {
+                    tracing::warn!(worker_id = id, error = %e.message, "state: a kept registration is refused")
+                }
+            }
+        }
+        state.suspend_saves(false);
+        self.publish(&self.lock());
+        n
     }
 
     /// How workers' KV-event subscriptions recover (idle probe, replay timeout).
@@ -172,9 +204,21 @@ impl Registry {
             return Ok(p);
         }
         let config = (self.config_for)(block_size);
-        self.engine
+        let p = self
+            .engine
             .create_partition(key.clone(), config)
-            .map_err(|e| ApiError::bad_request(e.to_string()))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(state) = self.state.get() {
+            // The kept workers are members before the restore, so their ranks' blocks are
+            // taken as a registered worker's (not within the unregistered ranks' budget).
+            for r in state.saved_workers_of(key) {
+                if self.reasons(&r, key).is_empty() {
+                    let _ = p.upsert_worker(worker_info(&r));
+                }
+            }
+            state.attach(&p);
+        }
+        Ok(p)
     }
 
     /// Why a registration is not schedulable (Dynamo's `not_schedulable_reasons`, in its
@@ -280,14 +324,8 @@ impl Registry {
         }
         if lifecycle == Lifecycle::Schedulable {
             let bs = r.block_size.unwrap_or(0);
-            let dp = r.data_parallel_size.unwrap_or(1);
             let p = self.partition_for(&key, bs)?;
-            let mut info = WorkerInfo::new(r.worker_id, dp);
-            info.dp_start = r.data_parallel_start_rank.unwrap_or(0);
-            info.total_kv_blocks = r.total_kv_blocks.unwrap_or(0);
-            info.max_batched_tokens = r.max_num_batched_tokens.unwrap_or(0);
-            info.control_endpoints = vec![r.endpoint.clone(); dp as usize];
-            if let Err(e) = p.upsert_worker(info) {
+            if let Err(e) = p.upsert_worker(worker_info(&r)) {
                 return Err(ApiError::bad_request(e.to_string()));
             }
             if subscriptions.is_empty() && self.use_kv_events && p.indexer_policy().applies_events()
@@ -407,7 +445,21 @@ impl Registry {
             );
         }
         self.partitions.store(Arc::new(next));
+        if let Some(state) = self.state.get() {
+            state.save_workers(&workers.values().map(|w| &w.request).collect::<Vec<_>>());
+        }
     }
+}
+
+/// The partition's view of a schedulable registration.
+fn worker_info(r: &WorkerRequest) -> WorkerInfo {
+    let dp = r.data_parallel_size.unwrap_or(1);
+    let mut info = WorkerInfo::new(r.worker_id, dp);
+    info.dp_start = r.data_parallel_start_rank.unwrap_or(0);
+    info.total_kv_blocks = r.total_kv_blocks.unwrap_or(0);
+    info.max_batched_tokens = r.max_num_batched_tokens.unwrap_or(0);
+    info.control_endpoints = vec![r.endpoint.clone(); dp as usize];
+    info
 }
 
 /// The KV-events endpoint of a DP rank: `kv_events_endpoints["<rank>"]`, else, for a

@@ -101,6 +101,10 @@ pub async fn serve_on(
     sweeper.abort();
     health_log.abort();
     app.registry.stop_all();
+    if let Some(state) = &app.state {
+        state.close();
+        tracing::info!("state: final snapshots written");
+    }
     tracing::info!("KV-event subscriptions stopped; bye");
     Ok(())
 }

@@ -60,7 +60,7 @@ impl IngressStream {
         replay: bool,
     ) -> Self {
         let resume = sink.resume_point(worker_id, stream);
-        IngressStream {
+        let mut s = IngressStream {
             worker_id,
             stream,
             tracker: match &resume {
@@ -75,7 +75,11 @@ impl IngressStream {
             stats: sink.register_stream(worker_id, stream),
             stale: None,
             health: HealthFlags::default(),
-        }
+        };
+        // A resumed stream's ranks are stale from the start, until its replay covers what
+        // the publisher sent while kvr was down.
+        s.note_freshness(sink);
+        s
     }
 
     /// A live message.

@@ -206,6 +206,10 @@ pub(crate) struct SequenceTracker {
     /// Losses for good, counted once each (wrapping): `batches_lost` saturates, so a
     /// loss after it is full must still be seen (`loss_events`).
     losses: u64,
+    /// Resumed from a previous run ([`SequenceTracker::resumed`]) and not yet confirmed:
+    /// what the index holds may be older than the publisher (batches sent while kvr was
+    /// down), so the stream is stale until its replay covers that (or it is cleared).
+    resumed: bool,
 }
 
 impl std::fmt::Debug for SequenceTracker {
@@ -233,6 +237,7 @@ impl SequenceTracker {
             replay: None,
             stats: SequenceStats::default(),
             losses: 0,
+            resumed: false,
         }
     }
 
@@ -240,10 +245,13 @@ impl SequenceTracker {
     /// run applied last (a warm restart): it goes on as a stream that applied that batch
     /// and went silent — the probe after subscribing asks for a replay from it, which the
     /// publisher must send back unchanged (else a restart: clear, replay from 0); without
-    /// replay, only the very next batch continues it (anything else clears).
+    /// replay, only the very next batch continues it (anything else clears). Until then
+    /// it is stale (`stale`): the publisher may have gone on while kvr was down, so the
+    /// probe's replay must cover what followed, as a gap's must, or the ranks are cleared.
     pub(crate) fn resumed(replay_enabled: bool, last: (u64, u64)) -> Self {
         SequenceTracker {
             last: Some(last),
+            resumed: true,
             ..Self::new(replay_enabled)
         }
     }
@@ -267,7 +275,8 @@ impl SequenceTracker {
     /// though the lost ones may have evicted some of their blocks. Ends when the replay
     /// fills the loss or the stream's ranks are cleared (`crate::freshness`).
     pub(crate) fn stale(&self) -> bool {
-        self.last.is_some() && self.replay.as_ref().is_some_and(|r| !r.held.is_empty())
+        self.resumed
+            || (self.last.is_some() && self.replay.as_ref().is_some_and(|r| !r.held.is_empty()))
     }
 
     /// Whether a replay is in flight (its batches are expected through
@@ -277,6 +286,7 @@ impl SequenceTracker {
     }
 
     fn clear(&mut self, cause: ClearCause, out: &mut Vec<Action>) {
+        self.resumed = false;
         self.stats.clears += 1;
         out.push(Action::Clear(cause));
     }
@@ -388,6 +398,11 @@ impl SequenceTracker {
     /// A live batch. Returns the actions to perform in `out` (cleared first).
     pub(crate) fn on_live(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Action>) {
         out.clear();
+        if !self.replay_enabled {
+            // Without replay the first live batch is all the evidence there will be: it
+            // continues the resumed stream, or it clears it.
+            self.resumed = false;
+        }
         if let Some(r) = &mut self.replay {
             // One digest of the batch serves every comparison below and its apply.
             let d = digest(payload);
@@ -589,7 +604,8 @@ impl SequenceTracker {
         let mut partial = r.partial;
         // A probe knows of no loss, unless the live stream skipped ahead meanwhile (a held
         // batch): then the hole before it must be covered like a gap's.
-        if !covered && r.why != Why::Probe {
+        // A resumed stream's probe must cover what the publisher sent while kvr was down.
+        if !covered && (r.why != Why::Probe || self.resumed) {
             partial = true;
             self.lose(target.map_or(0, |t| t.wrapping_sub(r.next)));
             if self.last.is_some() {
@@ -599,6 +615,7 @@ impl SequenceTracker {
         // Filled: completed, or failed after covering a known loss; a failed replay with
         // nothing to cover (a join or probe that heard nothing back) brought nothing.
         let filled = covered && !partial && (result == ReplayResult::Completed || target.is_some());
+        self.resumed = false;
         match result {
             _ if filled => self.stats.replays_filled += 1,
             ReplayResult::Completed => self.stats.replays_partial += 1,

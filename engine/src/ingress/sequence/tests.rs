@@ -585,14 +585,38 @@ fn a_resumed_stream_probes_from_its_last_batch_and_fences_a_new_instance() {
     let last = (7, digest(&[7, 0]));
     // The same instance sends batch 7 back unchanged, then 8: nothing is cleared.
     let mut t = SequenceTracker::resumed(true, last);
+    assert!(
+        t.stale(),
+        "stale until the replay covers what was sent meanwhile"
+    );
     assert_eq!(replays(&idle(&mut t)), vec![7]);
     assert!(
         replayed(&mut t, 7, 0).is_empty(),
         "batch 7 was applied already"
     );
     assert_eq!(applied(&replayed(&mut t, 8, 0)), vec![8]);
+    assert!(t.stale());
     assert!(clears(&end(&mut t, ReplayResult::Completed)).is_empty());
     assert_eq!(t.stats().last_seq, Some(8));
+    assert!(!t.stale());
+    // The publisher's replay never answers: what it sent meanwhile is unknown, cleared
+    // (a fresh stream's probe failing clears nothing: no loss is known).
+    let mut t = SequenceTracker::resumed(true, last);
+    idle(&mut t);
+    assert_eq!(
+        clears(&end(&mut t, ReplayResult::Failed)),
+        vec![ClearCause::ReplayIncomplete]
+    );
+    assert!(!t.stale());
+    let mut t = SequenceTracker::new(true);
+    live(&mut t, 0);
+    idle(&mut t);
+    assert!(clears(&end(&mut t, ReplayResult::Failed)).is_empty());
+    // Without replay: the next batch continues it and ends the staleness.
+    let mut t = SequenceTracker::resumed(false, last);
+    assert!(t.stale());
+    assert_eq!(applied(&live(&mut t, 8)), vec![8]);
+    assert!(!t.stale());
     // A new instance (batch 7 differs): cleared, and everything read again from 0.
     let mut t = SequenceTracker::resumed(true, last);
     idle(&mut t);
