@@ -20,12 +20,17 @@ pub const BLOCKS_PER_FRAME: usize = 1 << 20;
 const TAG_STREAM: u8 = 1;
 const TAG_STORE: u8 = 2;
 const TAG_END: u8 = 3;
+const TAG_HOLES: u8 = 4;
 
 /// A partition's index and streams at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
     pub identity: Identity,
     pub stores: Vec<DumpedStore>,
+    /// Blocks written in `stores` that their rank does not hold (a removal in the middle
+    /// of a chain): removed again after the stores, so the blocks under them are kept
+    /// for when the engine stores the missing parent again.
+    pub holes: Vec<(RankId, u64)>,
     /// Where each stream was: the last batch the journal had from it when the snapshot
     /// began (the index holds at least that much).
     pub streams: Vec<StreamResume>,
@@ -45,17 +50,19 @@ impl Snapshot {
     /// dump leaves out (a hybrid rank's, a block whose parent is gone) are not in it;
     /// they come back from the engines.
     pub fn of(p: &Partition, streams: Vec<StreamResume>) -> Snapshot {
-        let dump = p.dump_index();
+        let dump = p.dump_index_with_holes();
         Snapshot {
+            holes: dump.holes,
             identity: Identity::of(p),
             stores: dump.stores,
             streams,
         }
     }
 
-    /// Blocks held, over every rank and tier.
+    /// Blocks held, over every rank and tier (the holes written with them not counted).
     pub fn blocks(&self) -> u64 {
-        self.stores.iter().map(|s| s.blocks.len() as u64).sum()
+        let written: u64 = self.stores.iter().map(|s| s.blocks.len() as u64).sum();
+        written.saturating_sub(self.holes.len() as u64)
     }
 
     /// The file's bytes, handed to `out` frame by frame (a writer need not hold the whole
@@ -98,11 +105,23 @@ impl Snapshot {
                 parent = chunk.last().map(|b| b.external_hash);
             }
         }
+        for chunk in self.holes.chunks(BLOCKS_PER_FRAME) {
+            let mut w = Writer(Vec::with_capacity(8 + chunk.len() * 20));
+            w.u8(TAG_HOLES);
+            w.u32(chunk.len() as u32);
+            for (rank, e) in chunk {
+                w.u64(rank.worker_id);
+                w.u32(rank.dp_rank);
+                w.u64(*e);
+            }
+            emit(&w.0);
+        }
         let mut w = Writer::default();
         w.u8(TAG_END);
         w.u64(self.streams.len() as u64);
         w.u64(parts);
         w.u64(self.blocks());
+        w.u64(self.holes.len() as u64);
         emit(&w.0);
     }
 
@@ -121,6 +140,7 @@ impl Snapshot {
         let mut snap = Snapshot {
             identity: want.clone(),
             stores: Vec::new(),
+            holes: Vec::new(),
             streams: Vec::new(),
         };
         let mut parts = 0u64;
@@ -167,11 +187,25 @@ impl Snapshot {
                     });
                     parts += 1;
                 }
+                Some(TAG_HOLES) => {
+                    let n = r.u32().ok_or(bad("holes"))? as usize;
+                    if n > BLOCKS_PER_FRAME || n * 20 != r.left() {
+                        return Err(bad("holes length"));
+                    }
+                    for _ in 0..n {
+                        let (w, d, e) = (r.u64(), r.u32(), r.u64());
+                        let (Some(w), Some(d), Some(e)) = (w, d, e) else {
+                            return Err(bad("holes"));
+                        };
+                        snap.holes.push((RankId::new(w, d), e));
+                    }
+                }
                 Some(TAG_END) => {
                     let streams = r.u64().ok_or(bad("end"))?;
                     let p = r.u64().ok_or(bad("end"))?;
                     let blocks = r.u64().ok_or(bad("end"))?;
-                    end = Some((streams, p, blocks));
+                    let holes = r.u64().ok_or(bad("end"))?;
+                    end = Some((streams, p, blocks, holes));
                 }
                 _ => return Err(bad("unknown record")),
             }
@@ -184,7 +218,14 @@ impl Snapshot {
         }
         match end {
             None => Err(bad("no end record")),
-            Some(e) if e != (snap.streams.len() as u64, parts, snap.blocks()) => {
+            Some(e)
+                if e != (
+                    snap.streams.len() as u64,
+                    parts,
+                    snap.blocks(),
+                    snap.holes.len() as u64,
+                ) =>
+            {
                 Err(bad("counts differ from the end record"))
             }
             Some(_) => Ok(snap),
@@ -209,6 +250,16 @@ impl Snapshot {
             } else {
                 out.blocks += n;
             }
+        }
+        for (rank, e) in &self.holes {
+            p.apply_events(
+                *rank,
+                [kvr::KvEvent::Removed {
+                    tier: kvr::Tier::Device,
+                    external_hashes: std::slice::from_ref(e),
+                }],
+            );
+            out.blocks = out.blocks.saturating_sub(1);
         }
         out
     }

@@ -138,6 +138,7 @@ fn a_foreign_or_damaged_header_refuses_the_journal() {
     let snap = kvr_state::snapshot::Snapshot {
         identity: id("m"),
         stores: vec![],
+        holes: vec![],
         streams: vec![],
     };
     assert_eq!(read(&snap.to_bytes(), &id("m")), Err(FileError::Kind(1)));

@@ -208,15 +208,23 @@ fn a_torn_journal_restores_a_true_prefix_with_its_streams_places() {
         f.set_len(cut).unwrap();
         let q = partition();
         let r = restore(&d, &q);
-        // What it holds is exactly batches 0..=seq applied (or nothing).
+        // What it holds is the stream's first batches applied, at least through its
+        // resume point: the snapshot may have been taken a little after the segment it
+        // heads began (batches in both), and replay from the resume point goes on
+        // from there; never anything the stream did not send.
         let upto = r.streams.iter().find(|m| m.worker_id == 1).map(|m| m.seq);
+        let got = answers(&q, 20);
         let c = partition();
-        if let Some(last) = upto {
-            for s in 0..=last {
-                c.ingest(1, 0, b"", s, &batch(1, s));
-            }
+        let mut prefixes = vec![answers(&c, 20)];
+        for s in 0..12 {
+            c.ingest(1, 0, b"", s, &batch(1, s));
+            prefixes.push(answers(&c, 20));
         }
-        assert_eq!(answers(&q, 20), answers(&c, 20), "cut at {cut}: {r:?}");
+        let from = upto.map_or(0, |m| m as usize + 1);
+        assert!(
+            prefixes[from..].contains(&got),
+            "cut at {cut}: not batches 0..k for any k >= the resume point: {r:?}"
+        );
         seen.insert(upto);
         let _ = std::fs::remove_dir_all(&d);
     }
@@ -249,4 +257,51 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+#[test]
+fn a_snapshot_keeps_blocks_whose_parent_is_gone_for_when_it_comes_back() {
+    // Prompts sharing a head; the head is evicted with one prompt's tail (the other
+    // prompt's tail stays, under a parent the rank no longer holds), the snapshot is
+    // taken then, and the head is stored again by a third prompt: the second prompt's
+    // tail counts again, after a restart as before it.
+    let tmp = tempdir("holes");
+    let dir = tmp.join("p");
+    let p = partition();
+    let log = start(&p, &dir, |_| {});
+    let head: Vec<u32> = (0..8).collect();
+    let with_tail = |t: u32| {
+        let mut v = head.clone();
+        v.extend((0..8).map(|k| 1000 * t + k));
+        v
+    };
+    let store = |seq: u64, tokens: &[u32]| {
+        let l = locals(tokens);
+        let mut e = BatchEncoder::new();
+        e.stored(&l, None, tokens, BS, Medium::Gpu, None);
+        p.ingest(1, 0, b"", seq, &e.finish(seq as f64, None));
+    };
+    let probe = |q: &Partition| -> Vec<u32> {
+        (1..=3)
+            .map(|t| {
+                q.index()
+                    .find_matches_tiered(&locals(&with_tail(t)))
+                    .get(RankId::new(1, 0))
+                    .map_or(0, |o| o.device)
+            })
+            .collect()
+    };
+    store(0, &with_tail(1));
+    store(1, &with_tail(2));
+    let mut e = BatchEncoder::new();
+    e.removed(&locals(&with_tail(1)), Medium::Gpu);
+    p.ingest(1, 0, b"", 2, &e.finish(2.0, None));
+    assert!(log.snapshot_now());
+    store(3, &with_tail(3));
+    assert!(log.flush());
+    assert_eq!(probe(&p), vec![2, 4, 4]);
+    let q = partition();
+    let r = restore(&dir, &q);
+    assert_eq!(probe(&q), vec![2, 4, 4], "{r:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -16,7 +16,7 @@
 //! announced recurrent state, `recurrent`) is left out too, its blocks counted: its
 //! score depends on states the dump's events cannot carry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::run::{BlockRef, Run};
 use super::{Index, StoredBlock};
@@ -50,6 +50,23 @@ pub struct IndexDump {
     pub stores: Vec<DumpedStore>,
     /// Held blocks that could not be written out (no lineage, or an unheld parent).
     pub skipped_blocks: u64,
+    /// Only from [`Index::dump_with_holes`]: blocks a rank does not hold on the path to
+    /// blocks it does (a removal in the middle of a chain), by the made-up engine names
+    /// they have in `stores` (on the device tier). Storing everything, then removing
+    /// these, gives the rank's trie as it was: its blocks under a hole count again once
+    /// the engine stores the missing parent again.
+    pub holes: Vec<(RankId, u64)>,
+}
+
+/// The made-up engine name of a hole (`IndexDump::holes`): a mix of its block id and
+/// local hash, kept clear of the names the rank uses.
+fn hole_name(id: u64, local: u64, taken: &mut HashSet<u64>) -> u64 {
+    let mut h =
+        (id ^ local.rotate_left(29) ^ 0x6b76_725f_686f_6c65).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    while !taken.insert(h) {
+        h = h.wrapping_add(1);
+    }
+    h
 }
 
 impl Index {
@@ -57,6 +74,16 @@ impl Index {
     /// its maps are read, so a rank's part is a consistent snapshot; ranks are read one
     /// after another. Lookups are not blocked.
     pub fn dump(&self) -> IndexDump {
+        self.dump_with(false)
+    }
+
+    /// [`Index::dump`], with the blocks held under holes written too (`IndexDump::holes`):
+    /// what a restart of the same index needs (its own snapshot), not a peer's dump.
+    pub fn dump_with_holes(&self) -> IndexDump {
+        self.dump_with(true)
+    }
+
+    fn dump_with(&self, holes: bool) -> IndexDump {
         let mut out = IndexDump::default();
         if !self.keeps_lineage() {
             out.skipped_blocks = self.stats().holder_blocks;
@@ -66,8 +93,9 @@ impl Index {
         // The link of a block the rank holds: under its writer lock its runs are live.
         let link_of = |id: u64| -> Link {
             let r = BlockRef(id);
-            // SAFETY: the rank (whose writer lock the caller holds) holds this block, so
-            // its run, and the parent run a run with a holder keeps, are not retired.
+            // SAFETY: the rank (whose writer lock the caller holds) holds this block, or
+            // one of its descendants, so its run, and the parent run a run with a holder
+            // or a child keeps, are not retired.
             let run = unsafe { &*(r.run_addr() as *const Run) };
             let local = run.view(&guard).locals[r.offset() as usize]
                 .load(crate::sync::atomic::Ordering::Relaxed);
@@ -102,6 +130,28 @@ impl Index {
                 for (external, r) in w.held(t) {
                     name.entry(r.0).or_insert(external);
                 }
+            }
+            // Holes: the unheld ancestors of held blocks, named and written on the device
+            // tier with the rest, listed to be removed after.
+            let mut hole_blocks: Vec<(u64, u64)> = Vec::new();
+            if holes {
+                let held: Vec<u64> = name.keys().copied().collect();
+                let mut taken: HashSet<u64> = name.values().copied().collect();
+                for id in held {
+                    let mut cur = link_of(id).parent;
+                    while let Some(p) = cur.filter(|p| !name.contains_key(p)) {
+                        // An ancestor of a held block: its run is kept (a run with a
+                        // child is), so `link_of` may read it as it reads held ones.
+                        let link = link_of(p);
+                        let e = hole_name(p, link.local, &mut taken);
+                        name.insert(p, e);
+                        hole_blocks.push((e, p));
+                        cur = link.parent;
+                    }
+                }
+                hole_blocks.sort_unstable();
+                out.holes
+                    .extend(hole_blocks.iter().map(|&(e, _)| (entry.id, e)));
             }
             // A block can be re-created iff every ancestor can (held on some tier of
             // this rank, lineage known); its depth orders the events parents first, as
@@ -138,7 +188,11 @@ impl Index {
             };
             let mut rank_stores: Vec<(u32, DumpedStore)> = Vec::new();
             for tier in Tier::ALL {
-                let held: Vec<(u64, u64)> = w.held(tier as usize).map(|(e, r)| (e, r.0)).collect();
+                let mut held: Vec<(u64, u64)> =
+                    w.held(tier as usize).map(|(e, r)| (e, r.0)).collect();
+                if tier == Tier::Device {
+                    held.extend(hole_blocks.iter().copied());
+                }
                 let mut links = HashMap::with_capacity(held.len());
                 for &(_, seq) in &held {
                     match depth_of(seq) {

@@ -257,6 +257,12 @@ impl Partition {
         self.index.dump()
     }
 
+    /// [`Partition::dump_index`] with the blocks under holes too (`IndexDump::holes`):
+    /// the snapshot a restart of this partition restores exactly.
+    pub fn dump_index_with_holes(&self) -> crate::index::IndexDump {
+        self.index.dump_with_holes()
+    }
+
     /// Tokens per KV block (at least 1).
     pub fn block_size(&self) -> u32 {
         self.config.block_size.max(1)
