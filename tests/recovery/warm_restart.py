@@ -15,7 +15,8 @@ restart:
 
 Scenarios: `crash` (the SIGKILL loop, --kills N), `fence` (an engine restarted while kvr
 was down: its old blocks must not come back, its new ones must), `graceful` (SIGTERM: a
-final snapshot, nothing to replay from the journal).
+final snapshot, nothing to replay from the journal), `unwritable` (a state directory that
+cannot be created: kvr serve does not start, and says why).
 --negative: the same crash with an empty state directory at each restart must NOT
 converge (the engines' buffers cannot bring the old blocks back): the control that the
 state directory is what restores them.
@@ -302,6 +303,22 @@ def graceful(args, fl, rng) -> bool:
         shutil.rmtree(state, ignore_errors=True)
 
 
+def unwritable(args, fl, rng) -> bool:
+    """A state directory that cannot be created: kvr serve refuses to start, saying why."""
+    tmp = tempfile.mkdtemp(prefix="kvr-warm-bad-")
+    try:
+        afile = os.path.join(tmp, "a-file")
+        open(afile, "w").close()
+        out = subprocess.run([args.kvr_bin, "serve", "--port", str(free_port()), "--state-dir",
+                              os.path.join(afile, "state")], capture_output=True, text=True,
+                             timeout=30)
+        said = (out.stdout + out.stderr).strip().splitlines()
+        log(f"unwritable: exit {out.returncode}: {said[-1] if said else ''}")
+        return out.returncode != 0 and any("--state-dir" in line for line in said)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
@@ -312,7 +329,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=15.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--negative", action="store_true")
-    ap.add_argument("--only", action="append", choices=["crash", "fence", "graceful"])
+    ap.add_argument("--only", action="append",
+                    choices=["crash", "fence", "graceful", "unwritable"])
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     log(f"seed {seed}; publisher {args.publisher}; state I/O {args.state_io}")
@@ -330,9 +348,10 @@ def main(argv=None) -> int:
             f"as they must ({time.time() - t0:.0f} s)")
         return 0
     results = {}
-    for name in args.only or ["graceful", "fence", "crash"]:
+    for name in args.only or ["unwritable", "graceful", "fence", "crash"]:
         fn = {"crash": lambda: crash(args, fl, rng, False), "fence": lambda: fence(args, fl, rng),
-              "graceful": lambda: graceful(args, fl, rng)}[name]
+              "graceful": lambda: graceful(args, fl, rng),
+              "unwritable": lambda: unwritable(args, fl, rng)}[name]
         log(f"== {name}")
         results[name] = fn()
         log(f"{name}: {'ok' if results[name] else 'FAILED'}")
