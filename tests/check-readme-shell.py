@@ -69,9 +69,12 @@ RUN = {
     "python3 -m venv ~/kvr-venv && . ~/kvr-venv/bin/activate": (
         "Python quick start: the wheel in a venv, the example", 1800,
         r"1 http://gpu-host:8000 0", None),
-    "kvr serve --host 127.0.0.1 --port 8092 &": (
+    "kvr serve --host 127.0.0.1 --port 8092 --state-dir ~/kvr-state &": (
         "service quick start: kvr serve on 127.0.0.1, register, select", 120,
         r'"selection_id"', None),
+    "kvr serve --port 8092 --state-dir ~/kvr-state &": (
+        "service quick start: restarted on its state directory, the worker is back", 120,
+        r'"worker_id":1', None),
 }
 
 # First line of a block -> (the file that runs it, why it is not run here).

@@ -10,7 +10,8 @@
 # `kvr epp` behind the real Envoy 1.40 (tests/gateway),
 # the Python bindings (tests/python: a wheel, pytest, the differential test against
 # Dynamo's in-process SelectionService),
-# ingress recovery against vLLM's and SGLang's real publishers (tests/recovery)
+# ingress recovery and warm restart against vLLM's and SGLang's real publishers
+# (tests/recovery)
 # and the service load benchmark's smoke.
 # then the install test (make install into a temp prefix; the C, C++ and Go examples built
 # against the installed tree, outside the repository, with pkg-config and CMake), and the
@@ -116,6 +117,19 @@ done
 # vLLM 0.34.0's publisher too (the run above uses 0.33.0's).
 KVR_COMPAT_VLLM_DIR="$HOME/.cache/kvr/vllm-0.34.0" \
     "$compat_py" tests/recovery/recovery.py --publisher vllm --only connector-shapes
+# Warm restart (--state-dir): kvr serve killed with SIGKILL at random while the real
+# publishers send, restarted on its state directory (a few kills here; the full run of 50
+# is in docs/warm-restart.md), an engine restarted while kvr was down, SIGTERM's final
+# snapshot, an uncreatable directory; io_uring (auto: its fallback where the kernel
+# refuses) with vLLM 0.34.0's publisher, the fallback forced with SGLang's; and the
+# negative control (an empty state directory at each restart must not converge).
+KVR_COMPAT_VLLM_DIR="$HOME/.cache/kvr/vllm-0.34.0" \
+    "$compat_py" tests/recovery/warm_restart.py --publisher vllm --kills 5
+"$compat_py" tests/recovery/warm_restart.py --publisher sglang --state-io plain --kills 3
+"$compat_py" tests/recovery/warm_restart.py --negative
+# kvr-state's tests through the forced fallback too (the workspace run above takes io_uring
+# where the kernel allows it).
+KVR_STATE_IO=plain cargo test -p kvr-state --release --locked
 # kvr's remote primary against Dynamo's real standalone indexer.
 KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
     cargo test -p kvr-remote --release --test dynamo_indexer
