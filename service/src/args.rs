@@ -98,6 +98,14 @@ pub struct ServeArgs {
     /// once a worker is schedulable, and its body lists the streams that are not exact).
     #[arg(long, env = "KVR_READY_REQUIRES_KV_EVENTS", default_value_t = false, action = clap::ArgAction::Set)]
     pub ready_requires_kv_events: bool,
+    /// `/ready` answers 503 until this share (0 to 1) of the KV-event streams is exact
+    /// (after a restart: until their replay caught up), or `--ready-wait-secs` passed.
+    /// 0 (the default) does not wait; `/ready`'s body reports the share either way.
+    #[arg(long, env = "KVR_READY_MIN_EXACT_SHARE", default_value_t = 0.0, value_parser = share)]
+    pub ready_min_exact_share: f64,
+    /// The longest `/ready` waits for `--ready-min-exact-share`, in seconds from start.
+    #[arg(long, env = "KVR_READY_WAIT_SECS", default_value_t = 30)]
+    pub ready_wait_secs: u64,
     /// Log format: `text` or `json` (structured, one object a line).
     #[arg(long, default_value = "text", env = "KVR_LOG_FORMAT")]
     pub log_format: String,
@@ -256,5 +264,13 @@ impl ServeArgs {
         } else {
             Duration::from_secs(120)
         }
+    }
+}
+
+/// A share from 0 to 1.
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s}: a share from 0 to 1")),
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod conn;
+pub mod coverage;
 pub mod error;
 pub mod figures;
 pub mod ids;
@@ -60,6 +61,8 @@ pub struct App {
     pub args: ServeArgs,
     /// `--state-dir`'s partitions and registrations.
     pub state: Option<Arc<crate::state::ServiceState>>,
+    /// When the service started, for `/ready`'s wait bound (`coverage`).
+    pub ready_gate: Arc<crate::coverage::ReadyGate>,
     /// False while recovering from peers: `/ready` answers 503.
     recovered: AtomicBool,
 }
@@ -111,10 +114,16 @@ impl App {
             }
             None => None,
         };
+        let ready_gate = Arc::new(crate::coverage::ReadyGate::default());
         let metrics = Metrics::with_extra(registry.clone(), pending.clone(), |r| {
             if let Some(s) = &state {
                 r.register_collector(Box::new(crate::state::StateMetrics(s.clone())));
             }
+            r.register_collector(Box::new(crate::coverage::CoverageMetrics {
+                registry: registry.clone(),
+                gate: ready_gate.clone(),
+                min_exact_share: args.ready_min_exact_share,
+            }));
             extra(r)
         });
         if state.is_some() {
@@ -134,6 +143,7 @@ impl App {
             recovered: AtomicBool::new(args.indexer_peers.is_empty()),
             args,
             state,
+            ready_gate,
         }))
     }
 

@@ -23,6 +23,7 @@
 //! | `kvr_pending_selections` | gauge | | pending-selection cache entries |
 //! | `kvr_recovery_*` | counter | | peer `/dump` recovery: `attempts_total`, `failures_total`, `events_total` |
 //! | `kvr_state_*` | counter/gauge | `model`, `backend` | `--state-dir`: the journal's writer and the restore at start (`crate::state`) |
+//! | `kvr_kv_streams`, `kvr_ready_exact_share`, `kvr_ready_reached_seconds` | gauge | `state` (the first) | streams by state, the exact share, when `/ready`'s share was first reached (`crate::coverage`) |
 //! | `dynamo_frontend_worker_active_decode_blocks`, `dynamo_frontend_worker_active_prefill_tokens` | gauge | `worker_id`, `dp_rank` | booked load per rank |
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -11,7 +11,9 @@ restart:
     stream has not yet proved it continues is stale: selection credits it nothing);
   * the answers must reach exactly what each engine holds: the blocks stored before the
     crash come back from the state directory (the engines cannot replay them: too old),
-    those sent while kvr was down from the engines' replay buffers.
+    those sent while kvr was down from the engines' replay buffers;
+  * in `crash`, kvr runs with `--ready-min-exact-share 1`: /ready must wait until every
+    stream caught up, so its first answers after ready are already exact.
 
 Scenarios: `crash` (the SIGKILL loop, --kills N), `fence` (an engine restarted while kvr
 was down: its old blocks must not come back, its new ones must), `graceful` (SIGTERM: a
@@ -54,8 +56,9 @@ BUFFER = 16
 class Kvr:
     """One `kvr serve` on a state directory; restarted on a new port each time."""
 
-    def __init__(self, kvr_bin: str, state_dir: str, io: str):
+    def __init__(self, kvr_bin: str, state_dir: str, io: str, extra=()):
         self.bin, self.state_dir, self.io = kvr_bin, state_dir, io
+        self.extra = list(extra)
         self.proc = None
         self.base = None
         self.logs = []
@@ -70,7 +73,7 @@ class Kvr:
         t0 = time.time()
         self.proc = subprocess.Popen(
             [self.bin, "serve", "--port", str(port), "--state-dir", self.state_dir,
-             "--state-io", self.io, "--kv-events-idle-probe-ms", "500"],
+             "--state-io", self.io, "--kv-events-idle-probe-ms", "500"] + self.extra,
             stdout=logf, stderr=logf)
         deadline = t0 + 30
         while time.time() < deadline:
@@ -172,7 +175,8 @@ def make_workers(fl, n: int, first_id: int):
 
 def crash(args, fl, rng, negative: bool) -> bool:
     state = tempfile.mkdtemp(prefix="kvr-warm-state-")
-    kvr = Kvr(args.kvr_bin, state, args.state_io)
+    # /ready waits until every stream is exact: its first answer after ready must be.
+    kvr = Kvr(args.kvr_bin, state, args.state_io, ["--ready-min-exact-share", str(args.ready_share)])
     workers = make_workers(fl, 2, 201)
     load = Load(workers, rng)
     ok = True
@@ -200,6 +204,12 @@ def crash(args, fl, rng, negative: bool) -> bool:
                 for w in workers:
                     w.register(kvr.base)
             ready_times.append(ready)
+            first = Check(None, 0, query=lambda p: overlap(kvr.base, p)).mismatches(
+                workers, load.prompts())
+            if first and not negative:
+                log(f"crash {k + 1}: /ready said ready with every stream exact, yet the "
+                    f"first answers differ from the engines: {first[:5]}")
+                ok = False
             conv, over, bad = converge(kvr, workers, load.prompts(), args.timeout)
             if over:
                 log(f"crash {k + 1}: OVERCOUNT after the restart: {over[:5]}")
@@ -329,6 +339,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=15.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--negative", action="store_true")
+    ap.add_argument("--ready-share", type=float, default=1.0,
+                    help="--ready-min-exact-share for the crash scenario (0: /ready does not "
+                         "wait, and its first answers may lag: a control for the check)")
     ap.add_argument("--only", action="append",
                     choices=["crash", "fence", "graceful", "unwritable"])
     args = ap.parse_args(argv)

@@ -117,10 +117,13 @@ impl App {
         sources.retain(|s| s.state != SourceHealth::Exact.name());
         let dead = sources.iter().any(|s| s.state == SourceHealth::Dead.name());
         let events_ok = !(dead && self.args.ready_requires_kv_events);
+        let coverage = self.coverage();
+        let covered = self.coverage_ready(&coverage);
         ReadyBody {
-            ready: schedulable > 0 && self.recovered() && events_ok,
+            ready: schedulable > 0 && self.recovered() && events_ok && covered,
             schedulable_workers: schedulable,
             workers,
+            coverage: (!sources.is_empty()).then_some(coverage),
             kv_event_sources: sources,
         }
     }

@@ -210,6 +210,29 @@ pub struct ReadyBody {
     /// dead), absent when every stream is exact (Dynamo's body then).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kv_event_sources: Vec<super::source::SourceState>,
+    /// kvr's addition: the streams by state and the exact share `/ready` waits for;
+    /// absent when every stream is exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
+}
+
+/// The streams by state, as `/ready` reports them.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Coverage {
+    pub exact: usize,
+    pub recovering: usize,
+    pub degraded: usize,
+    pub dead: usize,
+    /// exact / all streams (1 with no stream).
+    pub exact_share: f64,
+    /// The share `/ready` waits for (0: it does not wait).
+    pub min_exact_share: f64,
+    /// Seconds from start until the share was first reached (absent: not yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reached_after_secs: Option<f64>,
+    /// `/ready` stopped waiting for the share: `--ready-wait-secs` passed first.
+    #[serde(default)]
+    pub wait_bound_passed: bool,
 }
 
 impl crate::error::WireBody for WorkerRequest {
