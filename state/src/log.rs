@@ -15,8 +15,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -33,18 +33,19 @@ use crate::snapshot::Snapshot;
 pub struct StateConfig {
     /// The partition's directory (created if missing).
     pub dir: PathBuf,
-    /// Events the queue holds before ingest drops (and counts) them.
-    pub queue_events: usize,
+    /// Messages the queue holds (a stream batch's events, or one event of a host's
+    /// own calls, each) before ingest drops (and counts) what comes.
+    pub queue_messages: usize,
     /// A snapshot is taken when the journal has grown by this many bytes since the last.
     pub snapshot_after_bytes: u64,
 }
 
 impl StateConfig {
-    /// Defaults: a queue of 262,144 events, a snapshot every 256 MiB of journal.
+    /// Defaults: a queue of 65,536 messages, a snapshot every 256 MiB of journal.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         StateConfig {
             dir: dir.into(),
-            queue_events: 1 << 18,
+            queue_messages: 1 << 16,
             snapshot_after_bytes: 256 << 20,
         }
     }
@@ -98,7 +99,11 @@ struct Counters {
 
 enum Msg {
     Applied(Origin, RankId, OwnedEvent),
+    /// A stream batch's events, whole (gathered on the ingesting thread).
+    Batch(Origin, Vec<(RankId, OwnedEvent)>),
     BatchEnd(Origin),
+    /// Stop after what came before.
+    Stop,
     Cleared(WorkerId, Vec<u32>),
     Removed(WorkerId),
     /// Write what came before; then take a snapshot (`true`) or not; answer when done.
@@ -108,9 +113,47 @@ enum Msg {
 /// A partition's journal and snapshots: attach it with
 /// [`Partition::attach_applied_log`] (after restoring, [`crate::restore`]).
 pub struct StateLog {
-    tx: Mutex<Option<SyncSender<Msg>>>,
-    counters: Arc<Counters>,
+    shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the ingesting threads share with the writer: the queue and the counters.
+struct Shared {
+    tx: SyncSender<Msg>,
+    /// Set by `close`: what comes after is dropped (and counted), not queued.
+    closed: AtomicBool,
+    counters: Arc<Counters>,
+}
+
+impl Shared {
+    /// Queues `m` (`events` events) without waiting: dropped and counted when the queue
+    /// is full or the writer has stopped.
+    fn send(&self, m: Msg, events: u64) {
+        self.counters.queued.fetch_add(events, Ordering::Relaxed);
+        let sent = !self.closed.load(Ordering::Relaxed) && self.tx.try_send(m).is_ok();
+        if !sent {
+            self.counters.dropped.fetch_add(events, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The stream batch an ingesting thread is applying: its events, gathered until its end
+/// so that the queue takes one message per batch.
+struct Pending {
+    shared: Arc<Shared>,
+    origin: Origin,
+    events: Vec<(RankId, OwnedEvent)>,
+}
+
+impl Pending {
+    fn send(self) {
+        let n = self.events.len() as u64;
+        self.shared.send(Msg::Batch(self.origin, self.events), n);
+    }
+}
+
+thread_local! {
+    static PENDING: std::cell::RefCell<Option<Pending>> = const { std::cell::RefCell::new(None) };
 }
 
 impl std::fmt::Debug for StateLog {
@@ -132,7 +175,7 @@ impl StateLog {
         next_segment: u64,
     ) -> std::io::Result<Arc<StateLog>> {
         std::fs::create_dir_all(&cfg.dir)?;
-        let (tx, rx) = mpsc::sync_channel(cfg.queue_events.max(1));
+        let (tx, rx) = mpsc::sync_channel(cfg.queue_messages.max(1));
         let counters = Arc::new(Counters::default());
         let w = Writer {
             partition: Arc::downgrade(partition),
@@ -154,25 +197,33 @@ impl StateLog {
             .name("kvr-state".into())
             .spawn(move || w.run(rx))?;
         Ok(Arc::new(StateLog {
-            tx: Mutex::new(Some(tx)),
-            counters,
+            shared: Arc::new(Shared {
+                tx,
+                closed: AtomicBool::new(false),
+                counters,
+            }),
             thread: Mutex::new(Some(thread)),
         }))
     }
 
-    fn send(&self, m: Msg) {
-        self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = match tx.as_ref() {
-            Some(tx) => match tx.try_send(m) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
-            },
-            None => false,
-        };
-        if !sent {
-            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    /// Sends this thread's gathered batch first, if it is this log's (what follows must
+    /// come after it).
+    fn flush_pending(&self) {
+        let p = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            match &*p {
+                Some(x) if Arc::ptr_eq(&x.shared, &self.shared) => p.take(),
+                _ => None,
+            }
+        });
+        if let Some(p) = p {
+            p.send();
         }
+    }
+
+    fn send(&self, m: Msg) {
+        self.flush_pending();
+        self.shared.send(m, 1);
     }
 
     /// Takes a snapshot now and waits for it (e.g. before a planned restart); false when
@@ -188,19 +239,21 @@ impl StateLog {
     }
 
     fn flush_with(&self, snapshot: bool) -> bool {
-        let (ack, done) = mpsc::sync_channel(1);
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        match tx {
-            Some(tx) => tx.send(Msg::Flush(ack, snapshot)).is_ok() && done.recv().is_ok(),
-            None => false,
+        self.flush_pending();
+        if self.shared.closed.load(Ordering::Relaxed) {
+            return false;
         }
+        let (ack, done) = mpsc::sync_channel(1);
+        self.shared.tx.send(Msg::Flush(ack, snapshot)).is_ok() && done.recv().is_ok()
     }
 
     /// Writes what is queued, takes a final snapshot and stops the writer (a graceful
     /// shutdown: the next start needs no journal). Events after this are dropped.
     pub fn close(&self) {
         self.snapshot_now();
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if !self.shared.closed.swap(true, Ordering::Relaxed) {
+            let _ = self.shared.tx.send(Msg::Stop);
+        }
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
         }
@@ -209,22 +262,56 @@ impl StateLog {
     /// The writer's counters now.
     pub fn stats(&self) -> StateStats {
         let mut s = *self
+            .shared
             .counters
             .stats
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        s.events_queued = self.counters.queued.load(Ordering::Relaxed);
-        s.events_dropped = self.counters.dropped.load(Ordering::Relaxed);
+        s.events_queued = self.shared.counters.queued.load(Ordering::Relaxed);
+        s.events_dropped = self.shared.counters.dropped.load(Ordering::Relaxed);
         s
     }
 }
 
 impl AppliedLog for StateLog {
     fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>) {
-        self.send(Msg::Applied(origin, rank, OwnedEvent::of(event)));
+        let e = OwnedEvent::of(event);
+        if matches!(origin, Origin::Direct) {
+            return self.send(Msg::Applied(origin, rank, e));
+        }
+        // A stream batch's events are gathered on this thread until its end.
+        let other = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            if let Some(x) = &mut *p {
+                if x.origin == origin && Arc::ptr_eq(&x.shared, &self.shared) {
+                    x.events.push((rank, e));
+                    return None;
+                }
+            }
+            p.replace(Pending {
+                shared: self.shared.clone(),
+                origin,
+                events: vec![(rank, e)],
+            })
+        });
+        // Another batch was still gathered (its end never came): it goes as it is.
+        if let Some(o) = other {
+            o.send();
+        }
     }
     fn batch_end(&self, origin: Origin) {
-        self.send(Msg::BatchEnd(origin));
+        let p = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            match &*p {
+                Some(x) if x.origin == origin && Arc::ptr_eq(&x.shared, &self.shared) => p.take(),
+                _ => None,
+            }
+        });
+        match p {
+            Some(p) => p.send(),
+            // Nothing of it applied, or gathered elsewhere: just its end.
+            None => self.send(Msg::BatchEnd(origin)),
+        }
     }
     fn cleared(&self, worker: WorkerId, dp_ranks: &[u32]) {
         self.send(Msg::Cleared(worker, dp_ranks.to_vec()));
@@ -266,8 +353,10 @@ impl Writer {
                 Ok(m) => msgs.push(m),
                 Err(RecvTimeoutError::Timeout) => {
                     // A loss with nothing queued since still needs its gap and snapshot.
-                    if self.counters.dropped.load(Ordering::Relaxed) != self.seen_dropped {
-                        self.write(&mut msgs);
+                    if self.counters.dropped.load(Ordering::Relaxed) != self.seen_dropped
+                        && self.write(&mut msgs)
+                    {
+                        return;
                     }
                     continue;
                 }
@@ -279,20 +368,36 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.write(&mut msgs);
+            if self.write(&mut msgs) {
+                return;
+            }
         }
     }
 
-    /// Appends `msgs` as records, then snapshots when one is due or asked for.
-    fn write(&mut self, msgs: &mut Vec<Msg>) {
+    /// Appends `msgs` as records, then snapshots when one is due or asked for; true
+    /// when asked to stop.
+    fn write(&mut self, msgs: &mut Vec<Msg>) -> bool {
         let mut records = Vec::new();
         let mut asked = Vec::new();
         let mut snapshot_asked = false;
+        let mut stop = false;
         let dropped = self.counters.dropped.load(Ordering::Relaxed);
         let lost = dropped.wrapping_sub(self.seen_dropped);
         for m in msgs.drain(..) {
             match m {
                 Msg::Applied(origin, rank, e) => self.push_event(&mut records, origin, rank, e),
+                Msg::Batch(origin, events) => {
+                    for (rank, e) in events {
+                        self.push_event(&mut records, origin, rank, e);
+                    }
+                    if let Origin::Stream {
+                        worker_id, stream, ..
+                    } = origin
+                    {
+                        self.close_batch(&mut records, (worker_id, stream));
+                    }
+                }
+                Msg::Stop => stop = true,
                 Msg::BatchEnd(Origin::Stream {
                     worker_id, stream, ..
                 }) => self.close_batch(&mut records, (worker_id, stream)),
@@ -329,6 +434,7 @@ impl Writer {
         for a in asked {
             let _ = a.send(());
         }
+        stop
     }
 
     /// Adds an applied event to the last record when it is of the same batch, else to a

@@ -237,7 +237,7 @@ fn a_writer_that_drops_events_records_the_gap_and_its_snapshot_covers_it() {
     let tmp = tempdir("gap");
     let dir = tmp.join("p");
     let p = partition();
-    let log = start(&p, &dir, |c| c.queue_events = 1);
+    let log = start(&p, &dir, |c| c.queue_messages = 1);
     feed(&p, 0..40);
     assert!(log.snapshot_now());
     let st = log.stats();
