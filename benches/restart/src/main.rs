@@ -94,7 +94,7 @@ fn batches(blocks: u64) -> Vec<(u64, u64, Vec<u8>)> {
                 (PROMPT_BLOCKS - 8) as u64
             };
             stored.push(i);
-            if stored.len() % 8 == 0 {
+            if stored.len().is_multiple_of(8) {
                 // Evict the last 4 blocks of the oldest prompt still whole.
                 let old = stored[stored.len() / 2];
                 local.clear();
