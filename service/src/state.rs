@@ -227,6 +227,7 @@ struct Row {
     stats: StateStats,
     restored_blocks: u64,
     restored_records: u64,
+    restored_events: u64,
     refused_files: u64,
     restore_ms: u64,
 }
@@ -316,6 +317,7 @@ impl Collector for StateMetrics {
                     stats: k.log.stats(),
                     restored_blocks: k.restored.snapshot_blocks,
                     restored_records: k.restored.records,
+                    restored_events: k.restored.events,
                     refused_files: k.restored.refused_files.len() as u64,
                     restore_ms: (k.restored.seconds * 1e3) as u64,
                 },

@@ -450,3 +450,58 @@ fn held_run_limit_refuses_and_reuses() {
     idx.clear(R0);
     assert_eq!(held(&idx), 0);
 }
+
+/// Stores `d`'s runs, then removes its holes: what a restart does with a snapshot.
+fn replay_dump(d: &IndexDump) -> Index {
+    let idx = Index::new();
+    for s in &d.stores {
+        idx.store(s.rank, s.tier, s.parent, &s.blocks).unwrap();
+    }
+    for (rank, e) in &d.holes {
+        idx.remove(*rank, Tier::Device, &[*e]);
+    }
+    idx
+}
+
+#[test]
+fn a_dump_with_holes_keeps_the_blocks_under_a_removed_parent() {
+    let idx = Index::new();
+    // R0: a chain 0..6 and a branch off block 2; block 1 is removed (a hole under which
+    // 2..6 and the branch stay held), R1 holds 0..3 whole.
+    idx.store(R0, Tier::Device, None, &blocks(0..6)).unwrap();
+    idx.store(R0, Tier::Device, Some(2), &blocks(10..12))
+        .unwrap();
+    idx.store(R1, Tier::Device, None, &blocks(0..3)).unwrap();
+    idx.remove(R0, Tier::Device, &[1]);
+    let plain = idx.dump();
+    let d = idx.dump_with_holes();
+    assert!(plain.holes.is_empty());
+    assert_eq!(
+        plain.skipped_blocks, 6,
+        "2..6 and the branch have no parent"
+    );
+    assert_eq!((d.skipped_blocks, d.holes.len()), (0, 1));
+    assert_eq!(d.holes[0].0, R0);
+    let back = replay_dump(&d);
+    // Nothing more is held: the hole is gone again, the prefix stops at block 0.
+    for q in [locals(0..6), locals(0..3)] {
+        assert_eq!(back.find_matches(&q).get(R0), idx.find_matches(&q).get(R0));
+        assert_eq!(back.find_matches(&q).get(R1), idx.find_matches(&q).get(R1));
+    }
+    assert_eq!(back.stats().holder_blocks, idx.stats().holder_blocks);
+    // The engine stores block 1 again: the blocks under it count again, in both.
+    for i in [&idx, &back] {
+        i.store(R0, Tier::Device, Some(0), &blocks(1..2)).unwrap();
+    }
+    let mut branch = locals(0..3);
+    branch.extend(locals(10..12));
+    for q in [locals(0..6), branch] {
+        assert_eq!(idx.find_matches(&q).get(R0), q.len() as u32);
+        assert_eq!(back.find_matches(&q).get(R0), q.len() as u32);
+    }
+    // Without the holes (a peer's dump), the blocks under it are gone for good.
+    let peer = replay_dump(&plain);
+    peer.store(R0, Tier::Device, Some(0), &blocks(1..2))
+        .unwrap();
+    assert_eq!(peer.find_matches(&locals(0..6)).get(R0), 2);
+}
