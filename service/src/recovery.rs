@@ -1,6 +1,17 @@
 //! `--indexer-peers`: at start, the index is recovered from the first peer whose
-//! `GET /dump` (kvr's or Dynamo's shape, [`crate::wire::dump`]) answers and parses; live
-//! events then follow as workers register. `/ready` answers 503 until recovery ends.
+//! `GET /dump` (kvr's or Dynamo's shape, [`crate::wire::dump`]) answers and parses.
+//! `/ready` answers 503 until recovery ends.
+//!
+//! Order: workers may register meanwhile, but their KV-event streams are held (no socket
+//! opened, nothing applied: `App::set_recovered` opens the gate) until the dump is applied.
+//! Each stream then joins as a late subscriber does: it asks its publisher's replay buffer
+//! for everything from the first batch, and only then applies live batches. Replaying
+//! events the dump already reflects is harmless (a store of a held block, a removal of an
+//! absent one change nothing, and the last event of each block decides); a live event
+//! applied before the dump would not be, as the older dump would undo it (a block the
+//! engine removed brought back). What the replay buffer no longer holds comes only from
+//! the dump. While a stream replays, its ranks may show blocks of the replayed history
+//! until the replay reaches their removal (docs/service.md, "Recovering from a peer").
 //!
 //! A peer that is unreachable, slow (`RECOVERY_TIMEOUT`), too large
 //! (`--recovery-max-bytes`), truncated or garbage is logged and counted
