@@ -60,7 +60,7 @@ pub struct App {
     /// False while recovering from peers: `/ready` answers 503.
     recovered: AtomicBool,
     /// Holds every KV-event stream while recovering from peers (opened with `recovered`).
-    live_events_gate: Option<kvr_zmq::StartGate>,
+    pub(crate) live_events_gate: Option<kvr_zmq::StartGate>,
 }
 
 impl App {

@@ -11,10 +11,13 @@ register on B at once, so their events arrive while the dump is on its way.
 
 Checked:
   - B's `/ready` answers 503 until the dump was handed over, and 200 after;
-  - B never overcounts while it catches up: B's `/dump` is sampled all along, and every
-    block it names on a (worker, rank) must have been stored there, and not removed
-    before B started (a block removed earlier and brought back is the fault recovery
-    must not have);
+  - B's answers never overcount while it catches up: `/overlap_scores` of prompts stored
+    before (half of them removed before B started) is sampled all along, and back to
+    back by three threads around the moment the dump is handed over (the engines go
+    quiet then for `--quiet` s, so a joining stream hears no live batch); each rank's
+    credited depth must be blocks it held at some time since B started. B's raw index
+    (`/dump`) is sampled too: it must hold no such block once every stream is exact
+    (while a stream still joins, its replay of older history shows there: reported);
   - once the load stops and B's streams have caught up, B's index is the publishers'
     truth, per (worker, rank), exactly: not a block more, not one less.
 
@@ -47,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "compat"))
 
-from harness import Service, free_port, http  # noqa: E402
+from harness import Service, free_port, http, overlap_map  # noqa: E402
 from vllm_publisher import WorkerPublisher, engine_hashes  # noqa: E402
 
 BS = 16
@@ -73,12 +76,14 @@ class Load:
         self.held = {r: {} for r in RANKS}  # rank -> {seq id: (tokens, hashes)}, churned
         self.base = {r: set() for r in RANKS}  # rank -> hashes stored first, never removed
         self.published = {r: 0 for r in RANKS}  # batches per rank
+        self.prompts = []  # every (rank, tokens, hashes) ever stored, for overlap queries
         self.stored_at = {}  # (rank, hash) -> t
         self.removed_at = {}  # (rank, hash) -> t
         self.next_token = itertools.count(1_000_000, 100 * BS)
         self.seq_ids = itertools.count()
         self.batches = 0
         self.stop = threading.Event()
+        self.quiet = threading.Event()  # set: the engines publish nothing
         self.thread = None
 
     def workers(self) -> list[dict]:
@@ -106,6 +111,7 @@ class Load:
             if self.rng.random() < 0.5 or not held:
                 pub.store(dp, toks, BS)
                 held[next(self.seq_ids)] = (toks, hashes)
+                self.prompts.append((rank, toks, hashes))
                 for h in hashes:
                     self.stored_at[(rank, h)] = t
             else:
@@ -116,6 +122,7 @@ class Load:
                 fh = engine_hashes(full, BS)
                 pub.store(dp, toks, BS, parent_tokens=ptoks)
                 held[sid] = (full, fh)
+                self.prompts.append((rank, full, fh))
                 for h in fh[len(phashes):]:
                     self.stored_at[(rank, h)] = t
             self.batches += 1
@@ -140,6 +147,7 @@ class Load:
                 toks = list(range(start, start + 3 * BS))
                 with self.lock:
                     self.pubs[worker].store(dp, toks, BS)
+                    self.prompts.append((rank, toks, engine_hashes(toks, BS)))
                     t = time.time()
                     for h in engine_hashes(toks, BS):
                         self.base[rank].add(h)
@@ -150,7 +158,8 @@ class Load:
     def run(self, period: float):
         ranks = itertools.cycle(RANKS)
         while not self.stop.is_set():
-            self.step(next(ranks))
+            if not self.quiet.is_set():
+                self.step(next(ranks))
             time.sleep(period)
 
     def start(self, period: float = 0.004):
@@ -180,6 +189,48 @@ class Load:
                     elif r is not None and r < t0:
                         bad.append(f"{rank} {h:#x}: removed {t0 - r:.2f}s before B started")
         return bad
+
+    def held_between(self, rank, h, t0: float, t_end: float) -> bool:
+        s, r = self.stored_at.get((rank, h)), self.removed_at.get((rank, h))
+        return s is not None and s <= t_end and (r is None or r >= t0)
+
+    def check_answer(self, rank, hashes, got: dict, t0: float, t_end: float) -> list[str]:
+        bad = []
+        with self.lock:
+            for r, depth in got.items():
+                if not depth:
+                    continue
+                if r != rank:
+                    bad.append(f"{r} credited {depth} blocks of a prompt of {rank}")
+                elif not all(self.held_between(rank, h, t0, t_end) for h in hashes[:depth]):
+                    bad.append(f"{rank} credited {depth} blocks, not all held since B started")
+        return bad
+
+    def recent_ghosts(self, t0: float, per_rank: int = 30) -> list:
+        """Per rank, the prompts removed last before t0: still in the replay buffer, so a
+        join replays their store and, a little later, their removal."""
+        out = []
+        with self.lock:
+            for rank in RANKS:
+                gone = [p for p in self.prompts if p[0] == rank
+                        and self.removed_at.get((rank, p[2][-1]), t0) < t0]
+                out += gone[-per_rank:]
+        return out
+
+    def overlap_overcounts(self, base: str, t0: float, n: int = 12) -> tuple[int, list[str]]:
+        """B's answers: `/overlap_scores` of `n` prompts ever stored (half of them among
+        those removed before t0, the blocks a replay of old history would bring back):
+        each rank's reported depth must be blocks it held at some time since t0."""
+        with self.lock:
+            gone = [p for p in self.prompts
+                    if (p[0], p[2][-1]) in self.removed_at and self.removed_at[(p[0], p[2][-1])] < t0]
+            pick = self.rng.sample(gone, min(len(gone), n // 2))
+            pick += self.rng.sample(self.prompts, min(len(self.prompts), n - len(pick)))
+        bad = []
+        for rank, toks, hashes in pick:
+            got = overlap_map(base, toks, MODEL) or {}
+            bad += self.check_answer(rank, hashes, got, t0, time.time())
+        return len(pick), bad
 
     def close(self):
         for p in self.pubs.values():
@@ -305,9 +356,40 @@ def run_one(peer: str, mode: str, args, log_dir: str) -> list[str]:
                             f"started for the base blocks to leave the replay buffer")
         b.wait_healthy(base_b)
         register(base_b, load)
+        # The moment a stream joins (right after the dump) is when its replay of old
+        # history runs: B's answers for the prompts removed last before it started are
+        # asked back to back from just before the dump is handed over until 1 s after.
+        ghosts = load.recent_ghosts(t0)
+        hammered, over_answers = [], []
+
+        def hammer(offset):
+            while proxy.fetched is None or time.time() < proxy.fetched + args.dump_delay - 0.2:
+                time.sleep(0.005)
+            # The engines go quiet around the dump for `--quiet` s: a stream that joins
+            # then hears no live batch, which would have marked its ranks stale itself.
+            if offset == 0:
+                load.quiet.set()
+            stop_at = time.time() + 0.2 + args.quiet
+            for rank, toks, hashes in itertools.cycle(ghosts[offset::3] or ghosts):
+                if time.time() > stop_at:
+                    return
+                got = overlap_map(base_b, toks, MODEL) or {}
+                bad = load.check_answer(rank, hashes, got, t0, time.time())
+                hammered.append(bool(bad))
+                if bad:
+                    over_answers.append((time.time() - t0, bad))
+                if offset == 0 and time.time() > stop_at - 0.05:
+                    load.quiet.clear()
+
+        hammer_threads = [threading.Thread(target=hammer, args=(i,), daemon=True)
+                          for i in range(3)]
+        if ghosts and mode != "no-peers":
+            for t in hammer_threads:
+                t.start()
         samples = ready_early = 0
         ready_after = None
         over, joining = [], []
+        answers = 0
         end = t0 + args.dump_delay + args.after if mode == "no-peers" else None
         while True:
             now = time.time()
@@ -337,8 +419,17 @@ def run_one(peer: str, mode: str, args, log_dir: str) -> list[str]:
                 bad = load.overcounts(seen, t0, t_e)
                 if bad:
                     (over if settled else joining).append((t_s - t0, bad))
+            n, bad = load.overlap_overcounts(base_b, t0)
+            answers += n
+            if bad:
+                over_answers.append((time.time() - t0, bad))
             time.sleep(0.01)
         load.halt()
+        for t in hammer_threads:
+            if t.ident is not None:
+                t.join()
+        load.quiet.clear()
+        answers += len(hammered)
         if proxy.fetched is not None:
             # What the streams must catch up on after the dump: it must still be buffered.
             behind = {r: load.published_at_delivery[r] - load.published_at_fetch[r]
@@ -349,7 +440,8 @@ def run_one(peer: str, mode: str, args, log_dir: str) -> list[str]:
             if max(behind.values()) >= args.buffer_steps:
                 failures.append("setup: the replay buffer no longer held what was published "
                                 "while the dump was on its way")
-        log(f"[{tag}] {load.batches} batches published; {samples} samples of B's index")
+        log(f"[{tag}] {load.batches} batches published; {samples} samples of B's index, "
+            f"{answers} /overlap_scores answers checked")
         if mode != "no-peers":
             if ready_early:
                 failures.append(f"/ready answered 200 {ready_early} times before the dump "
@@ -362,13 +454,18 @@ def run_one(peer: str, mode: str, args, log_dir: str) -> list[str]:
             t, bad = over[0]
             failures.append(f"B overcounted in {len(over)} of {samples} samples while "
                             f"catching up; first at {t:.2f}s: {bad[:3]} ({len(bad)} blocks)")
+        if over_answers:
+            t, bad = over_answers[0]
+            failures.append(f"B's /overlap_scores overcounted in {len(over_answers)} of "
+                            f"{answers} samples; first at {t:.2f}s: {bad[:3]}")
         if joining:
-            # Known: a join replays the publisher's buffer from its first batch over what
-            # the index holds, so its history shows until the replay ends (the stream is
-            # `recovering` meanwhile). Reported, not failed: see docs/service.md.
+            # A join replays the publisher's buffer from its first batch over what the
+            # index holds, so the raw index shows that history until the replay ends (the
+            # stream `recovering`); answers give the ranks no credit meanwhile (checked
+            # above). Reported, not failed: see docs/service.md.
             t, bad = joining[0]
-            log(f"[{tag}] known: {len(joining)} of {samples} samples, taken while a stream "
-                f"was still joining, showed blocks of the replayed history; first at "
+            log(f"[{tag}] raw index: {len(joining)} of {samples} samples, taken while a "
+                f"stream was still joining, held blocks of the replayed history; first at "
                 f"{t:.2f}s: {len(bad)} blocks")
         truth = load.truth()
         deadline = time.time() + args.converge
@@ -413,6 +510,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=float, default=3.0, help="load before B starts (s)")
     ap.add_argument("--after", type=float, default=2.0, help="load after the dump (s)")
     ap.add_argument("--converge", type=float, default=10.0)
+    ap.add_argument("--quiet", type=float, default=0.6,
+                    help="engines publish nothing from 0.2 s before the dump for this long")
     ap.add_argument("--log-dir")
     args = ap.parse_args(argv)
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="kvr-peers-")
