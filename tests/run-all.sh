@@ -106,6 +106,12 @@ for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
     "$compat_py" tests/compat/harness.py peers --a "$1" --b "$2" --kvr-cmd "$kvr_cmd"
 done
 "$compat_py" tests/compat/harness.py peers --a kvr --b kvr --kvr-cmd "$kvr_cmd" --negative
+# Peer recovery under load: vLLM's real publishers keep storing and removing while a new
+# kvr serve recovers from a live kvr peer and a live Dynamo 1.6.1 selection service; its
+# index must end as the publishers' truth, /ready 503 until the dump. The controls (live
+# events applied during recovery; no --indexer-peers) must each fail the check.
+"$compat_py" tests/recovery/peers.py --kvr-bin "$target/release/kvr"
+"$compat_py" tests/recovery/peers.py --kvr-bin "$target/release/kvr" --peer kvr --negative --converge 4
 # Ingress recovery (gap at the end of a burst, late join, restarts, a dead replay
 # endpoint, hybrid groups, host tiers, connector shapes; bind mode with a stuck replay
 # through libkvr's C ABI) against vLLM 0.33.0's and SGLang 0.5.23's real publishers, and

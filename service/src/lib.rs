@@ -65,6 +65,8 @@ pub struct App {
     pub ready_gate: Arc<crate::coverage::ReadyGate>,
     /// False while recovering from peers: `/ready` answers 503.
     recovered: AtomicBool,
+    /// Holds every KV-event stream while recovering from peers (opened with `recovered`).
+    pub(crate) live_events_gate: Option<kvr_zmq::StartGate>,
 }
 
 impl App {
@@ -89,7 +91,9 @@ impl App {
             c.block_size = block_size;
             c
         };
+        let live_events_gate = live_events_gate(&args);
         let subscribe = kvr_zmq::SubscribeOptions {
+            start_gate: live_events_gate.clone(),
             idle_probe_after: (args.kv_events_idle_probe_ms > 0)
                 .then(|| Duration::from_millis(args.kv_events_idle_probe_ms)),
             replay_timeout: Duration::from_millis(args.kv_events_replay_timeout_ms.max(1)),
@@ -141,6 +145,7 @@ impl App {
             pending,
             metrics,
             recovered: AtomicBool::new(args.indexer_peers.is_empty()),
+            live_events_gate,
             args,
             state,
             ready_gate,
@@ -151,9 +156,29 @@ impl App {
         self.recovered.load(Ordering::Acquire)
     }
 
+    /// Recovery ended (the dump applied, or none could be used): the held KV-event
+    /// streams start, each asking its publisher for what it still buffers.
     pub fn set_recovered(&self) {
+        if let Some(gate) = &self.live_events_gate {
+            gate.open();
+        }
         self.recovered.store(true, Ordering::Release);
     }
+}
+
+/// With `--indexer-peers`, workers' KV-event streams wait until recovery ends: a live
+/// event applied before the peer's dump (older than it) would be undone by the dump, e.g.
+/// a block removed live brought back. `KVR_TEST_APPLY_LIVE_DURING_RECOVERY=1` lets them
+/// apply at once instead: only for the recovery test's negative control.
+fn live_events_gate(args: &ServeArgs) -> Option<kvr_zmq::StartGate> {
+    if args.indexer_peers.is_empty() {
+        return None;
+    }
+    if std::env::var_os("KVR_TEST_APPLY_LIVE_DURING_RECOVERY").is_some_and(|v| v == "1") {
+        tracing::warn!("KVR_TEST_APPLY_LIVE_DURING_RECOVERY=1: live KV events apply before the peer's dump (a test control, never for production)");
+        return None;
+    }
+    Some(kvr_zmq::StartGate::new())
 }
 
 /// A new partition's configuration from the flags (block size set per partition).

@@ -1,6 +1,18 @@
 //! `--indexer-peers`: at start, the index is recovered from the first peer whose
-//! `GET /dump` (kvr's or Dynamo's shape, [`crate::wire::dump`]) answers and parses; live
-//! events then follow as workers register. `/ready` answers 503 until recovery ends.
+//! `GET /dump` (kvr's or Dynamo's shape, [`crate::wire::dump`]) answers and parses.
+//! `/ready` answers 503 until recovery ends.
+//!
+//! Order: workers may register meanwhile, but their KV-event streams are held (no socket
+//! opened, nothing applied: `App::set_recovered` opens the gate) until the dump is applied.
+//! Each stream then joins as a late subscriber does: it asks its publisher's replay buffer
+//! for everything from the first batch, and only then applies live batches. Replaying
+//! events the dump already reflects changes nothing in the end (the last event of each
+//! block decides); a live event
+//! applied before the dump would not be, as the older dump would undo it (a block the
+//! engine removed brought back). What the replay buffer no longer holds comes only from
+//! the dump. While a stream replays, its ranks hold blocks of the replayed history until
+//! the replay reaches their removal: every rank the dump filled is listed stale (no
+//! overlap credit) until its stream has joined (`distrust_until_joined`).
 //!
 //! A peer that is unreachable, slow (`RECOVERY_TIMEOUT`), too large
 //! (`--recovery-max-bytes`), truncated or garbage is logged and counted
@@ -9,19 +21,29 @@
 //! nothing half-applied. Events a partition refuses (e.g. a parent the dump did not
 //! carry) are skipped and counted, as live events are.
 
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use kvr::ingress::EventSink;
+use kvr::stats::StreamStats;
 use kvr::DumpedStore;
-use kvr::{KvEvent, PartitionKey};
+use kvr::{KvEvent, Partition, PartitionKey, RankId};
 
 use crate::wire::dump::{parse_partition_name, stores_of, Dump};
 use crate::App;
 
 /// Bound on fetching one peer's dump.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a rank the dump filled stays out of overlap credit, at most, waiting for its
+/// stream to join (a worker that never registers must not keep it out for ever).
+const DISTRUST_AT_MOST: Duration = Duration::from_secs(600);
+
+/// How often the ranks the dump filled are checked for their stream having joined.
+const JOIN_POLL: Duration = Duration::from_millis(20);
 
 /// Starts recovery from the peers (if any) on a blocking thread.
 pub fn start(app: Arc<App>) {
@@ -46,6 +68,7 @@ pub fn recover_from(app: &App, peers: &[String]) -> bool {
         match fetch(&url, app.args.recovery_max_bytes).and_then(|b| parse(&b)) {
             Ok(dump) => {
                 let applied = apply(app, &dump);
+                distrust_until_joined(app, &dump);
                 m.events.fetch_add(applied, Ordering::Relaxed);
                 tracing::info!(%peer, events = applied, partitions = dump.len(), "recovered the index from a peer");
                 return true;
@@ -111,6 +134,78 @@ pub fn parse(body: &[u8]) -> Result<Vec<RecoveredPartition>, String> {
             })
         })
         .collect()
+}
+
+/// Lists every rank the dump filled as stale (selection gives it no overlap credit, as for
+/// a stream with a known loss: `kvr::stats::StaleRanks`) until its KV-event stream has
+/// joined: the join replays the publisher's buffer from its first batch, history older
+/// than the dump, whose blocks would otherwise be credited until the replay reaches their
+/// removal. Listed before the streams start (they wait for `App::set_recovered`).
+fn distrust_until_joined(app: &App, dump: &[RecoveredPartition]) {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut listed: Vec<(Arc<Partition>, RankId)> = Vec::new();
+    for p in dump {
+        let Ok(partition) = app.engine.partition(&p.key) else {
+            continue;
+        };
+        let ranks: BTreeSet<RankId> = p.stores.iter().map(|s| s.rank).collect();
+        for rank in ranks {
+            partition.mark_stale(rank.worker_id, &[rank.dp_rank], Some(since));
+            listed.push((partition.clone(), rank));
+        }
+    }
+    if listed.is_empty() {
+        return;
+    }
+    let registry = app.registry.clone();
+    let gate = app.live_events_gate.clone();
+    let watch = move || {
+        let give_up = Instant::now() + DISTRUST_AT_MOST;
+        while !listed.is_empty() {
+            let late = Instant::now() >= give_up;
+            let started = gate.as_ref().is_none_or(|g| g.is_open());
+            // Workers whose streams replay (a replay endpoint): only those replay history.
+            let replaying: BTreeSet<u64> = registry
+                .records()
+                .into_iter()
+                .filter(|r| r.replay_endpoint.as_deref().is_some_and(|e| !e.is_empty()))
+                .map(|r| r.worker_id)
+                .collect();
+            listed.retain(|(p, rank)| {
+                let trusted = late
+                    || (started
+                        && p.ingress_stats()
+                            .iter()
+                            .any(|s| has_joined(s, *rank, replaying.contains(&rank.worker_id))));
+                if trusted {
+                    p.mark_stale(rank.worker_id, &[rank.dp_rank], None);
+                }
+                !trusted
+            });
+            std::thread::sleep(JOIN_POLL);
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("kvr-recovery-join".to_string())
+        .spawn(watch)
+    {
+        tracing::warn!(error = %e, "could not watch the recovered ranks' streams: they stay without overlap credit");
+    }
+}
+
+/// Whether `rank`'s stream has joined: it exists (its worker registered), and, if it
+/// replays (`replays`), its join replay has ended (a stream without replay applies no
+/// history: it joins as it starts). Not while the stream lists its own ranks stale after
+/// applying something: unlisting the rank then would drop the stream's listing too.
+fn has_joined(s: &StreamStats, rank: RankId, replays: bool) -> bool {
+    let q = &s.sequence;
+    s.worker_id == rank.worker_id
+        && s.stream == rank.dp_rank
+        && !q.recovering
+        && (s.stale_since_unix_ms == 0 || q.last_seq.is_none())
+        && (!replays || q.replays_requested > 0)
 }
 
 /// Applies a parsed dump; returns the events applied.

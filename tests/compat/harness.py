@@ -878,6 +878,12 @@ def cmd_peers(args):
             st, body, _ = http(base_b, "POST", "/workers", w)
             if st not in (200, 201):
                 failures.append(f"B refused worker {w['worker_id']}: {st} {body}")
+        if not args.negative:
+            # kvr credits a recovered rank once its worker's stream has started (within
+            # ms of registering; it gives none before, as its stream could replay history
+            # older than the dump): wait for that, still without any event.
+            for prompt, expect in ((P1, EXPECT_P1), (P2, EXPECT_P2), (P3, EXPECT_P3)):
+                wait_overlap(base_b, prompt, expect, timeout=3.0)
         for pname, prompt in (("P1", P1), ("P2", P2), ("P3", P3)):
             oa, ob = overlap_map(base_a, prompt), overlap_map(base_b, prompt)
             sa = http(base_a, "POST", "/select", sel(prompt))[1]

@@ -199,7 +199,7 @@ class WorkerPublisher:
     def __init__(self, worker_id: int, dp_size: int = 1, base_port: int | None = None,
                  replay_base_port: int | None = None, dp_start_rank: int = 0,
                  host: str = "127.0.0.1", topic: str = "", replay: bool = True,
-                 hash_seed: str | None = None):
+                 hash_seed: str | None = None, buffer_steps: int | None = None):
         import zmq
         self.hash_seed = hash_seed
         self.kv = load_kv_events()
@@ -224,6 +224,8 @@ class WorkerPublisher:
                 replay_endpoint=(f"tcp://*:{self.replay_base_port}"
                                  if self.replay_base_port is not None else None),
                 topic=topic,
+                # How many batches its replay ROUTER still holds (vLLM's default 10 000).
+                **({} if buffer_steps is None else {"buffer_steps": buffer_steps}),
             )
             # vLLM offsets ports by its own data_parallel_rank; batches carry it.
             pub._data_parallel_rank = rank

@@ -16,6 +16,8 @@
 pub mod subscribe;
 pub mod transport;
 
+pub use transport::StartGate;
+
 pub use subscribe::{
     subscribe, subscribe_with, validate, SubscribeConfig, SubscribeOptions, Subscription,
 };

@@ -23,7 +23,7 @@ use kvr::ingress::{
 };
 use kvr::{Partition, WorkerId};
 
-use crate::transport::{FrameSink, ReplayEnd, Subscriber, SubscriberConfig};
+use crate::transport::{FrameSink, ReplayEnd, StartGate, Subscriber, SubscriberConfig};
 
 /// What to subscribe to.
 #[derive(Clone, Debug)]
@@ -60,6 +60,10 @@ pub struct SubscribeOptions {
     /// A stream silent this long while connected counts as dead (`None`: silence never
     /// does; an idle engine without a replay endpoint is silent).
     pub silence_bound: Option<Duration>,
+    /// Start no stream (open no socket, apply nothing) until this gate opens; `None`:
+    /// start at once. kvr serve holds its streams this way while it recovers the index
+    /// from a peer, so that no live event applies before the peer's older dump.
+    pub start_gate: Option<StartGate>,
 }
 
 impl Default for SubscribeOptions {
@@ -69,6 +73,7 @@ impl Default for SubscribeOptions {
             replay_timeout: Duration::from_secs(5),
             max_unrouted_topics: DEFAULT_MAX_UNROUTED_TOPICS,
             silence_bound: None,
+            start_gate: None,
         }
     }
 }
@@ -208,6 +213,7 @@ pub fn subscribe_with(
     let transport = SubscriberConfig {
         replay_timeout: options.replay_timeout,
         tick_interval: source.tick_interval(),
+        start_gate: options.start_gate,
         ..transport
     };
     Ok(Subscription {

@@ -283,6 +283,7 @@ fn config(endpoint: &str, bind: bool) -> SubscriberConfig {
         reconnect_interval: Duration::from_millis(100),
         replay_timeout: Duration::from_secs(5),
         tick_interval: None,
+        start_gate: None,
     }
 }
 

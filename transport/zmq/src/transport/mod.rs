@@ -42,6 +42,8 @@
 //!   stuck replay delays no other stream. A `Replay` with the id of a replay in flight
 //!   supersedes it: the earlier one is abandoned without an `on_replay_end` of its own, so
 //!   exactly one `on_replay_end` follows the last `Replay` of an id.
+//! - **Start gate**: with `start_gate` set, the thread waits for the gate to open (or for
+//!   stop) before it opens any socket or calls the sink; then it starts as above.
 //! - **Ticks**: with `tick_interval` set, [`FrameSink::on_tick`] runs once right after the
 //!   start and then every interval; the replays it asks for start like any other (kvr's
 //!   subscriber probes idle streams this way).
@@ -103,6 +105,9 @@ pub struct SubscriberConfig {
     /// Call [`FrameSink::on_tick`] right after the start and then this often (`None`:
     /// never; values under 10 ms count as 10 ms).
     pub tick_interval: Option<Duration>,
+    /// Open no socket (and call no sink method) until this gate opens (`None`: start at
+    /// once); see [`StartGate`].
+    pub start_gate: Option<StartGate>,
 }
 
 impl SubscriberConfig {
@@ -117,6 +122,7 @@ impl SubscriberConfig {
             reconnect_interval: Duration::from_millis(500),
             replay_timeout: Duration::from_secs(5),
             tick_interval: None,
+            start_gate: None,
         }
     }
 
@@ -337,6 +343,13 @@ impl StopSignal {
 /// The thread's main loop: live messages, replay replies, ticks and the stop signal,
 /// until stop.
 async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal) {
+    if let Some(gate) = &cfg.start_gate {
+        tokio::select! {
+            biased;
+            () = stop.raised() => return,
+            () = gate.opened() => {}
+        }
+    }
     let topic_filter = cfg.topic.clone();
     let mut link = SubLink::new(&cfg);
     let mut replays = Replays {
@@ -441,6 +454,9 @@ fn subscription(topic: &[u8]) -> String {
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+
+mod gate;
+pub use gate::StartGate;
 
 mod replay;
 use replay::{deliver_replayed, ReplayEvent, Replays, Replied};
