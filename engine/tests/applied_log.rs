@@ -66,10 +66,15 @@ fn partition() -> Partition {
     Partition::new(PartitionKey::new("m", "g"), PartitionConfig::new(BS))
 }
 
-fn device(p: &Partition, rank: RankId, tokens: &[u32]) -> u32 {
+fn locals(tokens: &[u32]) -> Vec<u64> {
     let h = BlockHasher::new(BS as usize, HashSalt::NONE).unwrap();
     let mut local = Vec::new();
     h.local_hashes(tokens, &mut local);
+    local
+}
+
+fn device(p: &Partition, rank: RankId, tokens: &[u32]) -> u32 {
+    let local = locals(tokens);
     p.index()
         .find_matches_tiered(&local)
         .get(rank)
@@ -245,17 +250,25 @@ fn a_resumed_stream_goes_on_from_its_last_batch_and_clears_on_anything_else() {
             assert!(p.resume_stream(kvr::StreamResume {
                 worker_id: 1,
                 stream: 0,
-                seq: 4,
-                digest: d4,
+                last: Some((4, d4)),
                 dp_ranks: vec![0],
             }));
         }
         (p, log)
     };
-    // Resumed: the next batch (seq 5) continues what the snapshot held.
+    // Selection's view: a rank is credited only while its state is trusted.
+    let credited = |p: &Partition| {
+        let mut scores = kvr::TieredScores::new();
+        p.overlap(&locals(&tokens), &mut scores);
+        scores.get(r).map_or(0, |o| o.device)
+    };
+    // Resumed: the next batch (seq 5) continues what the snapshot held. Until then the
+    // restored rank is stale: the index holds it, selection does not credit it.
     let (p, log) = restored(true);
+    assert_eq!((device(&p, r, &tokens), credited(&p)), (1, 0));
     p.ingest(1, 0, b"", 5, &b5);
     assert_eq!(device(&p, r, &tokens), 2);
+    assert_eq!(credited(&p), 2, "caught up: credited again");
     assert!(log.clears.lock().unwrap().is_empty());
     // Resumed, but the publisher restarted (seq back to 0): the rank is cleared.
     let (p, log) = restored(true);
@@ -265,6 +278,11 @@ fn a_resumed_stream_goes_on_from_its_last_batch_and_clears_on_anything_else() {
     // Negative control: not resumed, the restarted publisher's seq 0 is a fresh stream's
     // first batch, and the restored block (which the new instance does not hold) stays.
     let (p, log) = restored(false);
+    assert_eq!(
+        credited(&p),
+        1,
+        "not resumed: nothing says the block is stale"
+    );
     p.ingest(1, 0, b"", 0, &batch(&[21], None, 8, 3.0));
     assert!(log.clears.lock().unwrap().is_empty());
     assert_eq!(

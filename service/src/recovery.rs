@@ -181,6 +181,17 @@ fn distrust_until_joined(app: &App, dump: &[RecoveredPartition]) {
                             .any(|s| has_joined(s, *rank, replaying.contains(&rank.worker_id))));
                 if trusted {
                     p.mark_stale(rank.worker_id, &[rank.dp_rank], None);
+                    // The stream may have listed the rank itself (a loss) between the
+                    // check above and that unlisting: list it again, with its time, so a
+                    // stale rank is never credited (the stream unlists it at its repair).
+                    let own = p.ingress_stats().into_iter().find(|s| {
+                        s.worker_id == rank.worker_id
+                            && s.stream == rank.dp_rank
+                            && s.stale_since_unix_ms != 0
+                    });
+                    if let Some(s) = own {
+                        p.mark_stale(rank.worker_id, &[rank.dp_rank], Some(s.stale_since_unix_ms));
+                    }
                 }
                 !trusted
             });

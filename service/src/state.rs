@@ -288,6 +288,11 @@ const STATE: &[figures::Figure<Row>] = &[
         |r| r.restored_records as i64,
     ),
     figures::gauge(
+        "kvr_state_restored_events",
+        "Events in the journal records replayed at start",
+        |r| r.restored_events as i64,
+    ),
+    figures::gauge(
         "kvr_state_refused_files",
         "State files refused at start (corrupt, truncated, foreign)",
         |r| r.refused_files as i64,

@@ -498,12 +498,10 @@ impl Writer {
             let mark = self.marks.entry(key).or_insert_with(|| StreamResume {
                 worker_id: *worker_id,
                 stream: *stream,
-                seq: *seq,
-                digest: *digest,
+                last: Some((*seq, *digest)),
                 dp_ranks: Vec::new(),
             });
-            mark.seq = *seq;
-            mark.digest = *digest;
+            mark.last = Some((*seq, *digest));
             for (rank, _) in events {
                 if !mark.dp_ranks.contains(&rank.dp_rank) && mark.dp_ranks.len() < 4096 {
                     mark.dp_ranks.push(rank.dp_rank);

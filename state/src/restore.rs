@@ -217,12 +217,10 @@ impl Replay {
                     .or_insert_with(|| StreamResume {
                         worker_id: *worker_id,
                         stream: *stream,
-                        seq: *seq,
-                        digest: *digest,
+                        last: Some((*seq, *digest)),
                         dp_ranks: Vec::new(),
                     });
-                m.seq = *seq;
-                m.digest = *digest;
+                m.last = Some((*seq, *digest));
                 for (r, _) in events {
                     if !m.dp_ranks.contains(&r.dp_rank) && m.dp_ranks.len() < 4096 {
                         m.dp_ranks.push(r.dp_rank);

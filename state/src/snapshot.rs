@@ -80,8 +80,10 @@ impl Snapshot {
             w.u8(TAG_STREAM);
             w.u64(s.worker_id);
             w.u32(s.stream);
-            w.u64(s.seq);
-            w.u64(s.digest);
+            let (seq, digest) = s.last.unwrap_or((0, 0));
+            w.u8(u8::from(s.last.is_some()));
+            w.u64(seq);
+            w.u64(digest);
             w.u32(s.dp_ranks.len() as u32);
             for d in &s.dp_ranks {
                 w.u32(*d);
@@ -154,6 +156,7 @@ impl Snapshot {
                 Some(TAG_STREAM) => {
                     let worker_id = r.u64().ok_or(bad("stream"))?;
                     let stream = r.u32().ok_or(bad("stream"))?;
+                    let has = r.u8().ok_or(bad("stream"))?;
                     let seq = r.u64().ok_or(bad("stream"))?;
                     let digest = r.u64().ok_or(bad("stream"))?;
                     let n = r.u32().ok_or(bad("stream"))? as usize;
@@ -164,8 +167,7 @@ impl Snapshot {
                     snap.streams.push(StreamResume {
                         worker_id,
                         stream,
-                        seq,
-                        digest,
+                        last: (has == 1).then_some((seq, digest)),
                         dp_ranks,
                     });
                 }

@@ -148,7 +148,10 @@ fn a_graceful_restart_and_a_crash_both_come_back_with_the_same_index() {
         .iter()
         .find(|m| m.worker_id == 1)
         .expect("worker 1's place");
-    assert_eq!((w1.stream, w1.seq, w1.dp_ranks.clone()), (0, 15, vec![0]));
+    assert_eq!(
+        (w1.stream, w1.last.map(|l| l.0), w1.dp_ranks.clone()),
+        (0, Some(15), vec![0])
+    );
     // The stream goes on from there: batch 16 applies, nothing is cleared.
     q.ingest(1, 0, b"", 16, &batch(1, 16));
     p.ingest(1, 0, b"", 16, &batch(1, 16));
@@ -212,7 +215,11 @@ fn a_torn_journal_restores_a_true_prefix_with_its_streams_places() {
         // resume point: the snapshot may have been taken a little after the segment it
         // heads began (batches in both), and replay from the resume point goes on
         // from there; never anything the stream did not send.
-        let upto = r.streams.iter().find(|m| m.worker_id == 1).map(|m| m.seq);
+        let upto = r
+            .streams
+            .iter()
+            .find(|m| m.worker_id == 1)
+            .and_then(|m| m.last.map(|l| l.0));
         let got = answers(&q, 20);
         let c = partition();
         let mut prefixes = vec![answers(&c, 20)];

@@ -89,15 +89,13 @@ fn marks() -> Vec<kvr::StreamResume> {
         kvr::StreamResume {
             worker_id: 1,
             stream: 0,
-            seq: 41,
-            digest: 0xfeed,
+            last: Some((41, 0xfeed)),
             dp_ranks: vec![0],
         },
         kvr::StreamResume {
             worker_id: 2,
             stream: 3,
-            seq: 0,
-            digest: 7,
+            last: None,
             dp_ranks: vec![0, 1, 3],
         },
     ]

@@ -214,19 +214,21 @@ pub(crate) fn apply_events<'e>(
     out
 }
 
-/// Where a KV-event stream resumes after a warm restart: the last batch a previous run
-/// applied from it (`Partition::resume_stream`).
+/// Where a KV-event stream resumes when its ranks already hold state it did not apply
+/// itself (`Partition::resume_stream`): after a warm restart, the last batch the previous
+/// run applied; after a peer's dump, nothing known (the stream joins).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct StreamResume {
     /// The worker whose stream it is.
     pub worker_id: WorkerId,
     /// The stream's number ([`Origin::Stream`]'s).
     pub stream: u32,
-    /// The last batch applied: its sequence number...
-    pub seq: u64,
-    /// ...and the digest of its payload (`Origin::Stream`'s).
-    pub digest: u64,
-    /// The DP ranks the stream's batches fed (what a restart or a loss clears).
+    /// The last batch applied: its sequence number and the digest of its payload
+    /// (`Origin::Stream`'s). `None`: no batch is known (the state came from a peer's
+    /// dump): the stream joins, replaying what its publisher still buffers.
+    pub last: Option<(u64, u64)>,
+    /// The DP ranks the stream feeds (what a restart or a loss clears, and what stays
+    /// stale until the stream has caught up).
     pub dp_ranks: Vec<u32>,
 }
 

@@ -139,6 +139,13 @@ impl IngressRegistry {
         if r.len() >= MAX_INGRESS_STREAMS && !r.contains_key(&key) {
             return false;
         }
+        // Stale from now: the stream, once created, keeps them listed until it has
+        // caught up (a stream never created leaves them uncredited).
+        self.freshness.mark(
+            at.worker_id,
+            &at.dp_ranks,
+            Some(super::counters::now_unix_ms()),
+        );
         r.insert(key, at);
         true
     }

@@ -64,7 +64,7 @@ impl IngressStream {
             worker_id,
             stream,
             tracker: match &resume {
-                Some(r) => SequenceTracker::resumed(replay, (r.seq, r.digest)),
+                Some(r) => SequenceTracker::resumed(replay, r.last),
                 None => SequenceTracker::new(replay),
             },
             batch: DecodedBatch::default(),

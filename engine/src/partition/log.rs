@@ -38,8 +38,9 @@ impl Partition {
     /// registered with a KV-event source), go on from the batch `at` names instead of
     /// starting afresh: it asks its publisher (through replay) for that batch, unchanged,
     /// and what followed; a publisher that restarted since shows it, and the stream's ranks
-    /// are cleared and re-read. False when the partition keeps no more such points
-    /// ([`MAX_INGRESS_STREAMS`](crate::ingress::MAX_INGRESS_STREAMS)).
+    /// are cleared and re-read (with no batch named, it joins). Its ranks are stale from
+    /// this call until the stream has caught up. False when the partition keeps no more
+    /// such points ([`MAX_INGRESS_STREAMS`](crate::ingress::MAX_INGRESS_STREAMS)).
     pub fn resume_stream(&self, at: StreamResume) -> bool {
         self.ingress.set_resume_point(at)
     }

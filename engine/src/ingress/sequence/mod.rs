@@ -242,15 +242,17 @@ impl SequenceTracker {
     }
 
     /// A tracker for a publisher whose batch `last.0` (payload digest `last.1`) a previous
-    /// run applied last (a warm restart): it goes on as a stream that applied that batch
+    /// run applied last (a warm restart; `None`: its ranks hold a peer's dump, no batch
+    /// known: it joins, and stays stale until its join replay ends, as the replay brings
+    /// history older than the dump): it goes on as a stream that applied that batch
     /// and went silent — the probe after subscribing asks for a replay from it, which the
     /// publisher must send back unchanged (else a restart: clear, replay from 0); without
     /// replay, only the very next batch continues it (anything else clears). Until then
     /// it is stale (`stale`): the publisher may have gone on while kvr was down, so the
     /// probe's replay must cover what followed, as a gap's must, or the ranks are cleared.
-    pub(crate) fn resumed(replay_enabled: bool, last: (u64, u64)) -> Self {
+    pub(crate) fn resumed(replay_enabled: bool, last: Option<(u64, u64)>) -> Self {
         SequenceTracker {
-            last: Some(last),
+            last,
             resumed: true,
             ..Self::new(replay_enabled)
         }

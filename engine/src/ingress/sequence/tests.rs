@@ -584,7 +584,7 @@ fn a_fence_ends_a_replay_in_flight() {
 fn a_resumed_stream_probes_from_its_last_batch_and_fences_a_new_instance() {
     let last = (7, digest(&[7, 0]));
     // The same instance sends batch 7 back unchanged, then 8: nothing is cleared.
-    let mut t = SequenceTracker::resumed(true, last);
+    let mut t = SequenceTracker::resumed(true, Some(last));
     assert!(
         t.stale(),
         "stale until the replay covers what was sent meanwhile"
@@ -601,7 +601,7 @@ fn a_resumed_stream_probes_from_its_last_batch_and_fences_a_new_instance() {
     assert!(!t.stale());
     // The publisher's replay never answers: what it sent meanwhile is unknown, cleared
     // (a fresh stream's probe failing clears nothing: no loss is known).
-    let mut t = SequenceTracker::resumed(true, last);
+    let mut t = SequenceTracker::resumed(true, Some(last));
     idle(&mut t);
     assert_eq!(
         clears(&end(&mut t, ReplayResult::Failed)),
@@ -613,12 +613,12 @@ fn a_resumed_stream_probes_from_its_last_batch_and_fences_a_new_instance() {
     idle(&mut t);
     assert!(clears(&end(&mut t, ReplayResult::Failed)).is_empty());
     // Without replay: the next batch continues it and ends the staleness.
-    let mut t = SequenceTracker::resumed(false, last);
+    let mut t = SequenceTracker::resumed(false, Some(last));
     assert!(t.stale());
     assert_eq!(applied(&live(&mut t, 8)), vec![8]);
     assert!(!t.stale());
     // A new instance (batch 7 differs): cleared, and everything read again from 0.
-    let mut t = SequenceTracker::resumed(true, last);
+    let mut t = SequenceTracker::resumed(true, Some(last));
     idle(&mut t);
     let out = replayed(&mut t, 7, 1);
     assert_eq!(clears(&out), vec![ClearCause::Restart]);
@@ -626,4 +626,23 @@ fn a_resumed_stream_probes_from_its_last_batch_and_fences_a_new_instance() {
     // Negative control: a fresh tracker takes that batch as new.
     let mut t = SequenceTracker::new(true);
     assert_eq!(replays(&idle(&mut t)), vec![0]);
+}
+
+#[test]
+fn a_stream_over_a_peers_dump_is_stale_until_its_join_replay_ends() {
+    let mut t = SequenceTracker::resumed(true, None);
+    assert!(t.stale());
+    assert_eq!(
+        replays(&idle(&mut t)),
+        vec![0],
+        "a join: from the first batch"
+    );
+    assert_eq!(applied(&replayed(&mut t, 0, 0)), vec![0]);
+    assert!(t.stale(), "history older than the dump is being replayed");
+    assert!(clears(&end(&mut t, ReplayResult::Completed)).is_empty());
+    assert!(!t.stale());
+    // Negative control: a plain join is never stale (nothing of it is in the index).
+    let mut t = SequenceTracker::new(true);
+    idle(&mut t);
+    assert!(!t.stale());
 }
