@@ -176,56 +176,126 @@ fn put_hashes(w: &mut Writer, tier: Tier, hashes: &[u64]) {
 fn put_events(w: &mut Writer, events: &[(RankId, OwnedEvent)]) {
     w.u32(events.len() as u32);
     for (rank, e) in events {
-        w.u64(rank.worker_id);
-        w.u32(rank.dp_rank);
-        match e {
-            OwnedEvent::Stored {
-                tier,
-                parent,
-                blocks,
-            } => {
-                w.u8(1);
-                w.tier(*tier);
-                w.u8(u8::from(parent.is_some()));
-                w.u64(parent.unwrap_or(0));
-                w.blocks(blocks);
-            }
-            OwnedEvent::StoredKnown {
-                tier,
-                external_hashes,
-            } => {
-                w.u8(2);
-                put_hashes(w, *tier, external_hashes);
-            }
-            OwnedEvent::Removed {
-                tier,
-                external_hashes,
-            } => {
-                w.u8(3);
-                put_hashes(w, *tier, external_hashes);
-            }
-            OwnedEvent::Cleared => w.u8(4),
-            OwnedEvent::StatesStored {
-                tier,
-                external_hashes,
-            } => {
-                w.u8(5);
-                put_hashes(w, *tier, external_hashes);
-            }
-            OwnedEvent::StatesRemoved {
-                tier,
-                external_hashes,
-            } => {
-                w.u8(6);
-                put_hashes(w, *tier, external_hashes);
-            }
+        put_event(w, *rank, &e.as_event());
+    }
+}
+
+/// Writes one event with its rank.
+fn put_event(w: &mut Writer, rank: RankId, e: &KvEvent<'_>) {
+    w.u64(rank.worker_id);
+    w.u32(rank.dp_rank);
+    match *e {
+        KvEvent::Stored {
+            tier,
+            parent,
+            blocks,
+        } => {
+            w.u8(1);
+            w.tier(tier);
+            w.u8(u8::from(parent.is_some()));
+            w.u64(parent.unwrap_or(0));
+            w.blocks(blocks);
+        }
+        KvEvent::StoredKnown {
+            tier,
+            external_hashes,
+        } => {
+            w.u8(2);
+            put_hashes(w, tier, external_hashes);
+        }
+        KvEvent::Removed {
+            tier,
+            external_hashes,
+        } => {
+            w.u8(3);
+            put_hashes(w, tier, external_hashes);
+        }
+        KvEvent::Cleared => w.u8(4),
+        KvEvent::StatesStored {
+            tier,
+            external_hashes,
+        } => {
+            w.u8(5);
+            put_hashes(w, tier, external_hashes);
+        }
+        KvEvent::StatesRemoved {
+            tier,
+            external_hashes,
+        } => {
+            w.u8(6);
+            put_hashes(w, tier, external_hashes);
         }
     }
 }
 
+/// A stream batch's record payload, built event by event as the events are applied (on
+/// the ingesting thread: one buffer per batch, no copy of each event's lists). The same
+/// bytes as [`put_record`] of the equivalent [`Record::Batch`] puts in its frame.
+#[derive(Debug)]
+pub struct BatchPayload {
+    w: Writer,
+    events: u32,
+}
+
+/// Where the event count sits in a batch payload (after tag, worker, stream, seq, digest).
+const COUNT_AT: usize = 1 + 8 + 4 + 8 + 8;
+
+impl BatchPayload {
+    pub fn new(worker_id: u64, stream: u32, seq: u64, digest: u64) -> Self {
+        let mut w = Writer(Vec::with_capacity(1024));
+        w.u8(TAG_BATCH);
+        w.u64(worker_id);
+        w.u32(stream);
+        w.u64(seq);
+        w.u64(digest);
+        w.u32(0);
+        BatchPayload { w, events: 0 }
+    }
+
+    pub fn push(&mut self, rank: RankId, e: &KvEvent<'_>) {
+        put_event(&mut self.w, rank, e);
+        self.events += 1;
+    }
+
+    /// The payload (to frame with [`put_frame`]) and its event count.
+    pub fn finish(mut self) -> (Vec<u8>, u32) {
+        self.w.0[COUNT_AT..COUNT_AT + 4].copy_from_slice(&self.events.to_le_bytes());
+        (self.w.0, self.events)
+    }
+}
+
+/// About the bytes `rec`'s events take (to size its buffer once).
+fn events_bytes(rec: &Record) -> usize {
+    let events = match rec {
+        Record::Batch { events, .. } | Record::Direct { events } => events,
+        _ => return 16,
+    };
+    events
+        .iter()
+        .map(|(_, e)| {
+            24 + match e {
+                OwnedEvent::Stored { blocks, .. } => blocks.len() * 16,
+                OwnedEvent::StoredKnown {
+                    external_hashes, ..
+                }
+                | OwnedEvent::Removed {
+                    external_hashes, ..
+                }
+                | OwnedEvent::StatesStored {
+                    external_hashes, ..
+                }
+                | OwnedEvent::StatesRemoved {
+                    external_hashes, ..
+                } => external_hashes.len() * 8,
+                OwnedEvent::Cleared => 0,
+            }
+        })
+        .sum()
+}
+
 /// Appends `rec` to `out` as one frame.
 pub fn put_record(out: &mut Vec<u8>, rec: &Record) {
-    let mut w = Writer::default();
+    let mut w = Writer(Vec::with_capacity(32 + events_bytes(rec)));
     match rec {
         Record::Batch {
             worker_id,

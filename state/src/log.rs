@@ -19,13 +19,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvr::{AppliedLog, KvEvent, Origin, Partition, RankId, StreamResume, WorkerId};
 
 use crate::format::Identity;
+use crate::frame::put_frame;
 use crate::io::{AppendFile, Io};
-use crate::journal::{self, OwnedEvent, Record};
+use crate::journal::{self, BatchPayload, OwnedEvent, Record};
 use crate::snapshot::Snapshot;
 
 /// How a partition's state is kept.
@@ -38,15 +39,21 @@ pub struct StateConfig {
     pub queue_messages: usize,
     /// A snapshot is taken when the journal has grown by this many bytes since the last.
     pub snapshot_after_bytes: u64,
+    /// What arrives within this time of the last append goes in one write and one sync
+    /// (a crash loses at most this much of the journal; the engines' replay brings it
+    /// back, as the restart resumes each stream from what the journal kept).
+    pub sync_every: Duration,
 }
 
 impl StateConfig {
-    /// Defaults: a queue of 65,536 messages, a snapshot every 256 MiB of journal.
+    /// Defaults: a queue of 65,536 messages, a snapshot every 256 MiB of journal, a sync
+    /// at most every 10 ms.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         StateConfig {
             dir: dir.into(),
             queue_messages: 1 << 16,
             snapshot_after_bytes: 256 << 20,
+            sync_every: Duration::from_millis(10),
         }
     }
 }
@@ -98,10 +105,10 @@ struct Counters {
 }
 
 enum Msg {
-    Applied(Origin, RankId, OwnedEvent),
-    /// A stream batch's events, whole (gathered on the ingesting thread).
-    Batch(Origin, Vec<(RankId, OwnedEvent)>),
-    BatchEnd(Origin),
+    /// An event a host applied itself (no stream).
+    Direct(RankId, OwnedEvent),
+    /// A stream batch, whole: its record's payload, encoded on the ingesting thread.
+    Batch(EncodedBatch),
     /// Stop after what came before.
     Stop,
     Cleared(WorkerId, Vec<u32>),
@@ -137,18 +144,78 @@ impl Shared {
     }
 }
 
-/// The stream batch an ingesting thread is applying: its events, gathered until its end
-/// so that the queue takes one message per batch.
+/// A stream batch as the writer receives it.
+struct EncodedBatch {
+    worker_id: WorkerId,
+    stream: u32,
+    seq: u64,
+    digest: u64,
+    /// The DP ranks its events named (the first inline: one allocation-free case).
+    first_rank: u32,
+    more_ranks: Vec<u32>,
+    payload: Vec<u8>,
+}
+
+/// The stream batch an ingesting thread is applying: its events encoded as they come, so
+/// that the queue takes one message (one buffer) per batch.
 struct Pending {
     shared: Arc<Shared>,
     origin: Origin,
-    events: Vec<(RankId, OwnedEvent)>,
+    payload: BatchPayload,
+    first_rank: Option<u32>,
+    more_ranks: Vec<u32>,
 }
 
 impl Pending {
+    fn new(shared: Arc<Shared>, origin: Origin) -> Option<Pending> {
+        let Origin::Stream {
+            worker_id,
+            stream,
+            seq,
+            digest,
+        } = origin
+        else {
+            return None;
+        };
+        Some(Pending {
+            shared,
+            origin,
+            payload: BatchPayload::new(worker_id, stream, seq, digest),
+            first_rank: None,
+            more_ranks: Vec::new(),
+        })
+    }
+
+    fn push(&mut self, rank: RankId, e: &KvEvent<'_>) {
+        self.payload.push(rank, e);
+        match self.first_rank {
+            None => self.first_rank = Some(rank.dp_rank),
+            Some(r) if r == rank.dp_rank || self.more_ranks.contains(&rank.dp_rank) => {}
+            Some(_) => self.more_ranks.push(rank.dp_rank),
+        }
+    }
+
     fn send(self) {
-        let n = self.events.len() as u64;
-        self.shared.send(Msg::Batch(self.origin, self.events), n);
+        let Origin::Stream {
+            worker_id,
+            stream,
+            seq,
+            digest,
+        } = self.origin
+        else {
+            return;
+        };
+        let (payload, n) = self.payload.finish();
+        let b = EncodedBatch {
+            worker_id,
+            stream,
+            seq,
+            digest,
+            first_rank: self.first_rank.unwrap_or(0),
+            more_ranks: self.more_ranks,
+            payload,
+        };
+        self.shared.send(Msg::Batch(b), u64::from(n));
     }
 }
 
@@ -187,7 +254,6 @@ impl StateLog {
                 .into_iter()
                 .map(|m| ((m.worker_id, m.stream), m))
                 .collect(),
-            open: HashMap::new(),
             segment: next_segment,
             journal: None,
             seen_dropped: 0,
@@ -275,25 +341,25 @@ impl StateLog {
 
 impl AppliedLog for StateLog {
     fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>) {
-        let e = OwnedEvent::of(event);
         if matches!(origin, Origin::Direct) {
-            return self.send(Msg::Applied(origin, rank, e));
+            return self.send(Msg::Direct(rank, OwnedEvent::of(event)));
         }
-        // A stream batch's events are gathered on this thread until its end.
-        let other = PENDING.with(|p| {
-            let mut p = p.borrow_mut();
-            if let Some(x) = &mut *p {
-                if x.origin == origin && Arc::ptr_eq(&x.shared, &self.shared) {
-                    x.events.push((rank, e));
-                    return None;
-                }
+        // A stream batch's events are encoded on this thread until its end.
+        let pushed = PENDING.with(|p| match &mut *p.borrow_mut() {
+            Some(x) if x.origin == origin && Arc::ptr_eq(&x.shared, &self.shared) => {
+                x.push(rank, event);
+                true
             }
-            p.replace(Pending {
-                shared: self.shared.clone(),
-                origin,
-                events: vec![(rank, e)],
-            })
+            _ => false,
         });
+        if pushed {
+            return;
+        }
+        let Some(mut fresh) = Pending::new(self.shared.clone(), origin) else {
+            return;
+        };
+        fresh.push(rank, event);
+        let other = PENDING.with(|p| p.borrow_mut().replace(fresh));
         // Another batch was still gathered (its end never came): it goes as it is.
         if let Some(o) = other {
             o.send();
@@ -307,10 +373,9 @@ impl AppliedLog for StateLog {
                 _ => None,
             }
         });
-        match p {
-            Some(p) => p.send(),
-            // Nothing of it applied, or gathered elsewhere: just its end.
-            None => self.send(Msg::BatchEnd(origin)),
+        // Nothing of it applied: nothing to journal.
+        if let Some(p) = p {
+            p.send();
         }
     }
     fn cleared(&self, worker: WorkerId, dp_ranks: &[u32]) {
@@ -319,6 +384,12 @@ impl AppliedLog for StateLog {
     fn worker_removed(&self, worker: WorkerId) {
         self.send(Msg::Removed(worker));
     }
+}
+
+/// What one append writes, in order: records, or batch payloads encoded already.
+enum Piece {
+    Record(Record),
+    Payload(Vec<u8>),
 }
 
 /// The writer thread's state.
@@ -330,8 +401,6 @@ struct Writer {
     counters: Arc<Counters>,
     /// Each stream's last batch journaled whole (what a snapshot stores).
     marks: HashMap<(WorkerId, u32), StreamResume>,
-    /// Each stream's batch whose end has not come yet (written whole at its end).
-    open: HashMap<(WorkerId, u32), Record>,
     /// The current journal segment's number, and its file once opened.
     segment: u64,
     journal: Option<AppendFile>,
@@ -340,14 +409,15 @@ struct Writer {
     buf: Vec<u8>,
 }
 
-/// Messages taken from the queue per append (one durable sync each).
-const DRAIN: usize = 4096;
+/// Messages taken from the queue per append (one durable sync each), at most.
+const DRAIN: usize = 16_384;
 
 impl Writer {
     fn run(mut self, rx: Receiver<Msg>) {
         // The journal starts from what the index holds now (restored or empty).
         self.snapshot();
         let mut msgs = Vec::with_capacity(DRAIN);
+        let mut last_write = Instant::now();
         loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(m) => msgs.push(m),
@@ -362,6 +432,18 @@ impl Writer {
                 }
                 Err(RecvTimeoutError::Disconnected) => return,
             }
+            // Group commit: what arrives within `sync_every` of the last write goes in
+            // the next one (one write, one sync), unless someone waits for it. The
+            // writer sleeps meanwhile rather than waiting on the queue, so that senders
+            // never have to wake it.
+            let waited_for = |m: &Msg| matches!(m, Msg::Flush(..) | Msg::Stop);
+            if !msgs.iter().any(waited_for) {
+                let deadline = last_write + self.cfg.sync_every;
+                let now = Instant::now();
+                if deadline > now {
+                    std::thread::sleep(deadline - now);
+                }
+            }
             while msgs.len() < DRAIN {
                 match rx.try_recv() {
                     Ok(m) => msgs.push(m),
@@ -371,13 +453,14 @@ impl Writer {
             if self.write(&mut msgs) {
                 return;
             }
+            last_write = Instant::now();
         }
     }
 
     /// Appends `msgs` as records, then snapshots when one is due or asked for; true
     /// when asked to stop.
     fn write(&mut self, msgs: &mut Vec<Msg>) -> bool {
-        let mut records = Vec::new();
+        let mut records: Vec<Piece> = Vec::new();
         let mut asked = Vec::new();
         let mut snapshot_asked = false;
         let mut stop = false;
@@ -385,31 +468,27 @@ impl Writer {
         let lost = dropped.wrapping_sub(self.seen_dropped);
         for m in msgs.drain(..) {
             match m {
-                Msg::Applied(origin, rank, e) => self.push_event(&mut records, origin, rank, e),
-                Msg::Batch(origin, events) => {
-                    for (rank, e) in events {
-                        self.push_event(&mut records, origin, rank, e);
-                    }
-                    if let Origin::Stream {
-                        worker_id, stream, ..
-                    } = origin
-                    {
-                        self.close_batch(&mut records, (worker_id, stream));
+                Msg::Direct(rank, e) => {
+                    if let Some(Piece::Record(Record::Direct { events })) = records.last_mut() {
+                        events.push((rank, e));
+                    } else {
+                        records.push(Piece::Record(Record::Direct {
+                            events: vec![(rank, e)],
+                        }));
                     }
                 }
+                Msg::Batch(b) => {
+                    self.note_batch(&b);
+                    records.push(Piece::Payload(b.payload));
+                }
                 Msg::Stop => stop = true,
-                Msg::BatchEnd(Origin::Stream {
-                    worker_id, stream, ..
-                }) => self.close_batch(&mut records, (worker_id, stream)),
-                Msg::BatchEnd(Origin::Direct) => {}
-                Msg::Cleared(worker_id, dp_ranks) => records.push(Record::Clear {
+                Msg::Cleared(worker_id, dp_ranks) => records.push(Piece::Record(Record::Clear {
                     worker_id,
                     dp_ranks,
-                }),
+                })),
                 Msg::Removed(worker_id) => {
                     self.marks.retain(|k, _| k.0 != worker_id);
-                    self.open.retain(|k, _| k.0 != worker_id);
-                    records.push(Record::Removed { worker_id });
+                    records.push(Piece::Record(Record::Removed { worker_id }));
                 }
                 Msg::Flush(ack, snap) => {
                     snapshot_asked |= snap;
@@ -420,7 +499,7 @@ impl Writer {
         // Dropped events were applied before the ones queued after them: the gap goes
         // first, and what follows it is not read at a restart (the snapshot below is).
         if lost > 0 {
-            records.insert(0, Record::Gap { records: lost });
+            records.insert(0, Piece::Record(Record::Gap { records: lost }));
             self.seen_dropped = dropped;
         }
         let mut ok = true;
@@ -437,78 +516,21 @@ impl Writer {
         stop
     }
 
-    /// Adds an applied event to the last record when it is of the same batch, else to a
-    /// new record; notes the stream's place.
-    fn push_event(
-        &mut self,
-        records: &mut Vec<Record>,
-        origin: Origin,
-        rank: RankId,
-        e: OwnedEvent,
-    ) {
-        match origin {
-            Origin::Stream {
-                worker_id,
-                stream,
-                seq,
-                digest,
-            } => {
-                let key = (worker_id, stream);
-                // A batch of the stream still open: it ended (batches of one stream
-                // apply in turn) though its end was lost.
-                if matches!(self.open.get(&key), Some(Record::Batch { seq: q, .. }) if *q != seq) {
-                    self.close_batch(records, key);
-                }
-                let open = self.open.entry(key).or_insert_with(|| Record::Batch {
-                    worker_id,
-                    stream,
-                    seq,
-                    digest,
-                    events: Vec::new(),
-                });
-                if let Record::Batch { events, .. } = open {
-                    events.push((rank, e));
-                }
-            }
-            Origin::Direct => {
-                if let Some(Record::Direct { events }) = records.last_mut() {
-                    events.push((rank, e));
-                    return;
-                }
-                records.push(Record::Direct {
-                    events: vec![(rank, e)],
-                });
+    /// Notes a stream batch as the stream's place (what a snapshot stores).
+    fn note_batch(&mut self, b: &EncodedBatch) {
+        let key = (b.worker_id, b.stream);
+        let mark = self.marks.entry(key).or_insert_with(|| StreamResume {
+            worker_id: b.worker_id,
+            stream: b.stream,
+            last: None,
+            dp_ranks: Vec::new(),
+        });
+        mark.last = Some((b.seq, b.digest));
+        for &r in std::iter::once(&b.first_rank).chain(&b.more_ranks) {
+            if !mark.dp_ranks.contains(&r) && mark.dp_ranks.len() < 4096 {
+                mark.dp_ranks.push(r);
             }
         }
-    }
-
-    /// Writes the stream's open batch whole, and notes it as the stream's place.
-    fn close_batch(&mut self, records: &mut Vec<Record>, key: (WorkerId, u32)) {
-        let Some(batch) = self.open.remove(&key) else {
-            return;
-        };
-        if let Record::Batch {
-            worker_id,
-            stream,
-            seq,
-            digest,
-            events,
-        } = &batch
-        {
-            let mark = self.marks.entry(key).or_insert_with(|| StreamResume {
-                worker_id: *worker_id,
-                stream: *stream,
-                last: Some((*seq, *digest)),
-                dp_ranks: Vec::new(),
-            });
-            mark.last = Some((*seq, *digest));
-            for (rank, _) in events {
-                if !mark.dp_ranks.contains(&rank.dp_rank) && mark.dp_ranks.len() < 4096 {
-                    mark.dp_ranks.push(rank.dp_rank);
-                }
-            }
-        }
-        records.push(batch);
     }
 
     fn stats<T>(&self, f: impl FnOnce(&mut StateStats) -> T) -> T {
@@ -527,10 +549,13 @@ impl Writer {
     /// host through the stats) when the write failed: the segment is left as it is (a
     /// restart stops at its torn end) and the next write goes to a new one after a
     /// snapshot.
-    fn append(&mut self, records: &[Record]) -> bool {
+    fn append(&mut self, records: &[Piece]) -> bool {
         self.buf.clear();
         for r in records {
-            journal::put_record(&mut self.buf, r);
+            match r {
+                Piece::Record(r) => journal::put_record(&mut self.buf, r),
+                Piece::Payload(p) => put_frame(&mut self.buf, p),
+            }
         }
         let mut header = Vec::new();
         if self.journal.is_none() {

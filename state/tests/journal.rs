@@ -143,3 +143,31 @@ fn a_foreign_or_damaged_header_refuses_the_journal() {
     };
     assert_eq!(read(&snap.to_bytes(), &id("m")), Err(FileError::Kind(1)));
 }
+
+#[test]
+fn a_batch_built_event_by_event_is_the_same_record() {
+    use kvr_state::journal::BatchPayload;
+    for rec in records() {
+        let Record::Batch {
+            worker_id,
+            stream,
+            seq,
+            digest,
+            events,
+        } = &rec
+        else {
+            continue;
+        };
+        let mut b = BatchPayload::new(*worker_id, *stream, *seq, *digest);
+        for (rank, e) in events {
+            b.push(*rank, &e.as_event());
+        }
+        let (payload, n) = b.finish();
+        assert_eq!(n as usize, events.len());
+        let mut framed = Vec::new();
+        kvr_state::frame::put_frame(&mut framed, &payload);
+        let mut want = Vec::new();
+        put_record(&mut want, &rec);
+        assert_eq!(framed, want);
+    }
+}

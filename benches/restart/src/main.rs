@@ -40,6 +40,9 @@ struct Args {
     /// Repetitions of each measurement (medians and ranges are reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// Only the ingest throughput (journal off and on), not the restores.
+    #[arg(long)]
+    ingest_only: bool,
     /// Where the state files go (a fresh directory under it per run).
     #[arg(long, default_value_t = std::env::temp_dir().display().to_string())]
     dir: String,
@@ -120,6 +123,16 @@ fn ingest(p: &Partition, batches: &[(u64, u64, Vec<u8>)]) {
     }
 }
 
+/// CPU seconds this process has used (user + system, every thread).
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
 fn holder_blocks(p: &Partition) -> u64 {
     p.index().stats().holder_blocks
 }
@@ -178,7 +191,12 @@ fn main() {
         let reingest_once = t.elapsed().as_secs_f64();
         let hb = holder_blocks(&reference);
         let want = reference.dump_index();
-        for (name, mode) in [("uring", IoMode::Uring), ("plain", IoMode::Plain)] {
+        let ways: &[(&str, IoMode)] = if args.ingest_only {
+            &[]
+        } else {
+            &[("uring", IoMode::Uring), ("plain", IoMode::Plain)]
+        };
+        for &(name, mode) in ways {
             let (dir, snap_s) = kept(&root, mode, &b);
             let bytes: u64 = std::fs::read_dir(&dir)
                 .unwrap()
@@ -204,57 +222,60 @@ fn main() {
                 bytes as f64 / (1 << 20) as f64
             );
         }
-        // A peer's /dump.
-        let mut times = Vec::new();
-        let mut body_len = 0;
-        for _ in 0..args.reps {
-            let t = Instant::now();
-            let d = reference.dump_index();
-            let mut dump = kvr_service::wire::dump::Dump::new();
-            dump.insert(
-                kvr_service::wire::dump::partition_name(reference.key()),
-                kvr_service::wire::dump::partition_dump(BS, &d),
-            );
-            let body = serde_json::to_vec(&dump).unwrap();
-            body_len = body.len();
-            let made = t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            let parsed: kvr_service::wire::dump::Dump = serde_json::from_slice(&body).unwrap();
-            let q = partition();
-            for part in parsed.values() {
-                for s in kvr_service::wire::dump::stores_of(part).unwrap() {
-                    q.apply_events(
-                        s.rank,
-                        [KvEvent::Stored {
-                            tier: s.tier,
-                            parent: s.parent,
-                            blocks: &s.blocks,
-                        }],
-                    );
+        if !args.ingest_only {
+            // A peer's /dump.
+            let mut times = Vec::new();
+            let mut body_len = 0;
+            for _ in 0..args.reps {
+                let t = Instant::now();
+                let d = reference.dump_index();
+                let mut dump = kvr_service::wire::dump::Dump::new();
+                dump.insert(
+                    kvr_service::wire::dump::partition_name(reference.key()),
+                    kvr_service::wire::dump::partition_dump(BS, &d),
+                );
+                let body = serde_json::to_vec(&dump).unwrap();
+                body_len = body.len();
+                let made = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let parsed: kvr_service::wire::dump::Dump = serde_json::from_slice(&body).unwrap();
+                let q = partition();
+                for part in parsed.values() {
+                    for s in kvr_service::wire::dump::stores_of(part).unwrap() {
+                        q.apply_events(
+                            s.rank,
+                            [KvEvent::Stored {
+                                tier: s.tier,
+                                parent: s.parent,
+                                blocks: &s.blocks,
+                            }],
+                        );
+                    }
                 }
+                times.push(made + t.elapsed().as_secs_f64());
+                assert_eq!(holder_blocks(&q), hb - want.skipped_blocks);
             }
-            times.push(made + t.elapsed().as_secs_f64());
-            assert_eq!(holder_blocks(&q), hb - want.skipped_blocks);
+            println!(
+                "| {hb} | peer /dump (kvr's shape, no network) | {} | {:.0} MiB of JSON, made, parsed and applied |",
+                fmt(median(&mut times)),
+                body_len as f64 / (1 << 20) as f64
+            );
+            let mut times = vec![reingest_once];
+            for _ in 1..args.reps {
+                let q = partition();
+                let t = Instant::now();
+                ingest(&q, &b);
+                times.push(t.elapsed().as_secs_f64());
+            }
+            println!(
+                "| {hb} | re-ingest every batch ({} batches) | {} | what a cold start needs if the engines could replay it all |",
+                b.len(),
+                fmt(median(&mut times))
+            );
         }
-        println!(
-            "| {hb} | peer /dump (kvr's shape, no network) | {} | {:.0} MiB of JSON, made, parsed and applied |",
-            fmt(median(&mut times)),
-            body_len as f64 / (1 << 20) as f64
-        );
-        let mut times = vec![reingest_once];
-        for _ in 1..args.reps {
-            let q = partition();
-            let t = Instant::now();
-            ingest(&q, &b);
-            times.push(t.elapsed().as_secs_f64());
-        }
-        println!(
-            "| {hb} | re-ingest every batch ({} batches) | {} | what a cold start needs if the engines could replay it all |",
-            b.len(),
-            fmt(median(&mut times))
-        );
         // Ingest throughput, journal off and on, alternating.
         let (mut off, mut on) = (Vec::new(), Vec::new());
+        let (mut cpu_off, mut cpu_on) = (Vec::new(), Vec::new());
         for rep in 0..args.reps {
             for journal in [rep % 2 == 0, rep % 2 == 1] {
                 let p = partition();
@@ -273,25 +294,31 @@ fn main() {
                     log
                 });
                 let t = Instant::now();
+                let c = cpu_seconds();
                 ingest(&p, &b);
                 let s = t.elapsed().as_secs_f64();
                 let rate = b.len() as f64 / s;
                 if let Some(log) = log {
                     let st = log.stats();
                     on.push(rate);
+                    log.flush();
+                    cpu_on.push((cpu_seconds() - c) / b.len() as f64 * 1e6);
                     log.close();
                     if st.events_dropped > 0 {
                         println!("| {hb} | (journal on, rep {rep}) | | {} of {} events dropped: the writer fell behind |", st.events_dropped, st.events_queued);
                     }
                 } else {
                     off.push(rate);
+                    cpu_off.push((cpu_seconds() - c) / b.len() as f64 * 1e6);
                 }
             }
         }
         let (mo, lo, ho) = median(&mut off);
         let (mn, ln, hn) = median(&mut on);
+        let (co, _, _) = median(&mut cpu_off);
+        let (cn, _, _) = median(&mut cpu_on);
         println!(
-            "| {hb} | ingest, journal off / on | {:.0} / {:.0} batches/s | on/off {:.3}; ranges {lo:.0}–{ho:.0} / {ln:.0}–{hn:.0} |",
+            "| {hb} | ingest, journal off / on | {:.0} / {:.0} batches/s | on/off {:.3}; ranges {lo:.0}–{ho:.0} / {ln:.0}–{hn:.0}; CPU per batch {co:.2} / {cn:.2} µs (all threads, the writer's included) |",
             mo,
             mn,
             mn / mo
