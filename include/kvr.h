@@ -1845,10 +1845,13 @@ kvr_status kvr_partition_options_set_approx_retention(struct kvr_partition_optio
 
 /**
  * Checks the options as `kvr_engine_create_partition` would (`PartitionConfig::validate`
- * and the indexer policy), without creating anything. `KVR_OK` if a partition can be made
- * from them: `why` then gets kvr's notices about them, joined by "; " (empty if none —
- * e.g. capacity-bounded retention falling back to TTL). `KVR_ERR_INVALID_CONFIG` if not:
- * `why` gets the reason. `why` receives the first
+ * and the indexer policy), without creating a partition. `KVR_OK` if a partition can be
+ * made from them: `why` then gets kvr's notices about them, joined by "; " (empty if none
+ * — e.g. capacity-bounded retention falling back to TTL). `KVR_ERR_INVALID_CONFIG` if not:
+ * `why` gets the reason. With a state directory (`kvr_partition_options_set_state_dir`)
+ * the directory is created if missing and the I/O mode tried, as creating the partition
+ * does; a failure is `KVR_ERR_IO` (or `KVR_ERR_INVALID_CONFIG` for a bad `KVR_STATE_IO`)
+ * with its reason in `why`. `why` receives the first
  * `min(*why_len, why_cap)` bytes of the text (UTF-8, not NUL-terminated; `(NULL, 0)` to
  * only learn the length); `*why_len` is the text's full length.
  *
@@ -2301,7 +2304,9 @@ kvr_status kvr_partition_session_stats(const struct kvr_partition *partition,
  * it, restored when it is created and journaled after, written as `io` says. Creating a
  * partition then fails with `KVR_ERR_IO` when the directory cannot be created, `io` is
  * `KVR_STATE_IO_URING` and io_uring cannot be used, or another partition of this process
- * keeps its state there already. `(NULL, 0)` turns the option off; an unknown `io` is
+ * keeps its state there already (`kvr_partition_options_check` says why). With
+ * `KVR_STATE_IO_AUTO`, an unknown `KVR_STATE_IO` value makes it fail with
+ * `KVR_ERR_INVALID_CONFIG`. `(NULL, 0)` turns the option off; an unknown `io` is
  * `KVR_ERR_INVALID_ARGUMENT`.
  *
  * A restored stream resumes from the last batch applied when its worker is registered

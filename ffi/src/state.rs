@@ -212,14 +212,30 @@ pub(crate) struct Prepared {
 
 impl StateOption {
     pub(crate) fn prepare(&self) -> Result<Prepared, kvr_status> {
-        std::fs::create_dir_all(&self.root).map_err(|_| KVR_ERR_IO)?;
-        let root = self.root.canonicalize().map_err(|_| KVR_ERR_IO)?;
+        self.prepare_why().map_err(|(status, _)| status)
+    }
+
+    /// [`Self::prepare`] with the reason of a failure (`kvr_partition_options_check`).
+    pub(crate) fn prepare_why(&self) -> Result<Prepared, (kvr_status, String)> {
+        let dir = self.root.display();
+        std::fs::create_dir_all(&self.root).map_err(|e| {
+            (
+                KVR_ERR_IO,
+                format!("state dir {dir}: cannot create it: {e}"),
+            )
+        })?;
+        let root = self.root.canonicalize().map_err(|e| {
+            (
+                KVR_ERR_IO,
+                format!("state dir {dir}: cannot resolve it: {e}"),
+            )
+        })?;
         let mode = if self.mode == IoMode::Auto {
-            IoMode::from_env_or(IoMode::Auto).map_err(|_| KVR_ERR_INVALID_CONFIG)?
+            IoMode::from_env_or(IoMode::Auto).map_err(|e| (KVR_ERR_INVALID_CONFIG, e))?
         } else {
             self.mode
         };
-        let io = Io::new(mode).map_err(|_| KVR_ERR_IO)?;
+        let io = Io::new(mode).map_err(|e| (KVR_ERR_IO, format!("state I/O {mode}: {e}")))?;
         Ok(Prepared { root, io })
     }
 }
@@ -270,7 +286,9 @@ impl Prepared {
 /// it, restored when it is created and journaled after, written as `io` says. Creating a
 /// partition then fails with `KVR_ERR_IO` when the directory cannot be created, `io` is
 /// `KVR_STATE_IO_URING` and io_uring cannot be used, or another partition of this process
-/// keeps its state there already. `(NULL, 0)` turns the option off; an unknown `io` is
+/// keeps its state there already (`kvr_partition_options_check` says why). With
+/// `KVR_STATE_IO_AUTO`, an unknown `KVR_STATE_IO` value makes it fail with
+/// `KVR_ERR_INVALID_CONFIG`. `(NULL, 0)` turns the option off; an unknown `io` is
 /// `KVR_ERR_INVALID_ARGUMENT`.
 ///
 /// A restored stream resumes from the last batch applied when its worker is registered

@@ -310,6 +310,35 @@ static void test_errors(void)
     CHECK(p == NULL);
     CHECK_ST(KVR_ERR_UNKNOWN_PARTITION,
              kvr_engine_get_partition(e, MODEL, strlen(MODEL), GROUP, strlen(GROUP), &p));
+    /* kvr_partition_options_check says why. */
+    char why[512];
+    size_t why_len = 0;
+    CHECK_ST(KVR_ERR_IO, kvr_partition_options_check(o, why, sizeof why - 1, &why_len));
+    why[why_len < sizeof why - 1 ? why_len : sizeof why - 1] = '\0';
+    CHECK(strstr(why, "cannot create it") != NULL);
+
+    /* KVR_STATE_IO_AUTO takes KVR_STATE_IO from the environment; an unknown value is an
+       error, never ignored. */
+    snprintf(dir, sizeof dir, "%s/env", g_root);
+    OK(kvr_partition_options_set_state_dir(o, dir, strlen(dir), KVR_STATE_IO_AUTO));
+    const char *saved = getenv("KVR_STATE_IO");
+    char *saved_copy = saved ? strdup(saved) : NULL;
+    setenv("KVR_STATE_IO", "sideways", 1);
+    CHECK_ST(KVR_ERR_INVALID_CONFIG, create(e, o, &p));
+    CHECK_ST(KVR_ERR_INVALID_CONFIG, kvr_partition_options_check(o, why, sizeof why, &why_len));
+    setenv("KVR_STATE_IO", "plain", 1);
+    OK(kvr_partition_options_check(o, why, sizeof why, &why_len));
+    OK(create(e, o, &p));
+    kvr_state_stats st;
+    OK(kvr_partition_state_stats(p, &st));
+    CHECK_EQ(st.uring, 0); /* plain, as the environment says */
+    kvr_partition_free(p);
+    if (saved_copy) {
+        setenv("KVR_STATE_IO", saved_copy, 1);
+        free(saved_copy);
+    } else {
+        unsetenv("KVR_STATE_IO");
+    }
 
     CHECK_ST(KVR_ERR_NULL, kvr_partition_state_restored(NULL, NULL));
     CHECK_ST(KVR_ERR_NULL, kvr_partition_state_stats(NULL, NULL));
