@@ -146,11 +146,10 @@ impl Engine {
         c.busy.prefill_tokens_fraction = busy_prefill_tokens_fraction;
         c.validate().map_err(value_error)?;
         // The state directory and I/O are checked first: nothing is created without them.
-        let mode = state::io_mode(state_io)?;
-        let prepared = state_dir
-            .as_deref()
-            .map(|d| state::prepare(d, mode))
-            .transpose()?;
+        let prepared = match state_dir.as_deref() {
+            Some(d) => Some(state::prepare(d, state::io_mode(state_io)?)?),
+            None => None,
+        };
         // Snapshots are the index's dump, which needs each block's lineage.
         c.index_dump |= prepared.is_some();
         let key = PartitionKey::new(model_name, routing_group);

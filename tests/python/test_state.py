@@ -83,7 +83,7 @@ def test_an_empty_state_dir_restores_nothing(tmp_path):
     assert p.select(prompt(1000, 6)).device_blocks == 0
 
 
-def test_state_errors(tmp_path):
+def test_state_errors(tmp_path, monkeypatch):
     e = kvr.Engine()
     p = e.create_partition("plain-partition", block_size=BS)
     assert p.state_stats() is None and p.state_restored() is None
@@ -93,6 +93,16 @@ def test_state_errors(tmp_path):
         e.create_partition("m", block_size=BS, state_dir=str(tmp_path), state_io="bogus")
     with pytest.raises(ValueError):
         e.create_partition("m", block_size=BS, state_dir="")
+    # With state_io="auto", KVR_STATE_IO chooses (an unknown value is an error); without a
+    # state_dir it is not read.
+    monkeypatch.setenv("KVR_STATE_IO", "sideways")
+    with pytest.raises(ValueError):
+        e.create_partition("m", block_size=BS, state_dir=str(tmp_path / "env"))
+    e.create_partition("no-state", block_size=BS)
+    monkeypatch.setenv("KVR_STATE_IO", "plain")
+    assert e.create_partition("env", block_size=BS,
+                              state_dir=str(tmp_path / "env")).state_stats()["uring"] is False
+    monkeypatch.delenv("KVR_STATE_IO")
     f = tmp_path / "a-file"
     f.write_text("")
     with pytest.raises(OSError):
