@@ -31,10 +31,12 @@ pub struct kvr_engine {
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct kvr_partition {
+    /// The partition's state on disk, shared by its handles (closed with the last).
+    /// Declared first so that it is dropped first: its final snapshot needs the partition,
+    /// which this handle may be the last to hold (the engine freed before it).
+    pub(crate) state: Option<Arc<KeptState>>,
     pub(crate) engine: Arc<Engine>,
     pub(crate) partition: Arc<Partition>,
-    /// The partition's state on disk, shared by its handles (closed with the last).
-    pub(crate) state: Option<Arc<KeptState>>,
 }
 
 /// Engine options (opaque; set with `kvr_engine_options_set_*`).

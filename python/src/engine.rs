@@ -209,10 +209,12 @@ fn lifecycle_error(py: Python<'_>, e: kvr::EngineError) -> PyErr {
 /// `kvr.Partition`: workers, their cached blocks and selection.
 #[pyclass(module = "kvr._kvr", frozen)]
 pub struct Partition {
+    /// `create_partition(state_dir=...)`: closed (a final snapshot) when this object goes.
+    /// Declared first so that it is dropped first: the final snapshot needs the partition,
+    /// which this object may be the last to hold.
+    state: Option<state::Kept>,
     engine: Arc<kvr::Engine>,
     inner: Arc<kvr::Partition>,
-    /// `create_partition(state_dir=...)`: closed (a final snapshot) when this object goes.
-    state: Option<state::Kept>,
 }
 
 /// `kvr.Decision`: the chosen rank and what the engine knew choosing it.

@@ -75,6 +75,16 @@ def test_engine_partition_restores_after_a_restart(tmp_path, io):
     p.upsert_worker(2)
     assert p.select(prompt(5000, 2)).device_blocks == 2
 
+    # The partition object as the last holder of its engine (created from a temporary
+    # Engine): dropping it still writes the final snapshot with everything in it.
+    p.store(2, 0, prompt(9000, 1))
+    del p
+    gc.collect()
+    p = kvr.Engine().create_partition("m", "g", block_size=BS, state_dir=str(tmp_path),
+                                      state_io=io)
+    r = p.state_restored()
+    assert r["snapshot_blocks"] == 12 and r["records"] == 0, r
+
 
 def test_an_empty_state_dir_restores_nothing(tmp_path):
     p = kvr.Engine().create_partition("m", block_size=BS, state_dir=str(tmp_path / "new"))
