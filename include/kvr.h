@@ -877,6 +877,95 @@ typedef struct kvr_session_stats {
 } kvr_session_stats;
 
 /**
+ * How state files are written (`kvr_partition_options_set_state_dir`).
+ */
+typedef uint32_t kvr_state_io;
+
+/**
+ * What the restore at the partition's creation found and did.
+ */
+typedef struct kvr_state_restored {
+  /**
+   * Non-zero when a snapshot was restored (0: the partition started empty).
+   */
+  uint32_t snapshot_found;
+  /**
+   * Non-zero when reading stopped before the end of the journal (a torn or corrupt
+   * record, a writer's gap, a missing segment): what came before it was applied.
+   */
+  uint32_t stopped_early;
+  /**
+   * Blocks restored from the snapshot.
+   */
+  uint64_t snapshot_blocks;
+  /**
+   * Journal records replayed after it, and the events in them.
+   */
+  uint64_t records;
+  uint64_t events;
+  /**
+   * Blocks or events the partition refused, as it would live ones.
+   */
+  uint64_t refused;
+  /**
+   * Files refused (corrupt, truncated, another version's or partition's).
+   */
+  uint64_t refused_files;
+  /**
+   * KV-event streams that resume from their last applied batch when their worker is
+   * registered with a source.
+   */
+  uint64_t streams;
+  /**
+   * Time the restore took.
+   */
+  double seconds;
+} kvr_state_restored;
+
+/**
+ * The journal writer's figures (counters only grow, except the last two).
+ */
+typedef struct kvr_state_stats {
+  /**
+   * Applied events handed to the writer, and those dropped because its queue was full
+   * (the journal then records a gap and a snapshot is taken at once).
+   */
+  uint64_t events_queued;
+  uint64_t events_dropped;
+  /**
+   * Journal records written, their bytes, and durable syncs.
+   */
+  uint64_t records_written;
+  uint64_t bytes_written;
+  uint64_t syncs;
+  /**
+   * Appends that failed (disk full, an I/O error).
+   */
+  uint64_t write_failures;
+  /**
+   * Snapshots written, and those that failed (the previous one and its journal stay).
+   */
+  uint64_t snapshots;
+  uint64_t snapshot_failures;
+  /**
+   * Blocks in the last snapshot written.
+   */
+  uint64_t snapshot_blocks;
+  /**
+   * Journal bytes since the last snapshot.
+   */
+  uint64_t journal_bytes;
+  /**
+   * Non-zero when the files are written through io_uring (0: `pwrite`/`fdatasync`).
+   */
+  uint32_t uring;
+  /**
+   * Non-zero once the state is closed (its final snapshot written).
+   */
+  uint32_t closed;
+} kvr_state_stats;
+
+/**
  * Index-wide figures (event and refusal counters are totals since creation).
  */
 typedef struct kvr_index_stats {
@@ -1005,6 +1094,22 @@ typedef struct kvr_rank_load {
    */
   uint64_t pending_prefill_tokens;
 } kvr_rank_load;
+
+/**
+ * io_uring when the kernel and the sandbox allow it, `pwrite`/`fdatasync` otherwise. The
+ * `KVR_STATE_IO` environment variable (`auto`, `uring`, `plain`), when set, replaces it.
+ */
+#define KVR_STATE_IO_AUTO 0
+
+/**
+ * io_uring, or `KVR_ERR_IO` at the partition's creation when it cannot be used.
+ */
+#define KVR_STATE_IO_URING 1
+
+/**
+ * `pwrite` and `fdatasync`; io_uring is not tried.
+ */
+#define KVR_STATE_IO_PLAIN 2
 
 /**
  * Success.
@@ -1473,7 +1578,9 @@ kvr_status kvr_partition_options_set_busy_prefill_tokens(struct kvr_partition_op
  * Creates partition `(model, group)` and hands out a handle to it. `opts` is only read
  * (NULL is not allowed: the block size has no default). Fails with
  * `KVR_ERR_PARTITION_EXISTS` if it exists, and with `KVR_ERR_INVALID_CONFIG` if the
- * options contradict each other (`kvr_partition_options_check` says why).
+ * options contradict each other (`kvr_partition_options_check` says why). With a state
+ * directory (`kvr_partition_options_set_state_dir`) the new partition is restored from it
+ * before this returns, or fails with `KVR_ERR_IO` and is not created.
  *
  * # Safety
  * `engine` and `opts` are NULL or live; the strings point to their lengths in bytes;
@@ -1515,7 +1622,8 @@ kvr_status kvr_engine_remove_partition(const struct kvr_engine *engine,
                                        size_t group_len);
 
 /**
- * Releases a partition handle (not the partition); NULL is a no-op.
+ * Releases a partition handle (not the partition); NULL is a no-op. Freeing the last
+ * handle of a partition with a state directory closes its state (a final snapshot).
  *
  * # Safety
  * `partition` is NULL or a handle from this library, not freed before, and no other
@@ -1737,10 +1845,13 @@ kvr_status kvr_partition_options_set_approx_retention(struct kvr_partition_optio
 
 /**
  * Checks the options as `kvr_engine_create_partition` would (`PartitionConfig::validate`
- * and the indexer policy), without creating anything. `KVR_OK` if a partition can be made
- * from them: `why` then gets kvr's notices about them, joined by "; " (empty if none —
- * e.g. capacity-bounded retention falling back to TTL). `KVR_ERR_INVALID_CONFIG` if not:
- * `why` gets the reason. `why` receives the first
+ * and the indexer policy), without creating a partition. `KVR_OK` if a partition can be
+ * made from them: `why` then gets kvr's notices about them, joined by "; " (empty if none
+ * — e.g. capacity-bounded retention falling back to TTL). `KVR_ERR_INVALID_CONFIG` if not:
+ * `why` gets the reason. With a state directory (`kvr_partition_options_set_state_dir`)
+ * the directory is created if missing and the I/O mode tried, as creating the partition
+ * does; a failure is `KVR_ERR_IO` (or `KVR_ERR_INVALID_CONFIG` for a bad `KVR_STATE_IO`)
+ * with its reason in `why`. `why` receives the first
  * `min(*why_len, why_cap)` bytes of the text (UTF-8, not NUL-terminated; `(NULL, 0)` to
  * only learn the length); `*why_len` is the text's full length.
  *
@@ -2186,6 +2297,60 @@ kvr_status kvr_partition_options_set_session_affinity(struct kvr_partition_optio
  */
 kvr_status kvr_partition_session_stats(const struct kvr_partition *partition,
                                        struct kvr_session_stats *out);
+
+/**
+ * Keeps every partition created with these options in `dir` (UTF-8, `dir_len` bytes, not
+ * NUL-terminated; created if missing): each partition in a directory of its own under
+ * it, restored when it is created and journaled after, written as `io` says. Creating a
+ * partition then fails with `KVR_ERR_IO` when the directory cannot be created, `io` is
+ * `KVR_STATE_IO_URING` and io_uring cannot be used, or another partition of this process
+ * keeps its state there already (`kvr_partition_options_check` says why). With
+ * `KVR_STATE_IO_AUTO`, an unknown `KVR_STATE_IO` value makes it fail with
+ * `KVR_ERR_INVALID_CONFIG`. `(NULL, 0)` turns the option off; an unknown `io` is
+ * `KVR_ERR_INVALID_ARGUMENT`.
+ *
+ * A restored stream resumes from the last batch applied when its worker is registered
+ * with a KV-event source (`kvr_partition_subscribe`); feed the partition only after
+ * creating it, as usual.
+ *
+ * # Safety
+ * `opts` is NULL or live and not shared during the call; `dir` points to `dir_len` bytes.
+ */
+kvr_status kvr_partition_options_set_state_dir(struct kvr_partition_options *opts,
+                                               const char *dir,
+                                               size_t dir_len,
+                                               kvr_state_io io);
+
+/**
+ * What the restore at the partition's creation found (`KVR_ERR_INVALID_CONFIG` for a
+ * partition without a state directory).
+ *
+ * # Safety
+ * `partition` is NULL or live; `out` is NULL or writable.
+ */
+kvr_status kvr_partition_state_restored(const struct kvr_partition *partition,
+                                        struct kvr_state_restored *out);
+
+/**
+ * The journal writer's figures (`KVR_ERR_INVALID_CONFIG` for a partition without a state
+ * directory). Readable after `kvr_partition_close_state`.
+ *
+ * # Safety
+ * `partition` is NULL or live; `out` is NULL or writable.
+ */
+kvr_status kvr_partition_state_stats(const struct kvr_partition *partition,
+                                     struct kvr_state_stats *out);
+
+/**
+ * Writes what is queued and a final snapshot, then stops the journal (a graceful
+ * shutdown: the next start replays nothing). The partition keeps serving; what it applies
+ * afterwards is not kept. Freeing the partition's last handle does the same. Calling it
+ * again does nothing. `KVR_ERR_INVALID_CONFIG` for a partition without a state directory.
+ *
+ * # Safety
+ * `partition` is NULL or live and not used by another thread during the call.
+ */
+kvr_status kvr_partition_close_state(struct kvr_partition *partition);
 
 /**
  * The partition's index statistics. O(shards); fine for a metrics scrape.

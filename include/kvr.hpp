@@ -245,6 +245,8 @@ using ActiveLoad = kvr_active_load;
 using IndexerStats = kvr_indexer_stats;
 using SessionStats = kvr_session_stats;
 using StreamStats = kvr_stream_stats;
+using StateRestored = kvr_state_restored;
+using StateStats = kvr_state_stats;
 
 enum class Tier : uint32_t {
     Device = KVR_TIER_DEVICE,
@@ -635,6 +637,14 @@ public:
     static PartitionOptions adopt(kvr_partition_options *owned) noexcept { return PartitionOptions(detail::Adopt{}, owned); }
     PartitionOptions(detail::Adopt, kvr_partition_options *owned) noexcept : Handle(owned) {}
 
+    /// Keeps each partition created with these options in a directory of its own under
+    /// `dir` (restored at creation, journaled after) for a warm restart; `io` is
+    /// KVR_STATE_IO_AUTO, _URING or _PLAIN. An empty `dir` turns it off.
+    PartitionOptions &set_state_dir(std::string_view dir, kvr_state_io io = KVR_STATE_IO_AUTO) {
+        const char *fn = "kvr_partition_options_set_state_dir";
+        detail::check(kvr_partition_options_set_state_dir(live(fn), dir.data(), dir.size(), io), fn);
+        return *this;
+    }
     PartitionOptions &set_cache_namespace(std::string_view ns) {
         const char *fn = "kvr_partition_options_set_cache_namespace";
         detail::check(kvr_partition_options_set_cache_namespace(live(fn), ns.data(), ns.size()), fn);
@@ -1543,6 +1553,21 @@ public:
         }
         out.observations = observations;
         return out;
+    }
+    /// What the restore at creation found (throws KVR_ERR_INVALID_CONFIG without a state
+    /// directory).
+    kvr_state_restored state_restored() const {
+        return read<kvr_state_restored>(&kvr_partition_state_restored, "kvr_partition_state_restored");
+    }
+    /// The journal writer's figures (throws KVR_ERR_INVALID_CONFIG without a state directory).
+    kvr_state_stats state_stats() const {
+        return read<kvr_state_stats>(&kvr_partition_state_stats, "kvr_partition_state_stats");
+    }
+    /// Writes a final snapshot and stops the journal (also done when the partition's last
+    /// handle goes).
+    void close_state() {
+        const char *fn = "kvr_partition_close_state";
+        detail::check(kvr_partition_close_state(live(fn)), fn);
     }
     /// The indexer's policy (policy_of()) and what it recorded or asked.
     kvr_indexer_stats indexer_stats() const {

@@ -16,6 +16,7 @@ use kvr::ReservationError;
 use kvr::{Engine, EngineError};
 use kvr::{Partition, PartitionKey};
 
+use crate::state::{KeptState, StateOption};
 use crate::status::*;
 
 /// The selection engine: partitions, and the selection-id index of their bookings.
@@ -30,6 +31,10 @@ pub struct kvr_engine {
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct kvr_partition {
+    /// The partition's state on disk, shared by its handles (closed with the last).
+    /// Declared first so that it is dropped first: its final snapshot needs the partition,
+    /// which this handle may be the last to hold (the engine freed before it).
+    pub(crate) state: Option<Arc<KeptState>>,
     pub(crate) engine: Arc<Engine>,
     pub(crate) partition: Arc<Partition>,
 }
@@ -48,6 +53,8 @@ pub struct kvr_engine_options {
 #[derive(Debug)]
 pub struct kvr_partition_options {
     pub(crate) config: PartitionConfig,
+    /// `kvr_partition_options_set_state_dir`.
+    pub(crate) state: Option<StateOption>,
 }
 
 /// The status of an engine refusal.
@@ -191,6 +198,7 @@ pub unsafe extern "C" fn kvr_partition_options_new(
         }
         let opts = kvr_partition_options {
             config: PartitionConfig::new(block_size),
+            state: None,
         };
         // SAFETY: forwarded caller contract.
         unsafe { give(out, opts) }
@@ -487,7 +495,9 @@ unsafe fn key(
 /// Creates partition `(model, group)` and hands out a handle to it. `opts` is only read
 /// (NULL is not allowed: the block size has no default). Fails with
 /// `KVR_ERR_PARTITION_EXISTS` if it exists, and with `KVR_ERR_INVALID_CONFIG` if the
-/// options contradict each other (`kvr_partition_options_check` says why).
+/// options contradict each other (`kvr_partition_options_check` says why). With a state
+/// directory (`kvr_partition_options_set_state_dir`) the new partition is restored from it
+/// before this returns, or fails with `KVR_ERR_IO` and is not created.
 ///
 /// # Safety
 /// `engine` and `opts` are NULL or live; the strings point to their lengths in bytes;
@@ -517,13 +527,27 @@ pub unsafe extern "C" fn kvr_engine_create_partition(
         if let Ok(indexer) = kvr_remote::with_http_client(&config.indexer) {
             config.indexer = indexer;
         }
+        // The state's directory and I/O are checked first: nothing is created without them.
+        let prepared = o.state.as_ref().map(StateOption::prepare).transpose()?;
+        if prepared.is_some() {
+            // Snapshots are the index's dump, which needs each block's lineage.
+            config.index_dump = true;
+        }
         let p = e
             .engine
-            .create_partition(k, config)
+            .create_partition(k.clone(), config)
             .map_err(|err| engine_status(&err))?;
+        let state = match prepared.map(|pr| pr.keep(&p)).transpose() {
+            Ok(s) => s,
+            Err(status) => {
+                e.engine.remove_partition(&k);
+                return Err(status);
+            }
+        };
         let h = kvr_partition {
             engine: e.engine.clone(),
             partition: p,
+            state,
         };
         // SAFETY: forwarded caller contract.
         unsafe { give(out, h) }
@@ -554,6 +578,7 @@ pub unsafe extern "C" fn kvr_engine_get_partition(
         let p = e.engine.partition(&k).map_err(|err| engine_status(&err))?;
         let h = kvr_partition {
             engine: e.engine.clone(),
+            state: crate::state::kept_of(&p),
             partition: p,
         };
         // SAFETY: forwarded caller contract.
@@ -588,7 +613,8 @@ pub unsafe extern "C" fn kvr_engine_remove_partition(
     })
 }
 
-/// Releases a partition handle (not the partition); NULL is a no-op.
+/// Releases a partition handle (not the partition); NULL is a no-op. Freeing the last
+/// handle of a partition with a state directory closes its state (a final snapshot).
 ///
 /// # Safety
 /// `partition` is NULL or a handle from this library, not freed before, and no other
@@ -627,6 +653,10 @@ impl kvr_engine {
 impl kvr_partition {
     /// A handle to `partition` of `engine`.
     pub fn from_parts(engine: Arc<Engine>, partition: Arc<Partition>) -> Self {
-        kvr_partition { engine, partition }
+        kvr_partition {
+            engine,
+            state: crate::state::kept_of(&partition),
+            partition,
+        }
     }
 }

@@ -171,10 +171,13 @@ pub unsafe extern "C" fn kvr_partition_options_set_approx_retention(
 }
 
 /// Checks the options as `kvr_engine_create_partition` would (`PartitionConfig::validate`
-/// and the indexer policy), without creating anything. `KVR_OK` if a partition can be made
-/// from them: `why` then gets kvr's notices about them, joined by "; " (empty if none —
-/// e.g. capacity-bounded retention falling back to TTL). `KVR_ERR_INVALID_CONFIG` if not:
-/// `why` gets the reason. `why` receives the first
+/// and the indexer policy), without creating a partition. `KVR_OK` if a partition can be
+/// made from them: `why` then gets kvr's notices about them, joined by "; " (empty if none
+/// — e.g. capacity-bounded retention falling back to TTL). `KVR_ERR_INVALID_CONFIG` if not:
+/// `why` gets the reason. With a state directory (`kvr_partition_options_set_state_dir`)
+/// the directory is created if missing and the I/O mode tried, as creating the partition
+/// does; a failure is `KVR_ERR_IO` (or `KVR_ERR_INVALID_CONFIG` for a bad `KVR_STATE_IO`)
+/// with its reason in `why`. `why` receives the first
 /// `min(*why_len, why_cap)` bytes of the text (UTF-8, not NUL-terminated; `(NULL, 0)` to
 /// only learn the length); `*why_len` is the text's full length.
 ///
@@ -210,7 +213,12 @@ pub unsafe extern "C" fn kvr_partition_options_check(
                 config.indexer.check().map_err(|e| e.0)
             });
         let (text, status) = match checked {
-            Ok(r) => (r.notices.join("; "), Ok(())),
+            // A state directory is tried as creating the partition will (created if
+            // missing, the I/O mode set up): the reason of a failure is reported here.
+            Ok(r) => match o.state.as_ref().map(|s| s.prepare_why()).transpose() {
+                Ok(_) => (r.notices.join("; "), Ok(())),
+                Err((status, reason)) => (reason, Err(status)),
+            },
             Err(reason) => (reason, Err(KVR_ERR_INVALID_CONFIG)),
         };
         let n = text.len().min(buf.len());

@@ -7,8 +7,9 @@
 //! ([`session`]) and carrying transfer hints ([`hint`]); bookings are freed through the
 //! engine ([`select`]); host hooks ([`hooks`]) and statistics ([`stats`]) hang off a
 //! partition ([`handles`]), whose options choose the cost model and its knobs
-//! ([`cost`]). Engines' own KV-event messages come in
-//! raw through the host ([`ingress`]) or through kvr's own ZMQ subscriber ([`subscribe`]).
+//! ([`cost`]) and may keep its index on disk for a warm restart ([`state`]). Engines' own
+//! KV-event messages come in raw through the host ([`ingress`]) or through kvr's own ZMQ
+//! subscriber ([`subscribe`]).
 //!
 //! Conventions, everywhere:
 //! - every symbol starts with `kvr_`; handles are opaque; option and builder objects are
@@ -40,6 +41,7 @@ pub mod ingress;
 pub mod request;
 pub mod select;
 pub mod session;
+pub mod state;
 pub mod stats;
 pub mod status;
 pub mod subscribe;
@@ -55,6 +57,7 @@ pub use ingress::*;
 pub use request::*;
 pub use select::*;
 pub use session::*;
+pub use state::*;
 pub use stats::*;
 pub use status::*;
 pub use subscribe::*;

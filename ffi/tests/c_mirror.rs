@@ -86,6 +86,11 @@ const EXCEPTIONS: &[Exception] = &[
         "index_dump",
         "C has no index dump to read (kvr serve's GET /dump turns it on)",
     ),
+    extra(
+        OPTS,
+        "state_dir",
+        "the state directory is kvr-state's, not the engine's: libkvr restores and journals the partition (turning index_dump on)",
+    ),
     renamed(
         "CostConfig",
         "model",

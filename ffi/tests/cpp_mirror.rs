@@ -91,6 +91,11 @@ const EXCEPTIONS: &[Exception] = &[
         "cost_model",
         "as C: `model` alone would not say which model",
     ),
+    extra(
+        OPTS,
+        "state_dir",
+        "as C: the state directory is kvr-state's, not the engine's",
+    ),
     omitted("SessionConfig", "shards", "as C: internal sharding"),
     omitted(
         "SessionConfig",

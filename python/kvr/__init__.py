@@ -19,6 +19,7 @@ equivalents. Both take the latency model's knobs as keyword arguments.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Optional
 
 from ._errors import SelectionServiceError
@@ -175,7 +176,10 @@ class SelectionService:
     ``kv_pressure_ms``, ``itl_target_ms``, ``itl_base_ms``, ``itl_per_request_ms``,
     ``queue_externality``, ``decode_block_us`` (``--prefill-rate-prior`` /
     ``KVR_PREFILL_RATE_PRIOR`` and so on). An unknown model or a knob out of range is a
-    ``ValueError``.
+    ``ValueError``. ``state_dir`` keeps each partition's index and the workers'
+    registrations in that directory for a warm restart, written as ``state_io`` says
+    (``"auto"``, ``"uring"``, ``"plain"``): ``--state-dir`` / ``KVR_STATE_DIR`` and
+    ``--state-io`` / ``KVR_STATE_IO``; ``shutdown()`` writes the final snapshots.
     """
 
     def __init__(self, *, indexer_threads: int = 4, indexer_peers: Optional[list[str]] = None,
@@ -194,7 +198,9 @@ class SelectionService:
                  itl_base_ms: Optional[float] = None,
                  itl_per_request_ms: Optional[float] = None,
                  queue_externality: Optional[float] = None,
-                 decode_block_us: Optional[float] = None) -> None:
+                 decode_block_us: Optional[float] = None,
+                 state_dir: Optional[str] = None,
+                 state_io: Optional[str] = None) -> None:
         """Starts the service (see the class docstring for the arguments)."""
         argv = _argv(indexer_threads, indexer_peers, replica_sync_port, replica_sync_peers,
                      selection_cache, session_affinity_ttl_secs, remote_indexer_url)
@@ -205,6 +211,10 @@ class SelectionService:
             itl_target_ms=itl_target_ms, itl_base_ms=itl_base_ms,
             itl_per_request_ms=itl_per_request_ms, queue_externality=queue_externality,
             decode_block_us=decode_block_us))
+        if state_dir is not None:
+            argv += ["--state-dir", os.fspath(state_dir)]
+        if state_io is not None:
+            argv += ["--state-io", str(state_io)]
         self._core = NativeService(argv)
         self._offload = self._core.uses_remote_index()
 

@@ -57,11 +57,16 @@ class SelectionService:
         itl_per_request_ms: Optional[float] = None,
         queue_externality: Optional[float] = None,
         decode_block_us: Optional[float] = None,
+        # kvr's warm restart: each partition's index (and the workers' registrations)
+        # kept in this directory; state_io "auto", "uring" or "plain" (kvr serve's
+        # --state-dir / --state-io, KVR_STATE_DIR / KVR_STATE_IO).
+        state_dir: Optional[str] = None,
+        state_io: Optional[str] = None,
     ) -> None:
-        """Starts the service. Dynamo's arguments, plus kvr's cost model and latency knobs (None keeps the default). `selection_cache` must be a kvr.SelectionCacheConfig (a dict or Dynamo's own config object is a TypeError: Dynamo's keeps its bounds out of Python's reach). Bad values are a ValueError."""
+        """Starts the service. Dynamo's arguments, plus kvr's cost model and latency knobs and its state directory (None keeps the default). `selection_cache` must be a kvr.SelectionCacheConfig (a dict or Dynamo's own config object is a TypeError: Dynamo's keeps its bounds out of Python's reach). Bad values are a ValueError."""
         ...
     def shutdown(self) -> None:
-        """Stops the KV-event subscriptions and the sweeper; later calls fail fast and ready() answers not ready. Idempotent."""
+        """Stops the KV-event subscriptions and the sweeper and, with state_dir, writes every partition's final snapshot; later calls fail fast and ready() answers not ready. Idempotent."""
         ...
     async def shutdown_async(self) -> None:
         """shutdown() as a coroutine."""
@@ -195,6 +200,15 @@ class Partition:
     def cost_model(self) -> str:
         """"latency" or "dynamo"."""
         ...
+    def state_restored(self) -> Optional[dict[str, Any]]:
+        """What the restore at creation found (snapshot_found, snapshot_blocks, records, events, refused, refused_files, streams, stopped, seconds); None without state_dir."""
+        ...
+    def state_stats(self) -> Optional[dict[str, int]]:
+        """The journal writer's figures (events_queued, events_dropped, records_written, bytes_written, syncs, write_failures, snapshots, snapshot_failures, snapshot_blocks, journal_bytes, uring, closed); None without state_dir."""
+        ...
+    def close_state(self) -> None:
+        """Writes a final snapshot and stops the journal (also done when the partition object goes away); ValueError without state_dir. Idempotent."""
+        ...
     def prefill_rate(self) -> Optional[float]:
         """The learned prefill rate, tokens/s; None until a few prefills were measured."""
         ...
@@ -258,8 +272,13 @@ class Engine:
         busy_decode_blocks_fraction: Optional[float] = None,  # of its total KV blocks
         busy_prefill_tokens: Optional[int] = None,
         busy_prefill_tokens_fraction: Optional[float] = None,  # of its max batched tokens
+        # Warm restart: the partition restored from its own directory under state_dir at
+        # creation and journaled after; state_io "auto" (io_uring if it can be had; the
+        # KVR_STATE_IO environment variable replaces it), "uring" or "plain".
+        state_dir: Optional[str] = None,
+        state_io: str = "auto",
     ) -> Partition:
-        """A new partition (one model and routing group); ValueError if it exists, for an unknown cost_model or a knob out of range."""
+        """A new partition (one model and routing group); ValueError if it exists, for an unknown cost_model, state_io or a knob out of range; OSError if state_dir cannot be created or written as state_io asks, or another partition of this process keeps its state there."""
         ...
     def mark_prefill_complete(self, selection_id: int) -> None:
         """The booking's prefill is done (its prefill tokens leave the rank's load)."""

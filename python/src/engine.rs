@@ -14,8 +14,10 @@ use kvr::config::PartitionConfig;
 use kvr::{KvEvent, Outcome, PartitionKey, RankId, StoredBlock, Tier, WorkerInfo};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::errors::service_error;
+use crate::state;
 use crate::tokens;
 
 fn value_error(e: impl std::fmt::Display) -> PyErr {
@@ -59,6 +61,7 @@ impl Engine {
         host_cache_hit_weight=None, disk_cache_hit_weight=None, temperature=None,
         decode_active_request_weight=None, credit_decay=None, busy_decode_blocks_fraction=None,
         busy_prefill_tokens=None, busy_prefill_tokens_fraction=None,
+        state_dir=None, state_io="auto",
     ))]
     #[allow(clippy::too_many_arguments)]
     fn create_partition(
@@ -90,6 +93,8 @@ impl Engine {
         busy_decode_blocks_fraction: Option<f64>,
         busy_prefill_tokens: Option<u64>,
         busy_prefill_tokens_fraction: Option<f64>,
+        state_dir: Option<String>,
+        state_io: &str,
     ) -> PyResult<Partition> {
         let mut c = PartitionConfig::new(block_size);
         c.indexer.use_kv_events = use_kv_events;
@@ -140,13 +145,29 @@ impl Engine {
         c.busy.prefill_tokens = busy_prefill_tokens;
         c.busy.prefill_tokens_fraction = busy_prefill_tokens_fraction;
         c.validate().map_err(value_error)?;
+        // The state directory and I/O are checked first: nothing is created without them.
+        let prepared = match state_dir.as_deref() {
+            Some(d) => Some(state::prepare(d, state::io_mode(state_io)?)?),
+            None => None,
+        };
+        // Snapshots are the index's dump, which needs each block's lineage.
+        c.index_dump |= prepared.is_some();
+        let key = PartitionKey::new(model_name, routing_group);
         let p = self
             .inner
-            .create_partition(PartitionKey::new(model_name, routing_group), c)
+            .create_partition(key.clone(), c)
             .map_err(value_error)?;
+        let state = match prepared.map(|pr| pr.keep(&p)).transpose() {
+            Ok(s) => s,
+            Err(e) => {
+                self.inner.remove_partition(&key);
+                return Err(e);
+            }
+        };
         Ok(Partition {
             engine: self.inner.clone(),
             inner: p,
+            state,
         })
     }
 
@@ -188,6 +209,10 @@ fn lifecycle_error(py: Python<'_>, e: kvr::EngineError) -> PyErr {
 /// `kvr.Partition`: workers, their cached blocks and selection.
 #[pyclass(module = "kvr._kvr", frozen)]
 pub struct Partition {
+    /// `create_partition(state_dir=...)`: closed (a final snapshot) when this object goes.
+    /// Declared first so that it is dropped first: the final snapshot needs the partition,
+    /// which this object may be the last to hold.
+    state: Option<state::Kept>,
     engine: Arc<kvr::Engine>,
     inner: Arc<kvr::Partition>,
 }
@@ -249,6 +274,31 @@ impl Partition {
     #[getter]
     fn cost_model(&self) -> &'static str {
         self.inner.config().cost.model.name()
+    }
+
+    /// What the restore at creation found (`snapshot_found`, `snapshot_blocks`, `records`,
+    /// `events`, `refused`, `refused_files`, `streams`, `stopped`, `seconds`); None without
+    /// a `state_dir`.
+    fn state_restored<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.state.as_ref().map(|k| k.restored(py)).transpose()
+    }
+
+    /// The journal writer's figures (`events_queued`, `snapshots`, ..., `uring`,
+    /// `closed`); None without a `state_dir`.
+    fn state_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.state.as_ref().map(|k| k.stats(py)).transpose()
+    }
+
+    /// Writes a final snapshot and stops the journal (a graceful shutdown: the next start
+    /// replays nothing); what the partition applies afterwards is not kept. Idempotent;
+    /// also done when the partition object goes away. ValueError without a `state_dir`.
+    fn close_state(&self, py: Python<'_>) -> PyResult<()> {
+        let k = self
+            .state
+            .as_ref()
+            .ok_or_else(|| PyValueError::new_err("the partition keeps no state (no state_dir)"))?;
+        py.detach(|| k.close());
+        Ok(())
     }
 
     /// The prefill rate learned from `mark_prefill_complete` timings, tokens/s (one rank's

@@ -2,7 +2,8 @@
 //!
 //! - [`service`]: `SelectionService`'s core, the HTTP service's operations (kvr-service's
 //!   `App`) called without HTTP, dicts in and out, so its answers are `kvr serve`'s.
-//! - [`engine`]: the typed hot path (`Engine`, `Partition`, `Decision`).
+//! - [`engine`]: the typed hot path (`Engine`, `Partition`, `Decision`); [`state`] keeps a
+//!   partition's index on disk for a warm restart.
 //! - [`tokens`]: token arrays from lists or any buffer (zero-copy where the layout allows).
 //! - [`hash`]: `hash_tokens`, Dynamo's `compute_block_hash_for_seq`.
 //! - [`errors`]: `ValueError` for bad input, `SelectionServiceError` for the rest.
@@ -16,6 +17,7 @@ mod engine;
 mod errors;
 mod hash;
 mod service;
+mod state;
 mod tokens;
 
 use pyo3::prelude::*;

@@ -419,8 +419,8 @@ impl NativeService {
         Ok(py.detach(|| kvr_service::recovery::recover_from(app, &peers)))
     }
 
-    /// Stops the KV-event subscriptions and the sweeper; later selections fail fast.
-    /// Idempotent.
+    /// Stops the KV-event subscriptions and the sweeper, and with `--state-dir` writes
+    /// every partition's final snapshot; later selections fail fast. Idempotent.
     fn shutdown(&self, py: Python<'_>) {
         if self.shut.swap(true, Ordering::AcqRel) {
             return;
@@ -430,6 +430,10 @@ impl NativeService {
         py.detach(|| {
             app.registry.stop_all();
             sweeper.lock().unwrap_or_else(|e| e.into_inner()).stop();
+            // `--state-dir`: the final snapshots, as `kvr serve` writes at SIGTERM.
+            if let Some(state) = &app.state {
+                state.close();
+            }
         });
     }
 }
@@ -442,6 +446,9 @@ impl Drop for NativeService {
                 .get_mut()
                 .unwrap_or_else(|e| e.into_inner())
                 .stop();
+            if let Some(state) = &self.app.state {
+                state.close();
+            }
         }
     }
 }

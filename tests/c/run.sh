@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The C harness of kvr's C ABI: builds libkvr, checks that tests/c/test_kvr.c calls every
-# function include/kvr.h declares, compiles it strictly and links it statically, runs it
-# natively and under valgrind (0 errors, 0 definitely lost), then does the same for the
-# README example (tests/c/example.c).
+# The C harness of kvr's C ABI: builds libkvr, checks that tests/c/test_kvr.c and
+# tests/c/test_state.c (the state directory) call every function include/kvr.h declares,
+# compiles them strictly and links them statically, runs them natively and under valgrind
+# (0 errors, 0 definitely lost), then does the same for the README example
+# (tests/c/example.c).
 #
 # Works from any directory; builds into $CARGO_TARGET_DIR (default target/). Environment: CC (default gcc); KVR_C_TEST_SLOW=1 adds the
 # rank-limit test to the native run (2^18 ranks: slow, see test_kvr.c); RUST_BACKTRACE is
@@ -54,11 +55,11 @@ section "1/6 cargo build --release -p libkvr"
 cargo build --release --locked -p libkvr
 ls -l "$TARGET/release/libkvr.a" | awk '{print "  " $5 " bytes  " $NF}'
 
-section "2/6 header coverage: every function in include/kvr.h is called by tests/c/test_kvr.c"
+section "2/6 header coverage: every function in include/kvr.h is called by tests/c/test_kvr.c or test_state.c"
 mapfile -t FUNCS < <(grep -oE '\bkvr_[a-z0-9_]+\(' include/kvr.h | tr -d '(' | sort -u | grep -vx 'kvr_status')
 missing=0
 for f in "${FUNCS[@]}"; do
-    if ! grep -qE "(^|[^A-Za-z0-9_])$f\(" tests/c/test_kvr.c; then
+    if ! grep -qE "(^|[^A-Za-z0-9_])$f\(" tests/c/test_kvr.c tests/c/test_state.c; then
         echo "  not called: $f"
         missing=$((missing + 1))
     fi
@@ -72,16 +73,20 @@ echo "  ${#FUNCS[@]} functions declared, all called"
 section "3/6 compile tests/c/test_kvr.c ($CC ${CFLAGS[*]}, static libkvr.a)"
 "$CC" "${CFLAGS[@]}" tests/c/test_kvr.c -o "$OUT/test_kvr" "${LIBS[@]}"
 echo "  built $OUT/test_kvr"
+"$CC" "${CFLAGS[@]}" tests/c/test_state.c -o "$OUT/test_state" "${LIBS[@]}"
+echo "  built $OUT/test_state"
 
-section "4/6 run test_kvr"
+section "4/6 run test_kvr and test_state"
 "$OUT/test_kvr"
+"$OUT/test_state"
 
-section "5/6 test_kvr under valgrind"
+section "5/6 test_kvr and test_state under valgrind"
 if ! command -v valgrind >/dev/null; then
     echo "FAILED: valgrind is not installed"
     exit 1
 fi
 KVR_C_TEST_SLOW=0 under_valgrind "$OUT/valgrind-test_kvr.log" "$OUT/test_kvr"
+under_valgrind "$OUT/valgrind-test_state.log" "$OUT/test_state"
 
 section "6/6 README example (tests/c/example.c): compile, run, valgrind"
 "$CC" "${CFLAGS[@]}" tests/c/example.c -o "$OUT/example" "${LIBS[@]}"

@@ -81,6 +81,8 @@ CREATE_PARTITION = Host(
     extra={
         "model_name": "the partition's key, not a config field",
         "routing_group": "the partition's key, not a config field",
+        "state_dir": "kvr-state's (the partition kept on disk), not an engine field",
+        "state_io": "kvr-state's (how its files are written), not an engine field",
     },
 )
 
@@ -127,9 +129,11 @@ SELECTION_SERVICE = Host(
         ("SessionConfig", "early_release_memory"): SERVICE_DEFAULT,
     },
     extra={
-        n: "Dynamo's constructor argument: a service setting, not an engine field"
-        for n in ("indexer_threads", "indexer_peers", "replica_sync_port", "replica_sync_peers",
-                  "selection_cache")
+        **{n: "Dynamo's constructor argument: a service setting, not an engine field"
+           for n in ("indexer_threads", "indexer_peers", "replica_sync_port", "replica_sync_peers",
+                     "selection_cache")},
+        "state_dir": "kvr serve's --state-dir: a service setting (kvr-state), not an engine field",
+        "state_io": "kvr serve's --state-io: a service setting (kvr-state), not an engine field",
     },
 )
 

@@ -57,6 +57,7 @@ type mirrorException struct{ strukt, field, loc, name, why string }
 
 var mirrorExceptions = []mirrorException{
 	{strukt: "PartitionConfig", field: "index_dump", why: "as C: no index dump to read (kvr serve's GET /dump turns it on)"},
+	{loc: "options", name: "StateDir", why: "as C: the state directory is kvr-state's, not the engine's (libkvr restores and journals the partition)"},
 	{loc: "params Engine.CreatePartition", name: "model", why: "the partition's key, not a config field"},
 	{loc: "params Engine.CreatePartition", name: "group", why: "the partition's key, not a config field"},
 	{loc: "params Engine.CreatePartition", name: "opts", why: "the options themselves"},
