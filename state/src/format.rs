@@ -213,9 +213,13 @@ impl Writer {
     /// A count, then each block's engine and local hash.
     pub fn blocks(&mut self, blocks: &[StoredBlock]) {
         self.u32(blocks.len() as u32);
-        for b in blocks {
-            self.u64(b.external_hash);
-            self.u64(b.local_hash);
+        // Sized once, then filled: no capacity check per block (the ingest path writes
+        // every stored block through here).
+        let start = self.0.len();
+        self.0.resize(start + blocks.len() * 16, 0);
+        for (out, b) in self.0[start..].chunks_exact_mut(16).zip(blocks) {
+            out[..8].copy_from_slice(&b.external_hash.to_le_bytes());
+            out[8..].copy_from_slice(&b.local_hash.to_le_bytes());
         }
     }
     /// A string of at most 65,535 bytes (longer ones are cut at a char boundary).

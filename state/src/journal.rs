@@ -241,8 +241,14 @@ pub struct BatchPayload {
 const COUNT_AT: usize = 1 + 8 + 4 + 8 + 8;
 
 impl BatchPayload {
-    pub fn new(worker_id: u64, stream: u32, seq: u64, digest: u64) -> Self {
-        let mut w = Writer(Vec::with_capacity(1024));
+    /// A payload for batch `seq` of `worker_id`'s stream `stream`, written into `buf`
+    /// (cleared; a buffer used before keeps its allocation).
+    pub fn new(worker_id: u64, stream: u32, seq: u64, digest: u64, mut buf: Vec<u8>) -> Self {
+        buf.clear();
+        if buf.capacity() == 0 {
+            buf.reserve(1024);
+        }
+        let mut w = Writer(buf);
         w.u8(TAG_BATCH);
         w.u64(worker_id);
         w.u32(stream);

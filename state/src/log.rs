@@ -127,9 +127,41 @@ pub struct StateLog {
 /// What the ingesting threads share with the writer: the queue and the counters.
 struct Shared {
     tx: SyncSender<Msg>,
+    spare: Arc<Spare>,
     /// Set by `close`: what comes after is dropped (and counted), not queued.
     closed: AtomicBool,
     counters: Arc<Counters>,
+}
+
+/// Buffers kept for reuse, at most, and the largest kept.
+const SPARE_BUFFERS: usize = 1024;
+const SPARE_BYTES: usize = 64 << 10;
+
+/// Payload buffers the writer is done with, for the next batches: no allocation per
+/// batch, and no buffer freed by another thread than the one that allocated it.
+#[derive(Default)]
+struct Spare(Mutex<Vec<Vec<u8>>>);
+
+impl Spare {
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    fn give_back(&self, bufs: impl Iterator<Item = Vec<u8>>) {
+        let mut spare = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for b in bufs {
+            if spare.len() >= SPARE_BUFFERS {
+                break;
+            }
+            if b.capacity() <= SPARE_BYTES {
+                spare.push(b);
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -177,10 +209,11 @@ impl Pending {
         else {
             return None;
         };
+        let buf = shared.spare.take();
         Some(Pending {
             shared,
             origin,
-            payload: BatchPayload::new(worker_id, stream, seq, digest),
+            payload: BatchPayload::new(worker_id, stream, seq, digest, buf),
             first_rank: None,
             more_ranks: Vec::new(),
         })
@@ -244,12 +277,14 @@ impl StateLog {
         std::fs::create_dir_all(&cfg.dir)?;
         let (tx, rx) = mpsc::sync_channel(cfg.queue_messages.max(1));
         let counters = Arc::new(Counters::default());
+        let spare = Arc::new(Spare::default());
         let w = Writer {
             partition: Arc::downgrade(partition),
             identity: Identity::of(partition),
             cfg,
             io,
             counters: counters.clone(),
+            spare: spare.clone(),
             marks: marks
                 .into_iter()
                 .map(|m| ((m.worker_id, m.stream), m))
@@ -265,6 +300,7 @@ impl StateLog {
         Ok(Arc::new(StateLog {
             shared: Arc::new(Shared {
                 tx,
+                spare: spare.clone(),
                 closed: AtomicBool::new(false),
                 counters,
             }),
@@ -399,6 +435,7 @@ struct Writer {
     cfg: StateConfig,
     io: Io,
     counters: Arc<Counters>,
+    spare: Arc<Spare>,
     /// Each stream's last batch journaled whole (what a snapshot stores).
     marks: HashMap<(WorkerId, u32), StreamResume>,
     /// The current journal segment's number, and its file once opened.
@@ -506,6 +543,11 @@ impl Writer {
         if !records.is_empty() {
             ok = self.append(&records);
         }
+        self.spare
+            .give_back(records.into_iter().filter_map(|p| match p {
+                Piece::Payload(b) => Some(b),
+                Piece::Record(_) => None,
+            }));
         let due = self.stats(|s| s.journal_bytes) >= self.cfg.snapshot_after_bytes;
         if lost > 0 || !ok || due || snapshot_asked {
             self.snapshot();

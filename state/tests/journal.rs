@@ -158,7 +158,7 @@ fn a_batch_built_event_by_event_is_the_same_record() {
         else {
             continue;
         };
-        let mut b = BatchPayload::new(*worker_id, *stream, *seq, *digest);
+        let mut b = BatchPayload::new(*worker_id, *stream, *seq, *digest, vec![9; 3]);
         for (rank, e) in events {
             b.push(*rank, &e.as_event());
         }
