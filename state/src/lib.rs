@@ -3,13 +3,14 @@
 //!
 //! Everything on disk is a sequence of checksummed frames ([`frame`]) after a header that
 //! names the file's kind, the format version and the partition it belongs to
-//! ([`format`]); a reader takes the longest valid prefix and says why it stopped, so a
+//! ([`format`](mod@format)); a reader takes the longest valid prefix and says why it stopped, so a
 //! torn tail is cut, and a foreign or corrupt file is refused with a reason, never half
 //! applied. [`snapshot`] writes and reads a partition's index (its ranks' chains of
 //! blocks per tier, as the engine's dump gives them) and where each stream was;
 //! [`journal`] the records applied since. [`log`] is the writer a partition hands what
-//! it applies to; [`restore`] reads a directory back into a partition at start.
+//! it applies to; [`restore`](mod@restore) reads a directory back into a partition at start.
 
+pub mod config;
 pub mod format;
 pub mod frame;
 pub mod io;
@@ -17,7 +18,9 @@ pub mod journal;
 pub mod log;
 pub mod restore;
 pub mod snapshot;
+mod snapshotter;
 
+pub use config::{partition_dir, StateConfig};
 pub use io::{Io, IoMode};
-pub use log::{partition_dir, StateConfig, StateLog, StateStats};
+pub use log::{StateLog, StateStats};
 pub use restore::{restore, Restored};

@@ -7,14 +7,13 @@
 //! counted, and the writer then records a `Gap` (a restart stops reading there, with the
 //! state before it, which is a true prefix) and takes a snapshot, which supersedes it.
 //!
-//! Files of one partition, in its own directory ([`partition_dir`]): `journal-N.kvr`
+//! Files of one partition, in its own directory ([`crate::config::partition_dir`]): `journal-N.kvr`
 //! segments and `snapshot-N.kvr`, the snapshot taken when segment `N` began (so it holds
 //! at least everything of the segments before `N`). A snapshot is written aside and
 //! renamed; only then are the older files removed. A restart reads the newest snapshot
-//! and the segments from its number on ([`crate::restore`]).
+//! and the segments from its number on ([`crate::restore`](mod@crate::restore)).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
@@ -23,58 +22,12 @@ use std::time::{Duration, Instant};
 
 use kvr::{AppliedLog, KvEvent, Origin, Partition, RankId, StreamResume, WorkerId};
 
+use crate::config::StateConfig;
 use crate::format::Identity;
 use crate::frame::put_frame;
-use crate::io::{AppendFile, Io};
+use crate::io::{AppendFile, Backend, Io, IoMode};
 use crate::journal::{self, BatchPayload, OwnedEvent, Record};
-use crate::snapshot::Snapshot;
-
-/// How a partition's state is kept.
-#[derive(Clone, Debug)]
-pub struct StateConfig {
-    /// The partition's directory (created if missing).
-    pub dir: PathBuf,
-    /// Messages the queue holds (a stream batch's events, or one event of a host's
-    /// own calls, each) before ingest drops (and counts) what comes.
-    pub queue_messages: usize,
-    /// A snapshot is taken when the journal has grown by this many bytes since the last.
-    pub snapshot_after_bytes: u64,
-    /// What arrives within this time of the last append goes in one write and one sync
-    /// (a crash loses at most this much of the journal; the engines' replay brings it
-    /// back, as the restart resumes each stream from what the journal kept).
-    pub sync_every: Duration,
-}
-
-impl StateConfig {
-    /// Defaults: a queue of 65,536 messages, a snapshot every 256 MiB of journal, a sync
-    /// at most every 10 ms.
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        StateConfig {
-            dir: dir.into(),
-            queue_messages: 1 << 16,
-            snapshot_after_bytes: 256 << 20,
-            sync_every: Duration::from_millis(10),
-        }
-    }
-}
-
-/// The directory of `id`'s partition under `root`: its key, made safe for a file name,
-/// and a checksum of the key (two keys that read alike still differ).
-pub fn partition_dir(root: &Path, id: &Identity) -> PathBuf {
-    let key = format!("{}@{}", id.key.model, id.key.routing_group);
-    let safe: String = key
-        .chars()
-        .take(64)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-@".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    root.join(format!("{safe}-{:08x}", crc32fast::hash(key.as_bytes())))
-}
+use crate::snapshotter::Running;
 
 /// What the writer did, for metrics (every field only grows, except the last ones).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,7 +71,7 @@ enum Msg {
 }
 
 /// A partition's journal and snapshots: attach it with
-/// [`Partition::attach_applied_log`] (after restoring, [`crate::restore`]).
+/// [`Partition::attach_applied_log`] (after restoring, [`crate::restore()`]).
 pub struct StateLog {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -292,6 +245,9 @@ impl StateLog {
             segment: next_segment,
             journal: None,
             seen_dropped: 0,
+            running: None,
+            again: false,
+            waiting: Vec::new(),
             buf: Vec::new(),
         };
         let thread = std::thread::Builder::new()
@@ -441,6 +397,11 @@ struct Writer {
     /// The current journal segment's number, and its file once opened.
     segment: u64,
     journal: Option<AppendFile>,
+    /// The snapshot being taken, whether another is wanted after it, and who waits for
+    /// that one.
+    running: Option<Running>,
+    again: bool,
+    waiting: Vec<SyncSender<()>>,
     /// `counters.dropped` when a gap was last recorded.
     seen_dropped: u64,
     buf: Vec<u8>,
@@ -452,11 +413,13 @@ const DRAIN: usize = 16_384;
 impl Writer {
     fn run(mut self, rx: Receiver<Msg>) {
         // The journal starts from what the index holds now (restored or empty).
-        self.snapshot();
+        self.snapshot(Vec::new());
         let mut msgs = Vec::with_capacity(DRAIN);
         let mut last_write = Instant::now();
         loop {
-            match rx.recv_timeout(Duration::from_millis(200)) {
+            self.poll_snapshot(false);
+            let idle = if self.running.is_some() { 5 } else { 200 };
+            match rx.recv_timeout(Duration::from_millis(idle)) {
                 Ok(m) => msgs.push(m),
                 Err(RecvTimeoutError::Timeout) => {
                     // A loss with nothing queued since still needs its gap and snapshot.
@@ -499,7 +462,7 @@ impl Writer {
     fn write(&mut self, msgs: &mut Vec<Msg>) -> bool {
         let mut records: Vec<Piece> = Vec::new();
         let mut asked = Vec::new();
-        let mut snapshot_asked = false;
+        let mut asked_snapshot = Vec::new();
         let mut stop = false;
         let dropped = self.counters.dropped.load(Ordering::Relaxed);
         let lost = dropped.wrapping_sub(self.seen_dropped);
@@ -527,10 +490,8 @@ impl Writer {
                     self.marks.retain(|k, _| k.0 != worker_id);
                     records.push(Piece::Record(Record::Removed { worker_id }));
                 }
-                Msg::Flush(ack, snap) => {
-                    snapshot_asked |= snap;
-                    asked.push(ack);
-                }
+                Msg::Flush(ack, true) => asked_snapshot.push(ack),
+                Msg::Flush(ack, false) => asked.push(ack),
             }
         }
         // Dropped events were applied before the ones queued after them: the gap goes
@@ -549,11 +510,16 @@ impl Writer {
                 Piece::Record(_) => None,
             }));
         let due = self.stats(|s| s.journal_bytes) >= self.cfg.snapshot_after_bytes;
-        if lost > 0 || !ok || due || snapshot_asked {
-            self.snapshot();
+        if lost > 0 || !ok || due || !asked_snapshot.is_empty() {
+            self.snapshot(asked_snapshot);
         }
         for a in asked {
             let _ = a.send(());
+        }
+        if stop {
+            while self.running.is_some() {
+                self.poll_snapshot(true);
+            }
         }
         stop
     }
@@ -636,50 +602,65 @@ impl Writer {
         }
     }
 
-    /// Starts a new segment, snapshots the index into `snapshot-<segment>` and, once it
-    /// is on disk, removes the older files. On failure the older files stay (they still
-    /// restore) and the failure is counted.
-    fn snapshot(&mut self) {
+    /// Starts a new segment and a snapshot of the index into `snapshot-<segment>`, taken
+    /// beside the writer (`crate::snapshotter`); `acks` are answered when it is on disk.
+    /// While one runs, the request is served by the next (started when it ends). On
+    /// failure the older files stay (they still restore) and the failure is counted.
+    fn snapshot(&mut self, acks: Vec<SyncSender<()>>) {
+        if self.running.is_some() {
+            self.again = true;
+            self.waiting.extend(acks);
+            return;
+        }
         let Some(p) = self.partition.upgrade() else {
+            for a in acks {
+                let _ = a.send(());
+            }
             return;
         };
         // Everything journaled so far was applied before now: the snapshot holds it.
         self.journal = None;
         self.segment += 1;
-        let n = self.segment;
+        self.stats(|s| s.journal_bytes = 0);
         let marks: Vec<StreamResume> = self.marks.values().cloned().collect();
-        let snap = Snapshot::of(&p, marks);
-        drop(p);
-        let name = format!("snapshot-{n}.kvr");
-        match self
-            .io
-            .write_atomic(&self.cfg.dir, &name, |out| snap.write(out))
-        {
-            Ok(_) => {
-                let blocks = snap.blocks();
-                self.stats(|s| {
-                    s.snapshots += 1;
-                    s.snapshot_blocks = blocks;
-                    s.journal_bytes = 0;
-                });
-                remove_older(&self.cfg.dir, n);
-            }
-            Err(_) => self.stats(|s| s.snapshot_failures += 1),
-        }
+        let mode = match self.io.backend() {
+            Backend::Uring => IoMode::Uring,
+            Backend::Plain => IoMode::Plain,
+        };
+        self.running = Some(Running::start(
+            p,
+            marks,
+            self.cfg.dir.clone(),
+            mode,
+            self.segment,
+            acks,
+        ));
     }
-}
 
-/// Removes the journal segments and snapshots numbered below `n`.
-fn remove_older(dir: &Path, n: u64) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        if let Some((_, k)) = crate::restore::numbered(&name.to_string_lossy()) {
-            if k < n {
-                let _ = std::fs::remove_file(e.path());
-            }
+    /// Collects a finished snapshot (and starts the one asked for meanwhile); `wait`:
+    /// waits for the one running.
+    fn poll_snapshot(&mut self, wait: bool) {
+        let done = match &self.running {
+            Some(r) => wait || r.is_finished(),
+            None => false,
+        };
+        if !done {
+            return;
+        }
+        let (blocks, acks) = self.running.take().expect("checked").finish();
+        match blocks {
+            Some(blocks) => self.stats(|s| {
+                s.snapshots += 1;
+                s.snapshot_blocks = blocks;
+            }),
+            None => self.stats(|s| s.snapshot_failures += 1),
+        }
+        for a in acks {
+            let _ = a.send(());
+        }
+        if std::mem::take(&mut self.again) {
+            let acks = std::mem::take(&mut self.waiting);
+            self.snapshot(acks);
         }
     }
 }

@@ -16,7 +16,15 @@
 //! announced recurrent state, `recurrent`) is left out too, its blocks counted: its
 //! score depends on states the dump's events cannot carry.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap as StdHashMap, HashSet as StdHashSet};
+use std::hash::BuildHasherDefault;
+
+use crate::hash::mix::HashMix;
+
+/// Maps keyed by block ids and engine hashes (words with entropy once mixed): a dump of
+/// millions of blocks spends most of its time in them, so no keyed hashing.
+type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<HashMix>>;
+type HashSet<K> = StdHashSet<K, BuildHasherDefault<HashMix>>;
 
 use super::run::{BlockRef, Run};
 use super::{Index, StoredBlock};
@@ -125,7 +133,7 @@ impl Index {
                 continue;
             }
             // The rank's engine name of every block it holds (any tier).
-            let mut name: HashMap<u64, u64> = HashMap::new();
+            let mut name: HashMap<u64, u64> = HashMap::default();
             for t in 0..3 {
                 for (external, r) in w.held(t) {
                     name.entry(r.0).or_insert(external);
@@ -156,7 +164,7 @@ impl Index {
             // A block can be re-created iff every ancestor can (held on some tier of
             // this rank, lineage known); its depth orders the events parents first, as
             // a parent may sit on another tier than its child.
-            let mut ok: HashMap<u64, Option<(u32, Link)>> = HashMap::new();
+            let mut ok: HashMap<u64, Option<(u32, Link)>> = HashMap::default();
             let mut depth_of = |seq: u64| -> Option<(u32, Link)> {
                 // The walk from `seq` up to a block already known (or the root), memoized.
                 let mut path = Vec::new();
@@ -193,7 +201,7 @@ impl Index {
                 if tier == Tier::Device {
                     held.extend(hole_blocks.iter().copied());
                 }
-                let mut links = HashMap::with_capacity(held.len());
+                let mut links = HashMap::with_capacity_and_hasher(held.len(), Default::default());
                 for &(_, seq) in &held {
                     match depth_of(seq) {
                         Some((d, link)) => {
@@ -203,7 +211,7 @@ impl Index {
                     }
                 }
                 // Children by parent, for parents on this tier; roots otherwise.
-                let mut children: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+                let mut children: HashMap<u64, Vec<(u64, u64)>> = HashMap::default();
                 let mut stack: Vec<(Option<u64>, u64, u64)> = Vec::new();
                 for &(external, seq) in &held {
                     let Some((link, _)) = links.get(&seq) else {

@@ -1,0 +1,53 @@
+//! Where and how a partition's state is kept.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::format::Identity;
+
+/// How a partition's state is kept.
+#[derive(Clone, Debug)]
+pub struct StateConfig {
+    /// The partition's directory (created if missing).
+    pub dir: PathBuf,
+    /// Messages the queue holds (a stream batch's events, or one event of a host's
+    /// own calls, each) before ingest drops (and counts) what comes.
+    pub queue_messages: usize,
+    /// A snapshot is taken when the journal has grown by this many bytes since the last.
+    pub snapshot_after_bytes: u64,
+    /// What arrives within this time of the last append goes in one write and one sync
+    /// (a crash loses at most this much of the journal; the engines' replay brings it
+    /// back, as the restart resumes each stream from what the journal kept).
+    pub sync_every: Duration,
+}
+
+impl StateConfig {
+    /// Defaults: a queue of 65,536 messages, a snapshot every 256 MiB of journal, a sync
+    /// at most every 10 ms.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        StateConfig {
+            dir: dir.into(),
+            queue_messages: 1 << 16,
+            snapshot_after_bytes: 256 << 20,
+            sync_every: Duration::from_millis(10),
+        }
+    }
+}
+
+/// The directory of `id`'s partition under `root`: its key, made safe for a file name,
+/// and a checksum of the key (two keys that read alike still differ).
+pub fn partition_dir(root: &Path, id: &Identity) -> PathBuf {
+    let key = format!("{}@{}", id.key.model, id.key.routing_group);
+    let safe: String = key
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-@".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    root.join(format!("{safe}-{:08x}", crc32fast::hash(key.as_bytes())))
+}
