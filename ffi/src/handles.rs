@@ -16,7 +16,7 @@ use kvr::ReservationError;
 use kvr::{Engine, EngineError};
 use kvr::{Partition, PartitionKey};
 
-use crate::state::{KeptState, StateOption};
+use crate::kept::{KeptState, StateOption};
 use crate::status::*;
 
 /// The selection engine: partitions, and the selection-id index of their bookings.
@@ -578,7 +578,7 @@ pub unsafe extern "C" fn kvr_engine_get_partition(
         let p = e.engine.partition(&k).map_err(|err| engine_status(&err))?;
         let h = kvr_partition {
             engine: e.engine.clone(),
-            state: crate::state::kept_of(&p),
+            state: crate::kept::kept_of(&p),
             partition: p,
         };
         // SAFETY: forwarded caller contract.
@@ -655,7 +655,7 @@ impl kvr_partition {
     pub fn from_parts(engine: Arc<Engine>, partition: Arc<Partition>) -> Self {
         kvr_partition {
             engine,
-            state: crate::state::kept_of(&partition),
+            state: crate::kept::kept_of(&partition),
             partition,
         }
     }

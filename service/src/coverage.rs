@@ -17,7 +17,6 @@ use crate::figures::{family, Labels};
 use crate::registry::Registry;
 
 use crate::wire::worker::Coverage;
-use crate::App;
 
 /// When the service started, and when its streams first reached the share.
 #[derive(Debug)]
@@ -38,6 +37,26 @@ impl Default for ReadyGate {
 }
 
 impl ReadyGate {
+    /// Whether `c` lets `/ready` answer ready: the share is reached, or `wait_secs` have
+    /// passed since start (logged once).
+    pub fn ready(&self, c: &Coverage, wait_secs: u64) -> bool {
+        if c.exact_share >= c.min_exact_share {
+            return true;
+        }
+        if self.started.elapsed() >= Duration::from_secs(wait_secs) {
+            if self.gave_up.set(()).is_ok() {
+                tracing::warn!(
+                    exact_share = c.exact_share,
+                    min_exact_share = c.min_exact_share,
+                    wait_secs,
+                    "ready without the exact share of KV-event streams: the wait bound passed"
+                );
+            }
+            return true;
+        }
+        false
+    }
+
     /// The streams of `registry` by state; notes the first time `min` is reached.
     pub fn coverage(&self, registry: &Registry, min: f64) -> Coverage {
         let mut c = Coverage {
@@ -112,34 +131,5 @@ impl Collector for CoverageMetrics {
             MetricType::Gauge,
             &g(c.reached_after_secs.unwrap_or(0.0)),
         )
-    }
-}
-
-impl App {
-    /// The streams' coverage now; notes the first time the share is reached.
-    pub fn coverage(&self) -> Coverage {
-        self.ready_gate
-            .coverage(&self.registry, self.args.ready_min_exact_share)
-    }
-
-    /// Whether the coverage lets `/ready` answer ready: the share is reached, or the wait
-    /// bound passed (logged once).
-    pub fn coverage_ready(&self, c: &Coverage) -> bool {
-        if c.exact_share >= c.min_exact_share {
-            return true;
-        }
-        let gate = &self.ready_gate;
-        if gate.started.elapsed() >= Duration::from_secs(self.args.ready_wait_secs) {
-            if gate.gave_up.set(()).is_ok() {
-                tracing::warn!(
-                    exact_share = c.exact_share,
-                    min_exact_share = c.min_exact_share,
-                    wait_secs = self.args.ready_wait_secs,
-                    "ready without the exact share of KV-event streams: the wait bound passed"
-                );
-            }
-            return true;
-        }
-        false
     }
 }

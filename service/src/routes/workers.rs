@@ -117,8 +117,10 @@ impl App {
         sources.retain(|s| s.state != SourceHealth::Exact.name());
         let dead = sources.iter().any(|s| s.state == SourceHealth::Dead.name());
         let events_ok = !(dead && self.args.ready_requires_kv_events);
-        let coverage = self.coverage();
-        let covered = self.coverage_ready(&coverage);
+        let coverage = self
+            .ready_gate
+            .coverage(&self.registry, self.args.ready_min_exact_share);
+        let covered = self.ready_gate.ready(&coverage, self.args.ready_wait_secs);
         ReadyBody {
             ready: schedulable > 0 && self.recovered() && events_ok && covered,
             schedulable_workers: schedulable,
