@@ -16,8 +16,9 @@ pub struct StateConfig {
     /// A snapshot is taken when the journal has grown by this many bytes since the last.
     pub snapshot_after_bytes: u64,
     /// What arrives within this time of the last append goes in one write and one sync
-    /// (a crash loses at most this much of the journal; the engines' replay brings it
-    /// back, as the restart resumes each stream from what the journal kept).
+    /// (a crash loses this much of the journal, and more while a sync is slow; the
+    /// engines' replay brings it back, as the restart resumes each stream from what the
+    /// journal kept, if their buffers still hold it).
     pub sync_every: Duration,
 }
 

@@ -49,8 +49,11 @@ sys.path.insert(0, HERE)
 from harness import free_port, http  # noqa: E402
 from engines import BS, Check, Worker, flavor, log, overcounts, overlap, prompt  # noqa: E402
 
-# Batches each engine can replay: far fewer than its history.
-BUFFER = 16
+# Batches each engine can replay: fewer than its history (3 s of load, ~40 batches/s per
+# engine, and more at each kill), more than what a crash can leave out of the journal (it
+# lags the index by its group commit, and by the disk's sync latency, which on a shared
+# disk reaches a few hundred ms) plus what the engines send while kvr is down.
+BUFFER = 64
 
 
 class Kvr:
