@@ -526,19 +526,12 @@ impl Writer {
 
     /// Notes a stream batch as the stream's place (what a snapshot stores).
     fn note_batch(&mut self, b: &EncodedBatch) {
-        let key = (b.worker_id, b.stream);
-        let mark = self.marks.entry(key).or_insert_with(|| StreamResume {
-            worker_id: b.worker_id,
-            stream: b.stream,
-            last: None,
-            dp_ranks: Vec::new(),
-        });
-        mark.last = Some((b.seq, b.digest));
-        for &r in std::iter::once(&b.first_rank).chain(&b.more_ranks) {
-            if !mark.dp_ranks.contains(&r) && mark.dp_ranks.len() < 4096 {
-                mark.dp_ranks.push(r);
-            }
-        }
+        crate::restore::note_place(
+            &mut self.marks,
+            (b.worker_id, b.stream),
+            (b.seq, b.digest),
+            std::iter::once(b.first_rank).chain(b.more_ranks.iter().copied()),
+        );
     }
 
     fn stats<T>(&self, f: impl FnOnce(&mut StateStats) -> T) -> T {

@@ -211,21 +211,12 @@ impl Replay {
                 events,
             } => {
                 self.events(p, events, out);
-                let m = self
-                    .marks
-                    .entry((*worker_id, *stream))
-                    .or_insert_with(|| StreamResume {
-                        worker_id: *worker_id,
-                        stream: *stream,
-                        last: Some((*seq, *digest)),
-                        dp_ranks: Vec::new(),
-                    });
-                m.last = Some((*seq, *digest));
-                for (r, _) in events {
-                    if !m.dp_ranks.contains(&r.dp_rank) && m.dp_ranks.len() < 4096 {
-                        m.dp_ranks.push(r.dp_rank);
-                    }
-                }
+                note_place(
+                    &mut self.marks,
+                    (*worker_id, *stream),
+                    (*seq, *digest),
+                    events.iter().map(|(r, _)| r.dp_rank),
+                );
             }
             Record::Direct { events } => self.events(p, events, out),
             Record::Clear {
@@ -238,6 +229,28 @@ impl Replay {
                 self.marks.retain(|k, _| k.0 != *worker_id);
             }
             Record::Gap { .. } => {}
+        }
+    }
+}
+
+/// Notes batch `last` (seq, digest) of stream `key` as the stream's place, with the DP
+/// ranks it fed (the journal's writer and the restore keep places alike).
+pub(crate) fn note_place(
+    marks: &mut HashMap<(WorkerId, u32), StreamResume>,
+    key: (WorkerId, u32),
+    last: (u64, u64),
+    ranks: impl IntoIterator<Item = u32>,
+) {
+    let mark = marks.entry(key).or_insert_with(|| StreamResume {
+        worker_id: key.0,
+        stream: key.1,
+        last: None,
+        dp_ranks: Vec::new(),
+    });
+    mark.last = Some(last);
+    for r in ranks {
+        if !mark.dp_ranks.contains(&r) && mark.dp_ranks.len() < kvr::MAX_DP_SIZE as usize {
+            mark.dp_ranks.push(r);
         }
     }
 }
