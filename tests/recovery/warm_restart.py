@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import random
 import shutil
@@ -88,7 +89,21 @@ class Kvr:
             except OSError:
                 pass
             time.sleep(0.02)
-        raise RuntimeError(f"kvr serve: no 200 from {route} in 30 s; log {logf.name}")
+        raise RuntimeError(f"kvr serve: no 200 from {route} in 30 s; log {logf.name}\n"
+                           + self.diagnosis())
+
+    def diagnosis(self) -> str:
+        """What /ready says and the per-stream health lines, for a start that timed out."""
+        out = []
+        try:
+            status, body = http(self.base, "GET", "/ready", timeout=2)
+            out.append(f"/ready {status}: {json.dumps(body)[:2000]}")
+            text = http(self.base, "GET", "/metrics", timeout=2)[1]["<text>"]
+            out += [line for line in text.splitlines()
+                    if line.startswith(("kvr_kv_stream", "kvr_ready", "kvr_state"))][:80]
+        except OSError as e:
+            out.append(f"(no diagnosis: {e})")
+        return "\n".join(out)
 
     def kill(self, sig=signal.SIGKILL) -> None:
         self.proc.send_signal(sig)
