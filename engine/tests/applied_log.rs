@@ -302,3 +302,36 @@ fn a_resumed_stream_goes_on_from_its_last_batch_and_clears_on_anything_else() {
     p.ingest(1, 0, b"", 0, &batch(&[11], None, 0, 4.0));
     assert_eq!(device(&p, r, &tokens[..4]), 1);
 }
+
+#[test]
+fn a_resumed_stream_is_degraded_from_its_creation_not_from_its_first_step() {
+    // A host's readiness may read the streams before a transport's first probe runs (a
+    // busy machine delays it): a resumed stream must not look exact then, as its ranks
+    // are not credited yet.
+    let health = |resume: bool| {
+        let p = Arc::new(partition());
+        if resume {
+            assert!(p.resume_stream(kvr::StreamResume {
+                worker_id: 1,
+                stream: 0,
+                last: Some((4, 7)),
+                dp_ranks: vec![0],
+            }));
+        }
+        let _source = kvr::ingress::EventSource::single(
+            p.clone(),
+            1,
+            0,
+            Some("tcp://127.0.0.1:1".into()),
+            None,
+        )
+        .unwrap();
+        let stats = p.ingress_stats();
+        let s = stats.iter().find(|s| s.worker_id == 1 && s.stream == 0);
+        s.map(|s| s.health)
+            .expect("the stream exists once its source does")
+    };
+    assert_eq!(health(true), kvr::ingress::SourceHealth::Degraded);
+    // Control: a stream without a resume point claims nothing lost.
+    assert_eq!(health(false), kvr::ingress::SourceHealth::Exact);
+}

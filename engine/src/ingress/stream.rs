@@ -77,8 +77,10 @@ impl IngressStream {
             health: HealthFlags::default(),
         };
         // A resumed stream's ranks are stale from the start, until its replay covers what
-        // the publisher sent while kvr was down.
+        // the publisher sent while kvr was down; its health says so from the start too (a
+        // reader between creation and the first probe would otherwise see it exact).
         s.note_freshness(sink);
+        s.note_health();
         s
     }
 
