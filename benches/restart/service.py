@@ -210,7 +210,10 @@ def dump_truth_diff(base: str, eng: Engines) -> str | None:
 
 def sampled_whole(base: str, eng: Engines, prompts) -> bool:
     for r, prompt in prompts:
-        got = overlap_map(base, prompt) or {}
+        try:
+            got = overlap_map(base, prompt) or {}
+        except OSError:  # busy applying a dump: not whole yet
+            return False
         if got.get((100 + r, 0)) != len(prompt) // BS:
             return False
     return True

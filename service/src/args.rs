@@ -36,9 +36,14 @@ pub struct ServeArgs {
     /// pwrite/fdatasync), `uring` (fail at start without it) or `plain`.
     #[arg(long, default_value = "auto", env = "KVR_STATE_IO")]
     pub state_io: kvr_state::IoMode,
-    /// Largest peer `/dump` accepted at recovery, in bytes.
-    #[arg(long, default_value_t = 1 << 30)]
+    /// Largest peer `/dump` accepted at recovery, in bytes (a dump of 10 M holder-blocks
+    /// is about 1 GiB of JSON).
+    #[arg(long, default_value_t = 4 << 30, env = "KVR_RECOVERY_MAX_BYTES")]
     pub recovery_max_bytes: u64,
+    /// The longest one peer's `GET /dump` may take at recovery, in seconds, before the
+    /// next peer is tried (a peer holding 10 M holder-blocks takes tens of seconds).
+    #[arg(long, default_value_t = 300, env = "KVR_RECOVERY_TIMEOUT_SECS")]
+    pub recovery_timeout_secs: u64,
     /// A remote primary index (`POST {url}/query_tiered_by_hash`, Dynamo's standalone
     /// indexer or `kvr serve --indexer-only`): overlaps come from there; no local events.
     #[arg(long, env = "DYN_ROUTER_REMOTE_INDEXER_URL")]

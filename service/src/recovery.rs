@@ -14,7 +14,7 @@
 //! the replay reaches their removal: every rank the dump filled is listed stale (no
 //! overlap credit) until its stream has joined (`distrust_until_joined`).
 //!
-//! A peer that is unreachable, slow (`RECOVERY_TIMEOUT`), too large
+//! A peer that is unreachable, slow (`--recovery-timeout-secs`), too large
 //! (`--recovery-max-bytes`), truncated or garbage is logged and counted
 //! (`kvr_recovery_failures_total`) and the next is tried; when none answers, the service
 //! starts empty. A dump is parsed whole before anything is applied, so a bad one leaves
@@ -34,9 +34,6 @@ use kvr::{KvEvent, Partition, PartitionKey, RankId};
 
 use crate::wire::dump::{parse_partition_name, stores_of, Dump};
 use crate::App;
-
-/// Bound on fetching one peer's dump.
-const RECOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a rank the dump filled stays out of overlap credit, at most, waiting for its
 /// stream to join (a worker that never registers must not keep it out for ever).
@@ -65,7 +62,8 @@ pub fn recover_from(app: &App, peers: &[String]) -> bool {
     for peer in peers {
         m.attempts.fetch_add(1, Ordering::Relaxed);
         let url = format!("{}/dump", peer.trim_end_matches('/'));
-        match fetch(&url, app.args.recovery_max_bytes).and_then(|b| parse(&b)) {
+        let timeout = Duration::from_secs(app.args.recovery_timeout_secs.max(1));
+        match fetch(&url, app.args.recovery_max_bytes, timeout).and_then(|b| parse(&b)) {
             Ok(dump) => {
                 let applied = apply(app, &dump);
                 distrust_until_joined(app, &dump);
@@ -83,9 +81,9 @@ pub fn recover_from(app: &App, peers: &[String]) -> bool {
     false
 }
 
-fn fetch(url: &str, max_bytes: u64) -> Result<Vec<u8>, String> {
+fn fetch(url: &str, max_bytes: u64, timeout: Duration) -> Result<Vec<u8>, String> {
     let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(RECOVERY_TIMEOUT))
+        .timeout_global(Some(timeout))
         .http_status_as_error(false)
         .build()
         .new_agent();

@@ -100,7 +100,8 @@ class Kvr:
             out.append(f"/ready {status}: {json.dumps(body)[:2000]}")
             text = http(self.base, "GET", "/metrics", timeout=2)[1]["<text>"]
             out += [line for line in text.splitlines()
-                    if line.startswith(("kvr_kv_stream", "kvr_ready", "kvr_state"))][:80]
+                    if line.startswith(("kvr_kv_stream", "kvr_ready", "kvr_state", "kvr_index_"))
+                    and "bucket" not in line][:120]
         except OSError as e:
             out.append(f"(no diagnosis: {e})")
         return "\n".join(out)
@@ -227,6 +228,13 @@ def crash(args, fl, rng, negative: bool) -> bool:
             if first and not negative:
                 log(f"crash {k + 1}: /ready said ready with every stream exact, yet the "
                     f"first answers differ from the engines: {first[:5]}")
+                # Transient or not: the same questions again, and what kvr says of itself.
+                for _ in range(3):
+                    again = Check(None, 0, query=lambda p: overlap(kvr.base, p)).mismatches(
+                        workers, load.prompts())
+                    log(f"  asked again: {len(again)} differ {again[:3]}")
+                    time.sleep(0.01)
+                log("  " + kvr.diagnosis().replace("\n", "\n  "))
                 ok = False
             conv, over, bad = converge(kvr, workers, load.prompts(), args.timeout)
             if over:
