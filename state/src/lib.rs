@@ -19,6 +19,7 @@ pub mod log;
 pub mod restore;
 pub mod snapshot;
 mod snapshotter;
+mod staged;
 
 pub use config::{partition_dir, StateConfig};
 pub use io::{Io, IoMode};
