@@ -16,6 +16,7 @@ pub mod frame;
 pub mod io;
 pub mod journal;
 pub mod log;
+mod priority;
 pub mod restore;
 pub mod snapshot;
 mod snapshotter;

@@ -14,6 +14,9 @@ use kvr::{Partition, StreamResume};
 use crate::io::{Io, IoMode};
 use crate::snapshot::Snapshot;
 
+/// Added to the snapshot thread's nice value (it also runs as `SCHED_BATCH`).
+const SNAPSHOT_NICE: i32 = 10;
+
 /// A snapshot being taken, and who waits for it.
 pub(crate) struct Running {
     handle: JoinHandle<Option<(u64, u64)>>,
@@ -32,6 +35,9 @@ impl Running {
         acks: Vec<SyncSender<()>>,
     ) -> Running {
         let work = move || -> Option<(u64, u64)> {
+            // Seconds of dumping give way to ingest and lookups (the journal covers
+            // what the snapshot has not caught yet).
+            crate::priority::background(SNAPSHOT_NICE);
             let snap = Snapshot::of(&p, marks);
             drop(p);
             let mut io = Io::new(mode).ok()?;

@@ -43,6 +43,11 @@ struct Args {
     /// Only the ingest throughput (journal off and on), not the restores.
     #[arg(long)]
     ingest_only: bool,
+    /// The journal's growth that makes a snapshot due, in MiB (default: kvr-state's own,
+    /// 256); smaller, snapshots are taken during the ingest runs, and cost them what they
+    /// cost.
+    #[arg(long)]
+    snapshot_after_mib: Option<u64>,
     /// Where the state files go (a fresh directory under it per run).
     #[arg(long, default_value_t = std::env::temp_dir().display().to_string())]
     dir: String,
@@ -301,14 +306,12 @@ fn main() {
                 let log = kinds[k].1.map(|mode| {
                     let dir = root.join(format!("ingest-{rep}-{k}"));
                     let _ = std::fs::remove_dir_all(&dir);
-                    let log = StateLog::start(
-                        &p,
-                        StateConfig::new(&dir),
-                        Io::new(mode).unwrap(),
-                        Vec::new(),
-                        0,
-                    )
-                    .unwrap();
+                    let mut cfg = StateConfig::new(&dir);
+                    if let Some(m) = args.snapshot_after_mib {
+                        cfg.snapshot_after_bytes = m << 20;
+                    }
+                    let log =
+                        StateLog::start(&p, cfg, Io::new(mode).unwrap(), Vec::new(), 0).unwrap();
                     p.attach_applied_log(log.clone() as Arc<dyn AppliedLog>);
                     log
                 });
