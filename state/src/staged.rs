@@ -4,8 +4,8 @@
 //! held only for a copy or a swap), and the writer does no work per record beyond the
 //! frames' checksums, which it fills in (the ingesting threads leave them zero).
 //!
-//! Bounded: past `cap` records the staged events are dropped and counted, as the queue
-//! before it did, and the writer then records a gap and takes a snapshot.
+//! Bounded: past `cap` records staged, what comes is dropped and counted, and the writer
+//! then records a gap and takes a snapshot.
 
 use std::sync::mpsc::SyncSender;
 use std::sync::{Condvar, Mutex, MutexGuard};
