@@ -10,11 +10,18 @@ use crate::format::Identity;
 pub struct StateConfig {
     /// The partition's directory (created if missing).
     pub dir: PathBuf,
-    /// Messages the queue holds (a stream batch's events, or one event of a host's
+    /// Records staged for the writer (a stream batch's events, or one event of a host's
     /// own calls, each) before ingest drops (and counts) what comes.
     pub queue_messages: usize,
-    /// A snapshot is taken when the journal has grown by this many bytes since the last.
+    /// A snapshot is taken when the journal has grown by this many bytes since the last,
+    /// and by [`StateConfig::snapshot_growth_percent`] of the last snapshot's size.
     pub snapshot_after_bytes: u64,
+    /// The journal since the last snapshot must also reach this percentage of that
+    /// snapshot's size before the next is taken (like an append-only file's rewrite
+    /// threshold): a large index, whose snapshot takes seconds to dump and write, is
+    /// snapshotted no more often than its journal doubles the state kept, and a restart
+    /// replays at most about a snapshot's worth of journal.
+    pub snapshot_growth_percent: u64,
     /// What arrives within this time of the last append goes in one write and one sync
     /// (a crash loses this much of the journal, and more while a sync is slow; the
     /// engines' replay brings it back, as the restart resumes each stream from what the
@@ -23,13 +30,15 @@ pub struct StateConfig {
 }
 
 impl StateConfig {
-    /// Defaults: a queue of 65,536 messages, a snapshot every 256 MiB of journal, a sync
-    /// at most every 10 ms.
+    /// Defaults: a queue of 65,536 records, a snapshot every 256 MiB of journal and no
+    /// sooner than the journal has grown by the last snapshot's size (100 %), a sync at
+    /// most every 10 ms.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         StateConfig {
             dir: dir.into(),
             queue_messages: 1 << 16,
             snapshot_after_bytes: 256 << 20,
+            snapshot_growth_percent: 100,
             sync_every: Duration::from_millis(10),
         }
     }

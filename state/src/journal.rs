@@ -10,7 +10,7 @@
 use kvr::{KvEvent, RankId, StoredBlock, Tier};
 
 use crate::format::{self, FileError, Identity, Kind, Reader, Writer};
-use crate::frame::{put_frame, FrameStop};
+use crate::frame::{put_frame, FrameStop, FRAME_HEAD, MAX_FRAME};
 
 const TAG_BATCH: u8 = 1;
 const TAG_CLEAR: u8 = 2;
@@ -235,6 +235,8 @@ fn put_event(w: &mut Writer, rank: RankId, e: &KvEvent<'_>) {
 pub struct BatchPayload {
     w: Writer,
     events: u32,
+    /// Where the payload starts in the buffer (after a frame head left for the writer).
+    start: usize,
 }
 
 /// Where the event count sits in a batch payload (after tag, worker, stream, seq, digest).
@@ -243,11 +245,28 @@ const COUNT_AT: usize = 1 + 8 + 4 + 8 + 8;
 impl BatchPayload {
     /// A payload for batch `seq` of `worker_id`'s stream `stream`, written into `buf`
     /// (cleared; a buffer used before keeps its allocation).
-    pub fn new(worker_id: u64, stream: u32, seq: u64, digest: u64, mut buf: Vec<u8>) -> Self {
+    pub fn new(worker_id: u64, stream: u32, seq: u64, digest: u64, buf: Vec<u8>) -> Self {
+        Self::at(worker_id, stream, seq, digest, buf, 0)
+    }
+
+    /// The same, after room for its frame head ([`BatchPayload::finish_frame`]).
+    pub(crate) fn framed(worker_id: u64, stream: u32, seq: u64, digest: u64, buf: Vec<u8>) -> Self {
+        Self::at(worker_id, stream, seq, digest, buf, FRAME_HEAD)
+    }
+
+    fn at(
+        worker_id: u64,
+        stream: u32,
+        seq: u64,
+        digest: u64,
+        mut buf: Vec<u8>,
+        start: usize,
+    ) -> Self {
         buf.clear();
         if buf.capacity() == 0 {
             buf.reserve(1024);
         }
+        buf.resize(start, 0);
         let mut w = Writer(buf);
         w.u8(TAG_BATCH);
         w.u64(worker_id);
@@ -255,7 +274,11 @@ impl BatchPayload {
         w.u64(seq);
         w.u64(digest);
         w.u32(0);
-        BatchPayload { w, events: 0 }
+        BatchPayload {
+            w,
+            events: 0,
+            start,
+        }
     }
 
     pub fn push(&mut self, rank: RankId, e: &KvEvent<'_>) {
@@ -263,11 +286,46 @@ impl BatchPayload {
         self.events += 1;
     }
 
+    fn put_count(&mut self) {
+        let at = self.start + COUNT_AT;
+        self.w.0[at..at + 4].copy_from_slice(&self.events.to_le_bytes());
+    }
+
     /// The payload (to frame with [`put_frame`]) and its event count.
     pub fn finish(mut self) -> (Vec<u8>, u32) {
-        self.w.0[COUNT_AT..COUNT_AT + 4].copy_from_slice(&self.events.to_le_bytes());
+        self.put_count();
         (self.w.0, self.events)
     }
+
+    /// A payload made by [`BatchPayload::framed`]: its frame, the checksum left zero (to
+    /// fill in before it is written), its event count, and whether it fits in a frame
+    /// (over [`MAX_FRAME`] it cannot be journaled: the caller counts it as lost).
+    pub(crate) fn finish_frame(mut self) -> (Vec<u8>, u32, bool) {
+        self.put_count();
+        let len = self.w.0.len() - FRAME_HEAD;
+        self.w.0[..4].copy_from_slice(&(len as u32).to_le_bytes());
+        self.w.0[4..8].fill(0);
+        (self.w.0, self.events, len <= MAX_FRAME)
+    }
+}
+
+/// Appends a `Direct` record of one event, as one frame whose checksum is left zero (to
+/// fill in before it is written); false (nothing appended) when it is over [`MAX_FRAME`].
+pub(crate) fn put_direct_unsummed(out: &mut Vec<u8>, rank: RankId, e: &KvEvent<'_>) -> bool {
+    let head = out.len();
+    out.resize(head + FRAME_HEAD, 0);
+    let mut w = Writer(std::mem::take(out));
+    w.u8(TAG_DIRECT);
+    w.u32(1);
+    put_event(&mut w, rank, e);
+    *out = w.0;
+    let len = out.len() - head - FRAME_HEAD;
+    if len > MAX_FRAME {
+        out.truncate(head);
+        return false;
+    }
+    out[head..head + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    true
 }
 
 /// About the bytes `rec`'s events take (to size its buffer once).

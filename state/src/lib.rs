@@ -16,9 +16,11 @@ pub mod frame;
 pub mod io;
 pub mod journal;
 pub mod log;
+mod priority;
 pub mod restore;
 pub mod snapshot;
 mod snapshotter;
+mod staged;
 
 pub use config::{partition_dir, StateConfig};
 pub use io::{Io, IoMode};

@@ -1,11 +1,13 @@
-//! The journal's writer: what the partition's index applies is handed, event by event, to
-//! a writer thread through a bounded queue; the thread groups events into records, appends
-//! them (one durable sync per drain of the queue) and takes a snapshot when the journal
-//! has grown, after a loss, and at shutdown.
+//! The journal's writer: what the partition's index applies is encoded on the ingesting
+//! thread, a record per stream batch, and staged in a byte buffer the writer thread swaps
+//! out at each group commit ([`crate::staged`]); the writer appends it (one write and one
+//! durable sync) and takes a snapshot when the journal has grown, after a loss, and at
+//! shutdown.
 //!
-//! Ingest never waits for the disk: when the queue is full the event is dropped and
-//! counted, and the writer then records a `Gap` (a restart stops reading there, with the
-//! state before it, which is a true prefix) and takes a snapshot, which supersedes it.
+//! Ingest never waits for the disk: when too many records are staged the event is
+//! dropped and counted, and the writer then records a `Gap` (a restart stops reading
+//! there, with the state before it, which is a true prefix) and takes a snapshot, which
+//! supersedes it.
 //!
 //! Files of one partition, in its own directory ([`crate::config::partition_dir`]): `journal-N.kvr`
 //! segments and `snapshot-N.kvr`, the snapshot taken when segment `N` began (so it holds
@@ -14,8 +16,7 @@
 //! and the segments from its number on ([`crate::restore`](mod@crate::restore)).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,10 +25,10 @@ use kvr::{AppliedLog, KvEvent, Origin, Partition, RankId, StreamResume, WorkerId
 
 use crate::config::StateConfig;
 use crate::format::Identity;
-use crate::frame::put_frame;
 use crate::io::{AppendFile, Backend, Io, IoMode};
-use crate::journal::{self, BatchPayload, OwnedEvent, Record};
+use crate::journal::{self, BatchPayload, Record};
 use crate::snapshotter::Running;
+use crate::staged::{fill_checksums, Note, Stage, Staged};
 
 /// What the writer did, for metrics (every field only grows, except the last ones).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,26 +51,6 @@ pub struct StateStats {
     pub journal_bytes: u64,
 }
 
-#[derive(Default)]
-struct Counters {
-    queued: AtomicU64,
-    dropped: AtomicU64,
-    stats: Mutex<StateStats>,
-}
-
-enum Msg {
-    /// An event a host applied itself (no stream).
-    Direct(RankId, OwnedEvent),
-    /// A stream batch, whole: its record's payload, encoded on the ingesting thread.
-    Batch(EncodedBatch),
-    /// Stop after what came before.
-    Stop,
-    Cleared(WorkerId, Vec<u32>),
-    Removed(WorkerId),
-    /// Write what came before; then take a snapshot (`true`) or not; answer when done.
-    Flush(SyncSender<()>, bool),
-}
-
 /// A partition's journal and snapshots: attach it with
 /// [`Partition::attach_applied_log`] (after restoring, [`crate::restore()`]).
 pub struct StateLog {
@@ -77,82 +58,40 @@ pub struct StateLog {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// What the ingesting threads share with the writer: the queue and the counters.
+/// What the ingesting threads share with the writer: the staged records, and the
+/// writer's counters.
 struct Shared {
-    tx: SyncSender<Msg>,
-    spare: Arc<Spare>,
-    /// Set by `close`: what comes after is dropped (and counted), not queued.
-    closed: AtomicBool,
-    counters: Arc<Counters>,
+    stage: Arc<Stage>,
+    stats: Arc<Mutex<StateStats>>,
 }
 
-/// Buffers kept for reuse, at most, and the largest kept.
-const SPARE_BUFFERS: usize = 1024;
-const SPARE_BYTES: usize = 64 << 10;
+/// Buffers of a batch being gathered, kept per thread for the next one (no allocation
+/// per batch once they have grown), unless they grew past this.
+const KEEP_BYTES: usize = 1 << 20;
 
-/// Payload buffers the writer is done with, for the next batches: no allocation per
-/// batch, and no buffer freed by another thread than the one that allocated it.
-#[derive(Default)]
-struct Spare(Mutex<Vec<Vec<u8>>>);
-
-impl Spare {
-    fn take(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default()
-    }
-
-    fn give_back(&self, bufs: impl Iterator<Item = Vec<u8>>) {
-        let mut spare = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        for b in bufs {
-            if spare.len() >= SPARE_BUFFERS {
-                break;
-            }
-            if b.capacity() <= SPARE_BYTES {
-                spare.push(b);
-            }
-        }
-    }
-}
-
-impl Shared {
-    /// Queues `m` (`events` events) without waiting: dropped and counted when the queue
-    /// is full or the writer has stopped.
-    fn send(&self, m: Msg, events: u64) {
-        self.counters.queued.fetch_add(events, Ordering::Relaxed);
-        let sent = !self.closed.load(Ordering::Relaxed) && self.tx.try_send(m).is_ok();
-        if !sent {
-            self.counters.dropped.fetch_add(events, Ordering::Relaxed);
-        }
-    }
-}
-
-/// A stream batch as the writer receives it.
-struct EncodedBatch {
-    worker_id: WorkerId,
-    stream: u32,
-    seq: u64,
-    digest: u64,
-    /// The DP ranks its events named (the first inline: one allocation-free case).
-    first_rank: u32,
-    more_ranks: Vec<u32>,
-    payload: Vec<u8>,
-}
-
-/// The stream batch an ingesting thread is applying: its events encoded as they come, so
-/// that the queue takes one message (one buffer) per batch.
+/// The stream batch an ingesting thread is applying: its events encoded as they come,
+/// after room for the frame head, so that staging it is one copy.
 struct Pending {
     shared: Arc<Shared>,
     origin: Origin,
     payload: BatchPayload,
-    first_rank: Option<u32>,
-    more_ranks: Vec<u32>,
+    /// The DP ranks its events named, each once.
+    ranks: Vec<u32>,
+}
+
+/// This thread's batch being gathered, and the buffers of the last one sent.
+#[derive(Default)]
+struct Local {
+    pending: Option<Pending>,
+    spare: (Vec<u8>, Vec<u32>),
 }
 
 impl Pending {
-    fn new(shared: Arc<Shared>, origin: Origin) -> Option<Pending> {
+    fn new(
+        shared: Arc<Shared>,
+        origin: Origin,
+        spare: &mut (Vec<u8>, Vec<u32>),
+    ) -> Option<Pending> {
         let Origin::Stream {
             worker_id,
             stream,
@@ -162,51 +101,66 @@ impl Pending {
         else {
             return None;
         };
-        let buf = shared.spare.take();
+        let buf = std::mem::take(&mut spare.0);
+        let mut ranks = std::mem::take(&mut spare.1);
+        ranks.clear();
         Some(Pending {
             shared,
             origin,
-            payload: BatchPayload::new(worker_id, stream, seq, digest, buf),
-            first_rank: None,
-            more_ranks: Vec::new(),
+            payload: BatchPayload::framed(worker_id, stream, seq, digest, buf),
+            ranks,
         })
     }
 
     fn push(&mut self, rank: RankId, e: &KvEvent<'_>) {
         self.payload.push(rank, e);
-        match self.first_rank {
-            None => self.first_rank = Some(rank.dp_rank),
-            Some(r) if r == rank.dp_rank || self.more_ranks.contains(&rank.dp_rank) => {}
-            Some(_) => self.more_ranks.push(rank.dp_rank),
+        if !self.ranks.contains(&rank.dp_rank) {
+            self.ranks.push(rank.dp_rank);
         }
     }
 
-    fn send(self) {
-        let Origin::Stream {
+    /// Stages the batch; returns its buffers for the next one.
+    fn send(self) -> (Vec<u8>, Vec<u32>) {
+        let (frame, n, fits) = self.payload.finish_frame();
+        let ranks = self.ranks;
+        if let Origin::Stream {
             worker_id,
             stream,
             seq,
             digest,
         } = self.origin
-        else {
-            return;
-        };
-        let (payload, n) = self.payload.finish();
-        let b = EncodedBatch {
-            worker_id,
-            stream,
-            seq,
-            digest,
-            first_rank: self.first_rank.unwrap_or(0),
-            more_ranks: self.more_ranks,
-            payload,
-        };
-        self.shared.send(Msg::Batch(b), u64::from(n));
+        {
+            self.shared.stage.push(u64::from(n), |bytes, staged_ranks| {
+                if !fits {
+                    return Err(());
+                }
+                bytes.extend_from_slice(&frame);
+                let from = staged_ranks.len() as u32;
+                staged_ranks.extend_from_slice(&ranks);
+                Ok(Some(Note::Batch {
+                    worker_id,
+                    stream,
+                    seq,
+                    digest,
+                    from,
+                    to: staged_ranks.len() as u32,
+                }))
+            });
+        }
+        (frame, ranks)
     }
 }
 
 thread_local! {
-    static PENDING: std::cell::RefCell<Option<Pending>> = const { std::cell::RefCell::new(None) };
+    static LOCAL: std::cell::RefCell<Local> = std::cell::RefCell::new(Local::default());
+}
+
+/// Sends `p` and keeps its buffers for this thread's next batch.
+fn send_and_keep(p: Pending) {
+    let (buf, ranks) = p.send();
+    if buf.capacity() <= KEEP_BYTES {
+        LOCAL.with(|l| l.borrow_mut().spare = (buf, ranks));
+    }
 }
 
 impl std::fmt::Debug for StateLog {
@@ -228,16 +182,15 @@ impl StateLog {
         next_segment: u64,
     ) -> std::io::Result<Arc<StateLog>> {
         std::fs::create_dir_all(&cfg.dir)?;
-        let (tx, rx) = mpsc::sync_channel(cfg.queue_messages.max(1));
-        let counters = Arc::new(Counters::default());
-        let spare = Arc::new(Spare::default());
+        let stage = Arc::new(Stage::new(cfg.queue_messages));
+        let stats = Arc::new(Mutex::new(StateStats::default()));
         let w = Writer {
             partition: Arc::downgrade(partition),
             identity: Identity::of(partition),
             cfg,
             io,
-            counters: counters.clone(),
-            spare: spare.clone(),
+            stage: stage.clone(),
+            stats: stats.clone(),
             marks: marks
                 .into_iter()
                 .map(|m| ((m.worker_id, m.stream), m))
@@ -248,18 +201,13 @@ impl StateLog {
             running: None,
             again: false,
             waiting: Vec::new(),
-            buf: Vec::new(),
+            last_snapshot_bytes: 0,
         };
         let thread = std::thread::Builder::new()
             .name("kvr-state".into())
-            .spawn(move || w.run(rx))?;
+            .spawn(move || w.run())?;
         Ok(Arc::new(StateLog {
-            shared: Arc::new(Shared {
-                tx,
-                spare: spare.clone(),
-                closed: AtomicBool::new(false),
-                counters,
-            }),
+            shared: Arc::new(Shared { stage, stats }),
             thread: Mutex::new(Some(thread)),
         }))
     }
@@ -267,21 +215,16 @@ impl StateLog {
     /// Sends this thread's gathered batch first, if it is this log's (what follows must
     /// come after it).
     fn flush_pending(&self) {
-        let p = PENDING.with(|p| {
-            let mut p = p.borrow_mut();
-            match &*p {
-                Some(x) if Arc::ptr_eq(&x.shared, &self.shared) => p.take(),
+        let p = LOCAL.with(|l| {
+            let mut l = l.borrow_mut();
+            match &l.pending {
+                Some(x) if Arc::ptr_eq(&x.shared, &self.shared) => l.pending.take(),
                 _ => None,
             }
         });
         if let Some(p) = p {
-            p.send();
+            send_and_keep(p);
         }
-    }
-
-    fn send(&self, m: Msg) {
-        self.flush_pending();
-        self.shared.send(m, 1);
     }
 
     /// Takes a snapshot now and waits for it (e.g. before a planned restart); false when
@@ -298,20 +241,23 @@ impl StateLog {
 
     fn flush_with(&self, snapshot: bool) -> bool {
         self.flush_pending();
-        if self.shared.closed.load(Ordering::Relaxed) {
-            return false;
-        }
         let (ack, done) = mpsc::sync_channel(1);
-        self.shared.tx.send(Msg::Flush(ack, snapshot)).is_ok() && done.recv().is_ok()
+        self.shared.stage.ask(ack, snapshot) && done.recv().is_ok()
     }
 
     /// Writes what is queued, takes a final snapshot and stops the writer (a graceful
     /// shutdown: the next start needs no journal). Events after this are dropped.
     pub fn close(&self) {
         self.snapshot_now();
-        if !self.shared.closed.swap(true, Ordering::Relaxed) {
-            let _ = self.shared.tx.send(Msg::Stop);
-        }
+        self.stop();
+    }
+
+    /// Writes what is queued and stops the writer without a final snapshot (a restart
+    /// replays the journal since the last one), after a snapshot running has ended.
+    /// Events after this are dropped.
+    pub fn stop(&self) {
+        self.flush_pending();
+        self.shared.stage.close();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
         }
@@ -319,69 +265,85 @@ impl StateLog {
 
     /// The writer's counters now.
     pub fn stats(&self) -> StateStats {
-        let mut s = *self
-            .shared
-            .counters
-            .stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        s.events_queued = self.shared.counters.queued.load(Ordering::Relaxed);
-        s.events_dropped = self.shared.counters.dropped.load(Ordering::Relaxed);
+        let mut s = *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+        (s.events_queued, s.events_dropped) = self.shared.stage.counts();
         s
+    }
+}
+
+impl Drop for StateLog {
+    /// The writer ends after what was handed over (no final snapshot), without being
+    /// waited for.
+    fn drop(&mut self) {
+        self.shared.stage.close();
     }
 }
 
 impl AppliedLog for StateLog {
     fn applied(&self, origin: Origin, rank: RankId, event: &KvEvent<'_>) {
         if matches!(origin, Origin::Direct) {
-            return self.send(Msg::Direct(rank, OwnedEvent::of(event)));
+            self.flush_pending();
+            return self.shared.stage.push(1, |bytes, _| {
+                if journal::put_direct_unsummed(bytes, rank, event) {
+                    Ok(None)
+                } else {
+                    Err(())
+                }
+            });
         }
         // A stream batch's events are encoded on this thread until its end.
-        let pushed = PENDING.with(|p| match &mut *p.borrow_mut() {
-            Some(x) if x.origin == origin && Arc::ptr_eq(&x.shared, &self.shared) => {
-                x.push(rank, event);
-                true
+        let other = LOCAL.with(|l| {
+            let mut l = l.borrow_mut();
+            let l = &mut *l;
+            match &mut l.pending {
+                Some(x) if x.origin == origin && Arc::ptr_eq(&x.shared, &self.shared) => {
+                    x.push(rank, event);
+                    return None;
+                }
+                _ => {}
             }
-            _ => false,
+            let mut fresh = Pending::new(self.shared.clone(), origin, &mut l.spare)?;
+            fresh.push(rank, event);
+            // Another batch was still gathered (its end never came): it goes as it is.
+            l.pending.replace(fresh)
         });
-        if pushed {
-            return;
-        }
-        let Some(mut fresh) = Pending::new(self.shared.clone(), origin) else {
-            return;
-        };
-        fresh.push(rank, event);
-        let other = PENDING.with(|p| p.borrow_mut().replace(fresh));
-        // Another batch was still gathered (its end never came): it goes as it is.
         if let Some(o) = other {
-            o.send();
+            send_and_keep(o);
         }
     }
     fn batch_end(&self, origin: Origin) {
-        let p = PENDING.with(|p| {
-            let mut p = p.borrow_mut();
-            match &*p {
-                Some(x) if x.origin == origin && Arc::ptr_eq(&x.shared, &self.shared) => p.take(),
+        let p = LOCAL.with(|l| {
+            let mut l = l.borrow_mut();
+            match &l.pending {
+                Some(x) if x.origin == origin && Arc::ptr_eq(&x.shared, &self.shared) => {
+                    l.pending.take()
+                }
                 _ => None,
             }
         });
         // Nothing of it applied: nothing to journal.
         if let Some(p) = p {
-            p.send();
+            send_and_keep(p);
         }
     }
-    fn cleared(&self, worker: WorkerId, dp_ranks: &[u32]) {
-        self.send(Msg::Cleared(worker, dp_ranks.to_vec()));
+    fn cleared(&self, worker_id: WorkerId, dp_ranks: &[u32]) {
+        self.flush_pending();
+        let rec = Record::Clear {
+            worker_id,
+            dp_ranks: dp_ranks.to_vec(),
+        };
+        self.shared.stage.push(1, |bytes, _| {
+            journal::put_record(bytes, &rec);
+            Ok(None)
+        });
     }
-    fn worker_removed(&self, worker: WorkerId) {
-        self.send(Msg::Removed(worker));
+    fn worker_removed(&self, worker_id: WorkerId) {
+        self.flush_pending();
+        self.shared.stage.push(1, |bytes, _| {
+            journal::put_record(bytes, &Record::Removed { worker_id });
+            Ok(Some(Note::Removed(worker_id)))
+        });
     }
-}
-
-/// What one append writes, in order: records, or batch payloads encoded already.
-enum Piece {
-    Record(Record),
-    Payload(Vec<u8>),
 }
 
 /// The writer thread's state.
@@ -390,8 +352,8 @@ struct Writer {
     identity: Identity,
     cfg: StateConfig,
     io: Io,
-    counters: Arc<Counters>,
-    spare: Arc<Spare>,
+    stage: Arc<Stage>,
+    stats: Arc<Mutex<StateStats>>,
     /// Each stream's last batch journaled whole (what a snapshot stores).
     marks: HashMap<(WorkerId, u32), StreamResume>,
     /// The current journal segment's number, and its file once opened.
@@ -402,162 +364,136 @@ struct Writer {
     running: Option<Running>,
     again: bool,
     waiting: Vec<SyncSender<()>>,
-    /// `counters.dropped` when a gap was last recorded.
+    /// The stage's dropped count when a gap was last recorded.
     seen_dropped: u64,
-    buf: Vec<u8>,
+    /// The size of the last snapshot written (bytes), for when the next is due.
+    last_snapshot_bytes: u64,
 }
 
-/// Messages taken from the queue per append (one durable sync each), at most.
-const DRAIN: usize = 16_384;
+/// The staged bytes kept for reuse after a write, at most (a burst's larger buffer goes).
+const KEEP_STAGED: usize = 64 << 20;
+
+/// Tells the stage when the writer ends, even by a panic: whoever waits for it hears.
+struct Gone(Arc<Stage>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.writer_gone();
+    }
+}
 
 impl Writer {
-    fn run(mut self, rx: Receiver<Msg>) {
+    fn run(mut self) {
+        let _gone = Gone(self.stage.clone());
         // The journal starts from what the index holds now (restored or empty).
         self.snapshot(Vec::new());
-        let mut msgs = Vec::with_capacity(DRAIN);
+        let mut taken = Staged::default();
         let mut last_write = Instant::now();
         loop {
             self.poll_snapshot(false);
             let idle = if self.running.is_some() { 5 } else { 200 };
-            match rx.recv_timeout(Duration::from_millis(idle)) {
-                Ok(m) => msgs.push(m),
-                Err(RecvTimeoutError::Timeout) => {
-                    // A loss with nothing queued since still needs its gap and snapshot.
-                    if self.counters.dropped.load(Ordering::Relaxed) != self.seen_dropped
-                        && self.write(&mut msgs)
-                    {
-                        return;
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => return,
+            if !self
+                .stage
+                .wait_work(Duration::from_millis(idle), self.seen_dropped)
+            {
+                continue;
             }
-            // Group commit: what arrives within `sync_every` of the last write goes in
-            // the next one (one write, one sync), unless someone waits for it. The
-            // writer sleeps meanwhile rather than waiting on the queue, so that senders
-            // never have to wake it.
-            let waited_for = |m: &Msg| matches!(m, Msg::Flush(..) | Msg::Stop);
-            if !msgs.iter().any(waited_for) {
-                let deadline = last_write + self.cfg.sync_every;
-                let now = Instant::now();
-                if deadline > now {
-                    std::thread::sleep(deadline - now);
-                }
-            }
-            while msgs.len() < DRAIN {
-                match rx.try_recv() {
-                    Ok(m) => msgs.push(m),
-                    Err(_) => break,
-                }
-            }
-            if self.write(&mut msgs) {
+            // Group commit: what is staged within `sync_every` of the last write goes in
+            // the next one (one write, one sync), unless someone waits for it. Staging a
+            // record never wakes the writer meanwhile.
+            self.stage.wait_until(last_write + self.cfg.sync_every);
+            self.stage.take(&mut taken);
+            if self.write(&mut taken) {
                 return;
+            }
+            if taken.bytes.capacity() > KEEP_STAGED {
+                taken.bytes = Vec::new();
             }
             last_write = Instant::now();
         }
     }
 
-    /// Appends `msgs` as records, then snapshots when one is due or asked for; true
+    /// Appends what was staged, then snapshots when one is due or asked for; true
     /// when asked to stop.
-    fn write(&mut self, msgs: &mut Vec<Msg>) -> bool {
-        let mut records: Vec<Piece> = Vec::new();
-        let mut asked = Vec::new();
-        let mut asked_snapshot = Vec::new();
-        let mut stop = false;
-        let dropped = self.counters.dropped.load(Ordering::Relaxed);
-        let lost = dropped.wrapping_sub(self.seen_dropped);
-        for m in msgs.drain(..) {
-            match m {
-                Msg::Direct(rank, e) => {
-                    if let Some(Piece::Record(Record::Direct { events })) = records.last_mut() {
-                        events.push((rank, e));
-                    } else {
-                        records.push(Piece::Record(Record::Direct {
-                            events: vec![(rank, e)],
-                        }));
-                    }
-                }
-                Msg::Batch(b) => {
-                    self.note_batch(&b);
-                    records.push(Piece::Payload(b.payload));
-                }
-                Msg::Stop => stop = true,
-                Msg::Cleared(worker_id, dp_ranks) => records.push(Piece::Record(Record::Clear {
+    fn write(&mut self, t: &mut Staged) -> bool {
+        for n in t.notes.drain(..) {
+            match n {
+                Note::Batch {
                     worker_id,
-                    dp_ranks,
-                })),
-                Msg::Removed(worker_id) => {
-                    self.marks.retain(|k, _| k.0 != worker_id);
-                    records.push(Piece::Record(Record::Removed { worker_id }));
-                }
-                Msg::Flush(ack, true) => asked_snapshot.push(ack),
-                Msg::Flush(ack, false) => asked.push(ack),
+                    stream,
+                    seq,
+                    digest,
+                    from,
+                    to,
+                } => crate::restore::note_place(
+                    &mut self.marks,
+                    (worker_id, stream),
+                    (seq, digest),
+                    t.ranks[from as usize..to as usize].iter().copied(),
+                ),
+                Note::Removed(worker_id) => self.marks.retain(|k, _| k.0 != worker_id),
             }
         }
-        // Dropped events were applied before the ones queued after them: the gap goes
+        // Dropped events were applied before the ones staged after them: the gap goes
         // first, and what follows it is not read at a restart (the snapshot below is).
+        let lost = t.dropped.wrapping_sub(self.seen_dropped);
+        let mut gap = Vec::new();
         if lost > 0 {
-            records.insert(0, Piece::Record(Record::Gap { records: lost }));
-            self.seen_dropped = dropped;
+            journal::put_record(&mut gap, &Record::Gap { records: lost });
+            self.seen_dropped = t.dropped;
         }
+        fill_checksums(&mut t.bytes);
         let mut ok = true;
-        if !records.is_empty() {
-            ok = self.append(&records);
+        if !gap.is_empty() || !t.bytes.is_empty() {
+            ok = self.append(&gap, &t.bytes, t.records + u64::from(lost > 0));
         }
-        self.spare
-            .give_back(records.into_iter().filter_map(|p| match p {
-                Piece::Payload(b) => Some(b),
-                Piece::Record(_) => None,
-            }));
-        let due = self.stats(|s| s.journal_bytes) >= self.cfg.snapshot_after_bytes;
-        if lost > 0 || !ok || due || !asked_snapshot.is_empty() {
+        let mut asked = Vec::new();
+        let mut asked_snapshot = Vec::new();
+        for (ack, snapshot) in t.acks.drain(..) {
+            if snapshot {
+                asked_snapshot.push(ack);
+            } else {
+                asked.push(ack);
+            }
+        }
+        let journal_bytes = self.stats(|s| s.journal_bytes);
+        if lost > 0 || !ok || self.snapshot_due(journal_bytes) || !asked_snapshot.is_empty() {
             self.snapshot(asked_snapshot);
         }
         for a in asked {
             let _ = a.send(());
         }
-        if stop {
+        if t.stop {
             while self.running.is_some() {
                 self.poll_snapshot(true);
             }
         }
-        stop
+        t.stop
     }
 
-    /// Notes a stream batch as the stream's place (what a snapshot stores).
-    fn note_batch(&mut self, b: &EncodedBatch) {
-        crate::restore::note_place(
-            &mut self.marks,
-            (b.worker_id, b.stream),
-            (b.seq, b.digest),
-            std::iter::once(b.first_rank).chain(b.more_ranks.iter().copied()),
-        );
+    /// Whether the journal has grown enough since the last snapshot for the next: by
+    /// `snapshot_after_bytes`, and by `snapshot_growth_percent` of that snapshot's size.
+    fn snapshot_due(&self, journal_bytes: u64) -> bool {
+        let relative = (u128::from(self.last_snapshot_bytes)
+            * u128::from(self.cfg.snapshot_growth_percent)
+            / 100)
+            .min(u128::from(u64::MAX)) as u64;
+        journal_bytes >= self.cfg.snapshot_after_bytes.max(relative)
     }
 
     fn stats<T>(&self, f: impl FnOnce(&mut StateStats) -> T) -> T {
-        f(&mut self
-            .counters
-            .stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()))
+        f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn journal_name(n: u64) -> String {
         format!("journal-{n}.kvr")
     }
 
-    /// Appends records to the current segment and syncs; false (counted, logged by the
-    /// host through the stats) when the write failed: the segment is left as it is (a
-    /// restart stops at its torn end) and the next write goes to a new one after a
-    /// snapshot.
-    fn append(&mut self, records: &[Piece]) -> bool {
-        self.buf.clear();
-        for r in records {
-            match r {
-                Piece::Record(r) => journal::put_record(&mut self.buf, r),
-                Piece::Payload(p) => put_frame(&mut self.buf, p),
-            }
-        }
+    /// Appends `records` records (`gap`, then the staged frames `bytes`) to the current
+    /// segment and syncs; false (counted, logged by the host through the stats) when the
+    /// write failed: the segment is left as it is (a restart stops at its torn end) and
+    /// the next write goes to a new one after a snapshot.
+    fn append(&mut self, gap: &[u8], bytes: &[u8], records: u64) -> bool {
         let mut header = Vec::new();
         if self.journal.is_none() {
             let path = self.cfg.dir.join(Self::journal_name(self.segment));
@@ -575,11 +511,15 @@ impl Writer {
             }
         }
         let j = self.journal.as_mut().expect("opened above");
-        match self.io.append(j, &[&header, &self.buf]) {
+        let bufs: Vec<&[u8]> = [&header[..], gap, bytes]
+            .into_iter()
+            .filter(|b| !b.is_empty())
+            .collect();
+        match self.io.append(j, &bufs) {
             Ok(()) => {
-                let n = self.buf.len() as u64;
+                let n = (gap.len() + bytes.len()) as u64;
                 self.stats(|s| {
-                    s.records_written += records.len() as u64;
+                    s.records_written += records;
                     s.bytes_written += n;
                     s.journal_bytes += n;
                     s.syncs += 1;
@@ -642,10 +582,13 @@ impl Writer {
         }
         let (blocks, acks) = self.running.take().expect("checked").finish();
         match blocks {
-            Some(blocks) => self.stats(|s| {
-                s.snapshots += 1;
-                s.snapshot_blocks = blocks;
-            }),
+            Some((blocks, bytes)) => {
+                self.last_snapshot_bytes = bytes;
+                self.stats(|s| {
+                    s.snapshots += 1;
+                    s.snapshot_blocks = blocks;
+                });
+            }
             None => self.stats(|s| s.snapshot_failures += 1),
         }
         for a in acks {

@@ -14,9 +14,12 @@ use kvr::{Partition, StreamResume};
 use crate::io::{Io, IoMode};
 use crate::snapshot::Snapshot;
 
+/// Added to the snapshot thread's nice value (it also runs as `SCHED_BATCH`).
+const SNAPSHOT_NICE: i32 = 10;
+
 /// A snapshot being taken, and who waits for it.
 pub(crate) struct Running {
-    handle: JoinHandle<Option<u64>>,
+    handle: JoinHandle<Option<(u64, u64)>>,
     acks: Vec<SyncSender<()>>,
 }
 
@@ -31,14 +34,17 @@ impl Running {
         n: u64,
         acks: Vec<SyncSender<()>>,
     ) -> Running {
-        let work = move || -> Option<u64> {
+        let work = move || -> Option<(u64, u64)> {
+            // Seconds of dumping give way to ingest and lookups (the journal covers
+            // what the snapshot has not caught yet).
+            crate::priority::background(SNAPSHOT_NICE);
             let snap = Snapshot::of(&p, marks);
             drop(p);
             let mut io = Io::new(mode).ok()?;
             let name = format!("snapshot-{n}.kvr");
-            io.write_atomic(&dir, &name, |out| snap.write(out)).ok()?;
+            let bytes = io.write_atomic(&dir, &name, |out| snap.write(out)).ok()?;
             remove_older(&dir, n);
-            Some(snap.blocks())
+            Some((snap.blocks(), bytes))
         };
         let handle = match std::thread::Builder::new()
             .name("kvr-snapshot".into())
@@ -55,9 +61,9 @@ impl Running {
         self.handle.is_finished()
     }
 
-    /// Waits for it: the blocks it holds (`None`: it failed), and who waits to hear
-    /// (answered by the caller once it has counted it).
-    pub(crate) fn finish(self) -> (Option<u64>, Vec<SyncSender<()>>) {
+    /// Waits for it: the blocks it holds and its bytes (`None`: it failed), and who
+    /// waits to hear (answered by the caller once it has counted it).
+    pub(crate) fn finish(self) -> (Option<(u64, u64)>, Vec<SyncSender<()>>) {
         (self.handle.join().ok().flatten(), self.acks)
     }
 }

@@ -312,3 +312,37 @@ fn a_snapshot_keeps_blocks_whose_parent_is_gone_for_when_it_comes_back() {
     assert_eq!(probe(&q), vec![2, 4, 4], "{r:?}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn a_snapshot_waits_for_the_journal_to_outgrow_the_last_one() {
+    // Due after every byte of journal: the growth relative to the last snapshot decides
+    // (none at all: a snapshot after nearly every write, the negative control).
+    for (percent, expect_more) in [(0, true), (1_000_000, false)] {
+        let tmp = tempdir(&format!("growth-{percent}"));
+        let dir = tmp.join("p");
+        let p = partition();
+        let log = start(&p, &dir, |c| {
+            c.snapshot_after_bytes = 1;
+            c.snapshot_growth_percent = percent;
+        });
+        assert!(log.snapshot_now());
+        let before = log.stats().snapshots;
+        for s in 0..20 {
+            feed(&p, s..s + 1);
+            assert!(log.flush());
+        }
+        log.stop();
+        let st = log.stats();
+        let more = st.snapshots - before;
+        if expect_more {
+            assert!(more >= 2, "{percent} %: {st:?}");
+        } else {
+            assert_eq!(more, 0, "{percent} %: {st:?}");
+        }
+        // Either way the restart gets everything back.
+        let q = partition();
+        let r = restore(&dir, &q);
+        assert_eq!(answers(&q, 30), answers(&p, 30), "{r:?}");
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+}

@@ -43,6 +43,11 @@ struct Args {
     /// Only the ingest throughput (journal off and on), not the restores.
     #[arg(long)]
     ingest_only: bool,
+    /// The journal's growth that makes a snapshot due, in MiB (default: kvr-state's own,
+    /// 256); smaller, snapshots are taken during the ingest runs, and cost them what they
+    /// cost.
+    #[arg(long)]
+    snapshot_after_mib: Option<u64>,
     /// Where the state files go (a fresh directory under it per run).
     #[arg(long, default_value_t = std::env::temp_dir().display().to_string())]
     dir: String,
@@ -292,6 +297,8 @@ fn main() {
         let mut rates = vec![Vec::new(); 3];
         let mut cpu = vec![Vec::new(); 3];
         let mut own = vec![Vec::new(); 3];
+        let mut snaps = vec![Vec::new(); 3];
+        let mut journal_mib = vec![Vec::new(); 3];
         for rep in 0..args.reps {
             for k in 0..3 {
                 let k = (k + rep) % 3;
@@ -299,14 +306,12 @@ fn main() {
                 let log = kinds[k].1.map(|mode| {
                     let dir = root.join(format!("ingest-{rep}-{k}"));
                     let _ = std::fs::remove_dir_all(&dir);
-                    let log = StateLog::start(
-                        &p,
-                        StateConfig::new(&dir),
-                        Io::new(mode).unwrap(),
-                        Vec::new(),
-                        0,
-                    )
-                    .unwrap();
+                    let mut cfg = StateConfig::new(&dir);
+                    if let Some(m) = args.snapshot_after_mib {
+                        cfg.snapshot_after_bytes = m << 20;
+                    }
+                    let log =
+                        StateLog::start(&p, cfg, Io::new(mode).unwrap(), Vec::new(), 0).unwrap();
                     p.attach_applied_log(log.clone() as Arc<dyn AppliedLog>);
                     log
                 });
@@ -320,13 +325,23 @@ fn main() {
                     assert!(log.flush());
                     let st = log.stats();
                     assert_eq!(st.events_dropped, 0, "the writer fell behind: {st:?}");
+                    journal_mib[k].push(st.bytes_written as f64 / (1 << 20) as f64);
                 }
                 rates[k].push(b.len() as f64 / s);
                 cpu[k].push((cpu_seconds() - c) / b.len() as f64 * 1e6);
-                // No final snapshot: what it costs is not ingest's.
-                drop(log);
+                // No final snapshot: what it costs is not ingest's. A snapshot still
+                // running ends here, not in the next measurement.
+                if let Some(log) = log {
+                    log.stop();
+                    // The first snapshot is the empty index's, at start.
+                    snaps[k].push(log.stats().snapshots.saturating_sub(1) as f64);
+                }
             }
         }
+        // Each rep's on/off ratio (the kinds ran one after the other in it).
+        let mut ratios: Vec<Vec<f64>> = (0..3)
+            .map(|k| (0..args.reps).map(|i| rates[k][i] / rates[0][i]).collect())
+            .collect();
         let (off, lo, ho) = median(&mut rates[0]);
         let off_cpu = median(&mut cpu[0]).0;
         let off_own = median(&mut own[0]).0;
@@ -338,9 +353,14 @@ fn main() {
             let c = median(&mut cpu[k]).0;
             let o = median(&mut own[k]).0;
             println!(
-                "| {hb} | ingest, journal on ({}) | {r:.0} batches/s ({l:.0}–{h:.0}) | {:.3} of off; CPU per batch {c:.2} µs (the writer's and the kernel's I/O threads included), {o:.2} µs on the ingesting thread |",
+                "| {hb} | ingest, journal on ({}) | {r:.0} batches/s ({l:.0}–{h:.0}) | {:.3} of off (each rep's ratio: median {:.3}, {:.3}–{:.3}); CPU per batch {c:.2} µs (the writer's and the kernel's I/O threads included), {o:.2} µs on the ingesting thread; {:.0} MiB of journal, {:.0} snapshot(s) begun during the run (median) |",
                 kinds[k].0,
-                r / off
+                r / off,
+                median(&mut ratios[k]).0,
+                median(&mut ratios[k]).1,
+                median(&mut ratios[k]).2,
+                median(&mut journal_mib[k]).0,
+                median(&mut snaps[k]).0,
             );
         }
     }
