@@ -133,6 +133,12 @@ KVR_COMPAT_VLLM_DIR="$HOME/.cache/kvr/vllm-0.34.0" \
     "$compat_py" tests/recovery/warm_restart.py --publisher vllm --kills 5
 "$compat_py" tests/recovery/warm_restart.py --publisher sglang --state-io plain --kills 3
 "$compat_py" tests/recovery/warm_restart.py --negative
+# The restart benchmark through kvr serve, small: each of kvr's ways back (its state
+# directory through both I/O paths, a kvr peer's and Dynamo 1.6.1's /dump) must end with
+# the publishers' truth, block for block.
+KVR_COMPAT_VLLM_DIR="$HOME/.cache/kvr/vllm-0.34.0" \
+    "$compat_py" benches/restart/service.py --kvr-bin "$target/release/kvr" --blocks 20000 \
+    --reps 1 --timeout 120 > /dev/null
 # kvr-state's tests through the forced fallback too (the workspace run above takes io_uring
 # where the kernel allows it).
 KVR_STATE_IO=plain cargo test -p kvr-state --release --locked

@@ -247,8 +247,11 @@ def watch(p: Proc, base: str, eng: Engines, kvr: bool, register: bool, timeout: 
             out["exact"] = now - p.t0
         if out["ready"] is not None and out["exact"] is not None:
             break
-        # Cold start: the index stops growing short of the truth; no use waiting.
+        # Cold start: the index stops growing short of the truth; no use waiting. Dynamo
+        # serves HTTP once its recovery has ended: whole within `settle` of that, or never.
         if settle and out["ready"] is not None and now - last_change > settle:
+            break
+        if settle and not kvr and out["ready"] is not None and now - p.t0 - out["ready"] > settle:
             break
         time.sleep(0.01)
     if kvr:
@@ -363,13 +366,15 @@ def main(argv=None) -> int:
                     p = Proc(argv_, f"{s}-{rep}", log_dir)
                     procs.append(p)
                     r = watch(p, base, eng, kvr=kvr, register=True, timeout=args.timeout,
-                              settle=5.0 if s == "cold" else 0.0)
+                              settle={"cold": 5.0, "dynamo-peer": 10.0}.get(s, 0.0))
                 if r["exact"] is not None and eng.truth is not None and s != "dynamo-peer":
                     bad = dump_truth_diff(base, eng)
                     if bad:
                         failures.append(f"{s} rep {rep}: /dump differs from the truth: {bad}")
                         r["exact"] = None
-                if s not in ("cold",) and r["exact"] is None:
+                # Only kvr's own ways back must end exact (the cold start cannot: the
+                # engines' buffers are shorter than their history; Dynamo's is measured).
+                if s not in ("cold", "dynamo-peer") and r["exact"] is None:
                     failures.append(f"{s} rep {rep}: never exact ({r['blocks']} of {eng.total()})")
                 log(f"{s} rep {rep}: health {r['health']:.3f} s, ready {fmt(r['ready'])}, "
                     f"exact {fmt(r['exact'])}, holder-blocks {r['blocks']}, "
@@ -389,7 +394,8 @@ def main(argv=None) -> int:
         blocks = [r["blocks"] for r in rs if r["blocks"] is not None]
         after = (f"{statistics.median(blocks) / total:.1%} of the truth" if blocks
                  else "(sampled)")
-        print(f"| {total / 1e6:.1f} M | {s} | {spread([r['ready'] for r in rs])} | "
+        size = f"{total / 1e6:.1f} M" if total >= 100_000 else f"{total:,}"
+        print(f"| {size} | {s} | {spread([r['ready'] for r in rs])} | "
               f"{spread([r['exact'] for r in rs])} | {after} |")
     for f in failures:
         log(f"FAILED: {f}")
