@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use kvr::Partition;
 use kvr_state::format::Identity;
-use kvr_state::{partition_dir, Io, IoMode, Restored, StateConfig, StateLog, StateStats};
+use kvr_state::{partition_dir, Io, IoMode, Restored, StateConfig, StateLog};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -125,32 +125,13 @@ impl Kept {
         Ok(d)
     }
 
-    /// The writer's figures, as a dict: every `StateStats` field (named here, so a field
-    /// added there fails to compile until Python carries it), `uring` and `closed`.
+    /// The writer's figures, as a dict: every `StateStats` field (`StateStats::named`,
+    /// the list kvr-state declares once), `uring` and `closed`.
     pub(crate) fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let StateStats {
-            events_queued,
-            events_dropped,
-            records_written,
-            bytes_written,
-            syncs,
-            write_failures,
-            snapshots,
-            snapshot_failures,
-            snapshot_blocks,
-            journal_bytes,
-        } = self.log.stats();
         let d = PyDict::new(py);
-        d.set_item("events_queued", events_queued)?;
-        d.set_item("events_dropped", events_dropped)?;
-        d.set_item("records_written", records_written)?;
-        d.set_item("bytes_written", bytes_written)?;
-        d.set_item("syncs", syncs)?;
-        d.set_item("write_failures", write_failures)?;
-        d.set_item("snapshots", snapshots)?;
-        d.set_item("snapshot_failures", snapshot_failures)?;
-        d.set_item("snapshot_blocks", snapshot_blocks)?;
-        d.set_item("journal_bytes", journal_bytes)?;
+        for (name, value) in self.log.stats().named() {
+            d.set_item(name, value)?;
+        }
         d.set_item("uring", self.uring)?;
         d.set_item(
             "closed",

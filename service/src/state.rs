@@ -354,3 +354,21 @@ impl Collector for StateMetrics {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_stats_field_has_its_metric_family() {
+        // `StateStats::named` is kvr-state's one field list: a field added there must
+        // reach /metrics as `kvr_state_<field>`.
+        for (name, _) in StateStats::default().named() {
+            let family = format!("kvr_state_{name}");
+            assert!(
+                STATE.iter().any(|f| f.name == family),
+                "{family} is missing from the service's kvr_state_* families"
+            );
+        }
+    }
+}

@@ -51,6 +51,38 @@ pub struct StateStats {
     pub journal_bytes: u64,
 }
 
+impl StateStats {
+    /// Every field by name, in declaration order: the one list the hosts (Python's dict,
+    /// the service's `kvr_state_*` families) are checked against. A field added to the
+    /// struct fails to compile here until it is named.
+    pub fn named(&self) -> [(&'static str, u64); 10] {
+        let StateStats {
+            events_queued,
+            events_dropped,
+            records_written,
+            bytes_written,
+            syncs,
+            write_failures,
+            snapshots,
+            snapshot_failures,
+            snapshot_blocks,
+            journal_bytes,
+        } = *self;
+        [
+            ("events_queued", events_queued),
+            ("events_dropped", events_dropped),
+            ("records_written", records_written),
+            ("bytes_written", bytes_written),
+            ("syncs", syncs),
+            ("write_failures", write_failures),
+            ("snapshots", snapshots),
+            ("snapshot_failures", snapshot_failures),
+            ("snapshot_blocks", snapshot_blocks),
+            ("journal_bytes", journal_bytes),
+        ]
+    }
+}
+
 /// A partition's journal and snapshots: attach it with
 /// [`Partition::attach_applied_log`] (after restoring, [`crate::restore()`]).
 pub struct StateLog {
