@@ -15,7 +15,7 @@ use crate::ids::RankId;
 use crate::ids::SelectionId;
 use crate::partition::Partition;
 use crate::reservation::{
-    BookingRequest, BookingStatus, ForgetListener, FreeOutcome, ReservationError,
+    BookingRequest, BookingStatus, BookingView, ForgetListener, FreeOutcome, ReservationError,
 };
 use crate::select::{Decision, Outcome, SelectError, SelectRequest};
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -556,6 +556,12 @@ impl Engine {
     #[cfg(loom)]
     pub(crate) fn indexed(&self, id: SelectionId) -> bool {
         self.by_selection.get(id).is_some()
+    }
+
+    /// A live booking, wherever it is (its partition's table): local or a replica's.
+    /// `None` for an id that is not live.
+    pub fn booking(&self, id: SelectionId) -> Option<BookingView> {
+        self.owner_of(id).ok()?.bookings.get(id)
     }
 
     /// The request's prefill is done: its prefill tokens leave the rank's load.

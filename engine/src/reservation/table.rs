@@ -221,6 +221,13 @@ impl ReservationTable {
         g.live.get(&id).map(|b| self.inner.view(id, b))
     }
 
+    /// The prompt blocks (sequence hashes) a live booking holds, first block first: what
+    /// a replica peer needs to book the same request (`None` when the id is not live).
+    pub fn prompt_blocks(&self, id: SelectionId) -> Option<Vec<u64>> {
+        let g = self.inner.shard(id).lock();
+        g.live.get(&id).map(|b| b.prompt_blocks.clone())
+    }
+
     /// The engine's live bookings on `rank` (zero for a rank with none). Lock-free: one
     /// registry snapshot load and three atomic loads.
     pub fn rank_load(&self, rank: RankId) -> ActiveLoad {
