@@ -251,8 +251,7 @@ async fn negative_libzmq_pub_drops_our_subscriber_without_pong() {
     }
     let err = our_sub_libzmq_pub(false, NO_PING)
         .await
-        .err()
-        .expect("must fail");
+        .expect_err("must fail");
     eprintln!("as expected: {err}");
     assert!(err.contains("link dropped while idle"), "{err}");
 }

@@ -95,7 +95,7 @@ impl PyPeer {
                 }
             }
         });
-        let mut peer = PyPeer {
+        let peer = PyPeer {
             child,
             stdin,
             lines,
