@@ -9,7 +9,8 @@ use std::time::Duration;
 pub struct ZmtpConfig {
     /// How often each connection sends a PING.
     pub heartbeat_interval: Duration,
-    /// A connection from which nothing arrived for this long is closed.
+    /// A connection from which nothing arrived for this long is closed. (The TTL a peer
+    /// announces in its PINGs is not used: our own bound applies to every peer.)
     pub heartbeat_timeout: Duration,
     /// The TTL our PINGs announce (the peer may close after this long without traffic).
     pub heartbeat_ttl: Duration,
@@ -19,7 +20,8 @@ pub struct ZmtpConfig {
     pub max_frame: usize,
     /// Publisher: messages queued per subscriber before new ones are dropped.
     pub hwm: usize,
-    /// Publisher: most simultaneous subscriber connections (more are refused).
+    /// Publisher: most simultaneous connections, handshaking ones included (more are
+    /// closed at once and counted as refused).
     pub max_peers: usize,
     /// Publisher: most distinct subscriptions per connection (more are ignored, counted).
     pub max_subscriptions: usize,

@@ -10,6 +10,16 @@
 //! input closes that connection with a counter, never the socket.
 //!
 //! Both sockets run as tasks on the caller's tokio runtime (multi-thread).
+//!
+//! Choices where the protocol or Dynamo leaves room, made as a libzmq user would expect:
+//! - [`Subscriber::connect`] refuses `ipc://`, `inproc://` and the host `*` (they parse,
+//!   as in Dynamo, whose connect then fails the same way);
+//! - a connection is closed after `heartbeat_timeout` without traffic whatever TTL the
+//!   peer announces;
+//! - the Subscriber also filters by topic locally (as libzmq's SUB does), counting what it
+//!   drops, and drops the newest message when its channel is full;
+//! - the Publisher drops a message for a subscriber whose queue is full (libzmq's PUB at
+//!   its high-water mark) and discards queued messages on close (Dynamo's linger 0).
 
 mod config;
 mod endpoint;

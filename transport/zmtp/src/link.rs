@@ -280,11 +280,10 @@ async fn read_loop(
             match parse_command(frame.body) {
                 Err(e) => return LinkEnd::Command(e),
                 Ok(Command::Ping { context, .. }) => {
-                    if cfg.answer_pings {
-                        // A full queue means PONGs are already pending; one more adds nothing.
-                        if pong_tx.try_send(context).is_ok() {
-                            bump(&counters.pings_answered);
-                        }
+                    // A full queue means PONGs are already pending; one more adds nothing.
+                    if let (true, Ok(slot)) = (cfg.answer_pings, pong_tx.try_reserve()) {
+                        bump(&counters.pings_answered);
+                        slot.send(context);
                     }
                 }
                 Ok(Command::Pong { .. }) => bump(&counters.pongs_received),

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -43,6 +43,8 @@ struct State {
     local: SocketAddr,
     peers: Mutex<HashMap<u64, Arc<Peer>>>,
     next_id: AtomicU64,
+    /// Connections alive, handshaking ones included (bounded by `max_peers`).
+    live: AtomicUsize,
     link: LinkCounters,
     sent: AtomicU64,
     dropped_full: AtomicU64,
@@ -72,6 +74,7 @@ impl Publisher {
             local,
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            live: AtomicUsize::new(0),
             link: LinkCounters::default(),
             sent: AtomicU64::new(0),
             dropped_full: AtomicU64::new(0),
@@ -152,6 +155,12 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, mut closed: watch
         };
         match accepted {
             Ok((stream, addr)) => {
+                if state.live.load(Ordering::Relaxed) >= state.cfg.max_peers {
+                    bump(&state.link.refused);
+                    tracing::warn!(peer = %addr, max = state.cfg.max_peers, "ZMTP publisher: too many connections, refused one");
+                    continue;
+                }
+                state.live.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(serve(stream, addr, Arc::clone(&state), closed.clone()));
             }
             Err(e) => {
@@ -163,12 +172,22 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, mut closed: watch
     }
 }
 
+/// Gives a connection's place back when its task ends (however it ends).
+struct Live<'a>(&'a AtomicUsize);
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 async fn serve(
     stream: TcpStream,
     addr: SocketAddr,
     state: Arc<State>,
     mut closed: watch::Receiver<bool>,
 ) {
+    let _live = Live(&state.live);
     let cfg = &state.cfg;
     let established = tokio::select! {
         _ = closed.wait_for(|c| *c) => return,
@@ -188,16 +207,11 @@ async fn serve(
         queue,
     });
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    {
-        let mut peers = state.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        if peers.len() >= cfg.max_peers {
-            drop(peers);
-            bump(&state.link.refused);
-            tracing::warn!(peer = %addr, max = cfg.max_peers, "ZMTP publisher: too many subscribers, refused one");
-            return;
-        }
-        peers.insert(id, Arc::clone(&peer));
-    }
+    state
+        .peers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id, Arc::clone(&peer));
     bump(&state.link.handshakes);
     tracing::debug!(peer = %addr, version = ?link.version, "ZMTP publisher: subscriber connected");
     let on_inbound = |msg: Inbound| handle_inbound(&state, &peer, msg);

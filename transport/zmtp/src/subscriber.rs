@@ -275,8 +275,13 @@ fn deliver(state: &State, endpoint: &str, msg: Inbound) {
         payload,
         peer: endpoint.to_string(),
     };
-    match state.tx.try_send(msg) {
-        Ok(()) => bump(&state.received),
+    // Counted before it is handed over, so a receiver never sees a message the counters
+    // do not yet include.
+    match state.tx.try_reserve() {
+        Ok(slot) => {
+            bump(&state.received);
+            slot.send(msg);
+        }
         Err(_) => bump(&state.dropped_full),
     }
 }

@@ -230,6 +230,7 @@ async fn our_pings_carry_the_ttl_and_silence_closes() {
     c.send(&command(b"PONG", b"")).await;
     // Then we stay silent: the publisher closes after 400 ms without traffic.
     assert!(c.closed().await);
+    eventually("counted", || pb.stats().disconnects == 1).await;
     let s = pb.stats();
     assert_eq!(
         (s.timeouts, s.disconnects, s.pongs_received),
@@ -275,8 +276,8 @@ async fn bad_greetings_and_ready_are_refused_and_counted() {
     )
     .await;
     refused(&pb, &after_greeting(command(b"ERROR", b"\x04nope"))).await;
+    eventually("12 refused", || pb.stats().refused == 12).await;
     let s = pb.stats();
-    assert_eq!(s.refused, 12, "{s:?}");
     assert_eq!((s.accepted, s.subscribers), (0, 0), "{s:?}");
     // Still serving.
     let mut ok = Raw::connect(pb.local_addr()).await;
@@ -493,4 +494,30 @@ async fn subscriber_refuses_what_it_cannot_connect_to_and_reconnects() {
         pb.stats().subscribers == 0 && sub.stats().connected == 0
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_max_peers_are_refused_handshaking_ones_included() {
+    let cfg = ZmtpConfig {
+        max_peers: 2,
+        ..short()
+    };
+    let pb = publisher(cfg).await;
+    // Two connections that never greet hold both places.
+    let a = Raw::connect(pb.local_addr()).await;
+    let mut b = Raw::connect(pb.local_addr()).await;
+    b.read_exact(64).await.expect("b is greeted");
+    let mut c = Raw::connect(pb.local_addr()).await;
+    assert!(c.closed().await, "third connection not refused");
+    assert_eq!(pb.stats().refused, 1);
+    drop(a);
+    // The place is given back once the first connection's task has seen it close.
+    let mut ok = false;
+    let deadline = Instant::now() + WAIT;
+    while !ok && Instant::now() < deadline {
+        let mut d = Raw::connect(pb.local_addr()).await;
+        ok = d.read_exact(64).await.is_some();
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(ok, "a place never freed: {:?}", pb.stats());
 }
