@@ -521,3 +521,34 @@ async fn connections_beyond_max_peers_are_refused_handshaking_ones_included() {
     }
     assert!(ok, "a place never freed: {:?}", pb.stats());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_and_the_last_handle_drop_end_everything() {
+    for by_drop in [false, true] {
+        let pb = publisher(short()).await;
+        let addr = pb.local_addr();
+        let mut c = Raw::connect(addr).await;
+        c.handshake(1, b"SUB").await;
+        eventually("subscriber", || pb.stats().subscribers == 1).await;
+        let other = pb.clone();
+        if by_drop {
+            drop(pb);
+            drop(other);
+        } else {
+            drop(other);
+            pb.close();
+        }
+        assert!(
+            c.closed().await,
+            "connection kept after close (by_drop {by_drop})"
+        );
+        let deadline = Instant::now() + WAIT;
+        while TcpStream::connect(addr).await.is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "still listening (by_drop {by_drop})"
+            );
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

@@ -94,7 +94,7 @@ class Example:
         line = self.proc.stdout.readline()
         if not line:
             raise SystemExit("dynamo_link example exited")
-        print(f"  example: {line.rstrip()[:400]}", flush=True)
+        print(f"  example: {line.rstrip()}", flush=True)
         return line
 
     def cmd(self, text):

@@ -41,7 +41,11 @@ pub fn python() -> Option<PathBuf> {
     if std::env::var("KVR_REQUIRE_PYZMQ").as_deref() == Ok("1") {
         panic!("{why} (KVR_REQUIRE_PYZMQ=1)");
     }
-    eprintln!("SKIPPED (not passed): {why}; run tests/compat/ensure-venv.sh");
+    // Straight to stderr, past the test harness's capture, so the skip shows in its output.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED (not passed): {why}; run tests/compat/ensure-venv.sh"
+    );
     None
 }
 
