@@ -136,7 +136,7 @@ async fn handshake_inner(
         match decode_frame(&mut buf, cfg.max_frame).map_err(HandshakeError::Frame)? {
             Some(f) => break f,
             None => {
-                buf.reserve(READ_CHUNK.min(cfg.max_frame + 9));
+                buf.reserve(READ_CHUNK.min(cfg.max_frame.saturating_add(9)));
                 if reader.read_buf(&mut buf).await? == 0 {
                     return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
                 }
@@ -293,14 +293,14 @@ async fn read_loop(
                 Ok(Command::Ready { .. } | Command::Other(_)) => bump(&counters.unknown_commands),
             }
         }
-        buf.reserve(READ_CHUNK.min(cfg.max_frame + 9));
+        buf.reserve(READ_CHUNK.min(cfg.max_frame.saturating_add(9)));
         tokio::select! {
             r = reader.read_buf(&mut buf) => match r {
                 Ok(0) => return LinkEnd::PeerClosed,
                 Ok(_) => last_rx = Instant::now(),
                 Err(e) => return LinkEnd::Io(e),
             },
-            _ = sleep_until(last_rx + cfg.heartbeat_timeout) => {
+            _ = sleep_until(later(last_rx, cfg.heartbeat_timeout)) => {
                 return LinkEnd::Timeout(cfg.heartbeat_timeout);
             }
         }
@@ -315,8 +315,9 @@ async fn write_loop(
     mut outgoing: Option<mpsc::Receiver<Outgoing>>,
     mut closed: watch::Receiver<bool>,
 ) -> LinkEnd {
-    let start = Instant::now() + cfg.heartbeat_interval;
-    let mut ping = interval_at(start, cfg.heartbeat_interval);
+    // tokio's interval refuses a zero period.
+    let every = cfg.heartbeat_interval.max(Duration::from_millis(1));
+    let mut ping = interval_at(later(Instant::now(), every), every);
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let ttl = cfg.ttl_deciseconds();
     let mut out = BytesMut::new();
@@ -349,6 +350,12 @@ async fn write_loop(
             return LinkEnd::Io(e);
         }
     }
+}
+
+/// `from + d`, or a far future when that overflows (a configured "never").
+fn later(from: Instant, d: Duration) -> Instant {
+    from.checked_add(d)
+        .unwrap_or_else(|| from + Duration::from_secs(30 * 365 * 86_400))
 }
 
 async fn next_outgoing(rx: &mut Option<mpsc::Receiver<Outgoing>>) -> Option<Outgoing> {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
@@ -199,7 +200,9 @@ impl Drop for Connected<'_> {
 /// Keeps one endpoint connected until the task is aborted.
 async fn keep(state: Arc<State>, endpoint: String, host: String, port: u16) {
     let cfg = &state.cfg;
-    let mut backoff = cfg.reconnect_interval;
+    // Never zero: a zero interval would spin on a dead endpoint.
+    let first_backoff = cfg.reconnect_interval.max(Duration::from_millis(1));
+    let mut backoff = first_backoff;
     let mut first = true;
     // Never set: a link ends by its task being aborted (disconnect/close).
     let (_never_closed, closed_rx) = watch::channel(false);
@@ -218,7 +221,7 @@ async fn keep(state: Arc<State>, endpoint: String, host: String, port: u16) {
                     bump(&state.link.handshakes);
                     state.connected.fetch_add(1, Ordering::Relaxed);
                     let _up = Connected(&state.connected);
-                    backoff = cfg.reconnect_interval;
+                    backoff = first_backoff;
                     tracing::debug!(%endpoint, version = ?established.version, "ZMTP subscriber: connected");
                     let mut subs = BytesMut::new();
                     encode_subscriptions(&mut subs, established.version, &state.topics);
@@ -249,7 +252,7 @@ async fn keep(state: Arc<State>, endpoint: String, host: String, port: u16) {
             Err(_) => tracing::debug!(%endpoint, "ZMTP subscriber: connect timed out"),
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(cfg.reconnect_interval_max);
+        backoff = (backoff * 2).min(cfg.reconnect_interval_max.max(first_backoff));
     }
 }
 

@@ -552,3 +552,93 @@ async fn close_and_the_last_handle_drop_end_everything() {
         }
     }
 }
+
+/// xorshift: reproducible garbage.
+fn garbage(state: &mut u64, max_len: u64) -> Vec<u8> {
+    let mut next = || {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    };
+    let len = next() % max_len;
+    (0..len).map(|_| next() as u8).collect()
+}
+
+/// Random bytes after a valid handshake and after a valid greeting prefix: every connection
+/// ends counted (a panicking connection task would leave its subscriber in the table and
+/// miss the count), and the publisher still serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_never_breaks_the_publisher() {
+    let cfg = ZmtpConfig {
+        handshake_timeout: Duration::from_millis(200),
+        heartbeat_timeout: Duration::from_millis(300),
+        max_frame: 4096,
+        ..short()
+    };
+    let pb = publisher(cfg).await;
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    const N: u64 = 150;
+    for i in 0..N {
+        let mut c = Raw::connect(pb.local_addr()).await;
+        c.handshake(1, b"SUB").await;
+        let mut bytes = garbage(&mut seed, 300);
+        if i % 3 == 0 {
+            // Start as a frame header so that more of it gets parsed as frames.
+            bytes.insert(0, (i % 8) as u8);
+        }
+        c.send(&bytes).await;
+        drop(c);
+    }
+    eventually("every link counted", || {
+        let s = pb.stats();
+        s.disconnects == N && s.subscribers == 0
+    })
+    .await;
+    for i in 0..N {
+        let mut c = Raw::connect(pb.local_addr()).await;
+        let mut bytes = greeting(3, (i % 2) as u8, b"NULL")[..(i as usize % 70).min(64)].to_vec();
+        bytes.extend(garbage(&mut seed, 100));
+        let _ = c.s.write_all(&bytes).await;
+        drop(c);
+    }
+    eventually("every handshake ended", || {
+        let s = pb.stats();
+        s.refused + s.accepted == 2 * N && s.subscribers == 0
+    })
+    .await;
+    let mut ok = Raw::connect(pb.local_addr()).await;
+    ok.handshake(1, b"SUB").await;
+    eventually("still serving", || pb.stats().subscribers == 1).await;
+}
+
+/// Degenerate settings (zero intervals, "forever" timeouts, zero capacities) neither panic
+/// nor spin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_settings_are_tolerated() {
+    let cfg = ZmtpConfig {
+        heartbeat_interval: Duration::ZERO,
+        heartbeat_timeout: Duration::MAX,
+        heartbeat_ttl: Duration::MAX,
+        hwm: 0,
+        max_frame: usize::MAX,
+        reconnect_interval: Duration::ZERO,
+        reconnect_interval_max: Duration::ZERO,
+        ..ZmtpConfig::default()
+    };
+    let pb = publisher(cfg.clone()).await;
+    let mut c = Raw::connect(pb.local_addr()).await;
+    c.handshake(1, b"SUB").await;
+    // PINGs every millisecond, TTL saturated at 0xFFFF deciseconds.
+    let (flags, body) = c.frame().await.expect("PING");
+    assert_eq!((flags, &body[..]), (0x04, &b"\x04PING\xff\xff"[..]));
+    let (sub, _rx) = Subscriber::with_config(vec![Bytes::new()], 0, cfg);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    sub.connect(&format!("tcp://127.0.0.1:{port}")).unwrap();
+    sleep(Duration::from_millis(200)).await;
+    let tries = sub.stats().reconnects;
+    assert!((2..1000).contains(&tries), "{tries} attempts in 200 ms");
+}
