@@ -19,7 +19,7 @@ doc_path = root / "docs" / "requirements.md"
 doc = doc_path.read_text()
 refs = sorted(set(re.findall(r"`([\w./-]+\.(?:rs|c|go|cpp|py))::(\w+)`", doc)))
 patterns = {
-    ".rs": r"^\s*(?:pub\s+)?fn {}\(",
+    ".rs": r"^\s*(?:pub\s+)?(?:async\s+)?fn {}\(",
     ".c": r"^static void {}\(",
     ".go": r"^func {}\(",
     ".cpp": r"^(?:static\s+)?void {}\(",

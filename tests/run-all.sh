@@ -106,6 +106,17 @@ for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
     "$compat_py" tests/compat/harness.py peers --a "$1" --b "$2" --kvr-cmd "$kvr_cmd"
 done
 "$compat_py" tests/compat/harness.py peers --a kvr --b kvr --kvr-cmd "$kvr_cmd" --negative
+# Replica sync with Dynamo 1.6.1's service, both directions, after 25 s idle (the ZMTP
+# heartbeats must hold the links); without sync on kvr's side the first check must fail.
+# Then two kvr replicas, one killed and restarted: its bookings go with it; with the
+# peer timeout off (Dynamo's behaviour) they stay, and that check must fail.
+# kvr-zmtp against libzmq (pyzmq in the compat venv): required here, not skipped.
+KVR_REQUIRE_PYZMQ=1 KVR_ZMTP_PYTHON="$compat_py" \
+    cargo test --release --locked -q -p kvr-zmtp --test libzmq_interop
+"$compat_py" tests/replica/dynamo_interop.py --kvr-bin "$target/release/kvr" --idle-secs 25
+"$compat_py" tests/replica/dynamo_interop.py --kvr-bin "$target/release/kvr" --idle-secs 1 --negative
+"$compat_py" tests/replica/kvr_peers.py --kvr-bin "$target/release/kvr"
+"$compat_py" tests/replica/kvr_peers.py --kvr-bin "$target/release/kvr" --negative
 # Peer recovery under load: vLLM's real publishers keep storing and removing while a new
 # kvr serve recovers from a live kvr peer and a live Dynamo 1.6.1 selection service; its
 # index must end as the publishers' truth, /ready 503 until the dump. The controls (live

@@ -558,10 +558,12 @@ impl Engine {
         self.by_selection.get(id).is_some()
     }
 
-    /// A live booking, wherever it is (its partition's table): local or a replica's.
-    /// `None` for an id that is not live.
-    pub fn booking(&self, id: SelectionId) -> Option<BookingView> {
-        self.owner_of(id).ok()?.bookings.get(id)
+    /// A live booking, wherever it is (its partition's table): local or a replica's,
+    /// with its partition. `None` for an id that is not live.
+    pub fn booking(&self, id: SelectionId) -> Option<(StdArc<Partition>, BookingView)> {
+        let p = self.owner_of(id).ok()?;
+        let view = p.bookings.get(id)?;
+        Some((p, view))
     }
 
     /// The request's prefill is done: its prefill tokens leave the rank's load.

@@ -136,6 +136,11 @@ def _argv(indexer_threads, indexer_peers, replica_sync_port, replica_sync_peers,
     argv: list[str] = []
     if indexer_peers:
         argv += ["--indexer-peers", ",".join(indexer_peers)]
+    # Dynamo's checks, in its words.
+    if replica_sync_peers and replica_sync_port is None:
+        raise ValueError("replica_sync_peers requires replica_sync_port")
+    if replica_sync_port is not None and int(replica_sync_port) <= 0:
+        raise Exception("replica sync port must be greater than zero")
     if replica_sync_port is not None:
         argv += ["--replica-sync-port", str(int(replica_sync_port))]
     if replica_sync_peers:
@@ -313,6 +318,26 @@ class SelectionService:
     def shutdown(self) -> None:
         """Stops the KV-event subscriptions and the sweeper; later calls fail fast. Idempotent."""
         self._core.shutdown()
+
+    def register_replica_peer(self, endpoint: str) -> bool:
+        """Applies a peer replica's bookings from its sync endpoint (``tcp://host:port``); True when the peer is new, False when it was one already."""
+        if not isinstance(endpoint, str):
+            raise TypeError("endpoint must be a str")
+        return self._core.register_replica_peer(endpoint)
+
+    def deregister_replica_peer(self, endpoint: str) -> bool:
+        """Stops applying a peer replica's bookings; False when it was not a peer."""
+        if not isinstance(endpoint, str):
+            raise TypeError("endpoint must be a str")
+        return self._core.deregister_replica_peer(endpoint)
+
+    def list_replica_peers(self) -> list:
+        """The peer replicas' sync endpoints, sorted (empty without replica sync)."""
+        return self._core.list_replica_peers()
+
+    def replica_sync_stats(self) -> dict:
+        """kvr's addition: the replica sync's counters (events sent, received, applied, and each reason one was not); empty without replica sync."""
+        return self._core.replica_sync_stats()
 
     # -- synchronous twins of the awaitable methods (kvr's; no event loop needed)
     def upsert_worker_sync(self, worker: dict) -> dict:

@@ -192,6 +192,9 @@ pub struct NativeService {
     app: Arc<App>,
     shut: AtomicBool,
     sweeper: Mutex<Sweeper>,
+    /// The replica sync's sockets run here (`replica_sync_port`); none without it.
+    /// Dropped at `shutdown` (the sync's tasks stop with it).
+    replica_rt: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 impl NativeService {
@@ -242,12 +245,28 @@ impl NativeService {
         let app = py
             .detach(|| App::new(flags.args))
             .map_err(PyValueError::new_err)?;
+        let replica_rt = match app.args.replica_sync_port {
+            Some(_) => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("kvr-replica")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| PyValueError::new_err(format!("replica sync runtime: {e}")))?;
+                let a = app.clone();
+                py.detach(|| rt.block_on(kvr_service::replica_sync::start(&a)))
+                    .map_err(pyo3::exceptions::PyException::new_err)?;
+                Some(rt)
+            }
+            None => None,
+        };
         kvr_service::recovery::start(app.clone());
         let sweeper = Mutex::new(Sweeper::start(app.clone()));
         Ok(Self {
             app,
             shut: AtomicBool::new(false),
             sweeper,
+            replica_rt: Mutex::new(replica_rt),
         })
     }
 
@@ -419,6 +438,35 @@ impl NativeService {
         Ok(py.detach(|| kvr_service::recovery::recover_from(app, &peers)))
     }
 
+    /// Connects to a peer replica's sync endpoint: True when it is new (Dynamo's method,
+    /// synchronous there too).
+    fn register_replica_peer(&self, py: Python<'_>, endpoint: &str) -> PyResult<bool> {
+        let app = self.live(py)?;
+        py.detach(|| app.register_replica_peer(endpoint))
+            .map_err(|e| api_error(py, &e))
+    }
+
+    /// Disconnects from a peer replica: False when it was not one.
+    fn deregister_replica_peer(&self, py: Python<'_>, endpoint: &str) -> PyResult<bool> {
+        let app = self.live(py)?;
+        py.detach(|| app.deregister_replica_peer(endpoint))
+            .map_err(|e| api_error(py, &e))
+    }
+
+    /// The peer replicas, sorted (empty without replica sync).
+    fn list_replica_peers(&self) -> Vec<String> {
+        self.app.replica_peers()
+    }
+
+    /// The replica sync's counters (kvr's addition; empty without replica sync).
+    fn replica_sync_stats(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.app
+            .replicas
+            .get()
+            .map(|s| s.stats().named().into_iter().collect())
+            .unwrap_or_default()
+    }
+
     /// Stops the KV-event subscriptions and the sweeper, and with `--state-dir` writes
     /// every partition's final snapshot; later selections fail fast. Idempotent.
     fn shutdown(&self, py: Python<'_>) {
@@ -427,9 +475,16 @@ impl NativeService {
         }
         let app = &*self.app;
         let sweeper = &self.sweeper;
+        let replica_rt = &self.replica_rt;
         py.detach(|| {
             app.registry.stop_all();
             sweeper.lock().unwrap_or_else(|e| e.into_inner()).stop();
+            if let Some(sync) = app.replicas.get() {
+                sync.close();
+            }
+            if let Some(rt) = replica_rt.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                rt.shutdown_background();
+            }
             // `--state-dir`: the final snapshots, as `kvr serve` writes at SIGTERM.
             if let Some(state) = &app.state {
                 state.close();

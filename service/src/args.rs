@@ -51,11 +51,22 @@ pub struct ServeArgs {
     /// Serve the standalone indexer's routes only (Dynamo's `python -m dynamo.indexer`).
     #[arg(long)]
     pub indexer_only: bool,
-    /// Dynamo's replica-sync flags: accepted, not implemented (bookings are not mirrored).
-    #[arg(long, hide = true)]
+    /// Publish this replica's bookings on this port (ZMQ PUB, Dynamo's replica-sync wire
+    /// format) for its peer replicas to subscribe to.
+    #[arg(long, env = "KVR_REPLICA_SYNC_PORT")]
     pub replica_sync_port: Option<u16>,
-    #[arg(long, hide = true, value_delimiter = ',')]
+    /// Peer replicas' sync endpoints (`tcp://host:port`, comma-separated) whose bookings
+    /// this replica applies; more can be registered at run time.
+    #[arg(long, env = "KVR_REPLICA_SYNC_PEERS", value_delimiter = ',')]
     pub replica_sync_peers: Vec<String>,
+    /// The address the replica-sync publisher binds (default: `--host`).
+    #[arg(long, env = "KVR_REPLICA_SYNC_HOST")]
+    pub replica_sync_host: Option<String>,
+    /// A peer replica's bookings are dropped when its link has been down this long, when
+    /// it is deregistered, or when it restarts (0: keep them until they expire by age,
+    /// as Dynamo does).
+    #[arg(long, env = "KVR_REPLICA_SYNC_PEER_TIMEOUT_SECS", default_value_t = 30)]
+    pub replica_sync_peer_timeout_secs: u64,
     /// Pin each session id to the worker that served it for this many seconds after its
     /// last request.
     #[arg(long, env = "KVR_SESSION_AFFINITY_TTL_SECS")]

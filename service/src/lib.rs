@@ -21,6 +21,8 @@ pub mod pending;
 pub mod recovery;
 pub mod refusals;
 pub mod registry;
+pub mod replica;
+pub mod replica_sync;
 pub mod routes;
 pub mod server;
 pub mod sources;
@@ -63,6 +65,8 @@ pub struct App {
     pub state: Option<Arc<crate::state::ServiceState>>,
     /// When the service started, for `/ready`'s wait bound (`coverage`).
     pub ready_gate: Arc<crate::coverage::ReadyGate>,
+    /// Replica sync (`--replica-sync-port`), once started.
+    pub replicas: Arc<crate::replica::Replicas>,
     /// False while recovering from peers: `/ready` answers 503.
     recovered: AtomicBool,
     /// Holds every KV-event stream while recovering from peers (opened with `recovered`).
@@ -80,6 +84,7 @@ impl App {
         args: ServeArgs,
         extra: impl FnOnce(&mut prometheus_client::registry::Registry),
     ) -> Result<Arc<Self>, String> {
+        crate::replica::check_args(args.replica_sync_port, &args.replica_sync_peers)?;
         for warning in args.check_dynamo_flags()? {
             tracing::warn!("{warning}");
         }
@@ -119,10 +124,12 @@ impl App {
             None => None,
         };
         let ready_gate = Arc::new(crate::coverage::ReadyGate::default());
+        let replicas = Arc::new(crate::replica::Replicas::default());
         let metrics = Metrics::with_extra(registry.clone(), pending.clone(), |r| {
             if let Some(s) = &state {
                 r.register_collector(Box::new(crate::state::StateMetrics(s.clone())));
             }
+            r.register_collector(Box::new(crate::replica::ReplicaMetrics(replicas.clone())));
             r.register_collector(Box::new(crate::coverage::CoverageMetrics {
                 registry: registry.clone(),
                 gate: ready_gate.clone(),
@@ -149,6 +156,7 @@ impl App {
             args,
             state,
             ready_gate,
+            replicas,
         }))
     }
 

@@ -65,6 +65,7 @@ pub async fn serve_on(
     app: Arc<App>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
+    crate::replica_sync::start(&app).await?;
     crate::recovery::start(app.clone());
     let sweeper = tokio::spawn(sweep_named_ids(app.clone()));
     let health_log = tokio::spawn(log_source_health(app.clone()));

@@ -7,6 +7,7 @@ registrations, and writes the final snapshots at shutdown()."""
 import gc
 import os
 import re
+import time
 
 import pytest
 
@@ -137,6 +138,11 @@ def test_selection_service_state_dir(tmp_path, monkeypatch):
     s.upsert_worker_sync({"worker_id": 7, "model_name": "m", "block_size": BS,
                           "endpoint": "http://w7.invalid"})
     assert os.path.exists(os.path.join(root, "workers.json"))
+    # Written at the partition's creation by a low-priority thread: on a busy machine it
+    # can take a moment.
+    deadline = time.time() + 10
+    while not snapshot_numbers(root) and time.time() < deadline:
+        time.sleep(0.01)
     before = snapshot_numbers(root)
     assert before, "the partition's first snapshot is written at its creation"
     s.shutdown()

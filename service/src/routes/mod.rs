@@ -1,6 +1,7 @@
 //! The HTTP routes, Dynamo 1.6.1's paths (REFERENCE.md §7).
 
 pub mod indexer;
+pub mod replicas;
 pub mod reservations;
 pub mod select;
 pub mod workers;
@@ -51,15 +52,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/reservations/{id}", delete(reservations::free))
         .route("/ready", get(workers::ready))
         .route("/loads", get(workers::loads))
-        .route("/replica_sync/peers", get(workers::replica_peers))
-        .route(
-            "/replica_sync/register_peer",
-            post(workers::replica_sync_disabled),
-        )
-        .route(
-            "/replica_sync/deregister_peer",
-            post(workers::replica_sync_disabled),
-        );
+        .route("/replica_sync/peers", get(replicas::peers))
+        .route("/replica_sync/register_peer", post(replicas::register))
+        .route("/replica_sync/deregister_peer", post(replicas::deregister));
     finish(indexer.merge(selection), app, limit)
 }
 

@@ -54,14 +54,32 @@ fn book(
         .engine
         .reserve(&entry.partition, rank, Some(req), prefill_tokens, Some(id))
     {
-        Ok(d) => Ok(ReservationResponse {
-            selection_id: b.selection_id.clone(),
-            model_name: key.model.clone(),
-            routing_group: key.routing_group.clone(),
-            worker_id: d.rank.worker_id,
-            dp_rank: d.rank.dp_rank,
-            endpoint: entry.endpoints.get(&d.rank.worker_id).cloned().flatten(),
-        }),
+        Ok(d) => {
+            // A claimed selection announces the prefill it booked; an explicit booking
+            // (`prefill_tokens` given) none, and no output length (as Dynamo sends them).
+            let claimed = prefill_tokens.is_none();
+            let booked_prefill = entry
+                .partition
+                .bookings()
+                .get(id)
+                .map_or(0, |v| v.prefill_tokens);
+            app.publish_booked(
+                &entry.partition,
+                id,
+                &b.selection_id,
+                claimed.then_some((booked_prefill, true)),
+                claimed.then_some(req.expected_output_tokens),
+                req.lora_name,
+            );
+            Ok(ReservationResponse {
+                selection_id: b.selection_id.clone(),
+                model_name: key.model.clone(),
+                routing_group: key.routing_group.clone(),
+                worker_id: d.rank.worker_id,
+                dp_rank: d.rank.dp_rank,
+                endpoint: entry.endpoints.get(&d.rank.worker_id).cloned().flatten(),
+            })
+        }
         Err(e) => {
             app.ids.forget(&b.selection_id);
             Err(match e {
@@ -190,9 +208,15 @@ impl App {
     /// `POST /reservations/{id}/prefill_complete`.
     pub fn prefill_complete(&self, id: &str) -> Result<(), ApiError> {
         let n = lookup(self, id)?;
+        let booking = self.engine.booking(n);
+        let first = booking.as_ref().is_some_and(|(_, v)| !v.prefill_complete);
         self.engine
             .mark_prefill_complete(n)
-            .map_err(|e| lifecycle_error(id, e))
+            .map_err(|e| lifecycle_error(id, e))?;
+        if first {
+            self.publish_lifecycle(id, booking, kvr_replica::EventData::PrefillComplete);
+        }
+        Ok(())
     }
 
     /// `POST /reservations/{id}/output_block`: `decay_fraction` must be in [0, 1]; kvr
@@ -215,10 +239,14 @@ impl App {
     /// `DELETE /reservations/{id}`.
     pub fn free(&self, id: &str) -> Result<(), ApiError> {
         let n = lookup(self, id)?;
+        let booking = self.engine.booking(n);
         let r = self.engine.free(n);
         self.ids.forget(id);
         match r.map_err(|e| lifecycle_error(id, e))? {
-            kvr::FreeOutcome::Freed(_) => Ok(()),
+            kvr::FreeOutcome::Freed(_) => {
+                self.publish_lifecycle(id, booking, kvr_replica::EventData::Free);
+                Ok(())
+            }
             // Freed before, or ended with its worker: Dynamo answers 404 for both.
             _ => Err(not_found(id)),
         }

@@ -429,14 +429,23 @@ impl App {
         }
         app.count(&prep, &d, true);
         let wire_id = b.selection_id.clone().unwrap_or_else(|| app.ids.render(id));
-        Ok(app.answer(
+        let answer = app.answer(
             &prep,
             &d,
-            Some(wire_id),
+            Some(wire_id.clone()),
             Answered::Booked {
                 track_prefill: track,
             },
-        ))
+        );
+        app.publish_booked(
+            &prep.entry.partition,
+            id,
+            &wire_id,
+            Some((answer.effective_prefill_tokens, track)),
+            b.expected_output_tokens,
+            b.prompt.lora_name.as_deref(),
+        );
+        Ok(answer)
     }
 }
 

@@ -174,14 +174,3 @@ pub async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
         app.metrics.encode(),
     )
 }
-
-/// `GET /replica_sync/peers`: kvr mirrors no bookings between replicas (yet): none.
-pub async fn replica_peers() -> Json<Vec<String>> {
-    Json(Vec::new())
-}
-
-/// `POST /replica_sync/register_peer` and `/deregister_peer`, as Dynamo answers them
-/// without `--replica-sync-port`.
-pub async fn replica_sync_disabled() -> ApiError {
-    ApiError::conflict("replica sync is disabled")
-}

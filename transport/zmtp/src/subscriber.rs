@@ -44,12 +44,16 @@ impl Drop for Handle {
     }
 }
 
+/// A kept endpoint's task and whether its link is up now.
+type KeptLink = (JoinHandle<()>, Arc<AtomicBool>);
+
 #[derive(Debug)]
 struct State {
     cfg: ZmtpConfig,
     topics: Vec<Bytes>,
     tx: mpsc::Sender<Message>,
-    links: Mutex<BTreeMap<String, JoinHandle<()>>>,
+    /// Each kept endpoint's task, and whether its link is up now.
+    links: Mutex<BTreeMap<String, KeptLink>>,
     closed: AtomicBool,
     link: LinkCounters,
     connected: AtomicU64,
@@ -64,7 +68,7 @@ impl State {
     fn shut_down(&self) {
         self.closed.store(true, Ordering::Relaxed);
         let links = std::mem::take(&mut *self.links.lock().unwrap_or_else(PoisonError::into_inner));
-        for (_, task) in links {
+        for (_, (task, _)) in links {
             task.abort();
         }
     }
@@ -121,13 +125,15 @@ impl Subscriber {
             return Ok(false);
         }
         let (host, port) = parsed.tcp().expect("checked: a TCP endpoint");
+        let up = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(keep(
             Arc::clone(state),
             endpoint.to_string(),
             host.to_string(),
             port,
+            Arc::clone(&up),
         ));
-        links.insert(endpoint.to_string(), task);
+        links.insert(endpoint.to_string(), (task, up));
         Ok(true)
     }
 
@@ -140,12 +146,25 @@ impl Subscriber {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(endpoint);
         match task {
-            Some(t) => {
+            Some((t, _)) => {
                 t.abort();
                 true
             }
             None => false,
         }
+    }
+
+    /// Whether `endpoint`'s link is up now (handshake done); `None` when it is not kept.
+    pub fn link_up(&self, endpoint: &str) -> Option<bool> {
+        let links = self
+            .handle
+            .state
+            .links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        links
+            .get(endpoint)
+            .map(|(_, up)| up.load(Ordering::Relaxed))
     }
 
     /// The endpoints kept, as given, sorted.
@@ -188,17 +207,19 @@ impl Subscriber {
     }
 }
 
-/// Counts a live link in `connected` until dropped (also when its task is aborted).
-struct Connected<'a>(&'a AtomicU64);
+/// Counts a live link in `connected`, and marks it up, until dropped (also when its task
+/// is aborted).
+struct Connected<'a>(&'a AtomicU64, &'a AtomicBool);
 
 impl Drop for Connected<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+        self.1.store(false, Ordering::Relaxed);
     }
 }
 
 /// Keeps one endpoint connected until the task is aborted.
-async fn keep(state: Arc<State>, endpoint: String, host: String, port: u16) {
+async fn keep(state: Arc<State>, endpoint: String, host: String, port: u16, up: Arc<AtomicBool>) {
     let cfg = &state.cfg;
     // Never zero: a zero interval would spin on a dead endpoint.
     let first_backoff = cfg.reconnect_interval.max(Duration::from_millis(1));
@@ -220,7 +241,8 @@ async fn keep(state: Arc<State>, endpoint: String, host: String, port: u16) {
                 Ok(mut established) => {
                     bump(&state.link.handshakes);
                     state.connected.fetch_add(1, Ordering::Relaxed);
-                    let _up = Connected(&state.connected);
+                    up.store(true, Ordering::Relaxed);
+                    let _up = Connected(&state.connected, &up);
                     backoff = first_backoff;
                     tracing::debug!(%endpoint, version = ?established.version, "ZMTP subscriber: connected");
                     let mut subs = BytesMut::new();
