@@ -14,6 +14,8 @@
 //! - [`ext_proc`]: sequences of Envoy ext_proc streams → `kvr epp`'s exchanges (documented
 //!   statuses and counters per refusal, routes within the pool and the subset hint, no
 //!   booking left after any stream).
+//! - [`replica_wire`]: arbitrary bytes → Dynamo's replica-sync booking decoder (no panic,
+//!   a canonical re-encoding round trip).
 //! - [`service_bodies`]: a route selector and arbitrary bytes → `kvr serve`'s axum router
 //!   in-process (no panic, no 5xx but the documented 503s, JSON `{"error"}` on every 4xx;
 //!   the hand-read `token_ids` agree with serde on every body).
@@ -26,6 +28,7 @@ pub mod event_sequence;
 pub mod ext_proc;
 pub mod ingest_frames;
 pub mod recovery;
+pub mod replica_wire;
 pub mod service_bodies;
 
 /// The naive reference model of the index, shared with the engine's differential test.

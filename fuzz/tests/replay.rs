@@ -55,6 +55,7 @@ fn every_target_is_replayed() {
         "recovery",
         "service_bodies",
         "ext_proc",
+        "replica_wire",
     ];
     for sub in ["seeds", "regressions"] {
         for e in std::fs::read_dir(fuzz_dir().join(sub)).unwrap() {
@@ -101,6 +102,11 @@ fn replay_recovery() {
 #[test]
 fn replay_service_bodies() {
     assert!(replay("service_bodies", kvr_fuzz::service_bodies::run) >= 11);
+}
+
+#[test]
+fn replay_replica_wire() {
+    assert!(replay("replica_wire", kvr_fuzz::replica_wire::run) >= 4);
 }
 
 #[test]
