@@ -389,6 +389,8 @@ fn router_replicas_print_one_row_per_policy_replicas_and_sync() {
             "--router-spread must be",
         ),
         (&["--routers", "2", "--sweep", "rate=1,2"], "do not combine"),
+        (&["--sync", "jetstream"], "apply only with --routers"),
+        (&["--seeds", "3"], "apply only with --routers"),
     ] {
         refused(flags, want);
     }

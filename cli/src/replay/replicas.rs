@@ -48,7 +48,7 @@ pub(crate) struct ReplicaArgs {
     #[arg(long, default_value = "round-robin", value_name = "round-robin|random")]
     pub router_spread: String,
     /// Two replicas picking the same rank within this window is a selection race, ms.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = RACE_WINDOW_MS)]
     pub race_window_ms: f64,
     /// Replica-specific near-tie break for least-loaded and dynamo-classic: among ranks
     /// within this fraction of the best key, each replica takes its own favourite (a hash
@@ -59,6 +59,9 @@ pub(crate) struct ReplicaArgs {
     #[arg(long, default_value_t = 1)]
     pub seeds: u32,
 }
+
+/// The default race window, ms.
+const RACE_WINDOW_MS: f64 = 10.0;
 
 /// The parsed replica settings.
 pub(crate) struct ReplicaPlan {
@@ -78,6 +81,21 @@ pub(crate) const MAX_ROUTERS: u32 = 64;
 impl ReplicaArgs {
     pub(crate) fn plan(&self) -> Result<Option<ReplicaPlan>, String> {
         let Some(list) = &self.routers else {
+            let set = self.sync != "none"
+                || self.sync_latency_ms.is_some()
+                || self.sync_loss != 0.0
+                || self.router_spread != "round-robin"
+                || self.race_window_ms != RACE_WINDOW_MS
+                || self.replica_tie_band != 0.0
+                || self.seeds != 1;
+            if set {
+                return Err(
+                    "the replica flags (--sync, --sync-latency-ms, --sync-loss, \
+                            --router-spread, --race-window-ms, --replica-tie-band, --seeds) \
+                            apply only with --routers"
+                        .into(),
+                );
+            }
             return Ok(None);
         };
         let routers = list
