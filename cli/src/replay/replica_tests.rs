@@ -207,3 +207,37 @@ fn a_lost_free_leaves_a_phantom_that_expires_300_s_after_receipt() {
         }
     }
 }
+
+#[test]
+fn output_blocks_reach_peers_over_jetstream_only() {
+    let w = small_workload();
+    let cfg = small_cluster(&w);
+    for (sync, synced) in [(SyncMode::Dynamo, false), (SyncMode::Jetstream, true)] {
+        let mut routers: Vec<_> = (0..3)
+            .map(|k| replica_router_for(PolicyKind::Kvr, &cfg, k, 0.0))
+            .collect();
+        let ranks = cfg.ranks().len();
+        let mut fleet = Fleet::new(&mut routers, replicas(3, sync, 0.0, 1), cfg.dp_size, ranks);
+        let at = Instant::now();
+        let tokens: Vec<u32> = (0..100).collect();
+        let (a, routed) = fleet.route(&tokens, 200, None, 0.0, at).unwrap();
+        for (t, msg) in std::mem::take(&mut fleet.outbox) {
+            fleet.apply(msg, t, at);
+        }
+        fleet.outbox.clear(); // the peers' expiry sweeps
+        fleet.output_block(a, routed.selection_id, 5.0).unwrap();
+        let msgs = std::mem::take(&mut fleet.outbox);
+        assert_eq!(msgs.len(), if synced { 2 } else { 0 }, "{sync:?}");
+        for (t, msg) in msgs {
+            fleet.apply(msg, t, at);
+        }
+        let blocks = |k: usize| {
+            let b = fleet.routers()[k].partition().bookings();
+            b.get(routed.selection_id).unwrap().output_blocks
+        };
+        assert_eq!(
+            (blocks(0), blocks(1), blocks(2)),
+            (1, u64::from(synced), u64::from(synced))
+        );
+    }
+}
