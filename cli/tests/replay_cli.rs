@@ -343,3 +343,55 @@ fn a_closed_stdout_pipe_ends_quietly() {
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn router_replicas_print_one_row_per_policy_replicas_and_sync() {
+    let out = kvr(&[
+        SMALL,
+        &[
+            "--policy",
+            "least-loaded",
+            "--routers",
+            "1,2",
+            "--sync",
+            "none,dynamo,jetstream",
+        ],
+    ]
+    .concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("least-loaded"))
+        .collect();
+    // One replica runs once (sync changes nothing there), two run once per sync mode.
+    assert_eq!(rows.len(), 4, "{stdout}");
+    assert!(
+        stdout.contains("load CoV") && stdout.contains("race"),
+        "{stdout}"
+    );
+    for (row, sync) in rows.iter().zip(["-", "none", "dynamo", "jetstream"]) {
+        assert!(row.split_whitespace().nth(2) == Some(sync), "{row}");
+    }
+    for (flags, want) in [
+        (&["--routers", "0"][..], "--routers takes replica counts"),
+        (&["--routers", "2", "--sync", "gossip"], "unknown sync mode"),
+        (
+            &["--routers", "2", "--sync-loss", "1.5"],
+            "--sync-loss must be",
+        ),
+        (
+            &["--routers", "2", "--router-spread", "x"],
+            "--router-spread must be",
+        ),
+        (&["--routers", "2", "--sweep", "rate=1,2"], "do not combine"),
+        (&["--sync", "jetstream"], "apply only with --routers"),
+        (&["--seeds", "3"], "apply only with --routers"),
+    ] {
+        refused(flags, want);
+    }
+}

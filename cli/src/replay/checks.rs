@@ -4,12 +4,18 @@ use kvr::RankId;
 
 use super::kv_cache::KvCache;
 use super::policy::Router;
+use super::routers::Fleet;
 
 /// The end-of-run invariants of a router whose requests have all ended: kvr holds no
 /// booking and every rank's booking counters are back to zero; no event was refused,
 /// failed to decode or went missing; and (with events) the index holds exactly what each
-/// rank's cache holds.
-pub(crate) fn router_problems(router: &Router, caches: &[(RankId, &KvCache)]) -> Vec<String> {
+/// rank's cache holds. `peer_expired`: how many of its bookings were peers' that expired
+/// (router replicas, `routers.rs`); no other booking may expire.
+pub(crate) fn router_problems(
+    router: &Router,
+    caches: &[(RankId, &KvCache)],
+    peer_expired: u64,
+) -> Vec<String> {
     let mut problems = Vec::new();
     let p = router.partition();
     if router.booked != router.freed || router.prefilled != router.booked {
@@ -29,7 +35,7 @@ pub(crate) fn router_problems(router: &Router, caches: &[(RankId, &KvCache)]) ->
     }
     let bookings = p.bookings();
     let stats = bookings.stats();
-    if stats.expired_total + stats.counter_underflows > 0 {
+    if stats.expired_total != peer_expired || stats.counter_underflows > 0 {
         problems.push(format!(
             "bookings expired or counters underflowed: {stats:?}"
         ));
@@ -70,6 +76,31 @@ pub(crate) fn router_problems(router: &Router, caches: &[(RankId, &KvCache)]) ->
                 ));
             }
         }
+    }
+    problems
+}
+
+/// [`router_problems`] of every replica (named from the second on), and whether the
+/// simulation's expiry sweeps freed only peers' bookings.
+pub(crate) fn fleet_problems(fleet: &Fleet<'_>, caches: &[(RankId, &KvCache)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let stats = &fleet.stats;
+    for (k, router) in fleet.routers().iter().enumerate() {
+        // The simulation sweeps only at peer bookings' expiry: whatever it freed must
+        // be those (a local booking expiring is a broken run).
+        let expired = stats.peer_expired[k];
+        if stats.swept[k] != expired {
+            problems.push(format!(
+                "replica {k}: the expiry sweeps freed {} bookings, {expired} of them peers'",
+                stats.swept[k]
+            ));
+        }
+        let found = router_problems(router, caches, expired);
+        let named = found.into_iter().map(|p| match k {
+            0 => p,
+            _ => format!("replica {k}: {p}"),
+        });
+        problems.extend(named);
     }
     problems
 }

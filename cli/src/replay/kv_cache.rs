@@ -17,6 +17,10 @@
 
 use std::collections::HashMap;
 
+use kvr::ingress::Medium;
+use kvr_emulator::BatchEncoder;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
 const NIL: u32 = u32::MAX;
 
 struct Slot {
@@ -294,6 +298,47 @@ impl KvCache {
         }
         Ok(())
     }
+}
+
+/// The engine's block hashes, as a vLLM-like engine computes them: its own function of
+/// the parent's hash and the block's tokens (not kvr's; kvr learns the mapping from
+/// events). Appends the hashes of `tokens`' complete blocks after `out`'s last.
+pub(crate) fn engine_hashes(
+    tokens: &[u32],
+    block_size: usize,
+    bytes: &mut Vec<u8>,
+    out: &mut Vec<u64>,
+) {
+    let mut parent = out.last().copied().unwrap_or(0x766c_6c6d_5f72_6f6f_u64);
+    for block in tokens[out.len() * block_size..].chunks_exact(block_size) {
+        bytes.clear();
+        bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
+        parent = xxh3_64_with_seed(bytes, parent);
+        out.push(parent);
+    }
+}
+
+/// Encodes a `BlockStored` per run of newly cached blocks (`hashes[run]`, chained on the
+/// block before it, with their `tokens`), as vLLM publishes them. Whether any was.
+pub(crate) fn encode_stored(
+    enc: &mut BatchEncoder,
+    runs: &[StoredRun],
+    hashes: &[u64],
+    tokens: &[u32],
+    b: usize,
+) -> bool {
+    for run in runs {
+        let parent = run.start.checked_sub(1).map(|p| hashes[p]);
+        enc.stored(
+            &hashes[run.start..run.end],
+            parent,
+            &tokens[run.start * b..run.end * b],
+            b as u32,
+            Medium::Gpu,
+            None,
+        );
+    }
+    !runs.is_empty()
 }
 
 #[cfg(test)]

@@ -13,7 +13,11 @@ mod checks;
 pub(crate) mod kv_cache;
 pub(crate) mod plot;
 pub(crate) mod policy;
+#[cfg(test)]
+mod replica_tests;
+pub(crate) mod replicas;
 pub(crate) mod report;
+pub(crate) mod routers;
 pub(crate) mod sglang_tree;
 pub(crate) mod sim;
 pub(crate) mod sweep;
@@ -159,6 +163,8 @@ pub(crate) struct ReplayArgs {
     /// No progress bar (it is drawn only when stderr is a terminal anyway).
     #[arg(long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub replicas: replicas::ReplicaArgs,
 }
 
 impl ReplayArgs {
@@ -277,6 +283,11 @@ impl ReplayArgs {
     }
 
     fn workload(&self) -> Result<Workload, String> {
+        self.workload_seeded(self.seed)
+    }
+
+    /// The workload with the built-in generator seeded by `seed` (a trace ignores it).
+    fn workload_seeded(&self, seed: u64) -> Result<Workload, String> {
         let mut w = match &self.trace {
             Some(path) => workload::load_mooncake(path)?,
             None => {
@@ -301,7 +312,7 @@ impl ReplayArgs {
                     );
                 }
                 workload::generate(&GeneratorConfig {
-                    seed: self.seed,
+                    seed,
                     sessions: self.sessions,
                     session_rate: self.session_rate,
                     agent_share: self.agent_share,
@@ -357,7 +368,22 @@ pub(crate) fn oracle_hit_rate(w: &Workload, block_size: u32) -> f64 {
 
 /// A fresh engine with one partition holding the cluster's workers, and its router.
 pub(crate) fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
-    let engine = Engine::with_seed(cfg.seed);
+    replica_router_for(kind, cfg, 0, 0.0)
+}
+
+/// [`router_for`] as replica `index` of several (`Router::set_replica`); replica 0 with
+/// band 0 is the single router.
+pub(crate) fn replica_router_for(
+    kind: PolicyKind,
+    cfg: &SimConfig,
+    index: u32,
+    tie_band: f64,
+) -> Router {
+    let seed = match index {
+        0 => cfg.seed,
+        k => cfg.seed ^ u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    };
+    let engine = Engine::with_seed(seed);
     let key = PartitionKey::new("replay", "default");
     let partition = engine
         .create_partition(
@@ -381,7 +407,9 @@ pub(crate) fn router_for(kind: PolicyKind, cfg: &SimConfig) -> Router {
         info.total_kv_blocks = u64::from(cfg.kv_blocks);
         partition.upsert_worker(info).unwrap();
     }
-    Router::new(kind, engine, partition, cfg.ranks(), cfg.seed)
+    let mut router = Router::new(kind, engine, partition, cfg.ranks(), cfg.seed);
+    router.set_replica(index, cfg.seed, tie_band);
+    router
 }
 
 /// Runs every policy; returns the workload and the per-policy results.
@@ -447,6 +475,12 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
     let cfg = args.sim_config()?;
     let policies = args.policies()?;
     let sweep = args.sweep.as_deref().map(sweep::parse).transpose()?;
+    let plan = args.replicas.plan()?;
+    if plan.is_some() && sweep.is_some() {
+        return Err(
+            "--routers and --sweep do not combine: replicas make a table of their own".into(),
+        );
+    }
     let w = args.workload()?;
     for (i, r) in w.requests.iter().enumerate() {
         let need = cfg.blocks_needed(r.input_tokens, r.output_tokens);
@@ -473,6 +507,9 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?
             .progress_chars("=> "),
     );
+    if let Some(plan) = plan {
+        return run_replicas(args, &cfg, &w, &policies, &plan, &bar);
+    }
     if let Some((key, values)) = sweep {
         return run_sweep(args, &cfg, &w, &policies, key, &values, oracle, &bar);
     }
@@ -530,6 +567,56 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
         .iter()
         .flat_map(|r| r.problems.iter().map(move |p| format!("{}: {p}", r.policy)))
         .collect();
+    if !problems.is_empty() {
+        return Err(format!(
+            "the simulation broke its invariants:\n  {}",
+            problems.join("\n  ")
+        ));
+    }
+    Ok(())
+}
+
+/// `--routers`: every policy with each number of replicas and sync, one table.
+fn run_replicas(
+    args: &ReplayArgs,
+    cfg: &SimConfig,
+    first: &Workload,
+    policies: &[PolicyKind],
+    plan: &replicas::ReplicaPlan,
+    bar: &ProgressBar,
+) -> Result<(), String> {
+    let workload = |seed: u64| -> Result<(Workload, f64), String> {
+        let w = if seed == cfg.seed || args.trace.is_some() {
+            first.clone()
+        } else {
+            args.workload_seeded(seed)?
+        };
+        let oracle = oracle_hit_rate(&w, cfg.block_size);
+        Ok((w, oracle))
+    };
+    let (rows, problems) = replicas::run(plan, cfg, policies, workload, bar)?;
+    let text = if args.json {
+        let out = serde_json::json!({
+            "workload": workload_json(first, cfg),
+            "replicas": rows,
+        });
+        format!("{out}\n")
+    } else {
+        format!(
+            "workload {}: {} requests, {} prompt tokens; {} ranks × {} KV blocks of {} tokens; \
+             medians over {} seed(s) from {}\n\n{}",
+            first.name,
+            first.requests.len(),
+            first.prompt_tokens(),
+            cfg.workers * cfg.dp_size,
+            cfg.kv_blocks,
+            cfg.block_size,
+            plan.seeds,
+            cfg.seed,
+            replicas::table(&rows),
+        )
+    };
+    crate::output::emit(&text)?;
     if !problems.is_empty() {
         return Err(format!(
             "the simulation broke its invariants:\n  {}",

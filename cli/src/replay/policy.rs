@@ -168,6 +168,10 @@ pub(crate) struct Router {
     /// The `sglang` policy's tree of routed prompts, and its match buffer.
     tree: SglangTree,
     matched: Vec<u32>,
+    /// Replica-specific near-tie break (`least-loaded`, `dynamo-classic`): this replica's
+    /// index and the band (0 = off). See [`Router::set_replica`].
+    replica: u32,
+    tie_band: f64,
     /// Lifecycle calls that succeeded: bookings, prefill completions, frees.
     pub booked: u64,
     pub prefilled: u64,
@@ -205,6 +209,8 @@ impl Router {
             ties: Vec::new(),
             tree: SglangTree::new(DEFAULT_MAX_ENTRIES),
             matched: Vec::new(),
+            replica: 0,
+            tie_band: 0.0,
             booked: 0,
             prefilled: 0,
             freed: 0,
@@ -213,6 +219,53 @@ impl Router {
 
     pub(crate) fn kind(&self) -> PolicyKind {
         self.kind
+    }
+
+    pub(crate) fn ranks(&self) -> &[RankId] {
+        &self.ranks
+    }
+
+    /// Makes this router replica `index` of several: its own random stream (replica 0
+    /// keeps the single router's), selection ids of its own (`index` in the top 16 bits,
+    /// so peers' ids never collide), and the replica-specific near-tie break with `band`:
+    /// the policies picked here (`least-loaded`, `dynamo-classic`) take, among the ranks
+    /// within `band` × |best| (at least `band`) of the best key, the one ranked first by a
+    /// hash of (replica, rank), instead of a random one among exact ties. Replicas with
+    /// the same view then spread over near-equal ranks without talking to each other.
+    /// kvr's own policies select inside the engine, which has no such knob.
+    pub(crate) fn set_replica(&mut self, index: u32, seed: u64, tie_band: f64) {
+        if index > 0 {
+            self.rng = SelectionRng::from_seed(
+                seed ^ 0x726f_7574_6572 ^ u64::from(index).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            );
+        }
+        self.next_id = (u64::from(index) << 48) | 1;
+        self.replica = index;
+        self.tie_band = tie_band;
+    }
+
+    /// The replica's preference among near-tied ranks.
+    fn replica_hash(&self, rank: usize) -> u64 {
+        let x = (u64::from(self.replica) << 32 | rank as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+
+    /// The least of `keys` (a random one among exact ties), or with a tie band the
+    /// replica's favourite among the near-least.
+    fn pick_min(&mut self, keys: &[f64]) -> RankId {
+        if self.tie_band > 0.0 {
+            let best = keys.iter().copied().fold(f64::INFINITY, f64::min);
+            let limit = best + self.tie_band * best.abs().max(1.0);
+            let i = (0..keys.len())
+                .filter(|&i| keys[i] <= limit)
+                .min_by_key(|&i| self.replica_hash(i))
+                .expect("the best key is within its own band");
+            return self.ranks[i];
+        }
+        self.argmin_into(|i| keys[i]);
+        self.pick_tie()
     }
 
     pub(crate) fn partition(&self) -> &Partition {
@@ -308,8 +361,7 @@ impl Router {
                     (l.active_prefill_tokens + u64::from(b) * l.active_decode_blocks) as f64
                 };
                 let keys: Vec<f64> = (0..ranks.len()).map(key).collect();
-                self.argmin_into(|i| keys[i]);
-                self.pick_tie()
+                self.pick_min(&keys)
             }
             PolicyKind::Sglang => {
                 let loads = p.bookings().loads();
@@ -361,6 +413,12 @@ impl Router {
                         ..CandidateLoad::default()
                     };
                     self.costs.push(classic_logit(1.0, &shape, &c));
+                }
+                if self.tie_band > 0.0 {
+                    let costs = std::mem::take(&mut self.costs);
+                    let rank = self.pick_min(&costs);
+                    self.costs = costs;
+                    return rank;
                 }
                 let i = choose(&self.costs, 0.0, &mut self.rng).unwrap_or(0);
                 self.ranks[i]

@@ -51,11 +51,13 @@ use kvr::stats::IndexStats;
 use kvr::Partition;
 use kvr::RankId;
 use kvr_emulator::BatchEncoder;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::checks::fleet_problems;
+#[cfg(test)]
 pub(crate) use super::checks::router_problems;
-use super::kv_cache::{Admission, KvCache, StoredRun};
+use super::kv_cache::{encode_stored, engine_hashes, Admission, KvCache};
 use super::policy::Router;
+use super::routers::{Fleet, FleetStats, ReplicaConfig, SyncMsg};
 use super::workload::{token_at, Workload};
 
 /// The cluster's shape and speed.
@@ -99,7 +101,7 @@ impl SimConfig {
             .collect()
     }
 
-    fn rank_index(&self, r: RankId) -> usize {
+    pub(crate) fn rank_index(&self, r: RankId) -> usize {
         r.worker_id as usize * self.dp_size as usize + r.dp_rank as usize
     }
 
@@ -153,7 +155,12 @@ enum Ev {
         seq: u64,
         payload: Vec<u8>,
     },
+    /// A replica's booking event reaching a peer.
+    Sync(SyncMsg),
 }
+
+/// Simulated time between two load samples, ms.
+pub(crate) const SAMPLE_MS: f64 = 100.0;
 
 struct Item {
     t: f64,
@@ -181,6 +188,8 @@ impl Ord for Item {
 
 struct InFlight {
     arrival_ms: f64,
+    /// The replica that booked it, and its booking.
+    router: u32,
     id: u64,
     tokens: Vec<u32>,
     /// The rank's engine hashes of the prompt's complete blocks (then of the output's,
@@ -209,45 +218,9 @@ struct Rank {
     prefill_tokens: u64,
 }
 
-/// The engine's block hashes, as a vLLM-like engine computes them: its own function of
-/// the parent's hash and the block's tokens (not kvr's; kvr learns the mapping from
-/// events). Appends the hashes of `tokens`' complete blocks after `out`'s last.
-fn engine_hashes(tokens: &[u32], block_size: usize, bytes: &mut Vec<u8>, out: &mut Vec<u64>) {
-    let mut parent = out.last().copied().unwrap_or(0x766c_6c6d_5f72_6f6f_u64);
-    for block in tokens[out.len() * block_size..].chunks_exact(block_size) {
-        bytes.clear();
-        bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
-        parent = xxh3_64_with_seed(bytes, parent);
-        out.push(parent);
-    }
-}
-
-/// Encodes a `BlockStored` per run of newly cached blocks (`hashes[run]`, chained on the
-/// block before it, with their `tokens`), as vLLM publishes them. Whether any was.
-fn encode_stored(
-    enc: &mut BatchEncoder,
-    runs: &[StoredRun],
-    hashes: &[u64],
-    tokens: &[u32],
-    b: usize,
-) -> bool {
-    for run in runs {
-        let parent = run.start.checked_sub(1).map(|p| hashes[p]);
-        enc.stored(
-            &hashes[run.start..run.end],
-            parent,
-            &tokens[run.start * b..run.end * b],
-            b as u32,
-            Medium::Gpu,
-            None,
-        );
-    }
-    !runs.is_empty()
-}
-
 struct Sim<'a> {
     cfg: &'a SimConfig,
-    router: &'a mut Router,
+    fleet: Fleet<'a>,
     workload: &'a Workload,
     heap: BinaryHeap<Item>,
     n: u64,
@@ -283,6 +256,15 @@ impl Sim<'_> {
         }
     }
 
+    /// Schedules the sync events the replicas sent.
+    fn flush_sync(&mut self) {
+        let mut out = std::mem::take(&mut self.fleet.outbox);
+        for (t, msg) in out.drain(..) {
+            self.at(t, Ev::Sync(msg));
+        }
+        self.fleet.outbox = out;
+    }
+
     /// Sends the events encoded for `rank` as one batch; it reaches the router
     /// `event_delay` later.
     fn emit(&mut self, rank: usize, now: f64) {
@@ -309,11 +291,13 @@ impl Sim<'_> {
         let req = &self.workload.requests[i as usize];
         req.tokens_into(tokens);
         let t0 = Instant::now();
+        let at = self.instant(now);
         let routed = self
-            .router
-            .route(tokens, req.output_tokens, req.session, self.instant(now));
+            .fleet
+            .route(tokens, req.output_tokens, req.session, now, at);
         self.res.select_ns.push(t0.elapsed().as_nanos() as u64);
-        let routed = match routed {
+        self.flush_sync();
+        let (router, routed) = match routed {
             Ok(r) => r,
             Err(e) => return self.fail(format!("request {i} not routed: {e}")),
         };
@@ -324,6 +308,7 @@ impl Sim<'_> {
             i,
             InFlight {
                 arrival_ms: now,
+                router,
                 id: routed.selection_id,
                 tokens: tokens.clone(),
                 hashes,
@@ -455,11 +440,12 @@ impl Sim<'_> {
         f.generated = 1;
         f.first_token_ms = now;
         self.res.ttft_ms.push(now - f.arrival_ms);
-        let (id, done) = (f.id, f.output_tokens <= 1);
+        let (router, id, done) = (f.router, f.id, f.output_tokens <= 1);
         let at = self.instant(now);
-        if let Err(e) = self.router.prefill_done(id, at) {
+        if let Err(e) = self.fleet.prefill_done(router, id, now, at) {
             self.fail(format!("mark_prefill_complete({id}): {e}"));
         }
+        self.flush_sync();
         if done {
             self.complete(i, rank, now, tokens);
         }
@@ -469,12 +455,13 @@ impl Sim<'_> {
         let b = self.cfg.block_size;
         let f = self.flights.get_mut(&i).expect("in flight");
         f.generated += 1;
-        let (id, generated, out) = (f.id, f.generated, f.output_tokens);
+        let (router, id, generated, out) = (f.router, f.id, f.generated, f.output_tokens);
         // Output blocks completed strictly before the request ends.
         if generated < out && generated % b == 0 {
-            if let Err(e) = self.router.output_block(id) {
+            if let Err(e) = self.fleet.output_block(router, id, now) {
                 self.fail(format!("add_output_blocks({id}): {e}"));
             }
+            self.flush_sync();
         }
         if generated == out {
             self.complete(i, rank, now, tokens);
@@ -510,9 +497,10 @@ impl Sim<'_> {
             self.res.tpot_ms.push(tpot);
         }
         self.res.e2e_ms.push(now - f.arrival_ms);
-        if let Err(e) = self.router.free(f.id) {
+        if let Err(e) = self.fleet.free(f.router, f.id, rank, now) {
             self.fail(format!("free({}): {e}", f.id));
         }
+        self.flush_sync();
         if let Some(next) = self.next_turn[i as usize] {
             let think = self.workload.requests[next as usize]
                 .follows
@@ -521,16 +509,36 @@ impl Sim<'_> {
         }
     }
 
+    /// An event batch reaches every replica's index (replica 0's ingest is timed).
     fn deliver(&mut self, rank: u32, seq: u64, payload: &[u8]) {
         let id = self.ranks[rank as usize].id;
-        let p: &Partition = self.router.partition();
-        let t0 = Instant::now();
-        let out = p.ingest(id.worker_id, id.dp_rank, b"kv-events", seq, payload);
-        self.res.ingest_secs += t0.elapsed().as_secs_f64();
-        if out.decode_errors > 0 || out.clears > 0 || out.batches_applied != 1 {
-            self.fail(format!("event batch {seq} of {id:?}: {out:?}"));
+        for k in 0..self.fleet.routers().len() {
+            let p: &Partition = self.fleet.routers()[k].partition();
+            let t0 = Instant::now();
+            let out = p.ingest(id.worker_id, id.dp_rank, b"kv-events", seq, payload);
+            if k == 0 {
+                self.res.ingest_secs += t0.elapsed().as_secs_f64();
+            }
+            if out.decode_errors > 0 || out.clears > 0 || out.batches_applied != 1 {
+                self.fail(format!("event batch {seq} of {id:?}: {out:?}"));
+            }
         }
     }
+
+    /// One load sample: requests queued or running on each rank.
+    fn sample(&mut self, active: &mut Vec<u32>) {
+        active.clear();
+        active.extend(
+            self.ranks
+                .iter()
+                .map(|r| (r.waiting.len() + r.running.len()) as u32),
+        );
+        self.fleet.sample(active);
+    }
+}
+
+fn ranks_len(cfg: &SimConfig) -> usize {
+    cfg.workers as usize * cfg.dp_size as usize
 }
 
 /// Runs `workload` through a cluster of `cfg` routed by `router`. `progress` is called
@@ -549,8 +557,29 @@ pub(crate) fn run_keeping_caches(
     cfg: &SimConfig,
     workload: &Workload,
     router: &mut Router,
-    mut progress: impl FnMut(),
+    progress: impl FnMut(),
 ) -> (RunResult, Vec<(RankId, KvCache)>) {
+    let replicas = ReplicaConfig::single(cfg.seed);
+    let (res, caches, _) = run_replicas(
+        cfg,
+        workload,
+        std::slice::from_mut(router),
+        replicas,
+        progress,
+    );
+    (res, caches)
+}
+
+/// Runs `workload` through a cluster of `cfg` routed by the replicas `routers` (built
+/// with [`Router::set_replica`]) sharing bookings as `replicas` says. Also returns each
+/// rank's cache and what the replicas did.
+pub(crate) fn run_replicas(
+    cfg: &SimConfig,
+    workload: &Workload,
+    routers: &mut [Router],
+    replicas: ReplicaConfig,
+    mut progress: impl FnMut(),
+) -> (RunResult, Vec<(RankId, KvCache)>, FleetStats) {
     let wall = Instant::now();
     let ranks = cfg
         .ranks()
@@ -566,7 +595,8 @@ pub(crate) fn run_keeping_caches(
             prefill_tokens: 0,
         })
         .collect();
-    let events = router.kind().uses_events();
+    let events = routers[0].kind().uses_events();
+    let fleet = Fleet::new(routers, replicas, cfg.dp_size, ranks_len(cfg));
     let mut next_turn = vec![None; workload.requests.len()];
     for (i, r) in workload.requests.iter().enumerate() {
         if let Some((prev, _)) = r.follows {
@@ -575,7 +605,7 @@ pub(crate) fn run_keeping_caches(
     }
     let mut sim = Sim {
         cfg,
-        router,
+        fleet,
         workload,
         heap: BinaryHeap::new(),
         n: 0,
@@ -596,7 +626,7 @@ pub(crate) fn run_keeping_caches(
         events,
         completed: 0,
     };
-    sim.res.policy = sim.router.kind().name();
+    sim.res.policy = sim.fleet.kind().name();
     let t0 = workload.requests.first().map_or(0.0, |r| r.arrival_ms);
     for (i, r) in workload.requests.iter().enumerate() {
         if r.follows.is_none() {
@@ -604,7 +634,13 @@ pub(crate) fn run_keeping_caches(
         }
     }
     let mut tokens = Vec::new();
+    let (mut next_sample, mut active) = (0.0, Vec::new());
     while let Some(Item { t, ev, .. }) = sim.heap.pop() {
+        // The cluster's state holds between events: sample it at every sample time passed.
+        while next_sample <= t {
+            sim.sample(&mut active);
+            next_sample += SAMPLE_MS;
+        }
         match ev {
             Ev::Arrive(i) => {
                 sim.arrive(i, t, &mut tokens);
@@ -612,13 +648,18 @@ pub(crate) fn run_keeping_caches(
             }
             Ev::StepEnd(rank) => sim.step_end(rank as usize, t, &mut tokens),
             Ev::Deliver { rank, seq, payload } => sim.deliver(rank, seq, &payload),
+            Ev::Sync(msg) => {
+                let at = sim.instant(t);
+                sim.fleet.apply(msg, t, at);
+                sim.flush_sync();
+            }
         }
     }
     sim.finish(wall)
 }
 
 impl Sim<'_> {
-    fn finish(mut self, wall: Instant) -> (RunResult, Vec<(RankId, KvCache)>) {
+    fn finish(mut self, wall: Instant) -> (RunResult, Vec<(RankId, KvCache)>, FleetStats) {
         let mut problems = Vec::new();
         if self.completed != self.res.requests {
             problems.push(format!(
@@ -627,8 +668,10 @@ impl Sim<'_> {
             ));
         }
         let caches: Vec<(RankId, &KvCache)> = self.ranks.iter().map(|r| (r.id, &r.cache)).collect();
-        problems.extend(router_problems(self.router, &caches));
-        let p = self.router.partition();
+        problems.extend(fleet_problems(&self.fleet, &caches));
+        // Replica 0 speaks for the ingest and the learned rate (every replica applies the
+        // same events).
+        let p = self.fleet.routers()[0].partition();
         for s in p.ingress_stats() {
             self.res.events_applied += s.events;
             self.res.blocks_applied += s.blocks_stored + s.blocks_removed;
@@ -647,6 +690,6 @@ impl Sim<'_> {
         self.res.problems.extend(problems);
         self.res.wall_secs = wall.elapsed().as_secs_f64();
         let caches = self.ranks.into_iter().map(|r| (r.id, r.cache)).collect();
-        (self.res, caches)
+        (self.res, caches, self.fleet.stats)
     }
 }

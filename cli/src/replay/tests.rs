@@ -10,7 +10,7 @@ use super::{oracle_hit_rate, router_for};
 
 /// A small cluster that must evict: 3 workers × 2 DP ranks, 32-token blocks, room for
 /// a few conversations per rank.
-fn small_cluster(w: &Workload) -> SimConfig {
+pub(super) fn small_cluster(w: &Workload) -> SimConfig {
     let mut cfg = SimConfig {
         workers: 3,
         dp_size: 2,
@@ -39,7 +39,7 @@ fn small_cluster(w: &Workload) -> SimConfig {
     cfg
 }
 
-fn small_workload() -> Workload {
+pub(super) fn small_workload() -> Workload {
     generate(&GeneratorConfig {
         seed: 3,
         sessions: 80,
@@ -92,7 +92,7 @@ fn every_policy_books_and_frees_every_request_and_keeps_the_index_exact() {
         }
         // The checker run again from outside agrees.
         let refs: Vec<_> = caches.iter().map(|(id, c)| (*id, c)).collect();
-        assert!(router_problems(&router, &refs).is_empty(), "{name}");
+        assert!(router_problems(&router, &refs, 0).is_empty(), "{name}");
     }
 }
 
@@ -122,7 +122,7 @@ fn session_affinity_keeps_every_invariant_and_steers_conversations_home() {
             "{mode:?}: {s:?}, {later_turns} later turns"
         );
         let refs: Vec<_> = caches.iter().map(|(id, c)| (*id, c)).collect();
-        assert!(router_problems(&router, &refs).is_empty());
+        assert!(router_problems(&router, &refs, 0).is_empty());
     }
 }
 
@@ -175,7 +175,7 @@ fn the_checks_catch_a_booking_never_freed() {
         )
         .unwrap();
     let refs: Vec<_> = caches.iter().map(|(id, c)| (*id, c)).collect();
-    let p = router_problems(&router, &refs);
+    let p = router_problems(&router, &refs, 0);
     assert!(
         p.iter().any(|m| m.contains("bookings left")) && p.iter().any(|m| m.contains("booked")),
         "{p:?}"
@@ -201,7 +201,7 @@ fn problems_after_a_stray_batch(worker: u64, stream: u32, skip: u64) -> Vec<Stri
         .unwrap();
     p.ingest(worker, stream, b"kv-events", last + skip, &payload);
     let refs: Vec<_> = caches.iter().map(|(id, c)| (*id, c)).collect();
-    router_problems(&router, &refs)
+    router_problems(&router, &refs, 0)
 }
 
 #[test]
