@@ -117,6 +117,10 @@ KVR_REQUIRE_PYZMQ=1 KVR_ZMTP_PYTHON="$compat_py" \
 "$compat_py" tests/replica/dynamo_interop.py --kvr-bin "$target/release/kvr" --idle-secs 1 --negative
 "$compat_py" tests/replica/kvr_peers.py --kvr-bin "$target/release/kvr"
 "$compat_py" tests/replica/kvr_peers.py --kvr-bin "$target/release/kvr" --negative
+# Four synced replicas in front of emulated engines, a short run: every booking made
+# through any replica is freed everywhere at the end (the full run is in docs/replicas.md).
+"$compat_py" tests/replica/live.py --kvr-bin "$target/release/kvr" --configs 4:dynamo \
+    --reps 1 --sessions 8 --turns 2
 # Peer recovery under load: vLLM's real publishers keep storing and removing while a new
 # kvr serve recovers from a live kvr peer and a live Dynamo 1.6.1 selection service; its
 # index must end as the publishers' truth, /ready 503 until the dump. The controls (live
