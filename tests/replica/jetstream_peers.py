@@ -13,7 +13,8 @@ counted once when both replicas book the same prompt):
    heard (the heartbeat bound is long, so this is not the silence bound at work), and B
    reloads A's live bookings from the stream, those made while it was down included;
 3. the NATS server (file storage) is killed and restarted while both replicas keep
-   booking and freeing: afterwards both views equal the truth.
+   booking and freeing: afterwards both views equal the truth;
+4. A is killed for good: B drops A's bookings after its heartbeat bound (3 s here).
 
 `--negative` runs the replicas with replay off (a test switch): the restarted B misses
 A's bookings made before it started, and that check must fail (the run stops there).
@@ -41,6 +42,7 @@ from harness import Service, free_port, http  # noqa: E402
 MODEL = "m"
 BS = 16
 WORKERS = (1, 2, 3, 4)
+SILENCE = 3  # the restarted B's heartbeat bound, seconds
 FAILURES = []
 
 
@@ -159,9 +161,9 @@ def main():
                 time.sleep(0.05)
         raise RuntimeError("nats-server did not start")
 
-    def replica(name, port, n):
+    def replica(name, port, n, heartbeat_bound=120):
         argv = [args.kvr_bin, "serve", "--port", str(port), "--replica-sync", url,
-                "--replica-name", name, "--replica-sync-heartbeat-timeout-secs", "120"]
+                "--replica-name", name, "--replica-sync-heartbeat-timeout-secs", str(heartbeat_bound)]
         if args.negative:
             argv.append("--replica-sync-test-no-replay")
         s = Service(argv, f"{name}{n}", log_dir)
@@ -230,7 +232,7 @@ def main():
         free(ab, truth.of("a")[0])
         time.sleep(1)
         t0 = time.time()
-        b = replica("b", hb, 1)
+        b = replica("b", hb, 1, heartbeat_bound=SILENCE)
         ok, got, want = wait_view([ab, bb], truth.requests, 15)
         check(ok, f"restarted B reloads A's live bookings and A drops B's old ones "
                   f"({time.time() - t0:.1f} s, heartbeat bound 120 s): {got} want {want}")
@@ -287,6 +289,21 @@ def main():
             free(bases[name], sid)
         ok, got, want = wait_view([ab, bb], truth.requests, 10)
         check(ok, f"all freed: no phantom left: {got}")
+
+        # 4. A dies for good: B drops A's bookings once A's heartbeats have been missing
+        # for B's bound.
+        for _ in range(3):
+            book("a")
+        ok, got, want = wait_view([ab, bb], truth.requests, 10)
+        check(ok, f"A's last bookings show on both: {got}")
+        os.killpg(a.proc.pid, signal.SIGKILL)
+        a.proc.wait()
+        t0 = time.time()
+        truth.drop_replica("a")
+        ok, got, want = wait_view([bb], truth.requests, SILENCE + 5)
+        took = time.time() - t0
+        check(ok and took >= SILENCE - 1.5,
+              f"B drops the dead A's bookings after its {SILENCE} s heartbeat bound ({took:.1f} s): {got}")
     except StopChecks:
         pass
     finally:
