@@ -278,6 +278,22 @@ impl JetStreamSync {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
+    /// Waits until every event enqueued so far is acknowledged by the stream, or
+    /// `timeout` passed: whether they all were.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let (sent, js) = (self.counters.snapshot().sent, self.js.snapshot());
+            if js.acked >= sent {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Stops the tasks (events still queued are not published).
     pub fn close(&self) {
         for t in &self.tasks {
