@@ -14,7 +14,10 @@ counted once when both replicas book the same prompt):
    reloads A's live bookings from the stream, those made while it was down included;
 3. the NATS server (file storage) is killed and restarted while both replicas keep
    booking and freeing: afterwards both views equal the truth;
-4. A is killed for good: B drops A's bookings after its heartbeat bound (3 s here).
+4. A is killed for good: B drops A's bookings after its heartbeat bound (3 s here);
+5. on a small stream, a replica stopped (SIGSTOP) while the other books past the byte
+   bound notices, when it resumes, that it fell behind the retention, and counts it once
+   (the events are not repaired: no snapshot exists to reload from).
 
 `--negative` runs the replicas with replay off (a test switch): the restarted B misses
 A's bookings made before it started, and that check must fail (the run stops there).
@@ -161,9 +164,10 @@ def main():
                 time.sleep(0.05)
         raise RuntimeError("nats-server did not start")
 
-    def replica(name, port, n, heartbeat_bound=120):
+    def replica(name, port, n, heartbeat_bound=120, extra=()):
         argv = [args.kvr_bin, "serve", "--port", str(port), "--replica-sync", url,
-                "--replica-name", name, "--replica-sync-heartbeat-timeout-secs", str(heartbeat_bound)]
+                "--replica-name", name, "--replica-sync-heartbeat-timeout-secs", str(heartbeat_bound),
+                *extra]
         if args.negative:
             argv.append("--replica-sync-test-no-replay")
         s = Service(argv, f"{name}{n}", log_dir)
@@ -194,7 +198,7 @@ def main():
         truth.drop(sid)
 
     server = nats(0)
-    a = b = None
+    a = b = c = d = None
     try:
         a = replica("a", ha, 0)
         b = replica("b", hb, 0)
@@ -304,10 +308,38 @@ def main():
         took = time.time() - t0
         check(ok and took >= SILENCE - 1.5,
               f"B drops the dead A's bookings after its {SILENCE} s heartbeat bound ({took:.1f} s): {got}")
+
+        # 5. On a stream of 64 KiB, D is stopped (SIGSTOP) while C books 2000 times, so
+        # the stream drops events D has not read: D must notice and count it.
+        hc, hd = free_port(), free_port()
+        bases["c"], bases["d"] = f"http://127.0.0.1:{hc}", f"http://127.0.0.1:{hd}"
+        small = ["--replica-sync-stream", "KVR_SMALL", "--replica-sync-stream-max-bytes", "65536"]
+        c = replica("c", hc, 0, extra=small)
+        d = replica("d", hd, 0, extra=small)
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            # More than the consumer's outstanding pulls (500 a pull, a second one at
+            # half) and the ~140 events 64 KiB holds.
+            for _ in range(2000):
+                book("c")
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        fell = 'kvr_replica_sync_jetstream_total{what="fell_behind"}'
+        deadline = time.time() + 20
+        while time.time() < deadline and not metric(bases["d"], fell):
+            time.sleep(0.2)
+        time.sleep(1)
+        fd, fc = metric(bases["d"], fell), metric(bases["c"], fell)
+        for n in ("c", "d"):
+            figures = {w: metric(bases[n], f'kvr_replica_sync_jetstream_total{{what="{w}"}}')
+                       for w in ("acked", "received", "consumer_starts", "fell_behind", "gaps", "lost")}
+            print(f"     {n}: {figures}", flush=True)
+        check(fd == 1 and fc == 0,
+              f"the replica that fell behind the stream's retention counts it (d {fd}, c {fc})")
     except StopChecks:
         pass
     finally:
-        for s in (a, b, server):
+        for s in (a, b, c, d, server):
             if s is not None:
                 s.stop()
         print(f"logs: {log_dir}")

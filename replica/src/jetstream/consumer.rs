@@ -88,8 +88,10 @@ impl Applier {
                 return Flow::Continue;
             }
         };
+        let mut behind = false;
         if let Some(last) = self.last_stream_seq {
             if sseq > last + 1 || sseq <= last {
+                behind = true;
                 self.js.fell_behind.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     expected = last + 1,
@@ -139,7 +141,12 @@ impl Applier {
             }
             Verdict::Gap { missing } => {
                 let replay_from = self.senders.replay_from(&env.name);
-                if self.replay && self.replayed_gap_at != Some(sseq) && replay_from.is_some() {
+                // Behind the retention, a replay cannot bring the events back.
+                if self.replay
+                    && !behind
+                    && self.replayed_gap_at != Some(sseq)
+                    && replay_from.is_some()
+                {
                     self.js.gaps.fetch_add(1, Ordering::Relaxed);
                     self.replayed_gap_at = Some(sseq);
                     tracing::warn!(
@@ -154,7 +161,7 @@ impl Applier {
                 tracing::warn!(
                     peer = %env.name,
                     missing,
-                    "replica sync (jetstream): a peer's events are not in the stream (dropped at its publisher); going on without them"
+                    "replica sync (jetstream): a peer's events are not in the stream (dropped at its publisher, or aged out of the stream); going on without them"
                 );
                 self.senders.skip_to(&env.name, env.seq);
             }
