@@ -79,15 +79,21 @@ impl Applier {
     }
 
     fn take(&mut self, m: &async_nats::jetstream::Message) -> Flow {
-        SyncCounters::bump(&self.counters.received);
-        self.js.received.fetch_add(1, Ordering::Relaxed);
         let (sseq, published_ns) = match m.info() {
             Ok(i) => (i.stream_sequence, i.published.unix_timestamp_nanos()),
             Err(_) => {
+                SyncCounters::bump(&self.counters.received);
                 SyncCounters::bump(&self.counters.undecodable);
                 return Flow::Continue;
             }
         };
+        self.take_payload(sseq, published_ns, &m.payload)
+    }
+
+    /// One stream message: its position, when the server stored it, its bytes.
+    fn take_payload(&mut self, sseq: u64, published_ns: i128, payload: &[u8]) -> Flow {
+        SyncCounters::bump(&self.counters.received);
+        self.js.received.fetch_add(1, Ordering::Relaxed);
         let mut behind = false;
         if let Some(last) = self.last_stream_seq {
             if sseq > last + 1 || sseq <= last {
@@ -101,11 +107,11 @@ impl Applier {
             }
         }
         self.last_stream_seq = Some(sseq);
-        let env = match envelope::decode(&m.payload) {
+        let env = match envelope::decode(payload) {
             Ok(e) => e,
             Err(e) => {
                 SyncCounters::bump(&self.counters.undecodable);
-                tracing::debug!(subject = %m.subject, "replica sync (jetstream): {e}");
+                tracing::debug!(sseq, "replica sync (jetstream): {e}");
                 return Flow::Continue;
             }
         };
@@ -432,3 +438,7 @@ async fn open(
         .map_err(|e| e.to_string())?;
     c.messages().await.map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+#[path = "consumer_tests.rs"]
+mod tests;
