@@ -79,7 +79,7 @@ pub struct ServeArgs {
     pub replica_name: Option<String>,
     /// The JetStream stream the replicas share (created when missing; its subjects are
     /// `<stream>.ev.<replica name>`).
-    #[arg(long, env = "KVR_REPLICA_SYNC_STREAM", default_value = "KVR_BOOKINGS")]
+    #[arg(long, env = "KVR_REPLICA_SYNC_STREAM", default_value = kvr_replica::jetstream::DEFAULT_STREAM)]
     pub replica_sync_stream: String,
     /// JetStream sync: a replica whose heartbeats (one a second) stop this long, while
     /// this replica's own link to the server is up, has its bookings dropped here.
@@ -90,7 +90,7 @@ pub struct ServeArgs {
     )]
     pub replica_sync_heartbeat_timeout_secs: u64,
     /// The JetStream stream's byte bound (the oldest events go beyond it).
-    #[arg(long, env = "KVR_REPLICA_SYNC_STREAM_MAX_BYTES", default_value_t = 1 << 30)]
+    #[arg(long, env = "KVR_REPLICA_SYNC_STREAM_MAX_BYTES", default_value_t = kvr_replica::jetstream::DEFAULT_MAX_BYTES)]
     pub replica_sync_stream_max_bytes: i64,
     /// Tests only: no replay in the JetStream sync (neither at start nor after a
     /// failure), to show what replay is for.

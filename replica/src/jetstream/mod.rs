@@ -74,7 +74,7 @@ pub struct JetStreamSync {
     counters: Arc<SyncCounters>,
     js: Arc<stats::JsCounters>,
     client: async_nats::Client,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for JetStreamSync {
@@ -191,11 +191,11 @@ impl JetStreamSync {
             counters,
             js: jsc,
             client: client.clone(),
-            tasks,
+            tasks: Mutex::new(tasks),
         });
         let hb_subject = format!("{}.hb.{}", cfg.stream, cfg.name);
         let weak = Arc::downgrade(&sync);
-        tokio::spawn(async move {
+        let heartbeat = tokio::spawn(async move {
             let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -215,6 +215,10 @@ impl JetStreamSync {
                     .await;
             }
         });
+        sync.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(heartbeat);
         tracing::info!(
             url = cfg.url,
             stream = cfg.stream,
@@ -294,9 +298,10 @@ impl JetStreamSync {
         }
     }
 
-    /// Stops the tasks (events still queued are not published).
+    /// Stops the tasks: publisher, consumer, heartbeat (events still queued are not
+    /// published; [`JetStreamSync::flush`] first).
     pub fn close(&self) {
-        for t in &self.tasks {
+        for t in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             t.abort();
         }
     }
