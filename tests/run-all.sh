@@ -121,6 +121,11 @@ KVR_REQUIRE_PYZMQ=1 KVR_ZMTP_PYTHON="$compat_py" \
 # through any replica is freed everywhere at the end (the full run is in docs/replicas.md).
 "$compat_py" tests/replica/live.py --kvr-bin "$target/release/kvr" --configs 4:dynamo \
     --reps 1 --sessions 8 --turns 2
+# The JetStream sync (nats-server from Debian's package, required here): bookings cross,
+# a replica killed and restarted under its name, the server killed and restarted while
+# both book and free; with replay off (a test switch) the restart check must fail.
+KVR_REQUIRE_NATS=1 "$compat_py" tests/replica/jetstream_peers.py --kvr-bin "$target/release/kvr"
+KVR_REQUIRE_NATS=1 "$compat_py" tests/replica/jetstream_peers.py --kvr-bin "$target/release/kvr" --negative
 # Peer recovery under load: vLLM's real publishers keep storing and removing while a new
 # kvr serve recovers from a live kvr peer and a live Dynamo 1.6.1 selection service; its
 # index must end as the publishers' truth, /ready 503 until the dump. The controls (live

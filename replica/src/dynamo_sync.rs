@@ -20,6 +20,12 @@ use crate::stats::{Applied, SyncCounters, SyncStats};
 pub trait BookingSink: Send + Sync + 'static {
     /// Takes one event of a peer; says what came of it.
     fn apply(&self, ev: BookingEvent) -> Applied;
+    /// Takes a peer's add that may live `ttl` at most (less than the full lifetime: it was
+    /// read some time after it was published, as in a replay). The default ignores `ttl`.
+    fn apply_with_ttl(&self, ev: BookingEvent, ttl: Duration) -> Applied {
+        let _ = ttl;
+        self.apply(ev)
+    }
     /// Ends a peer's booking here without telling anyone (its peer went silent or
     /// restarted); false when it was not live.
     fn expire(&self, request_id: &str) -> bool;

@@ -67,6 +67,35 @@ pub struct ServeArgs {
     /// as Dynamo does).
     #[arg(long, env = "KVR_REPLICA_SYNC_PEER_TIMEOUT_SECS", default_value_t = 30)]
     pub replica_sync_peer_timeout_secs: u64,
+    /// Share bookings through this NATS server's JetStream instead (`nats://host:port`):
+    /// acknowledged, ordered and replayed, so a replica that restarts or loses its link
+    /// catches up. Not with `--replica-sync-port`.
+    #[arg(long, env = "KVR_REPLICA_SYNC", conflicts_with_all = ["replica_sync_port", "replica_sync_peers"])]
+    pub replica_sync: Option<String>,
+    /// This replica's name in the JetStream sync (letters, digits, `-`, `_`; at most 64).
+    /// Give the same name across restarts, so peers drop the previous process's bookings
+    /// at once. Default: a random name.
+    #[arg(long, env = "KVR_REPLICA_NAME")]
+    pub replica_name: Option<String>,
+    /// The JetStream stream the replicas share (created when missing; its subjects are
+    /// `<stream>.ev.<replica name>`).
+    #[arg(long, env = "KVR_REPLICA_SYNC_STREAM", default_value = kvr_replica::jetstream::DEFAULT_STREAM)]
+    pub replica_sync_stream: String,
+    /// JetStream sync: a replica whose heartbeats (one a second) stop this long, while
+    /// this replica's own link to the server is up, has its bookings dropped here.
+    #[arg(
+        long,
+        env = "KVR_REPLICA_SYNC_HEARTBEAT_TIMEOUT_SECS",
+        default_value_t = 10
+    )]
+    pub replica_sync_heartbeat_timeout_secs: u64,
+    /// The JetStream stream's byte bound (the oldest events go beyond it).
+    #[arg(long, env = "KVR_REPLICA_SYNC_STREAM_MAX_BYTES", default_value_t = kvr_replica::jetstream::DEFAULT_MAX_BYTES)]
+    pub replica_sync_stream_max_bytes: i64,
+    /// Tests only: no replay in the JetStream sync (neither at start nor after a
+    /// failure), to show what replay is for.
+    #[arg(long, hide = true)]
+    pub replica_sync_test_no_replay: bool,
     /// Pin each session id to the worker that served it for this many seconds after its
     /// last request.
     #[arg(long, env = "KVR_SESSION_AFFINITY_TTL_SECS")]

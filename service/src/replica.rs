@@ -7,7 +7,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kvr_replica::DynamoSync;
+use kvr_replica::{BookingEvent, DynamoSync, JetStreamSync};
 
 /// A peer's booking lives this long after it is received at most (Dynamo's default
 /// expiry of an active request; kvr's cap on replica bookings).
@@ -27,6 +27,7 @@ pub const MAX_TOMBSTONES: usize = 1 << 16;
 #[derive(Debug, Default)]
 pub struct Replicas {
     sync: OnceLock<Arc<DynamoSync>>,
+    jetstream: OnceLock<Arc<JetStreamSync>>,
     tombstones: Mutex<Tombstones>,
 }
 
@@ -75,6 +76,30 @@ impl Replicas {
         let _ = self.sync.set(sync);
     }
 
+    /// The running JetStream sync, if `--replica-sync` started one.
+    pub fn jetstream(&self) -> Option<&Arc<JetStreamSync>> {
+        self.jetstream.get()
+    }
+
+    /// Records the started JetStream sync (once).
+    pub(crate) fn set_jetstream(&self, sync: Arc<JetStreamSync>) {
+        let _ = self.jetstream.set(sync);
+    }
+
+    /// Whether either sync runs (local bookings are published).
+    pub(crate) fn active(&self) -> bool {
+        self.sync.get().is_some() || self.jetstream.get().is_some()
+    }
+
+    /// Publishes a local booking event through whichever sync runs (never waits).
+    pub(crate) fn publish(&self, ev: BookingEvent) {
+        if let Some(s) = self.sync.get() {
+            s.publish(ev);
+        } else if let Some(s) = self.jetstream.get() {
+            s.publish(ev);
+        }
+    }
+
     fn tombstones(&self) -> std::sync::MutexGuard<'_, Tombstones> {
         self.tombstones.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -113,6 +138,9 @@ impl prometheus_client::collector::Collector for ReplicaMetrics {
         use prometheus_client::metrics::counter::ConstCounter;
         use prometheus_client::metrics::gauge::ConstGauge;
         use prometheus_client::metrics::MetricType;
+        if let Some(js) = self.0.jetstream() {
+            return encode_jetstream(js, enc);
+        }
         let Some(sync) = self.0.get() else {
             return Ok(());
         };
@@ -163,4 +191,59 @@ impl prometheus_client::collector::Collector for ReplicaMetrics {
             ],
         )
     }
+}
+
+/// `/metrics` of the JetStream sync: the same `kvr_replica_sync_events_total{what}` as the
+/// Dynamo-compatible sync's, and its own families.
+fn encode_jetstream(
+    js: &JetStreamSync,
+    mut enc: prometheus_client::encoding::DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::counter::ConstCounter;
+    use prometheus_client::metrics::gauge::ConstGauge;
+    use prometheus_client::metrics::MetricType;
+    let rows: Vec<(crate::figures::Labels, ConstCounter)> = js
+        .stats()
+        .named()
+        .into_iter()
+        .map(|(what, n)| (vec![("what", what.to_string())], ConstCounter::new(n)))
+        .collect();
+    crate::figures::family(
+        &mut enc,
+        "kvr_replica_sync_events",
+        "Replica sync: booking events sent, received, and how each received one was taken",
+        MetricType::Counter,
+        &rows,
+    )?;
+    let s = js.jetstream_stats();
+    let (gauges, counters): (Vec<_>, Vec<_>) = s
+        .named()
+        .into_iter()
+        .partition(|(what, _)| matches!(*what, "queued" | "peers"));
+    let rows: Vec<(crate::figures::Labels, ConstCounter)> = counters
+        .into_iter()
+        .map(|(what, n)| (vec![("what", what.to_string())], ConstCounter::new(n)))
+        .collect();
+    crate::figures::family(
+        &mut enc,
+        "kvr_replica_sync_jetstream",
+        "JetStream replica sync: publishes acknowledged, de-duplicated, retried and dropped; sequence gaps, replays and events lost; consumer restarts",
+        MetricType::Counter,
+        &rows,
+    )?;
+    let mut rows: Vec<(crate::figures::Labels, ConstGauge)> = gauges
+        .into_iter()
+        .map(|(what, n)| (vec![("what", what.to_string())], ConstGauge::new(n as i64)))
+        .collect();
+    rows.push((
+        vec![("what", "connected".to_string())],
+        ConstGauge::new(i64::from(js.connected())),
+    ));
+    crate::figures::family(
+        &mut enc,
+        "kvr_replica_sync_jetstream_state",
+        "JetStream replica sync now: events waiting to be published, peers heard from, whether the server link is up",
+        MetricType::Gauge,
+        &rows,
+    )
 }

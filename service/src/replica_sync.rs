@@ -11,7 +11,10 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use kvr::{BookingRequest, EngineError, PartitionKey, RankId, SelectionId};
-use kvr_replica::{AddRequest, Applied, BookingEvent, BookingSink, DynamoSync, EventData};
+use kvr_replica::{
+    AddRequest, Applied, BookingEvent, BookingSink, DynamoSync, EventData, JetStreamConfig,
+    JetStreamSync,
+};
 
 use crate::ids::NameError;
 use crate::replica::{check_args, MAX_PEER_BOOKING_BLOCKS, PEER_BOOKING_TTL};
@@ -20,6 +23,9 @@ use crate::App;
 /// Starts the sync when `--replica-sync-port` is given: binds the publisher on
 /// `--replica-sync-host` (else the service's host) and connects to the peers.
 pub async fn start(app: &Arc<App>) -> Result<(), String> {
+    if let Some(url) = &app.args.replica_sync {
+        return start_jetstream(app, url).await;
+    }
     let Some(port) = app.args.replica_sync_port else {
         return Ok(());
     };
@@ -59,13 +65,59 @@ pub async fn start(app: &Arc<App>) -> Result<(), String> {
     Ok(())
 }
 
+/// Starts the JetStream sync (`--replica-sync nats://...`).
+async fn start_jetstream(app: &Arc<App>, url: &str) -> Result<(), String> {
+    let name = app
+        .args
+        .replica_name
+        .clone()
+        .unwrap_or_else(random_replica_name);
+    let cfg = JetStreamConfig {
+        url: url.to_string(),
+        name,
+        stream: app.args.replica_sync_stream.clone(),
+        peer_silence: match app.args.replica_sync_heartbeat_timeout_secs {
+            0 => Duration::MAX,
+            s => Duration::from_secs(s),
+        },
+        booking_lifetime: PEER_BOOKING_TTL,
+        max_bytes: app.args.replica_sync_stream_max_bytes,
+        replay: !app.args.replica_sync_test_no_replay,
+    };
+    let sink = Arc::new(Sink(Arc::downgrade(app)));
+    let sync = JetStreamSync::start(cfg, sink).await?;
+    app.replicas.set_jetstream(sync);
+    Ok(())
+}
+
+/// A random replica name (`kvr-` and 16 hex digits) for a replica started without
+/// `--replica-name`.
+fn random_replica_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    format!("kvr-{:016x}", kvr::hash::splitmix64(h.finish()))
+}
+
 /// Applies peers' events to the app's engine.
 struct Sink(Weak<App>);
 
 impl BookingSink for Sink {
     fn apply(&self, ev: BookingEvent) -> Applied {
         match self.0.upgrade() {
-            Some(app) => app.apply_peer_event(ev),
+            Some(app) => app.apply_peer_event(ev, PEER_BOOKING_TTL),
+            None => Applied::Refused,
+        }
+    }
+
+    fn apply_with_ttl(&self, ev: BookingEvent, ttl: Duration) -> Applied {
+        match self.0.upgrade() {
+            Some(app) => app.apply_peer_event(ev, ttl.min(PEER_BOOKING_TTL)),
             None => Applied::Refused,
         }
     }
@@ -81,10 +133,11 @@ impl App {
     /// Applies one event of a peer replica to this service's bookings (what the sync's
     /// receiver calls; public for other transports and for tests).
     pub fn apply_replica_event(&self, ev: BookingEvent) -> Applied {
-        self.apply_peer_event(ev)
+        self.apply_peer_event(ev, PEER_BOOKING_TTL)
     }
 
-    fn apply_peer_event(&self, ev: BookingEvent) -> Applied {
+    /// As [`App::apply_replica_event`]; an add lives `ttl` at most.
+    fn apply_peer_event(&self, ev: BookingEvent, ttl: Duration) -> Applied {
         let Some(entry) = self.registry.partition(&ev.key) else {
             return Applied::UnknownPartition;
         };
@@ -93,7 +146,7 @@ impl App {
         }
         match ev.data {
             EventData::Add(a) => {
-                self.apply_peer_add(&entry.partition, &ev.key, &ev.request_id, ev.rank, a)
+                self.apply_peer_add(&entry.partition, &ev.key, &ev.request_id, ev.rank, a, ttl)
             }
             EventData::PrefillComplete | EventData::Free => {
                 let free = matches!(ev.data, EventData::Free);
@@ -162,6 +215,7 @@ impl App {
         request_id: &str,
         rank: RankId,
         a: AddRequest,
+        ttl: Duration,
     ) -> Applied {
         let blocks = a.token_sequence.clone().unwrap_or_default();
         if blocks.len() > MAX_PEER_BOOKING_BLOCKS || request_id.is_empty() {
@@ -192,7 +246,7 @@ impl App {
             prompt_blocks: blocks,
             prefill_tokens: a.booked_prefill_tokens(),
             expected_output_tokens: a.expected_output_tokens.map_or(0, u64::from),
-            ttl: Some(PEER_BOOKING_TTL),
+            ttl: Some(ttl),
         };
         match self.engine.install_replica_booking(partition, booking) {
             Ok(()) => Applied::Applied,
@@ -219,9 +273,9 @@ impl App {
         expected_output_tokens: Option<u64>,
         lora_name: Option<&str>,
     ) {
-        let Some(sync) = self.replicas.get() else {
+        if !self.replicas.active() {
             return;
-        };
+        }
         let Some(view) = partition.bookings().get(id) else {
             return;
         };
@@ -233,7 +287,7 @@ impl App {
             prefill_tokens: hint.map(|(n, _)| n),
             expected_prefill_duration: None,
         };
-        sync.publish(BookingEvent {
+        self.replicas.publish(BookingEvent {
             key: partition.key().clone(),
             block_size: partition.block_size(),
             request_id: request_id.to_string(),
@@ -251,10 +305,10 @@ impl App {
         booking: Option<(Arc<kvr::Partition>, kvr::BookingView)>,
         data: EventData,
     ) {
-        let (Some(sync), Some((p, b))) = (self.replicas.get(), booking) else {
+        let Some((p, b)) = booking.filter(|_| self.replicas.active()) else {
             return;
         };
-        sync.publish(BookingEvent {
+        self.replicas.publish(BookingEvent {
             key: p.key().clone(),
             block_size: p.block_size(),
             request_id: request_id.to_string(),
@@ -269,6 +323,11 @@ impl App {
 /// The peer operations without HTTP (the routes' core, also the Python bindings').
 impl App {
     fn running_sync(&self) -> Result<&Arc<DynamoSync>, crate::error::ApiError> {
+        if self.replicas.jetstream().is_some() {
+            return Err(crate::error::ApiError::conflict(
+                "replica peers are registered only with --replica-sync-port; the JetStream sync finds its peers through the stream",
+            ));
+        }
         self.replicas
             .get()
             .ok_or_else(|| crate::error::ApiError::conflict("replica sync is disabled"))

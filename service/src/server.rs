@@ -102,6 +102,13 @@ pub async fn serve_on(
     sweeper.abort();
     health_log.abort();
     app.registry.stop_all();
+    if let Some(sync) = app.replicas.jetstream() {
+        // The last frees reach the stream, or the peers keep those bookings until this
+        // replica's next incarnation, its silence bound, or their lifetime.
+        let flushed = sync.flush(REPLICA_FLUSH).await;
+        tracing::info!(flushed, "replica sync (jetstream): stopped");
+        sync.close();
+    }
     if let Some(state) = &app.state {
         state.close();
         tracing::info!("state: final snapshots written");
@@ -109,6 +116,9 @@ pub async fn serve_on(
     tracing::info!("KV-event subscriptions stopped; bye");
     Ok(())
 }
+
+/// The longest a graceful stop waits for the JetStream sync's queued events.
+pub const REPLICA_FLUSH: Duration = Duration::from_secs(3);
 
 /// How often the KV-event streams' health is checked for the log.
 pub const HEALTH_LOG_EVERY: Duration = Duration::from_secs(1);

@@ -29,6 +29,11 @@ need go golang-go "the Go package, ffi/go (Go 1.19 or later)"
 need python3 python3 "the e2e publisher, tests/compat, tests/python"
 need curl curl "the README's service quick start, tests/check-readme-shell.py"
 need readelf binutils "the static-link checks, tests/install and tests/check-readme-shell.py"
+# Debian installs it in /usr/sbin, which a non-root PATH may lack.
+if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
+    missing+=("nats-server (the JetStream replica sync test, tests/replica/jetstream_peers.py)")
+    packages+=(nats-server)
+fi
 
 if command -v go >/dev/null 2>&1; then
     v="$(go env GOVERSION 2>/dev/null | sed 's/^go//')"
@@ -52,7 +57,7 @@ if [ "${1:-}" = --packages ]; then
     exit 0
 fi
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "check-tools: all tools present (cargo, gcc, g++, nm, make, pkg-config, cmake, valgrind, go, python3 with venv, curl, readelf)"
+    echo "check-tools: all tools present (cargo, gcc, g++, nm, make, pkg-config, cmake, valgrind, go, python3 with venv, curl, readelf, nats-server)"
     exit 0
 fi
 {
