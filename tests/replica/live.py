@@ -16,9 +16,10 @@ pod over the mean, and TTFT p50/p90. Configurations are run interleaved, `--reps
 each, the pods' caches reset between runs; medians with min-max.
 
   cargo build --release -p kvr-cli
-  python3 tests/replica/live.py --configs 1:none,4:none,4:dynamo,4:dynamo:0.02 --reps 3
+  python3 tests/replica/live.py --configs 1:none,4:none,4:dynamo,4:jetstream --reps 5
 
-A configuration is `replicas:sync[:router temperature]`.
+A configuration is `replicas:sync[:router temperature]`, sync `none`, `dynamo` or
+`jetstream` (a nats-server of its own per run).
 """
 
 import argparse
@@ -26,6 +27,8 @@ import http.client as hc
 import json
 import os
 import random
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -89,10 +92,29 @@ class Pods:
                 time.sleep(0.05)
 
 
+def start_nats(log_dir, tag):
+    """A JetStream server of its own (a fresh store) for one run."""
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    port = free_port()
+    store = tempfile.mkdtemp(prefix="nats-", dir=log_dir)
+    svc = Service([binary, "-js", "-sd", store, "-a", "127.0.0.1", "-p", str(port)], f"{tag}-nats", log_dir)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return svc, f"nats://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("nats-server did not start")
+
+
 def start_replicas(kvr_bin, n, sync, log_dir, tag, temperature):
     ports = [free_port() for _ in range(n)]
     sync_ports = [free_port() for _ in range(n)]
     out = []
+    nats = None
+    if sync == "jetstream":
+        nats, url = start_nats(log_dir, tag)
+        out.append((nats, None))
     for i in range(n):
         argv = [kvr_bin, "serve", "--port", str(ports[i])]
         if temperature:
@@ -100,14 +122,17 @@ def start_replicas(kvr_bin, n, sync, log_dir, tag, temperature):
         if sync == "dynamo" and n > 1:
             peers = ",".join(f"tcp://127.0.0.1:{sync_ports[j]}" for j in range(n) if j != i)
             argv += ["--replica-sync-port", str(sync_ports[i]), "--replica-sync-peers", peers]
+        if sync == "jetstream":
+            argv += ["--replica-sync", url, "--replica-name", f"r{i}"]
         out.append((Service(argv, f"{tag}-r{i}", log_dir), f"http://127.0.0.1:{ports[i]}"))
     for svc, base in out:
-        svc.wait_healthy(base)
+        if base:
+            svc.wait_healthy(base)
     return out
 
 
 def run_one(replicas, pods, work, concurrency, max_tokens):
-    bases = [b for _, b in replicas]
+    bases = [b for _, b in replicas if b]
     flight = [0] * len(pods.http)
     lock = threading.Lock()
     results = []
@@ -247,7 +272,7 @@ def main():
                 pods.reset()
                 reps = start_replicas(a.kvr_bin, n, sync, log_dir, f"{n}{sync}{rep}", temp)
                 try:
-                    for base in [b for _, b in reps]:
+                    for base in [b for _, b in reps if b]:
                         for i in range(a.pods):
                             w = pods.worker(i)
                             w["total_kv_blocks"] = a.capacity_blocks
@@ -257,7 +282,7 @@ def main():
                     work = workload(a.sessions, a.turns, a.system_tokens, a.turn_tokens, seed=1000 + rep)
                     r = run_one(reps, pods, work, a.concurrency, a.max_tokens)
                 finally:
-                    for svc, _ in reps:
+                    for svc, _ in reversed(reps):
                         svc.stop()
                 rows[(n, sync, temp)].append(r)
                 print(f"rep {rep} {n} replicas sync={sync} temperature={temp}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
