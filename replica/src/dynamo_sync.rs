@@ -237,8 +237,9 @@ fn expire(sink: &dyn BookingSink, counters: &SyncCounters, ids: Vec<String>, why
 }
 
 /// A random non-zero id for this process (the standard library's per-process random
-/// hash keys, mixed with the time and the process id).
-fn new_router_id() -> u64 {
+/// hash keys, mixed with the time and the process id): Dynamo's router id, and the seed of
+/// a JetStream replica's default name.
+pub fn new_router_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(

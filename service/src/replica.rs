@@ -144,19 +144,7 @@ impl prometheus_client::collector::Collector for ReplicaMetrics {
         let Some(sync) = self.0.get() else {
             return Ok(());
         };
-        let rows: Vec<(crate::figures::Labels, ConstCounter)> = sync
-            .stats()
-            .named()
-            .into_iter()
-            .map(|(what, n)| (vec![("what", what.to_string())], ConstCounter::new(n)))
-            .collect();
-        crate::figures::family(
-            &mut enc,
-            "kvr_replica_sync_events",
-            "Replica sync: booking events sent, received, and how each received one was taken",
-            MetricType::Counter,
-            &rows,
-        )?;
+        encode_events(&mut enc, sync.stats())?;
         let (publisher, subscriber) = sync.transport_stats();
         crate::figures::family(
             &mut enc,
@@ -193,6 +181,26 @@ impl prometheus_client::collector::Collector for ReplicaMetrics {
     }
 }
 
+/// `kvr_replica_sync_events_total{what}`: the same family in both modes.
+fn encode_events(
+    enc: &mut prometheus_client::encoding::DescriptorEncoder,
+    stats: kvr_replica::SyncStats,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::counter::ConstCounter;
+    let rows: Vec<(crate::figures::Labels, ConstCounter)> = stats
+        .named()
+        .into_iter()
+        .map(|(what, n)| (vec![("what", what.to_string())], ConstCounter::new(n)))
+        .collect();
+    crate::figures::family(
+        enc,
+        "kvr_replica_sync_events",
+        "Replica sync: booking events sent, received, and how each received one was taken",
+        prometheus_client::metrics::MetricType::Counter,
+        &rows,
+    )
+}
+
 /// `/metrics` of the JetStream sync: the same `kvr_replica_sync_events_total{what}` as the
 /// Dynamo-compatible sync's, and its own families.
 fn encode_jetstream(
@@ -202,19 +210,7 @@ fn encode_jetstream(
     use prometheus_client::metrics::counter::ConstCounter;
     use prometheus_client::metrics::gauge::ConstGauge;
     use prometheus_client::metrics::MetricType;
-    let rows: Vec<(crate::figures::Labels, ConstCounter)> = js
-        .stats()
-        .named()
-        .into_iter()
-        .map(|(what, n)| (vec![("what", what.to_string())], ConstCounter::new(n)))
-        .collect();
-    crate::figures::family(
-        &mut enc,
-        "kvr_replica_sync_events",
-        "Replica sync: booking events sent, received, and how each received one was taken",
-        MetricType::Counter,
-        &rows,
-    )?;
+    encode_events(&mut enc, js.stats())?;
     let s = js.jetstream_stats();
     let (gauges, counters): (Vec<_>, Vec<_>) = s
         .named()

@@ -93,15 +93,7 @@ async fn start_jetstream(app: &Arc<App>, url: &str) -> Result<(), String> {
 /// A random replica name (`kvr-` and 16 hex digits) for a replica started without
 /// `--replica-name`.
 fn random_replica_name() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    format!("kvr-{:016x}", kvr::hash::splitmix64(h.finish()))
+    format!("kvr-{:016x}", kvr_replica::dynamo_sync::new_router_id())
 }
 
 /// Applies peers' events to the app's engine.
