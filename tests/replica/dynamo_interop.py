@@ -27,15 +27,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compat"))
 from harness import Service, free_port, http  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from checks import StopChecks, check, finish  # noqa: E402
+
 MODEL = "m"
 BS = 16
-FAILURES = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
 
 
 def load_of(base, worker, rank=0):
@@ -119,7 +115,7 @@ def main():
         check(wait_load(db, 1, (69, 4, 1)) == (69, 4, 1),
               f"kvr's booking shows in Dynamo's /loads as (69, 4, 1): {load_of(db, 1)}")
         if args.negative:
-            return
+            raise StopChecks
         # 2. Dynamo books the same prompt: both count its blocks once.
         post(db, "/select_and_reserve", sel("d-1"))
         check(wait_load(kb, 1, (138, 4, 2)) == (138, 4, 2),
@@ -190,18 +186,15 @@ def main():
                 a = (a[0], [p for p in a[1] if p != d_sync])
                 b = (b[0], [p for p in b[1] if p != k_sync])
             check(a == b, f"{method} {path} {json.dumps(body)}: kvr {a} dynamo {b}")
+    except StopChecks:
+        pass
     finally:
         k.stop()
         d.stop()
         print(f"logs: {log_dir}")
-    if args.negative:
-        if FAILURES:
-            print("negative control: the check failed without replica sync, as it must")
-            return
-        raise SystemExit("negative control: the check passed without replica sync")
-    if FAILURES:
-        raise SystemExit(f"{len(FAILURES)} check(s) failed")
-    print("replica sync interop: all checks passed")
+    finish(args.negative, 'replica sync interop: all checks passed',
+           'the check failed without replica sync, as it must',
+           'the check passed without replica sync')
 
 
 if __name__ == "__main__":

@@ -42,21 +42,13 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compat"))
 from harness import Service, free_port, http  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from checks import StopChecks, check, finish  # noqa: E402
+
 MODEL = "m"
 BS = 16
 WORKERS = (1, 2, 3, 4)
 SILENCE = 3  # the restarted B's heartbeat bound, seconds
-FAILURES = []
-
-
-class StopChecks(Exception):
-    """The negative control ends after its check."""
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
 
 
 class Truth:
@@ -343,14 +335,9 @@ def main():
             if s is not None:
                 s.stop()
         print(f"logs: {log_dir}")
-    if args.negative:
-        if FAILURES:
-            print("negative control: without replay the views miss bookings, as they must")
-            return
-        raise SystemExit("negative control: every check passed with replay off")
-    if FAILURES:
-        raise SystemExit(f"{len(FAILURES)} check(s) failed")
-    print("jetstream replicas: all checks passed")
+    finish(args.negative, 'jetstream replicas: all checks passed',
+           'without replay the views miss bookings, as they must',
+           'every check passed with replay off')
 
 
 if __name__ == "__main__":
