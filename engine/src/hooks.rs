@@ -27,6 +27,10 @@ pub type PrefillEstimator = dyn Fn(&PrefillQuery) -> Option<u64> + Send + Sync;
 pub type SharedCacheLookup = dyn Fn(&[u64]) -> Result<Vec<BlockRange>, String> + Send + Sync;
 /// The workers (of those given) that serve a LoRA adapter.
 pub type LoraFilter = dyn Fn(&str, &[WorkerId]) -> Vec<WorkerId> + Send + Sync;
+/// Which of the ranks tied at the lowest cost to take: called with the candidate ranks and
+/// the positions among them of the tied ones (two or more, ascending); returns one of those
+/// positions.
+pub type TieBreak = dyn Fn(&[RankId], &[usize]) -> Option<usize> + Send + Sync;
 
 /// Inputs the host supplies (seed 001), each optional: an absent hook leaves the input
 /// it would change as it was. Hooks are called with no engine lock held.
@@ -43,6 +47,11 @@ pub struct HostHooks {
     pub shared_cache: Hook<SharedCacheLookup>,
     /// The workers (of those given) that can serve a LoRA adapter.
     pub lora_filter: Hook<LoraFilter>,
+    /// Among ranks tied at the lowest cost (temperature 0, no session pinning), which one:
+    /// router replicas that split ties in different ways stop piling onto one rank when
+    /// they choose at the same instant. Absent, or an answer not among the tied
+    /// positions: a uniform random one.
+    pub tie_break: Hook<TieBreak>,
 }
 
 impl std::fmt::Debug for HostHooks {
@@ -53,6 +62,7 @@ impl std::fmt::Debug for HostHooks {
             .field("availability", &self.availability.is_some())
             .field("shared_cache", &self.shared_cache.is_some())
             .field("lora_filter", &self.lora_filter.is_some())
+            .field("tie_break", &self.tie_break.is_some())
             .finish()
     }
 }

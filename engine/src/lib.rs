@@ -92,7 +92,7 @@ pub use engine::{Engine, EngineError, PartitionRef};
 pub use fields::{FieldList, FieldNames, FIELD_LISTS};
 pub use freshness::StaleRanks;
 pub use hooks::{
-    BlockRange, HostHooks, LoraFilter, PrefillEstimator, PrefillQuery, SharedCacheLookup,
+    BlockRange, HostHooks, LoraFilter, PrefillEstimator, PrefillQuery, SharedCacheLookup, TieBreak,
 };
 pub use ids::{DpRank, PartitionKey, RankId, SelectionId, Tier, WorkerId};
 pub use index::{

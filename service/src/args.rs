@@ -77,6 +77,15 @@ pub struct ServeArgs {
     /// at once. Default: a random name.
     #[arg(long, env = "KVR_REPLICA_NAME")]
     pub replica_name: Option<String>,
+    /// This replica's place among the router replicas, 0 to `--replica-count` - 1 (a
+    /// StatefulSet's ordinal, say). Replicas with distinct places split ties between
+    /// equally good workers in different ways, so replicas choosing at the same instant
+    /// spread out instead of piling onto one worker. Default: a random tie-break.
+    #[arg(long, env = "KVR_REPLICA_ORDINAL")]
+    pub replica_ordinal: Option<u32>,
+    /// How many router replicas there are (with `--replica-ordinal`).
+    #[arg(long, env = "KVR_REPLICA_COUNT")]
+    pub replica_count: Option<u32>,
     /// The JetStream stream the replicas share (created when missing; its subjects are
     /// `<stream>.ev.<replica name>`).
     #[arg(long, env = "KVR_REPLICA_SYNC_STREAM", default_value = kvr_replica::jetstream::DEFAULT_STREAM)]

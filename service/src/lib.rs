@@ -22,6 +22,7 @@ pub mod recovery;
 pub mod refusals;
 pub mod registry;
 pub mod replica;
+pub mod replica_slot;
 pub mod replica_sync;
 pub mod routes;
 pub mod server;
@@ -85,6 +86,7 @@ impl App {
         extra: impl FnOnce(&mut prometheus_client::registry::Registry),
     ) -> Result<Arc<Self>, String> {
         crate::replica::check_args(args.replica_sync_port, &args.replica_sync_peers)?;
+        crate::replica_slot::check_args(args.replica_ordinal, args.replica_count)?;
         for warning in args.check_dynamo_flags()? {
             tracing::warn!("{warning}");
         }
@@ -110,6 +112,12 @@ impl App {
             Registry::new(engine.clone(), use_events, Box::new(factory))
                 .with_subscribe_options(subscribe),
         );
+        if let (Some(o), Some(n)) = (args.replica_ordinal, args.replica_count) {
+            registry.set_partition_hooks(kvr::HostHooks {
+                tie_break: Some(crate::replica_slot::tie_break(o, n)),
+                ..kvr::HostHooks::default()
+            });
+        }
         let pending = Arc::new(PendingCache::new(PendingLimits {
             ttl: Duration::from_secs(args.selection_cache_ttl_secs),
             max_entries: args.selection_cache_max_entries.max(1),

@@ -66,6 +66,8 @@ pub struct Registry {
     subscribe_options: SubscribeOptions,
     /// `--state-dir`: partitions restored and journaled, registrations kept.
     state: std::sync::OnceLock<Arc<crate::state::ServiceState>>,
+    /// The host hooks every partition gets when it is created.
+    hooks: std::sync::OnceLock<kvr::HostHooks>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -103,12 +105,19 @@ impl Registry {
             use_kv_events,
             subscribe_options: SubscribeOptions::default(),
             state: std::sync::OnceLock::new(),
+            hooks: std::sync::OnceLock::new(),
         }
     }
 
     /// Keeps partitions and registrations in `state` (before any worker registers).
     pub fn set_state(&self, state: Arc<crate::state::ServiceState>) {
         let _ = self.state.set(state);
+    }
+
+    /// The host hooks of every partition created from now on (before any worker
+    /// registers; a second call is ignored).
+    pub fn set_partition_hooks(&self, hooks: kvr::HostHooks) {
+        let _ = self.hooks.set(hooks);
     }
 
     /// Registers again the workers a previous run kept (`--state-dir`), each partition
@@ -208,6 +217,9 @@ impl Registry {
             .engine
             .create_partition(key.clone(), config)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(hooks) = self.hooks.get() {
+            p.set_hooks(hooks.clone());
+        }
         if let Some(state) = self.state.get() {
             // The kept workers are members before the restore, so their ranks' blocks are
             // taken as a registered worker's (not within the unregistered ranks' budget).

@@ -12,14 +12,19 @@ to every replica.
 Measured per configuration: the prompt-token hit rate (cached / prompt tokens, from the
 pods), the load CoV across pods (standard deviation over mean of the requests in flight at
 each pod, sampled every 20 ms while any is, averaged), the largest in-flight count on one
-pod over the mean, and TTFT p50/p90. Configurations are run interleaved, `--reps` times
+pod over the mean, the picks of a pod with more in flight than the least loaded one, the
+raced picks (a pod another replica picked less than 5 ms before), and TTFT p50/p90.
+Clients start 25 ms apart (`--stagger-ms`): with 0 they start at once and, as every request
+takes about as long, stay in lockstep, so replicas choose at the same instants (the
+selection race at its worst). Configurations are run interleaved, `--reps` times
 each, the pods' caches reset between runs; medians with min-max.
 
   cargo build --release -p kvr-cli
   python3 tests/replica/live.py --configs 1:none,4:none,4:dynamo,4:jetstream --reps 5
 
-A configuration is `replicas:sync[:router temperature]`, sync `none`, `dynamo` or
-`jetstream` (a nats-server of its own per run).
+A configuration is `replicas:sync[:router temperature[:split]]`, sync `none`, `dynamo` or
+`jetstream` (a nats-server of its own per run); `split` gives each replica its own
+`--replica-ordinal` (of `--replica-count` replicas), so they split ties differently.
 """
 
 import argparse
@@ -107,7 +112,7 @@ def start_nats(log_dir, tag):
     raise RuntimeError("nats-server did not start")
 
 
-def start_replicas(kvr_bin, n, sync, log_dir, tag, temperature):
+def start_replicas(kvr_bin, n, sync, log_dir, tag, temperature, split=False):
     ports = [free_port() for _ in range(n)]
     sync_ports = [free_port() for _ in range(n)]
     out = []
@@ -119,6 +124,8 @@ def start_replicas(kvr_bin, n, sync, log_dir, tag, temperature):
         argv = [kvr_bin, "serve", "--port", str(ports[i])]
         if temperature:
             argv += ["--router-temperature", str(temperature)]
+        if split:
+            argv += ["--replica-ordinal", str(i), "--replica-count", str(n)]
         if sync == "dynamo" and n > 1:
             peers = ",".join(f"tcp://127.0.0.1:{sync_ports[j]}" for j in range(n) if j != i)
             argv += ["--replica-sync-port", str(sync_ports[i]), "--replica-sync-peers", peers]
@@ -131,12 +138,13 @@ def start_replicas(kvr_bin, n, sync, log_dir, tag, temperature):
     return out
 
 
-def run_one(replicas, pods, work, concurrency, max_tokens):
+def run_one(replicas, pods, work, concurrency, max_tokens, stagger=0.0):
     bases = [b for _, b in replicas if b]
     flight = [0] * len(pods.http)
     lock = threading.Lock()
     results = []
     samples = []
+    picks = []  # (time, replica, pod, whether the pod had more in flight than the least)
     done = threading.Event()
     # Sessions are worked through in turn order: each session's next turn is queued when
     # its previous turn ended.
@@ -166,6 +174,7 @@ def run_one(replicas, pods, work, concurrency, max_tokens):
             raise RuntimeError(f"select_and_reserve: {st} {d}")
         sid, pod = d["selection_id"], d["worker_id"] - 1
         with lock:
+            picks.append((time.time(), r, pod, flight[pod] > min(flight)))
             flight[pod] += 1
         t0 = time.time()
         conn = hc.HTTPConnection("127.0.0.1", pods.http[pod], timeout=60)
@@ -195,7 +204,8 @@ def run_one(replicas, pods, work, concurrency, max_tokens):
             flight[pod] -= 1
             results.append((len(prompt), cached or 0, ttft or 0.0))
 
-    def worker():
+    def worker(k):
+        time.sleep(k * stagger)
         while True:
             with qlock:
                 while not queue and remaining[0] > 0:
@@ -214,7 +224,7 @@ def run_one(replicas, pods, work, concurrency, max_tokens):
 
     smp = threading.Thread(target=sampler, daemon=True)
     smp.start()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(concurrency)]
     for th in threads:
         th.start()
     for th in threads:
@@ -230,6 +240,8 @@ def run_one(replicas, pods, work, concurrency, max_tokens):
         left += sum(l["active_requests"] for p in loads for l in p["loads"])
     return {
         "hit": cached / prompt,
+        "above_min": sum(1 for p in picks if p[3]) / max(1, len(picks)),
+        "race": race_fraction(picks, 0.005),
         "cov": statistics.mean(c for c, _ in samples) if samples else 0.0,
         "max_over_mean": statistics.mean(m for _, m in samples) if samples else 0.0,
         "ttft_p50": ttfts[len(ttfts) // 2],
@@ -237,6 +249,20 @@ def run_one(replicas, pods, work, concurrency, max_tokens):
         "requests": len(results),
         "bookings_left": left,
     }
+
+
+def race_fraction(picks, window):
+    """The share of picks that chose a pod another replica had picked less than `window`
+    seconds before (with one replica: none)."""
+    raced = 0
+    for i, (t, r, pod, _) in enumerate(picks):
+        j = i - 1
+        while j >= 0 and t - picks[j][0] < window:
+            if picks[j][1] != r and picks[j][2] == pod:
+                raced += 1
+                break
+            j -= 1
+    return raced / max(1, len(picks))
 
 
 def main():
@@ -255,6 +281,9 @@ def main():
     ap.add_argument("--prefill-ns", type=int, default=200_000)
     ap.add_argument("--decode-ns", type=int, default=4_000_000)
     ap.add_argument("--capacity-blocks", type=int, default=4096)
+    ap.add_argument("--stagger-ms", type=float, default=25.0,
+                    help="client k starts k times this late; 0: every client at once, and "
+                         "since every request takes about as long, in lockstep ever after")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     os.environ["DYN_ROUTER_USE_KV_EVENTS"] = "true"
@@ -263,14 +292,15 @@ def main():
     configs = []
     for c in a.configs.split(","):
         f = c.split(":")
-        configs.append((int(f[0]), f[1], float(f[2]) if len(f) > 2 else 0.0))
+        configs.append((int(f[0]), f[1], float(f[2] or 0) if len(f) > 2 else 0.0,
+                        len(f) > 3 and f[3] == "split"))
     pods = Pods(a.kvr_bin, a.pods, log_dir, a.prefill_ns, a.decode_ns, a.capacity_blocks)
     rows = {c: [] for c in configs}
     try:
         for rep in range(a.reps):
-            for (n, sync, temp) in configs:
+            for (n, sync, temp, split) in configs:
                 pods.reset()
-                reps = start_replicas(a.kvr_bin, n, sync, log_dir, f"{n}{sync}{rep}", temp)
+                reps = start_replicas(a.kvr_bin, n, sync, log_dir, f"{n}{sync}{rep}", temp, split)
                 try:
                     for base in [b for _, b in reps if b]:
                         for i in range(a.pods):
@@ -280,26 +310,29 @@ def main():
                             assert st in (200, 201), (st, body)
                     time.sleep(1.5)  # subscriptions and sync links up
                     work = workload(a.sessions, a.turns, a.system_tokens, a.turn_tokens, seed=1000 + rep)
-                    r = run_one(reps, pods, work, a.concurrency, a.max_tokens)
+                    r = run_one(reps, pods, work, a.concurrency, a.max_tokens, a.stagger_ms / 1e3)
                 finally:
                     for svc, _ in reversed(reps):
                         svc.stop()
-                rows[(n, sync, temp)].append(r)
-                print(f"rep {rep} {n} replicas sync={sync} temperature={temp}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
+                rows[(n, sync, temp, split)].append(r)
+                print(f"rep {rep} {n} replicas sync={sync} temperature={temp} split={split}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
     finally:
         pods.proc.stop()
     def fmt(vals, scale=1.0, d=3):
         vals = sorted(v * scale for v in vals)
         return f"{statistics.median(vals):.{d}f} ({vals[0]:.{d}f}-{vals[-1]:.{d}f})"
     print()
-    print("| replicas | sync | temperature | hit rate | load CoV | max/mean in flight | TTFT p50 ms | TTFT p90 ms | bookings left |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (n, sync, temp), rs in rows.items():
-        print(f"| {n} | {sync} | {temp:g} | {fmt([r['hit'] for r in rs])} | {fmt([r['cov'] for r in rs])} | "
-              f"{fmt([r['max_over_mean'] for r in rs], d=2)} | {fmt([r['ttft_p50'] for r in rs], 1e3, 1)} | "
+    print("| replicas | sync | temperature | ties | hit rate | load CoV | max/mean in flight | picks above the least loaded | raced picks | TTFT p50 ms | TTFT p90 ms | bookings left |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (n, sync, temp, split), rs in rows.items():
+        ties = "split" if split else "random"
+        print(f"| {n} | {sync} | {temp:g} | {ties} | {fmt([r['hit'] for r in rs])} | {fmt([r['cov'] for r in rs])} | "
+              f"{fmt([r['max_over_mean'] for r in rs], d=2)} | {fmt([r['above_min'] for r in rs])} | "
+              f"{fmt([r['race'] for r in rs])} | {fmt([r['ttft_p50'] for r in rs], 1e3, 1)} | "
               f"{fmt([r['ttft_p90'] for r in rs], 1e3, 1)} | {max(r['bookings_left'] for r in rs)} |")
     if a.json:
-        print(json.dumps({f"{n}:{s}:{t:g}": v for (n, s, t), v in rows.items()}))
+        print(json.dumps({f"{n}:{s}:{t:g}" + (":split" if sp else ""): v
+                          for (n, s, t, sp), v in rows.items()}))
     if any(r["bookings_left"] for rs in rows.values() for r in rs):
         raise SystemExit("bookings were left after a run")
 

@@ -55,6 +55,11 @@ pub(crate) struct ReplicaArgs {
     /// of replica and rank). 0 = off (a random rank among exact ties).
     #[arg(long, default_value_t = 0.0)]
     pub replica_tie_band: f64,
+    /// kvr's policies: each replica splits exact ties in its own way, as `kvr serve
+    /// --replica-ordinal K --replica-count N` does (replica K starts its round of the
+    /// ranks K/N of the way round). Off: a random rank among exact ties.
+    #[arg(long)]
+    pub replica_split: bool,
     /// With --routers: replay seeds --seed, --seed+1, … and report medians.
     #[arg(long, default_value_t = 1)]
     pub seeds: u32,
@@ -72,6 +77,7 @@ pub(crate) struct ReplicaPlan {
     pub spread: Spread,
     pub race_window_ms: f64,
     pub tie_band: f64,
+    pub split: bool,
     pub seeds: u32,
 }
 
@@ -87,11 +93,13 @@ impl ReplicaArgs {
                 || self.router_spread != "round-robin"
                 || self.race_window_ms != RACE_WINDOW_MS
                 || self.replica_tie_band != 0.0
+                || self.replica_split
                 || self.seeds != 1;
             if set {
                 return Err(
                     "the replica flags (--sync, --sync-latency-ms, --sync-loss, \
-                            --router-spread, --race-window-ms, --replica-tie-band, --seeds) \
+                            --router-spread, --race-window-ms, --replica-tie-band, --replica-split, \
+                            --seeds) \
                             apply only with --routers"
                         .into(),
                 );
@@ -142,6 +150,7 @@ impl ReplicaArgs {
             spread,
             race_window_ms: self.race_window_ms,
             tie_band: self.replica_tie_band,
+            split: self.replica_split,
             seeds: self.seeds,
         }))
     }
@@ -182,11 +191,22 @@ pub(crate) fn run_one(
     cfg: &SimConfig,
     rc: ReplicaConfig,
     tie_band: f64,
+    split: bool,
     w: &Workload,
     bar: &ProgressBar,
 ) -> (RunResult, FleetStats) {
-    let mut routers: Vec<_> = (0..rc.routers)
-        .map(|k| super::replica_router_for(kind, cfg, k, tie_band))
+    let n = rc.routers;
+    let mut routers: Vec<_> = (0..n)
+        .map(|k| {
+            let r = super::replica_router_for(kind, cfg, k, tie_band);
+            if split && n > 1 {
+                r.partition().set_hooks(kvr::HostHooks {
+                    tie_break: Some(kvr_service::replica_slot::tie_break(k, n)),
+                    ..kvr::HostHooks::default()
+                });
+            }
+            r
+        })
         .collect();
     let (res, _, stats) = sim::run_replicas(cfg, w, &mut routers, rc, || bar.inc(1));
     (res, stats)
@@ -287,7 +307,7 @@ pub(crate) fn run(
                 bar.set_length(w.requests.len() as u64);
                 bar.set_message(format!("{} × {n} {} seed {seed}", kind.name(), sync.name()));
                 let rc = plan.config(n, sync, seed);
-                let (r, s) = run_one(kind, &at, rc, plan.tie_band, &w, bar);
+                let (r, s) = run_one(kind, &at, rc, plan.tie_band, plan.split, &w, bar);
                 problems.extend(
                     r.problems
                         .iter()

@@ -26,6 +26,13 @@ fn nth_with_key(costs: &[f64], target: f64, r: u64) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// The positions of the costs tied at the minimum (NaN counting as +inf), into `out`.
+pub(crate) fn ties_at_min(costs: &[f64], out: &mut Vec<usize>) {
+    out.clear();
+    let best = costs.iter().map(|&c| key(c)).fold(f64::INFINITY, f64::min);
+    out.extend((0..costs.len()).filter(|&i| key(costs[i]) == best));
+}
+
 /// Argmin with a uniform random choice among exact ties (`temperature == 0`).
 fn choose_argmin<R: RandomSource + ?Sized>(costs: &[f64], rng: &mut R) -> Option<usize> {
     let mut best = f64::INFINITY;

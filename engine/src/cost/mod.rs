@@ -25,6 +25,7 @@ mod resolved;
 mod rng;
 
 pub use choice::choose;
+pub(crate) use choice::ties_at_min;
 pub(crate) use columns::{LoadColumns, LoadRow};
 pub(crate) use config::{CostModel, CostOverrides};
 pub use eval::{blocks_in_cost_units, cost, fill_costs, CostEval};

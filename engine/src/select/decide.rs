@@ -9,7 +9,8 @@ use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::config::CostConfig;
 use crate::cost::{
-    blocks_in_cost_units, choose, CostEval, CostModel, LoadRow, RandomSource, RequestShape,
+    blocks_in_cost_units, choose, ties_at_min, CostEval, CostModel, LoadRow, RandomSource,
+    RequestShape,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
 use crate::index::TieredScores;
@@ -112,7 +113,7 @@ impl Selector<'_> {
         }
         let steering = self.steering(req, now, &candidates.eligible);
         self.resolve_costs(&cfg, shape, &steering.steer, &view, &seq, candidates);
-        let i = pick(candidates, &steering.steer, &cfg, &shape, rng);
+        let i = pick(candidates, &steering.steer, &cfg, &shape, &hooks, rng);
         let (decision, forced_rebind) = self.decision(
             i,
             prompt_tokens,
@@ -405,12 +406,14 @@ impl Selector<'_> {
 
 /// The choice: the session's pinned rank if it is eligible; else the lowest cost (a
 /// preferred rank's cost lowered by its penalty first, converted from blocks to the
-/// model's unit), softmax-sampled at T > 0.
+/// model's unit), softmax-sampled at T > 0; at T = 0 the host's tie-break, if any, takes
+/// one of the ranks tied at the lowest cost.
 fn pick(
     c: &mut Candidates,
     steer: &Steer,
     cfg: &CostConfig,
     shape: &RequestShape,
+    hooks: &HostHooks,
     rng: &mut impl RandomSource,
 ) -> usize {
     let pinned = match *steer {
@@ -426,9 +429,20 @@ fn pick(
         }
         _ => None,
     };
-    pinned.unwrap_or_else(|| {
-        choose(&c.costs, cfg.temperature, rng).expect("at least one eligible rank")
-    })
+    if let Some(k) = pinned {
+        return k;
+    }
+    let tie_break = hooks.tie_break.as_ref().filter(|_| cfg.temperature == 0.0);
+    if let Some(f) = tie_break {
+        let mut tied = Vec::new();
+        ties_at_min(&c.costs, &mut tied);
+        if tied.len() > 1 {
+            if let Some(k) = f(&c.eligible, &tied).filter(|k| tied.contains(k)) {
+                return k;
+            }
+        }
+    }
+    choose(&c.costs, cfg.temperature, rng).expect("at least one eligible rank")
 }
 
 #[cfg(test)]
