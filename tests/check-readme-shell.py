@@ -81,6 +81,8 @@ RUN = {
 COVERED = {
     "cargo run --release -p kvr-cli -- replay": (
         ".ci/run", "the opening commands: CI runs both, and this check runs inside the second"),
+    "# Dynamo's sync (kvr and Dynamo replicas can be mixed): replica A of two; B the other way round": (
+        "docs/replicas.md", "replicas need a second host or a NATS server; tests/replica runs both modes"),
     "cargo build --release -p kvr-cli && python3 tests/gateway/demo.py": (
         "tests/run-all.sh", "the gateway demo needs Envoy, which the suite's gateway step installs"),
 }
