@@ -81,7 +81,7 @@ RUN = {
 COVERED = {
     "cargo run --release -p kvr-cli -- replay": (
         ".ci/run", "the opening commands: CI runs both, and this check runs inside the second"),
-    "# Dynamo's sync (kvr and Dynamo replicas can be mixed): replica A of two; B the other way round": (
+    "kvr serve --port 8001 --replica-sync-port 7301 --replica-sync-peers tcp://10.0.0.2:7302 --replica-sync-host 0.0.0.0 --replica-ordinal 0 --replica-count 2": (
         "docs/replicas.md", "replicas need a second host or a NATS server; tests/replica runs both modes"),
     "cargo build --release -p kvr-cli && python3 tests/gateway/demo.py": (
         "tests/run-all.sh", "the gateway demo needs Envoy, which the suite's gateway step installs"),

@@ -432,7 +432,12 @@ fn pick(
     if let Some(k) = pinned {
         return k;
     }
-    let tie_break = hooks.tie_break.as_ref().filter(|_| cfg.temperature == 0.0);
+    // Argmin exactly when `choose` takes it (any temperature not above 0, NaN included).
+    let argmin = !matches!(
+        cfg.temperature.partial_cmp(&0.0),
+        Some(std::cmp::Ordering::Greater)
+    );
+    let tie_break = hooks.tie_break.as_ref().filter(|_| argmin);
     if let Some(f) = tie_break {
         let mut tied = Vec::new();
         ties_at_min(&c.costs, &mut tied);
