@@ -26,6 +26,15 @@ fn nth_with_key(costs: &[f64], target: f64, r: u64) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// Whether [`choose`] takes the argmin at `temperature` (any temperature not above 0,
+/// NaN included) rather than sampling.
+pub(crate) fn takes_argmin(temperature: f64) -> bool {
+    !matches!(
+        temperature.partial_cmp(&0.0),
+        Some(std::cmp::Ordering::Greater)
+    )
+}
+
 /// The positions of the costs tied at the minimum (NaN counting as +inf), into `out`.
 pub(crate) fn ties_at_min(costs: &[f64], out: &mut Vec<usize>) {
     out.clear();
@@ -140,9 +149,9 @@ pub fn choose<R: RandomSource + ?Sized>(
     if costs.is_empty() {
         return None;
     }
-    if temperature > 0.0 {
-        choose_softmax(costs, temperature, rng)
-    } else {
+    if takes_argmin(temperature) {
         choose_argmin(costs, rng)
+    } else {
+        choose_softmax(costs, temperature, rng)
     }
 }

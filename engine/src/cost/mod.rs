@@ -25,7 +25,7 @@ mod resolved;
 mod rng;
 
 pub use choice::choose;
-pub(crate) use choice::ties_at_min;
+pub(crate) use choice::{takes_argmin, ties_at_min};
 pub(crate) use columns::{LoadColumns, LoadRow};
 pub(crate) use config::{CostModel, CostOverrides};
 pub use eval::{blocks_in_cost_units, cost, fill_costs, CostEval};

@@ -9,8 +9,8 @@ use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::config::CostConfig;
 use crate::cost::{
-    blocks_in_cost_units, choose, ties_at_min, CostEval, CostModel, LoadRow, RandomSource,
-    RequestShape,
+    blocks_in_cost_units, choose, takes_argmin, ties_at_min, CostEval, CostModel, LoadRow,
+    RandomSource, RequestShape,
 };
 use crate::hooks::{BlockRange, HostHooks, PrefillQuery};
 use crate::index::TieredScores;
@@ -432,17 +432,14 @@ fn pick(
     if let Some(k) = pinned {
         return k;
     }
-    // Argmin exactly when `choose` takes it (any temperature not above 0, NaN included).
-    let argmin = !matches!(
-        cfg.temperature.partial_cmp(&0.0),
-        Some(std::cmp::Ordering::Greater)
-    );
-    let tie_break = hooks.tie_break.as_ref().filter(|_| argmin);
+    let tie_break = hooks
+        .tie_break
+        .as_ref()
+        .filter(|_| takes_argmin(cfg.temperature));
     if let Some(f) = tie_break {
-        let mut tied = Vec::new();
-        ties_at_min(&c.costs, &mut tied);
-        if tied.len() > 1 {
-            if let Some(k) = f(&c.eligible, &tied).filter(|k| tied.contains(k)) {
+        ties_at_min(&c.costs, &mut c.tied);
+        if c.tied.len() > 1 {
+            if let Some(k) = f(&c.eligible, &c.tied).filter(|k| c.tied.contains(k)) {
                 return k;
             }
         }

@@ -22,6 +22,8 @@ pub(super) struct Candidates {
     /// Narrowing's worker pools (allowed, then serving the LoRA adapter).
     pub(super) pool: Vec<WorkerId>,
     pub(super) narrowed: Vec<WorkerId>,
+    /// Positions (into `eligible`) tied at the lowest cost, for the host's tie-break.
+    pub(super) tied: Vec<usize>,
 }
 
 /// Per-thread buffers a selection reuses, so an advisory selection allocates nothing once
