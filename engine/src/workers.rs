@@ -83,31 +83,48 @@ pub(crate) struct RankSlot {
 /// The partition's workers, as one immutable version.
 #[derive(Clone, Debug, Default)]
 pub struct WorkerSet {
-    workers: BTreeMap<WorkerId, WorkerInfo>,
+    /// Sorted by worker id: a lookup is a binary search over one array, and a walk in id
+    /// order reads it front to back (at a thousand workers a tree's lookups were a cost
+    /// selection's narrowing paid per candidate worker).
+    workers: Vec<WorkerInfo>,
     /// Every rank in the order selection walks them (workers by id, then DP rank), kept
-    /// with the map: a selection reads this array instead of walking the map's nodes
-    /// and each worker's metadata per rank.
+    /// with the workers: a selection reads this array instead of each worker's metadata
+    /// per rank.
     slots: Vec<RankSlot>,
+    /// Where each worker's ranks start in `slots` (parallel to `workers`).
+    first_slot: Vec<u32>,
 }
 
 impl WorkerSet {
     /// Adds `info` or replaces its worker's metadata; the replaced metadata, if any.
     pub(crate) fn insert(&mut self, info: WorkerInfo) -> Option<WorkerInfo> {
-        let old = self.workers.insert(info.worker_id, info);
+        let old = match self.position(info.worker_id) {
+            Ok(i) => Some(std::mem::replace(&mut self.workers[i], info)),
+            Err(i) => {
+                self.workers.insert(i, info);
+                None
+            }
+        };
         self.index_ranks();
         old
     }
 
     /// Removes a worker; its metadata, if it was in the set.
     pub(crate) fn remove(&mut self, id: WorkerId) -> Option<WorkerInfo> {
-        let old = self.workers.remove(&id);
+        let old = self.position(id).ok().map(|i| self.workers.remove(i));
         self.index_ranks();
         old
     }
 
+    fn position(&self, id: WorkerId) -> Result<usize, usize> {
+        self.workers.binary_search_by_key(&id, |w| w.worker_id)
+    }
+
     fn index_ranks(&mut self) {
         self.slots.clear();
-        for info in self.workers.values() {
+        self.first_slot.clear();
+        for info in &self.workers {
+            self.first_slot.push(self.slots.len() as u32);
             self.slots.extend(info.ranks().map(|rank| RankSlot {
                 rank,
                 kv_blocks: info.total_kv_blocks,
@@ -120,14 +137,34 @@ impl WorkerSet {
         &self.slots
     }
 
-    /// The worker `id`'s metadata.
-    pub fn get(&self, id: WorkerId) -> Option<&WorkerInfo> {
-        self.workers.get(&id)
+    /// The ranks of the `i`-th worker in id order (as [`in_order`](Self::in_order)).
+    pub(crate) fn slots_of(&self, i: usize) -> &[RankSlot] {
+        let start = self.first_slot[i] as usize;
+        let end = self
+            .first_slot
+            .get(i + 1)
+            .map_or(self.slots.len(), |&e| e as usize);
+        &self.slots[start..end]
     }
 
-    /// Every worker, in no particular order.
+    /// The workers in id order, as a slice (positions index [`slots_of`](Self::slots_of)).
+    pub(crate) fn in_order(&self) -> &[WorkerInfo] {
+        &self.workers
+    }
+
+    /// The position of worker `id` in [`in_order`](Self::in_order).
+    pub(crate) fn position_of(&self, id: WorkerId) -> Option<usize> {
+        self.position(id).ok()
+    }
+
+    /// The worker `id`'s metadata.
+    pub fn get(&self, id: WorkerId) -> Option<&WorkerInfo> {
+        self.position(id).ok().map(|i| &self.workers[i])
+    }
+
+    /// Every worker, in id order.
     pub fn iter(&self) -> impl Iterator<Item = &WorkerInfo> + '_ {
-        self.workers.values()
+        self.workers.iter()
     }
 
     /// How many workers.

@@ -809,3 +809,43 @@ fn ids_of_bookings_that_vanish_without_a_free_can_be_used_again() {
     chosen(e.select_and_reserve(&key(), &r79).unwrap());
     assert!(matches!(e.free(79), Ok(FreeOutcome::Freed(_))));
 }
+
+#[test]
+fn an_unsorted_allow_set_with_repeats_and_strangers_narrows_to_its_workers() {
+    let e = engine(6);
+    let t = prompt(3);
+    let allowed = [5, 2, 5, 77, 2, 0];
+    let mut req = SelectRequest::tokens(&t);
+    req.allowed_workers = Some(&allowed);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        seen.insert(chosen(e.select(&key(), &req).unwrap()).rank.worker_id);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![0, 2, 5]);
+    // A pin inside that set wins; one outside it does not survive.
+    req.pinned_worker = Some(5);
+    assert_eq!(chosen(e.select(&key(), &req).unwrap()).rank.worker_id, 5);
+    req.pinned_worker = Some(3);
+    for _ in 0..50 {
+        let w = chosen(e.select(&key(), &req).unwrap()).rank.worker_id;
+        assert!([0, 2, 5].contains(&w), "chose {w}, outside the allow-set");
+    }
+}
+
+#[test]
+fn a_lora_filter_answer_in_any_order_narrows_to_what_it_names() {
+    let e = lora_engine();
+    let p = e.partition(&key()).unwrap();
+    p.set_hooks(HostHooks {
+        lora_filter: Some(Arc::new(|_: &str, _: &[u64]| vec![3, 99, 1, 3])),
+        ..HostHooks::default()
+    });
+    let t = prompt(4);
+    let mut req = SelectRequest::tokens(&t);
+    req.lora_name = Some("sql");
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        seen.insert(chosen(e.select(&key(), &req).unwrap()).rank.worker_id);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![1, 3]);
+}

@@ -1,8 +1,10 @@
 //! "Nothing allocated on the routing path" (DESIGN.md §11): once a thread has warmed up,
 //! an advisory selection (tokens or local hashes in, decision out), a booked selection
 //! and its free, and an index lookup allocate nothing — at real sizes: 16, 65, 256 and
-//! 1,024 ranks, prompts of 1, 257 and 4,096 blocks (past every inline buffer). Counted by
-//! a global allocator that counts this thread's allocations.
+//! 1,024 ranks, prompts of 1, 257 and 4,096 blocks (past every inline buffer), and a
+//! fleet of 1,024 workers of 8 data-parallel ranks (8,192 candidates), with and without
+//! an allow-set or a LoRA adapter narrowing them. Counted by a global allocator that
+//! counts this thread's allocations.
 //!
 //! The tests run one at a time: epoch reclamation is global, so a thread that pins may
 //! retire (and allocate for) garbage another test's thread just made.
@@ -325,5 +327,102 @@ fn booked_selection_and_its_lifecycle_allocate_nothing_at_real_sizes() {
     assert!(
         failures.is_empty(),
         "allocations in 20 booked rounds, per step: {failures:#?}"
+    );
+}
+
+/// 1,024 workers of 8 DP ranks; every 16th serves the adapter "fleet"; rank (0, 0) holds
+/// the whole prompt of `blocks` blocks, the others a short prefix of it.
+fn fleet_engine(blocks: usize) -> (Engine, PartitionKey, Vec<u32>) {
+    const WORKERS: u64 = 1_024;
+    const DP: u32 = 8;
+    let e = Engine::with_seed(5);
+    let key = PartitionKey::new("m", "fleet");
+    let p = e
+        .create_partition(key.clone(), PartitionConfig::new(BS))
+        .unwrap();
+    for w in 0..WORKERS {
+        let mut info = WorkerInfo::new(w, DP);
+        if w % 16 == 0 {
+            info.lora_adapters = vec!["fleet".into()];
+        }
+        p.upsert_worker(info).unwrap();
+    }
+    let tokens: Vec<u32> = (0..(blocks as u32) * BS).collect();
+    let mut local = Vec::new();
+    p.hasher().local_hashes(&tokens, &mut local);
+    for w in 0..WORKERS {
+        for dp in 0..DP {
+            let held = if (w, dp) == (0, 0) {
+                blocks
+            } else {
+                1 + ((w as usize + dp as usize) % 8).min(blocks - 1)
+            };
+            let stored: Vec<StoredBlock> = local[..held]
+                .iter()
+                .enumerate()
+                .map(|(i, &h)| StoredBlock {
+                    external_hash: (w << 20) + (u64::from(dp) << 16) + i as u64,
+                    local_hash: h,
+                })
+                .collect();
+            p.index()
+                .store(RankId::new(w, dp), Tier::Device, None, &stored)
+                .unwrap();
+        }
+    }
+    (e, key, tokens)
+}
+
+#[test]
+fn selection_over_a_fleet_of_8192_ranks_allocates_nothing() {
+    let _serial = one_at_a_time();
+    let mut failures = Vec::new();
+    let allowed: Vec<u64> = (0..1_024).rev().step_by(16).collect();
+    for blocks in [1, 257] {
+        let (e, key, tokens) = fleet_engine(blocks);
+        let p = e.partition(&key).unwrap();
+        let all = SelectRequest::tokens(&tokens);
+        let mut subset = SelectRequest::tokens(&tokens);
+        subset.allowed_workers = Some(&allowed);
+        let mut lora = SelectRequest::tokens(&tokens);
+        lora.lora_name = Some("fleet");
+        // Every rank booked once first: a rank's booking state is made at its first.
+        for w in 0..1_024 {
+            for dp in 0..8 {
+                let d = e
+                    .reserve(&p, RankId::new(w, dp), Some(&all), None, None)
+                    .unwrap();
+                e.free(d.selection_id.unwrap()).unwrap();
+            }
+        }
+        let counts: [u64; 5] = allocations_per_step(300, |step| {
+            for (k, req) in [&all, &subset, &lora].into_iter().enumerate() {
+                step(k, &mut || {
+                    assert!(matches!(e.select(&p, req), Ok(Outcome::Selected(_))));
+                });
+            }
+            let mut id = 0;
+            step(3, &mut || {
+                id = match e.select_and_reserve(&p, &subset) {
+                    Ok(Outcome::Selected(d)) => d.selection_id.unwrap(),
+                    o => panic!("{o:?}"),
+                };
+            });
+            step(4, &mut || {
+                e.free(id).unwrap();
+            });
+        });
+        assert_eq!(p.bookings().len(), 0);
+        if counts.iter().sum::<u64>() != 0 {
+            failures.push(format!(
+                "8,192 ranks × {blocks} blocks: select {}, with an allow-set {}, \
+                 with a LoRA adapter {}, select_and_reserve {}, free {}",
+                counts[0], counts[1], counts[2], counts[3], counts[4]
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "allocations in 20 rounds, per step: {failures:#?}"
     );
 }

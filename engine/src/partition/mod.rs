@@ -380,8 +380,9 @@ impl Partition {
             log.worker_removed(id);
         }
         self.load.remove_worker(id);
-        for rank in info.ranks() {
-            self.bookings.remove_rank(rank);
+        let ranks: Vec<RankId> = info.ranks().collect();
+        self.bookings.remove_ranks(&ranks);
+        for rank in ranks {
             if let Some(t) = &self.sessions {
                 // The next turn of a session bound here rebinds (counted as forced).
                 t.forget_rank(rank);

@@ -444,22 +444,30 @@ impl Inner {
     }
 
     pub(super) fn remove_rank(&self, rank: RankId) -> usize {
-        let removed = {
+        self.remove_ranks(&[rank])
+    }
+
+    /// [`remove_rank`](Self::remove_rank) for several ranks at once (a worker's): one
+    /// registry rebuild and one pass over the bookings, not one of each a rank.
+    pub(super) fn remove_ranks(&self, ranks: &[RankId]) -> usize {
+        let removed: Vec<Arc<RankState>> = {
             let _w = self.ranks_write.lock();
             let cur = self.ranks.load();
-            match cur.get(&rank) {
-                None => None,
-                Some(state) => {
-                    let state = state.clone();
-                    self.ranks.store(cur.without(rank));
-                    Some(state)
-                }
+            let states: Vec<Arc<RankState>> =
+                ranks.iter().filter_map(|r| cur.get(r).cloned()).collect();
+            if !states.is_empty() {
+                self.ranks.store(cur.without_all(ranks));
             }
+            states
         };
-        let Some(state) = removed else { return 0 };
+        if removed.is_empty() {
+            return 0;
+        }
         // Out of the registry first, then retired: a booking that sees the flag finds the
         // registry already without the old state.
-        state.blocks.lock().retired = true;
+        for state in &removed {
+            state.blocks.lock().retired = true;
+        }
         let mut freed = 0;
         let mut taken: Vec<Booking> = Vec::new();
         let mut ids: Vec<SelectionId> = Vec::new();
@@ -469,7 +477,7 @@ impl Inner {
             ids.extend(
                 g.live
                     .iter()
-                    .filter(|(_, b)| Arc::ptr_eq(&b.rank, &state))
+                    .filter(|(_, b)| removed.iter().any(|s| Arc::ptr_eq(&b.rank, s)))
                     .map(|(id, _)| *id),
             );
             for &id in &ids {

@@ -43,10 +43,12 @@ impl RankMap {
         Self::of(map)
     }
 
-    /// The map without `rank`.
-    pub(super) fn without(&self, rank: RankId) -> Self {
+    /// The map without any of `ranks`.
+    pub(super) fn without_all(&self, ranks: &[RankId]) -> Self {
         let mut map = self.map.clone();
-        map.remove(&rank);
+        for r in ranks {
+            map.remove(r);
+        }
         Self::of(map)
     }
 

@@ -265,6 +265,12 @@ impl ReservationTable {
         self.inner.remove_rank(rank)
     }
 
+    /// [`remove_rank`](Self::remove_rank) for each of `ranks` (a worker's), in one pass
+    /// over the bookings. Returns how many bookings were freed.
+    pub fn remove_ranks(&self, ranks: &[RankId]) -> usize {
+        self.inner.remove_ranks(ranks)
+    }
+
     /// Live bookings: the shards' sizes, each read under its lock (no table-wide counter
     /// that every booking and free would write: that line would bounce between threads).
     pub fn len(&self) -> usize {

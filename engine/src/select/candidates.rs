@@ -67,63 +67,79 @@ impl Selector<'_> {
     }
 }
 
-impl Candidates {
-    /// Every rank of `info`'s worker, with its KV capacity.
-    fn push_worker(&mut self, info: &WorkerInfo) {
-        for rank in info.ranks() {
-            self.slots.push(RankSlot {
-                rank,
-                kv_blocks: info.total_kv_blocks,
-            });
-        }
-    }
-}
-
 /// The allow-set, the pin (a worker, or one rank of it) and LoRA narrowing, in that order,
-/// into `c.slots`.
+/// into `c.slots`. Workers are kept as positions in the set's id order, so each step is a
+/// walk or a binary search, not a search of the allow-set per worker (at a thousand
+/// workers that was most of a narrowed selection).
 fn narrowed_candidates(
     req: &SelectRequest<'_>,
     workers: &WorkerSet,
     hooks: &HostHooks,
     c: &mut Candidates,
 ) {
-    let allowed = |w: &WorkerInfo| req.allowed_workers.is_none_or(|a| a.contains(&w.worker_id));
+    let order = workers.in_order();
     let mut pool = std::mem::take(&mut c.pool);
     pool.clear();
-    pool.extend(workers.iter().filter(|w| allowed(w)).map(|w| w.worker_id));
+    match req.allowed_workers {
+        None => pool.extend(0..order.len() as u32),
+        Some(allowed) => {
+            // A sorted copy without repeats, looked up one by one: the pool stays in id
+            // order, as the candidate walk needs.
+            let sorted = &mut c.allowed;
+            sorted.clear();
+            sorted.extend_from_slice(allowed);
+            sorted.sort_unstable();
+            sorted.dedup();
+            pool.extend(
+                sorted
+                    .iter()
+                    .filter_map(|&id| workers.position_of(id).map(|i| i as u32)),
+            );
+        }
+    }
+    let id_at = |i: &u32| order[*i as usize].worker_id;
     // An allowed pin is the whole pool; a pin outside the allow-set does not survive.
-    let pinned = req.pinned_worker.filter(|p| pool.contains(p));
+    let pinned = req
+        .pinned_worker
+        .filter(|&p| pool.binary_search_by_key(&p, id_at).is_ok());
     if let Some(p) = pinned {
-        pool.retain(|w| *w == p);
+        pool.retain(|i| id_at(i) == p);
     } else if let Some(lora) = req.lora_name.filter(|l| !l.is_empty()) {
         let narrowed = &mut c.narrowed;
         narrowed.clear();
         match &hooks.lora_filter {
             Some(f) => {
-                let offered = f(lora, &pool);
+                let ids = &mut c.pool_ids;
+                ids.clear();
+                ids.extend(pool.iter().map(id_at));
+                let mut offered = f(lora, ids);
+                offered.sort_unstable();
                 // Never widen: keep only workers the caller allowed.
-                narrowed.extend(pool.iter().copied().filter(|w| offered.contains(w)));
+                narrowed.extend(
+                    pool.iter()
+                        .copied()
+                        .filter(|i| offered.binary_search(&id_at(i)).is_ok()),
+                );
             }
-            None => narrowed.extend(pool.iter().copied().filter(|w| {
-                workers
-                    .get(*w)
-                    .is_some_and(|i| i.lora_adapters.iter().any(|a| a == lora))
-            })),
+            None => narrowed.extend(
+                pool.iter()
+                    .copied()
+                    .filter(|&i| order[i as usize].lora_adapters.iter().any(|a| a == lora)),
+            ),
         }
         // When no worker survives the LoRA narrowing, the caller's own set stands.
         if !narrowed.is_empty() {
             std::mem::swap(&mut pool, narrowed);
         }
     }
-    for &w in pool.iter() {
-        if let Some(info) = workers.get(w) {
-            match (pinned, req.pinned_dp_rank) {
-                (Some(_), Some(dp)) if info.has_rank(dp) => c.slots.push(RankSlot {
-                    rank: RankId::new(w, dp),
-                    kv_blocks: info.total_kv_blocks,
-                }),
-                _ => c.push_worker(info),
-            }
+    for &i in pool.iter() {
+        let info = &order[i as usize];
+        match (pinned, req.pinned_dp_rank) {
+            (Some(_), Some(dp)) if info.has_rank(dp) => c.slots.push(RankSlot {
+                rank: RankId::new(info.worker_id, dp),
+                kv_blocks: info.total_kv_blocks,
+            }),
+            _ => c.slots.extend_from_slice(workers.slots_of(i as usize)),
         }
     }
     c.pool = pool;

@@ -19,9 +19,13 @@ pub(super) struct Candidates {
     pub(super) costs: Vec<f64>,
     /// Each cost minus its `new_blocks_not_active` share: the pruning bound.
     pub(super) lower: Vec<f64>,
-    /// Narrowing's worker pools (allowed, then serving the LoRA adapter).
-    pub(super) pool: Vec<WorkerId>,
-    pub(super) narrowed: Vec<WorkerId>,
+    /// Narrowing's worker pools (allowed, then serving the LoRA adapter), as positions
+    /// in the worker set's id order; the allow-set sorted; the pool's ids for the LoRA
+    /// hook.
+    pub(super) pool: Vec<u32>,
+    pub(super) narrowed: Vec<u32>,
+    pub(super) allowed: Vec<WorkerId>,
+    pub(super) pool_ids: Vec<WorkerId>,
     /// Positions (into `eligible`) tied at the lowest cost, for the host's tie-break.
     pub(super) tied: Vec<usize>,
 }
