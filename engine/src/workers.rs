@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{DpRank, RankId, WorkerId};
+use crate::sync::StdArc;
 
 /// What a worker does in a (possibly disaggregated) deployment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -85,8 +86,9 @@ pub(crate) struct RankSlot {
 pub struct WorkerSet {
     /// Sorted by worker id: a lookup is a binary search over one array, and a walk in id
     /// order reads it front to back (at a thousand workers a tree's lookups were a cost
-    /// selection's narrowing paid per candidate worker).
-    workers: Vec<WorkerInfo>,
+    /// selection's narrowing paid per candidate worker). Shared, so the copy every
+    /// membership change makes copies pointers, not each worker's strings and maps.
+    workers: Vec<StdArc<WorkerInfo>>,
     /// Every rank in the order selection walks them (workers by id, then DP rank), kept
     /// with the workers: a selection reads this array instead of each worker's metadata
     /// per rank.
@@ -99,12 +101,13 @@ impl WorkerSet {
     /// Adds `info` or replaces its worker's metadata; the replaced metadata, if any.
     pub(crate) fn insert(&mut self, info: WorkerInfo) -> Option<WorkerInfo> {
         let old = match self.position(info.worker_id) {
-            Ok(i) => Some(std::mem::replace(&mut self.workers[i], info)),
+            Ok(i) => Some(std::mem::replace(&mut self.workers[i], StdArc::new(info))),
             Err(i) => {
-                self.workers.insert(i, info);
+                self.workers.insert(i, StdArc::new(info));
                 None
             }
         };
+        let old = old.map(StdArc::unwrap_or_clone);
         self.index_ranks();
         old
     }
@@ -113,7 +116,7 @@ impl WorkerSet {
     pub(crate) fn remove(&mut self, id: WorkerId) -> Option<WorkerInfo> {
         let old = self.position(id).ok().map(|i| self.workers.remove(i));
         self.index_ranks();
-        old
+        old.map(StdArc::unwrap_or_clone)
     }
 
     fn position(&self, id: WorkerId) -> Result<usize, usize> {
@@ -148,7 +151,7 @@ impl WorkerSet {
     }
 
     /// The workers in id order, as a slice (positions index [`slots_of`](Self::slots_of)).
-    pub(crate) fn in_order(&self) -> &[WorkerInfo] {
+    pub(crate) fn in_order(&self) -> &[StdArc<WorkerInfo>] {
         &self.workers
     }
 
@@ -159,12 +162,12 @@ impl WorkerSet {
 
     /// The worker `id`'s metadata.
     pub fn get(&self, id: WorkerId) -> Option<&WorkerInfo> {
-        self.position(id).ok().map(|i| &self.workers[i])
+        self.position(id).ok().map(|i| &*self.workers[i])
     }
 
     /// Every worker, in id order.
     pub fn iter(&self) -> impl Iterator<Item = &WorkerInfo> + '_ {
-        self.workers.iter()
+        self.workers.iter().map(|w| &**w)
     }
 
     /// How many workers.
