@@ -129,7 +129,9 @@
 #define KVR_INDEXER_REMOTE_PRIMARY 3
 
 /**
- * The most ingress streams one partition keeps (subscriptions' and raw ones together).
+ * The most ingress streams one partition keeps (subscriptions' and raw ones together)
+ * beyond one per registered DP rank (an engine with data parallelism publishes from each
+ * rank).
  */
 #define KVR_MAX_INGRESS_STREAMS 1024
 
@@ -567,7 +569,7 @@ typedef struct kvr_indexer_stats {
   /**
    * Engine messages, batches and topics refused because they would create ingress
    * state past a bound: a bind subscription's route-less topic past its cap, a stream
-   * past `KVR_MAX_INGRESS_STREAMS`, a rank of a worker not registered past
+   * past `KVR_MAX_INGRESS_STREAMS` beyond the registered ranks, a rank of a worker not registered past
    * `KVR_MAX_PENDING_RANKS`, or a typed batch for a DP rank its worker does not have.
    */
   uint64_t ingress_refused;
@@ -1890,8 +1892,8 @@ kvr_status kvr_partition_indexer_stats(const struct kvr_partition *partition,
  *   may open streams and ranks only within the partition's budget of such ranks
  *   (`KVR_MAX_PENDING_RANKS`, `stream` counting as a DP rank; ranks at least
  *   `KVR_MAX_DP_SIZE` never): past it, `KVR_ERR_UNKNOWN_WORKER`;
- * - a message that would open a stream past `KVR_MAX_INGRESS_STREAMS` streams in the
- *   partition: `KVR_ERR_TOO_MANY_RANKS`.
+ * - a message that would open a stream past `KVR_MAX_INGRESS_STREAMS` streams beyond the
+ *   partition's registered DP ranks: `KVR_ERR_TOO_MANY_RANKS`.
  *
  * Refusals also count in `kvr_indexer_stats.ingress_refused` (those of an existing
  * stream's batches in its `dp_rank_refused`).
@@ -2490,7 +2492,7 @@ kvr_status kvr_subscribe_options_set_topic(struct kvr_subscribe_options *opts,
  * subscription, each with its own timeout; a stream that needs one while 64 are in
  * flight has its replay fail at once, as a timed-out one would. Messages under a topic no route names get a stream of their own, for the
  * worker named by the topic's trailing digits, for at most 256 such topics per
- * subscription (`kvr_subscribe_options_set_max_unrouted_topics`; and `KVR_MAX_INGRESS_STREAMS` streams per partition); messages under
+ * subscription (`kvr_subscribe_options_set_max_unrouted_topics`; and `KVR_MAX_INGRESS_STREAMS` streams per partition beyond its registered ranks); messages under
  * further unknown topics are dropped and counted (`kvr_indexer_stats.ingress_refused`).
  * A replayed batch under another topic than its stream's is dropped, as a live one
  * would not reach that stream.

@@ -55,8 +55,9 @@ cargo run --release --locked -q -p kvr-index-peers -- --quick > /dev/null
 
 echo "== fleet scale (benches/fleet), its smoke"
 # 512 ranks, a few hundred calls a case: every case, filter and the worker churn run and
-# check their answers (the full run: docs/benchmarks.md, "Fleet scale").
+# check their answers; 512 ranks' KV events applied whole, paced beside selections (the full run: docs/benchmarks.md, "Fleet scale").
 cargo run --release --locked -q -p kvr-fleet-bench -- select --quick > /dev/null
+cargo run --release --locked -q -p kvr-fleet-bench -- ingest --quick > /dev/null
 
 echo "== fuzz replay (fuzz/: every seed and kept crasher through its target, on stable)"
 cargo test --manifest-path fuzz/Cargo.toml --locked  # debug: overflow checks on

@@ -254,3 +254,38 @@ fn an_unknown_medium_skips_its_event_not_the_batch() {
     assert_eq!(device_overlap(&p, &a, RankId::new(5, 0)), 2);
     assert_eq!(stats_of(&p, 5).events_skipped_medium, 1);
 }
+
+/// One store of one block on DP rank `dp`, as that rank's publisher would send it.
+fn one_block_on(dp: u32, hash: u64) -> Vec<u8> {
+    let mut b = BatchEncoder::new();
+    b.stored(&[hash], None, &[1, 2, 3, 4], BS, Medium::Gpu, None);
+    b.finish(0.0, Some(dp))
+}
+
+#[test]
+fn a_fleet_past_the_stream_allowance_gets_a_stream_for_every_rank_and_no_more() {
+    use kvr::ingress::MAX_INGRESS_STREAMS;
+    use kvr::WorkerInfo;
+    // 160 workers of 8 ranks: 1,280 publishers, more than the allowance alone.
+    let p = partition();
+    for w in 0..160u64 {
+        p.upsert_worker(WorkerInfo::new(w, 8)).unwrap();
+    }
+    for w in 0..160u64 {
+        for dp in 0..8u32 {
+            let o = p.ingest(w, dp, b"", 0, &one_block_on(dp, (w << 8) | u64::from(dp)));
+            assert_eq!(o.batches_applied, 1, "worker {w} rank {dp}: {o:?}");
+        }
+    }
+    assert_eq!(p.index().stats().holder_blocks, 1_280);
+    assert_eq!(p.indexer_stats().ingress_refused, 0);
+    // Made-up stream numbers of a registered worker: the allowance past the ranks, then
+    // refusals, counted.
+    let mut refused = 0;
+    for s in 8..8 + MAX_INGRESS_STREAMS as u32 + 100 {
+        refused += p.ingest(0, s, b"", 0, b"not even a batch").refused;
+    }
+    assert_eq!(refused, 100);
+    assert_eq!(p.indexer_stats().ingress_refused, 100);
+    assert_eq!(p.ingress_stats().len(), 1_280 + MAX_INGRESS_STREAMS);
+}

@@ -263,7 +263,7 @@ pub struct kvr_indexer_stats {
     pub approx_blocks_over_bound: u64,
     /// Engine messages, batches and topics refused because they would create ingress
     /// state past a bound: a bind subscription's route-less topic past its cap, a stream
-    /// past `KVR_MAX_INGRESS_STREAMS`, a rank of a worker not registered past
+    /// past `KVR_MAX_INGRESS_STREAMS` beyond the registered ranks, a rank of a worker not registered past
     /// `KVR_MAX_PENDING_RANKS`, or a typed batch for a DP rank its worker does not have.
     pub ingress_refused: u64,
 }

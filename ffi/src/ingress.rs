@@ -9,7 +9,9 @@ use kvr::stats::{HealthReason, SourceHealth, StreamStats};
 use crate::handles::kvr_partition;
 use crate::status::*;
 
-/// The most ingress streams one partition keeps (subscriptions' and raw ones together).
+/// The most ingress streams one partition keeps (subscriptions' and raw ones together)
+/// beyond one per registered DP rank (an engine with data parallelism publishes from each
+/// rank).
 pub const KVR_MAX_INGRESS_STREAMS: u32 = 1024;
 /// The most DP ranks of workers not registered yet that a partition takes events for; a
 /// worker's ranks leave this budget when it is registered or removed.
@@ -198,8 +200,8 @@ fn stream_stats(s: &StreamStats) -> kvr_stream_stats {
 ///   may open streams and ranks only within the partition's budget of such ranks
 ///   (`KVR_MAX_PENDING_RANKS`, `stream` counting as a DP rank; ranks at least
 ///   `KVR_MAX_DP_SIZE` never): past it, `KVR_ERR_UNKNOWN_WORKER`;
-/// - a message that would open a stream past `KVR_MAX_INGRESS_STREAMS` streams in the
-///   partition: `KVR_ERR_TOO_MANY_RANKS`.
+/// - a message that would open a stream past `KVR_MAX_INGRESS_STREAMS` streams beyond the
+///   partition's registered DP ranks: `KVR_ERR_TOO_MANY_RANKS`.
 ///
 /// Refusals also count in `kvr_indexer_stats.ingress_refused` (those of an existing
 /// stream's batches in its `dp_rank_refused`).

@@ -193,7 +193,7 @@ pub unsafe extern "C" fn kvr_subscribe_options_set_topic(
 /// subscription, each with its own timeout; a stream that needs one while 64 are in
 /// flight has its replay fail at once, as a timed-out one would. Messages under a topic no route names get a stream of their own, for the
 /// worker named by the topic's trailing digits, for at most 256 such topics per
-/// subscription (`kvr_subscribe_options_set_max_unrouted_topics`; and `KVR_MAX_INGRESS_STREAMS` streams per partition); messages under
+/// subscription (`kvr_subscribe_options_set_max_unrouted_topics`; and `KVR_MAX_INGRESS_STREAMS` streams per partition beyond its registered ranks); messages under
 /// further unknown topics are dropped and counted (`kvr_indexer_stats.ingress_refused`).
 /// A replayed batch under another topic than its stream's is dropped, as a live one
 /// would not reach that stream.

@@ -4,6 +4,7 @@
 //! memory per holder-block. `--quick` runs every path in seconds for CI (its figures mean
 //! nothing). Figures print as a markdown table and go to `--out` as JSON.
 
+mod ingest;
 mod report;
 mod select;
 
@@ -29,6 +30,24 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Part {
+    /// KV events of 1,024 workers × 8 ranks on one thread: block-ops/s, and the lag from
+    /// publish to indexed at a paced rate beside a selecting thread.
+    Ingest {
+        #[arg(long)]
+        workers: Option<u64>,
+        #[arg(long)]
+        dp: Option<u32>,
+        /// Block-ops per second offered in the lag part.
+        #[arg(long)]
+        lag_rate: Option<f64>,
+        #[arg(long)]
+        lag_secs: Option<f64>,
+        #[arg(long)]
+        reps: Option<usize>,
+        /// KV capacity registered per rank (0: none).
+        #[arg(long)]
+        capacity: Option<u64>,
+    },
     /// Selection at 1,024 workers × 8 ranks, worker churn, memory.
     Select {
         #[arg(long)]
@@ -60,6 +79,30 @@ fn main() {
     let cli = Cli::parse();
     let mut report = Report::default();
     match cli.part {
+        Part::Ingest {
+            workers,
+            dp,
+            lag_rate,
+            lag_secs,
+            reps,
+            capacity,
+        } => {
+            let base = if cli.quick {
+                ingest::IngestPlan::quick()
+            } else {
+                ingest::IngestPlan::full()
+            };
+            let plan = ingest::IngestPlan {
+                workers: workers.unwrap_or(base.workers),
+                dp: dp.unwrap_or(base.dp),
+                lag_rate: lag_rate.unwrap_or(base.lag_rate),
+                lag_secs: lag_secs.unwrap_or(base.lag_secs),
+                reps: reps.unwrap_or(base.reps).max(1),
+                capacity: capacity.unwrap_or(base.capacity),
+                ..base
+            };
+            ingest::run(&plan, &mut report);
+        }
         Part::Select {
             workers,
             dp,

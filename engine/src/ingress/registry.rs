@@ -7,16 +7,19 @@ use std::collections::{HashMap, HashSet};
 use crate::freshness::Freshness;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{ApplyOutcome, IndexError, KvEvent};
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, Mutex, ShardedMap};
 
 use super::counters::{StreamCounters, StreamStats};
 use super::door::{Door, EventSink, IngestOutcome, StreamResume};
 use super::stream::IngressStream;
 
-/// The most ingress streams one partition keeps (subscriptions' and raw ones together):
-/// a stream is one publisher socket, so this is far beyond any deployment, and a flood of
-/// new topics or stream numbers stops here (counted in `IndexerStats::ingress_refused`).
+/// The most ingress streams one partition keeps (subscriptions' and raw ones together)
+/// beyond one per registered DP rank: a stream is one publisher socket, and an engine
+/// with data parallelism publishes from each rank, so a fleet of 1,024 workers of 8 ranks
+/// has 8,192 of them. A flood of new topics or stream numbers stops at this many past the
+/// registered ranks (counted in `IndexerStats::ingress_refused`); only the host's
+/// registrations raise the bound.
 pub const MAX_INGRESS_STREAMS: usize = 1024;
 
 /// The most DP ranks of workers not registered yet that a partition takes events for
@@ -42,6 +45,9 @@ pub(crate) struct IngressRegistry {
     resume: Mutex<HashMap<(WorkerId, u32), StreamResume>>,
     /// Messages, batches and topics refused for a bound (`IndexerStats::ingress_refused`).
     refused: AtomicU64,
+    /// The partition's registered DP ranks (set on every membership change): the stream
+    /// bound is [`MAX_INGRESS_STREAMS`] past them.
+    registered_ranks: AtomicUsize,
     /// The ranks whose state may be stale, for selection (`crate::freshness`).
     pub(crate) freshness: Freshness,
 }
@@ -75,6 +81,7 @@ impl Default for IngressRegistry {
             pending: Mutex::new(HashSet::new()),
             resume: Mutex::new(HashMap::new()),
             refused: AtomicU64::new(0),
+            registered_ranks: AtomicUsize::new(0),
             freshness: Freshness::default(),
         }
     }
@@ -101,7 +108,7 @@ impl IngressRegistry {
         taken: &dyn Fn(u32) -> bool,
     ) -> Option<u32> {
         let mut streams = self.streams.lock();
-        if streams.len() >= MAX_INGRESS_STREAMS {
+        if streams.len() >= self.stream_limit() {
             return None;
         }
         let used: HashSet<u32> = streams
@@ -115,6 +122,17 @@ impl IngressRegistry {
         let n = (0..=u32::MAX).find(|n| !used.contains(n) && !taken(*n))?;
         streams.claimed.push((worker, n));
         Some(n)
+    }
+
+    /// The most streams (and resume points) the partition keeps now:
+    /// [`MAX_INGRESS_STREAMS`] past its registered ranks.
+    fn stream_limit(&self) -> usize {
+        MAX_INGRESS_STREAMS.saturating_add(self.registered_ranks.load(Ordering::Relaxed))
+    }
+
+    /// The partition's registered DP ranks, after a membership change.
+    pub(crate) fn set_registered_ranks(&self, ranks: usize) {
+        self.registered_ranks.store(ranks, Ordering::Relaxed);
     }
 
     /// Whether events may create rank `rank` of a worker not registered yet: it was taken
@@ -136,7 +154,7 @@ impl IngressRegistry {
     pub(crate) fn set_resume_point(&self, at: StreamResume) -> bool {
         let mut r = self.resume.lock();
         let key = (at.worker_id, at.stream);
-        if r.len() >= MAX_INGRESS_STREAMS && !r.contains_key(&key) {
+        if r.len() >= self.stream_limit() && !r.contains_key(&key) {
             return false;
         }
         // Stale from now: the stream, once created, keeps them listed until it has
@@ -197,7 +215,7 @@ impl IngressRegistry {
         let s = match self.raw.get(&key) {
             Some(s) => s,
             None => {
-                let full = self.streams.lock().len() >= MAX_INGRESS_STREAMS;
+                let full = self.streams.lock().len() >= self.stream_limit();
                 if full || !may_open() {
                     self.note_refused();
                     return IngestOutcome {

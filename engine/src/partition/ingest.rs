@@ -101,7 +101,7 @@ impl Partition {
     ///
     /// Nothing handed in creates state without bound: a batch naming a DP rank its worker
     /// does not have is refused (`IngestOutcome::refused`, the stream's `dp_rank_refused`),
-    /// and a message that would open a new stream past [`MAX_INGRESS_STREAMS`](crate::ingress::MAX_INGRESS_STREAMS), or for a
+    /// and a message that would open a new stream past [`MAX_INGRESS_STREAMS`](crate::ingress::MAX_INGRESS_STREAMS) beyond the registered ranks, or for a
     /// worker not registered past the pending-rank budget ([`MAX_PENDING_RANKS`](crate::ingress::MAX_PENDING_RANKS), with
     /// `stream` as its DP rank), is refused and counted
     /// (`indexer_stats().ingress_refused`).

@@ -336,6 +336,9 @@ impl Partition {
             .set_worker_capacity(info.worker_id, info.total_kv_blocks);
         let id = info.worker_id;
         let new = next.insert(info).is_none();
+        // Before the set is published: a stream of a rank the new set has is never refused
+        // for want of room.
+        self.ingress.set_registered_ranks(next.slots().len());
         self.workers.store(next);
         // Its ranks are the host's word now, no longer the pending budget's.
         self.ingress.worker_registered(id);
@@ -352,6 +355,7 @@ impl Partition {
             let cur = self.workers.load();
             let mut next = (*cur).clone();
             let removed = next.remove(id);
+            self.ingress.set_registered_ranks(next.slots().len());
             self.workers.store(next);
             removed
         };

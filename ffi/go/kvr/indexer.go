@@ -249,8 +249,9 @@ type IndexerStats struct {
 	ApproxBlocksOverBound uint64
 	// IngressRefused: engine messages, batches and topics refused because they would
 	// create ingress state past a bound (a bind subscription's route-less topic past its
-	// cap, a stream past KVR_MAX_INGRESS_STREAMS, a rank of a worker not registered past
-	// KVR_MAX_PENDING_RANKS, a typed batch for a DP rank its worker does not have).
+	// cap, a stream past KVR_MAX_INGRESS_STREAMS beyond the registered ranks, a rank of a
+	// worker not registered past KVR_MAX_PENDING_RANKS, a typed batch for a DP rank its
+	// worker does not have).
 	IngressRefused uint64
 }
 
