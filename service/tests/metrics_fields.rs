@@ -339,7 +339,7 @@ fn metrics_export_every_engine_figure() {
     for sample in [
         "kvr_index_stored_events_total{model=\"default:default\"} 0",
         "kvr_indexer_events_ignored_total{model=\"default:default\"} 0",
-        "kvr_booking_tracked_ranks{model=\"default:default\"} 0",
+        "kvr_booking_tracked_ranks{model=\"default:default\"} 1",
         "kvr_index_tier_blocks{model=\"default:default\",tier=\"host\"} 0",
         "kvr_session_entries{model=\"default:default\"} 0",
     ] {

@@ -1224,7 +1224,7 @@ static void test_selection_cost(void)
     /* Advisory selection booked nothing. */
     kvr_booking_stats bs = booking_stats(p);
     CHECK_EQ(bs.bookings, 0);
-    CHECK_EQ(bs.tracked_ranks, 0);
+    CHECK_EQ(bs.tracked_ranks, 3); /* the three registered ranks, from registration on */
     CHECK_EQ(bs.sweeper_started, 0);
     CHECK_LOAD(p, 2, 0, 0, 0, 0);
     kvr_selection_stats ss = selection_stats(p);
@@ -1397,7 +1397,7 @@ static void test_bookings(void)
     CHECK_LOAD(p, 2, 0, 0, 0, 0);
     kvr_booking_stats bs = booking_stats(p);
     CHECK_EQ(bs.bookings, 1);
-    CHECK_EQ(bs.tracked_ranks, 1);
+    CHECK_EQ(bs.tracked_ranks, 3); /* the registered ranks, booked or not */
     CHECK_EQ(bs.sweeper_started, 1);
     CHECK_EQ(bs.expired_total, 0);
     CHECK_EQ(bs.counter_underflows, 0);

@@ -258,6 +258,23 @@ fn churn(plan: &SelectPlan, w: &SelectionWorkload, report: &mut Report) {
         add_ns.push(t0.elapsed().as_nanos() as u64);
         assert!(new, "worker {} existed", first_new + i);
     }
+    // The first booking on each new worker (its ranks' booking state is made then).
+    let q = w.queries(plan.tokens, 1, 2);
+    let mut first_ns = Vec::new();
+    for i in 0..plan.churn_workers as u64 {
+        let mut req = SelectRequest::tokens(&q[0]);
+        req.pinned_worker = Some(first_new + i);
+        let t0 = Instant::now();
+        let out = w.engine.select_and_reserve(&w.key, &req);
+        first_ns.push(t0.elapsed().as_nanos() as u64);
+        let Ok(Outcome::Selected(d)) = out else {
+            panic!("first booking on worker {}: {out:?}", first_new + i);
+        };
+        w.engine
+            .free(d.selection_id.expect("a booked decision has an id"))
+            .expect("freeing a live booking");
+    }
+    report.push(Figure::calls("first_booking_on_a_new_worker", first_ns));
     let held_before = p.index().stats().holder_blocks;
     let mut remove_ns = Vec::new();
     // Built workers from the top of the id range, each with its blocks and bookings.

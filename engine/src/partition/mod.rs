@@ -342,6 +342,15 @@ impl Partition {
         self.workers.store(next);
         // Its ranks are the host's word now, no longer the pending budget's.
         self.ingress.worker_registered(id);
+        // Its ranks' booking counters, made now in one go rather than one registry copy
+        // at each rank's first booking (on the selection path).
+        let ranks: Vec<RankId> = self
+            .workers
+            .load()
+            .get(id)
+            .map(|w| w.ranks().collect())
+            .unwrap_or_default();
+        self.bookings.ensure_ranks(&ranks);
         Ok(new)
     }
 

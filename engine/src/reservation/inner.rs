@@ -131,6 +131,22 @@ impl Inner {
         state
     }
 
+    /// Makes the booking state of each of `ranks` that has none, in one registry rebuild:
+    /// a worker's ranks when it registers, so its first bookings do not each copy the
+    /// registry (at thousands of ranks a copy costs most of a millisecond).
+    pub(super) fn ensure_ranks(&self, ranks: &[RankId]) {
+        let _w = self.ranks_write.lock();
+        let cur = self.ranks.load();
+        let fresh: Vec<Arc<RankState>> = ranks
+            .iter()
+            .filter(|r| cur.get(r).is_none())
+            .map(|&r| Arc::new(RankState::new(r)))
+            .collect();
+        if !fresh.is_empty() {
+            self.ranks.store(cur.with_all(fresh));
+        }
+    }
+
     pub(super) fn insert(
         &self,
         req: BookingRequest,

@@ -43,6 +43,15 @@ impl RankMap {
         Self::of(map)
     }
 
+    /// The map with every one of `states` added (or replacing its rank's).
+    pub(super) fn with_all(&self, states: Vec<Arc<RankState>>) -> Self {
+        let mut map = self.map.clone();
+        for state in states {
+            map.insert(state.rank, state);
+        }
+        Self::of(map)
+    }
+
     /// The map without any of `ranks`.
     pub(super) fn without_all(&self, ranks: &[RankId]) -> Self {
         let mut map = self.map.clone();

@@ -265,6 +265,13 @@ impl ReservationTable {
         self.inner.remove_rank(rank)
     }
 
+    /// Makes the counters of each of `ranks` that has none yet (a worker's, as it
+    /// registers), in one copy of the rank registry instead of one at each rank's first
+    /// booking.
+    pub(crate) fn ensure_ranks(&self, ranks: &[RankId]) {
+        self.inner.ensure_ranks(ranks);
+    }
+
     /// [`remove_rank`](Self::remove_rank) for each of `ranks` (a worker's), in one pass
     /// over the bookings. Returns how many bookings were freed.
     pub fn remove_ranks(&self, ranks: &[RankId]) -> usize {

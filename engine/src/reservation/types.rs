@@ -220,7 +220,8 @@ impl std::error::Error for ReservationError {}
 pub struct ReservationStats {
     /// Live bookings.
     pub bookings: usize,
-    /// Ranks with a counter set (ranks that ever booked and were not removed).
+    /// Ranks with a counter set: every registered rank of a partition (made as its worker
+    /// registers), and any other rank that booked; a removed rank leaves.
     pub tracked_ranks: usize,
     /// Bookings freed by sweeps so far.
     pub expired_total: u64,
