@@ -77,8 +77,7 @@ def main(d):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import report_cpu
 
-        report_cpu.main(d, meta)
-        return
+        sys.exit(report_cpu.main(d, meta))
     runs = {}
     for f in sorted(glob.glob(os.path.join(d, "*-n*-r*.json"))):
         m = re.match(r"(\w+)-n(\d+)-r(\d+)\.json$", os.path.basename(f))

@@ -135,3 +135,6 @@ def main(d, meta):
                 errs[(k, kind)] = errs.get((k, kind), 0) + c
     for (k, kind), c in sorted(errs.items()):
         print(f"- {k[0]:,} tokens, {k[1]} {k[2]}: {c} × {kind}")
+    # A run that failed requests, or a service missing at a size, fails the run (CI).
+    empty = [k for k, rs in runs.items() if any(p["ops"] == 0 for p in rs.values())]
+    return 1 if errs or missing or empty else 0

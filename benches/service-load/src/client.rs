@@ -15,12 +15,16 @@ use serde::Deserialize;
 pub(crate) enum BodyForm {
     /// `application/json`, `token_ids` as an array of decimals.
     Json,
+    /// `application/msgpack` (kvr's binary form), `token_ids` as a `bin` of
+    /// little-endian u32s.
+    Msgpack,
 }
 
 impl BodyForm {
     fn content_type(self) -> &'static str {
         match self {
             BodyForm::Json => "application/json",
+            BodyForm::Msgpack => "application/msgpack",
         }
     }
 }
@@ -183,7 +187,23 @@ impl Api {
 pub(crate) fn select_body(form: BodyForm, model: &str, tokens: &[u32]) -> Bytes {
     match form {
         BodyForm::Json => json_body(model, tokens),
+        BodyForm::Msgpack => msgpack_body(model, tokens),
     }
+}
+
+/// The msgpack form: `{"model_name": …, "token_ids": bin}`, the tokens' little-endian
+/// bytes as they are in memory on every common platform.
+fn msgpack_body(model: &str, tokens: &[u32]) -> Bytes {
+    let mut b = Vec::with_capacity(32 + model.len() + tokens.len() * 4);
+    rmp::encode::write_map_len(&mut b, 2).expect("vec");
+    rmp::encode::write_str(&mut b, "model_name").expect("vec");
+    rmp::encode::write_str(&mut b, model).expect("vec");
+    rmp::encode::write_str(&mut b, "token_ids").expect("vec");
+    rmp::encode::write_bin_len(&mut b, (tokens.len() * 4) as u32).expect("vec");
+    for t in tokens {
+        b.extend_from_slice(&t.to_le_bytes());
+    }
+    Bytes::from(b)
 }
 
 /// The JSON form. Each token is written as a fixed 16-byte store into a buffer sized
@@ -262,5 +282,19 @@ mod tests {
         assert_eq!(v["token_ids"], serde_json::json!(tokens));
         let b = super::select_body(super::BodyForm::Json, "m", &[]);
         assert_eq!(&b[..], br#"{"model_name":"m","token_ids":[]}"#);
+    }
+
+    #[test]
+    fn msgpack_body_is_a_map_with_a_bin_of_le_u32() {
+        let b = super::select_body(super::BodyForm::Msgpack, "bench", &[1, 258, u32::MAX]);
+        let v = rmpv::decode::read_value(&mut &b[..]).unwrap();
+        let m = v.as_map().unwrap();
+        assert_eq!(m[0].0.as_str(), Some("model_name"));
+        assert_eq!(m[0].1.as_str(), Some("bench"));
+        assert_eq!(m[1].0.as_str(), Some("token_ids"));
+        assert_eq!(
+            m[1].1.as_slice(),
+            Some(&[1, 0, 0, 0, 2, 1, 0, 0, 255, 255, 255, 255][..])
+        );
     }
 }
