@@ -321,8 +321,8 @@ fn tokens(r: &mut Reader<'_>, h: Head) -> Result<Option<Vec<u32>>> {
     }
 }
 
-/// One token id; the one-byte and u16 forms (every id below 65,536) read without the
-/// general header match.
+/// One token id; the unsigned forms up to u32 (what an encoder writes for any id) read
+/// without the general header match.
 #[inline(always)]
 fn token(r: &mut Reader<'_>) -> Result<u32> {
     match r.b.get(r.at) {
@@ -330,10 +330,22 @@ fn token(r: &mut Reader<'_>) -> Result<u32> {
             r.at += 1;
             return Ok(u32::from(b));
         }
+        Some(&0xcc) => {
+            if let Some(&v) = r.b.get(r.at + 1) {
+                r.at += 2;
+                return Ok(u32::from(v));
+            }
+        }
         Some(&0xcd) => {
             if let Some(&[hi, lo]) = r.b.get(r.at + 1..r.at + 3) {
                 r.at += 3;
                 return Ok(u32::from(u16::from_be_bytes([hi, lo])));
+            }
+        }
+        Some(&0xce) => {
+            if let Some(&[a, b, c, d]) = r.b.get(r.at + 1..r.at + 5) {
+                r.at += 5;
+                return Ok(u32::from_be_bytes([a, b, c, d]));
             }
         }
         _ => {}
