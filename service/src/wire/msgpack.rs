@@ -12,8 +12,8 @@
 //! string, a string that is not UTF-8, a non-finite float, `bin` or `ext` anywhere but
 //! `token_ids`, nesting deeper than serde_json would read) is a 400; a `token_ids` of the
 //! wrong type or out of u32's range is a 422, as the JSON body's is. A declared length is
-//! checked against the bytes left before anything is reserved for it, so a body's claims
-//! never size an allocation beyond the body itself.
+//! checked against the bytes left before anything is reserved for it, so no allocation is
+//! sized by a claim (a token array takes at most four bytes per byte of body).
 
 use rmp::Marker;
 
