@@ -73,6 +73,11 @@ def summarise(runs):
 
 def main(d):
     meta = json.load(open(os.path.join(d, "meta.json")))
+    if meta.get("mode") == "cpu":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import report_cpu
+
+        sys.exit(report_cpu.main(d, meta))
     runs = {}
     for f in sorted(glob.glob(os.path.join(d, "*-n*-r*.json"))):
         m = re.match(r"(\w+)-n(\d+)-r(\d+)\.json$", os.path.basename(f))

@@ -4,7 +4,7 @@
 //! model `m` (ids 1 and 2, block size 16, KV-event endpoints nobody listens on) and one
 //! booking (`base`), all registered through the router. Each input is
 //! `[selector, body...]`: `selector % ROUTES.len()` picks a POST/PATCH route,
-//! `selector / ROUTES.len() % 8` the content type; the rest is sent as the body through
+//! `selector / ROUTES.len() % 10` the content type (JSON or msgpack); the rest is sent as the body through
 //! `routes::router(app)` (built once, cloned per request) with `tower::ServiceExt::oneshot` on a current-thread tokio
 //! runtime.
 //!
@@ -42,8 +42,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/reservations/nope/output_block"),
 ];
 
-/// Content types by `selector / ROUTES.len() % 8`.
-const CONTENT_TYPES: [Option<&str>; 8] = [
+/// Content types by `selector / ROUTES.len() % 10`: JSON mostly, msgpack (kvr's binary
+/// form: the body is then read as msgpack, malformed or not), and refused ones.
+const CONTENT_TYPES: [Option<&str>; 10] = [
     Some("application/json"),
     Some("application/json"),
     Some("application/json"),
@@ -52,6 +53,8 @@ const CONTENT_TYPES: [Option<&str>; 8] = [
     None,
     Some("text/plain"),
     Some("application/problem+json"),
+    Some("application/msgpack"),
+    Some("application/x-msgpack"),
 ];
 
 fn base_worker(id: u64) -> Value {

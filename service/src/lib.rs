@@ -31,10 +31,22 @@ pub mod state;
 pub mod tracking;
 pub mod wire;
 
-/// Hooks for the fuzz targets (not an API).
+/// Hooks for the fuzz targets and the parser bench (not an API).
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::wire::tokens::agrees_with_serde as token_split_agrees_with_serde;
+
+    /// The hand-read `token_ids` of a JSON body, or `None` where the split declines.
+    pub fn split_tokens(body: &[u8]) -> Option<Vec<u32>> {
+        crate::wire::tokens::split_token_ids(body).map(|s| s.tokens)
+    }
+
+    /// The `token_ids` of a msgpack body as the service reads them.
+    pub fn msgpack_tokens(body: &[u8]) -> Option<Vec<u32>> {
+        crate::wire::msgpack::transcode(body, true)
+            .ok()
+            .and_then(|t| t.tokens)
+    }
 }
 
 use std::sync::atomic::{AtomicBool, Ordering};

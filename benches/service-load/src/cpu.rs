@@ -75,5 +75,15 @@ impl Cores {
             |busy: Option<f64>, own: Option<f64>| busy.zip(own).map(|(b, o)| (b - o).max(0.0));
         r.server_core_others = other(d(after.server_core, before.server_core), r.server_cpu);
         r.loadgen_core_others = other(d(after.loadgen_core, before.loadgen_core), r.loadgen_cpu);
+        // Per operation: CPU seconds over the phase / operations (ticks are 10 ms, so a
+        // phase needs hundreds of operations for this to mean much; run.sh's are seconds).
+        let ops = r.ops;
+        let per_op = |a: Option<f64>, b: Option<f64>| {
+            a.zip(b)
+                .filter(|_| ops > 0)
+                .map(|(a, b)| (a - b) / ops as f64 * 1e6)
+        };
+        r.server_cpu_us_per_op = per_op(after.server, before.server);
+        r.loadgen_cpu_us_per_op = per_op(after.loadgen, before.loadgen);
     }
 }

@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use crate::client::{select_body, Api, Failed};
+use crate::client::{select_body, Api, BodyForm, Failed};
 use crate::fleet::Fleet;
 use crate::workload::Workload;
 
@@ -23,6 +23,7 @@ pub(crate) struct Ctx {
     pub fleet: Arc<Fleet>,
     pub workload: Mutex<Workload>,
     pub model: String,
+    pub body: BodyForm,
 }
 
 /// Counters and histograms of one phase (latencies in microseconds).
@@ -89,8 +90,9 @@ fn micros(d: Duration) -> u64 {
 /// One operation; latencies are measured from `intended` (its scheduled send time).
 pub(crate) async fn operation(ctx: &Ctx, stats: &Mutex<Stats>, intended: Instant) {
     let prompt = ctx.workload.lock().unwrap().next_prompt();
-    let body = select_body(&ctx.model, &prompt.tokens);
-    let sel = match ctx.api.select_and_reserve(body).await {
+    let body = select_body(ctx.body, &ctx.model, &prompt.tokens);
+    let check = prompt.index.is_multiple_of(crate::client::HASH_CHECK_EVERY);
+    let sel = match ctx.api.select_and_reserve(ctx.body, body, check).await {
         Ok(s) => s,
         Err(f) => {
             stats.lock().unwrap().error("select_and_reserve", &f);
@@ -172,6 +174,12 @@ pub(crate) struct PhaseResult {
     /// CPU other processes used on the server's / the generator's core, in cores.
     pub server_core_others: Option<f64>,
     pub loadgen_core_others: Option<f64>,
+    /// The server's own CPU time (user + system, all threads) over the phase divided by
+    /// the operations completed in it, in microseconds: what an operation costs the
+    /// server, whatever share of its core it got.
+    pub server_cpu_us_per_op: Option<f64>,
+    /// The same for the generator.
+    pub loadgen_cpu_us_per_op: Option<f64>,
 }
 
 fn result(
@@ -215,6 +223,8 @@ fn result(
         server_cpu: None,
         server_core_others: None,
         loadgen_core_others: None,
+        server_cpu_us_per_op: None,
+        loadgen_cpu_us_per_op: None,
     }
 }
 

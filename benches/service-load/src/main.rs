@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use serde_json::json;
 
-use client::Api;
+use client::{Api, BodyForm};
 use fleet::{Batch, Fleet};
 use load::Ctx;
 use workload::{sequence_hashes, LenDist, Workload, WorkloadConfig};
@@ -91,6 +91,13 @@ struct Args {
     multi_turn: f64,
     #[arg(long, default_value_t = 512)]
     sessions: usize,
+    /// Every prompt exactly this many tokens (the per-op CPU mode; overrides the
+    /// lengths drawn between --min-len and --max-len).
+    #[arg(long)]
+    prompt_tokens: Option<usize>,
+    /// The form of the select_and_reserve body.
+    #[arg(long, value_enum, default_value_t = BodyForm::Json)]
+    body: BodyForm,
 }
 
 fn main() {
@@ -137,12 +144,14 @@ async fn run(a: &Args, threads: usize) -> Result<serde_json::Value, String> {
         group_max: a.group_max,
         multi_turn: a.multi_turn,
         sessions: a.sessions,
+        fixed_len: a.prompt_tokens.filter(|&l| l > 0),
     });
     let ctx = Arc::new(Ctx {
         api,
         fleet: fleet.clone(),
         workload: Mutex::new(workload),
         model: a.model.clone(),
+        body: a.body,
     });
     let max_conc = a.conc.iter().copied().max().unwrap_or(8);
     if a.warmup > 0.0 {
@@ -164,10 +173,11 @@ async fn run(a: &Args, threads: usize) -> Result<serde_json::Value, String> {
         let mut r = load::closed(&ctx, c, dur).await;
         cores.fill(before, &mut r);
         log(format!(
-            "closed C={c}: {:.0} ops/s, {:.0} req/s, select p50 {} us p99 {} us, hit {:.3} (held {:.3}), {} errors, cpu load {:.2} server {:.2} others on server core {:.2}",
+            "closed C={c}: {:.0} ops/s, {:.0} req/s, select p50 {} us p99 {} us, hit {:.3} (held {:.3}), {} errors, cpu load {:.2} server {:.2} others on server core {:.2}, server {:.0} us/op",
             r.ops_s, r.requests_s, r.select_p50_us, r.select_p99_us, r.hit_rate, r.held_rate, r.errors,
             r.loadgen_cpu.unwrap_or(f64::NAN), r.server_cpu.unwrap_or(f64::NAN),
-            r.server_core_others.unwrap_or(f64::NAN)
+            r.server_core_others.unwrap_or(f64::NAN),
+            r.server_cpu_us_per_op.unwrap_or(f64::NAN)
         ));
         phases.push(r);
     }
@@ -193,6 +203,8 @@ async fn run(a: &Args, threads: usize) -> Result<serde_json::Value, String> {
         "workers": a.workers,
         "seed": a.seed,
         "cache_blocks": a.cache_blocks,
+        "prompt_tokens": a.prompt_tokens,
+        "body": format!("{:?}", a.body).to_lowercase(),
         "loadgen_threads": threads,
         "prompts": ctx.workload.lock().unwrap().drawn,
         "phases": phases,

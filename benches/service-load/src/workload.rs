@@ -65,11 +65,17 @@ pub(crate) struct WorkloadConfig {
     pub multi_turn: f64,
     /// Conversations kept for multi-turn reuse.
     pub sessions: usize,
+    /// Every prompt exactly this long (the per-op CPU mode): system prompts are drawn no
+    /// longer than half of it, and a next turn keeps the conversation's leading tokens,
+    /// cut to leave room for its new message.
+    pub fixed_len: Option<usize>,
 }
 
 /// One prompt: its tokens and the sequence hashes of its complete blocks.
 #[derive(Debug, Clone)]
 pub(crate) struct Prompt {
+    /// Its place in the stream (0, 1, …).
+    pub index: u64,
     pub tokens: Arc<Vec<u32>>,
     /// Dynamo's chained sequence hash of each complete block (REFERENCE §1). Also used as
     /// the engine's block hash in the events (a chained hash, as vLLM's is).
@@ -88,9 +94,18 @@ pub(crate) struct Workload {
 impl Workload {
     pub(crate) fn new(cfg: WorkloadConfig) -> Self {
         let mut rng = Rng::new(cfg.seed);
+        // A fixed length L keeps system prompts within [L/4, L/2] at most, so that at 1k
+        // tokens a prompt is not all shared prefix.
+        let (gmin, gmax) = match cfg.fixed_len {
+            Some(l) => {
+                let hi = cfg.group_max.min(l / 2).max(1);
+                (cfg.group_min.min(l / 4).clamp(1, hi), hi)
+            }
+            None => (cfg.group_min, cfg.group_max),
+        };
         let groups = (0..cfg.groups)
             .map(|_| {
-                let n = rng.range(cfg.group_min, cfg.group_max);
+                let n = rng.range(gmin, gmax);
                 let mut t = Vec::with_capacity(n);
                 rng.tokens(n, &mut t);
                 t
@@ -107,6 +122,9 @@ impl Workload {
     }
 
     fn length(&mut self) -> usize {
+        if let Some(l) = self.cfg.fixed_len {
+            return l;
+        }
         let (lo, hi) = (self.cfg.min_len as f64, self.cfg.max_len as f64);
         let u = self.rng.unit();
         let len = match self.cfg.len_dist {
@@ -138,7 +156,15 @@ impl Workload {
                 // The next turn: the whole previous prompt (as if its answer were part of
                 // it), then a new user message; a conversation too long starts over.
                 let add = self.rng.range(128, 1024);
-                if prev.tokens.len() + add <= self.cfg.max_len {
+                if let Some(l) = self.cfg.fixed_len {
+                    // Fixed length: the conversation so far, cut to make room.
+                    let add = add.min(l / 4);
+                    let keep = prev.tokens.len().min(l - add);
+                    let mut t = Vec::with_capacity(l);
+                    t.extend_from_slice(&prev.tokens[..keep]);
+                    self.rng.tokens(l - keep, &mut t);
+                    t
+                } else if prev.tokens.len() + add <= self.cfg.max_len {
                     let mut t = Vec::with_capacity(prev.tokens.len() + add);
                     t.extend_from_slice(&prev.tokens);
                     self.rng.tokens(add, &mut t);
@@ -151,6 +177,7 @@ impl Workload {
         };
         let hashes = sequence_hashes(&tokens, self.cfg.block_size);
         let p = Prompt {
+            index: self.drawn - 1,
             tokens: Arc::new(tokens),
             hashes: Arc::new(hashes),
         };
@@ -195,6 +222,34 @@ mod tests {
             group_max: 2048,
             multi_turn: 0.3,
             sessions: 16,
+            fixed_len: None,
+        }
+    }
+
+    #[test]
+    fn fixed_length_prompts_share_prefixes_and_continue_conversations() {
+        for l in [1024, 8192, 32768] {
+            let mut w = Workload::new(WorkloadConfig {
+                fixed_len: Some(l),
+                ..cfg(3)
+            });
+            assert!(w.groups.iter().all(|g| g.len() <= l / 2 && !g.is_empty()));
+            let mut prompts: Vec<Prompt> = Vec::new();
+            let mut continued = 0;
+            for _ in 0..200 {
+                let p = w.next_prompt();
+                assert_eq!(p.tokens.len(), l);
+                assert!(w.groups.iter().any(|g| p.tokens.starts_with(g)));
+                // A next turn shares more than any system prompt with an earlier prompt.
+                if prompts
+                    .iter()
+                    .any(|q| q.tokens[..l / 2 + 1] == p.tokens[..l / 2 + 1])
+                {
+                    continued += 1;
+                }
+                prompts.push(p);
+            }
+            assert!(continued >= 20, "{l}: {continued} continued of 200");
         }
     }
 

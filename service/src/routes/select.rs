@@ -70,11 +70,13 @@ pub(crate) enum Answered {
 }
 
 impl App {
+    /// Brings a request to the engine's terms; the prompt's tokens move into the
+    /// [`Prepared`] (the body keeps the rest).
     pub(crate) fn prepare(
         &self,
         model: &str,
         group: &str,
-        prompt: &PromptBody,
+        prompt: &mut PromptBody,
         allowed: Option<&[u64]>,
     ) -> Result<Prepared, ApiError> {
         let key = PartitionKey::new(model, group);
@@ -97,7 +99,8 @@ impl App {
                 ApiError::bad_request("sequence_hashes is required without token_ids")
             });
         }
-        let resolved = prompt.resolve(entry.partition.block_size(), salt_of(&entry, prompt))?;
+        let salt = salt_of(&entry, prompt);
+        let resolved = prompt.resolve_taking(entry.partition.block_size(), salt)?;
         let allowed = match allowed {
             None => None,
             Some(a) => {
@@ -294,12 +297,12 @@ fn outcome_error(app: &App, key: &PartitionKey, o: &Outcome) -> ApiError {
 }
 
 impl App {
-    /// [`App::prepare`] for a selection body.
-    fn prepare_select(&self, b: &SelectBody) -> Result<Prepared, ApiError> {
+    /// [`App::prepare`] for a selection body (its tokens move out).
+    fn prepare_select(&self, b: &mut SelectBody) -> Result<Prepared, ApiError> {
         self.prepare(
             &b.model_name,
             &b.routing_group,
-            &b.prompt,
+            &mut b.prompt,
             b.allowed_worker_ids.as_deref(),
         )
     }
@@ -337,24 +340,35 @@ impl App {
 /// for its claim (`POST /reservations`).
 pub async fn select(
     State(app): State<Arc<App>>,
-    Body(b): Body<SelectBody>,
+    Body(mut b): Body<SelectBody>,
 ) -> Result<Json<SelectResponse>, ApiError> {
-    Ok(Json(app.select(&b)?))
+    Ok(Json(app.select_taking(&mut b)?))
 }
 
 /// `POST /select_and_reserve`: the decision, booked on the chosen rank before answering.
 pub async fn select_and_reserve(
     State(app): State<Arc<App>>,
-    Body(b): Body<SelectBody>,
+    Body(mut b): Body<SelectBody>,
 ) -> Result<Json<SelectResponse>, ApiError> {
-    Ok(Json(app.select_and_reserve(&b)?))
+    Ok(Json(app.select_and_reserve_taking(&mut b)?))
 }
 
 /// The selection operations without HTTP (the routes' core; the Python bindings call
-/// them too, so both answer alike by construction).
+/// them too, so both answer alike by construction). The `_taking` forms move the body's
+/// tokens into the engine request instead of copying them (the routes own their bodies).
 impl App {
     /// `POST /select`.
     pub fn select(&self, b: &SelectBody) -> Result<SelectResponse, ApiError> {
+        self.select_taking(&mut b.clone())
+    }
+
+    /// `POST /select_and_reserve`.
+    pub fn select_and_reserve(&self, b: &SelectBody) -> Result<SelectResponse, ApiError> {
+        self.select_and_reserve_taking(&mut b.clone())
+    }
+
+    /// [`App::select`], the body's tokens moved out.
+    pub fn select_taking(&self, b: &mut SelectBody) -> Result<SelectResponse, ApiError> {
         let app = self;
         let prep = app.prepare_select(b)?;
         Self::check_pin(&prep, b)?;
@@ -389,8 +403,11 @@ impl App {
         ))
     }
 
-    /// `POST /select_and_reserve`.
-    pub fn select_and_reserve(&self, b: &SelectBody) -> Result<SelectResponse, ApiError> {
+    /// [`App::select_and_reserve`], the body's tokens moved out.
+    pub fn select_and_reserve_taking(
+        &self,
+        b: &mut SelectBody,
+    ) -> Result<SelectResponse, ApiError> {
         let app = self;
         let prep = app.prepare_select(b)?;
         Self::check_pin(&prep, b)?;
@@ -474,23 +491,36 @@ impl App {
 /// `POST /potential_loads`: every schedulable rank's load if this prompt were booked there.
 pub async fn potential_loads(
     State(app): State<Arc<App>>,
-    Body(b): Body<SelectBody>,
+    Body(mut b): Body<SelectBody>,
 ) -> Result<Json<Vec<RankLoadBody>>, ApiError> {
-    Ok(Json(app.potential_loads(&b)?))
+    Ok(Json(app.potential_loads_taking(&mut b)?))
 }
 
 /// `POST /overlap_scores`: every member rank's tiered overlap with the prompt.
 pub async fn overlap_scores(
     State(app): State<Arc<App>>,
-    Body(b): Body<SelectBody>,
+    Body(mut b): Body<SelectBody>,
 ) -> Result<Json<OverlapScoresBody>, ApiError> {
-    Ok(Json(app.overlap_scores(&b)?))
+    Ok(Json(app.overlap_scores_taking(&mut b)?))
 }
 
 /// The projections without HTTP (the routes' core, also the Python bindings').
 impl App {
     /// `POST /potential_loads`.
     pub fn potential_loads(&self, b: &SelectBody) -> Result<Vec<RankLoadBody>, ApiError> {
+        self.potential_loads_taking(&mut b.clone())
+    }
+
+    /// `POST /overlap_scores`.
+    pub fn overlap_scores(&self, b: &SelectBody) -> Result<OverlapScoresBody, ApiError> {
+        self.overlap_scores_taking(&mut b.clone())
+    }
+
+    /// [`App::potential_loads`], the body's tokens moved out.
+    pub fn potential_loads_taking(
+        &self,
+        b: &mut SelectBody,
+    ) -> Result<Vec<RankLoadBody>, ApiError> {
         let app = self;
         let prep = app.prepare_select(b)?;
         let p = &prep.entry.partition;
@@ -530,10 +560,10 @@ impl App {
         Ok(out)
     }
 
-    /// `POST /overlap_scores`.
-    pub fn overlap_scores(&self, b: &SelectBody) -> Result<OverlapScoresBody, ApiError> {
+    /// [`App::overlap_scores`], the body's tokens moved out.
+    pub fn overlap_scores_taking(&self, b: &mut SelectBody) -> Result<OverlapScoresBody, ApiError> {
         let app = self;
-        let prep = app.prepare(&b.model_name, &b.routing_group, &b.prompt, None)?;
+        let prep = app.prepare(&b.model_name, &b.routing_group, &mut b.prompt, None)?;
         let p = &prep.entry.partition;
         let scores = app.tiered(&prep);
         let mut workers = Vec::new();

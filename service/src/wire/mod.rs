@@ -2,6 +2,7 @@
 
 pub mod dump;
 mod flat;
+pub(crate) mod msgpack;
 pub mod prompt;
 pub mod select;
 pub mod source;

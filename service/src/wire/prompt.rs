@@ -129,14 +129,53 @@ impl PromptBody {
     ///   length)` spans) and `cache_salt` (block 0), so the prompt matches the blocks
     ///   engines publish with the same images and salt — and no others.
     pub fn resolve(&self, block_size: u32, salt: HashSalt) -> Result<ResolvedPrompt, ApiError> {
-        if let Some(tokens) = &self.token_ids {
-            let extras = self.extras(block_size)?;
+        self.resolve_with(block_size, salt, self.token_ids.clone())
+    }
+
+    /// [`PromptBody::resolve`], moving the tokens out of the body instead of copying them
+    /// (the request paths: a 32k-token prompt is 128 KiB).
+    pub fn resolve_taking(
+        &mut self,
+        block_size: u32,
+        salt: HashSalt,
+    ) -> Result<ResolvedPrompt, ApiError> {
+        let extras = self.token_extras(block_size)?;
+        let tokens = self.token_ids.take();
+        self.resolve_tokens(block_size, salt, tokens, extras)
+    }
+
+    fn resolve_with(
+        &self,
+        block_size: u32,
+        salt: HashSalt,
+        tokens: Option<Vec<u32>>,
+    ) -> Result<ResolvedPrompt, ApiError> {
+        let extras = self.token_extras(block_size)?;
+        self.resolve_tokens(block_size, salt, tokens, extras)
+    }
+
+    /// The extra keys, read only for a tokens prompt (a hashes prompt has its own).
+    fn token_extras(&self, block_size: u32) -> Result<BlockExtras, ApiError> {
+        match self.token_ids {
+            Some(_) => self.extras(block_size),
+            None => Ok(BlockExtras::new()),
+        }
+    }
+
+    fn resolve_tokens(
+        &self,
+        block_size: u32,
+        salt: HashSalt,
+        tokens: Option<Vec<u32>>,
+        extras: BlockExtras,
+    ) -> Result<ResolvedPrompt, ApiError> {
+        if let Some(tokens) = tokens {
             let mut hashes = Vec::new();
-            extras.local_hashes(tokens, block_size.max(1) as usize, salt, &mut hashes);
+            extras.local_hashes(&tokens, block_size.max(1) as usize, salt, &mut hashes);
             return Ok(ResolvedPrompt {
                 hashes,
                 prompt_tokens: tokens.len() as u64,
-                tokens: tokens.clone(),
+                tokens,
                 extras,
             });
         }

@@ -96,15 +96,35 @@ fn parse_array(b: &[u8], at: usize) -> Option<(Vec<u32>, usize)> {
         return Some((tokens, i + 1));
     }
     loop {
-        let (v, n) = number(b, i)?;
-        tokens.push(v);
-        i = skip_ws(b, i + n);
+        // The common case, compact `d,d`: the number, its comma and the next number's
+        // first digit all in the one word read at `i`, so the next position follows from
+        // that word alone (one load per token on the loop's dependency chain, not three).
+        if let Some((word, n)) = digit_word(b, i) {
+            let v = fold_digits(word, n);
+            if word as u8 == b'0' && n > 1 {
+                return None; // a leading zero
+            }
+            tokens.push(v);
+            if n < 7 && (word >> (8 * n)) as u8 == b',' && is_digit((word >> (8 * (n + 1))) as u8) {
+                i += n + 1;
+                continue;
+            }
+            i = skip_ws(b, i + n);
+        } else {
+            let (v, n) = number(b, i)?;
+            tokens.push(v);
+            i = skip_ws(b, i + n);
+        }
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
             Some(b']') => return Some((tokens, i + 1)),
             _ => return None, // '.', 'e', garbage, or the end
         }
     }
+}
+
+fn is_digit(c: u8) -> bool {
+    c.is_ascii_digit()
 }
 
 /// The plain u32 decimal at `b[at..]` and its length in digits: no sign, no leading
@@ -139,6 +159,14 @@ fn digit_run(b: &[u8], at: usize) -> Option<(u32, usize)> {
 /// all 8 are digits (longer numbers take the byte loop).
 #[inline(always)]
 fn eight_digits(b: &[u8], at: usize) -> Option<(u32, usize)> {
+    let (word, n) = digit_word(b, at)?;
+    Some((fold_digits(word, n), n))
+}
+
+/// The 8-byte little-endian word at `b[at..]` and the length of the run of 1 to 7 ASCII
+/// digits it starts with (see [`eight_digits`]).
+#[inline(always)]
+fn digit_word(b: &[u8], at: usize) -> Option<(u64, usize)> {
     const LO: u64 = 0x0101_0101_0101_0101;
     let word = u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
     // A byte is a digit iff its high nibble is 3 and stays 3 when 6 is added (0x30..=0x39).
@@ -152,13 +180,20 @@ fn eight_digits(b: &[u8], at: usize) -> Option<(u32, usize)> {
     if n == 0 || n == 8 {
         return None;
     }
+    Some((word, n))
+}
+
+/// The value of the `n` (1 to 7) leading digits of `word`.
+#[inline(always)]
+fn fold_digits(word: u64, n: usize) -> u32 {
+    const LO: u64 = 0x0101_0101_0101_0101;
     // The n digits moved to the top bytes, zeros (as '0') below them; then the classic
     // fold: pairs, quads, the eight.
     let digits = (word & (0x0F * LO)) << (8 * (8 - n));
     let v = digits.wrapping_mul((10 << 8) + 1) >> 8;
     let v = (v & 0x00FF_00FF_00FF_00FF).wrapping_mul((100 << 16) + 1) >> 16;
     let v = (v & 0x0000_FFFF_0000_FFFF).wrapping_mul((10_000 << 32) + 1) >> 32;
-    Some((v as u32, n))
+    v as u32
 }
 
 /// Skips one value starting at `b[at]` (its syntax is serde's to check later; this only
