@@ -335,6 +335,7 @@ impl Partition {
         self.index
             .set_worker_capacity(info.worker_id, info.total_kv_blocks);
         let id = info.worker_id;
+        let ranks: Vec<RankId> = info.ranks().collect();
         let new = next.insert(info).is_none();
         // Before the set is published: a stream of a rank the new set has is never refused
         // for want of room.
@@ -344,12 +345,6 @@ impl Partition {
         self.ingress.worker_registered(id);
         // Its ranks' booking counters, made now in one go rather than one registry copy
         // at each rank's first booking (on the selection path).
-        let ranks: Vec<RankId> = self
-            .workers
-            .load()
-            .get(id)
-            .map(|w| w.ranks().collect())
-            .unwrap_or_default();
         self.bookings.ensure_ranks(&ranks);
         Ok(new)
     }
