@@ -289,3 +289,35 @@ fn a_fleet_past_the_stream_allowance_gets_a_stream_for_every_rank_and_no_more() 
     assert_eq!(p.indexer_stats().ingress_refused, 100);
     assert_eq!(p.ingress_stats().len(), 1_280 + MAX_INGRESS_STREAMS);
 }
+
+#[test]
+fn a_warm_restart_keeps_resume_points_for_a_fleet_set_before_its_workers_register() {
+    use kvr::{StreamResume, WorkerInfo};
+    // As a restore does: the resume points first (no worker registered yet), then the
+    // workers: 160 of 8 ranks, 1,280 streams, more than the stream allowance alone.
+    let p = partition();
+    for w in 0..160u64 {
+        for dp in 0..8u32 {
+            let kept = p.resume_stream(StreamResume {
+                worker_id: w,
+                stream: dp,
+                last: Some((7, 0)),
+                dp_ranks: vec![dp],
+            });
+            assert!(kept, "worker {w} rank {dp}'s resume point refused");
+        }
+    }
+    for w in 0..160u64 {
+        p.upsert_worker(WorkerInfo::new(w, 8)).unwrap();
+    }
+    // Every stream continues from its point: seq 8 follows the 7 it resumes after, and
+    // is applied as the next batch (a stream with no point would apply it too, but the
+    // ranks would not have been stale until then).
+    for w in 0..160u64 {
+        for dp in 0..8u32 {
+            let o = p.ingest(w, dp, b"", 8, &one_block_on(dp, (w << 8) | u64::from(dp)));
+            assert_eq!(o.refused, 0, "worker {w} rank {dp}: {o:?}");
+        }
+    }
+    assert_eq!(p.indexer_stats().ingress_refused, 0);
+}

@@ -61,6 +61,7 @@
 //! | engine event payload | 64 MiB (larger is rejected before decoding) | [`MAX_PAYLOAD_BYTES`] |
 //! | live batches held while a replay is in flight | 100,000 (beyond, the replay is abandoned: clear and go on live) | `ingress::sequence::MAX_HELD` |
 //! | ingress streams per partition (subscriptions' and raw ones) | one per registered DP rank and 1,024 more; a message that would open another is dropped and counted (`IndexerStats::ingress_refused`) | [`MAX_INGRESS_STREAMS`] |
+//! | stream resume points (a warm restart's) per partition | 65,536, or the stream bound if higher; past it `Partition::resume_stream` returns false | `ingress::registry` `MAX_RESUME_POINTS` |
 //! | route-less topics a bound source gives a stream | 256 by default; further unknown topics are dropped and counted | [`DEFAULT_MAX_UNROUTED_TOPICS`] |
 //! | DP ranks of workers not registered yet that take events | 256 per partition (below `MAX_DP_SIZE`); released when the worker is registered or removed | [`MAX_PENDING_RANKS`] |
 //! | remote query timeouts | connect 50 ms, request 200 ms by default; at least 1 ms | [`DEFAULT_CONNECT_TIMEOUT`], [`DEFAULT_REQUEST_TIMEOUT`], `index::remote` `MIN_TIMEOUT` |

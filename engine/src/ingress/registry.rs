@@ -22,6 +22,12 @@ use super::stream::IngressStream;
 /// registrations raise the bound.
 pub const MAX_INGRESS_STREAMS: usize = 1024;
 
+/// The most resume points a partition keeps whatever its registered ranks: a warm restart
+/// sets them before the host registers its workers again, so this bound cannot follow
+/// the registered ranks as the stream bound does; it covers 8,192 workers of 8 ranks.
+/// They come from the host (its own state directory), never from a peer.
+const MAX_RESUME_POINTS: usize = 65_536;
+
 /// The most DP ranks of workers not registered yet that a partition takes events for
 /// (engines may publish before the host registers them). Past it, a batch for another
 /// such rank is refused and counted, so made-up worker ids cannot create ranks without
@@ -41,7 +47,7 @@ pub(crate) struct IngressRegistry {
     pending: Mutex<HashSet<RankId>>,
     /// Where streams resume after a warm restart: (worker, stream) → the last batch a
     /// previous run applied (seq, payload digest), taken by the stream's creation (at
-    /// most [`MAX_INGRESS_STREAMS`]).
+    /// most [`MAX_RESUME_POINTS`], or the stream bound if higher).
     resume: Mutex<HashMap<(WorkerId, u32), StreamResume>>,
     /// Messages, batches and topics refused for a bound (`IndexerStats::ingress_refused`).
     refused: AtomicU64,
@@ -124,8 +130,8 @@ impl IngressRegistry {
         Some(n)
     }
 
-    /// The most streams (and resume points) the partition keeps now:
-    /// [`MAX_INGRESS_STREAMS`] past its registered ranks.
+    /// The most streams the partition keeps now: [`MAX_INGRESS_STREAMS`] past its
+    /// registered ranks.
     fn stream_limit(&self) -> usize {
         MAX_INGRESS_STREAMS.saturating_add(self.registered_ranks.load(Ordering::Relaxed))
     }
@@ -150,11 +156,11 @@ impl IngressRegistry {
     }
 
     /// Notes where `worker`'s stream `stream` resumes (replacing an earlier point); false
-    /// (nothing noted) past [`MAX_INGRESS_STREAMS`] points.
+    /// (nothing noted) past [`MAX_RESUME_POINTS`] points, or the stream bound if higher.
     pub(crate) fn set_resume_point(&self, at: StreamResume) -> bool {
         let mut r = self.resume.lock();
         let key = (at.worker_id, at.stream);
-        if r.len() >= self.stream_limit() && !r.contains_key(&key) {
+        if r.len() >= self.stream_limit().max(MAX_RESUME_POINTS) && !r.contains_key(&key) {
             return false;
         }
         // Stale from now: the stream, once created, keeps them listed until it has

@@ -40,8 +40,8 @@ impl Partition {
     /// and what followed; a publisher that restarted since shows it, and the stream's ranks
     /// are cleared and re-read (with no batch named, it joins). Its ranks are stale from
     /// this call until the stream has caught up. False when the partition keeps no more
-    /// such points ([`MAX_INGRESS_STREAMS`](crate::ingress::MAX_INGRESS_STREAMS) beyond the
-    /// registered ranks).
+    /// such points (65,536, or the stream bound if higher: a restore runs before the
+    /// workers are registered again).
     pub fn resume_stream(&self, at: StreamResume) -> bool {
         self.ingress.set_resume_point(at)
     }
