@@ -255,9 +255,19 @@ fn an_unknown_medium_skips_its_event_not_the_batch() {
     assert_eq!(stats_of(&p, 5).events_skipped_medium, 1);
 }
 
-/// One store of one block on DP rank `dp`, as that rank's publisher would send it.
-fn one_block_on(dp: u32, hash: u64) -> Vec<u8> {
+/// A fleet past the stream allowance alone: 160 workers of 8 ranks, 1,280 publishers.
+const FLEET_WORKERS: u64 = 160;
+const FLEET_DP: u32 = 8;
+
+/// Every (worker, DP rank) of the fleet.
+fn fleet_ranks() -> impl Iterator<Item = (u64, u32)> {
+    (0..FLEET_WORKERS).flat_map(|w| (0..FLEET_DP).map(move |dp| (w, dp)))
+}
+
+/// One store of one block on `w`'s DP rank `dp`, as that rank's publisher would send it.
+fn one_block_on(w: u64, dp: u32) -> Vec<u8> {
     let mut b = BatchEncoder::new();
+    let hash = (w << 8) | u64::from(dp);
     b.stored(&[hash], None, &[1, 2, 3, 4], BS, Medium::Gpu, None);
     b.finish(0.0, Some(dp))
 }
@@ -266,16 +276,13 @@ fn one_block_on(dp: u32, hash: u64) -> Vec<u8> {
 fn a_fleet_past_the_stream_allowance_gets_a_stream_for_every_rank_and_no_more() {
     use kvr::ingress::MAX_INGRESS_STREAMS;
     use kvr::WorkerInfo;
-    // 160 workers of 8 ranks: 1,280 publishers, more than the allowance alone.
     let p = partition();
-    for w in 0..160u64 {
-        p.upsert_worker(WorkerInfo::new(w, 8)).unwrap();
+    for w in 0..FLEET_WORKERS {
+        p.upsert_worker(WorkerInfo::new(w, FLEET_DP)).unwrap();
     }
-    for w in 0..160u64 {
-        for dp in 0..8u32 {
-            let o = p.ingest(w, dp, b"", 0, &one_block_on(dp, (w << 8) | u64::from(dp)));
-            assert_eq!(o.batches_applied, 1, "worker {w} rank {dp}: {o:?}");
-        }
+    for (w, dp) in fleet_ranks() {
+        let o = p.ingest(w, dp, b"", 0, &one_block_on(w, dp));
+        assert_eq!(o.batches_applied, 1, "worker {w} rank {dp}: {o:?}");
     }
     assert_eq!(p.index().stats().holder_blocks, 1_280);
     assert_eq!(p.indexer_stats().ingress_refused, 0);
@@ -294,30 +301,26 @@ fn a_fleet_past_the_stream_allowance_gets_a_stream_for_every_rank_and_no_more() 
 fn a_warm_restart_keeps_resume_points_for_a_fleet_set_before_its_workers_register() {
     use kvr::{StreamResume, WorkerInfo};
     // As a restore does: the resume points first (no worker registered yet), then the
-    // workers: 160 of 8 ranks, 1,280 streams, more than the stream allowance alone.
+    // workers.
     let p = partition();
-    for w in 0..160u64 {
-        for dp in 0..8u32 {
-            let kept = p.resume_stream(StreamResume {
-                worker_id: w,
-                stream: dp,
-                last: Some((7, 0)),
-                dp_ranks: vec![dp],
-            });
-            assert!(kept, "worker {w} rank {dp}'s resume point refused");
-        }
+    for (w, dp) in fleet_ranks() {
+        let kept = p.resume_stream(StreamResume {
+            worker_id: w,
+            stream: dp,
+            last: Some((7, 0)),
+            dp_ranks: vec![dp],
+        });
+        assert!(kept, "worker {w} rank {dp}'s resume point refused");
     }
-    for w in 0..160u64 {
-        p.upsert_worker(WorkerInfo::new(w, 8)).unwrap();
+    for w in 0..FLEET_WORKERS {
+        p.upsert_worker(WorkerInfo::new(w, FLEET_DP)).unwrap();
     }
     // Every stream continues from its point: seq 8 follows the 7 it resumes after, and
     // is applied as the next batch (a stream with no point would apply it too, but the
     // ranks would not have been stale until then).
-    for w in 0..160u64 {
-        for dp in 0..8u32 {
-            let o = p.ingest(w, dp, b"", 8, &one_block_on(dp, (w << 8) | u64::from(dp)));
-            assert_eq!(o.refused, 0, "worker {w} rank {dp}: {o:?}");
-        }
+    for (w, dp) in fleet_ranks() {
+        let o = p.ingest(w, dp, b"", 8, &one_block_on(w, dp));
+        assert_eq!(o.refused, 0, "worker {w} rank {dp}: {o:?}");
     }
     assert_eq!(p.indexer_stats().ingress_refused, 0);
 }

@@ -77,7 +77,7 @@ const BS: u32 = 16;
 /// One message: (worker, stream = DP rank, seq, payload, block-ops in it).
 type Message = (u64, u32, u64, Vec<u8>, u64);
 
-/// `rounds` rounds of a message from every rank, sequence numbers from `first_round`.
+/// The messages of every rank, a round at a time (sequence numbers count rounds).
 struct Messages {
     plan: IngestPlan,
     prev: Vec<Vec<u64>>,

@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use serde_json::json;
+
 /// A median over rounds, with the smallest and largest round.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Spread {
@@ -89,35 +91,22 @@ impl Report {
     }
 
     pub(crate) fn json(&self) -> String {
-        let spread = |s: &Spread| {
-            format!(
-                "{{\"median\": {:.3}, \"min\": {:.3}, \"max\": {:.3}}}",
-                s.median, s.min, s.max
-            )
-        };
-        let mut out = String::from("{\n  \"notes\": [");
-        for (i, n) in self.notes.iter().enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
-            let _ = write!(
-                out,
-                "{sep}\"{}\"",
-                n.replace('\\', "\\\\").replace('"', "\\\"")
-            );
-        }
-        out.push_str("],\n  \"figures\": [\n");
-        for (i, f) in self.figures.iter().enumerate() {
-            let sep = if i + 1 == self.figures.len() { "" } else { "," };
-            let p99 = f.p99.as_ref().map_or("null".to_string(), spread);
-            let _ = writeln!(
-                out,
-                "    {{\"name\": \"{}\", \"unit\": \"{}\", \"p50\": {}, \"p99\": {p99}}}{sep}",
-                f.name,
-                f.unit,
-                spread(&f.p50)
-            );
-        }
-        out.push_str("  ]\n}\n");
-        out
+        let spread = |s: &Spread| json!({"median": s.median, "min": s.min, "max": s.max});
+        let figures: Vec<_> = self
+            .figures
+            .iter()
+            .map(|f| {
+                json!({
+                    "name": f.name,
+                    "unit": f.unit,
+                    "p50": spread(&f.p50),
+                    "p99": f.p99.as_ref().map(spread),
+                })
+            })
+            .collect();
+        let doc = json!({"notes": self.notes, "figures": figures});
+        // Serializing a `Value` to a string cannot fail.
+        serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"
     }
 }
 

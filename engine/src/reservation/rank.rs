@@ -38,9 +38,7 @@ pub(super) struct RankMap {
 impl RankMap {
     /// The map with `state` added (or replacing its rank's).
     pub(super) fn with(&self, state: Arc<RankState>) -> Self {
-        let mut map = self.map.clone();
-        map.insert(state.rank, state);
-        Self::of(map)
+        self.with_all(vec![state])
     }
 
     /// The map with every one of `states` added (or replacing its rank's).

@@ -129,7 +129,8 @@ impl PromptBody {
     ///   length)` spans) and `cache_salt` (block 0), so the prompt matches the blocks
     ///   engines publish with the same images and salt — and no others.
     pub fn resolve(&self, block_size: u32, salt: HashSalt) -> Result<ResolvedPrompt, ApiError> {
-        self.resolve_with(block_size, salt, self.token_ids.clone())
+        let extras = self.token_extras(block_size)?;
+        self.resolve_tokens(block_size, salt, self.token_ids.clone(), extras)
     }
 
     /// [`PromptBody::resolve`], moving the tokens out of the body instead of copying them
@@ -141,16 +142,6 @@ impl PromptBody {
     ) -> Result<ResolvedPrompt, ApiError> {
         let extras = self.token_extras(block_size)?;
         let tokens = self.token_ids.take();
-        self.resolve_tokens(block_size, salt, tokens, extras)
-    }
-
-    fn resolve_with(
-        &self,
-        block_size: u32,
-        salt: HashSalt,
-        tokens: Option<Vec<u32>>,
-    ) -> Result<ResolvedPrompt, ApiError> {
-        let extras = self.token_extras(block_size)?;
         self.resolve_tokens(block_size, salt, tokens, extras)
     }
 

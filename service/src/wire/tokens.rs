@@ -105,7 +105,10 @@ fn parse_array(b: &[u8], at: usize) -> Option<(Vec<u32>, usize)> {
                 return None; // a leading zero
             }
             tokens.push(v);
-            if n < 7 && (word >> (8 * n)) as u8 == b',' && is_digit((word >> (8 * (n + 1))) as u8) {
+            if n < 7
+                && (word >> (8 * n)) as u8 == b','
+                && ((word >> (8 * (n + 1))) as u8).is_ascii_digit()
+            {
                 i += n + 1;
                 continue;
             }
@@ -121,10 +124,6 @@ fn parse_array(b: &[u8], at: usize) -> Option<(Vec<u32>, usize)> {
             _ => return None, // '.', 'e', garbage, or the end
         }
     }
-}
-
-fn is_digit(c: u8) -> bool {
-    c.is_ascii_digit()
 }
 
 /// The plain u32 decimal at `b[at..]` and its length in digits: no sign, no leading
@@ -163,11 +162,13 @@ fn eight_digits(b: &[u8], at: usize) -> Option<(u32, usize)> {
     Some((fold_digits(word, n), n))
 }
 
+/// One in every byte of a word: the SWAR digit tests and folds below.
+const LO: u64 = 0x0101_0101_0101_0101;
+
 /// The 8-byte little-endian word at `b[at..]` and the length of the run of 1 to 7 ASCII
 /// digits it starts with (see [`eight_digits`]).
 #[inline(always)]
 fn digit_word(b: &[u8], at: usize) -> Option<(u64, usize)> {
-    const LO: u64 = 0x0101_0101_0101_0101;
     let word = u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
     // A byte is a digit iff its high nibble is 3 and stays 3 when 6 is added (0x30..=0x39).
     // A carry out of a byte only reaches later bytes after a non-digit, never the run.
@@ -186,7 +187,6 @@ fn digit_word(b: &[u8], at: usize) -> Option<(u64, usize)> {
 /// The value of the `n` (1 to 7) leading digits of `word`.
 #[inline(always)]
 fn fold_digits(word: u64, n: usize) -> u32 {
-    const LO: u64 = 0x0101_0101_0101_0101;
     // The n digits moved to the top bytes, zeros (as '0') below them; then the classic
     // fold: pairs, quads, the eight.
     let digits = (word & (0x0F * LO)) << (8 * (8 - n));
