@@ -24,6 +24,21 @@ impl RankId {
     pub const fn new(worker_id: WorkerId, dp_rank: DpRank) -> Self {
         Self { worker_id, dp_rank }
     }
+
+    /// A well-mixed digest of the rank (splitmix64's finalizer over both fields): two
+    /// registries list the same ranks when the wrapping sums of these agree (and their
+    /// lengths do), without a walk over both.
+    #[inline]
+    pub(crate) fn fingerprint(self) -> u64 {
+        let mut z = self
+            .worker_id
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(u64::from(self.dp_rank).wrapping_mul(0xD6E8_FEB8_6659_FD93))
+            .wrapping_add(0x632B_E59B_D9B4_E019);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
 }
 
 impl std::fmt::Display for RankId {

@@ -14,6 +14,7 @@ use crate::sync::{epoch, Arc};
 
 mod approx;
 mod directory;
+mod floors;
 mod freshness;
 mod load;
 mod prefill_rate;

@@ -382,6 +382,11 @@ pub(crate) mod faults {
         /// Recurrent states: a writer's `finish` drops the event's orphaned states after
         /// republishing covers and retiring runs, not before.
         pub drop_orphans_late: bool,
+        /// Load floors: a lower that changes no bound leaves the word as it is (no `gen`
+        /// step), so a raise that read the word before the member's decrement succeeds.
+        pub floor_lower_keeps_gen: bool,
+        /// Load floors: a raise does not check the membership version its snapshot saw.
+        pub floor_raise_ignores_version: bool,
     }
 
     std::thread_local! {

@@ -95,6 +95,9 @@ pub struct WorkerSet {
     slots: Vec<RankSlot>,
     /// Where each worker's ranks start in `slots` (parallel to `workers`).
     first_slot: Vec<u32>,
+    /// The wrapping sum of the slots' [`RankId::fingerprint`]s: a selection compares it
+    /// with the booking registry's to know both list the same ranks.
+    fingerprint: u64,
 }
 
 impl WorkerSet {
@@ -126,13 +129,22 @@ impl WorkerSet {
     fn index_ranks(&mut self) {
         self.slots.clear();
         self.first_slot.clear();
+        self.fingerprint = 0;
         for info in &self.workers {
+            for rank in info.ranks() {
+                self.fingerprint = self.fingerprint.wrapping_add(rank.fingerprint());
+            }
             self.first_slot.push(self.slots.len() as u32);
             self.slots.extend(info.ranks().map(|rank| RankSlot {
                 rank,
                 kv_blocks: info.total_kv_blocks,
             }));
         }
+    }
+
+    /// See the field.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// Every rank with its worker's KV capacity, in [`iter`](Self::iter) order.

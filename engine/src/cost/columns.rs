@@ -105,6 +105,19 @@ impl LoadColumns {
         self.new_blocks.resize(n, 0);
     }
 
+    /// Appends a row (`new_blocks` 0, set by the caller later).
+    pub(crate) fn push(&mut self, r: LoadRow) {
+        self.device.push(r.device);
+        self.host.push(r.host);
+        self.disk.push(r.disk);
+        self.shared.push(r.shared);
+        self.prefill_tokens.push(r.prefill_tokens);
+        self.decode_blocks.push(r.decode_blocks);
+        self.requests.push(r.requests);
+        self.kv_blocks.push(r.kv_blocks);
+        self.new_blocks.push(0);
+    }
+
     pub(crate) fn truncate(&mut self, n: usize) {
         self.device.truncate(n);
         self.host.truncate(n);

@@ -69,6 +69,8 @@
 //! | `keep_orphaned_states` | recurrent states: the same, the tiered query | `states::state_dropped_with_block_tiered` | `loom_models::states::state_dropped_with_block_tiered_negative_keep_orphans` | overcount (the state credited when the block comes back) |
 //! | `drop_orphans_late` | recurrent states: orphaned states dropped after the covers are republished and the run retired, not before | `states::state_run_retirement` | `loom_models::states::state_run_retirement_negative_drop_late` | a state names a run already unlinked |
 //! | `unmark_after_free` | recurrent states: a removed rank's slot handed back before its hybrid mark is cleared | `states::hybrid_slot_reuse` (preemption bound 2) | `loom_models::states::hybrid_slot_reuse_negative_unmark_after_free` | a new rank in the slot inherits the hybrid mark (its score cut to 0) |
+//! | `floor_lower_keeps_gen` | load floors: a decrement that changes no bound leaves the word as it is (no generation step) | `floors::floor_lower_races_raise` | `loom_models::floors::floor_lower_races_raise_negative_keeps_gen` | a floor above a member's counter |
+//! | `floor_raise_ignores_version` | load floors: a selection raises a group's floor without checking the membership version its snapshot recorded | `floors::floor_join_races_raise` | `loom_models::floors::floor_join_races_raise_negative_ignores_version` | a floor above a member's counter |
 //!
 //! Model names are under `loom_models::`. The models run with loom's preemption bound
 //! 3; `model()` prints how many executions each explored (`--nocapture`).

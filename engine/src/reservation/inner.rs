@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
+use super::floor::FloorKind;
 use super::listeners::{ForgetListener, SweepListener};
 use super::rank::{add, RankMap, RankState};
 use super::rate::PrefillRate;
@@ -34,6 +35,9 @@ pub(super) struct Inner {
     ranks_write: Mutex<()>,
     pub(super) expired_total: AtomicU64,
     pub(super) underflows: AtomicU64,
+    /// Every rank's `active_prefill_tokens` summed (a selection's mean, without a pass
+    /// over the ranks).
+    pub(super) prefill_sum: CachePadded<AtomicU64>,
     /// Raised by the table's `Drop` so the sweep thread exits at once.
     #[cfg(not(loom))]
     pub(super) shutdown: AtomicBool,
@@ -66,6 +70,7 @@ impl Inner {
             ranks_write: Mutex::new(()),
             expired_total: AtomicU64::new(0),
             underflows: AtomicU64::new(0),
+            prefill_sum: CachePadded::new(AtomicU64::new(0)),
             #[cfg(not(loom))]
             shutdown: AtomicBool::new(false),
             on_forget: None,
@@ -82,11 +87,12 @@ impl Inner {
         &self.shards[shard_hash(id) as usize & self.mask]
     }
 
-    /// Subtracts from a counter, never below zero (module docs, last paragraph).
+    /// Subtracts from a counter, never below zero (module docs, last paragraph); the
+    /// value it left (`None` when `n` is 0 and nothing changed).
     #[inline]
-    pub(super) fn sub(&self, counter: &AtomicU64, n: u64, what: &'static str) {
+    pub(super) fn sub(&self, counter: &AtomicU64, n: u64, what: &'static str) -> Option<u64> {
         if n == 0 {
-            return;
+            return None;
         }
         #[cfg(loom)]
         if faults::get().split_counter_rmw {
@@ -95,7 +101,7 @@ impl Inner {
                 self.underflow(what, v, n);
             }
             counter.store(v.saturating_sub(n), Ordering::Relaxed);
-            return;
+            return Some(v.saturating_sub(n));
         }
         let prev = counter
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
@@ -104,6 +110,19 @@ impl Inner {
             .unwrap_or_else(|v| v);
         if prev < n {
             self.underflow(what, prev, n);
+        }
+        Some(prev.saturating_sub(n))
+    }
+
+    /// Subtracts from one of `st`'s counters and lowers its group's floor to what is left
+    /// (`floor.rs`), keeping the prefill sum with it.
+    #[inline]
+    pub(super) fn sub_rank(&self, st: &RankState, kind: FloorKind, n: u64, what: &'static str) {
+        if let Some(left) = self.sub(st.counters.of(kind), n, what) {
+            st.floor.lower(kind, left);
+            if kind == FloorKind::PrefillTokens {
+                self.sub(&self.prefill_sum, n, "prefill token sum");
+            }
         }
     }
 
@@ -126,8 +145,9 @@ impl Inner {
         if let Some(s) = cur.get(&rank) {
             return s.clone();
         }
-        let state = Arc::new(RankState::new(rank));
-        self.ranks.store(cur.with(state.clone()));
+        let (mut states, floors) = cur.fresh_states(&[rank]);
+        let state = states.pop().expect("one rank, one state");
+        self.ranks.store(cur.with_all(vec![state.clone()], floors));
         state
     }
 
@@ -137,13 +157,16 @@ impl Inner {
     pub(super) fn ensure_ranks(&self, ranks: &[RankId]) {
         let _w = self.ranks_write.lock();
         let cur = self.ranks.load();
-        let fresh: Vec<Arc<RankState>> = ranks
+        let mut missing: Vec<RankId> = ranks
             .iter()
+            .copied()
             .filter(|r| cur.get(r).is_none())
-            .map(|&r| Arc::new(RankState::new(r)))
             .collect();
-        if !fresh.is_empty() {
-            self.ranks.store(cur.with_all(fresh));
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            let (fresh, floors) = cur.fresh_states(&missing);
+            self.ranks.store(cur.with_all(fresh, floors));
         }
     }
 
@@ -198,6 +221,7 @@ impl Inner {
                 new
             };
             add(&state.counters.prefill_tokens, req.prefill_tokens);
+            add(&self.prefill_sum, req.prefill_tokens);
             add(&state.counters.requests, 1);
             let booking = Booking {
                 rank: state,
@@ -260,20 +284,22 @@ impl Inner {
             st.counters
                 .prompt_blocks
                 .store(rb.refs.len() as u64, Ordering::Relaxed);
-            self.sub(&st.counters.decode_blocks, gone, "active_decode_blocks");
+            self.sub_rank(st, FloorKind::DecodeBlocks, gone, "active_decode_blocks");
         }
-        self.sub(
-            &st.counters.decode_blocks,
+        self.sub_rank(
+            st,
+            FloorKind::DecodeBlocks,
             b.output_blocks,
             "active_decode_blocks",
         );
         let prefill = if b.prefill_done { 0 } else { b.prefill_tokens };
-        self.sub(
-            &st.counters.prefill_tokens,
+        self.sub_rank(
+            st,
+            FloorKind::PrefillTokens,
             prefill,
             "active_prefill_tokens",
         );
-        self.sub(&st.counters.requests, 1, "active_requests");
+        self.sub_rank(st, FloorKind::Requests, 1, "active_requests");
         Released {
             rank: st.rank,
             prefill_tokens: prefill,
@@ -377,7 +403,12 @@ impl Inner {
             // Negative control of point 3: subtract outside the lock, flag afterwards.
             let (st, tokens) = (b.rank.clone(), b.prefill_tokens);
             drop(g);
-            self.sub(&st.counters.prefill_tokens, tokens, "active_prefill_tokens");
+            self.sub_rank(
+                &st,
+                FloorKind::PrefillTokens,
+                tokens,
+                "active_prefill_tokens",
+            );
             if let Some(b) = self.shard(id).lock().live.get_mut(&id) {
                 b.prefill_done = true;
             }
@@ -385,7 +416,12 @@ impl Inner {
         }
         b.prefill_done = true;
         let (st, tokens) = (&b.rank, b.prefill_tokens);
-        self.sub(&st.counters.prefill_tokens, tokens, "active_prefill_tokens");
+        self.sub_rank(
+            st,
+            FloorKind::PrefillTokens,
+            tokens,
+            "active_prefill_tokens",
+        );
         // A replica's booking was made on another clock: its timing says nothing here.
         if b.origin == BookingOrigin::Local {
             self.observe_prefill(st, tokens, b.created, now);

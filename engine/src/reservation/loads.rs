@@ -1,7 +1,7 @@
 //! [`ActiveLoads`]: one selection's lock-free view of the per-rank counters, a read guard
 //! on the rank registry's snapshot taken once per selection.
 
-use super::rank::{RankMap, RankState};
+use super::rank::{FloorGroup, RankMap, RankState};
 use super::types::ActiveLoad;
 use crate::ids::RankId;
 use crate::sync::Arc;
@@ -64,6 +64,27 @@ impl ActiveLoads {
             states: self.ranks.in_rank_order(),
             at: 0,
         }
+    }
+
+    /// How many ranks have a counter set, and their fingerprint (`RankMap`).
+    pub(crate) fn fingerprint(&self) -> (usize, u64) {
+        (self.ranks.in_rank_order().len(), self.ranks.fingerprint())
+    }
+
+    /// The floor groups of the ranks (`floor.rs`).
+    pub(crate) fn groups(&self) -> &[FloorGroup] {
+        self.ranks.groups()
+    }
+
+    /// Rank-order position → index in [`groups`](Self::groups).
+    pub(crate) fn group_at(&self) -> &[u32] {
+        self.ranks.group_at()
+    }
+
+    /// The live counters of the rank at rank-order position `pos`. Lock-free.
+    #[inline]
+    pub(crate) fn load_at(&self, pos: usize) -> ActiveLoad {
+        self.ranks.in_rank_order()[pos].1.load()
     }
 
     /// Ranks with a counter set.

@@ -86,6 +86,7 @@
 //! arrives after the free cannot resurrect a booking that would then leak until expiry.
 
 mod audit;
+pub(crate) mod floor;
 mod inner;
 mod listeners;
 mod loads;
@@ -96,6 +97,7 @@ mod sweep;
 mod table;
 mod types;
 
+pub(crate) use floor::{FloorKind, FloorRead};
 pub use listeners::ForgetListener;
 pub(crate) use listeners::{Listeners, SweepListener};
 pub use loads::ActiveLoads;

@@ -8,6 +8,7 @@ use std::hash::BuildHasherDefault;
 
 use crossbeam_utils::CachePadded;
 
+use super::floor::{FloorKind, LoadFloor, GROUP_RANKS};
 use super::types::ActiveLoad;
 use crate::ids::RankId;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -33,21 +34,83 @@ pub(super) struct RankMap {
     /// Each state beside its rank, so the ordered walk compares ranks without touching
     /// the states it passes.
     by_rank: Vec<(RankId, Arc<RankState>)>,
+    /// Every floor group ever made, by group number (`RankState::group`); one with no
+    /// member left is filled again first (so their number follows the most ranks ever
+    /// registered at once, not every rank ever seen).
+    floors: Vec<Arc<LoadFloor>>,
+    /// The groups with members: positions in `by_rank` and the membership version.
+    groups: Vec<FloorGroup>,
+    /// `by_rank` position → index in `groups`.
+    group_at: Vec<u32>,
+    /// The ranks' fingerprint ([`crate::ids::RankId::fingerprint`] summed), to tell a
+    /// selection whether the worker set lists the same ranks.
+    fingerprint: u64,
+}
+
+/// One group of ranks under one [`LoadFloor`], as a registry snapshot lists it.
+pub(crate) struct FloorGroup {
+    pub(crate) floor: Arc<LoadFloor>,
+    /// Positions of the members in the snapshot's rank order.
+    pub(crate) members: Vec<u32>,
+    /// The floor's membership version when this snapshot was built (`floor.rs`).
+    pub(crate) version: u8,
+}
+
+impl Clone for FloorGroup {
+    fn clone(&self) -> Self {
+        Self {
+            floor: self.floor.clone(),
+            members: self.members.clone(),
+            version: self.version,
+        }
+    }
 }
 
 impl RankMap {
-    /// The map with `state` added (or replacing its rank's).
-    pub(super) fn with(&self, state: Arc<RankState>) -> Self {
-        self.with_all(vec![state])
+    /// New counter sets for `ranks`, each placed in a floor group with room (first fit,
+    /// new groups after the last) and joined to it: to be published with
+    /// [`with_all`](Self::with_all) on the returned floors.
+    pub(super) fn fresh_states(
+        &self,
+        ranks: &[RankId],
+    ) -> (Vec<Arc<RankState>>, Vec<Arc<LoadFloor>>) {
+        let mut floors = self.floors.clone();
+        let mut room: Vec<usize> = vec![GROUP_RANKS; floors.len()];
+        for (_, s) in &self.by_rank {
+            room[s.group as usize] -= 1;
+        }
+        let mut g = 0;
+        let states = ranks
+            .iter()
+            .map(|&rank| {
+                while g < room.len() && room[g] == 0 {
+                    g += 1;
+                }
+                if g == room.len() {
+                    floors.push(Arc::new(LoadFloor::default()));
+                    room.push(GROUP_RANKS);
+                }
+                room[g] -= 1;
+                floors[g].join();
+                Arc::new(RankState::new(rank, g as u32, floors[g].clone()))
+            })
+            .collect();
+        (states, floors)
     }
 
-    /// The map with every one of `states` added (or replacing its rank's).
-    pub(super) fn with_all(&self, states: Vec<Arc<RankState>>) -> Self {
+    /// The map with every one of `states` added (made by [`fresh_states`] with `floors`).
+    ///
+    /// [`fresh_states`]: Self::fresh_states
+    pub(super) fn with_all(
+        &self,
+        states: Vec<Arc<RankState>>,
+        floors: Vec<Arc<LoadFloor>>,
+    ) -> Self {
         let mut map = self.map.clone();
         for state in states {
             map.insert(state.rank, state);
         }
-        Self::of(map)
+        Self::of(map, floors)
     }
 
     /// The map without any of `ranks`.
@@ -56,19 +119,58 @@ impl RankMap {
         for r in ranks {
             map.remove(r);
         }
-        Self::of(map)
+        Self::of(map, self.floors.clone())
     }
 
-    fn of(map: MixMap<RankId, Arc<RankState>>) -> Self {
+    fn of(map: MixMap<RankId, Arc<RankState>>, floors: Vec<Arc<LoadFloor>>) -> Self {
         let mut by_rank: Vec<(RankId, Arc<RankState>)> =
             map.iter().map(|(r, s)| (*r, s.clone())).collect();
         by_rank.sort_unstable_by_key(|(r, _)| *r);
-        Self { map, by_rank }
+        let mut index_of: Vec<u32> = vec![u32::MAX; floors.len()];
+        let mut groups: Vec<FloorGroup> = Vec::new();
+        let mut group_at = Vec::with_capacity(by_rank.len());
+        let mut fingerprint = 0u64;
+        for (pos, (rank, s)) in by_rank.iter().enumerate() {
+            fingerprint = fingerprint.wrapping_add(rank.fingerprint());
+            let g = s.group as usize;
+            if index_of[g] == u32::MAX {
+                index_of[g] = groups.len() as u32;
+                groups.push(FloorGroup {
+                    floor: floors[g].clone(),
+                    members: Vec::new(),
+                    version: floors[g].version_now(),
+                });
+            }
+            groups[index_of[g] as usize].members.push(pos as u32);
+            group_at.push(index_of[g]);
+        }
+        Self {
+            map,
+            by_rank,
+            floors,
+            groups,
+            group_at,
+            fingerprint,
+        }
     }
 
     /// The states in rank order.
     pub(super) fn in_rank_order(&self) -> &[(RankId, Arc<RankState>)] {
         &self.by_rank
+    }
+
+    /// The floor groups with members.
+    pub(super) fn groups(&self) -> &[FloorGroup] {
+        &self.groups
+    }
+
+    /// `in_rank_order` position → index in [`groups`](Self::groups).
+    pub(super) fn group_at(&self) -> &[u32] {
+        &self.group_at
+    }
+
+    pub(super) fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 }
 
@@ -83,8 +185,24 @@ impl std::ops::Deref for RankMap {
 /// A rank's counters (lock-free reads) and prompt-block refcounts (behind its mutex).
 pub(super) struct RankState {
     pub(super) rank: RankId,
+    /// The rank's floor group (its number in the registry) and that group's floor, which
+    /// every decrement of a counter lowers.
+    pub(super) group: u32,
+    pub(super) floor: Arc<LoadFloor>,
     pub(super) counters: CachePadded<Counters>,
     pub(super) blocks: Mutex<RankBlocks>,
+}
+
+impl Counters {
+    /// The counter a floor kind bounds.
+    #[inline]
+    pub(super) fn of(&self, kind: FloorKind) -> &AtomicU64 {
+        match kind {
+            FloorKind::PrefillTokens => &self.prefill_tokens,
+            FloorKind::DecodeBlocks => &self.decode_blocks,
+            FloorKind::Requests => &self.requests,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -131,9 +249,11 @@ impl RankBlocks {
 }
 
 impl RankState {
-    pub(super) fn new(rank: RankId) -> Self {
+    pub(super) fn new(rank: RankId, group: u32, floor: Arc<LoadFloor>) -> Self {
         Self {
             rank,
+            group,
+            floor,
             counters: CachePadded::new(Counters::default()),
             blocks: Mutex::new(RankBlocks::default()),
         }

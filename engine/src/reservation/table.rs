@@ -242,6 +242,14 @@ impl ReservationTable {
         }
     }
 
+    /// Every rank's `active_prefill_tokens` summed, kept as they change (a selection's
+    /// mean without a pass over the ranks).
+    pub(crate) fn prefill_sum(&self) -> u64 {
+        self.inner
+            .prefill_sum
+            .load(crate::sync::atomic::Ordering::Relaxed)
+    }
+
     /// How many of `prompt_blocks` are not active on `rank`: what booking the request there
     /// would add to `active_decode_blocks` (the cost's decode term). Takes the rank's
     /// refcount lock briefly (not at all if the rank has no active prompt blocks).

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::prune::PruneInput;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
 use crate::config::CostConfig;
@@ -29,7 +30,7 @@ pub(crate) struct Prepared {
 }
 
 /// Blocks of `[from, n)` covered contiguously from `from` by the shared-cache ranges.
-fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
+pub(super) fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
     if ranges.is_empty() {
         return 0; // the common case, without the walk
     }
@@ -103,16 +104,29 @@ impl Selector<'_> {
             loads: &loads,
             reported: &reported,
         };
-        self.eligible(req, &view, tiered, &shared, seq.len(), candidates)?;
-        // 5. cost (4, the session, decides how far costs must be resolved).
         let cfg = self.config().cost.resolve(&req.overrides);
         let mut shape = RequestShape::new(prompt_tokens, self.block_size())
             .with_expected_output_tokens(req.expected_output_tokens);
         if cfg.model == CostModel::Latency {
             shape = shape.with_prefill_rate(self.prefill_rate(&cfg));
         }
+        let every_rank = self.candidates(req, view.workers, view.hooks, candidates);
+        let input = PruneInput {
+            workers: view.workers,
+            hooks: view.hooks,
+            loads: view.loads,
+            overlaps: tiered.as_slice(),
+            shared: &shared,
+            n_blocks: seq.len(),
+        };
+        let whole = seq.len() as u64;
+        let stats = self.pruned_candidates(req, every_rank, &input, &cfg, shape, whole, candidates);
+        if stats.is_none() {
+            self.eligible(every_rank, &view, tiered, &shared, seq.len(), candidates)?;
+        }
+        // 5. cost (4, the session, decides how far costs must be resolved).
         let steering = self.steering(req, now, &candidates.eligible);
-        self.resolve_costs(&cfg, shape, &steering.steer, &view, &seq, candidates);
+        self.resolve_costs(&cfg, shape, stats, &steering.steer, &view, &seq, candidates);
         let i = pick(candidates, &steering.steer, &cfg, &shape, &hooks, rng);
         let (decision, forced_rebind) = self.decision(
             i,
@@ -150,14 +164,13 @@ impl Selector<'_> {
     /// are checked only if the partition sets any. `NoWorker` / `Busy` when none is left.
     fn eligible(
         &self,
-        req: &SelectRequest<'_>,
+        every_rank: bool,
         view: &View<'_>,
         tiered: &TieredScores,
         shared: &[BlockRange],
         n_blocks: usize,
         c: &mut Candidates,
     ) -> Result<(), Box<Outcome>> {
-        let every_rank = self.candidates(req, view.workers, view.hooks, c);
         let Candidates {
             slots,
             eligible,
@@ -303,10 +316,12 @@ impl Selector<'_> {
     /// every cost matters, so all are resolved.)
     /// Resolving changes no candidate's prefill tokens, so the credit decay's reference
     /// point stays and only the resolved ranks' costs are recomputed.
+    #[allow(clippy::too_many_arguments)]
     fn resolve_costs(
         &self,
         cfg: &CostConfig,
         shape: RequestShape,
+        stats: Option<RequestShape>,
         steer: &Steer,
         view: &View<'_>,
         seq: &[u64],
@@ -314,7 +329,7 @@ impl Selector<'_> {
     ) {
         // As `fill_costs`, keeping the evaluator for the resolved ranks. Every rank is
         // priced with the whole prompt new; only an idle rank's count is exact already.
-        let shape = c.cols.selection_stats(shape);
+        let shape = stats.unwrap_or_else(|| c.cols.selection_stats(shape));
         let eval = CostEval::new(cfg, &shape);
         let whole = seq.len() as u64;
         let min_upper = eval.bounds_all(&c.cols, whole, &mut c.costs, &mut c.lower);

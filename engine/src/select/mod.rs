@@ -18,6 +18,9 @@ mod explicit;
 mod hint;
 mod lookahead;
 mod overlap;
+mod prune;
+#[cfg(all(test, not(loom)))]
+mod prune_tests;
 mod request;
 mod scratch;
 

@@ -3,6 +3,7 @@
 use crate::cost::LoadColumns;
 use crate::ids::{RankId, WorkerId};
 use crate::index::{TieredOverlap, TieredScores};
+use crate::reservation::FloorRead;
 use crate::workers::RankSlot;
 
 /// The candidate stage's buffers: every list a selection builds, whatever its size.
@@ -28,6 +29,32 @@ pub(super) struct Candidates {
     pub(super) pool_ids: Vec<WorkerId>,
     /// Positions (into `eligible`) tied at the lowest cost, for the host's tie-break.
     pub(super) tied: Vec<usize>,
+    /// The pruned pass's lists (`prune.rs`).
+    pub(super) prune: PruneScratch,
+}
+
+/// The pruned pass's buffers.
+#[derive(Default)]
+pub(super) struct PruneScratch {
+    /// Each group's floor as read, and the bound of its uncached ranks.
+    pub(super) floors: Vec<FloorRead>,
+    pub(super) group_lb: Vec<f64>,
+    pub(super) group_done: Vec<bool>,
+    /// The ranks the lookup found: (position, index in the overlaps, bound).
+    pub(super) hot: Vec<(u32, u32, f64)>,
+    /// The same positions as bits; all clear between selections.
+    pub(super) hot_bits: Vec<u64>,
+}
+
+impl PruneScratch {
+    pub(super) fn clear(&mut self, ranks: usize, groups: usize) {
+        self.floors.clear();
+        self.group_lb.clear();
+        self.group_done.clear();
+        self.group_done.resize(groups, false);
+        self.hot.clear();
+        self.hot_bits.resize(ranks / 64 + 1, 0);
+    }
 }
 
 /// Per-thread buffers a selection reuses, so an advisory selection allocates nothing once

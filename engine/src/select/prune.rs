@@ -1,0 +1,260 @@
+//! Pruned candidates: at fleet scale, step 3 without reading every rank's counters.
+//!
+//! Why: a selection over thousands of ranks spent most of its time reading each rank's
+//! booking counters (a cache line per rank) and pricing ranks that could not win. Both
+//! models' costs only rise with a rank's booked prefill tokens, decode blocks and
+//! requests (and fall with nothing else a booking changes), so the cost of a rank with the
+//! group's floors (`reservation/floor.rs`) in place of its counters, with no KV pressure
+//! and only as much of the prompt counted new as its decode blocks cannot hold, is a
+//! lower bound of its cost. The pass:
+//!
+//! 1. read every group's floor (a few words per 64 ranks) and price, with it, each rank
+//!    the lookup found (its cached tiers known) and each group's ranks that hold nothing
+//!    of the prompt (all of them alike);
+//! 2. read and price for real the rank with the lowest bound, then the group of uncached
+//!    ranks with the lowest bound, then every rank and group whose bound does not exceed
+//!    the best upper bound so far (the whole prompt counted new; the exact cost can only
+//!    be lower).
+//!
+//! Whatever is left out has a bound above a cost that some priced rank reaches, so it can
+//! neither win nor tie at temperature 0; ties are all priced (a bound equal to the best
+//! is kept). A group whose ranks were all read raises its floor to their minimum on the
+//! way, so bounds that went slack as loads rose tighten again.
+//!
+//! Used only where that argument holds, else the full walk runs: temperature 0, no credit
+//! decay (it reads the exact minimum over all ranks), no session steering, no busy
+//! threshold, overload or availability hook, every rank a candidate, cost knobs that do
+//! not make a load cheaper, and the booking registry listing exactly the worker set's
+//! ranks (same count and fingerprint; then both are in rank order, so a position in one
+//! is the same rank in the other). The mean booked prefill the latency model reads is the
+//! table's running sum over the ranks, the same figure the full walk sums.
+
+use super::decide::shared_beyond;
+use super::scratch::Candidates;
+use super::{SelectRequest, Selector};
+use crate::config::CostConfig;
+use crate::cost::{takes_argmin, CandidateLoad, CostEval, LoadRow, RequestShape};
+use crate::hooks::{BlockRange, HostHooks};
+use crate::index::TieredOverlap;
+use crate::reservation::{ActiveLoads, FloorKind};
+use crate::workers::{RankSlot, WorkerSet};
+
+/// Below this many ranks the full walk is as fast (measured with `fleet-bench select`).
+pub(crate) const PRUNE_MIN_RANKS: usize = 512;
+
+/// What the pruned pass reads.
+pub(super) struct PruneInput<'a> {
+    pub(super) workers: &'a WorkerSet,
+    pub(super) hooks: &'a HostHooks,
+    pub(super) loads: &'a ActiveLoads,
+    pub(super) overlaps: &'a [TieredOverlap],
+    pub(super) shared: &'a [BlockRange],
+    pub(super) n_blocks: usize,
+}
+
+/// Whether no knob makes a higher load cheaper (NaN counts as no).
+fn monotone(cfg: &CostConfig) -> bool {
+    let l = &cfg.latency;
+    [
+        cfg.prefill_load_scale,
+        cfg.decode_active_request_weight,
+        l.decode_block_us,
+        l.itl_per_request_ms,
+        l.kv_pressure_ms,
+    ]
+    .iter()
+    .all(|&k| k >= 0.0)
+}
+
+/// The first position at or after `from` whose rank is not below `rank`, by galloping
+/// (the overlaps come in rank order, so each search starts where the last one ended).
+fn gallop(slots: &[RankSlot], from: usize, rank: crate::ids::RankId) -> usize {
+    let mut lo = from;
+    let mut step = 1;
+    let mut hi = from;
+    while hi < slots.len() && slots[hi].rank < rank {
+        lo = hi + 1;
+        hi = from + step;
+        step *= 2;
+    }
+    let hi = hi.min(slots.len());
+    lo + slots[lo..hi].partition_point(|s| s.rank < rank)
+}
+
+impl Selector<'_> {
+    /// The pruned candidates into `c.eligible` / `c.cols`, and the request shape with its
+    /// selection-wide figures; `None` when the pass does not apply (the caller walks every
+    /// rank). See the module docs.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn pruned_candidates(
+        &self,
+        req: &SelectRequest<'_>,
+        every_rank: bool,
+        input: &PruneInput<'_>,
+        cfg: &CostConfig,
+        shape: RequestShape,
+        whole: u64,
+        c: &mut Candidates,
+    ) -> Option<RequestShape> {
+        if cfg!(loom) {
+            return None;
+        }
+        let slots = input.workers.slots();
+        let n = slots.len();
+        let busy = self.config().busy;
+        let steered = self.sessions.is_some() && req.effective_session().is_some();
+        if !every_rank
+            || n < PRUNE_MIN_RANKS
+            || steered
+            || !takes_argmin(cfg.temperature)
+            || cfg.credit_decay.is_some_and(|d| d > 0.0)
+            || !monotone(cfg)
+            || busy.decode_blocks_fraction.is_some()
+            || busy.prefill_tokens.is_some()
+            || busy.prefill_tokens_fraction.is_some()
+            || input.hooks.overload.is_some()
+            || input.loads.fingerprint() != (n, input.workers.fingerprint())
+        {
+            return None;
+        }
+        let loads = input.loads;
+        let groups = loads.groups();
+        let group_at = loads.group_at();
+        let sum = self.bookings.prefill_sum();
+        let mut shape = shape.with_min_active_prefill_tokens(0);
+        shape.mean_active_prefill_tokens = sum as f64 / n as f64;
+        let eval = CostEval::new(cfg, &shape);
+
+        // 1. Bounds: every group's floor read before any counter (floor.rs's raise).
+        let cold_shared = shared_beyond(input.shared, 0, input.n_blocks as u32) as u64;
+        let floored = |f: &crate::reservation::FloorRead, t: Option<&TieredOverlap>| {
+            let device = t.map_or(0, |o| o.device);
+            CandidateLoad {
+                device_blocks: u64::from(device),
+                host_blocks: t.map_or(0, |o| u64::from(o.host)),
+                disk_blocks: t.map_or(0, |o| u64::from(o.disk)),
+                shared_blocks_beyond_device: match t {
+                    Some(_) => {
+                        u64::from(shared_beyond(input.shared, device, input.n_blocks as u32))
+                    }
+                    None => cold_shared,
+                },
+                active_prefill_tokens: f.bound(FloorKind::PrefillTokens),
+                active_decode_blocks: f.bound(FloorKind::DecodeBlocks),
+                // A rank's active prompt blocks are among its decode blocks, so at least
+                // `whole - decode` of the prompt is new there: decode + new is at least
+                // max(decode, whole) on every member.
+                new_blocks_not_active: whole.saturating_sub(f.bound(FloorKind::DecodeBlocks)),
+                active_requests: f.bound(FloorKind::Requests),
+                total_kv_blocks: 0,
+            }
+        };
+        let p = &mut c.prune;
+        p.clear(n, groups.len());
+        for g in groups {
+            let f = g.floor.read();
+            p.group_lb.push(eval.cost(&floored(&f, None)));
+            p.floors.push(f);
+        }
+        let mut at = 0;
+        for (k, o) in input.overlaps.iter().enumerate() {
+            at = gallop(slots, at, o.rank);
+            if at == n {
+                break;
+            }
+            if slots[at].rank != o.rank {
+                continue; // a rank the index knows and the worker set does not
+            }
+            let f = &p.floors[group_at[at] as usize];
+            p.hot
+                .push((at as u32, k as u32, eval.cost(&floored(f, Some(o)))));
+            p.hot_bits[at / 64] |= 1 << (at % 64);
+        }
+
+        // 2. Price: the best bounds first, then whatever can still win or tie.
+        let mut best = f64::INFINITY;
+        c.eligible.clear();
+        c.cols.truncate(0);
+        let price = |pos: usize,
+                     t: Option<&TieredOverlap>,
+                     c_eligible: &mut Vec<crate::ids::RankId>,
+                     cols: &mut crate::cost::LoadColumns,
+                     best: &mut f64|
+         -> crate::reservation::ActiveLoad {
+            let a = loads.load_at(pos);
+            let device = t.map_or(0, |o| o.device);
+            let row = LoadRow {
+                device,
+                host: t.map_or(0, |o| o.host),
+                disk: t.map_or(0, |o| o.disk),
+                shared: match t {
+                    Some(_) => shared_beyond(input.shared, device, input.n_blocks as u32),
+                    None => cold_shared as u32,
+                },
+                prefill_tokens: a.active_prefill_tokens,
+                decode_blocks: a.active_decode_blocks,
+                requests: a.active_requests,
+                kv_blocks: slots[pos].kv_blocks,
+            };
+            let upper = eval.cost(&CandidateLoad {
+                device_blocks: u64::from(row.device),
+                host_blocks: u64::from(row.host),
+                disk_blocks: u64::from(row.disk),
+                shared_blocks_beyond_device: u64::from(row.shared),
+                active_prefill_tokens: row.prefill_tokens,
+                active_decode_blocks: row.decode_blocks,
+                new_blocks_not_active: whole,
+                active_requests: row.requests,
+                total_kv_blocks: row.kv_blocks,
+            });
+            if upper < *best {
+                *best = upper;
+            }
+            c_eligible.push(slots[pos].rank);
+            cols.push(row);
+            a
+        };
+        // A NaN bound is kept (priced), never taken as proof that a rank cannot win.
+        let keep = |lb: f64, best: f64| lb <= best || lb.is_nan();
+        // The hot rank with the lowest bound, then the others that can still win.
+        let first_hot = (0..p.hot.len()).min_by(|&a, &b| p.hot[a].2.total_cmp(&p.hot[b].2));
+        for (step, i) in first_hot.into_iter().chain(0..p.hot.len()).enumerate() {
+            let (pos, k, lb) = p.hot[i];
+            if (step > 0 && Some(i) == first_hot) || !keep(lb, best) {
+                continue; // priced first, or cannot win
+            }
+            let t = Some(&input.overlaps[k as usize]);
+            price(pos as usize, t, &mut c.eligible, &mut c.cols, &mut best);
+        }
+        // The group of uncached ranks with the lowest bound, then the others.
+        let first_group =
+            (0..groups.len()).min_by(|&a, &b| p.group_lb[a].total_cmp(&p.group_lb[b]));
+        for g in first_group.into_iter().chain(0..groups.len()) {
+            if p.group_done[g] || !keep(p.group_lb[g], best) {
+                continue;
+            }
+            p.group_done[g] = true;
+            let group = &groups[g];
+            let mut mins = [u64::MAX; 3];
+            for &pos in &group.members {
+                let pos = pos as usize;
+                let a = if p.hot_bits[pos / 64] & (1 << (pos % 64)) != 0 {
+                    loads.load_at(pos)
+                } else {
+                    price(pos, None, &mut c.eligible, &mut c.cols, &mut best)
+                };
+                mins[0] = mins[0].min(a.active_prefill_tokens);
+                mins[1] = mins[1].min(a.active_decode_blocks);
+                mins[2] = mins[2].min(a.active_requests);
+            }
+            group.floor.raise(p.floors[g], group.version, mins);
+        }
+        for &(pos, _, _) in &p.hot {
+            p.hot_bits[pos as usize / 64] = 0;
+        }
+        if c.eligible.is_empty() {
+            return None; // cannot happen with ranks; the full walk decides
+        }
+        Some(shape)
+    }
+}

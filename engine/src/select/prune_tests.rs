@@ -1,0 +1,183 @@
+//! The pruned pass against the full walk: the same partition, the same requests, the
+//! choice and its cost the same whether the pass runs or an availability hook that keeps
+//! every rank forces the full walk; and the pass reads far fewer ranks than there are.
+
+use super::scratch::Scratch;
+use crate::config::{CostConfig, CostModel, PartitionConfig};
+use crate::cost::SelectionRng;
+use crate::hooks::HostHooks;
+use crate::ids::{PartitionKey, RankId, Tier};
+use crate::index::StoredBlock;
+use crate::partition::Partition;
+use crate::select::{Outcome, SelectRequest};
+use crate::sync::StdArc;
+use crate::workers::WorkerInfo;
+use crate::Engine;
+
+const BS: usize = 16;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut r = Rng(seed);
+    (0..n).map(|_| (r.next() % 50_000) as u32).collect()
+}
+
+/// `workers` × 4 ranks, each holding prefixes of a few of 16 prompts and a booking or two.
+fn fleet(engine: &Engine, key: &PartitionKey, model: CostModel, workers: u64) -> Vec<Vec<u32>> {
+    let part = engine
+        .create_partition(
+            key.clone(),
+            PartitionConfig {
+                cost: CostConfig {
+                    model,
+                    ..CostConfig::default()
+                },
+                ..PartitionConfig::new(BS as u32)
+            },
+        )
+        .unwrap();
+    let prompts: Vec<Vec<u32>> = (0..16).map(|i| tokens(100 + i, 64 * BS)).collect();
+    let mut r = Rng(7);
+    for w in 0..workers {
+        let mut info = WorkerInfo::new(w * 3 + 1, 4);
+        info.total_kv_blocks = 4_096;
+        part.upsert_worker(info).unwrap();
+    }
+    let hasher = *part.hasher();
+    for w in 0..workers {
+        for d in 0..4 {
+            let rank = RankId::new(w * 3 + 1, d);
+            for _ in 0..2 {
+                let p = &prompts[r.below(prompts.len())];
+                let len = 1 + r.below(64);
+                let mut local = Vec::new();
+                hasher.local_hashes(&p[..len * BS], &mut local);
+                let blocks: Vec<StoredBlock> = local
+                    .iter()
+                    .map(|&l| StoredBlock {
+                        external_hash: r.next(),
+                        local_hash: l,
+                    })
+                    .collect();
+                part.index()
+                    .store(rank, Tier::Device, None, &blocks)
+                    .unwrap();
+            }
+            for b in 0..r.below(3) {
+                let p = &prompts[r.below(prompts.len())];
+                let len = 1 + r.below(64);
+                let d = engine
+                    .reserve(
+                        key,
+                        rank,
+                        Some(&SelectRequest::tokens(&p[..len * BS])),
+                        None,
+                        None,
+                    )
+                    .unwrap();
+                if b == 1 {
+                    engine
+                        .mark_prefill_complete(d.selection_id.unwrap())
+                        .unwrap();
+                }
+            }
+        }
+    }
+    prompts
+}
+
+fn pick_lowest_rank() -> HostHooks {
+    HostHooks {
+        tie_break: Some(StdArc::new(|ranks: &[RankId], tied: &[usize]| {
+            tied.iter().copied().min_by_key(|&k| ranks[k])
+        })),
+        ..HostHooks::default()
+    }
+}
+
+/// The decision's (rank, cost), and how many ranks the selection priced.
+fn select(part: &Partition, req: &SelectRequest<'_>) -> ((RankId, f64), usize) {
+    let Outcome::Selected(d) = part.select(req, &mut SelectionRng::from_seed(3)) else {
+        panic!("no decision")
+    };
+    let priced = Scratch::take().candidates.eligible.len();
+    ((d.rank, d.cost), priced)
+}
+
+#[test]
+fn the_pruned_pass_chooses_as_the_full_walk_does() {
+    for model in [CostModel::Latency, CostModel::Dynamo] {
+        let engine = Engine::with_seed(11);
+        let key = PartitionKey::new("m", "g");
+        let prompts = fleet(&engine, &key, model, 256);
+        let part = engine.partition(&key).unwrap();
+        let ranks = 256 * 4;
+        let mut r = Rng(99);
+        let mut pruned_total = 0;
+        let queries = 64;
+        for q in 0..queries {
+            let p = &prompts[r.below(prompts.len())];
+            let len = r.below(64) + 1;
+            let mut t = p[..len * BS].to_vec();
+            t.extend(tokens(q, r.below(4) * BS + 3));
+            let req = SelectRequest::tokens(&t);
+            part.set_hooks(pick_lowest_rank());
+            let (fast, priced) = select(&part, &req);
+            let mut full_hooks = pick_lowest_rank();
+            full_hooks.availability = Some(StdArc::new(|_| true));
+            part.set_hooks(full_hooks);
+            let (full, all) = select(&part, &req);
+            assert_eq!(all, ranks, "the full walk prices every rank");
+            assert_eq!(fast.0, full.0, "{model:?} query {q}: another rank");
+            assert_eq!(fast.1.to_bits(), full.1.to_bits(), "{model:?} query {q}");
+            pruned_total += priced;
+            // Move the loads: book the choice, sometimes free an older booking.
+            if q % 2 == 0 {
+                engine
+                    .reserve(&key, full.0, Some(&req), None, None)
+                    .unwrap();
+            }
+        }
+        let mean = pruned_total / queries as usize;
+        assert!(
+            mean * 4 < ranks,
+            "{model:?}: the pass priced {mean} of {ranks} ranks on average"
+        );
+    }
+}
+
+#[test]
+fn small_partitions_and_sampling_take_the_full_walk() {
+    let engine = Engine::with_seed(5);
+    let key = PartitionKey::new("m", "g");
+    let prompts = fleet(&engine, &key, CostModel::Latency, 160);
+    let part = engine.partition(&key).unwrap();
+    let mut req = SelectRequest::tokens(&prompts[0][..8 * BS]);
+    let (_, priced) = select(&part, &req);
+    assert!(priced < 640, "640 ranks: pruned ({priced})");
+    req.overrides.temperature = Some(0.5);
+    let (_, priced) = select(&part, &req);
+    assert_eq!(priced, 640, "at T > 0 every cost matters");
+
+    let engine = Engine::with_seed(5);
+    let prompts = fleet(&engine, &key, CostModel::Latency, 100);
+    let part = engine.partition(&key).unwrap();
+    let req = SelectRequest::tokens(&prompts[0][..8 * BS]);
+    let (_, priced) = select(&part, &req);
+    assert_eq!(priced, 400, "below the threshold: the full walk");
+}
