@@ -87,6 +87,14 @@ impl ActiveLoads {
         self.ranks.in_rank_order()[pos].1.load()
     }
 
+    /// Hints the CPU to load the counters of the rank at position `pos` (if any).
+    #[inline]
+    pub(crate) fn prefetch_at(&self, pos: usize) {
+        if let Some((_, s)) = self.ranks.in_rank_order().get(pos) {
+            prefetch(s);
+        }
+    }
+
     /// Ranks with a counter set.
     pub fn ranks(&self) -> impl Iterator<Item = (RankId, ActiveLoad)> + '_ {
         self.ranks.iter().map(|(r, s)| (*r, s.load()))

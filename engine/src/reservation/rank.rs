@@ -34,9 +34,12 @@ pub(super) struct RankMap {
     /// Each state beside its rank, so the ordered walk compares ranks without touching
     /// the states it passes.
     by_rank: Vec<(RankId, Arc<RankState>)>,
-    /// Every floor group ever made, by group number (`RankState::group`); one with no
-    /// member left is filled again first (so their number follows the most ranks ever
-    /// registered at once, not every rank ever seen).
+    /// Each rank's floor group number (its state's `group`), by position in `by_rank`:
+    /// a rebuild reads these instead of every state's line.
+    group_no: Vec<u32>,
+    /// Every floor group ever made, by group number; one with no member left is filled
+    /// again first (so their number follows the most ranks ever registered at once, not
+    /// every rank ever seen).
     floors: Vec<Arc<LoadFloor>>,
     /// The groups with members: positions in `by_rank` and the membership version.
     groups: Vec<FloorGroup>,
@@ -48,36 +51,29 @@ pub(super) struct RankMap {
 }
 
 /// One group of ranks under one [`LoadFloor`], as a registry snapshot lists it.
+#[derive(Clone)]
 pub(crate) struct FloorGroup {
     pub(crate) floor: Arc<LoadFloor>,
+    /// The group's number (`RankState::group`).
+    pub(crate) number: u32,
     /// Positions of the members in the snapshot's rank order.
     pub(crate) members: Vec<u32>,
     /// The floor's membership version when this snapshot was built (`floor.rs`).
     pub(crate) version: u8,
 }
 
-impl Clone for FloorGroup {
-    fn clone(&self) -> Self {
-        Self {
-            floor: self.floor.clone(),
-            members: self.members.clone(),
-            version: self.version,
-        }
-    }
-}
-
 impl RankMap {
-    /// New counter sets for `ranks`, each placed in a floor group with room (first fit,
-    /// new groups after the last) and joined to it: to be published with
-    /// [`with_all`](Self::with_all) on the returned floors.
+    /// New counter sets for `ranks` (none of them in the map, no rank twice), each placed
+    /// in a floor group with room (first fit, new groups after the last) and joined to
+    /// it: to be published with [`with_all`](Self::with_all) on the returned floors.
     pub(super) fn fresh_states(
         &self,
         ranks: &[RankId],
     ) -> (Vec<Arc<RankState>>, Vec<Arc<LoadFloor>>) {
         let mut floors = self.floors.clone();
         let mut room: Vec<usize> = vec![GROUP_RANKS; floors.len()];
-        for (_, s) in &self.by_rank {
-            room[s.group as usize] -= 1;
+        for g in &self.groups {
+            room[g.number as usize] -= g.members.len();
         }
         let mut g = 0;
         let states = ranks
@@ -98,7 +94,8 @@ impl RankMap {
         (states, floors)
     }
 
-    /// The map with every one of `states` added (made by [`fresh_states`] with `floors`).
+    /// The map with every one of `states` added (made by [`fresh_states`] with `floors`):
+    /// merged into the rank order, not sorted again.
     ///
     /// [`fresh_states`]: Self::fresh_states
     pub(super) fn with_all(
@@ -107,10 +104,26 @@ impl RankMap {
         floors: Vec<Arc<LoadFloor>>,
     ) -> Self {
         let mut map = self.map.clone();
-        for state in states {
-            map.insert(state.rank, state);
+        let mut fresh: Vec<(RankId, u32, Arc<RankState>)> =
+            states.into_iter().map(|s| (s.rank, s.group, s)).collect();
+        fresh.sort_unstable_by_key(|(r, _, _)| *r);
+        let n = self.by_rank.len() + fresh.len();
+        let (mut by_rank, mut group_no) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut old = self.by_rank.iter().zip(&self.group_no).peekable();
+        for (rank, g, state) in fresh {
+            while let Some(((r, s), &og)) = old.next_if(|((r, _), _)| *r < rank) {
+                by_rank.push((*r, s.clone()));
+                group_no.push(og);
+            }
+            map.insert(rank, state.clone());
+            by_rank.push((rank, state));
+            group_no.push(g);
         }
-        Self::of(map, floors)
+        for ((r, s), &og) in old {
+            by_rank.push((*r, s.clone()));
+            group_no.push(og);
+        }
+        Self::of(map, by_rank, group_no, floors)
     }
 
     /// The map without any of `ranks`.
@@ -119,25 +132,37 @@ impl RankMap {
         for r in ranks {
             map.remove(r);
         }
-        Self::of(map, self.floors.clone())
+        let mut gone = ranks.to_vec();
+        gone.sort_unstable();
+        let (by_rank, group_no) = self
+            .by_rank
+            .iter()
+            .zip(&self.group_no)
+            .filter(|((r, _), _)| gone.binary_search(r).is_err())
+            .map(|((r, s), &g)| ((*r, s.clone()), g))
+            .unzip();
+        Self::of(map, by_rank, group_no, self.floors.clone())
     }
 
-    fn of(map: MixMap<RankId, Arc<RankState>>, floors: Vec<Arc<LoadFloor>>) -> Self {
-        let mut by_rank: Vec<(RankId, Arc<RankState>)> =
-            map.iter().map(|(r, s)| (*r, s.clone())).collect();
-        by_rank.sort_unstable_by_key(|(r, _)| *r);
+    fn of(
+        map: MixMap<RankId, Arc<RankState>>,
+        by_rank: Vec<(RankId, Arc<RankState>)>,
+        group_no: Vec<u32>,
+        floors: Vec<Arc<LoadFloor>>,
+    ) -> Self {
         let mut index_of: Vec<u32> = vec![u32::MAX; floors.len()];
         let mut groups: Vec<FloorGroup> = Vec::new();
         let mut group_at = Vec::with_capacity(by_rank.len());
         let mut fingerprint = 0u64;
-        for (pos, (rank, s)) in by_rank.iter().enumerate() {
+        for (pos, ((rank, _), &g)) in by_rank.iter().zip(&group_no).enumerate() {
             fingerprint = fingerprint.wrapping_add(rank.fingerprint());
-            let g = s.group as usize;
+            let g = g as usize;
             if index_of[g] == u32::MAX {
                 index_of[g] = groups.len() as u32;
                 groups.push(FloorGroup {
                     floor: floors[g].clone(),
-                    members: Vec::new(),
+                    number: g as u32,
+                    members: Vec::with_capacity(GROUP_RANKS),
                     version: floors[g].version_now(),
                 });
             }
@@ -147,6 +172,7 @@ impl RankMap {
         Self {
             map,
             by_rank,
+            group_no,
             floors,
             groups,
             group_at,

@@ -39,8 +39,12 @@ use crate::index::TieredOverlap;
 use crate::reservation::{ActiveLoads, FloorKind};
 use crate::workers::{RankSlot, WorkerSet};
 
-/// Below this many ranks the full walk is as fast (measured with `fleet-bench select`).
+/// Below this many ranks the pass is not used: at 256 ranks it halved the median but made
+/// the p99 worse than the full walk (`fleet-bench select --workers 32`, docs/benchmarks.md).
 pub(crate) const PRUNE_MIN_RANKS: usize = 512;
+
+/// How many members ahead a group's walk prefetches their counters.
+const PREFETCH_AHEAD: usize = 8;
 
 /// What the pruned pass reads.
 pub(super) struct PruneInput<'a> {
@@ -219,6 +223,9 @@ impl Selector<'_> {
         // The hot rank with the lowest bound, then the others that can still win.
         let first_hot = (0..p.hot.len()).min_by(|&a, &b| p.hot[a].2.total_cmp(&p.hot[b].2));
         for (step, i) in first_hot.into_iter().chain(0..p.hot.len()).enumerate() {
+            if let Some(&(ahead, _, _)) = p.hot.get(i + PREFETCH_AHEAD) {
+                loads.prefetch_at(ahead as usize);
+            }
             let (pos, k, lb) = p.hot[i];
             if (step > 0 && Some(i) == first_hot) || !keep(lb, best) {
                 continue; // priced first, or cannot win
@@ -236,7 +243,10 @@ impl Selector<'_> {
             p.group_done[g] = true;
             let group = &groups[g];
             let mut mins = [u64::MAX; 3];
-            for &pos in &group.members {
+            for (i, &pos) in group.members.iter().enumerate() {
+                if let Some(&ahead) = group.members.get(i + PREFETCH_AHEAD) {
+                    loads.prefetch_at(ahead as usize);
+                }
                 let pos = pos as usize;
                 let a = if p.hot_bits[pos / 64] & (1 << (pos % 64)) != 0 {
                     loads.load_at(pos)
