@@ -43,6 +43,10 @@ use crate::workers::{RankSlot, WorkerSet};
 /// the p99 worse than the full walk (`fleet-bench select --workers 32`, docs/benchmarks.md).
 pub(crate) const PRUNE_MIN_RANKS: usize = 512;
 
+/// With at least one overlap per this many ranks, the overlaps are matched to ranks by
+/// walking the ranks, not by searching for each.
+const DENSE_OVERLAPS: usize = 16;
+
 /// How many members ahead a group's walk prefetches their counters.
 const PREFETCH_AHEAD: usize = 8;
 
@@ -161,8 +165,17 @@ impl Selector<'_> {
             p.floors.push(f);
         }
         let mut at = 0;
+        let dense = input.overlaps.len() * DENSE_OVERLAPS >= n;
         for (k, o) in input.overlaps.iter().enumerate() {
-            at = gallop(slots, at, o.rank);
+            at = if dense {
+                // Many overlaps: a step at a time is cheaper than a search each.
+                while at < n && slots[at].rank < o.rank {
+                    at += 1;
+                }
+                at
+            } else {
+                gallop(slots, at, o.rank)
+            };
             if at == n {
                 break;
             }
