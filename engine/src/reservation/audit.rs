@@ -1,7 +1,9 @@
 //! The exact audit: recomputes every rank's counters and prompt-block refcounts from the
-//! live bookings and compares (point 5 of the module docs). For tests and diagnostics on
-//! a quiescent table.
+//! live bookings and compares (point 5 of the module docs), and checks the prefill sum and
+//! that every group's floors stay at or below its members' counters. For tests and
+//! diagnostics on a quiescent table.
 
+use super::floor::FloorKind;
 use super::inner::Inner;
 use super::rank::{MixMap, RankState};
 use super::types::ActiveLoad;
@@ -73,6 +75,25 @@ impl Inner {
                 return Err(format!(
                     "rank {}: counters {have:?} != recomputed {:?}",
                     e.state.rank, e.load
+                ));
+            }
+        }
+        // The running sum a pruned selection reads, and each group's floors (bounds).
+        let sum: u64 = expect.iter().map(|e| e.load.active_prefill_tokens).sum();
+        let kept = self.prefill_sum.load(Ordering::Relaxed);
+        if kept != sum {
+            return Err(format!("prefill token sum {kept} != recomputed {sum}"));
+        }
+        for e in &expect {
+            let f = e.state.floor.read();
+            let (have, floor) = (e.state.load(), |k| f.bound(k));
+            if floor(FloorKind::PrefillTokens) > have.active_prefill_tokens
+                || floor(FloorKind::DecodeBlocks) > have.active_decode_blocks
+                || floor(FloorKind::Requests) > have.active_requests
+            {
+                return Err(format!(
+                    "rank {}: its group's floor {f:?} is above its counters {have:?}",
+                    e.state.rank
                 ));
             }
         }

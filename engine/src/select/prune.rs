@@ -27,16 +27,19 @@
 //! not make a load cheaper, and the booking registry listing exactly the worker set's
 //! ranks (same count and fingerprint; then both are in rank order, so a position in one
 //! is the same rank in the other). The mean booked prefill the latency model reads is the
-//! table's running sum over the ranks, the same figure the full walk sums.
+//! table's running sum over the ranks, the same figure the full walk sums. (A booking that
+//! races its worker's removal may leave the removed rank a counter set; the registries
+//! then differ, and the full walk runs until that rank registers or is removed again.)
 
 use super::decide::shared_beyond;
 use super::scratch::Candidates;
 use super::{SelectRequest, Selector};
 use crate::config::CostConfig;
-use crate::cost::{takes_argmin, CandidateLoad, CostEval, LoadRow, RequestShape};
+use crate::cost::{takes_argmin, CandidateLoad, CostEval, LoadColumns, LoadRow, RequestShape};
 use crate::hooks::{BlockRange, HostHooks};
+use crate::ids::RankId;
 use crate::index::TieredOverlap;
-use crate::reservation::{ActiveLoads, FloorKind};
+use crate::reservation::{ActiveLoad, ActiveLoads, FloorKind, FloorRead};
 use crate::workers::{RankSlot, WorkerSet};
 
 /// Below this many ranks the pass is not used: at 256 ranks it halved the median but made
@@ -76,7 +79,7 @@ fn monotone(cfg: &CostConfig) -> bool {
 
 /// The first position at or after `from` whose rank is not below `rank`, by galloping
 /// (the overlaps come in rank order, so each search starts where the last one ended).
-fn gallop(slots: &[RankSlot], from: usize, rank: crate::ids::RankId) -> usize {
+fn gallop(slots: &[RankSlot], from: usize, rank: RankId) -> usize {
     let mut lo = from;
     let mut step = 1;
     let mut hi = from;
@@ -135,7 +138,7 @@ impl Selector<'_> {
 
         // 1. Bounds: every group's floor read before any counter (floor.rs's raise).
         let cold_shared = shared_beyond(input.shared, 0, input.n_blocks as u32) as u64;
-        let floored = |f: &crate::reservation::FloorRead, t: Option<&TieredOverlap>| {
+        let floored = |f: &FloorRead, t: Option<&TieredOverlap>| {
             let device = t.map_or(0, |o| o.device);
             CandidateLoad {
                 device_blocks: u64::from(device),
@@ -194,10 +197,10 @@ impl Selector<'_> {
         c.cols.truncate(0);
         let price = |pos: usize,
                      t: Option<&TieredOverlap>,
-                     c_eligible: &mut Vec<crate::ids::RankId>,
-                     cols: &mut crate::cost::LoadColumns,
+                     c_eligible: &mut Vec<RankId>,
+                     cols: &mut LoadColumns,
                      best: &mut f64|
-         -> crate::reservation::ActiveLoad {
+         -> ActiveLoad {
             let a = loads.load_at(pos);
             let device = t.map_or(0, |o| o.device);
             let row = LoadRow {
