@@ -2522,16 +2522,16 @@ kvr_status kvr_subscribe_options_set_max_unrouted_topics(struct kvr_subscribe_op
                                                          uint32_t max);
 
 /**
- * Subscribes the partition to engine KV events as `opts` says, on a thread of kvr's
- * own: it connects (or binds), reconnects (or retries the bind) for as long as it runs,
+ * Subscribes the partition to engine KV events as `opts` says, on kvr's ingest thread
+ * (shared by every subscription of the process): it connects (or binds), reconnects (or retries the bind) for as long as it runs,
  * sequence-checks, replays or clears on gaps, decodes and applies every batch, and
  * counts per stream (`kvr_partition_ingress_stats`). `opts` is only read (copied); it
  * may be freed after the call.
  *
  * Fails with `KVR_ERR_INVALID_CONFIG` when the partition's indexer policy applies no
  * engine events (KV events off, or a remote primary), `KVR_ERR_INVALID_ARGUMENT` when an
- * endpoint (the main one or a replay endpoint) is malformed, `KVR_ERR_IO` when the thread
- * or its runtime cannot be created; nothing was started then. An endpoint that is
+ * endpoint (the main one or a replay endpoint) is malformed, `KVR_ERR_IO` when the ingest
+ * thread or its runtime cannot be created; nothing was started then. An endpoint that is
  * well-formed but unreachable (or a port that is taken) is not an error: kvr keeps
  * trying.
  *
@@ -2543,7 +2543,7 @@ kvr_status kvr_partition_subscribe(const struct kvr_partition *partition,
                                    struct kvr_subscription **out);
 
 /**
- * Stops the subscription and joins its thread: when this returns, no event of it is
+ * Stops the subscription and waits for it to end: when this returns, no event of it is
  * applied any more and its sockets are closed (a bound port is free again). Idempotent;
  * the handle stays valid (to free, or to ask `kvr_subscription_is_running`).
  *
@@ -2553,8 +2553,8 @@ kvr_status kvr_partition_subscribe(const struct kvr_partition *partition,
 kvr_status kvr_subscription_stop(struct kvr_subscription *sub);
 
 /**
- * `*out` = 1 while the subscription's thread runs, 0 after `kvr_subscription_stop` (or
- * if the thread ended on an internal error).
+ * `*out` = 1 while the subscription runs, 0 after `kvr_subscription_stop` (or if it ended
+ * on an internal error).
  *
  * # Safety
  * `sub` is NULL or live; `out` is NULL or writable.
@@ -2563,8 +2563,8 @@ kvr_status kvr_subscription_is_running(const struct kvr_subscription *sub,
                                        uint32_t *out);
 
 /**
- * Stops the subscription if it is running (as `kvr_subscription_stop`: returns after its
- * thread has joined) and frees the handle; NULL is a no-op.
+ * Stops the subscription if it is running (as `kvr_subscription_stop`: returns once it
+ * has ended) and frees the handle; NULL is a no-op.
  *
  * # Safety
  * `sub` is NULL or from `kvr_partition_subscribe`, not freed before, and not used by

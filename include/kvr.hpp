@@ -1321,21 +1321,22 @@ private:
     const kvr_subscribe_options *checked(const char *fn) const { return live(fn); }
 };
 
-/// A running subscription (kvr_subscription): kvr's own thread feeding the partition.
-/// Destroying it stops it (joining the thread) and frees it.
+/// A running subscription (kvr_subscription): a task on kvr's ingest thread (one for all
+/// subscriptions of the process) feeding the partition. Destroying it stops it (waiting
+/// for it to end) and frees it.
 class Subscription : public detail::Handle<kvr_subscription> {
 public:
     Subscription() noexcept = default;
     /// Takes ownership of a C handle (NULL = an empty object).
     static Subscription adopt(kvr_subscription *owned) noexcept { return Subscription(owned); }
 
-    /// Stops it and joins its thread: afterwards no event of it is applied and its
+    /// Stops it and waits for it to end: afterwards no event of it is applied and its
     /// sockets are closed. Idempotent.
     void stop() {
         const char *fn = "kvr_subscription_stop";
         detail::check(kvr_subscription_stop(live(fn)), fn);
     }
-    /// Whether its thread runs (false after stop(), or if it ended on an internal error).
+    /// Whether it runs (false after stop(), or if it ended on an internal error).
     bool running() const {
         const char *fn = "kvr_subscription_is_running";
         uint32_t on = 0;

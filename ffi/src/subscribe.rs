@@ -1,6 +1,6 @@
 //! kvr's own ZMQ subscriber through C: the host names an engine's endpoints (or one
-//! endpoint for kvr to bind), kvr subscribes a partition to its KV events on a thread of
-//! its own, and the host stops it.
+//! endpoint for kvr to bind), kvr subscribes a partition to its KV events on its ingest
+//! thread, and the host stops it.
 //!
 //! Ownership: `kvr_subscribe_options_new_*` and `kvr_partition_subscribe` hand out handles
 //! the caller frees (`kvr_subscribe_options_free`, `kvr_subscription_free`; NULL is a
@@ -11,7 +11,8 @@
 //! Threads: an options builder is used by one thread at a time. `kvr_partition_subscribe`
 //! and `kvr_subscription_is_running` take `const` handles and may run concurrently;
 //! `kvr_subscription_stop` and `kvr_subscription_free` need the subscription exclusively.
-//! The subscription's own thread (named `kvr-sub-N`) applies the events; it never calls
+//! kvr's ingest thread (named `kvr-ingest`, one for every subscription of the process,
+//! started with the first and ended with the last) applies the events; it never calls
 //! into the host.
 
 use std::io;
@@ -53,7 +54,7 @@ pub struct kvr_subscription {
 }
 
 /// The status of a failed start: a malformed endpoint is the caller's, anything else
-/// (creating the runtime or the thread) is an I/O failure.
+/// (creating the ingest thread or its runtime) is an I/O failure.
 fn start_status(e: &io::Error) -> kvr_status {
     match e.kind() {
         io::ErrorKind::InvalidInput => KVR_ERR_INVALID_ARGUMENT,
@@ -263,16 +264,16 @@ pub unsafe extern "C" fn kvr_subscribe_options_set_max_unrouted_topics(
 const _: () = assert!(kvr_zmq::transport::MAX_REPLAYS == 64);
 const _: () = assert!(kvr::ingress::DEFAULT_MAX_UNROUTED_TOPICS == 256);
 
-/// Subscribes the partition to engine KV events as `opts` says, on a thread of kvr's
-/// own: it connects (or binds), reconnects (or retries the bind) for as long as it runs,
+/// Subscribes the partition to engine KV events as `opts` says, on kvr's ingest thread
+/// (shared by every subscription of the process): it connects (or binds), reconnects (or retries the bind) for as long as it runs,
 /// sequence-checks, replays or clears on gaps, decodes and applies every batch, and
 /// counts per stream (`kvr_partition_ingress_stats`). `opts` is only read (copied); it
 /// may be freed after the call.
 ///
 /// Fails with `KVR_ERR_INVALID_CONFIG` when the partition's indexer policy applies no
 /// engine events (KV events off, or a remote primary), `KVR_ERR_INVALID_ARGUMENT` when an
-/// endpoint (the main one or a replay endpoint) is malformed, `KVR_ERR_IO` when the thread
-/// or its runtime cannot be created; nothing was started then. An endpoint that is
+/// endpoint (the main one or a replay endpoint) is malformed, `KVR_ERR_IO` when the ingest
+/// thread or its runtime cannot be created; nothing was started then. An endpoint that is
 /// well-formed but unreachable (or a port that is taken) is not an error: kvr keeps
 /// trying.
 ///
@@ -306,7 +307,7 @@ pub unsafe extern "C" fn kvr_partition_subscribe(
     })
 }
 
-/// Stops the subscription and joins its thread: when this returns, no event of it is
+/// Stops the subscription and waits for it to end: when this returns, no event of it is
 /// applied any more and its sockets are closed (a bound port is free again). Idempotent;
 /// the handle stays valid (to free, or to ask `kvr_subscription_is_running`).
 ///
@@ -321,8 +322,8 @@ pub unsafe extern "C" fn kvr_subscription_stop(sub: *mut kvr_subscription) -> kv
     })
 }
 
-/// `*out` = 1 while the subscription's thread runs, 0 after `kvr_subscription_stop` (or
-/// if the thread ended on an internal error).
+/// `*out` = 1 while the subscription runs, 0 after `kvr_subscription_stop` (or if it ended
+/// on an internal error).
 ///
 /// # Safety
 /// `sub` is NULL or live; `out` is NULL or writable.
@@ -339,8 +340,8 @@ pub unsafe extern "C" fn kvr_subscription_is_running(
     })
 }
 
-/// Stops the subscription if it is running (as `kvr_subscription_stop`: returns after its
-/// thread has joined) and frees the handle; NULL is a no-op.
+/// Stops the subscription if it is running (as `kvr_subscription_stop`: returns once it
+/// has ended) and frees the handle; NULL is a no-op.
 ///
 /// # Safety
 /// `sub` is NULL or from `kvr_partition_subscribe`, not freed before, and not used by

@@ -114,7 +114,7 @@ var (
 	ErrTooManyRanks         = &Error{Status: StatusTooManyRanks}
 	// ErrDecode: an engine message handed to Partition.Ingest did not decode.
 	ErrDecode = &Error{Status: StatusDecode}
-	// ErrIO: Partition.Subscribe could not create its thread or I/O runtime, or
+	// ErrIO: Partition.Subscribe could not create the ingest thread or its runtime, or
 	// CreatePartition could not keep the partition in its state directory (WithStateDir).
 	ErrIO = &Error{Status: StatusIO}
 	// ErrInvalidConfig: the partition options contradict each other or name something

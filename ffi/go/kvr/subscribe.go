@@ -59,9 +59,9 @@ type TopicRoute struct {
 }
 
 // Subscription is kvr's own ZMQ subscriber feeding a partition (kvr_subscription): a
-// thread of kvr's that connects (or binds), reconnects, sequence-checks, replays or
-// clears on gaps, decodes and applies every batch, and counts per stream
-// (Partition.IngressStats). It holds its own reference to the partition, so the
+// task on kvr's ingest thread (one for all subscriptions of the process) that connects
+// (or binds), reconnects, sequence-checks, replays or clears on gaps, decodes and
+// applies every batch, and counts per stream (Partition.IngressStats). It holds its own reference to the partition, so the
 // Partition and Engine handles may be closed before it.
 //
 // Stop or Close ends it; keep a reference to the Subscription for as long as it should
@@ -75,7 +75,7 @@ type Subscription struct {
 // Subscribe subscribes the partition to engine KV events as cfg says. Endpoints that
 // are well-formed but unreachable (or a port that is taken) are not an error: kvr keeps
 // trying until the subscription stops. Errors: ErrInvalidArgument (a malformed endpoint,
-// or a field of the other mode), ErrIO (kvr could not start its thread), ErrClosed.
+// or a field of the other mode), ErrIO (kvr could not start its ingest thread), ErrClosed.
 func (p *Partition) Subscribe(cfg SubscribeConfig) (*Subscription, error) {
 	if p.ptr == nil {
 		return nil, ErrClosed
@@ -181,7 +181,7 @@ func (s *Subscription) finalize() {
 	s.Close()
 }
 
-// Stop stops the subscription and waits for its thread to end: when it returns, no
+// Stop stops the subscription and waits for it to end: when it returns, no
 // event of it is applied any more and its sockets are closed (a bound port is free
 // again). Idempotent; a no-op after Close.
 func (s *Subscription) Stop() {
@@ -196,7 +196,7 @@ func (s *Subscription) Stop() {
 	runtime.KeepAlive(s)
 }
 
-// IsRunning reports whether the subscription's thread runs (false after Stop or Close,
+// IsRunning reports whether the subscription runs (false after Stop or Close,
 // or if it ended on an internal error).
 func (s *Subscription) IsRunning() bool {
 	s.mu.Lock()

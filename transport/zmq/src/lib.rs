@@ -2,9 +2,9 @@
 //! kvr partition (REFERENCE.md §2, DESIGN.md §10).
 //!
 //! Two layers, both built on the engine's public API:
-//! - [`transport`]: the ZMQ SUB socket (and the replay DEALER) on a thread of its own,
-//!   handing raw `[topic, seq, payload]` frames to a [`transport::FrameSink`]. It knows
-//!   nothing about events.
+//! - [`transport`]: the ZMQ SUB socket (and the replay DEALER), every subscription of the
+//!   process on one shared ingest thread, handing raw `[topic, seq, payload]` frames to a
+//!   [`transport::FrameSink`]. It knows nothing about events.
 //! - [`subscribe`](mod@subscribe): a subscription of a [`kvr::Partition`]: the transport's
 //!   frames go to the engine's [`kvr::ingress::EventSource`], which keeps every
 //!   publisher's stream and asks the transport for a replay when a stream needs one.

@@ -90,8 +90,10 @@ impl std::fmt::Debug for Subscription {
 }
 
 impl Subscription {
-    /// Stops the subscription and joins its thread: after this returns, no event of it is
-    /// applied any more. Idempotent.
+    /// Stops the subscription and waits for its task on the ingest thread to end: after
+    /// this returns, no event of it is applied any more and its sockets are closed.
+    /// Idempotent. (Called from the ingest thread itself it cannot wait; see
+    /// [`crate::transport`], "Threads and stopping".)
     pub fn stop(&mut self) {
         self.subscriber.stop();
     }
@@ -161,8 +163,8 @@ pub fn validate(cfg: &SubscribeConfig) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Subscribes `partition` to engine events as `cfg` says, on a thread of its own, with
-/// the default [`SubscribeOptions`].
+/// Subscribes `partition` to engine events as `cfg` says, on the process's ingest thread
+/// (shared by every subscription), with the default [`SubscribeOptions`].
 ///
 /// A partition whose indexer policy applies no events (events off, or a remote primary:
 /// DESIGN.md §5) is refused: it starts no local subscription.

@@ -65,7 +65,7 @@ struct SinkChecks {
     stopped: AtomicBool,
     /// A sink method ran while `stopped` was set.
     called_after_stop: AtomicBool,
-    /// Sink calls that ran on a thread not named `kvr-sub-…`.
+    /// Sink calls that ran on a thread other than the ingest pipeline's (`kvr-ingest`).
     wrong_thread: AtomicUsize,
     calls: AtomicUsize,
 }
@@ -87,7 +87,7 @@ impl RecordingSink {
         }
         let named = std::thread::current()
             .name()
-            .is_some_and(|n| n.starts_with("kvr-sub-"));
+            .is_some_and(|n| n == "kvr-ingest");
         if !named {
             checks.wrong_thread.fetch_add(1, Ordering::SeqCst);
         }
@@ -144,7 +144,7 @@ impl Harness {
             checks: Arc::clone(&checks),
         };
         let sub = Subscriber::start(cfg, Box::new(sink)).expect("start subscriber");
-        assert!(sub.thread_name().starts_with("kvr-sub-"));
+        assert_eq!(sub.thread_name(), "kvr-ingest");
         Harness {
             sub,
             rx,

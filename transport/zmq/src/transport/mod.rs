@@ -1,5 +1,6 @@
-//! The ZMQ transport of ingress: a SUB socket (plus a DEALER for replay) on its own thread,
-//! handing raw frames to a [`FrameSink`] (REFERENCE.md §2, DESIGN.md §10).
+//! The ZMQ transport of ingress: a SUB socket (plus a DEALER for replay) per subscription,
+//! every subscription of the process on one ingest thread, handing raw frames to a
+//! [`FrameSink`] (REFERENCE.md §2, DESIGN.md §10).
 //!
 //! It knows nothing about events: [`Subscriber`] receives `[topic, seq, payload]` messages
 //! from a vLLM/SGLang-style ZMQ PUB and calls [`FrameSink::on_message`]; when the sink
@@ -10,11 +11,11 @@
 //! # Implementation
 //!
 //! ZMTP is spoken by the pure-Rust `zeromq` crate, driven by a current-thread tokio runtime
-//! that lives inside the subscriber's thread (no runtime is shared with, or required from,
-//! the host). Pure Rust, because libzmq is C++: linking it into `libkvr.a` would make every
-//! C and Go host add `-lstdc++`. It interoperates with libzmq 4.x peers (pyzmq in
-//! `transport/zmq/tests/zmq_transport.rs`): SUB connect, SUB bind with publishers
-//! connecting, and DEALER → ROUTER replay.
+//! that lives inside the ingest pipeline's thread (see below; no runtime is shared with,
+//! or required from, the host). Pure Rust, because libzmq is C++: linking it into
+//! `libkvr.a` would make every C and Go host add `-lstdc++`. It interoperates with libzmq
+//! 4.x peers (pyzmq in `transport/zmq/tests/zmq_transport.rs`): SUB connect, SUB bind with
+//! publishers connecting, and DEALER → ROUTER replay.
 //!
 //! # Connection handling
 //!
@@ -42,40 +43,57 @@
 //!   stuck replay delays no other stream. A `Replay` with the id of a replay in flight
 //!   supersedes it: the earlier one is abandoned without an `on_replay_end` of its own, so
 //!   exactly one `on_replay_end` follows the last `Replay` of an id.
-//! - **Start gate**: with `start_gate` set, the thread waits for the gate to open (or for
-//!   stop) before it opens any socket or calls the sink; then it starts as above.
+//! - **Start gate**: with `start_gate` set, the subscription waits for the gate to open (or
+//!   for stop) before it opens any socket or calls the sink; then it starts as above.
 //! - **Ticks**: with `tick_interval` set, [`FrameSink::on_tick`] runs once right after the
 //!   start and then every interval; the replays it asks for start like any other (kvr's
 //!   subscriber probes idle streams this way).
 //!
 //! # Threads and stopping
 //!
-//! All sink methods run on the subscriber's thread (named `kvr-sub-N`), one at a time.
-//! [`Subscriber::stop`] (also run on drop) raises a flag that wakes the thread at once, and
-//! joins it: when `stop` returns, no sink method runs any more and every socket is closed
-//! (a bound port is free again). A sink call in progress is not interrupted: `stop` waits
-//! for it to return.
+//! Every subscriber of the process is a task on one shared runtime, driven by one thread
+//! named `kvr-ingest` (the ingest pipeline, [`Subscriber::thread_name`]): a fleet of a
+//! thousand publishers costs one thread and one event loop, not a thousand. The thread
+//! starts with the first subscriber and ends when the last one stops (a later start
+//! starts it again). All sink methods run on it, one call at a time across all
+//! subscriptions: a call is meant to be short (a decode and an index update), and a slow
+//! one delays every subscription's next call, not just its own.
+//!
+//! [`Subscriber::stop`] (also run on drop) raises a flag that wakes the subscription's
+//! task at once, and waits for the task to end: when `stop` returns, no sink method of
+//! that subscriber runs any more, its sink has been dropped and its sockets are closed (a
+//! bound port is free again). A sink call in progress is not interrupted: `stop` waits for
+//! it to return. The `zeromq` crate runs part of each socket in tasks of its own (a bound
+//! socket's accept loop, a connection's handshake or writer); the stopped task waits for
+//! them to end too, up to half a second. Only one that hangs on its peer outlives that (a
+//! peer that connected and never completes the handshake, or a reconnect attempt to a
+//! host that drops it), until it ends by itself or the pipeline stops.
+//!
+//! A panic of a sink method ends that subscription only (it closes its sockets as on
+//! stop, and [`Subscriber::is_running`] turns false); the others go on.
+//!
+//! `stop` called on the pipeline thread itself, from a sink method, cannot wait (the task
+//! it would wait for needs that thread): it raises the flag and returns. A subscription
+//! stopped this way calls no sink method after the flag (its task only resumes at the
+//! stop check); it closes its sockets as soon as the current sink call returns. Waiting
+//! for a task also means that `stop`, called elsewhere, must not hold a lock that any
+//! sink method (of any subscription) may take, or both wait for ever.
 
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Poll, Waker};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvr::ingress::{HealthReason, SourceAction};
-use zeromq::{
-    Endpoint, Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket, ZmqError, ZmqMessage,
-};
+use zeromq::{Endpoint, ZmqMessage};
 
 /// Sequence number of the replay end marker (`-1` as a signed 8-byte big-endian integer).
 const END_MARKER_SEQ: u64 = u64::MAX;
-
-/// How often a connected SUB socket checks for a dropped connection.
-const LINK_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Floor for `reconnect_interval` and `tick_interval` (a zero interval would spin).
 const MIN_RECONNECT_INTERVAL: Duration = Duration::from_millis(10);
@@ -159,12 +177,13 @@ impl fmt::Display for ReplayEnd {
     }
 }
 
-/// Receives what a [`Subscriber`] reads. Every method runs on the subscriber's thread, one
-/// call at a time; none runs after [`Subscriber::stop`] has returned. A method's returned
-/// [`SourceAction`] is carried out before the next call. A replay action's `endpoint`
-/// names the publisher's replay ROUTER (a bound subscription receives many publishers,
-/// each with its own); `None` takes the configured `replay_endpoint`. With neither,
-/// [`FrameSink::on_replay_end`] is called at once with [`ReplayEnd::NotConfigured`].
+/// Receives what a [`Subscriber`] reads. Every method runs on the ingest pipeline's thread,
+/// one call at a time (across all subscribers); none runs after [`Subscriber::stop`] has
+/// returned. A method's returned [`SourceAction`] is carried out before the next call. A
+/// replay action's `endpoint` names the publisher's replay ROUTER (a bound subscription
+/// receives many publishers, each with its own); `None` takes the configured
+/// `replay_endpoint`. With neither, [`FrameSink::on_replay_end`] is called at once with
+/// [`ReplayEnd::NotConfigured`].
 pub trait FrameSink: Send + 'static {
     /// One live message `[topic, seq, payload]` (malformed frame counts/sizes are reported
     /// via [`FrameSink::on_bad_frame`] instead).
@@ -194,32 +213,35 @@ pub mod bad_frame {
     pub const REPLAY_SEQ_SIZE: &str = "replay sequence frame not 8 bytes";
 }
 
-/// A running subscription: one thread, stopped by [`Subscriber::stop`] or on drop.
+/// A running subscription: a task on the ingest pipeline's thread, stopped by
+/// [`Subscriber::stop`] or on drop.
 pub struct Subscriber {
-    stop: Arc<StopSignal>,
-    thread: Option<JoinHandle<()>>,
-    name: String,
+    task: Arc<TaskState>,
+    /// `None` once stopped.
+    lease: Option<Lease>,
+    id: u64,
 }
 
 impl fmt::Debug for Subscriber {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Subscriber")
-            .field("thread", &self.name)
+            .field("id", &self.id)
+            .field("thread", &self.thread_name())
             .field("running", &self.is_running())
             .finish()
     }
 }
 
 impl Subscriber {
-    /// Starts the subscription on its own thread (named `kvr-sub-N`). Connect failures
-    /// are retried every `reconnect_interval`; the thread keeps running until
-    /// [`Subscriber::stop`].
+    /// Starts the subscription as a task on the ingest pipeline (whose thread is started
+    /// if this is the only subscriber). Connect failures are retried every
+    /// `reconnect_interval`; the subscription runs until [`Subscriber::stop`].
     ///
     /// # Errors
     ///
     /// `InvalidInput` when `endpoint` or `replay_endpoint` is not a valid ZMQ endpoint
     /// (`tcp://HOST:PORT`, `ipc://PATH`; `*` as host only when binding); any error from
-    /// creating the runtime or the thread.
+    /// creating the pipeline's runtime or thread.
     pub fn start(cfg: SubscriberConfig, sink: Box<dyn FrameSink>) -> io::Result<Subscriber> {
         let endpoint = checked_endpoint(&cfg.endpoint, cfg.bind)?;
         if let Some(replay) = &cfg.replay_endpoint {
@@ -231,55 +253,90 @@ impl Subscriber {
             tick_interval: cfg.tick_interval.map(|t| t.max(MIN_RECONNECT_INTERVAL)),
             ..cfg
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()?;
+        let lease = Lease::take()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-        let name = format!("kvr-sub-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
-        let stop = Arc::new(StopSignal::default());
-        let thread_stop = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name(name.clone())
-            .spawn(move || {
-                let mut sink = sink;
-                runtime.block_on(run(cfg, sink.as_mut(), &thread_stop));
-                // Dropping the runtime here ends the sockets' background tasks before the
-                // thread (and so `stop`'s join) finishes.
-                drop(runtime);
-            })?;
+        let task = Arc::new(TaskState::default());
+        let ended = Ended(Arc::clone(&task));
+        lease.spawn(async move {
+            subscription(cfg, sink, &ended.0.stop).await;
+            drop(ended);
+        });
         Ok(Subscriber {
-            stop,
-            thread: Some(thread),
-            name,
+            task,
+            lease: Some(lease),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
-    /// Stops and joins the thread: when it returns no sink method runs any more.
-    /// Idempotent; also run on drop. A panic of the sink (which ended the thread early) is
-    /// not propagated.
+    /// Stops the subscription: when it returns no sink method of it runs any more, the
+    /// sink is dropped and its sockets are closed (see the module documentation, also for
+    /// a call from a sink). Idempotent; also run on drop. A panic of the sink (which ended
+    /// the subscription early) is not propagated.
     pub fn stop(&mut self) {
-        self.stop.raise();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        self.task.stop.raise();
+        if let Some(lease) = self.lease.take() {
+            if !lease.on_pipeline_thread() {
+                self.task.wait_ended();
+            }
         }
     }
 
-    /// Whether the thread is still running (false after [`Subscriber::stop`], or if a
+    /// Whether the subscription still runs (false after [`Subscriber::stop`], or if a
     /// sink method panicked).
     pub fn is_running(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        self.lease.is_some() && !self.task.has_ended()
     }
 
-    /// The thread's name (`kvr-sub-N`).
+    /// The name of the thread its sink methods run on: the ingest pipeline's
+    /// (`kvr-ingest`), which every subscriber of the process shares.
     pub fn thread_name(&self) -> &str {
-        &self.name
+        pipeline::THREAD_NAME
     }
 }
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// What a subscriber and its task share.
+#[derive(Default)]
+struct TaskState {
+    stop: StopSignal,
+    ended: Mutex<bool>,
+    ended_changed: Condvar,
+}
+
+impl TaskState {
+    fn ended(&self) -> std::sync::MutexGuard<'_, bool> {
+        // A bool: nothing half-changed after a panic.
+        self.ended.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn has_ended(&self) -> bool {
+        *self.ended()
+    }
+
+    fn wait_ended(&self) {
+        let mut ended = self.ended();
+        while !*ended {
+            ended = self
+                .ended_changed
+                .wait(ended)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Marks the task ended when dropped: once it completed, or if it was dropped unfinished
+/// (the pipeline's runtime shutting down).
+struct Ended(Arc<TaskState>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        *self.0.ended() = true;
+        self.0.ended_changed.notify_all();
     }
 }
 
@@ -302,8 +359,8 @@ pub(crate) fn checked_endpoint(endpoint: &str, bind: bool) -> io::Result<String>
     Ok(endpoint)
 }
 
-/// The stop flag, and the waker of the thread's main loop so that raising it wakes the
-/// thread at once (no polling delay).
+/// A stop flag, and the waker of the task waiting for it so that raising it wakes that task
+/// at once (no polling delay): a subscription's, or the pipeline thread's own.
 #[derive(Default)]
 struct StopSignal {
     raised: AtomicBool,
@@ -340,9 +397,10 @@ impl StopSignal {
     }
 }
 
-/// The thread's main loop: live messages, replay replies, ticks and the stop signal,
-/// until stop.
-async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal) {
+/// A subscriber's task: waits for the start gate, runs [`run`] until stop (or a panic of
+/// the sink, which ends this subscription only), then closes its sockets. The sink and
+/// every socket are dropped when it completes.
+async fn subscription(cfg: SubscriberConfig, mut sink: Box<dyn FrameSink>, stop: &StopSignal) {
     if let Some(gate) = &cfg.start_gate {
         tokio::select! {
             biased;
@@ -350,13 +408,40 @@ async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal)
             () = gate.opened() => {}
         }
     }
-    let topic_filter = cfg.topic.clone();
     let mut link = SubLink::new(&cfg);
-    let mut replays = Replays {
-        running: Vec::new(),
-        default_endpoint: cfg.replay_endpoint.clone(),
-        timeout: cfg.replay_timeout,
-    };
+    let mut replays = Replays::new(&cfg);
+    let run = run(&cfg, sink.as_mut(), stop, &mut link, &mut replays);
+    // A panic ends the subscription here (the panic hook has reported it).
+    let _ = catch_unwind(run).await;
+    let trail = link.close().join(replays.close());
+    drop(sink);
+    trail.closed(CLOSE_BOUND).await;
+}
+
+/// Runs `fut`, catching a panic of any of its polls (`Err`; `fut` is dropped then).
+async fn catch_unwind<F: Future>(fut: F) -> Result<F::Output, ()> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => Poll::Ready(Err(())),
+        }
+    })
+    .await
+}
+
+/// The subscription's main loop: live messages, replay replies, ticks and the stop
+/// signal, until stop. Its only await is the `select!` below, whose first branch is the
+/// stop signal: once stop is raised, no sink method is called again.
+async fn run(
+    cfg: &SubscriberConfig,
+    sink: &mut dyn FrameSink,
+    stop: &StopSignal,
+    link: &mut SubLink,
+    replays: &mut Replays,
+) {
+    let topic_filter = &cfg.topic[..];
     let mut tick = cfg.tick_interval.map(|t| {
         let mut i = tokio::time::interval(t);
         i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -381,13 +466,13 @@ async fn run(cfg: SubscriberConfig, sink: &mut dyn FrameSink, stop: &StopSignal)
         }
         match step {
             Step::Live(msg) => {
-                if let Some(action) = deliver_live(&msg, &topic_filter, sink) {
+                if let Some(action) = deliver_live(&msg, topic_filter, sink) {
                     replays.start(action, sink);
                 }
             }
             Step::Replay(i, ReplayEvent::Reply(msg)) => {
                 let id = replays.running[i].0;
-                match deliver_replayed(id, &msg, &topic_filter, sink) {
+                match deliver_replayed(id, &msg, topic_filter, sink) {
                     Replied::Batch(action) => replays.start(action, sink),
                     Replied::Malformed | Replied::Filtered => {}
                     Replied::End => replays.end(i, ReplayEnd::Completed, sink),
@@ -447,13 +532,7 @@ fn deliver_live(
     Some(sink.on_message(topic, u64::from_be_bytes(seq), payload))
 }
 
-/// The SUB subscription string: the topic filter if it is UTF-8 (the `zeromq` API takes
-/// `&str`), else everything (and [`deliver_live`] filters).
-fn subscription(topic: &[u8]) -> String {
-    std::str::from_utf8(topic).unwrap_or("").to_owned()
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 mod gate;
 pub use gate::StartGate;
@@ -461,160 +540,11 @@ pub use gate::StartGate;
 mod replay;
 use replay::{deliver_replayed, ReplayEvent, Replays, Replied};
 
-/// The SUB socket and its (re)connection state machine.
-struct SubLink {
-    endpoint: String,
-    bind: bool,
-    subscription: String,
-    reconnect_interval: Duration,
-    state: LinkState,
-}
+mod link;
+use link::{LinkEvent, SubLink};
 
-enum LinkState {
-    /// No socket: open one.
-    Closed,
-    /// Opening (connect or bind), started at the instant given.
-    Opening(BoxFuture<Result<OpenSub, ZmqError>>, Instant),
-    /// Waiting before the next attempt.
-    Backoff(Pin<Box<tokio::time::Sleep>>),
-    Open(OpenSub),
-}
+mod closing;
+use closing::CLOSE_BOUND;
 
-struct OpenSub {
-    socket: SubSocket,
-    /// Drains the socket's monitor (connect mode only): true if it reported a
-    /// `Disconnected`, which closes the link.
-    disconnected: Option<Box<dyn FnMut() -> bool>>,
-    check: tokio::time::Interval,
-}
-
-impl SubLink {
-    fn new(cfg: &SubscriberConfig) -> SubLink {
-        SubLink {
-            endpoint: cfg.endpoint.clone(),
-            bind: cfg.bind,
-            subscription: subscription(&cfg.topic),
-            reconnect_interval: cfg.reconnect_interval,
-            state: LinkState::Closed,
-        }
-    }
-
-    /// The next live message or change of the link, (re)opening the socket as needed.
-    /// Cancel-safe.
-    async fn next_event(&mut self) -> LinkEvent {
-        loop {
-            match &mut self.state {
-                LinkState::Closed => {
-                    let open = open_sub(
-                        self.endpoint.clone(),
-                        self.bind,
-                        self.subscription.clone(),
-                        self.reconnect_interval,
-                    );
-                    self.state = LinkState::Opening(Box::pin(open), Instant::now());
-                }
-                LinkState::Opening(open, started) => {
-                    let started = *started;
-                    match open.as_mut().await {
-                        Ok(open) => {
-                            self.state = LinkState::Open(open);
-                            return LinkEvent::Changed(None);
-                        }
-                        Err(e) => {
-                            // A connect keeps retrying for up to `reconnect_interval` before it
-                            // fails; a bind fails at once. Either way the next attempt starts
-                            // `reconnect_interval` after this one did.
-                            let wait = self.reconnect_interval.saturating_sub(started.elapsed());
-                            self.state = LinkState::Backoff(Box::pin(tokio::time::sleep(wait)));
-                            return LinkEvent::Changed(Some(failure_reason(&e, self.bind)));
-                        }
-                    }
-                }
-                LinkState::Backoff(sleep) => {
-                    sleep.as_mut().await;
-                    self.state = LinkState::Closed;
-                }
-                LinkState::Open(open) => {
-                    let got = tokio::select! {
-                        msg = open.socket.recv() => Some(msg),
-                        _ = open.check.tick() => None,
-                    };
-                    match got {
-                        Some(Ok(msg)) => return LinkEvent::Message(msg),
-                        // A peer's error: the peer is dropped (in connect mode the monitor
-                        // reports it, below).
-                        Some(Err(_)) => {}
-                        None => {}
-                    }
-                    if open.disconnected() {
-                        self.state = LinkState::Closed;
-                        return LinkEvent::Changed(Some(HealthReason::Disconnected));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// What the SUB link yields.
-enum LinkEvent {
-    Message(ZmqMessage),
-    /// Opened (`None`) or failed (`Some`).
-    Changed(Option<HealthReason>),
-}
-
-/// Why opening the SUB socket failed, as a stream's health reason.
-fn failure_reason(e: &ZmqError, bind: bool) -> HealthReason {
-    match e {
-        _ if bind => HealthReason::BindFailed,
-        ZmqError::Codec(_) | ZmqError::UnsupportedVersion(_) | ZmqError::Socket(_) => {
-            HealthReason::HandshakeFailed
-        }
-        _ => HealthReason::Unreachable,
-    }
-}
-
-impl OpenSub {
-    /// Whether the monitor reported the (only) connection gone.
-    fn disconnected(&mut self) -> bool {
-        self.disconnected.as_mut().is_some_and(|drain| drain())
-    }
-}
-
-async fn open_sub(
-    endpoint: String,
-    bind: bool,
-    subscription: String,
-    connect_timeout: Duration,
-) -> Result<OpenSub, ZmqError> {
-    let mut options = SocketOptions::default();
-    options.connect_timeout(connect_timeout);
-    let mut socket = SubSocket::with_options(options);
-    let disconnected = if bind {
-        None
-    } else {
-        let mut monitor = socket.monitor();
-        let drain = move || {
-            let mut gone = false;
-            while let Ok(event) = monitor.try_recv() {
-                gone |= matches!(event, SocketEvent::Disconnected(_));
-            }
-            gone
-        };
-        Some(Box::new(drain) as Box<dyn FnMut() -> bool>)
-    };
-    // Remembered and sent to every peer as it connects.
-    socket.subscribe(&subscription).await?;
-    if bind {
-        socket.bind(&endpoint).await?;
-    } else {
-        socket.connect(&endpoint).await?;
-    }
-    let mut check = tokio::time::interval(LINK_CHECK_INTERVAL);
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    Ok(OpenSub {
-        socket,
-        disconnected,
-        check,
-    })
-}
+mod pipeline;
+use pipeline::Lease;

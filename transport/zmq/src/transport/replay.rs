@@ -8,18 +8,37 @@ use std::time::Duration;
 
 use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqError, ZmqMessage};
 
+use super::closing::SocketTrail;
 use super::{
-    bad_frame, BoxFuture, FrameSink, ReplayEnd, SourceAction, END_MARKER_SEQ, MAX_REPLAYS,
+    bad_frame, BoxFuture, FrameSink, ReplayEnd, SourceAction, SubscriberConfig, END_MARKER_SEQ,
+    MAX_REPLAYS,
 };
 
 /// The replays in flight, by the sink's id.
 pub(super) struct Replays {
     pub(super) running: Vec<(u32, Replay)>,
-    pub(super) default_endpoint: Option<String>,
-    pub(super) timeout: Duration,
+    default_endpoint: Option<String>,
+    timeout: Duration,
+    /// Every DEALER opened (see [`SocketTrail`]).
+    trail: SocketTrail,
 }
 
 impl Replays {
+    pub(super) fn new(cfg: &SubscriberConfig) -> Replays {
+        Replays {
+            running: Vec::new(),
+            default_endpoint: cfg.replay_endpoint.clone(),
+            timeout: cfg.replay_timeout,
+            trail: SocketTrail::default(),
+        }
+    }
+
+    /// Drops every replay in flight; what is left to close is in the trail returned.
+    pub(super) fn close(self) -> SocketTrail {
+        drop(self.running);
+        self.trail
+    }
+
     /// Carries out a sink's action: starts (or restarts) a replay.
     pub(super) fn start(&mut self, action: SourceAction, sink: &mut dyn FrameSink) {
         let SourceAction::Replay {
@@ -42,8 +61,8 @@ impl Replays {
             let _ = sink.on_replay_end(id, ReplayEnd::Failed(why));
             return;
         }
-        self.running
-            .push((id, Replay::start(&endpoint, from_seq, self.timeout)));
+        let replay = Replay::start(&endpoint, from_seq, self.timeout, &mut self.trail);
+        self.running.push((id, replay));
     }
 
     /// Replay `running[i]` ended: it is dropped and the sink told (what it asks for next
@@ -136,14 +155,15 @@ pub(super) enum ReplayEvent {
 }
 
 impl Replay {
-    fn start(endpoint: &str, from_seq: u64, timeout: Duration) -> Replay {
+    fn start(endpoint: &str, from_seq: u64, timeout: Duration, trail: &mut SocketTrail) -> Replay {
         let endpoint = endpoint.to_owned();
+        // The replay's deadline bounds the connect (so that running out of time is always
+        // `TimedOut`); connect errors other than "not there yet" end it `Failed`.
+        let mut options = SocketOptions::default();
+        options.no_connect_timeout();
+        let mut dealer = DealerSocket::with_options(options);
+        trail.track(&dealer);
         let request = async move {
-            // The replay's deadline bounds the connect (so that running out of time is
-            // always `TimedOut`); connect errors other than "not there yet" end it `Failed`.
-            let mut options = SocketOptions::default();
-            options.no_connect_timeout();
-            let mut dealer = DealerSocket::with_options(options);
             dealer.connect(&endpoint).await?;
             let mut request = ZmqMessage::from(Vec::<u8>::new());
             request.push_back(from_seq.to_be_bytes().to_vec().into());
