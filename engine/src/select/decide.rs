@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::overlap::shared_beyond;
 use super::prune::PruneInput;
 use super::scratch::{Candidates, PutBack, Scratch};
 use super::{Decision, Outcome, Overlap, Prompt, SelectRequest, Selector, SessionRoute};
@@ -27,25 +28,6 @@ pub(crate) struct Prepared {
     pub(crate) seq: Vec<u64>,
     /// The session's bound rank could not take the turn: the booking rebinds it (counted).
     pub(crate) forced_rebind: bool,
-}
-
-/// Blocks of `[from, n)` covered contiguously from `from` by the shared-cache ranges.
-pub(super) fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
-    if ranges.is_empty() {
-        return 0; // the common case, without the walk
-    }
-    let mut at = from;
-    loop {
-        let next = ranges
-            .iter()
-            .filter(|(s, e)| *s <= at && *e > at)
-            .map(|(_, e)| (*e).min(n))
-            .max();
-        match next {
-            Some(e) if e > at => at = e,
-            _ => return at - from,
-        }
-    }
 }
 
 /// What one selection reads once and every stage shares: the worker set, the hooks, the
@@ -460,22 +442,4 @@ fn pick(
         }
     }
     choose(&c.costs, cfg.temperature, rng).expect("at least one eligible rank")
-}
-
-#[cfg(test)]
-mod shared_range_tests {
-    use super::shared_beyond;
-
-    #[test]
-    fn shared_blocks_count_contiguously_from_the_device_prefix() {
-        assert_eq!(shared_beyond(&[(0, 10)], 4, 20), 6);
-        assert_eq!(shared_beyond(&[(0, 3), (3, 8)], 2, 20), 6);
-        assert_eq!(
-            shared_beyond(&[(5, 9)], 4, 20),
-            0,
-            "a gap at the device prefix end"
-        );
-        assert_eq!(shared_beyond(&[(0, 50)], 4, 20), 16, "capped at the prompt");
-        assert_eq!(shared_beyond(&[], 0, 20), 0);
-    }
 }

@@ -19,8 +19,6 @@ mod hint;
 mod lookahead;
 mod overlap;
 mod prune;
-#[cfg(all(test, not(loom)))]
-mod prune_tests;
 mod request;
 mod scratch;
 

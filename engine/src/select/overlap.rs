@@ -7,6 +7,7 @@
 
 use super::scratch::Scratch;
 use super::{Prompt, SelectRequest, Selector};
+use crate::hooks::BlockRange;
 use crate::index::{TieredOverlap, TieredScores};
 use crate::sync::atomic::Ordering;
 
@@ -73,5 +74,42 @@ impl Selector<'_> {
     /// The overlap of a prompt given as local hashes, into `out` (a host's lookup).
     pub(crate) fn overlap_of(&self, local_hashes: &[u64], out: &mut TieredScores) {
         self.overlap_for(&SelectRequest::local_hashes(local_hashes, 0), out)
+    }
+}
+
+/// Blocks of `[from, n)` covered contiguously from `from` by the shared-cache ranges.
+pub(super) fn shared_beyond(ranges: &[BlockRange], from: u32, n: u32) -> u32 {
+    if ranges.is_empty() {
+        return 0; // the common case, without the walk
+    }
+    let mut at = from;
+    loop {
+        let next = ranges
+            .iter()
+            .filter(|(s, e)| *s <= at && *e > at)
+            .map(|(_, e)| (*e).min(n))
+            .max();
+        match next {
+            Some(e) if e > at => at = e,
+            _ => return at - from,
+        }
+    }
+}
+
+#[cfg(test)]
+mod shared_range_tests {
+    use super::shared_beyond;
+
+    #[test]
+    fn shared_blocks_count_contiguously_from_the_device_prefix() {
+        assert_eq!(shared_beyond(&[(0, 10)], 4, 20), 6);
+        assert_eq!(shared_beyond(&[(0, 3), (3, 8)], 2, 20), 6);
+        assert_eq!(
+            shared_beyond(&[(5, 9)], 4, 20),
+            0,
+            "a gap at the device prefix end"
+        );
+        assert_eq!(shared_beyond(&[(0, 50)], 4, 20), 16, "capped at the prompt");
+        assert_eq!(shared_beyond(&[], 0, 20), 0);
     }
 }

@@ -31,7 +31,7 @@
 //! races its worker's removal may leave the removed rank a counter set; the registries
 //! then differ, and the full walk runs until that rank registers or is removed again.)
 
-use super::decide::shared_beyond;
+use super::overlap::shared_beyond;
 use super::scratch::Candidates;
 use super::{SelectRequest, Selector};
 use crate::config::CostConfig;
@@ -284,3 +284,6 @@ impl Selector<'_> {
         Some(shape)
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -2,7 +2,7 @@
 //! choice and its cost the same whether the pass runs or an availability hook that keeps
 //! every rank forces the full walk; and the pass reads far fewer ranks than there are.
 
-use super::scratch::Scratch;
+use super::super::scratch::Scratch;
 use crate::config::{CostConfig, CostModel, PartitionConfig};
 use crate::cost::SelectionRng;
 use crate::hooks::HostHooks;
