@@ -43,6 +43,24 @@ pub(crate) struct LoadRow {
     pub(crate) kv_blocks: u64,
 }
 
+impl LoadRow {
+    /// The row as one candidate's record, with `new_blocks` of the prompt not active.
+    #[inline]
+    pub(crate) fn candidate(&self, new_blocks: u64) -> CandidateLoad {
+        CandidateLoad {
+            device_blocks: u64::from(self.device),
+            host_blocks: u64::from(self.host),
+            disk_blocks: u64::from(self.disk),
+            shared_blocks_beyond_device: u64::from(self.shared),
+            active_prefill_tokens: self.prefill_tokens,
+            active_decode_blocks: self.decode_blocks,
+            new_blocks_not_active: new_blocks,
+            active_requests: self.requests,
+            total_kv_blocks: self.kv_blocks,
+        }
+    }
+}
+
 /// The columns as slices of one length to fill by index: the slices are taken once, so
 /// a row written in a loop is a few stores behind one length check, not a reload and a
 /// check a column.

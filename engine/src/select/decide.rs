@@ -101,8 +101,7 @@ impl Selector<'_> {
             shared: &shared,
             n_blocks: seq.len(),
         };
-        let whole = seq.len() as u64;
-        let stats = self.pruned_candidates(req, every_rank, &input, &cfg, shape, whole, candidates);
+        let stats = self.pruned_candidates(req, every_rank, &input, &cfg, shape, candidates);
         if stats.is_none() {
             self.eligible(every_rank, &view, tiered, &shared, seq.len(), candidates)?;
         }

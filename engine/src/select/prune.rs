@@ -35,7 +35,7 @@ use super::overlap::shared_beyond;
 use super::scratch::Candidates;
 use super::{SelectRequest, Selector};
 use crate::config::CostConfig;
-use crate::cost::{takes_argmin, CandidateLoad, CostEval, LoadColumns, LoadRow, RequestShape};
+use crate::cost::{takes_argmin, CostEval, LoadColumns, LoadRow, RequestShape};
 use crate::hooks::{BlockRange, HostHooks};
 use crate::ids::RankId;
 use crate::index::TieredOverlap;
@@ -96,7 +96,6 @@ impl Selector<'_> {
     /// The pruned candidates into `c.eligible` / `c.cols`, and the request shape with its
     /// selection-wide figures; `None` when the pass does not apply (the caller walks every
     /// rank). See the module docs.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn pruned_candidates(
         &self,
         req: &SelectRequest<'_>,
@@ -104,7 +103,6 @@ impl Selector<'_> {
         input: &PruneInput<'_>,
         cfg: &CostConfig,
         shape: RequestShape,
-        whole: u64,
         c: &mut Candidates,
     ) -> Option<RequestShape> {
         if cfg!(loom) {
@@ -137,28 +135,35 @@ impl Selector<'_> {
         let eval = CostEval::new(cfg, &shape);
 
         // 1. Bounds: every group's floor read before any counter (floor.rs's raise).
-        let cold_shared = shared_beyond(input.shared, 0, input.n_blocks as u32) as u64;
-        let floored = |f: &FloorRead, t: Option<&TieredOverlap>| {
+        let cold_shared = shared_beyond(input.shared, 0, input.n_blocks as u32);
+        let whole = input.n_blocks as u64;
+        // A candidate's row: its cached tiers (none for an uncached rank) and `a`'s loads.
+        let row = |t: Option<&TieredOverlap>, a: ActiveLoad, kv_blocks: u64| {
             let device = t.map_or(0, |o| o.device);
-            CandidateLoad {
-                device_blocks: u64::from(device),
-                host_blocks: t.map_or(0, |o| u64::from(o.host)),
-                disk_blocks: t.map_or(0, |o| u64::from(o.disk)),
-                shared_blocks_beyond_device: match t {
-                    Some(_) => {
-                        u64::from(shared_beyond(input.shared, device, input.n_blocks as u32))
-                    }
+            LoadRow {
+                device,
+                host: t.map_or(0, |o| o.host),
+                disk: t.map_or(0, |o| o.disk),
+                shared: match t {
+                    Some(_) => shared_beyond(input.shared, device, input.n_blocks as u32),
                     None => cold_shared,
                 },
+                prefill_tokens: a.active_prefill_tokens,
+                decode_blocks: a.active_decode_blocks,
+                requests: a.active_requests,
+                kv_blocks,
+            }
+        };
+        // The bound: the group's floors for the loads, no KV pressure (capacity unknown),
+        // and as new only what the decode blocks cannot hold (a rank's active prompt
+        // blocks are among them, so decode + new is at least max(decode, whole)).
+        let floored = |f: &FloorRead, t: Option<&TieredOverlap>| {
+            let floors = ActiveLoad {
                 active_prefill_tokens: f.bound(FloorKind::PrefillTokens),
                 active_decode_blocks: f.bound(FloorKind::DecodeBlocks),
-                // A rank's active prompt blocks are among its decode blocks, so at least
-                // `whole - decode` of the prompt is new there: decode + new is at least
-                // max(decode, whole) on every member.
-                new_blocks_not_active: whole.saturating_sub(f.bound(FloorKind::DecodeBlocks)),
                 active_requests: f.bound(FloorKind::Requests),
-                total_kv_blocks: 0,
-            }
+            };
+            row(t, floors, 0).candidate(whole.saturating_sub(floors.active_decode_blocks))
         };
         let p = &mut c.prune;
         p.clear(n, groups.len());
@@ -202,31 +207,8 @@ impl Selector<'_> {
                      best: &mut f64|
          -> ActiveLoad {
             let a = loads.load_at(pos);
-            let device = t.map_or(0, |o| o.device);
-            let row = LoadRow {
-                device,
-                host: t.map_or(0, |o| o.host),
-                disk: t.map_or(0, |o| o.disk),
-                shared: match t {
-                    Some(_) => shared_beyond(input.shared, device, input.n_blocks as u32),
-                    None => cold_shared as u32,
-                },
-                prefill_tokens: a.active_prefill_tokens,
-                decode_blocks: a.active_decode_blocks,
-                requests: a.active_requests,
-                kv_blocks: slots[pos].kv_blocks,
-            };
-            let upper = eval.cost(&CandidateLoad {
-                device_blocks: u64::from(row.device),
-                host_blocks: u64::from(row.host),
-                disk_blocks: u64::from(row.disk),
-                shared_blocks_beyond_device: u64::from(row.shared),
-                active_prefill_tokens: row.prefill_tokens,
-                active_decode_blocks: row.decode_blocks,
-                new_blocks_not_active: whole,
-                active_requests: row.requests,
-                total_kv_blocks: row.kv_blocks,
-            });
+            let row = row(t, a, slots[pos].kv_blocks);
+            let upper = eval.cost(&row.candidate(whole));
             if upper < *best {
                 *best = upper;
             }
