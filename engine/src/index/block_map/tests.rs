@@ -250,3 +250,27 @@ fn deferred_inserts_keep_the_order_of_a_stretch() {
     );
     assert!(repeats > 0, "no repeat of a deferred key within a stretch");
 }
+
+/// A rehash keeps each entry's choice of hash, so almost every entry lands next to where
+/// the streaming pass writes; were the new buckets not in step with the old (a change to
+/// `buckets`, or an entry given its other choice), growth would wait on memory again.
+#[test]
+fn rehash_streams() {
+    let (moved0, off0) = REHASHED.with(|r| r.get());
+    let mut m = BlockMap::<u32>::new();
+    let mut rng = SplitMix(0x5eed_f1a7e);
+    let mut model = HashMap::new();
+    for _ in 0..200_000 {
+        let k = rng.next();
+        m.insert(k, k as u32);
+        model.insert(k, u64::from(k as u32));
+    }
+    check(&m, &model);
+    let (moved, off) = REHASHED.with(|r| r.get());
+    let (moved, off) = (moved - moved0, off - off0);
+    assert!(moved > 200_000, "growing from empty rehashes: {moved}");
+    assert!(
+        off * 100 < moved,
+        "{off} of {moved} rehashed entries were not written in stream"
+    );
+}

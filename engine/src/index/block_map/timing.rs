@@ -21,6 +21,13 @@ fn filled<V: MapValue>(
         .collect()
 }
 
+/// The entry counts to time: `SIZES=8000,...`, else `default`.
+fn sizes(default: &[usize]) -> Vec<usize> {
+    std::env::var("SIZES").map_or(default.to_vec(), |s| {
+        s.split(',').filter_map(|n| n.parse().ok()).collect()
+    })
+}
+
 /// `cargo test --release -p kvr --lib block_map::timing -- --ignored --nocapture`
 #[test]
 #[ignore = "a measurement printed for a reader, no assertion: run by hand with --nocapture"]
@@ -128,10 +135,7 @@ fn steady_churn_ns_per_op() {
 #[test]
 #[ignore = "a timing printed for a reader, no assertion (timings live in benchmarks): run by hand with --nocapture"]
 fn reserved_churn_ns_per_op() {
-    let sizes: Vec<usize> = std::env::var("SIZES").map_or(vec![8_000, 1_000_000], |s| {
-        s.split(',').filter_map(|n| n.parse().ok()).collect()
-    });
-    for size in sizes {
+    for size in sizes(&[8_000, 1_000_000]) {
         let mut m = BlockMap::<u32>::new();
         m.reserve(size * std::env::var("OVER").map_or(100, |v| v.parse().unwrap()) / 100);
         let mut rng = SplitMix(0x1234_5678);
@@ -168,5 +172,37 @@ fn reserved_churn_ns_per_op() {
             (DISPLACES.with(|d| d.get()) - d0) as f64 / ops * 100.0,
             (KICKS.with(|k| k.get()) - k0) as f64 / ops,
         );
+    }
+}
+
+/// Filling a map from empty, growing as it goes, against filling one reserved for the
+/// same count (what growth costs), medians of five fills.
+/// `cargo test --release -p kvr --lib block_map::timing::fill -- --ignored --nocapture`
+#[test]
+#[ignore = "a timing printed for a reader, no assertion (timings live in benchmarks): run by hand with --nocapture"]
+fn fill_ns_per_insert() {
+    for size in sizes(&[100_000, 1_000_000]) {
+        let mut rng = SplitMix(0x5eed);
+        let keys: Vec<u64> = (0..size).map(|_| rng.next()).collect();
+        let fill = |reserve: bool| {
+            let mut times: Vec<f64> = (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    let mut m = BlockMap::<u32>::new();
+                    if reserve {
+                        m.reserve(size);
+                    }
+                    for &k in &keys {
+                        m.insert(k, k as u32);
+                    }
+                    assert_eq!(m.len(), size);
+                    t.elapsed().as_nanos() as f64 / size as f64
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            times[2]
+        };
+        let (grown, reserved) = (fill(false), fill(true));
+        eprintln!("size {size}: growing {grown:.1} ns/insert, reserved {reserved:.1} ns/insert");
     }
 }
