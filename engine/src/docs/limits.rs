@@ -14,7 +14,7 @@
 //! | branch-table shards | 64 by default, rounded up to a power of two | [`IndexConfig::shards`] |
 //! | smallest shard table | 64 slots by default | [`IndexConfig::min_shard_capacity`] |
 //! | branch-key collision (two (run, offset, local) triples with one 64-bit key) | the store stops there, its later blocks unindexed and counted (`Index::run_counts`); never an overcount | `index::branch::branch_key` |
-//! | rank maps sized ahead from a registered capacity | 2^20 blocks a rank, 2^23 for all of an index's ranks together; past that, ranks grow as they fill | [`MAX_RESERVED_BLOCKS`], [`MAX_RESERVED_BLOCKS_PER_INDEX`] |
+//! | rank maps sized ahead from a registered capacity | 2^20 blocks a rank, 2^23 for all of an index's ranks together; past that, ranks grow as they fill, a growth step stopping at their capacity's size | [`MAX_RESERVED_BLOCKS`], [`MAX_RESERVED_BLOCKS_PER_INDEX`] |
 //! | rank maps | bucketized cuckoo, 8-slot buckets, 64-96 % full, growing by 1.5× (a registered capacity sizes them once, for it and a twentieth more); 12 bytes a slot (an engine hash and a 4-byte place) | `index::block_map` |
 //! | runs a rank holds blocks of at once | 2^21 (a place is a 21-bit index in the rank's run table and an 11-bit offset); blocks a store would put in one more are left unindexed and counted (`Index::held_run_limit_hits`); never an overcount | `index::place::MAX_HELD_RUNS` |
 //! | table rebuild | when live + dead slots exceed 85 % of capacity; shrink below 1/8 live; a rebuilt table starts at ~62 % | `table::{MAX_LOAD_PCT, SHRINK_RATIO, TARGET_LOAD_PCT}` |

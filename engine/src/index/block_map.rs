@@ -241,6 +241,9 @@ pub(crate) struct BlockMap<V: MapValue> {
     /// Buckets the table keeps however empty it gets (`reserve`): a rank whose capacity
     /// is known fills its map without rehashing, and keeps it through evictions.
     floor: usize,
+    /// Buckets a growth step stops at, if the table is smaller (`cap_growth`): the size a
+    /// known capacity fills, so a map grown to it ends as dense as a reserved one.
+    ceiling: usize,
 }
 
 impl<V: MapValue> Default for BlockMap<V> {
@@ -252,6 +255,7 @@ impl<V: MapValue> Default for BlockMap<V> {
             zero: None,
             kick: 0,
             floor: 0,
+            ceiling: 0,
         }
     }
 }
@@ -331,10 +335,21 @@ impl<V: MapValue> BlockMap<V> {
         }
     }
 
+    /// Lets growth stop at the size [`Self::reserve`] would give `n` entries instead of
+    /// stepping past it: for a rank whose capacity is known but was not reserved ahead
+    /// (the index's budget spent), so its map, full, is as dense as a reserved one rather
+    /// than anywhere from 64 to 96 % loaded. Allocates nothing now.
+    pub(crate) fn cap_growth(&mut self, n: usize) {
+        self.ceiling = buckets_for(n + n / 20);
+    }
+
     /// Empties the map, keeping a reserved table (freed otherwise).
     pub(crate) fn clear(&mut self) {
         if self.floor == 0 {
-            *self = Self::default();
+            *self = Self {
+                ceiling: self.ceiling,
+                ..Self::default()
+            };
             return;
         }
         self.keys.fill(EMPTY_KEYS);
@@ -506,9 +521,11 @@ impl<V: MapValue> BlockMap<V> {
 
     fn grow(&mut self) {
         let n = self.keys.len();
-        let to = (n * GROW_NUM / GROW_DEN)
-            .max(n + 1)
-            .max(buckets_for(self.used + 1));
+        let need = buckets_for(self.used + 1);
+        let mut to = (n * GROW_NUM / GROW_DEN).max(n + 1).max(need);
+        if n < self.ceiling && to > self.ceiling {
+            to = self.ceiling.max(need);
+        }
         self.resize(to);
     }
 

@@ -13,7 +13,10 @@
 //! [`MAX_RESERVED_BLOCKS_PER_INDEX`] for all the ranks of an index (one partition's), so
 //! neither a registered number nor many ranks can drive an unbounded allocation (a
 //! worker of 1,024 DP ranks at the per-rank bound alone would have taken 13 GiB): a rank
-//! past the index's budget gets what is left of it, then grows its map as it fills. A
+//! past the index's budget gets what is left of it, then grows its map as it fills, with
+//! a growth step stopping at the capacity's size rather than passing it (so a full
+//! cache's map ends as dense as a reserved one: at 64M holder-blocks, where the budget
+//! covers an eighth of the ranks, maps grown in plain 1.5× steps sat 64-96 % full). A
 //! clear keeps the size (the cache refills); removing the rank frees it and gives its
 //! share back to the budget.
 
@@ -93,9 +96,14 @@ impl Index {
     pub fn reserve_blocks(&self, rank: RankId, tier: Tier, blocks: u64) -> Result<(), IndexError> {
         self.with_writer(rank, true, |_, w| {
             w.sized = true;
-            let n = self.capacities.take(capped(blocks));
+            let want = capped(blocks);
+            let n = self.capacities.take(want);
             w.reserved += n;
-            w.blocks[tier as usize].reserve(n as usize)
+            let map = &mut w.blocks[tier as usize];
+            map.reserve(n as usize);
+            if n < want {
+                map.cap_growth(want as usize);
+            }
         })
         .map(|_| ())
     }
@@ -121,7 +129,11 @@ impl Index {
         if want > 0 {
             let n = self.capacities.take(want);
             w.reserved += n;
-            w.blocks[Tier::Device as usize].reserve(n as usize);
+            let map = &mut w.blocks[Tier::Device as usize];
+            map.reserve(n as usize);
+            if n < want {
+                map.cap_growth(want as usize);
+            }
         }
     }
 }

@@ -406,7 +406,31 @@ fn reservations_are_bounded_per_index() {
         "past the budget: nothing ahead"
     );
     drop(last);
+    // A rank with a registered capacity past the budget grows as it fills, but its last
+    // growth step stops at the size a reservation of that capacity has, not past it.
+    let reserved = Index::new();
+    reserved
+        .reserve_blocks(RankId::new(10, 0), Tier::Device, 20_000)
+        .unwrap();
+    idx.set_worker_capacity(10, 20_000);
+    let late = RankId::new(10, 0);
+    for i in 0..200u64 {
+        let b = blocks(i * 100..i * 100 + 100);
+        idx.store(late, Tier::Device, None, &b).unwrap();
+        reserved.store(late, Tier::Device, None, &b).unwrap();
+    }
+    let slots = |idx: &Index| {
+        let e = idx.ranks.get(late).unwrap();
+        let w = e.writer.lock();
+        (w.reserved, w.blocks[Tier::Device as usize].capacity())
+    };
+    let ((late_reserved, grown), (_, sized)) = (slots(&idx), slots(&reserved));
+    assert_eq!(late_reserved, 0, "past the budget: nothing ahead");
+    assert_eq!(grown, sized, "grown to the capacity's size, no further");
+    let q = locals(19_900..20_000);
+    assert_eq!(idx.find_matches(&q).get(late), 100);
     idx.remove_worker(9);
+    idx.remove_worker(10);
     assert_eq!(idx.reserved_blocks(), 0, "given back");
 }
 

@@ -151,6 +151,34 @@ fn reserved_size_holds() {
     assert_eq!((u.len(), u.capacity()), (0, 0));
 }
 
+/// A map whose growth is capped ends, filled to that count, at the size a reservation
+/// gives; past it, it grows as any map; `clear` keeps the cap.
+#[test]
+fn growth_stops_at_its_ceiling() {
+    let mut sized = BlockMap::<u64>::new();
+    sized.reserve(50_000);
+    let mut m = BlockMap::<u64>::new();
+    m.cap_growth(50_000);
+    let mut model = HashMap::new();
+    for k in 1..=50_000u64 {
+        m.insert(k * 31, k);
+        model.insert(k * 31, k);
+    }
+    check(&m, &model);
+    assert_eq!(m.capacity(), sized.capacity());
+    for k in 50_001..=60_000u64 {
+        m.insert(k * 31, k);
+        model.insert(k * 31, k);
+    }
+    check(&m, &model);
+    assert!(m.capacity() > sized.capacity());
+    m.clear();
+    for k in 1..=50_000u64 {
+        m.insert(k * 31, k);
+    }
+    assert_eq!(m.capacity(), sized.capacity(), "the cap outlives a clear");
+}
+
 /// A map of `V` filled from empty with 200,000 random keys (`value` makes each value), and
 /// its mean bytes per entry, sampled along the way.
 fn mean_bytes_over_growth<V: MapValue>(value: fn(u32) -> V) -> (BlockMap<V>, f64) {
