@@ -96,14 +96,7 @@ impl Index {
     pub fn reserve_blocks(&self, rank: RankId, tier: Tier, blocks: u64) -> Result<(), IndexError> {
         self.with_writer(rank, true, |_, w| {
             w.sized = true;
-            let want = capped(blocks);
-            let n = self.capacities.take(want);
-            w.reserved += n;
-            let map = &mut w.blocks[tier as usize];
-            map.reserve(n as usize);
-            if n < want {
-                map.cap_growth(want as usize);
-            }
+            self.size_map(w, tier, capped(blocks));
         })
         .map(|_| ())
     }
@@ -127,13 +120,19 @@ impl Index {
         w.sized = true;
         let want = capped(self.capacities.get(rank.worker_id));
         if want > 0 {
-            let n = self.capacities.take(want);
-            w.reserved += n;
-            let map = &mut w.blocks[Tier::Device as usize];
-            map.reserve(n as usize);
-            if n < want {
-                map.cap_growth(want as usize);
-            }
+            self.size_map(w, Tier::Device, want);
+        }
+    }
+
+    /// Sizes the rank's `tier` map for `want` blocks, as much of it ahead as the index's
+    /// budget has left, and caps the growth of the rest at that size (module docs).
+    fn size_map(&self, w: &mut RankWriter, tier: Tier, want: u64) {
+        let n = self.capacities.take(want);
+        w.reserved += n;
+        let map = &mut w.blocks[tier as usize];
+        map.reserve(n as usize);
+        if n < want {
+            map.cap_growth(want as usize);
         }
     }
 }
