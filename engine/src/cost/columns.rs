@@ -155,17 +155,17 @@ impl LoadColumns {
     /// Candidate `k` as one record (`new_blocks_not_active` from `new_blocks`).
     #[inline]
     pub(crate) fn load(&self, k: usize) -> CandidateLoad {
-        CandidateLoad {
-            device_blocks: u64::from(self.device[k]),
-            host_blocks: u64::from(self.host[k]),
-            disk_blocks: u64::from(self.disk[k]),
-            shared_blocks_beyond_device: u64::from(self.shared[k]),
-            active_prefill_tokens: self.prefill_tokens[k],
-            active_decode_blocks: self.decode_blocks[k],
-            new_blocks_not_active: self.new_blocks[k],
-            active_requests: self.requests[k],
-            total_kv_blocks: self.kv_blocks[k],
+        LoadRow {
+            device: self.device[k],
+            host: self.host[k],
+            disk: self.disk[k],
+            shared: self.shared[k],
+            prefill_tokens: self.prefill_tokens[k],
+            decode_blocks: self.decode_blocks[k],
+            requests: self.requests[k],
+            kv_blocks: self.kv_blocks[k],
         }
+        .candidate(self.new_blocks[k])
     }
 
     /// `req` with the selection-wide quantities of these candidates, the same values as

@@ -127,10 +127,16 @@ macro_rules! map_value {
 map_value!(u32, 16);
 map_value!(u64, 8);
 
+/// The first of mixed key `h`'s two buckets among `n`.
+#[inline(always)]
+fn primary(h: u64, n: usize) -> usize {
+    ((h as u128 * n as u128) >> 64) as usize
+}
+
 /// The two buckets of mixed key `h` among `n` (distinct when `n > 1`).
 #[inline(always)]
 fn buckets(h: u64, n: usize) -> (usize, usize) {
-    let a = ((h as u128 * n as u128) >> 64) as usize;
+    let a = primary(h, n);
     let g = h.rotate_left(29).wrapping_mul(MIX_K1) ^ (h >> 17);
     let mut b = ((g as u128 * n as u128) >> 64) as usize;
     if b == a && n > 1 {
@@ -644,9 +650,11 @@ impl<V: MapValue> BlockMap<V> {
             #[cfg(test)]
             let mut far = 0u64;
             for (b, i, k) in old.occupied() {
-                let (a, _) = buckets(k, old_n);
-                let (na, nb) = buckets(k, n);
-                let to = if b == a { na } else { nb };
+                let to = if b == primary(k, old_n) {
+                    primary(k, n)
+                } else {
+                    buckets(k, n).1
+                };
                 #[cfg(test)]
                 if to.abs_diff(b * n / old_n) > 2 {
                     far += 1;
