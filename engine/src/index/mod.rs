@@ -57,6 +57,7 @@ mod evict;
 pub(crate) mod hold;
 mod place;
 mod query;
+mod rank_order;
 mod ranks;
 mod recurrent;
 pub(crate) mod remote;

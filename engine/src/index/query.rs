@@ -6,6 +6,7 @@
 //! there, and probes the branch table again only where the prompt goes on past what
 //! matched. A prompt nobody holds costs one probe, whatever its length.
 
+use super::rank_order::RankOrder;
 use super::run::{Run, View};
 use super::Index;
 use crate::ids::{RankId, Tier};
@@ -22,6 +23,7 @@ pub struct OverlapScores {
     pub(crate) done: Vec<(u32, u32)>,
     /// The prompt's places, for hybrid ranks (`recurrent`).
     pub(crate) places: Vec<u64>,
+    pub(crate) order: RankOrder<(RankId, u32)>,
 }
 
 impl PartialEq for OverlapScores {
@@ -100,6 +102,7 @@ pub struct TieredScores {
     pub(crate) done: Vec<Walk>,
     /// The prompt's places, for hybrid ranks (`recurrent`).
     pub(crate) places: Vec<u64>,
+    pub(crate) order: RankOrder<TieredOverlap>,
 }
 
 impl PartialEq for TieredScores {
@@ -273,7 +276,7 @@ impl Index {
             done.iter()
                 .filter_map(|&(s, score)| rank_of(s).map(|r| (r, score))),
         );
-        out.scores.sort_unstable_by_key(|e| e.0);
+        out.order.sort(&mut out.scores, |e| e.0);
         out.active = active;
         out.done = done;
     }
@@ -312,7 +315,7 @@ impl Index {
                 disk: w.counts[2],
             })
         }));
-        out.entries.sort_unstable_by_key(|e| e.rank);
+        out.order.sort(&mut out.entries, |e| e.rank);
         out.live = live;
         out.done = done;
     }
