@@ -23,6 +23,7 @@ pub struct OverlapScores {
     pub(crate) done: Vec<(u32, u32)>,
     /// The prompt's places, for hybrid ranks (`recurrent`).
     pub(crate) places: Vec<u64>,
+    /// The buffers that put the answer in rank order (`rank_order`).
     pub(crate) order: RankOrder<(RankId, u32)>,
 }
 
@@ -102,6 +103,7 @@ pub struct TieredScores {
     pub(crate) done: Vec<Walk>,
     /// The prompt's places, for hybrid ranks (`recurrent`).
     pub(crate) places: Vec<u64>,
+    /// The buffers that put the answer in rank order (`rank_order`).
     pub(crate) order: RankOrder<TieredOverlap>,
 }
 

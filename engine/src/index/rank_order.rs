@@ -124,8 +124,9 @@ mod tests {
     use super::*;
     use crate::hash::mix::splitmix64;
 
-    /// The ranks of `v` in order, for comparing with the library sort (entries of one
-    /// rank may come in any order, so the whole entries are compared as multisets).
+    /// Sorts `v` and checks that it comes out in rank order with the same entries as the
+    /// library sort gives (entries of one rank may come in any order, so the contents are
+    /// compared after a full sort of both).
     fn check(mut v: Vec<(RankId, u32)>) {
         let mut want = v.clone();
         want.sort_unstable();
