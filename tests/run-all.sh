@@ -87,7 +87,8 @@ python3 tests/check-readme-examples.py
 
 echo "== README shell blocks, as written, with the minimum Rust version (tests/check-readme-shell.py)"
 # make install, cargo install, the C/C++, Go, Python and kvr serve quick starts in a
-# temporary HOME; builds under $CARGO_TARGET_DIR/readme-rust-<version>.
+# temporary HOME; builds under $CARGO_TARGET_DIR/readme-rust-<version> (or, with
+# KVR_README_RUST=current as .ci/run sets it, with the toolchain in use, in $CARGO_TARGET_DIR).
 python3 tests/check-readme-shell.py
 
 echo "== layers: every engine import downward, no import cycle in any crate (and the negative controls)"
