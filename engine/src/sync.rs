@@ -387,6 +387,9 @@ pub(crate) mod faults {
         pub floor_lower_keeps_gen: bool,
         /// Load floors: a raise does not check the membership version its snapshot saw.
         pub floor_raise_ignores_version: bool,
+        /// Load floors: after a decrement, the other counter of the combined figure is
+        /// read with a plain load, not a read-modify-write.
+        pub floor_combined_reads_with_load: bool,
     }
 
     std::thread_local! {

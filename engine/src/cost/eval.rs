@@ -52,6 +52,24 @@ impl<'a> CostEval<'a> {
         self.latency.as_ref()
     }
 
+    /// How much `c`'s cost rises at least per booked prefill token and per held decode
+    /// block added to `c`'s (a lower slope of each, for the load floors' combined bound
+    /// in `select/prune.rs`): Dynamo's `prefill_load_scale / block size` while its prefill
+    /// term is above its clamp at 0 (else 0) and 1; the latency model's ms per token and
+    /// tie-break ms per block (its KV-pressure term only adds).
+    #[inline]
+    pub(crate) fn load_slopes(&self, c: &CandidateLoad) -> (f64, f64) {
+        match &self.latency {
+            Some(p) => (p.ms_per_token, p.tie_ms_per_block),
+            None => {
+                let b = cost_breakdown(self.cfg, &self.req, c);
+                let above_clamp = b.raw_prefill_blocks - b.credit_blocks > 0.0;
+                let per_token = self.cfg.prefill_load_scale / self.req.block_size_f64();
+                (if above_clamp { per_token } else { 0.0 }, 1.0)
+            }
+        }
+    }
+
     /// The cost of candidate `c` (see [`cost`]).
     #[inline]
     pub fn cost(&self, c: &CandidateLoad) -> f64 {
@@ -86,6 +104,19 @@ impl<'a> CostEval<'a> {
             Some(p) => p.new_blocks_share(self.cfg, c),
             None => c.new_blocks_not_active as f64,
         }
+    }
+}
+
+/// How many booked prefill tokens cost as much as one held decode block under `cfg` at its
+/// prior prefill rate (the ratio of [`CostEval::load_slopes`] with no learned rate): the
+/// weight a partition's load floors combine the two counters with (`reservation/floor.rs`).
+pub(crate) fn decode_block_in_tokens(cfg: &CostConfig, block_size: u32) -> f64 {
+    match cfg.model {
+        CostModel::Latency => {
+            let rate = effective_rate(cfg, &RequestShape::new(1, block_size));
+            cfg.latency.decode_block_us * 1e-3 / (1e3 / rate)
+        }
+        CostModel::Dynamo => f64::from(block_size.max(1)) / cfg.prefill_load_scale,
     }
 }
 

@@ -28,6 +28,7 @@ pub use choice::choose;
 pub(crate) use choice::{takes_argmin, ties_at_min};
 pub(crate) use columns::{LoadColumns, LoadRow};
 pub(crate) use config::{CostModel, CostOverrides};
+pub(crate) use eval::decode_block_in_tokens;
 pub use eval::{blocks_in_cost_units, cost, fill_costs, CostEval};
 pub use formula::{
     classic_logit, cost_breakdown, min_active_prefill_tokens, CandidateLoad, CostBreakdown,

@@ -71,6 +71,7 @@
 //! | `unmark_after_free` | recurrent states: a removed rank's slot handed back before its hybrid mark is cleared | `states::hybrid_slot_reuse` (preemption bound 2) | `loom_models::states::hybrid_slot_reuse_negative_unmark_after_free` | a new rank in the slot inherits the hybrid mark (its score cut to 0) |
 //! | `floor_lower_keeps_gen` | load floors: a decrement that changes no bound leaves the word as it is (no generation step) | `floors::floor_lower_races_raise` | `loom_models::floors::floor_lower_races_raise_negative_keeps_gen` | a floor above a member's counter |
 //! | `floor_raise_ignores_version` | load floors: a selection raises a group's floor without checking the membership version its snapshot recorded | `floors::floor_join_races_raise` | `loom_models::floors::floor_join_races_raise_negative_ignores_version` | a floor above a member's counter |
+//! | `floor_combined_reads_with_load` | load floors: after a decrement, the other counter of the combined figure read with a plain load, not a read-modify-write | `floors::floor_combined_decrements_race` | `loom_models::floors::floor_combined_decrements_race_negative_reads_with_load` | a combined floor above the rank's figure |
 //!
 //! Model names are under `loom_models::`. The models run with loom's preemption bound
 //! 3; `model()` prints how many executions each explored (`--nocapture`).

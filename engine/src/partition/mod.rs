@@ -5,6 +5,7 @@
 //! swapped whole (arc-swap), so a selection sees one consistent membership.
 
 use crate::config::ConfigError;
+use crate::cost::decode_block_in_tokens;
 use crate::hash::{BlockHasher, HashSalt};
 use crate::ids::{RankId, WorkerId};
 use crate::index::{Index, IndexConfig};
@@ -13,7 +14,8 @@ use crate::ingress::registry::IngressRegistry;
 use crate::load::{LoadView, RankLoad};
 use crate::lookahead::LookaheadLengths;
 use crate::reservation::{
-    BookingRequest, ForgetListener, Listeners, ReservationConfig, ReservationTable, SweepListener,
+    BookingRequest, FloorMix, ForgetListener, Listeners, ReservationConfig, ReservationTable,
+    SweepListener,
 };
 use crate::select::SelectionCounters;
 use crate::session::{SessionStats, SessionTable};
@@ -155,7 +157,9 @@ impl Partition {
             }) as SweepListener
         });
         let listeners = Listeners { forget, end, sweep };
-        let bookings = ReservationTable::with_listeners(table_config, listeners);
+        // The load floors combine prefill and decode as the partition's cost weighs them.
+        let mix = FloorMix::around(decode_block_in_tokens(&config.cost, bs));
+        let bookings = ReservationTable::with_listeners(table_config, listeners, mix);
         Ok(Partition {
             key,
             number: 0,

@@ -90,6 +90,12 @@ impl Inner {
             if floor(FloorKind::PrefillTokens) > have.active_prefill_tokens
                 || floor(FloorKind::DecodeBlocks) > have.active_decode_blocks
                 || floor(FloorKind::Requests) > have.active_requests
+                || self
+                    .floor_mix
+                    .of(have.active_prefill_tokens, have.active_decode_blocks)
+                    .into_iter()
+                    .enumerate()
+                    .any(|(k, figure)| f.combined(k) > figure)
             {
                 return Err(format!(
                     "rank {}: its group's floor {f:?} is above its counters {have:?}",

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use super::floor::FloorKind;
+use super::floor::{combined_after, FloorKind, FloorMix, COUNTER_RMW};
 use super::listeners::{ForgetListener, SweepListener};
 use super::rank::{add, RankMap, RankState};
 use super::rate::PrefillRate;
@@ -53,6 +53,8 @@ pub(super) struct Inner {
     pub(super) on_sweep: Option<SweepListener>,
     /// The partition's learned prefill rate (`rate.rs`).
     pub(super) prefill_rate: PrefillRate,
+    /// The weight of the floors' combined bound (`floor.rs`), set before the table is shared.
+    pub(super) floor_mix: FloorMix,
     /// The zero of the ranks' last-prefill-completion clocks.
     epoch: Instant,
 }
@@ -77,6 +79,7 @@ impl Inner {
             on_end: None,
             on_sweep: None,
             prefill_rate: PrefillRate::default(),
+            floor_mix: FloorMix::default(),
             epoch: Instant::now(),
             config,
         }
@@ -103,8 +106,9 @@ impl Inner {
             counter.store(v.saturating_sub(n), Ordering::Relaxed);
             return Some(v.saturating_sub(n));
         }
+        // `COUNTER_RMW` (AcqRel), not Relaxed: the combined floor's writers (`floor.rs`).
         let prev = counter
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            .fetch_update(COUNTER_RMW, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(n))
             })
             .unwrap_or_else(|v| v);
@@ -114,12 +118,17 @@ impl Inner {
         Some(prev.saturating_sub(n))
     }
 
-    /// Subtracts from one of `st`'s counters and lowers its group's floor to what is left
-    /// (`floor.rs`), keeping the prefill sum with it.
+    /// Subtracts from one of `st`'s counters and lowers its group's floor to what is left,
+    /// and the combined bound to the rank's figure (`floor.rs`), keeping the prefill sum
+    /// with them.
     #[inline]
     pub(super) fn sub_rank(&self, st: &RankState, kind: FloorKind, n: u64, what: &'static str) {
         if let Some(left) = self.sub(st.counters.of(kind), n, what) {
             st.floor.lower(kind, left);
+            if let Some(other) = st.counters.partner(kind) {
+                let now = combined_after(self.floor_mix, kind, left, other);
+                st.floor.lower_combined(now);
+            }
             if kind == FloorKind::PrefillTokens {
                 self.sub(&self.prefill_sum, n, "prefill token sum");
             }

@@ -229,6 +229,17 @@ impl Counters {
             FloorKind::Requests => &self.requests,
         }
     }
+
+    /// The other counter of the combined figure (`floor.rs`): decode blocks for prefill
+    /// tokens and back; none for requests.
+    #[inline]
+    pub(super) fn partner(&self, kind: FloorKind) -> Option<&AtomicU64> {
+        match kind {
+            FloorKind::PrefillTokens => Some(&self.decode_blocks),
+            FloorKind::DecodeBlocks => Some(&self.prefill_tokens),
+            FloorKind::Requests => None,
+        }
+    }
 }
 
 #[derive(Default)]

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use super::floor::FloorMix;
 use super::inner::Inner;
 use super::listeners::{ForgetListener, Listeners};
 use super::loads::ActiveLoads;
@@ -44,7 +45,7 @@ impl fmt::Debug for ReservationTable {
 impl ReservationTable {
     /// A table with no bookings. Spawns nothing and allocates only the shards.
     pub fn new(config: ReservationConfig) -> Self {
-        Self::with_listeners(config, Listeners::default())
+        Self::with_listeners(config, Listeners::default(), FloorMix::default())
     }
 
     /// A table that calls `f(id)` for every booking it frees on its own (expiry sweep,
@@ -57,6 +58,7 @@ impl ReservationTable {
                 forget: Some(f),
                 ..Listeners::default()
             },
+            FloorMix::default(),
         )
     }
 
@@ -64,8 +66,15 @@ impl ReservationTable {
     /// [`ReservationTable::with_forget_listener`]), an end listener, told `id` whenever a
     /// booking ends however it ends (a free by anyone, expiry, rank removal), and a sweep
     /// listener; each is called after the table's work and with no lock of it held.
-    pub(crate) fn with_listeners(config: ReservationConfig, listeners: Listeners) -> Self {
+    /// `mix` weighs decode blocks against prefill tokens in the load floors' combined
+    /// bound (`floor.rs`).
+    pub(crate) fn with_listeners(
+        config: ReservationConfig,
+        listeners: Listeners,
+        mix: FloorMix,
+    ) -> Self {
         let mut inner = Inner::new(config);
+        inner.floor_mix = mix;
         inner.on_forget = listeners.forget;
         inner.on_end = listeners.end;
         inner.on_sweep = listeners.sweep;
@@ -248,6 +257,11 @@ impl ReservationTable {
         self.inner
             .prefill_sum
             .load(crate::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The weight of the floors' combined bound (`floor.rs`), fixed for the table's life.
+    pub(crate) fn floor_mix(&self) -> FloorMix {
+        self.inner.floor_mix
     }
 
     /// How many of `prompt_blocks` are not active on `rank`: what booking the request there

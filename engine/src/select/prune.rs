@@ -6,7 +6,10 @@
 //! requests (and fall with nothing else a booking changes), so the cost of a rank with the
 //! group's floors (`reservation/floor.rs`) in place of its counters, with no KV pressure
 //! and only as much of the prompt counted new as its decode blocks cannot hold, is a
-//! lower bound of its cost. The pass:
+//! lower bound of its cost. A group's floors may each come from another member (the one
+//! with least prefill may hold the most decode); its combined floors, of `p + λ·d` at a few
+//! weights λ, tighten the bound of its uncached ranks to what a single member can reach.
+//! The pass:
 //!
 //! 1. read every group's floor (a few words per 64 ranks) and price, with it, each rank
 //!    the lookup found (its cached tiers known) and each group's ranks that hold nothing
@@ -35,11 +38,11 @@ use super::overlap::shared_beyond;
 use super::scratch::Candidates;
 use super::{SelectRequest, Selector};
 use crate::config::CostConfig;
-use crate::cost::{takes_argmin, CostEval, LoadColumns, LoadRow, RequestShape};
+use crate::cost::{takes_argmin, CandidateLoad, CostEval, LoadColumns, LoadRow, RequestShape};
 use crate::hooks::{BlockRange, HostHooks};
 use crate::ids::RankId;
 use crate::index::TieredOverlap;
-use crate::reservation::{ActiveLoad, ActiveLoads, FloorKind, FloorRead};
+use crate::reservation::{ActiveLoad, ActiveLoads, FloorKind, FloorRead, MixAt, FLOOR_WORDS};
 use crate::workers::{RankSlot, WorkerSet};
 
 /// Below this many ranks the pass is not used: at 256 ranks it halved the median but made
@@ -165,11 +168,43 @@ impl Selector<'_> {
             };
             row(t, floors, 0).candidate(whole.saturating_sub(floors.active_decode_blocks))
         };
+        // The combined bounds (floor.rs) tighten a group's: for slopes `a` per prefill
+        // token and `t` per decode block (`load_slopes`), a member's cost over `base`
+        // (prefill and decode each at their own floor) is at least
+        // `a·(G(t/a) − F_p − (t/a)·max(F_d, whole))`, where `G(λ)` bounds the least
+        // `p + λ·d` over the members (`MixAt::bound`), since `a·p + t·max(d, whole)`
+        // is at least `a·(p + (t/a)·d)`. A relative margin keeps the rounding of the sum
+        // from lifting it above a member's priced cost.
+        // (The weights around t/a are found once: they change only with a Dynamo slope
+        // cut to 0 at its clamp, which then adds nothing.)
+        let mix = self.bookings.floor_mix();
+        let mut around: Option<(f64, MixAt)> = None;
+        let mut tighten = |f: &FloorRead, cand: &CandidateLoad, base: f64| {
+            let (a, t) = eval.load_slopes(cand);
+            if a.is_nan() || a <= 0.0 {
+                return base;
+            }
+            let lambda = t / a;
+            let at = match around {
+                Some((l, at)) if l == lambda => at,
+                _ => around.insert((lambda, mix.at(lambda))).1,
+            };
+            let fp = f.bound(FloorKind::PrefillTokens) as f64;
+            let fd = f.bound(FloorKind::DecodeBlocks) as f64;
+            let extra = a * (at.bound(f) - fp - lambda * fd.max(whole as f64));
+            let extra = extra - 1e-9 * (base.abs() + extra);
+            if extra > 0.0 {
+                base + extra
+            } else {
+                base
+            }
+        };
         let p = &mut c.prune;
         p.clear(n, groups.len());
         for g in groups {
             let f = g.floor.read();
-            p.group_lb.push(eval.cost(&floored(&f, None)));
+            let cand = floored(&f, None);
+            p.group_lb.push(tighten(&f, &cand, eval.cost(&cand)));
             p.floors.push(f);
         }
         let mut at = 0;
@@ -240,7 +275,7 @@ impl Selector<'_> {
             }
             p.group_done[g] = true;
             let group = &groups[g];
-            let mut mins = [u64::MAX; 3];
+            let mut mins = [u64::MAX; FLOOR_WORDS];
             for (i, &pos) in group.members.iter().enumerate() {
                 if let Some(&ahead) = group.members.get(i + PREFETCH_AHEAD) {
                     loads.prefetch_at(ahead as usize);
@@ -254,6 +289,10 @@ impl Selector<'_> {
                 mins[0] = mins[0].min(a.active_prefill_tokens);
                 mins[1] = mins[1].min(a.active_decode_blocks);
                 mins[2] = mins[2].min(a.active_requests);
+                let figures = mix.of(a.active_prefill_tokens, a.active_decode_blocks);
+                for (m, v) in mins[3..].iter_mut().zip(figures) {
+                    *m = (*m).min(v);
+                }
             }
             group.floor.raise(p.floors[g], group.version, mins);
         }

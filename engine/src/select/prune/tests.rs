@@ -129,6 +129,7 @@ fn the_pruned_pass_chooses_as_the_full_walk_does() {
         let ranks = 256 * 4;
         let mut r = Rng(99);
         let mut pruned_total = 0;
+        let mut booked = Vec::new();
         let queries = 64;
         for q in 0..queries {
             let p = &prompts[r.below(prompts.len())];
@@ -146,11 +147,21 @@ fn the_pruned_pass_chooses_as_the_full_walk_does() {
             assert_eq!(fast.0, full.0, "{model:?} query {q}: another rank");
             assert_eq!(fast.1.to_bits(), full.1.to_bits(), "{model:?} query {q}");
             pruned_total += priced;
-            // Move the loads: book the choice, sometimes free an older booking.
+            // Move the loads: book the choice; finish an older booking's prefill or free it
+            // (decrements, which lower the floors, the combined one included).
             if q % 2 == 0 {
-                engine
+                let d = engine
                     .reserve(&key, full.0, Some(&req), None, None)
                     .unwrap();
+                booked.push(d.selection_id.unwrap());
+            }
+            if q % 3 == 1 && !booked.is_empty() {
+                let id = booked[r.below(booked.len())];
+                let _ = engine.mark_prefill_complete(id);
+            }
+            if q % 5 == 4 && !booked.is_empty() {
+                let id = booked.swap_remove(r.below(booked.len()));
+                engine.free(id).unwrap();
             }
         }
         let mean = pruned_total / queries as usize;
@@ -180,4 +191,97 @@ fn small_partitions_and_sampling_take_the_full_walk() {
     let req = SelectRequest::tokens(&prompts[0][..8 * BS]);
     let (_, priced) = select(&part, &req);
     assert_eq!(priced, 400, "below the threshold: the full walk");
+}
+
+/// Every rank booked, none holding the prompts: half with their prefill still pending
+/// (many prefill tokens, few decode blocks), half done and decoding (no prefill tokens,
+/// many decode blocks, more in some groups than in others), mixed in every floor group
+/// (64 ranks in rank order). Each group's separate floors
+/// then come from different members and its combined floor is what prunes it; the pass
+/// must still choose as the full walk does while loads move (bookings, prefill
+/// completions, frees), and (under the latency model) price under a quarter of the ranks.
+#[test]
+fn the_combined_floor_prunes_mixed_groups_and_chooses_as_the_full_walk_does() {
+    for model in [CostModel::Latency, CostModel::Dynamo] {
+        let engine = Engine::with_seed(5);
+        let key = PartitionKey::new("m", "mixed");
+        let part = engine
+            .create_partition(
+                key.clone(),
+                PartitionConfig {
+                    cost: CostConfig {
+                        model,
+                        ..CostConfig::default()
+                    },
+                    ..PartitionConfig::new(BS as u32)
+                },
+            )
+            .unwrap();
+        let workers = 256u64;
+        for w in 0..workers {
+            part.upsert_worker(WorkerInfo::new(w + 1, 4)).unwrap();
+        }
+        let mut r = Rng(21);
+        let mut booked = Vec::new();
+        for w in 0..workers {
+            for d in 0..4 {
+                let rank = RankId::new(w + 1, d);
+                let pending = (w + u64::from(d)) % 2 == 0;
+                let prompt = tokens(r.next(), (8 + r.below(40)) * BS);
+                let req = SelectRequest::tokens(&prompt);
+                let id = engine
+                    .reserve(&key, rank, Some(&req), None, None)
+                    .unwrap()
+                    .selection_id
+                    .unwrap();
+                if !pending {
+                    engine.mark_prefill_complete(id).unwrap();
+                    engine
+                        .add_output_blocks(id, 100 + 40 * (w / 16) + r.below(30) as u64)
+                        .unwrap();
+                }
+                booked.push(id);
+            }
+        }
+        let ranks = workers as usize * 4;
+        let mut priced_total = 0;
+        let queries = 48;
+        for q in 0..queries {
+            let t = tokens(1_000 + q, (1 + r.below(60)) * BS + 5);
+            let req = SelectRequest::tokens(&t);
+            part.set_hooks(pick_lowest_rank());
+            let (fast, priced) = select(&part, &req);
+            let mut full_hooks = pick_lowest_rank();
+            full_hooks.availability = Some(StdArc::new(|_| true));
+            part.set_hooks(full_hooks);
+            let (full, all) = select(&part, &req);
+            assert_eq!(all, ranks, "the full walk prices every rank");
+            assert_eq!(fast.0, full.0, "{model:?} query {q}: another rank");
+            assert_eq!(fast.1.to_bits(), full.1.to_bits(), "{model:?} query {q}");
+            if q > 0 {
+                priced_total += priced; // the first selection raises the floors
+            }
+            let d = engine
+                .reserve(&key, full.0, Some(&req), None, None)
+                .unwrap();
+            booked.push(d.selection_id.unwrap());
+            if q % 3 == 1 {
+                let id = booked[r.below(booked.len())];
+                let _ = engine.mark_prefill_complete(id);
+                let _ = engine.add_output_blocks(id, r.below(50) as u64);
+            }
+            if q % 4 == 3 {
+                let id = booked.swap_remove(r.below(booked.len()));
+                engine.free(id).unwrap();
+            }
+        }
+        // Under Dynamo's cost the pending ranks are the cheap ones here, in every group
+        // alike, so the pass prices most groups; under the latency model the decoding
+        // ranks win, and the combined bounds prune the groups whose least decode is high.
+        let mean = priced_total / (queries as usize - 1);
+        assert!(
+            model == CostModel::Dynamo || mean * 4 < ranks,
+            "{model:?}: the pass priced {mean} of {ranks} ranks on average"
+        );
+    }
 }
