@@ -38,8 +38,9 @@ fn tokens(seed: u64, n: usize) -> Vec<u32> {
 }
 
 /// `workers` × 4 ranks, each holding prefixes of a few of 16 prompts and a booking or two.
-fn fleet(engine: &Engine, key: &PartitionKey, model: CostModel, workers: u64) -> Vec<Vec<u32>> {
-    let part = engine
+/// A partition of block size `BS` pricing with `model`.
+fn partition(engine: &Engine, key: &PartitionKey, model: CostModel) -> StdArc<Partition> {
+    engine
         .create_partition(
             key.clone(),
             PartitionConfig {
@@ -50,7 +51,11 @@ fn fleet(engine: &Engine, key: &PartitionKey, model: CostModel, workers: u64) ->
                 ..PartitionConfig::new(BS as u32)
             },
         )
-        .unwrap();
+        .unwrap()
+}
+
+fn fleet(engine: &Engine, key: &PartitionKey, model: CostModel, workers: u64) -> Vec<Vec<u32>> {
+    let part = partition(engine, key, model);
     let prompts: Vec<Vec<u32>> = (0..16).map(|i| tokens(100 + i, 64 * BS)).collect();
     let mut r = Rng(7);
     for w in 0..workers {
@@ -119,6 +124,27 @@ fn select(part: &Partition, req: &SelectRequest<'_>) -> ((RankId, f64), usize) {
     ((d.rank, d.cost), priced)
 }
 
+/// Selects `req` with the pruned pass, then with the full walk (an availability hook that
+/// keeps every rank forces it), and checks both chose the same rank at the same cost: that
+/// (rank, cost), and how many ranks the pass priced.
+fn pruned_as_full(
+    part: &Partition,
+    req: &SelectRequest<'_>,
+    ranks: usize,
+    what: &str,
+) -> ((RankId, f64), usize) {
+    part.set_hooks(pick_lowest_rank());
+    let (fast, priced) = select(part, req);
+    let mut full_hooks = pick_lowest_rank();
+    full_hooks.availability = Some(StdArc::new(|_| true));
+    part.set_hooks(full_hooks);
+    let (full, all) = select(part, req);
+    assert_eq!(all, ranks, "the full walk prices every rank");
+    assert_eq!(fast.0, full.0, "{what}: another rank");
+    assert_eq!(fast.1.to_bits(), full.1.to_bits(), "{what}");
+    (full, priced)
+}
+
 #[test]
 fn the_pruned_pass_chooses_as_the_full_walk_does() {
     for model in [CostModel::Latency, CostModel::Dynamo] {
@@ -137,15 +163,8 @@ fn the_pruned_pass_chooses_as_the_full_walk_does() {
             let mut t = p[..len * BS].to_vec();
             t.extend(tokens(q, r.below(4) * BS + 3));
             let req = SelectRequest::tokens(&t);
-            part.set_hooks(pick_lowest_rank());
-            let (fast, priced) = select(&part, &req);
-            let mut full_hooks = pick_lowest_rank();
-            full_hooks.availability = Some(StdArc::new(|_| true));
-            part.set_hooks(full_hooks);
-            let (full, all) = select(&part, &req);
-            assert_eq!(all, ranks, "the full walk prices every rank");
-            assert_eq!(fast.0, full.0, "{model:?} query {q}: another rank");
-            assert_eq!(fast.1.to_bits(), full.1.to_bits(), "{model:?} query {q}");
+            let (full, priced) =
+                pruned_as_full(&part, &req, ranks, &format!("{model:?} query {q}"));
             pruned_total += priced;
             // Move the loads: book the choice; finish an older booking's prefill or free it
             // (decrements, which lower the floors, the combined one included).
@@ -205,18 +224,7 @@ fn the_combined_floor_prunes_mixed_groups_and_chooses_as_the_full_walk_does() {
     for model in [CostModel::Latency, CostModel::Dynamo] {
         let engine = Engine::with_seed(5);
         let key = PartitionKey::new("m", "mixed");
-        let part = engine
-            .create_partition(
-                key.clone(),
-                PartitionConfig {
-                    cost: CostConfig {
-                        model,
-                        ..CostConfig::default()
-                    },
-                    ..PartitionConfig::new(BS as u32)
-                },
-            )
-            .unwrap();
+        let part = partition(&engine, &key, model);
         let workers = 256u64;
         for w in 0..workers {
             part.upsert_worker(WorkerInfo::new(w + 1, 4)).unwrap();
@@ -249,15 +257,8 @@ fn the_combined_floor_prunes_mixed_groups_and_chooses_as_the_full_walk_does() {
         for q in 0..queries {
             let t = tokens(1_000 + q, (1 + r.below(60)) * BS + 5);
             let req = SelectRequest::tokens(&t);
-            part.set_hooks(pick_lowest_rank());
-            let (fast, priced) = select(&part, &req);
-            let mut full_hooks = pick_lowest_rank();
-            full_hooks.availability = Some(StdArc::new(|_| true));
-            part.set_hooks(full_hooks);
-            let (full, all) = select(&part, &req);
-            assert_eq!(all, ranks, "the full walk prices every rank");
-            assert_eq!(fast.0, full.0, "{model:?} query {q}: another rank");
-            assert_eq!(fast.1.to_bits(), full.1.to_bits(), "{model:?} query {q}");
+            let (full, priced) =
+                pruned_as_full(&part, &req, ranks, &format!("{model:?} query {q}"));
             if q > 0 {
                 priced_total += priced; // the first selection raises the floors
             }
