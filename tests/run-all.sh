@@ -85,7 +85,7 @@ python3 tests/e2e/selftest.py
 echo "== README host examples"
 python3 tests/check-readme-examples.py
 
-echo "== README shell blocks, as written, with the minimum Rust version (tests/check-readme-shell.py)"
+echo "== README shell blocks, as written (tests/check-readme-shell.py: the minimum Rust version, or the toolchain in use with KVR_README_RUST=current)"
 # make install, cargo install, the C/C++, Go, Python and kvr serve quick starts in a
 # temporary HOME; builds under $CARGO_TARGET_DIR/readme-rust-<version> (or, with
 # KVR_README_RUST=current as .ci/run sets it, with the toolchain in use, in $CARGO_TARGET_DIR).

@@ -4,8 +4,8 @@
 //! Why a bound and not the exact minimum: the exact minimum would need every counter
 //! change to rescan its group. A bound only has to go down when a counter does; it may lag
 //! behind a counter that goes up (it is then loose, and a selection prices the group and
-//! tightens it on the way). So the writers' side is one read-modify-write a decrement and
-//! nothing an increment.
+//! tightens it on the way). So the writers' side is a few read-modify-writes on the
+//! group's floor a decrement (one a word it bounds) and nothing an increment.
 //!
 //! The protocol, per counter kind, on one word `[version:8 | gen:16 | value:40]`:
 //! - **lower** (after a member's counter went down to `v`): `value = min(value, v)` and
@@ -46,8 +46,9 @@
 
 use crate::sync::atomic::{AtomicU64, Ordering};
 
-/// The ordering of every booking counter's read-modify-writes: `AcqRel`, for the combined
-/// bound (module docs). On x86 a locked instruction either way.
+/// The ordering of the booking counters' decrements and of the combined bounds' read of
+/// the other counter: `AcqRel` (module docs). On x86 a locked instruction either way;
+/// increments stay `Relaxed` (they never lower a bound).
 pub(crate) const COUNTER_RMW: Ordering = Ordering::AcqRel;
 
 /// How many combined bounds a floor keeps, each under its own weight ([`FloorMix`]).
