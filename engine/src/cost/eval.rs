@@ -4,7 +4,7 @@
 
 use super::config::CostConfig;
 use super::config::CostModel;
-use super::formula::{cost_breakdown, CandidateLoad, RequestShape};
+use super::formula::{cost_breakdown, credit, CandidateLoad, RequestShape};
 use super::latency::{effective_rate, LatencyPrep};
 
 /// The cost of placing the request on candidate `c` under the configured model (lower
@@ -52,21 +52,31 @@ impl<'a> CostEval<'a> {
         self.latency.as_ref()
     }
 
-    /// How much `c`'s cost rises at least per booked prefill token and per held decode
-    /// block added to `c`'s (a lower slope of each, for the load floors' combined bound
-    /// in `select/prune.rs`): Dynamo's `prefill_load_scale / block size` while its prefill
-    /// term is above its clamp at 0 (else 0) and 1; the latency model's ms per token and
-    /// tie-break ms per block (its KV-pressure term only adds).
+    /// How much the cost rises per booked prefill token and per held decode block, for
+    /// the load floors' combined bound (`select/prune.rs`): Dynamo's
+    /// `prefill_load_scale / block size` and 1; the latency model's ms per token and
+    /// tie-break ms per block (its KV-pressure term only adds). Under Dynamo's model the
+    /// prefill slope holds only where its prefill term is above its clamp at 0
+    /// ([`prefill_at_clamp`](Self::prefill_at_clamp)).
     #[inline]
-    pub(crate) fn load_slopes(&self, c: &CandidateLoad) -> (f64, f64) {
+    pub(crate) fn load_slopes(&self) -> (f64, f64) {
         match &self.latency {
             Some(p) => (p.ms_per_token, p.tie_ms_per_block),
-            None => {
-                let b = cost_breakdown(self.cfg, &self.req, c);
-                let above_clamp = b.raw_prefill_blocks - b.credit_blocks > 0.0;
-                let per_token = self.cfg.prefill_load_scale / self.req.block_size_f64();
-                (if above_clamp { per_token } else { 0.0 }, 1.0)
-            }
+            None => (self.cfg.prefill_load_scale / self.req.block_size_f64(), 1.0),
+        }
+    }
+
+    /// Whether Dynamo's prefill term is at its clamp at 0 for `c` (its credit covers the
+    /// prompt and the booked prefill), where more prefill adds nothing; never under the
+    /// latency model.
+    #[inline]
+    pub(crate) fn prefill_at_clamp(&self, c: &CandidateLoad) -> bool {
+        self.latency.is_none() && {
+            let (_, credit_blocks) = credit(self.cfg, &self.req, c);
+            let raw = (c.active_prefill_tokens as f64 + self.req.isl_tokens as f64)
+                / self.req.block_size_f64();
+            let above = raw - credit_blocks > 0.0; // NaN: not above, as the clamp's `max`
+            !above
         }
     }
 
@@ -111,13 +121,9 @@ impl<'a> CostEval<'a> {
 /// prior prefill rate (the ratio of [`CostEval::load_slopes`] with no learned rate): the
 /// weight a partition's load floors combine the two counters with (`reservation/floor.rs`).
 pub(crate) fn decode_block_in_tokens(cfg: &CostConfig, block_size: u32) -> f64 {
-    match cfg.model {
-        CostModel::Latency => {
-            let rate = effective_rate(cfg, &RequestShape::new(1, block_size));
-            cfg.latency.decode_block_us * 1e-3 / (1e3 / rate)
-        }
-        CostModel::Dynamo => f64::from(block_size.max(1)) / cfg.prefill_load_scale,
-    }
+    let (per_token, per_block) =
+        CostEval::new(cfg, &RequestShape::new(1, block_size)).load_slopes();
+    per_block / per_token
 }
 
 /// `blocks` of prefill in the configured model's unit: block equivalents for Dynamo's,

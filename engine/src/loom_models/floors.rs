@@ -15,13 +15,14 @@
 //!   counter's old value, and the bound stays above the rank's figure).
 //!
 //! The counters are updated and read with the orderings `reservation` uses (`Relaxed`
-//! read-modify-writes, then the floor's `AcqRel` lower; `Relaxed` reads after the floor's
-//! `Acquire` load).
+//! increments, [`COUNTER_RMW`] decrements, then the floor's `AcqRel` lower; `Relaxed`
+//! reads after the floor's `Acquire` load).
 
 use super::{model, must_fail};
 use crate::reservation::floor::{
     combined_after, FloorKind, FloorMix, LoadFloor, COUNTER_RMW, FLOOR_WORDS, MIXES,
 };
+use crate::reservation::ActiveLoad;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::faults::Faults;
 use crate::sync::Arc;
@@ -50,7 +51,7 @@ fn lower_races_raise() {
     let (a2, b2, f2) = (a.clone(), b.clone(), floor.clone());
     let writer = loom::thread::spawn(move || {
         b2.fetch_add(9, Ordering::Relaxed);
-        let left = a2.fetch_sub(7, Ordering::Relaxed) - 7;
+        let left = a2.fetch_sub(7, COUNTER_RMW) - 7;
         f2.lower(FloorKind::PrefillTokens, left);
     });
     let seen = floor.read();
@@ -94,8 +95,11 @@ fn combined_decrements_race() {
     let d = Arc::new(AtomicU64::new(5));
     let floor = Arc::new(LoadFloor::default());
     let start = floor.read();
-    let mut at_start = mins(5, 5, 0);
-    at_start[3..].copy_from_slice(&mix.of(5, 5));
+    let at_start = mix.figures(ActiveLoad {
+        active_prefill_tokens: 5,
+        active_decode_blocks: 5,
+        active_requests: 0,
+    });
     floor.raise(start, start.version_of_words(), at_start);
     let writer = |mine: Arc<AtomicU64>, other: Arc<AtomicU64>, kind, n| {
         let floor = floor.clone();

@@ -3,7 +3,6 @@
 //! that every group's floors stay at or below its members' counters. For tests and
 //! diagnostics on a quiescent table.
 
-use super::floor::FloorKind;
 use super::inner::Inner;
 use super::rank::{MixMap, RankState};
 use super::types::ActiveLoad;
@@ -86,16 +85,12 @@ impl Inner {
         }
         for e in &expect {
             let f = e.state.floor.read();
-            let (have, floor) = (e.state.load(), |k| f.bound(k));
-            if floor(FloorKind::PrefillTokens) > have.active_prefill_tokens
-                || floor(FloorKind::DecodeBlocks) > have.active_decode_blocks
-                || floor(FloorKind::Requests) > have.active_requests
-                || self
-                    .floor_mix
-                    .of(have.active_prefill_tokens, have.active_decode_blocks)
-                    .into_iter()
-                    .enumerate()
-                    .any(|(k, figure)| f.combined(k) > figure)
+            let have = e.state.load();
+            let figures = self.floor_mix.figures(have);
+            if f.bounds()
+                .iter()
+                .zip(figures)
+                .any(|(&bound, figure)| bound > figure)
             {
                 return Err(format!(
                     "rank {}: its group's floor {f:?} is above its counters {have:?}",

@@ -44,6 +44,7 @@
 //! partition reaches. Values above 2^40 − 1 are stored as 2^40 − 1, still a lower bound.
 //! The loom models are `loom_models::floors`, each with a negative control.
 
+use super::types::ActiveLoad;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// The ordering of the booking counters' decrements and of the combined bounds' read of
@@ -53,18 +54,18 @@ pub(crate) const COUNTER_RMW: Ordering = Ordering::AcqRel;
 
 /// How many combined bounds a floor keeps, each under its own weight ([`FloorMix`]). The
 /// loom models keep one: each word follows the same protocol on its own, and four made
-/// every decrement in the booking models four steps longer (their run took 2.5 times as
-/// long).
+/// every decrement in the booking models four steps longer (the suite's loom step took
+/// 1,003 s instead of 371 s).
 pub(crate) const MIXES: usize = if cfg!(loom) { 1 } else { 4 };
 
 /// The weights' multiples of the partition's own ratio ([`FloorMix::around`]).
 const MIX_FACTORS: [f64; 4] = [1.0, 0.25, 4.0, 16.0];
 
-/// A floor's words: the three [`FloorKind`]s, then the combined bounds.
-pub(crate) const FLOOR_WORDS: usize = 3 + MIXES;
-
-/// The first combined word's index in [`LoadFloor`].
+/// The first combined word's index in [`LoadFloor`] (after the three [`FloorKind`]s).
 const COMBINED: usize = 3;
+
+/// A floor's words: the three [`FloorKind`]s, then the combined bounds.
+pub(crate) const FLOOR_WORDS: usize = COMBINED + MIXES;
 
 /// Ranks a group holds at most.
 pub(crate) const GROUP_RANKS: usize = 64;
@@ -131,6 +132,17 @@ impl FloorMix {
         let p = prefill_tokens.saturating_mul(Self::SCALE as u64);
         self.per_block
             .map(|l| p.saturating_add(decode_blocks.saturating_mul(l)))
+    }
+
+    /// A rank's figure for each of a floor's words: its three counters in [`FloorKind`]
+    /// order, then its combined figures (what [`LoadFloor::raise`] takes the minimums of).
+    #[inline]
+    pub(crate) fn figures(self, load: ActiveLoad) -> [u64; FLOOR_WORDS] {
+        let (p, d) = (load.active_prefill_tokens, load.active_decode_blocks);
+        let mut all = [0; FLOOR_WORDS];
+        all[..COMBINED].copy_from_slice(&[p, d, load.active_requests]);
+        all[COMBINED..].copy_from_slice(&self.of(p, d));
+        all
     }
 
     /// The weights as used: tokens per decode block.
@@ -258,6 +270,12 @@ impl FloorRead {
     #[inline]
     pub(crate) fn combined(&self, k: usize) -> u64 {
         value(self.words[COMBINED + k])
+    }
+
+    /// Every word's bound, in [`FloorMix::figures`]' order.
+    #[inline]
+    pub(crate) fn bounds(&self) -> [u64; FLOOR_WORDS] {
+        self.words.map(value)
     }
 
     /// The membership version the words carry (all move together).
@@ -437,11 +455,9 @@ mod tests {
     /// it, equal to it at the weights, and no lower than the separate floors' bound.
     #[test]
     fn the_bound_at_any_weight_is_below_the_least_member() {
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut x = 0u64;
         let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            x = crate::hash::mix::splitmix64(x);
             x % n
         };
         for case in 0..2_000 {
@@ -453,11 +469,13 @@ mod tests {
             let seen = f.read();
             let mut m = [u64::MAX; FLOOR_WORDS];
             for &(p, d) in &members {
-                m[0] = m[0].min(p);
-                m[1] = m[1].min(d);
-                m[2] = 0;
-                for (k, v) in mix.of(p, d).into_iter().enumerate() {
-                    m[3 + k] = m[3 + k].min(v);
+                let load = ActiveLoad {
+                    active_prefill_tokens: p,
+                    active_decode_blocks: d,
+                    active_requests: 0,
+                };
+                for (m, v) in m.iter_mut().zip(mix.figures(load)) {
+                    *m = (*m).min(v);
                 }
             }
             f.raise(seen, seen.version_of_words(), m);

@@ -97,7 +97,7 @@ mod sweep;
 mod table;
 mod types;
 
-pub(crate) use floor::{FloorKind, FloorMix, FloorRead, MixAt, FLOOR_WORDS};
+pub(crate) use floor::{FloorKind, FloorMix, FloorRead, FLOOR_WORDS};
 pub use listeners::ForgetListener;
 pub(crate) use listeners::{Listeners, SweepListener};
 pub use loads::ActiveLoads;

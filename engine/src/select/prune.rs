@@ -42,7 +42,7 @@ use crate::cost::{takes_argmin, CandidateLoad, CostEval, LoadColumns, LoadRow, R
 use crate::hooks::{BlockRange, HostHooks};
 use crate::ids::RankId;
 use crate::index::TieredOverlap;
-use crate::reservation::{ActiveLoad, ActiveLoads, FloorKind, FloorRead, MixAt, FLOOR_WORDS};
+use crate::reservation::{ActiveLoad, ActiveLoads, FloorKind, FloorRead, FLOOR_WORDS};
 use crate::workers::{RankSlot, WorkerSet};
 
 /// Below this many ranks the pass is not used: at 256 ranks it halved the median but made
@@ -173,25 +173,21 @@ impl Selector<'_> {
         // (prefill and decode each at their own floor) is at least
         // `a·(G(t/a) − F_p − (t/a)·max(F_d, whole))`, where `G(λ)` bounds the least
         // `p + λ·d` over the members (`MixAt::bound`), since `a·p + t·max(d, whole)`
-        // is at least `a·(p + (t/a)·d)`. A relative margin keeps the rounding of the sum
-        // from lifting it above a member's priced cost.
-        // (The weights around t/a are found once: they change only with a Dynamo slope
-        // cut to 0 at its clamp, which then adds nothing.)
+        // is at least `a·(p + (t/a)·d)`. Where Dynamo's prefill term sits at its clamp,
+        // prefill adds nothing and neither does this. A relative margin keeps the
+        // rounding of the sum from lifting it above a member's priced cost.
+        let (a, t) = eval.load_slopes();
+        let lambda = t / a;
         let mix = self.bookings.floor_mix();
-        let mut around: Option<(f64, MixAt)> = None;
-        let mut tighten = |f: &FloorRead, cand: &CandidateLoad, base: f64| {
-            let (a, t) = eval.load_slopes(cand);
-            if a.is_nan() || a <= 0.0 {
+        let around = mix.at(lambda);
+        let tighten = |f: &FloorRead, cand: &CandidateLoad, base: f64| {
+            let slope = a > 0.0 && !eval.prefill_at_clamp(cand);
+            if !slope {
                 return base;
             }
-            let lambda = t / a;
-            let at = match around {
-                Some((l, at)) if l == lambda => at,
-                _ => around.insert((lambda, mix.at(lambda))).1,
-            };
             let fp = f.bound(FloorKind::PrefillTokens) as f64;
             let fd = f.bound(FloorKind::DecodeBlocks) as f64;
-            let extra = a * (at.bound(f) - fp - lambda * fd.max(whole as f64));
+            let extra = a * (around.bound(f) - fp - lambda * fd.max(whole as f64));
             let extra = extra - 1e-9 * (base.abs() + extra);
             if extra > 0.0 {
                 base + extra
@@ -286,11 +282,7 @@ impl Selector<'_> {
                 } else {
                     price(pos, None, &mut c.eligible, &mut c.cols, &mut best)
                 };
-                mins[0] = mins[0].min(a.active_prefill_tokens);
-                mins[1] = mins[1].min(a.active_decode_blocks);
-                mins[2] = mins[2].min(a.active_requests);
-                let figures = mix.of(a.active_prefill_tokens, a.active_decode_blocks);
-                for (m, v) in mins[3..].iter_mut().zip(figures) {
+                for (m, v) in mins.iter_mut().zip(mix.figures(a)) {
                     *m = (*m).min(v);
                 }
             }
