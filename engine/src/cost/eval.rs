@@ -4,7 +4,7 @@
 
 use super::config::CostConfig;
 use super::config::CostModel;
-use super::formula::{cost_breakdown, credit, CandidateLoad, RequestShape};
+use super::formula::{cost_breakdown, CandidateLoad, RequestShape};
 use super::latency::{effective_rate, LatencyPrep};
 
 /// The cost of placing the request on candidate `c` under the configured model (lower
@@ -57,7 +57,7 @@ impl<'a> CostEval<'a> {
     /// `prefill_load_scale / block size` and 1; the latency model's ms per token and
     /// tie-break ms per block (its KV-pressure term only adds). Under Dynamo's model the
     /// prefill slope holds only where its prefill term is above its clamp at 0
-    /// ([`prefill_at_clamp`](Self::prefill_at_clamp)).
+    /// ([`cost_and_prefill_slope`](Self::cost_and_prefill_slope)).
     #[inline]
     pub(crate) fn load_slopes(&self) -> (f64, f64) {
         match &self.latency {
@@ -66,17 +66,19 @@ impl<'a> CostEval<'a> {
         }
     }
 
-    /// Whether Dynamo's prefill term is at its clamp at 0 for `c` (its credit covers the
-    /// prompt and the booked prefill), where more prefill adds nothing; never under the
-    /// latency model.
+    /// The cost of `c` and whether more booked prefill raises it at the prefill slope
+    /// of [`load_slopes`](Self::load_slopes): always under the latency model; under
+    /// Dynamo's only where its prefill term is above its clamp at 0 (its credit does not
+    /// cover the prompt and the booked prefill). One cost computation gives both.
     #[inline]
-    pub(crate) fn prefill_at_clamp(&self, c: &CandidateLoad) -> bool {
-        self.latency.is_none() && {
-            let (_, credit_blocks) = credit(self.cfg, &self.req, c);
-            let raw = (c.active_prefill_tokens as f64 + self.req.isl_tokens as f64)
-                / self.req.block_size_f64();
-            let above = raw - credit_blocks > 0.0; // NaN: not above, as the clamp's `max`
-            !above
+    pub(crate) fn cost_and_prefill_slope(&self, c: &CandidateLoad) -> (f64, bool) {
+        match &self.latency {
+            Some(p) => (p.cost(self.cfg, &self.req, c).cost_ms, true),
+            None => {
+                let b = cost_breakdown(self.cfg, &self.req, c);
+                // `max(raw - credit, 0)`: 0 at the clamp and for a NaN difference.
+                (b.cost, b.adjusted_prefill_blocks > 0.0)
+            }
         }
     }
 

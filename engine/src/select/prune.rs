@@ -8,7 +8,8 @@
 //! and only as much of the prompt counted new as its decode blocks cannot hold, is a
 //! lower bound of its cost. A group's floors may each come from another member (the one
 //! with least prefill may hold the most decode); its combined floors, of `p + λ·d` at a few
-//! weights λ, tighten the bound of its uncached ranks to what a single member can reach.
+//! weights λ, tighten the bound of each of its ranks, cached or not, to what a single
+//! member can reach.
 //! The pass:
 //!
 //! 1. read every group's floor (a few words per 64 ranks) and price, with it, each rank
@@ -22,7 +23,10 @@
 //! Whatever is left out has a bound above a cost that some priced rank reaches, so it can
 //! neither win nor tie at temperature 0; ties are all priced (a bound equal to the best
 //! is kept). A group whose ranks were all read raises its floor to their minimum on the
-//! way, so bounds that went slack as loads rose tighten again.
+//! way, so bounds that went slack as loads rose tighten again. Floors start at zero and
+//! only that raises them, so when queries are held by many ranks and never need an
+//! uncached one, no group would be read: the group with the most cached members priced
+//! (at least [`REFRESH_AFTER`]) is read at the end of the pass to raise its floors.
 //!
 //! Used only where that argument holds, else the full walk runs: temperature 0, no credit
 //! decay (it reads the exact minimum over all ranks), no session steering, no busy
@@ -35,10 +39,10 @@
 //! then differ, and the full walk runs until that rank registers or is removed again.)
 
 use super::overlap::shared_beyond;
-use super::scratch::Candidates;
+use super::scratch::{Candidates, PruneScratch};
 use super::{SelectRequest, Selector};
 use crate::config::CostConfig;
-use crate::cost::{takes_argmin, CandidateLoad, CostEval, LoadColumns, LoadRow, RequestShape};
+use crate::cost::{takes_argmin, CostEval, LoadColumns, LoadRow, RequestShape};
 use crate::hooks::{BlockRange, HostHooks};
 use crate::ids::RankId;
 use crate::index::TieredOverlap;
@@ -55,6 +59,10 @@ const DENSE_OVERLAPS: usize = 16;
 
 /// How many members ahead a group's walk prefetches their counters.
 const PREFETCH_AHEAD: usize = 8;
+
+/// A group that had this many cached members priced in one selection has its floors
+/// raised (its members read) before the selection ends.
+const REFRESH_AFTER: u32 = 8;
 
 /// What the pruned pass reads.
 pub(super) struct PruneInput<'a> {
@@ -173,21 +181,31 @@ impl Selector<'_> {
         // (prefill and decode each at their own floor) is at least
         // `a·(G(t/a) − F_p − (t/a)·max(F_d, whole))`, where `G(λ)` bounds the least
         // `p + λ·d` over the members (`MixAt::bound`), since `a·p + t·max(d, whole)`
-        // is at least `a·(p + (t/a)·d)`. Where Dynamo's prefill term sits at its clamp,
-        // prefill adds nothing and neither does this. A relative margin keeps the
-        // rounding of the sum from lifting it above a member's priced cost.
+        // is at least `a·(p + (t/a)·d)`. The figure depends on the group alone, so it
+        // tightens the bound of its uncached ranks and of each cached member alike (a
+        // cached rank's overlap lowers its prompt's prefill, not the slope of its booked
+        // prefill or the decode blocks the prompt adds). Where Dynamo's prefill term sits
+        // at its clamp, prefill adds nothing and neither does this. A relative margin
+        // keeps the rounding of the sum from lifting it above a member's priced cost.
         let (a, t) = eval.load_slopes();
         let lambda = t / a;
         let mix = self.bookings.floor_mix();
         let around = mix.at(lambda);
-        let tighten = |f: &FloorRead, cand: &CandidateLoad, base: f64| {
-            let slope = a > 0.0 && !eval.prefill_at_clamp(cand);
-            if !slope {
+        let extra_of = |f: &FloorRead| {
+            if a > 0.0 {
+                let fp = f.bound(FloorKind::PrefillTokens) as f64;
+                let fd = f.bound(FloorKind::DecodeBlocks) as f64;
+                a * (around.bound(f) - fp - lambda * fd.max(whole as f64))
+            } else {
+                0.0
+            }
+        };
+        // `slope`: whether more booked prefill raises the cost at `a` (not at Dynamo's
+        // clamp); the bound `base` plus the group's `extra` then.
+        let tighten = |extra: f64, (base, slope): (f64, bool)| {
+            if !slope || extra.is_nan() || extra <= 0.0 {
                 return base;
             }
-            let fp = f.bound(FloorKind::PrefillTokens) as f64;
-            let fd = f.bound(FloorKind::DecodeBlocks) as f64;
-            let extra = a * (around.bound(f) - fp - lambda * fd.max(whole as f64));
             let extra = extra - 1e-9 * (base.abs() + extra);
             if extra > 0.0 {
                 base + extra
@@ -199,8 +217,10 @@ impl Selector<'_> {
         p.clear(n, groups.len());
         for g in groups {
             let f = g.floor.read();
-            let cand = floored(&f, None);
-            p.group_lb.push(tighten(&f, &cand, eval.cost(&cand)));
+            let extra = extra_of(&f);
+            let lb = tighten(extra, eval.cost_and_prefill_slope(&floored(&f, None)));
+            p.group_lb.push(lb);
+            p.group_extra.push(extra);
             p.floors.push(f);
         }
         let mut at = 0;
@@ -221,9 +241,10 @@ impl Selector<'_> {
             if slots[at].rank != o.rank {
                 continue; // a rank the index knows and the worker set does not
             }
-            let f = &p.floors[group_at[at] as usize];
-            p.hot
-                .push((at as u32, k as u32, eval.cost(&floored(f, Some(o)))));
+            let g = group_at[at] as usize;
+            let cand = floored(&p.floors[g], Some(o));
+            let lb = tighten(p.group_extra[g], eval.cost_and_prefill_slope(&cand));
+            p.hot.push((at as u32, k as u32, lb));
             p.hot_bits[at / 64] |= 1 << (at % 64);
         }
 
@@ -249,27 +270,15 @@ impl Selector<'_> {
         };
         // A NaN bound is kept (priced), never taken as proof that a rank cannot win.
         let keep = |lb: f64, best: f64| lb <= best || lb.is_nan();
-        // The hot rank with the lowest bound, then the others that can still win.
-        let first_hot = (0..p.hot.len()).min_by(|&a, &b| p.hot[a].2.total_cmp(&p.hot[b].2));
-        for (step, i) in first_hot.into_iter().chain(0..p.hot.len()).enumerate() {
-            if let Some(&(ahead, _, _)) = p.hot.get(i + PREFETCH_AHEAD) {
-                loads.prefetch_at(ahead as usize);
-            }
-            let (pos, k, lb) = p.hot[i];
-            if (step > 0 && Some(i) == first_hot) || !keep(lb, best) {
-                continue; // priced first, or cannot win
-            }
-            let t = Some(&input.overlaps[k as usize]);
-            price(pos as usize, t, &mut c.eligible, &mut c.cols, &mut best);
-        }
-        // The group of uncached ranks with the lowest bound, then the others.
-        let first_group =
-            (0..groups.len()).min_by(|&a, &b| p.group_lb[a].total_cmp(&p.group_lb[b]));
-        for g in first_group.into_iter().chain(0..groups.len()) {
-            if p.group_done[g] || !keep(p.group_lb[g], best) {
-                continue;
-            }
-            p.group_done[g] = true;
+        // Reads a group's members and raises its floors to their minimum; with `priced`,
+        // also prices its uncached members (its cached ones are priced as hot ranks).
+        let walk = |g: usize,
+                    priced: bool,
+                    p: &mut PruneScratch,
+                    c_eligible: &mut Vec<RankId>,
+                    cols: &mut LoadColumns,
+                    best: &mut f64| {
+            p.group_done[g] |= priced;
             let group = &groups[g];
             let mut mins = [u64::MAX; FLOOR_WORDS];
             for (i, &pos) in group.members.iter().enumerate() {
@@ -277,16 +286,50 @@ impl Selector<'_> {
                     loads.prefetch_at(ahead as usize);
                 }
                 let pos = pos as usize;
-                let a = if p.hot_bits[pos / 64] & (1 << (pos % 64)) != 0 {
+                let a = if !priced || p.hot_bits[pos / 64] & (1 << (pos % 64)) != 0 {
                     loads.load_at(pos)
                 } else {
-                    price(pos, None, &mut c.eligible, &mut c.cols, &mut best)
+                    price(pos, None, c_eligible, cols, best)
                 };
                 for (m, v) in mins.iter_mut().zip(mix.figures(a)) {
                     *m = (*m).min(v);
                 }
             }
             group.floor.raise(p.floors[g], group.version, mins);
+        };
+        // The hot rank with the lowest bound, then the others that can still win.
+        let first_hot = (0..p.hot.len()).min_by(|&a, &b| p.hot[a].2.total_cmp(&p.hot[b].2));
+        for (step, i) in first_hot.into_iter().chain(0..p.hot.len()).enumerate() {
+            // Only a rank that can still win will be read (its bound is next to it).
+            if let Some(&(ahead, _, lb)) = p.hot.get(i + PREFETCH_AHEAD) {
+                if keep(lb, best) {
+                    loads.prefetch_at(ahead as usize);
+                }
+            }
+            let (pos, k, lb) = p.hot[i];
+            if (step > 0 && Some(i) == first_hot) || !keep(lb, best) {
+                continue; // priced first, or cannot win
+            }
+            let t = Some(&input.overlaps[k as usize]);
+            price(pos as usize, t, &mut c.eligible, &mut c.cols, &mut best);
+            p.group_hot_priced[group_at[pos as usize] as usize] += 1;
+        }
+        // The group of uncached ranks with the lowest bound, then the others.
+        let first_group =
+            (0..groups.len()).min_by(|&a, &b| p.group_lb[a].total_cmp(&p.group_lb[b]));
+        for g in first_group.into_iter().chain(0..groups.len()) {
+            if !p.group_done[g] && keep(p.group_lb[g], best) {
+                walk(g, true, p, &mut c.eligible, &mut c.cols, &mut best);
+            }
+        }
+        // A group whose cached members kept getting priced has floors below its loads
+        // (floors rise only when a pass reads every member, and queries that many ranks
+        // hold may never need the uncached ones): read its members to raise them.
+        let stale = (0..groups.len()).max_by_key(|&g| p.group_hot_priced[g]);
+        if let Some(g) = stale.filter(|&g| p.group_hot_priced[g] >= REFRESH_AFTER) {
+            if !p.group_done[g] {
+                walk(g, false, p, &mut c.eligible, &mut c.cols, &mut best);
+            }
         }
         for &(pos, _, _) in &p.hot {
             p.hot_bits[pos as usize / 64] = 0;

@@ -36,10 +36,14 @@ pub(super) struct Candidates {
 /// The pruned pass's buffers.
 #[derive(Default)]
 pub(super) struct PruneScratch {
-    /// Each group's floor as read, and the bound of its uncached ranks.
+    /// Each group's floor as read, what its combined floors add to any member's bound
+    /// (before the clamp check and margin), and the bound of its uncached ranks.
     pub(super) floors: Vec<FloorRead>,
+    pub(super) group_extra: Vec<f64>,
     pub(super) group_lb: Vec<f64>,
     pub(super) group_done: Vec<bool>,
+    /// How many of each group's cached members were priced.
+    pub(super) group_hot_priced: Vec<u32>,
     /// The ranks the lookup found: (position, index in the overlaps, bound).
     pub(super) hot: Vec<(u32, u32, f64)>,
     /// The same positions as bits; all clear between selections.
@@ -49,9 +53,12 @@ pub(super) struct PruneScratch {
 impl PruneScratch {
     pub(super) fn clear(&mut self, ranks: usize, groups: usize) {
         self.floors.clear();
+        self.group_extra.clear();
         self.group_lb.clear();
         self.group_done.clear();
         self.group_done.resize(groups, false);
+        self.group_hot_priced.clear();
+        self.group_hot_priced.resize(groups, 0);
         self.hot.clear();
         self.hot_bits.resize(ranks / 64 + 1, 0);
     }

@@ -286,3 +286,96 @@ fn the_combined_floor_prunes_mixed_groups_and_chooses_as_the_full_walk_does() {
         );
     }
 }
+
+/// Ranks that hold the prompt (found by the lookup) have their bounds tightened by their
+/// group's combined floors too: 1,024 ranks, each holding a prefix of one of four shared
+/// prompts, half with prefill pending and half decoding their own shared prompt (so a
+/// query's prompt is active on some decoding ranks and counts as new on the others). The
+/// pass must choose as the full walk does while loads move, and once the floors of the
+/// groups that win have been raised (no query here needs an uncached rank, so only the
+/// pass's refresh raises them), price under a fifth of the ranks.
+#[test]
+fn the_combined_floor_prunes_cached_ranks_and_chooses_as_the_full_walk_does() {
+    for model in [CostModel::Latency, CostModel::Dynamo] {
+        let engine = Engine::with_seed(9);
+        let key = PartitionKey::new("m", "cached");
+        let part = partition(&engine, &key, model);
+        let workers = 256u64;
+        for w in 0..workers {
+            part.upsert_worker(WorkerInfo::new(w + 1, 4)).unwrap();
+        }
+        let shared: Vec<Vec<u32>> = (0..4).map(|i| tokens(500 + i, 48 * BS)).collect();
+        let hasher = *part.hasher();
+        let mut r = Rng(33);
+        let mut booked = Vec::new();
+        for w in 0..workers {
+            for d in 0..4 {
+                let rank = RankId::new(w + 1, d);
+                let mine = &shared[(w as usize + d as usize) % 4];
+                let mut local = Vec::new();
+                hasher.local_hashes(mine, &mut local);
+                let blocks: Vec<StoredBlock> = local
+                    .iter()
+                    .map(|&l| StoredBlock {
+                        external_hash: r.next(),
+                        local_hash: l,
+                    })
+                    .collect();
+                part.index()
+                    .store(rank, Tier::Device, None, &blocks)
+                    .unwrap();
+                // Prefill pending on every rank, and a decoding booking of its shared
+                // prompt whose output is longest where the pending prefill is shortest:
+                // a group's least prefill and least decode come from different members.
+                let pb = 8 + r.below(40);
+                let other = tokens(r.next(), pb * BS);
+                let pending = engine
+                    .reserve(&key, rank, Some(&SelectRequest::tokens(&other)), None, None)
+                    .unwrap();
+                booked.push(pending.selection_id.unwrap());
+                let decoding = engine
+                    .reserve(&key, rank, Some(&SelectRequest::tokens(mine)), None, None)
+                    .unwrap()
+                    .selection_id
+                    .unwrap();
+                engine.mark_prefill_complete(decoding).unwrap();
+                let output = 10 * (48 - pb as u64) + 40 * (w / 16) + r.below(30) as u64;
+                engine.add_output_blocks(decoding, output).unwrap();
+                booked.push(decoding);
+            }
+        }
+        let ranks = workers as usize * 4;
+        let (mut priced_total, mut counted) = (0, 0);
+        let queries = 48;
+        for q in 0..queries {
+            let mut t = shared[r.below(4)][..(16 + r.below(33)) * BS].to_vec();
+            t.extend(tokens(2_000 + q, 5));
+            let req = SelectRequest::tokens(&t);
+            let (full, priced) =
+                pruned_as_full(&part, &req, ranks, &format!("{model:?} query {q}"));
+            if q >= queries / 2 {
+                // By now the groups whose cached members won have had their floors raised.
+                priced_total += priced;
+                counted += 1;
+            }
+            let d = engine
+                .reserve(&key, full.0, Some(&req), None, None)
+                .unwrap();
+            booked.push(d.selection_id.unwrap());
+            if q % 3 == 1 {
+                let id = booked[r.below(booked.len())];
+                let _ = engine.mark_prefill_complete(id);
+                let _ = engine.add_output_blocks(id, r.below(50) as u64);
+            }
+            if q % 4 == 3 {
+                let id = booked.swap_remove(r.below(booked.len()));
+                engine.free(id).unwrap();
+            }
+        }
+        let mean = priced_total / counted;
+        assert!(
+            mean * 5 < ranks,
+            "{model:?}: the pass priced {mean} of {ranks} ranks on average"
+        );
+    }
+}
