@@ -26,7 +26,7 @@
 //! way, so bounds that went slack as loads rose tighten again. Floors start at zero and
 //! only that raises them, so when queries are held by many ranks and never need an
 //! uncached one, no group would be read: the group with the most cached members priced
-//! (at least [`REFRESH_AFTER`]) is read at the end of the pass to raise its floors.
+//! (at least `REFRESH_AFTER`) is read at the end of the pass to raise its floors.
 //!
 //! Used only where that argument holds, else the full walk runs: temperature 0, no credit
 //! decay (it reads the exact minimum over all ranks), no session steering, no busy

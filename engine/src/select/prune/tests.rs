@@ -145,6 +145,29 @@ fn pruned_as_full(
     (full, priced)
 }
 
+/// Books `choice` (query `q`), then every third query finishes a booking's prefill and
+/// adds output blocks, every fourth frees one: the loads move between selections.
+fn move_loads(
+    engine: &Engine,
+    key: &PartitionKey,
+    (rank, req): (RankId, &SelectRequest<'_>),
+    q: u64,
+    booked: &mut Vec<crate::ids::SelectionId>,
+    r: &mut Rng,
+) {
+    let d = engine.reserve(key, rank, Some(req), None, None).unwrap();
+    booked.push(d.selection_id.unwrap());
+    if q % 3 == 1 {
+        let id = booked[r.below(booked.len())];
+        let _ = engine.mark_prefill_complete(id);
+        let _ = engine.add_output_blocks(id, r.below(50) as u64);
+    }
+    if q % 4 == 3 {
+        let id = booked.swap_remove(r.below(booked.len()));
+        engine.free(id).unwrap();
+    }
+}
+
 #[test]
 fn the_pruned_pass_chooses_as_the_full_walk_does() {
     for model in [CostModel::Latency, CostModel::Dynamo] {
@@ -262,19 +285,7 @@ fn the_combined_floor_prunes_mixed_groups_and_chooses_as_the_full_walk_does() {
             if q > 0 {
                 priced_total += priced; // the first selection raises the floors
             }
-            let d = engine
-                .reserve(&key, full.0, Some(&req), None, None)
-                .unwrap();
-            booked.push(d.selection_id.unwrap());
-            if q % 3 == 1 {
-                let id = booked[r.below(booked.len())];
-                let _ = engine.mark_prefill_complete(id);
-                let _ = engine.add_output_blocks(id, r.below(50) as u64);
-            }
-            if q % 4 == 3 {
-                let id = booked.swap_remove(r.below(booked.len()));
-                engine.free(id).unwrap();
-            }
+            move_loads(&engine, &key, (full.0, &req), q, &mut booked, &mut r);
         }
         // Under Dynamo's cost the pending ranks are the cheap ones here, in every group
         // alike, so the pass prices most groups; under the latency model the decoding
@@ -358,19 +369,7 @@ fn the_combined_floor_prunes_cached_ranks_and_chooses_as_the_full_walk_does() {
                 priced_total += priced;
                 counted += 1;
             }
-            let d = engine
-                .reserve(&key, full.0, Some(&req), None, None)
-                .unwrap();
-            booked.push(d.selection_id.unwrap());
-            if q % 3 == 1 {
-                let id = booked[r.below(booked.len())];
-                let _ = engine.mark_prefill_complete(id);
-                let _ = engine.add_output_blocks(id, r.below(50) as u64);
-            }
-            if q % 4 == 3 {
-                let id = booked.swap_remove(r.below(booked.len()));
-                engine.free(id).unwrap();
-            }
+            move_loads(&engine, &key, (full.0, &req), q, &mut booked, &mut r);
         }
         let mean = priced_total / counted;
         assert!(
