@@ -253,6 +253,7 @@ async def main_async(a) -> int:
             await asyncio.sleep(0.1)
 
     out = open(a.out, "w")
+    done, served = [], {}  # completion order; worker per request
     rr = [0]
     t_start = time.perf_counter() + 0.5
 
@@ -317,6 +318,9 @@ async def main_async(a) -> int:
                 await consume(stream, rec, t_arrival, lambda: None)
         except Exception as e:  # recorded, not hidden: the summary counts failures
             rec["error"] = f"{type(e).__name__}: {e}"[:500]
+        if "error" not in rec:
+            done.append(i)
+            served[i] = rec.get("worker")
         out.write(json.dumps(rec) + "\n")
         out.flush()
 
@@ -326,17 +330,24 @@ async def main_async(a) -> int:
     wall = time.perf_counter() - t_wall
     errors = sum(1 for line in open(a.out) if '"error"' in line)
     # Sanity check that the router's index followed the engines' KV events: the overlap
-    # it reports now for the first request's prompt (that prompt's blocks are cached on
-    # the worker that served it unless evicted since).
+    # it reports now for the prompt of the request that finished last (the most recently
+    # cached, so the least likely to be evicted): the worker that served it should hold
+    # all its complete blocks, the others at most what they share with it.
     check = {}
     try:
+        last = done[-1] if done else 0
+        check["request"] = last
+        check["served_by"] = served.get(last)
+        check["prompt_blocks"] = len(reqs[last]["tokens"]) // info["block_size"]
         if a.router == "dynamo":
-            sc = await router.get_overlap_scores(reqs[0]["tokens"])
-            check["dynamo_overlap_scores"] = sc
+            sc = await router.get_overlap_scores(reqs[last]["tokens"])
+            check["device_blocks"] = {by_instance.get(w["worker_id"]): w["device_blocks"]
+                                      for w in sc["workers"]}
         elif a.router == "kvr":
-            check["kvr_overlap_scores"] = await asyncio.to_thread(
+            sc = await asyncio.to_thread(
                 kvr.call, "POST", "/overlap_scores",
-                {"model_name": model, "token_ids": reqs[0]["tokens"]})
+                {"model_name": model, "token_ids": reqs[last]["tokens"]})
+            check["device_blocks"] = {w["worker_id"]: w["device_blocks"] for w in sc["workers"]}
     except Exception as e:
         check["error"] = f"{type(e).__name__}: {e}"[:300]
     print(json.dumps({"router": a.router, "requests": len(reqs), "errors": errors,
