@@ -54,6 +54,22 @@ fn partition(engine: &Engine, key: &PartitionKey, model: CostModel) -> StdArc<Pa
         .unwrap()
 }
 
+/// Stores `prompt`'s blocks on `rank`'s device tier (random engine hashes).
+fn store(part: &Partition, rank: RankId, prompt: &[u32], r: &mut Rng) {
+    let mut local = Vec::new();
+    part.hasher().local_hashes(prompt, &mut local);
+    let blocks: Vec<StoredBlock> = local
+        .iter()
+        .map(|&l| StoredBlock {
+            external_hash: r.next(),
+            local_hash: l,
+        })
+        .collect();
+    part.index()
+        .store(rank, Tier::Device, None, &blocks)
+        .unwrap();
+}
+
 fn fleet(engine: &Engine, key: &PartitionKey, model: CostModel, workers: u64) -> Vec<Vec<u32>> {
     let part = partition(engine, key, model);
     let prompts: Vec<Vec<u32>> = (0..16).map(|i| tokens(100 + i, 64 * BS)).collect();
@@ -63,25 +79,13 @@ fn fleet(engine: &Engine, key: &PartitionKey, model: CostModel, workers: u64) ->
         info.total_kv_blocks = 4_096;
         part.upsert_worker(info).unwrap();
     }
-    let hasher = *part.hasher();
     for w in 0..workers {
         for d in 0..4 {
             let rank = RankId::new(w * 3 + 1, d);
             for _ in 0..2 {
                 let p = &prompts[r.below(prompts.len())];
                 let len = 1 + r.below(64);
-                let mut local = Vec::new();
-                hasher.local_hashes(&p[..len * BS], &mut local);
-                let blocks: Vec<StoredBlock> = local
-                    .iter()
-                    .map(|&l| StoredBlock {
-                        external_hash: r.next(),
-                        local_hash: l,
-                    })
-                    .collect();
-                part.index()
-                    .store(rank, Tier::Device, None, &blocks)
-                    .unwrap();
+                store(&part, rank, &p[..len * BS], &mut r);
             }
             for b in 0..r.below(3) {
                 let p = &prompts[r.below(prompts.len())];
@@ -316,25 +320,13 @@ fn the_combined_floor_prunes_cached_ranks_and_chooses_as_the_full_walk_does() {
             part.upsert_worker(WorkerInfo::new(w + 1, 4)).unwrap();
         }
         let shared: Vec<Vec<u32>> = (0..4).map(|i| tokens(500 + i, 48 * BS)).collect();
-        let hasher = *part.hasher();
         let mut r = Rng(33);
         let mut booked = Vec::new();
         for w in 0..workers {
             for d in 0..4 {
                 let rank = RankId::new(w + 1, d);
                 let mine = &shared[(w as usize + d as usize) % 4];
-                let mut local = Vec::new();
-                hasher.local_hashes(mine, &mut local);
-                let blocks: Vec<StoredBlock> = local
-                    .iter()
-                    .map(|&l| StoredBlock {
-                        external_hash: r.next(),
-                        local_hash: l,
-                    })
-                    .collect();
-                part.index()
-                    .store(rank, Tier::Device, None, &blocks)
-                    .unwrap();
+                store(&part, rank, mine, &mut r);
                 // Prefill pending on every rank, and a decoding booking of its shared
                 // prompt whose output is longest where the pending prefill is shortest:
                 // a group's least prefill and least decode come from different members.
