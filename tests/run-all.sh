@@ -113,6 +113,11 @@ for ab in "kvr kvr" "dynamo kvr" "kvr dynamo"; do
     "$compat_py" tests/compat/harness.py peers --a "$1" --b "$2" --kvr-cmd "$kvr_cmd"
 done
 "$compat_py" tests/compat/harness.py peers --a kvr --b kvr --kvr-cmd "$kvr_cmd" --negative
+
+echo "== live A/B smoke: kvr serve and Dynamo's KvRouter on Dynamo's mocker engines"
+# Two mocker workers, 30 trace requests through each router; fails on a request error or
+# when a router's index does not show the last prompt on the worker that served it.
+DYNAMO_PY="$compat_py" KVR_BIN="$target/release/kvr" bash benches/mocker-ab/run.sh smoke
 # Replica sync with Dynamo 1.6.1's service, both directions, after 25 s idle (the ZMTP
 # heartbeats must hold the links); without sync on kvr's side the first check must fail.
 # Then two kvr replicas, one killed and restarted: its bookings go with it; with the

@@ -282,6 +282,19 @@ def main() -> int:
         print("medians over runs [min-max]")
     print_table(rows, routers, spread=not smoke)
     bad = sum(r["errors"] for r in rows) or len(rows) < len(schedule)
+    # The routers' indexes must have followed the engines' KV events: the worker that
+    # served the last request holds every complete block of its prompt.
+    for r in rows:
+        check = r.get("driver", {}).get("index_check", {})
+        if r["router"] == "round-robin":
+            continue
+        # (JSON turned the worker keys into strings.)
+        by_worker = {str(k): v for k, v in (check.get("device_blocks") or {}).items()}
+        held = by_worker.get(str(check.get("served_by")))
+        if held != check.get("prompt_blocks"):
+            print(f"{r['router']}: its index does not show the last prompt on the worker "
+                  f"that served it: {check}", file=sys.stderr)
+            bad = True
     return 1 if bad else 0
 
 
