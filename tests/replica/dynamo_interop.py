@@ -148,6 +148,12 @@ def main():
         st, resp, _ = http(kb, "POST", "/select_and_reserve", sel("x-1"))
         check(st == 409, f"kvr refuses a booking under the peer's id x-1 with 409: {st} {resp}")
         post(kb, "/select_and_reserve", sel("y-1"))
+        # Dynamo can refuse the id only once the booking has reached it (its blocks and
+        # request; the prefill tokens it counts depend on what it has seen before).
+        deadline = time.time() + 5.0
+        while load_of(db, 1)[1:] != (4, 1) and time.time() < deadline:
+            time.sleep(0.02)
+        check(load_of(db, 1)[1:] == (4, 1), f"kvr's booking y-1 reaches Dynamo: {load_of(db, 1)}")
         st, resp, _ = http(db, "POST", "/select_and_reserve", sel("y-1"))
         time.sleep(0.3)
         check(st == 409, f"Dynamo refuses kvr's id y-1 with 409: {st} {resp}")
