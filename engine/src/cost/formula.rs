@@ -24,6 +24,9 @@ pub struct RequestShape {
     /// The partition's prefill rate estimate, tokens/s (the latency model; 0 or less =
     /// the configured prior).
     pub prefill_rate: f64,
+    /// The partition's decode drag estimate, ms of prefill time per decode block a rank
+    /// holds (the latency model adds it to its per-block charge; 0 = none learned).
+    pub decode_drag_ms_per_block: f64,
     /// The request's expected output tokens (the latency model's per-token term).
     pub expected_output_tokens: u64,
     /// Mean `active_prefill_tokens` over this selection's eligible candidates (the
@@ -41,6 +44,7 @@ impl RequestShape {
             block_size,
             min_active_prefill_tokens: 0,
             prefill_rate: 0.0,
+            decode_drag_ms_per_block: 0.0,
             expected_output_tokens: 0,
             mean_active_prefill_tokens: 0.0,
         }
@@ -67,6 +71,13 @@ impl RequestShape {
     #[inline]
     pub const fn with_prefill_rate(mut self, tokens_per_s: f64) -> Self {
         self.prefill_rate = tokens_per_s;
+        self
+    }
+
+    /// The same request with the partition's decode drag estimate (ms per decode block).
+    #[inline]
+    pub const fn with_decode_drag(mut self, ms_per_block: f64) -> Self {
+        self.decode_drag_ms_per_block = ms_per_block;
         self
     }
 

@@ -29,7 +29,8 @@ pub struct LatencyBreakdown {
     pub kv_ms: f64,
     /// Per-token latency target charge.
     pub itl_ms: f64,
-    /// Decode-load tie-break.
+    /// Decode-load charge: the tie-break, plus the learned decode drag (how much the
+    /// rank's decode load slows a prefill there) when the partition has learned one.
     pub tiebreak_ms: f64,
     /// `ttft_ms + externality_ms + kv_ms + itl_ms + tiebreak_ms`.
     pub cost_ms: f64,
@@ -66,6 +67,20 @@ fn held_decode_blocks(cfg: &CostConfig, c: &CandidateLoad) -> f64 {
     c.active_decode_blocks as f64 + cfg.decode_active_request_weight * c.active_requests as f64
 }
 
+/// The learned decode drag per held decode block, ms: the request shape's, if finite and
+/// positive, else 0 (so the cost stays monotone in the load). The latency model charges
+/// it `1 + queue_externality` times, as it charges uncached work: the rank's decode load
+/// slows this request's prefill and every prefill that queues behind it.
+#[inline]
+fn drag_ms_per_block(req: &RequestShape) -> f64 {
+    let d = req.decode_drag_ms_per_block;
+    if d.is_finite() && d > 0.0 {
+        d
+    } else {
+        0.0
+    }
+}
+
 /// What a latency-model cost needs from the request and the knobs alone, computed once
 /// per selection (the divisions stay out of the per-candidate loop).
 #[derive(Clone, Copy, Debug)]
@@ -96,7 +111,8 @@ impl LatencyPrep {
             extern_ms_per_token: l.queue_externality * behind * ms_per_token,
             theta,
             pressure_ms_per_share: l.kv_pressure_ms / (1.0 - theta),
-            tie_ms_per_block: l.decode_block_us * 1e-3,
+            tie_ms_per_block: l.decode_block_us * 1e-3
+                + (1.0 + l.queue_externality.max(0.0)) * drag_ms_per_block(req),
         }
     }
 

@@ -8,12 +8,16 @@
 //!   `split_last_prefill_max`), which charges the 2 s prefill for the other's work too.
 //! * The compare-and-swap fold of the two averages loses neither observation (negative
 //!   control `lossy_rate_update`).
+//! * The decode drag (`reservation/drag.rs`) folds each observation into four such
+//!   pairs: two concurrent observations leave each pair with both folded in, in either
+//!   order (same negative control).
 
 use std::time::{Duration, Instant};
 
 use super::reservations::{booking, reservations};
 use super::{model, must_fail};
-use crate::reservation::rate::fold;
+use crate::reservation::drag::DecodeDrag;
+use crate::reservation::rate::{fold, fold_weighted};
 use crate::sync::faults::Faults;
 
 const TOKENS: u64 = 32;
@@ -77,5 +81,48 @@ fn prefill_rate_completions_race_negative_split_max() {
         },
         "prefill-rate observation lost",
         completions_race,
+    );
+}
+
+/// Two observations of the decode drag from two threads.
+fn drag_observations_race() {
+    let drag = crate::sync::Arc::new(DecodeDrag::default());
+    let d2 = drag.clone();
+    let other = loom::thread::spawn(move || d2.observe(0.5, 2, 4));
+    drag.observe(0.25, 3, 1);
+    other.join().unwrap();
+    let a = DecodeDrag::ALPHA;
+    let first = DecodeDrag::terms(0.25, 3.0, 1.0);
+    let second = DecodeDrag::terms(0.5, 2.0, 4.0);
+    let got = drag.packed();
+    for k in 0..4 {
+        let (p, q) = (first[k], second[k]);
+        let either = [
+            fold_weighted(fold_weighted(0, p.0, p.1, a), q.0, q.1, a),
+            fold_weighted(fold_weighted(0, q.0, q.1, a), p.0, p.1, a),
+        ];
+        assert!(
+            either.contains(&got[k]),
+            "decode-drag observation lost in pair {k}: {:#018x}",
+            got[k]
+        );
+    }
+}
+
+#[test]
+fn decode_drag_observations_race() {
+    model(drag_observations_race);
+}
+
+#[test]
+fn decode_drag_observations_race_negative_lossy_update() {
+    must_fail(
+        "loom_models::prefill_rate::decode_drag_observations_race_negative_lossy_update",
+        Faults {
+            lossy_rate_update: true,
+            ..Faults::default()
+        },
+        "decode-drag observation lost",
+        drag_observations_race,
     );
 }

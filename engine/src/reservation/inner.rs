@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
+use super::drag::DecodeDrag;
 use super::floor::{combined_after, FloorKind, FloorMix, COUNTER_RMW};
 use super::listeners::{ForgetListener, SweepListener};
 use super::rank::{add, RankMap, RankState};
@@ -53,6 +54,8 @@ pub(super) struct Inner {
     pub(super) on_sweep: Option<SweepListener>,
     /// The partition's learned prefill rate (`rate.rs`).
     pub(super) prefill_rate: PrefillRate,
+    /// How much a rank's decode load slows its prefills (`drag.rs`).
+    pub(super) decode_drag: DecodeDrag,
     /// The weight of the floors' combined bound (`floor.rs`), set before the table is shared.
     pub(super) floor_mix: FloorMix,
     /// The zero of the ranks' last-prefill-completion clocks.
@@ -79,6 +82,7 @@ impl Inner {
             on_end: None,
             on_sweep: None,
             prefill_rate: PrefillRate::default(),
+            decode_drag: DecodeDrag::default(),
             floor_mix: FloorMix::default(),
             epoch: Instant::now(),
             config,
@@ -203,6 +207,10 @@ impl Inner {
             }
             // Point 1 of the module docs: counters first, then the booking, all under the
             // shard lock.
+            let load_before = (
+                state.counters.prefill_tokens.load(Ordering::Relaxed),
+                state.counters.decode_blocks.load(Ordering::Relaxed),
+            );
             let new_prompt_blocks = {
                 let mut b = state.blocks.lock();
                 #[cfg(loom)]
@@ -243,6 +251,7 @@ impl Inner {
                 output_blocks: 0,
                 created: now,
                 expires_at,
+                load_before,
             };
             let view = self.view(id, &booking);
             if let Some(e) = expires_at {
@@ -372,8 +381,11 @@ impl Inner {
     }
 
     /// One observation of the prefill rate: `tokens` served from the later of the
-    /// booking's creation and the rank's previous completion until `now` (`rate.rs`).
-    fn observe_prefill(&self, rank: &RankState, tokens: u64, created: Instant, now: Instant) {
+    /// booking's creation and the rank's previous completion until `now` (`rate.rs`);
+    /// and of the decode drag: the booking's time to first token against the tokens it
+    /// waited for and the decode blocks its rank held when it was booked (`drag.rs`).
+    fn observe_prefill(&self, b: &Booking, now: Instant) {
+        let (rank, tokens, created) = (&b.rank, b.prefill_tokens, b.created);
         let t = self.clock_ns(now);
         let last = &rank.counters.last_prefill_done_ns;
         #[cfg(loom)]
@@ -386,8 +398,12 @@ impl Inner {
         };
         #[cfg(not(loom))]
         let prev = last.fetch_max(t, Ordering::Relaxed);
-        let start = self.clock_ns(created).max(prev);
-        let secs = t.saturating_sub(start) as f64 / 1e9;
+        let booked = self.clock_ns(created);
+        let secs = t.saturating_sub(booked.max(prev)) as f64 / 1e9;
+        let (queued, decode_blocks) = b.load_before;
+        let ttft = t.saturating_sub(booked) as f64 / 1e9;
+        self.decode_drag
+            .observe(ttft, queued.saturating_add(tokens), decode_blocks);
         self.prefill_rate.observe(tokens, secs);
     }
 
@@ -424,16 +440,15 @@ impl Inner {
             return Ok(());
         }
         b.prefill_done = true;
-        let (st, tokens) = (&b.rank, b.prefill_tokens);
         self.sub_rank(
-            st,
+            &b.rank,
             FloorKind::PrefillTokens,
-            tokens,
+            b.prefill_tokens,
             "active_prefill_tokens",
         );
         // A replica's booking was made on another clock: its timing says nothing here.
         if b.origin == BookingOrigin::Local {
-            self.observe_prefill(st, tokens, b.created, now);
+            self.observe_prefill(b, now);
         }
         Ok(())
     }

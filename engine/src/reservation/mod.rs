@@ -86,6 +86,7 @@
 //! arrives after the free cannot resurrect a booking that would then leak until expiry.
 
 mod audit;
+pub(crate) mod drag;
 pub(crate) mod floor;
 mod inner;
 mod listeners;

@@ -37,18 +37,77 @@ fn unpack(v: u64) -> (f32, f32) {
 }
 
 /// The fold of one observation into the packed averages (into none yet: sets them).
+#[cfg(loom)]
 pub(crate) fn fold(v: u64, tokens: f32, secs: f32) -> u64 {
+    fold_weighted(v, tokens, secs, ALPHA)
+}
+
+/// [`fold`] with the new observation weighted `alpha`.
+pub(crate) fn fold_weighted(v: u64, a: f32, b: f32, alpha: f32) -> u64 {
     if v == 0 {
-        return pack(tokens, secs);
+        return pack(a, b);
     }
-    let (t, s) = unpack(v);
-    pack(t + ALPHA * (tokens - t), s + ALPHA * (secs - s))
+    let (x, y) = unpack(v);
+    pack(x + alpha * (a - x), y + alpha * (b - y))
+}
+
+/// Two exponentially weighted averages packed in one atomic word, folded in together by
+/// compare-and-swap (see the module docs): the prefill rate's, and each of the decode
+/// drag's two pairs (`drag.rs`).
+pub(crate) struct EwmaPair {
+    word: AtomicU64,
+    /// Weight of a new observation.
+    alpha: f32,
+}
+
+impl Default for EwmaPair {
+    fn default() -> Self {
+        Self::with_weight(ALPHA)
+    }
+}
+
+impl EwmaPair {
+    /// Averages that weight each new observation `alpha`.
+    pub(crate) fn with_weight(alpha: f32) -> Self {
+        Self {
+            word: AtomicU64::new(0),
+            alpha,
+        }
+    }
+
+    /// Folds in one observation of both quantities; none is lost to a concurrent fold.
+    pub(crate) fn observe(&self, a: f32, b: f32) {
+        #[cfg(loom)]
+        if faults::get().lossy_rate_update {
+            let v = self.word.load(Ordering::Relaxed);
+            self.word
+                .store(fold_weighted(v, a, b, self.alpha), Ordering::Relaxed);
+            return;
+        }
+        let alpha = self.alpha;
+        let _ = self
+            .word
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(fold_weighted(v, a, b, alpha))
+            });
+    }
+
+    /// The two averages (both 0 before the first observation).
+    pub(crate) fn get(&self) -> (f32, f32) {
+        unpack(self.word.load(Ordering::Relaxed))
+    }
+
+    /// The packed word, for the loom model.
+    #[cfg(loom)]
+    pub(crate) fn packed(&self) -> u64 {
+        self.word.load(Ordering::Relaxed)
+    }
 }
 
 /// The learned prefill rate of one partition (see the module docs).
 #[derive(Default)]
 pub(crate) struct PrefillRate {
-    averages: AtomicU64,
+    averages: EwmaPair,
     observations: AtomicU64,
 }
 
@@ -59,20 +118,8 @@ impl PrefillRate {
         if tokens == 0 || !secs.is_finite() || secs < 0.0 {
             return;
         }
-        let (tokens, secs) = (tokens as f32, secs as f32);
         self.observations.fetch_add(1, Ordering::Relaxed);
-        #[cfg(loom)]
-        if faults::get().lossy_rate_update {
-            let v = self.averages.load(Ordering::Relaxed);
-            self.averages
-                .store(fold(v, tokens, secs), Ordering::Relaxed);
-            return;
-        }
-        let _ = self
-            .averages
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(fold(v, tokens, secs))
-            });
+        self.averages.observe(tokens as f32, secs as f32);
     }
 
     /// Tokens per second, once [`MIN_OBSERVATIONS`] prefills were seen and some took time.
@@ -80,7 +127,7 @@ impl PrefillRate {
         if self.observations.load(Ordering::Relaxed) < MIN_OBSERVATIONS {
             return None;
         }
-        let (t, s) = unpack(self.averages.load(Ordering::Relaxed));
+        let (t, s) = self.averages.get();
         (s > 0.0 && t > 0.0).then(|| f64::from(t) / f64::from(s))
     }
 
@@ -92,7 +139,7 @@ impl PrefillRate {
     /// The packed averages, for the loom model.
     #[cfg(loom)]
     pub(crate) fn packed(&self) -> u64 {
-        self.averages.load(Ordering::Relaxed)
+        self.averages.packed()
     }
 }
 

@@ -32,6 +32,9 @@ pub(super) struct Booking {
     pub(super) output_blocks: u64,
     pub(super) created: Instant,
     pub(super) expires_at: Option<Instant>,
+    /// The rank's booked prefill tokens and decode blocks just before this booking was
+    /// added: what a selection saw, for the decode drag's observation (`drag.rs`).
+    pub(super) load_before: (u64, u64),
 }
 
 /// The bounded memory of recently freed ids of one shard (FIFO eviction).

@@ -160,6 +160,15 @@ impl ReservationTable {
         self.inner.prefill_rate.observations()
     }
 
+    /// How much a rank's decode load lengthens a request's time to first token there,
+    /// seconds per decode block it holds, learned from the same timings as
+    /// [`prefill_rate`](Self::prefill_rate): `None` until enough requests completed their
+    /// prefill on ranks of different loads. Lock-free (two atomic loads). How it is estimated:
+    /// `reservation/drag.rs`.
+    pub fn decode_drag(&self) -> Option<f64> {
+        self.inner.decode_drag.get()
+    }
+
     /// The estimator's packed averages (loom models).
     #[cfg(loom)]
     pub(crate) fn prefill_rate_packed(&self) -> u64 {

@@ -996,3 +996,38 @@ fn the_load_cursor_answers_as_the_map_does_in_any_order() {
     check(&t, &asked);
     assert!(t.loads().cursor().get(booked[7]).is_zero());
 }
+
+#[test]
+fn the_decode_drag_is_learned_from_prefill_timings_on_ranks_of_different_loads() {
+    let t = manual();
+    let t0 = Instant::now();
+    // R1 holds 2,000 decode blocks all along; R0 none.
+    let held: Vec<u64> = (1_000_000..1_002_000).collect();
+    t.book(req(1, R1, &held, 0), t0).unwrap();
+    assert_eq!(t.decode_drag(), None);
+    // Each prefill: 1,000 tokens in 100 ms, plus 20 µs per decode block its rank holds.
+    let mut now = t0;
+    for i in 0..400u64 {
+        let (rank, extra_blocks) = if i % 2 == 0 { (R0, 0) } else { (R1, 2_000) };
+        let id = 10 + i;
+        t.book(req(id, rank, &[i], 1_000), now).unwrap();
+        let secs = 0.1 + 20e-6 * (extra_blocks + 1) as f64;
+        now += Duration::from_secs_f64(secs);
+        t.mark_prefill_complete_at(id, now).unwrap();
+        t.free(id).unwrap();
+        now += Duration::from_millis(5);
+    }
+    let drag = t.decode_drag().expect("learned");
+    assert!((drag - 20e-6).abs() < 2e-6, "{drag}");
+    // The same timings on ranks of equal load teach no drag.
+    let t = manual();
+    let mut now = t0;
+    for i in 0..400u64 {
+        let rank = if i % 2 == 0 { R0 } else { R1 };
+        t.book(req(10 + i, rank, &[i], 1_000), now).unwrap();
+        now += Duration::from_millis(if i % 4 < 2 { 100 } else { 140 });
+        t.mark_prefill_complete_at(10 + i, now).unwrap();
+        t.free(10 + i).unwrap();
+    }
+    assert_eq!(t.decode_drag(), None);
+}

@@ -90,7 +90,9 @@ impl Selector<'_> {
         let mut shape = RequestShape::new(prompt_tokens, self.block_size())
             .with_expected_output_tokens(req.expected_output_tokens);
         if cfg.model == CostModel::Latency {
-            shape = shape.with_prefill_rate(self.prefill_rate(&cfg));
+            shape = shape
+                .with_prefill_rate(self.prefill_rate(&cfg))
+                .with_decode_drag(self.decode_drag(&cfg));
         }
         let every_rank = self.candidates(req, view.workers, view.hooks, candidates);
         let input = PruneInput {
@@ -283,6 +285,16 @@ impl Selector<'_> {
         match self.bookings.prefill_rate() {
             Some(r) if cfg.latency.learn_prefill_rate => r.clamp(prior / 10.0, prior * 10.0),
             _ => prior,
+        }
+    }
+
+    /// The decode drag this selection prices with, ms per held decode block: the
+    /// partition's learned estimate when the prefill timings are learned, capped at 1 ms
+    /// a block (a host with odd timings cannot make the charge absurd); else 0.
+    fn decode_drag(&self, cfg: &CostConfig) -> f64 {
+        match self.bookings.decode_drag() {
+            Some(s) if cfg.latency.learn_prefill_rate => (s * 1e3).clamp(0.0, 1.0),
+            _ => 0.0,
         }
     }
 

@@ -39,15 +39,19 @@ fn tokens(seed: u64, n: usize) -> Vec<u32> {
 
 /// `workers` × 4 ranks, each holding prefixes of a few of 16 prompts and a booking or two.
 /// A partition of block size `BS` pricing with `model`.
+/// A partition pricing with `model` and fixed latency figures: the prefill rate and the
+/// decode drag are not learned from this test's wall-clock timings.
 fn partition(engine: &Engine, key: &PartitionKey, model: CostModel) -> StdArc<Partition> {
+    let mut cost = CostConfig {
+        model,
+        ..CostConfig::default()
+    };
+    cost.latency.learn_prefill_rate = false;
     engine
         .create_partition(
             key.clone(),
             PartitionConfig {
-                cost: CostConfig {
-                    model,
-                    ..CostConfig::default()
-                },
+                cost,
                 ..PartitionConfig::new(BS as u32)
             },
         )
