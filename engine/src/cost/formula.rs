@@ -24,7 +24,7 @@ pub struct RequestShape {
     /// The partition's prefill rate estimate, tokens/s (the latency model; 0 or less =
     /// the configured prior).
     pub prefill_rate: f64,
-    /// The partition's decode drag estimate, ms of prefill time per decode block a rank
+    /// The partition's decode drag estimate, ms of time to first token per decode block a rank
     /// holds (the latency model adds it to its per-block charge; 0 = none learned).
     pub decode_drag_ms_per_block: f64,
     /// The request's expected output tokens (the latency model's per-token term).

@@ -30,7 +30,7 @@ pub struct LatencyBreakdown {
     /// Per-token latency target charge.
     pub itl_ms: f64,
     /// Decode-load charge: the tie-break, plus the learned decode drag (how much the
-    /// rank's decode load slows a prefill there) when the partition has learned one.
+    /// rank's decode load lengthens a time to first token there) once the partition learned it.
     pub tiebreak_ms: f64,
     /// `ttft_ms + externality_ms + kv_ms + itl_ms + tiebreak_ms`.
     pub cost_ms: f64,

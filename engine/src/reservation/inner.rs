@@ -54,7 +54,7 @@ pub(super) struct Inner {
     pub(super) on_sweep: Option<SweepListener>,
     /// The partition's learned prefill rate (`rate.rs`).
     pub(super) prefill_rate: PrefillRate,
-    /// How much a rank's decode load slows its prefills (`drag.rs`).
+    /// How much a rank's decode load lengthens a time to first token there (`drag.rs`).
     pub(super) decode_drag: DecodeDrag,
     /// The weight of the floors' combined bound (`floor.rs`), set before the table is shared.
     pub(super) floor_mix: FloorMix,
