@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use super::drag::DecodeDrag;
 use super::floor::{combined_after, FloorKind, FloorMix, COUNTER_RMW};
 use super::listeners::{ForgetListener, SweepListener};
-use super::rank::{add, RankMap, RankState};
+use super::rank::{add, add_reading, RankMap, RankState};
 use super::rate::PrefillRate;
 use super::shard::{shard_hash, Booking, Shard};
 use super::types::{
@@ -206,12 +206,9 @@ impl Inner {
                 return Err(ReservationError::DuplicateSelectionId(id));
             }
             // Point 1 of the module docs: counters first, then the booking, all under the
-            // shard lock.
-            let load_before = (
-                state.counters.prefill_tokens.load(Ordering::Relaxed),
-                state.counters.decode_blocks.load(Ordering::Relaxed),
-            );
-            let new_prompt_blocks = {
+            // shard lock. The decode drag's observation (`Booking::load_before`) is the
+            // rank's load just before this booking's own additions.
+            let (new_prompt_blocks, decode_blocks_before) = {
                 let mut b = state.blocks.lock();
                 #[cfg(loom)]
                 let retired = b.retired && !faults::get().book_ignores_retired;
@@ -234,10 +231,11 @@ impl Inner {
                     .counters
                     .prompt_blocks
                     .store(b.refs.len() as u64, Ordering::Relaxed);
-                add(&state.counters.decode_blocks, new);
-                new
+                let before = add_reading(&state.counters.decode_blocks, new);
+                (new, before)
             };
-            add(&state.counters.prefill_tokens, req.prefill_tokens);
+            let prefill_before = add_reading(&state.counters.prefill_tokens, req.prefill_tokens);
+            let load_before = (prefill_before, decode_blocks_before);
             add(&self.prefill_sum, req.prefill_tokens);
             add(&state.counters.requests, 1);
             let booking = Booking {

@@ -351,3 +351,17 @@ pub(super) fn add(counter: &AtomicU64, n: u64) {
     }
     counter.fetch_add(n, Ordering::Relaxed);
 }
+
+/// Adds to a counter and returns what it held before, always as one read-modify-write,
+/// even of zero. A booking learns its rank's load this way rather than by a separate
+/// load: the read-modify-write sees the latest value, so it costs no extra interleaving.
+#[inline]
+pub(super) fn add_reading(counter: &AtomicU64, n: u64) -> u64 {
+    #[cfg(loom)]
+    if faults::get().split_counter_rmw {
+        let v = counter.load(Ordering::Relaxed);
+        counter.store(v + n, Ordering::Relaxed);
+        return v;
+    }
+    counter.fetch_add(n, Ordering::Relaxed)
+}
