@@ -20,6 +20,7 @@ pub(crate) mod report;
 pub(crate) mod routers;
 pub(crate) mod sglang_tree;
 pub(crate) mod sim;
+pub(crate) mod slow;
 pub(crate) mod sweep;
 #[cfg(test)]
 mod tests;
@@ -129,6 +130,10 @@ pub(crate) struct ReplayArgs {
     /// `soft:N` (its rank's cost lowered by N blocks). Off by default.
     #[arg(long, value_name = "hard|soft:N")]
     pub affinity: Option<String>,
+    /// A heterogeneous fleet: the first N workers run F times as slow (prefill and decode),
+    /// from S seconds of simulated time on (`N:F@S`), or from the start (`N:F`).
+    #[arg(long, value_name = "N:F[@S]")]
+    pub slow_workers: Option<String>,
     /// kvr's cost: credit per cached device block (Dynamo's `overlap_score_credit`).
     #[arg(long, default_value_t = 1.0)]
     pub overlap_credit: f64,
@@ -258,6 +263,11 @@ impl ReplayArgs {
             cost,
             prediction_ttl_ms: self.prediction_ttl_ms,
             affinity,
+            slow: self
+                .slow_workers
+                .as_deref()
+                .map(|s| slow::SlowWorkers::parse(s, self.workers))
+                .transpose()?,
         })
     }
 
@@ -464,6 +474,9 @@ fn workload_json(w: &Workload, cfg: &SimConfig) -> serde_json::Value {
         "queue_externality": cfg.cost.latency.queue_externality,
         "prediction_ttl_ms": cfg.prediction_ttl_ms,
         "affinity": cfg.affinity.map(|a| format!("{a:?}")),
+        "slow_workers": cfg.slow.map(|s| serde_json::json!({
+            "workers": s.workers, "factor": s.factor, "from_s": s.from_ms / 1e3,
+        })),
     })
 }
 

@@ -92,6 +92,8 @@ pub(crate) struct SimConfig {
     pub prediction_ttl_ms: f64,
     /// Session affinity for the kvr-family policies (`None` = off).
     pub affinity: Option<kvr::config::AffinityMode>,
+    /// Workers slower than the rest (`None`: every worker alike).
+    pub slow: Option<super::slow::SlowWorkers>,
 }
 
 impl SimConfig {
@@ -403,6 +405,9 @@ impl Sim<'_> {
         }
         if prefill > 0 {
             ms += self.cfg.prefill_overhead_ms + prefill as f64 * 1e3 / self.cfg.prefill_rate;
+        }
+        if let Some(slow) = &self.cfg.slow {
+            ms *= slow.factor(rank as u32 / self.cfg.dp_size.max(1), now);
         }
         r.step = step;
         r.busy = true;

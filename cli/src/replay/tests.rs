@@ -28,6 +28,7 @@ pub(super) fn small_cluster(w: &Workload) -> SimConfig {
         cost: kvr::config::CostConfig::default(),
         prediction_ttl_ms: 500.0,
         affinity: None,
+        slow: None,
     };
     let biggest = w
         .requests
@@ -276,4 +277,50 @@ fn a_fully_cached_prompt_still_computes_its_last_block() {
     assert!(r.problems.is_empty(), "{:?}", r.problems);
     assert_eq!(r.cached_tokens, 256 - 32, "all but the last block");
     assert_eq!(r.prefill_tokens_per_rank, vec![256 + 32]);
+}
+
+#[test]
+fn slow_workers_take_longer_from_their_start_time_on() {
+    use super::slow::SlowWorkers;
+    let w = small_workload();
+    let base = small_cluster(&w);
+    let run = |slow: Option<SlowWorkers>| {
+        let cfg = SimConfig {
+            slow,
+            ..base.clone()
+        };
+        let r = sim::run(
+            &cfg,
+            &w,
+            &mut router_for(PolicyKind::RoundRobin, &cfg),
+            || {},
+        );
+        assert!(r.problems.is_empty(), "{:#?}", r.problems);
+        r
+    };
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let alike = run(None);
+    let all_slow = run(Some(SlowWorkers {
+        workers: 3,
+        factor: 3.0,
+        from_ms: 0.0,
+    }));
+    assert!(
+        median(&all_slow.tpot_ms) > 2.5 * median(&alike.tpot_ms),
+        "tokens of 3x slower workers: {} against {} ms",
+        median(&all_slow.tpot_ms),
+        median(&alike.tpot_ms)
+    );
+    // Slow only after the run has ended: the same run, figure for figure.
+    let later = run(Some(SlowWorkers {
+        workers: 3,
+        factor: 3.0,
+        from_ms: 1e12,
+    }));
+    assert_eq!(later.ttft_ms, alike.ttft_ms);
+    assert_eq!(later.tpot_ms, alike.tpot_ms);
 }
