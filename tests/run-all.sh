@@ -118,6 +118,12 @@ echo "== live A/B smoke: kvr serve and Dynamo's KvRouter on Dynamo's mocker engi
 # Two mocker workers, 30 trace requests through each router; fails on a request error or
 # when a router's index does not show the last prompt on the worker that served it.
 DYNAMO_PY="$compat_py" KVR_BIN="$target/release/kvr" bash benches/mocker-ab/run.sh smoke
+echo "== two simulators: kvr replay against Dynamo's offline mocker (tests/sim-compare)"
+# Same trace slice and engine; hit rates and TTFT within the script's stated tolerances
+# at 1x, 2x and 4x arrivals (the deep overload is printed, not checked); its negative
+# control (kvr's engine at half the prefill rate) must fail.
+"$compat_py" tests/sim-compare/compare.py "$target/release/kvr"
+"$compat_py" tests/sim-compare/compare.py "$target/release/kvr" --negative
 # Replica sync with Dynamo 1.6.1's service, both directions, after 25 s idle (the ZMTP
 # heartbeats must hold the links); without sync on kvr's side the first check must fail.
 # Then two kvr replicas, one killed and restarted: its bookings go with it; with the
