@@ -97,10 +97,9 @@ for arg in sys.argv[1:]:
         if khit < thit - 0.05:
             failures.append(f"{cell}: kvr's hit rate {khit:.3f} is > 5 points below {top}'s {thit:.3f}")
         if ktpot > 1.10 * ltpot and shape == "slowing":
-            # A known gap, reported rather than failed. Likely cause, not yet measured: kvr
-            # prices no rank's own speed, so it keeps conversations on the workers that
-            # slowed down (their prefixes live there), whose tokens come 3x as slowly.
-            # Per-rank speeds are a follow-up.
+            # A known gap, reported rather than failed: kvr prices no rank's own speed and
+            # leaves 19-20 % of the requests on the slowed workers (least-loaded 12 %;
+            # docs/benchmarks.md). Per-rank speeds are a follow-up.
             print(f"  known gap: {cell}: kvr's TPOT p90 {ktpot:.1f} ms > 1.10 × "
                   f"least-loaded's {ltpot:.1f} ms")
         elif ktpot > 1.10 * ltpot:

@@ -55,6 +55,8 @@ pub(crate) struct PolicyReport {
     pub learned_prefill_rate: Option<f64>,
     /// Max / mean prefill tokens computed per rank.
     pub load_imbalance: f64,
+    /// Requests each rank served, in rank order (worker-major).
+    pub requests_per_rank: Vec<u64>,
     /// Wall time of the routing call.
     pub select_ns: SelectNs,
     pub events_applied: u64,
@@ -103,6 +105,7 @@ impl PolicyReport {
             e2e_ms: Latency::of(&r.e2e_ms),
             learned_prefill_rate: r.learned_prefill_rate,
             load_imbalance: ratio(max as f64, total as f64 / ranks),
+            requests_per_rank: r.requests_per_rank.clone(),
             select_ns: SelectNs {
                 p50: percentile(&select, 50.0),
                 p99: percentile(&select, 99.0),

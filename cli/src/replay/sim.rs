@@ -130,6 +130,8 @@ pub(crate) struct RunResult {
     pub e2e_ms: Vec<f64>,
     /// Prefill tokens computed per rank.
     pub prefill_tokens_per_rank: Vec<u64>,
+    /// Requests each rank served.
+    pub requests_per_rank: Vec<u64>,
     /// Wall time of each routing call, ns, sorted.
     pub select_ns: Vec<u64>,
     pub events_applied: u64,
@@ -218,6 +220,8 @@ struct Rank {
     busy: bool,
     next_seq: u64,
     prefill_tokens: u64,
+    /// Requests admitted.
+    admitted: u64,
 }
 
 struct Sim<'a> {
@@ -379,6 +383,7 @@ impl Sim<'_> {
             f.prefill_left = f.tokens.len() as u32 - cached;
             f.admission = Some(adm);
             r.prefill_tokens += u64::from(f.prefill_left);
+            r.admitted += 1;
             self.res.cached_tokens += u64::from(cached);
             let take = f.prefill_left.min(budget);
             step.push((i, take));
@@ -598,6 +603,7 @@ pub(crate) fn run_replicas(
             busy: false,
             next_seq: 0,
             prefill_tokens: 0,
+            admitted: 0,
         })
         .collect();
     let events = routers[0].kind().uses_events();
@@ -684,6 +690,7 @@ impl Sim<'_> {
         self.res.index = p.index().stats();
         self.res.learned_prefill_rate = p.bookings().prefill_rate();
         self.res.prefill_tokens_per_rank = self.ranks.iter().map(|r| r.prefill_tokens).collect();
+        self.res.requests_per_rank = self.ranks.iter().map(|r| r.admitted).collect();
         for v in [
             &mut self.res.ttft_ms,
             &mut self.res.tpot_ms,

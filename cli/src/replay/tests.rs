@@ -78,6 +78,7 @@ fn every_policy_books_and_frees_every_request_and_keeps_the_index_exact() {
         );
         assert!(r.evictions > 0, "{name}: the cluster is meant to evict");
         assert_eq!(r.prefill_tokens_per_rank.len(), 6);
+        assert_eq!(r.requests_per_rank.iter().sum::<u64>(), n, "{name}");
         assert_eq!(
             r.prefill_tokens_per_rank.iter().sum::<u64>(),
             r.prompt_tokens - r.cached_tokens,
