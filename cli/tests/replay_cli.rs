@@ -78,6 +78,7 @@ fn json_output_is_one_object_of_the_documented_schema() {
                 "policy",
                 "prompt_tokens",
                 "requests",
+                "requests_per_rank",
                 "select_ns",
                 "tpot_ms",
                 "ttft_ms"
@@ -99,6 +100,13 @@ fn json_output_is_one_object_of_the_documented_schema() {
         assert!(p["ttft_ms"]["p50"].as_f64().unwrap() <= p["ttft_ms"]["p99"].as_f64().unwrap());
         assert!(f("load_imbalance") >= 1.0);
         assert!(p["requests"].as_u64().unwrap() > 0);
+        let served: u64 = p["requests_per_rank"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(served, p["requests"].as_u64().unwrap(), "{p}");
     }
     assert!(policies[0]["events_applied"].as_u64().unwrap() > 0);
     assert!(
