@@ -40,10 +40,9 @@ for seed in 42 43 44; do
   run "$dir/sweep-slowing-seed$seed.json" --seed "$seed" --slow-workers 4:3@120 --sweep rate=1,4,16
 done
 for p in "${pids[@]}"; do wait "$p"; done
-set_of() { echo "$1|$dir/sweep-$2-seed42.json,$dir/sweep-$2-seed43.json,$dir/sweep-$2-seed44.json"; }
+set_of() { echo "$1|$dir/sweep-$1-seed42.json,$dir/sweep-$1-seed43.json,$dir/sweep-$1-seed44.json"; }
 python3 - "strict|$dir/sweep-builtin.json,$dir/sweep-builtin-seed43.json,$dir/sweep-builtin-seed44.json" \
-  "strict|$dir/sweep-mooncake.json" "$(set_of paced paced)" "$(set_of slow slow)" \
-  "$(set_of slowing slowing)" <<'PY'
+  "strict|$dir/sweep-mooncake.json" "$(set_of paced)" "$(set_of slow)" "$(set_of slowing)" <<'PY'
 import json, statistics, sys
 
 SHAPES = {
