@@ -292,10 +292,12 @@ def check_crate(src, verbose=False):
 
 
 def crates(root):
-    """Every crate's src/ directory: the workspace members, fuzz/ and python/."""
+    """Every crate's src/ directory: the workspace members and the crates it excludes
+    (fuzz/, python/, the Dynamo side-by-side bench), each a workspace of its own."""
     manifest = open(os.path.join(root, "Cargo.toml"), encoding="utf-8").read()
     members = re.search(r"members\s*=\s*\[(.*?)\]", manifest, re.S).group(1)
-    dirs = re.findall(r'"([^"]+)"', members) + ["fuzz", "python"]
+    excluded = re.search(r"exclude\s*=\s*\[(.*?)\]", manifest, re.S).group(1)
+    dirs = re.findall(r'"([^"]+)"', members) + re.findall(r'"([^"]+)"', excluded)
     out = []
     for d in dirs:
         src = os.path.join(root, d, "src")

@@ -18,10 +18,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use kvr::config::PartitionConfig;
-use kvr::ingress::Medium;
 use kvr::{Engine, Outcome, Partition, PartitionKey, SelectRequest, WorkerInfo};
-use kvr_emulator::BatchEncoder;
 
+use crate::events::{EventShape, Message, Messages, BS};
 use crate::report::{Figure, Report, Spread};
 
 #[derive(Clone, Debug)]
@@ -67,67 +66,17 @@ impl IngestPlan {
         }
     }
 
+    pub(crate) fn shape(&self) -> EventShape {
+        EventShape {
+            workers: self.workers,
+            dp: self.dp,
+            stores: self.stores,
+            chain: self.chain,
+        }
+    }
+
     fn ranks(&self) -> u64 {
-        self.workers * u64::from(self.dp)
-    }
-}
-
-const BS: u32 = 16;
-
-/// One message: (worker, stream = DP rank, seq, payload, block-ops in it).
-type Message = (u64, u32, u64, Vec<u8>, u64);
-
-/// The messages of every rank, a round at a time (sequence numbers count rounds).
-struct Messages {
-    plan: IngestPlan,
-    prev: Vec<Vec<u64>>,
-    next_hash: u64,
-    rng: kvr_benches::SplitMix64,
-    round: u64,
-}
-
-impl Messages {
-    fn new(plan: &IngestPlan) -> Self {
-        Messages {
-            plan: plan.clone(),
-            prev: vec![Vec::new(); plan.ranks() as usize],
-            next_hash: 1,
-            rng: kvr_benches::SplitMix64::new(0xf1ee7),
-            round: 0,
-        }
-    }
-
-    /// The next round: a message from every rank, in rank order.
-    fn round(&mut self) -> Vec<Message> {
-        let p = &self.plan;
-        let mut out = Vec::with_capacity(p.ranks() as usize);
-        for r in 0..p.ranks() {
-            let (w, dp) = (r / u64::from(p.dp), (r % u64::from(p.dp)) as u32);
-            let mut batch = BatchEncoder::new();
-            let mut this = Vec::with_capacity(p.stores * p.chain);
-            for _ in 0..p.stores {
-                let tokens: Vec<u32> = (0..p.chain * BS as usize)
-                    .map(|_| (self.rng.next_u64() >> 47) as u32)
-                    .collect();
-                let hashes: Vec<u64> = (0..p.chain)
-                    .map(|_| {
-                        self.next_hash += 1;
-                        self.next_hash
-                    })
-                    .collect();
-                batch.stored(&hashes, None, &tokens, BS, Medium::Gpu, None);
-                this.extend_from_slice(&hashes);
-            }
-            let mut ops = this.len() as u64;
-            let old = std::mem::replace(&mut self.prev[r as usize], this);
-            if !old.is_empty() {
-                batch.removed(&old, Medium::Gpu);
-                ops += old.len() as u64;
-            }
-            out.push((w, dp, self.round, batch.finish(1.0, Some(dp)), ops));
-        }
-        self.round += 1;
-        out
+        self.shape().ranks()
     }
 }
 
@@ -148,11 +97,14 @@ fn engine(plan: &IngestPlan) -> (Engine, PartitionKey) {
 /// Applies `msgs`; panics on a message not applied whole (a refusal or a decode error
 /// would make the rate meaningless).
 fn apply(p: &Partition, msgs: &[Message]) {
-    for (w, dp, seq, m, _) in msgs {
-        let o = p.ingest(*w, *dp, b"", *seq, m);
+    for m in msgs {
+        let o = p.ingest(m.worker, m.dp, b"", m.seq, &m.payload);
         assert!(
             o.batches_applied == 1 && o.decode_errors == 0 && o.refused == 0,
-            "worker {w} rank {dp} seq {seq}: {o:?}"
+            "worker {} rank {} seq {}: {o:?}",
+            m.worker,
+            m.dp,
+            m.seq
         );
     }
 }
@@ -164,13 +116,13 @@ pub(crate) fn run(plan: &IngestPlan, report: &mut Report) {
     ));
     let mut rates = Vec::new();
     for _ in 0..plan.reps {
-        let mut gen = Messages::new(plan);
+        let mut gen = Messages::new(plan.shape());
         let fill = gen.round();
         let timed: Vec<Vec<Message>> = (0..plan.rounds).map(|_| gen.round()).collect();
         let (e, key) = engine(plan);
         let p = e.partition(&key).expect("the bench's partition");
         apply(&p, &fill);
-        let ops: u64 = timed.iter().flatten().map(|m| m.4).sum();
+        let ops: u64 = timed.iter().flatten().map(|m| m.ops).sum();
         let t0 = Instant::now();
         for r in &timed {
             apply(&p, r);
@@ -192,9 +144,9 @@ pub(crate) fn run(plan: &IngestPlan, report: &mut Report) {
 fn lag(plan: &IngestPlan, report: &mut Report) {
     let (e, key) = engine(plan);
     let p = e.partition(&key).expect("the bench's partition");
-    let mut gen = Messages::new(plan);
+    let mut gen = Messages::new(plan.shape());
     apply(&p, &gen.round());
-    let ops_per_round = plan.ranks() as f64 * (2 * plan.stores * plan.chain) as f64;
+    let ops_per_round = plan.shape().ops_per_round() as f64;
     let rounds = ((plan.lag_rate * plan.lag_secs) / ops_per_round)
         .ceil()
         .max(1.0) as usize;
@@ -217,8 +169,8 @@ fn lag(plan: &IngestPlan, report: &mut Report) {
         let ingest = s.spawn(|| {
             let mut lags = Vec::with_capacity(msgs.len());
             for (due, k) in rx {
-                let (w, dp, seq, m, _) = &msgs[k];
-                let o = p.ingest(*w, *dp, b"", *seq, m);
+                let m = &msgs[k];
+                let o = p.ingest(m.worker, m.dp, b"", m.seq, &m.payload);
                 assert_eq!(o.batches_applied, 1, "paced message not applied: {o:?}");
                 lags.push(due.elapsed().as_nanos() as u64);
             }
@@ -234,7 +186,7 @@ fn lag(plan: &IngestPlan, report: &mut Report) {
                 std::thread::sleep(due - now);
             }
             tx.send((due, k)).expect("the ingest thread is alive");
-            done_ops += m.4;
+            done_ops += m.ops;
         }
         drop(tx);
         let lags = ingest.join().expect("ingest thread");

@@ -4,6 +4,7 @@
 //! memory per holder-block. `--quick` runs every path in seconds for CI (its figures mean
 //! nothing). Figures print as a markdown table and go to `--out` as JSON.
 
+mod events;
 mod ingest;
 mod report;
 mod select;
