@@ -60,7 +60,7 @@ cargo run --release --locked -q -p kvr-fleet-bench -- select --quick > /dev/null
 cargo run --release --locked -q -p kvr-fleet-bench -- ingest --quick > /dev/null
 # The same event stream through Dynamo's own index crate beside kvr's (a workspace of its
 # own: Dynamo pins another tokio); fails if either side does not hold what was stored.
-cargo run --release --locked -q --manifest-path benches/dynamo-peer/Cargo.toml -- --quick > /dev/null
+cargo run --release --locked -q --manifest-path benches/dynamo-peer/Cargo.toml -- ingest --quick > /dev/null
 
 echo "== fuzz replay (fuzz/: every seed and kept crasher through its target, on stable)"
 cargo test --manifest-path fuzz/Cargo.toml --locked  # debug: overflow checks on

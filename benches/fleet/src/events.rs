@@ -7,7 +7,11 @@
 //! (`benches/dynamo-peer`, a workspace of its own because Dynamo's crate pins another
 //! tokio) builds the same messages from the same source.
 
+use std::sync::Arc;
+
+use kvr::config::PartitionConfig;
 use kvr::ingress::Medium;
+use kvr::{Engine, Partition, PartitionKey, WorkerInfo};
 use kvr_emulator::BatchEncoder;
 
 /// Tokens a block.
@@ -23,6 +27,14 @@ pub(crate) struct EventShape {
 }
 
 impl EventShape {
+    /// 1,024 workers of 8 ranks, messages of four 16-block stores.
+    pub(crate) const FLEET: EventShape = EventShape {
+        workers: 1_024,
+        dp: 8,
+        stores: 4,
+        chain: 16,
+    };
+
     pub(crate) fn ranks(&self) -> u64 {
         self.workers * u64::from(self.dp)
     }
@@ -30,6 +42,48 @@ impl EventShape {
     /// Block-ops (stored + removed) in one full round after the first.
     pub(crate) fn ops_per_round(&self) -> u64 {
         self.ranks() * (2 * self.stores * self.chain) as u64
+    }
+}
+
+/// splitmix64 over a golden-ratio counter: the stream's and the queries' random numbers.
+pub(crate) struct SplitMix(pub u64);
+
+impl SplitMix {
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        let z = kvr::hash::splitmix64(self.0);
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z
+    }
+}
+
+/// A partition of the shape's workers, each with `capacity` KV blocks a rank registered
+/// (0: none, maps grow as blocks arrive).
+pub(crate) fn partition(shape: EventShape, capacity: u64) -> (Engine, Arc<Partition>) {
+    let e = Engine::with_seed(11);
+    let key = PartitionKey::new("fleet", "ingest");
+    let p = e
+        .create_partition(key, PartitionConfig::new(BS))
+        .expect("a fresh engine has no partitions");
+    for w in 0..shape.workers {
+        let mut info = WorkerInfo::new(w, shape.dp);
+        info.total_kv_blocks = capacity;
+        p.upsert_worker(info).expect("valid worker metadata");
+    }
+    (e, p)
+}
+
+/// Hands `msgs` to `p.ingest`; panics on a message not applied whole (a refusal or a
+/// decode error would make any rate meaningless).
+pub(crate) fn ingest_all(p: &Partition, msgs: &[Message]) {
+    for m in msgs {
+        let o = p.ingest(m.worker, m.dp, b"", m.seq, &m.payload);
+        assert!(
+            o.batches_applied == 1 && o.decode_errors == 0 && o.refused == 0,
+            "worker {} rank {} seq {}: {o:?}",
+            m.worker,
+            m.dp,
+            m.seq
+        );
     }
 }
 
@@ -49,7 +103,7 @@ pub(crate) struct Messages {
     shape: EventShape,
     prev: Vec<Vec<u64>>,
     next_hash: u64,
-    rng: u64,
+    rng: SplitMix,
     round: u64,
 }
 
@@ -59,16 +113,9 @@ impl Messages {
             shape,
             prev: vec![Vec::new(); shape.ranks() as usize],
             next_hash: 1,
-            rng: 0xf1ee7,
+            rng: SplitMix(0xf1ee7),
             round: 0,
         }
-    }
-
-    /// splitmix64 over a golden-ratio counter.
-    fn next_u64(&mut self) -> u64 {
-        let z = kvr::hash::splitmix64(self.rng);
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z
     }
 
     /// The next round: a message from every rank, in rank order.
@@ -81,7 +128,7 @@ impl Messages {
             let mut this = Vec::with_capacity(p.stores * p.chain);
             for _ in 0..p.stores {
                 let tokens: Vec<u32> = (0..p.chain * BS as usize)
-                    .map(|_| (self.next_u64() >> 47) as u32)
+                    .map(|_| (self.rng.next_u64() >> 47) as u32)
                     .collect();
                 let hashes: Vec<u64> = (0..p.chain)
                     .map(|_| {

@@ -17,10 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kvr::config::PartitionConfig;
-use kvr::{Engine, Outcome, Partition, PartitionKey, SelectRequest, WorkerInfo};
+use kvr::{Outcome, SelectRequest};
 
-use crate::events::{EventShape, Message, Messages, BS};
+use crate::events::{ingest_all, partition, EventShape, Message, Messages};
 use crate::report::{Figure, Report, Spread};
 
 #[derive(Clone, Debug)]
@@ -41,11 +40,12 @@ pub(crate) struct IngestPlan {
 
 impl IngestPlan {
     pub(crate) fn full() -> Self {
+        let f = EventShape::FLEET;
         IngestPlan {
-            workers: 1_024,
-            dp: 8,
-            stores: 4,
-            chain: 16,
+            workers: f.workers,
+            dp: f.dp,
+            stores: f.stores,
+            chain: f.chain,
             rounds: 2,
             reps: 3,
             lag_rate: 1_000_000.0,
@@ -80,35 +80,6 @@ impl IngestPlan {
     }
 }
 
-fn engine(plan: &IngestPlan) -> (Engine, PartitionKey) {
-    let e = Engine::with_seed(11);
-    let key = PartitionKey::new("fleet", "ingest");
-    let p = e
-        .create_partition(key.clone(), PartitionConfig::new(BS))
-        .expect("a fresh engine has no partitions");
-    for w in 0..plan.workers {
-        let mut info = WorkerInfo::new(w, plan.dp);
-        info.total_kv_blocks = plan.capacity;
-        p.upsert_worker(info).expect("valid worker metadata");
-    }
-    (e, key)
-}
-
-/// Applies `msgs`; panics on a message not applied whole (a refusal or a decode error
-/// would make the rate meaningless).
-fn apply(p: &Partition, msgs: &[Message]) {
-    for m in msgs {
-        let o = p.ingest(m.worker, m.dp, b"", m.seq, &m.payload);
-        assert!(
-            o.batches_applied == 1 && o.decode_errors == 0 && o.refused == 0,
-            "worker {} rank {} seq {}: {o:?}",
-            m.worker,
-            m.dp,
-            m.seq
-        );
-    }
-}
-
 pub(crate) fn run(plan: &IngestPlan, report: &mut Report) {
     report.note(format!(
         "ingest: {} workers × {} ranks, messages of {} × {}-block stores (+ the previous round's removal), capacity {}",
@@ -119,13 +90,12 @@ pub(crate) fn run(plan: &IngestPlan, report: &mut Report) {
         let mut gen = Messages::new(plan.shape());
         let fill = gen.round();
         let timed: Vec<Vec<Message>> = (0..plan.rounds).map(|_| gen.round()).collect();
-        let (e, key) = engine(plan);
-        let p = e.partition(&key).expect("the bench's partition");
-        apply(&p, &fill);
+        let (_e, p) = partition(plan.shape(), plan.capacity);
+        ingest_all(&p, &fill);
         let ops: u64 = timed.iter().flatten().map(|m| m.ops).sum();
         let t0 = Instant::now();
         for r in &timed {
-            apply(&p, r);
+            ingest_all(&p, r);
         }
         rates.push(ops as f64 / t0.elapsed().as_secs_f64());
         let held = p.index().stats().holder_blocks;
@@ -142,10 +112,9 @@ pub(crate) fn run(plan: &IngestPlan, report: &mut Report) {
 
 /// The lag part: paced messages, one ingest thread, one selecting thread.
 fn lag(plan: &IngestPlan, report: &mut Report) {
-    let (e, key) = engine(plan);
-    let p = e.partition(&key).expect("the bench's partition");
+    let (e, p) = partition(plan.shape(), plan.capacity);
     let mut gen = Messages::new(plan.shape());
-    apply(&p, &gen.round());
+    ingest_all(&p, &gen.round());
     let ops_per_round = plan.shape().ops_per_round() as f64;
     let rounds = ((plan.lag_rate * plan.lag_secs) / ops_per_round)
         .ceil()
