@@ -5,8 +5,8 @@
 //!   four 16-block stores with their tokens plus the removal of the rank's previous round)
 //!   through each side's decoder and index, one thread each ([`ingest`]);
 //! - `select`: booked selections over the same fleet, each side's index filled from the
-//!   same messages, Dynamo's through its `SelectionCore` (the core of its selection
-//!   service) (`select.rs`, built with the `select` feature).
+//!   same messages, Dynamo's selection service built in process by its own builder
+//!   (`select.rs`, built with the `select` feature).
 //!
 //! The sides alternate within each repetition; figures are medians of the repetitions,
 //! with min–max.

@@ -1,11 +1,12 @@
 //! Booked selection side by side at fleet scale: kvr's `Engine::select_and_reserve` and
-//! Dynamo's `SelectionCore::select_and_reserve` (the core its selection service runs,
-//! with the service's default of 4 indexer threads and the reference policy, Dynamo's
-//! default cost formula, as its own selection benchmark builds it), over the same workers with the same index content, asked the same prompts.
+//! Dynamo's `SelectionService::select_and_reserve`, its selection service built in
+//! process by its own builder (the default 4 indexer threads; the reference policy, its
+//! default cost formula, as its own selection benchmark builds it; the index fed by the
+//! host), over the same workers with the same index content, asked the same prompts.
 //!
 //! Each side's index is filled from the same engine messages: the fleet stream's first
 //! round (four private 16-block chains a rank) and, on every rank, one of `POOL` shared
-//! 256-token prompts (so each is held by one rank in `POOL`). Queries alternate between a
+//! 256-token prompts (rank `r` holds prompt `r % POOL`). Queries alternate between a
 //! pool prompt (held by many ranks: the common case) and a fresh random prompt (held by
 //! none: every rank must be priced on load alone). Each call is timed alone; the booking
 //! is freed right after, untimed, so no load builds up. A round of `calls` calls gives a
