@@ -1371,6 +1371,23 @@ kvr_status kvr_partition_prefill_rate(const struct kvr_partition *partition,
                                       uint64_t *out_observations);
 
 /**
+ * How much a rank's decode load lengthens a request's time to first token there,
+ * learned from the same timings as `kvr_partition_prefill_rate`: seconds per decode block
+ * the rank holds, in `*out_drag`, and the prefill completions observed so far in
+ * `*out_observations`. `*out_drag` is -1 while none is learned (fewer than a few dozen
+ * completions observed, or none on ranks of different decode loads; 0 is a learned
+ * value: decode load adds nothing); the call is then still `KVR_OK`. The drag is the
+ * estimate itself: a selection with the latency model and learning on charges it capped
+ * at 1 ms a block, else nothing. Lock-free.
+ *
+ * # Safety
+ * `partition` is NULL or live; `out_drag` and `out_observations` are NULL or writable.
+ */
+kvr_status kvr_partition_decode_drag(const struct kvr_partition *partition,
+                                     double *out_drag,
+                                     uint64_t *out_observations);
+
+/**
  * New engine options with every value at its default. Free with
  * `kvr_engine_options_free`.
  *

@@ -310,6 +310,15 @@ struct PrefillRate {
     uint64_t observations = 0;
 };
 
+/// A partition's learned decode drag (Partition::decode_drag()).
+struct DecodeDrag {
+    /// Seconds of time to first token per decode block a rank holds; empty until enough
+    /// prefill completions were observed on ranks of different decode loads.
+    std::optional<double> seconds_per_block;
+    /// Prefill completions observed so far.
+    uint64_t observations = 0;
+};
+
 /// Session affinity mode (KVR_AFFINITY_*).
 enum class Affinity : uint32_t {
     Off = KVR_AFFINITY_OFF,
@@ -1551,6 +1560,20 @@ public:
         PrefillRate out;
         if (rate > 0.0) {
             out.tokens_per_s = rate;
+        }
+        out.observations = observations;
+        return out;
+    }
+    /// The decode drag learned from the same timings (empty until enough completions on
+    /// ranks of different decode loads were observed) and the completions observed.
+    DecodeDrag decode_drag() const {
+        const char *fn = "kvr_partition_decode_drag";
+        double drag = -1.0;
+        uint64_t observations = 0;
+        detail::check(kvr_partition_decode_drag(live(fn), &drag, &observations), fn);
+        DecodeDrag out;
+        if (drag >= 0.0) {
+            out.seconds_per_block = drag;
         }
         out.observations = observations;
         return out;

@@ -147,7 +147,7 @@ field_lists! {
     }
     ReservationStats {
         bookings, tracked_ranks, expired_total, counter_underflows, sweeper_started,
-        prefill_rate, prefill_rate_observations,
+        prefill_rate, prefill_rate_observations, decode_drag, decode_drag_observations,
     }
     StreamStats {
         worker_id, stream, messages, bytes, batches, events, blocks_stored, blocks_removed,

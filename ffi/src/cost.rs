@@ -252,6 +252,38 @@ pub unsafe extern "C" fn kvr_partition_prefill_rate(
     })
 }
 
+/// How much a rank's decode load lengthens a request's time to first token there,
+/// learned from the same timings as `kvr_partition_prefill_rate`: seconds per decode block
+/// the rank holds, in `*out_drag`, and the prefill completions observed so far in
+/// `*out_observations`. `*out_drag` is -1 while none is learned (fewer than a few dozen
+/// completions observed, or none on ranks of different decode loads; 0 is a learned
+/// value: decode load adds nothing); the call is then still `KVR_OK`. The drag is the
+/// estimate itself: a selection with the latency model and learning on charges it capped
+/// at 1 ms a block, else nothing. Lock-free.
+///
+/// # Safety
+/// `partition` is NULL or live; `out_drag` and `out_observations` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvr_partition_decode_drag(
+    partition: *const kvr_partition,
+    out_drag: *mut f64,
+    out_observations: *mut u64,
+) -> kvr_status {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let p = unsafe { handle(partition) }?;
+        if out_drag.is_null() || out_observations.is_null() {
+            return Err(KVR_ERR_NULL);
+        }
+        let b = p.partition.bookings();
+        // SAFETY: both checked non-NULL above; writable by the caller's contract.
+        unsafe {
+            write_out(out_drag, b.decode_drag().unwrap_or(-1.0))?;
+            write_out(out_observations, b.decode_drag_observations())
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

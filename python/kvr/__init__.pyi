@@ -227,6 +227,12 @@ class Partition:
     def prefill_rate_observations(self) -> int:
         """How many prefills the learned rate has seen."""
         ...
+    def decode_drag(self) -> Optional[float]:
+        """The learned decode drag, seconds of time to first token per decode block a rank holds; None until prefills on ranks of different loads were measured."""
+        ...
+    def decode_drag_observations(self) -> int:
+        """How many prefills the learned decode drag has seen."""
+        ...
     def upsert_worker(self, worker_id: int, *, dp_size: int = 1, dp_start: int = 0,
                       total_kv_blocks: int = 0) -> None:
         """Adds or replaces a worker of dp_size ranks from dp_start."""

@@ -314,6 +314,18 @@ impl Partition {
         self.inner.bookings().prefill_rate_observations()
     }
 
+    /// The decode drag learned from the same timings, seconds of time to first token per
+    /// decode block a rank holds (before the latency model caps it at 1 ms a block); None
+    /// until enough prefills were observed on ranks of different decode loads.
+    fn decode_drag(&self) -> Option<f64> {
+        self.inner.bookings().decode_drag()
+    }
+
+    /// Prefills observed for the learned decode drag so far.
+    fn decode_drag_observations(&self) -> u64 {
+        self.inner.bookings().decode_drag_observations()
+    }
+
     /// Adds or replaces a worker of `dp_size` ranks from `dp_start`.
     #[pyo3(signature = (worker_id, *, dp_size=1, dp_start=0, total_kv_blocks=0))]
     fn upsert_worker(

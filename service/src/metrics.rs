@@ -20,6 +20,7 @@
 //! | `kvr_prefill_rate_tokens_per_second` | gauge | `model` | the latency cost's learned prefill rate of one rank (0 until a prefill completion is timed; the prior is used meanwhile) |
 //! | `kvr_prefill_rate_observations_total` | counter | `model` | prefill completions folded into that rate |
 //! | `kvr_decode_drag_ms_per_block` | gauge | `model` | the latency cost's learned decode drag: ms of time to first token per decode block a rank holds (0 until learned) |
+//! | `kvr_decode_drag_observations_total` | counter | `model` | prefill completions folded into that drag |
 //! | `kvr_workers` | gauge | `model`, `lifecycle` | registered workers |
 //! | `kvr_pending_selections` | gauge | | pending-selection cache entries |
 //! | `kvr_recovery_*` | counter | | peer `/dump` recovery: `attempts_total`, `failures_total`, `events_total` |
@@ -235,7 +236,7 @@ impl Collector for EngineCollector {
         let (mut age, mut replays, mut outcomes, mut stale) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut tiers, mut per_block, mut bookings) = (Vec::new(), Vec::new(), Vec::new());
-        let mut drag_gauge = Vec::new();
+        let (mut drag_gauge, mut drag_obs) = (Vec::new(), Vec::new());
         let (mut rate_gauge, mut rate_obs) = (Vec::new(), Vec::new());
         let (mut health, mut health_age) = (Vec::new(), Vec::new());
         let mut index = Rows::new(figures::INDEX);
@@ -343,6 +344,7 @@ impl Collector for EngineCollector {
                 ml(&[]),
                 ConstGauge::new(b.decode_drag().map_or(0.0, |s| s * 1e3)),
             ));
+            drag_obs.push((ml(&[]), ConstCounter::new(b.decode_drag_observations())));
             for (r, load) in b.loads().ranks() {
                 let l: Labels = vec![
                     ("worker_id", r.worker_id.to_string()),
@@ -453,6 +455,13 @@ impl Collector for EngineCollector {
             "Learned decode drag: ms of time to first token per decode block a rank holds (0: none learned)",
             g,
             &drag_gauge,
+        )?;
+        family(
+            &mut enc,
+            "kvr_decode_drag_observations",
+            "Prefill completions folded into the learned decode drag",
+            c,
+            &drag_obs,
         )?;
         rank.encode(&mut enc)?;
         let mut by_state: std::collections::BTreeMap<(String, &'static str), i64> =

@@ -31,6 +31,7 @@ const INDEX: &str = "families kvr_index_";
 const SELECTION: &str = "families kvr_selection";
 const BOOKING: &str = "families kvr_booking";
 const RATE: &str = "families kvr_prefill_rate";
+const DRAG: &str = "families kvr_decode_drag";
 const STREAM: &str = "families kvr_kv_stream_";
 const EVENTS: &str = "families kvr_kv_events_";
 const DYNAMO_RANK: &str = "families dynamo_frontend_worker_";
@@ -156,6 +157,20 @@ const EXCEPTIONS: &[Exception] = &[
         RATE,
         "kvr_prefill_rate_observations",
         "beside the rate",
+    ),
+    renamed(
+        "ReservationStats",
+        "decode_drag",
+        DRAG,
+        "kvr_decode_drag_ms_per_block",
+        "with its unit, ms (the field is in seconds)",
+    ),
+    renamed(
+        "ReservationStats",
+        "decode_drag_observations",
+        DRAG,
+        "kvr_decode_drag_observations",
+        "beside the drag",
     ),
     omitted("StreamStats", "worker_id", PER_STREAM),
     omitted("StreamStats", "stream", PER_STREAM),

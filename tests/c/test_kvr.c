@@ -4166,6 +4166,15 @@ static void test_prefill_rate(void)
         CHECK_ST(KVR_ERR_NULL, kvr_partition_prefill_rate(NULL, &rate, &seen));
         CHECK_ST(KVR_ERR_NULL, kvr_partition_prefill_rate(p, NULL, &seen));
         CHECK_ST(KVR_ERR_NULL, kvr_partition_prefill_rate(p, &rate, NULL));
+        /* The decode drag likewise: none learned is -1, KVR_OK. */
+        double drag = 0.0;
+        uint64_t drag_seen = 99;
+        OK(kvr_partition_decode_drag(p, &drag, &drag_seen));
+        CHECK(drag == -1.0);
+        CHECK_EQ(drag_seen, 0);
+        CHECK_ST(KVR_ERR_NULL, kvr_partition_decode_drag(NULL, &drag, &drag_seen));
+        CHECK_ST(KVR_ERR_NULL, kvr_partition_decode_drag(p, NULL, &drag_seen));
+        CHECK_ST(KVR_ERR_NULL, kvr_partition_decode_drag(p, &drag, NULL));
 
         /* A few completions are needed before the estimate is used. */
         complete_prefills(e, p, 1);
@@ -4175,6 +4184,10 @@ static void test_prefill_rate(void)
         complete_prefills(e, p, 7);
         OK(kvr_partition_prefill_rate(p, &rate, &seen));
         CHECK_EQ(seen, 8);
+        /* Counted by the drag too; eight on one rank are too few to learn it. */
+        OK(kvr_partition_decode_drag(p, &drag, &drag_seen));
+        CHECK_EQ(drag_seen, 8);
+        CHECK(drag == -1.0);
         /* 24 tokens in >= 2 ms each: positive, at most 12,000 tokens/s. */
         CHECK(rate > 0.0 && rate <= 12000.0 * 1.01);
 

@@ -717,6 +717,9 @@ void test_cost_model() {
     kvr::PrefillRate none = lat.prefill_rate();
     CHECK(!none.tokens_per_s.has_value());
     CHECK_EQ(none.observations, 0u);
+    kvr::DecodeDrag no_drag = lat.decode_drag();
+    CHECK(!no_drag.seconds_per_block.has_value());
+    CHECK_EQ(no_drag.observations, 0u);
     for (int i = 0; i < 8; ++i) {
         kvr::Selection s = lat.select_and_reserve(req);
         CHECK(s.selected());
@@ -727,6 +730,10 @@ void test_cost_model() {
     kvr::PrefillRate learned = lat.prefill_rate();
     CHECK_EQ(learned.observations, 8u);
     CHECK(learned.tokens_per_s.has_value() && *learned.tokens_per_s > 0.0);
+    // Eight completions on one rank's load: counted, too few (and no spread) for a drag.
+    kvr::DecodeDrag drag = lat.decode_drag();
+    CHECK_EQ(drag.observations, 8u);
+    CHECK(!drag.seconds_per_block.has_value());
     CHECK(!tuned.prefill_rate().tokens_per_s.has_value());
     kvr::Partition moved = std::move(tuned);
     CHECK_THROWS(KVR_ERR_NULL, tuned.prefill_rate());

@@ -135,6 +135,7 @@ def test_prefill_rate_is_learned_from_prefill_completions():
     p = e.create_partition("m", block_size=BS)
     p.upsert_worker(1)
     assert p.prefill_rate() is None and p.prefill_rate_observations() == 0
+    assert p.decode_drag() is None and p.decode_drag_observations() == 0
     for i in range(10):
         d = p.select(prompt(i * 10_000, 4), reserve=True)
         time.sleep(0.003)  # the prefill's service time: booking to completion
@@ -143,6 +144,8 @@ def test_prefill_rate_is_learned_from_prefill_completions():
             assert p.prefill_rate() is None  # needs a few observations first
         e.free(d.selection_id)
     assert p.prefill_rate_observations() == 10
+    assert p.decode_drag_observations() == 10
+    assert p.decode_drag() is None  # one rank, one load: nothing to learn a drag from
     rate = p.prefill_rate()
     assert isinstance(rate, float) and rate > 0.0
     # 64 tokens in >= 3 ms each: at most ~21k tokens/s.

@@ -155,7 +155,7 @@ PARTITION = Host(
         for f in ("active_prefill_tokens", "active_decode_blocks", "active_requests")
     },
     omitted={
-        ("ReservationStats", f): "the typed path reads the learned rate only; the booking table's figures are kvr serve's"
+        ("ReservationStats", f): "the typed path reads the learned estimates only; the booking table's figures are kvr serve's"
         for f in ("bookings", "tracked_ranks", "expired_total", "counter_underflows", "sweeper_started")
     },
     check_extras=False,
@@ -270,3 +270,7 @@ def test_mirror_check_catches_removals():
     locs["Partition"].discard("prefill_rate_observations")
     errors = differences(PARTITION, "runtime", locs)
     assert any("ReservationStats.prefill_rate_observations is missing" in e for e in errors), errors
+    locs = runtime_locations()
+    locs["Partition"].discard("decode_drag_observations")
+    errors = differences(PARTITION, "runtime", locs)
+    assert any("ReservationStats.decode_drag_observations is missing" in e for e in errors), errors

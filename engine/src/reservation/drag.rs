@@ -111,7 +111,6 @@ impl DecodeDrag {
     }
 
     /// Requests observed.
-    #[cfg(test)]
     pub(crate) fn observations(&self) -> u64 {
         self.observations.load(Ordering::Relaxed)
     }

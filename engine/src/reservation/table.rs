@@ -169,6 +169,12 @@ impl ReservationTable {
         self.inner.decode_drag.get()
     }
 
+    /// Prefill completions folded into [`ReservationTable::decode_drag`] so far.
+    /// Lock-free (one atomic load).
+    pub fn decode_drag_observations(&self) -> u64 {
+        self.inner.decode_drag.observations()
+    }
+
     /// The estimator's packed averages (loom models).
     #[cfg(loom)]
     pub(crate) fn prefill_rate_packed(&self) -> u64 {
@@ -329,6 +335,8 @@ impl ReservationTable {
             counter_underflows: self.inner.underflows.load(Ordering::Relaxed),
             prefill_rate: self.inner.prefill_rate.get(),
             prefill_rate_observations: self.inner.prefill_rate.observations(),
+            decode_drag: self.inner.decode_drag.get(),
+            decode_drag_observations: self.inner.decode_drag.observations(),
             #[cfg(not(loom))]
             sweeper_started: self.sweeper.started.load(Ordering::Relaxed),
             #[cfg(loom)]

@@ -1031,3 +1031,29 @@ fn the_decode_drag_is_learned_from_prefill_timings_on_ranks_of_different_loads()
     }
     assert_eq!(t.decode_drag(), None);
 }
+
+#[test]
+fn stats_report_the_learned_decode_drag_and_its_observations() {
+    let t = manual();
+    let t0 = Instant::now();
+    let s = t.stats();
+    assert_eq!((s.decode_drag, s.decode_drag_observations), (None, 0));
+    // R1 holds 2,000 decode blocks all along; R0 none. 20 µs of TTFT a held block.
+    let held: Vec<u64> = (1_000_000..1_002_000).collect();
+    t.book(req(1, R1, &held, 0), t0).unwrap();
+    let mut now = t0;
+    for i in 0..400u64 {
+        let (rank, extra_blocks) = if i % 2 == 0 { (R0, 0) } else { (R1, 2_000) };
+        t.book(req(10 + i, rank, &[i], 1_000), now).unwrap();
+        now += Duration::from_secs_f64(0.1 + 20e-6 * (extra_blocks + 1) as f64);
+        t.mark_prefill_complete_at(10 + i, now).unwrap();
+        t.free(10 + i).unwrap();
+        now += Duration::from_millis(5);
+    }
+    let s = t.stats();
+    assert_eq!(s.decode_drag_observations, 400);
+    assert_eq!(t.decode_drag_observations(), 400);
+    assert_eq!(s.decode_drag, t.decode_drag());
+    let drag = s.decode_drag.expect("learned");
+    assert!((drag - 20e-6).abs() < 2e-6, "{drag}");
+}

@@ -237,4 +237,12 @@ pub struct ReservationStats {
     pub prefill_rate: Option<f64>,
     /// Prefill completions observed by the rate estimator.
     pub prefill_rate_observations: u64,
+    /// The learned decode drag, seconds of time to first token per decode block a rank
+    /// holds (`None` until enough prefills were observed on ranks of different loads; see
+    /// [`ReservationTable::decode_drag`]).
+    ///
+    /// [`ReservationTable::decode_drag`]: super::ReservationTable::decode_drag
+    pub decode_drag: Option<f64>,
+    /// Prefill completions observed by the drag estimator.
+    pub decode_drag_observations: u64,
 }

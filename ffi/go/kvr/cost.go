@@ -164,3 +164,34 @@ func (p *Partition) PrefillRate() (PrefillRate, error) {
 			return PrefillRate{TokensPerSecond: float64(c.rate), Observations: uint64(c.n)}
 		})
 }
+
+// DecodeDrag is a partition's learned decode drag: how much a rank's decode load
+// lengthens a request's time to first token there.
+type DecodeDrag struct {
+	// SecondsPerBlock of time to first token per decode block a rank holds; -1 until
+	// enough prefill completions were observed on ranks of different decode loads (0 is
+	// a learned value). A selection with the latency model and learning on charges it
+	// capped at 1 ms a block.
+	SecondsPerBlock float64
+	// Observations: prefill completions observed so far.
+	Observations uint64
+}
+
+// Learned reports whether a drag was learned.
+func (d DecodeDrag) Learned() bool { return d.SecondsPerBlock >= 0 }
+
+// DecodeDrag returns the partition's learned decode drag (SecondsPerBlock -1 while none
+// is learned).
+func (p *Partition) DecodeDrag() (DecodeDrag, error) {
+	type dragAndCount struct {
+		drag C.double
+		n    C.uint64_t
+	}
+	return readStats(p, "kvr_partition_decode_drag",
+		func(p *C.kvr_partition, c *dragAndCount) C.kvr_status {
+			return C.kvr_partition_decode_drag(p, &c.drag, &c.n)
+		},
+		func(c *dragAndCount) DecodeDrag {
+			return DecodeDrag{SecondsPerBlock: float64(c.drag), Observations: uint64(c.n)}
+		})
+}

@@ -148,6 +148,11 @@ func TestPrefillRate(t *testing.T) {
 	if r.Learned() || r.TokensPerSecond != 0 || r.Observations != 0 {
 		t.Fatalf("before any completion: %+v", r)
 	}
+	dr, err := p.DecodeDrag()
+	must(t, err)
+	if dr.Learned() || dr.SecondsPerBlock != -1 || dr.Observations != 0 {
+		t.Fatalf("drag before any completion: %+v", dr)
+	}
 	tokens := promptTokens(64, 13)
 	for i := 0; i < 8; i++ {
 		d, err := p.SelectAndReserve(nil, Tokens(tokens))
@@ -166,8 +171,17 @@ func TestPrefillRate(t *testing.T) {
 	if r.TokensPerSecond > 32000*1.01 {
 		t.Errorf("rate %v tokens/s, want at most 32,000", r.TokensPerSecond)
 	}
+	// The drag counts the same completions; eight on one rank teach it nothing yet.
+	dr, err = p.DecodeDrag()
+	must(t, err)
+	if dr.Learned() || dr.Observations != 8 {
+		t.Fatalf("drag after 8 completions: %+v", dr)
+	}
 	p.Close()
 	if _, err := p.PrefillRate(); !errors.Is(err, ErrClosed) {
 		t.Errorf("PrefillRate after Close: %v", err)
+	}
+	if _, err := p.DecodeDrag(); !errors.Is(err, ErrClosed) {
+		t.Errorf("DecodeDrag after Close: %v", err)
 	}
 }

@@ -79,6 +79,8 @@ var mirrorExceptions = []mirrorException{
 	{loc: "struct SessionStats", name: "Enabled", why: "whether affinity is on (Rust has Option<SessionStats>)"},
 	{strukt: "ReservationStats", field: "prefill_rate", loc: "struct PrefillRate", name: "TokensPerSecond", why: "read lock-free by Partition.PrefillRate, not with the booking table's figures"},
 	{strukt: "ReservationStats", field: "prefill_rate_observations", loc: "struct PrefillRate", name: "Observations", why: "read with the rate by Partition.PrefillRate"},
+	{strukt: "ReservationStats", field: "decode_drag", loc: "struct DecodeDrag", name: "SecondsPerBlock", why: "read lock-free by Partition.DecodeDrag, not with the booking table's figures"},
+	{strukt: "ReservationStats", field: "decode_drag_observations", loc: "struct DecodeDrag", name: "Observations", why: "read with the drag by Partition.DecodeDrag"},
 	{loc: "struct StreamStats", name: "HasLastSeq", why: "whether LastSeq holds one (Rust: Option, C: UINT64_MAX for none)"},
 	{loc: "struct StreamStats", name: "ReplaysIncomplete", why: "as C: ReplaysPartial + ReplaysFailed, kept from ABI 1"},
 	{loc: "struct RankLoad", name: "WorkerID", why: "as C: the rank the figures are for (Rust keys RankLoad by RankId)"},
