@@ -237,19 +237,12 @@ pub unsafe extern "C" fn kvr_partition_prefill_rate(
     out_rate: *mut f64,
     out_observations: *mut u64,
 ) -> kvr_status {
-    guard(|| {
-        // SAFETY: forwarded caller contract.
-        let p = unsafe { handle(partition) }?;
-        if out_rate.is_null() || out_observations.is_null() {
-            return Err(KVR_ERR_NULL);
-        }
-        let b = p.partition.bookings();
-        // SAFETY: both checked non-NULL above; writable by the caller's contract.
-        unsafe {
-            write_out(out_rate, b.prefill_rate().unwrap_or(0.0))?;
-            write_out(out_observations, b.prefill_rate_observations())
-        }
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        write_learned(partition, out_rate, out_observations, 0.0, |b| {
+            (b.prefill_rate(), b.prefill_rate_observations())
+        })
+    }
 }
 
 /// How much a rank's decode load lengthens a request's time to first token there,
@@ -269,17 +262,37 @@ pub unsafe extern "C" fn kvr_partition_decode_drag(
     out_drag: *mut f64,
     out_observations: *mut u64,
 ) -> kvr_status {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        write_learned(partition, out_drag, out_observations, -1.0, |b| {
+            (b.decode_drag(), b.decode_drag_observations())
+        })
+    }
+}
+
+/// One learned estimate of the partition's bookings and its observation count into the
+/// two outputs, `unlearned` for the estimate while there is none.
+///
+/// # Safety
+/// `partition` is NULL or live; `out_value` and `out_observations` are NULL or writable.
+unsafe fn write_learned(
+    partition: *const kvr_partition,
+    out_value: *mut f64,
+    out_observations: *mut u64,
+    unlearned: f64,
+    read: impl FnOnce(&kvr::ReservationTable) -> (Option<f64>, u64),
+) -> kvr_status {
     guard(|| {
         // SAFETY: forwarded caller contract.
         let p = unsafe { handle(partition) }?;
-        if out_drag.is_null() || out_observations.is_null() {
+        if out_value.is_null() || out_observations.is_null() {
             return Err(KVR_ERR_NULL);
         }
-        let b = p.partition.bookings();
+        let (value, observations) = read(p.partition.bookings());
         // SAFETY: both checked non-NULL above; writable by the caller's contract.
         unsafe {
-            write_out(out_drag, b.decode_drag().unwrap_or(-1.0))?;
-            write_out(out_observations, b.decode_drag_observations())
+            write_out(out_value, value.unwrap_or(unlearned))?;
+            write_out(out_observations, observations)
         }
     })
 }

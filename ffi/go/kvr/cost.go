@@ -152,17 +152,20 @@ func (r PrefillRate) Learned() bool { return r.TokensPerSecond > 0 }
 // PrefillRate returns the partition's learned prefill rate (zero TokensPerSecond while
 // none is learned).
 func (p *Partition) PrefillRate() (PrefillRate, error) {
-	type rateAndCount struct {
-		rate C.double
-		n    C.uint64_t
-	}
 	return readStats(p, "kvr_partition_prefill_rate",
-		func(p *C.kvr_partition, c *rateAndCount) C.kvr_status {
-			return C.kvr_partition_prefill_rate(p, &c.rate, &c.n)
+		func(p *C.kvr_partition, c *learnedPair) C.kvr_status {
+			return C.kvr_partition_prefill_rate(p, &c.value, &c.n)
 		},
-		func(c *rateAndCount) PrefillRate {
-			return PrefillRate{TokensPerSecond: float64(c.rate), Observations: uint64(c.n)}
+		func(c *learnedPair) PrefillRate {
+			return PrefillRate{TokensPerSecond: float64(c.value), Observations: uint64(c.n)}
 		})
+}
+
+// learnedPair is what the C calls for a learned estimate write: the estimate and the
+// observations behind it.
+type learnedPair struct {
+	value C.double
+	n     C.uint64_t
 }
 
 // DecodeDrag is a partition's learned decode drag: how much a rank's decode load
@@ -183,15 +186,11 @@ func (d DecodeDrag) Learned() bool { return d.SecondsPerBlock >= 0 }
 // DecodeDrag returns the partition's learned decode drag (SecondsPerBlock -1 while none
 // is learned).
 func (p *Partition) DecodeDrag() (DecodeDrag, error) {
-	type dragAndCount struct {
-		drag C.double
-		n    C.uint64_t
-	}
 	return readStats(p, "kvr_partition_decode_drag",
-		func(p *C.kvr_partition, c *dragAndCount) C.kvr_status {
-			return C.kvr_partition_decode_drag(p, &c.drag, &c.n)
+		func(p *C.kvr_partition, c *learnedPair) C.kvr_status {
+			return C.kvr_partition_decode_drag(p, &c.value, &c.n)
 		},
-		func(c *dragAndCount) DecodeDrag {
-			return DecodeDrag{SecondsPerBlock: float64(c.drag), Observations: uint64(c.n)}
+		func(c *learnedPair) DecodeDrag {
+			return DecodeDrag{SecondsPerBlock: float64(c.value), Observations: uint64(c.n)}
 		})
 }
