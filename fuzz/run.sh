@@ -16,7 +16,11 @@
 #   KVR_FUZZ_SECONDS   time per target (default 60); ignored when KVR_FUZZ_RUNS is set;
 #   KVR_FUZZ_RUNS      executions per target instead (the closing notes' 10 M measurement);
 #   KVR_FUZZ_SANITIZER none (default) or address, leak, memory, thread (cargo fuzz -s);
-#   KVR_FUZZ_TARGETS   space-separated targets (default: all).
+#   KVR_FUZZ_TARGETS   space-separated targets (default: all);
+#   KVR_FUZZ_PROFILE   release (default) or dev: cargo fuzz --dev builds without
+#                      optimisation, in half the time of the release build, and runs each
+#                      input several times slower (.ci/run's smoke uses it: the build is
+#                      most of a short run).
 #
 # Why no sanitizer by default: ASan costs these targets 10-25x their throughput (measured
 # below), and what it adds is small here: the targets are single-threaded differential
@@ -52,6 +56,12 @@ root="$(dirname "$fuzz_dir")"
 secs="${KVR_FUZZ_SECONDS:-60}"
 runs="${KVR_FUZZ_RUNS:-}"
 sanitizer="${KVR_FUZZ_SANITIZER:-none}"
+profile_args=()
+case "${KVR_FUZZ_PROFILE:-release}" in
+  release) ;;
+  dev) profile_args=(--dev) ;;
+  *) echo "fuzz/run.sh: KVR_FUZZ_PROFILE must be release or dev" >&2; exit 2 ;;
+esac
 if [ -n "$runs" ]; then
   limit=(-runs="$runs")
   budget="$runs runs"
@@ -100,9 +110,9 @@ for target in "${targets[@]}"; do
     event_sequence) opts=(-max_len=64 -detect_leaks=0) ;;
     ingest_frames | recovery) opts=(-max_len=128 -detect_leaks=0) ;;
   esac
-  echo "== fuzz $target for $budget, sanitizer $sanitizer (corpus $corpus) ${opts[*]}"
+  echo "== fuzz $target for $budget, sanitizer $sanitizer, ${KVR_FUZZ_PROFILE:-release} build (corpus $corpus) ${opts[*]}"
   t0=$(date +%s)
-  if ! cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -s "$sanitizer" "$target" "${dirs[@]}" -- \
+  if ! cargo +nightly fuzz run "${profile_args[@]}" --fuzz-dir "$fuzz_dir" -s "$sanitizer" "$target" "${dirs[@]}" -- \
       "${limit[@]}" -print_final_stats=1 "${opts[@]}" 2>&1 | tee "$log"; then
     echo "FAIL: fuzz target $target crashed; the input is under $fuzz_dir/artifacts/$target/" >&2
     exit 1

@@ -135,6 +135,10 @@ def sandbox_env(home, version, target):
     real_home = pathlib.Path(os.environ.get("HOME", str(pathlib.Path.home())))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CARGO_", "RUSTUP_", "GO",
            "PKG_CONFIG", "PYTHON", "VIRTUAL_ENV", "PIP_", "LD_LIBRARY", "CGO_"))}
+    # Build settings pass (.ci/run turns off release line tables and incremental builds):
+    # with others than the suite's, every release build here would start again from nothing.
+    env.update({k: v for k, v in os.environ.items()
+                if k.startswith("CARGO_PROFILE_") or k == "CARGO_INCREMENTAL"})
     # The Python venvs the suite puts first on PATH are not a newcomer's python3.
     path = [p for p in os.environ.get("PATH", "").split(":")
             if p and not (pathlib.Path(p).parent / "pyvenv.cfg").exists()]

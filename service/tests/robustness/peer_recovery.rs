@@ -7,7 +7,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-include!("common/robustness.rs");
+use super::*;
 
 /// A one-route HTTP server answering every request with `status` and `body` (a peer).
 fn peer(status: u16, body: Vec<u8>) -> String {

@@ -11,8 +11,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-include!("common/robustness.rs");
-include!("common/publisher.rs");
+use super::*;
 
 // ---------------------------------------------------------------------------------------
 // 3. A publisher killed mid-stream, then restarted.

@@ -11,8 +11,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-include!("common/robustness.rs");
-include!("common/publisher.rs");
+use super::*;
 
 /// The service's log, captured (one subscriber for the whole test binary).
 fn captured_log() -> Arc<Mutex<Vec<u8>>> {
@@ -89,6 +88,10 @@ fn metrics_state(c: &mut Client, worker_id: u64, state: &str) -> bool {
     })
 }
 
+/// Worker ids no other test in this binary registers: the log capture is process-wide.
+const DEAD: u64 = 4101;
+const LIVE: u64 = 4102;
+
 #[test]
 fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_is_exact() {
     let log = captured_log();
@@ -101,40 +104,40 @@ fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_
     let t = Instant::now();
     register(
         &mut c,
-        worker(1, &format!("tcp://127.0.0.1:{}", dead_port())),
+        worker(DEAD, &format!("tcp://127.0.0.1:{}", dead_port())),
     );
     if let Some((_, port)) = &live {
-        register(&mut c, worker(2, &format!("tcp://127.0.0.1:{port}")));
+        register(&mut c, worker(LIVE, &format!("tcp://127.0.0.1:{port}")));
     }
     let dead_everywhere = wait_until(Duration::from_secs(10), || {
         let ready = c.get("/ready");
         let listed = ready.status == 200
-            && ready_entry(&ready.json(), 1).is_some_and(|e| e["state"] == "dead");
+            && ready_entry(&ready.json(), DEAD).is_some_and(|e| e["state"] == "dead");
         let logged = log_lines(&log, "KV-event source dead")
             .iter()
-            .any(|l| l.contains("worker_id=1"));
-        listed && logged && metrics_state(&mut c, 1, "dead")
+            .any(|l| l.contains(&format!("worker_id={DEAD}")));
+        listed && logged && metrics_state(&mut c, DEAD, "dead")
     });
     let took = t.elapsed();
     assert!(
         dead_everywhere,
         "dead within 10 s: /ready {}, log {:?}",
         c.get("/ready").json(),
-        log_lines(&log, "worker_id=1")
+        log_lines(&log, &format!("worker_id={DEAD}"))
     );
     eprintln!("dead endpoint visible in log, /ready and /metrics after {took:?}");
-    let entry = ready_entry(&c.get("/ready").json(), 1).unwrap();
+    let entry = ready_entry(&c.get("/ready").json(), DEAD).unwrap();
     assert_eq!(entry["reason"], "cannot connect (refused or timed out)");
     // Each failed attempt is counted; the state change is logged once.
     std::thread::sleep(Duration::from_secs(2));
-    let failures = ready_entry(&c.get("/ready").json(), 1).unwrap()["link_failures"]
+    let failures = ready_entry(&c.get("/ready").json(), DEAD).unwrap()["link_failures"]
         .as_u64()
         .unwrap();
     assert!(failures >= 2, "link_failures {failures}");
     let warnings = log_lines(&log, "KV-event source dead");
     let w1 = warnings
         .iter()
-        .filter(|l| l.contains("worker_id=1"))
+        .filter(|l| l.contains(&format!("worker_id={DEAD}")))
         .count();
     assert_eq!(w1, 1, "one warning per change of state: {warnings:#?}");
 
@@ -145,18 +148,18 @@ fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_
     assert!(publisher.cmd("peer 10").starts_with("PEER 1"));
     assert!(publisher.cmd("store 1 2").starts_with("SEQ "));
     let exact = wait_until(Duration::from_secs(10), || {
-        metrics_state(&mut c, 2, "exact")
+        metrics_state(&mut c, LIVE, "exact")
     });
     assert!(exact, "live publisher exact in /metrics");
     let ready = c.get("/ready").json();
     assert!(
-        ready_entry(&ready, 2).is_none(),
+        ready_entry(&ready, LIVE).is_none(),
         "an exact stream is not listed: {ready}"
     );
     assert!(
         !log_lines(&log, "KV-event source")
             .iter()
-            .any(|l| l.contains("worker_id=2")),
+            .any(|l| l.contains(&format!("worker_id={LIVE}"))),
         "nothing logged for the live publisher"
     );
 }

@@ -8,7 +8,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-include!("common/robustness.rs");
+use super::*;
 
 // ---------------------------------------------------------------------------------------
 // 2. KV-event endpoints that never answer.

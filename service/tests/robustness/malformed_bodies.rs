@@ -12,7 +12,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-include!("common/robustness.rs");
+use super::*;
 
 // ---------------------------------------------------------------------------------------
 // 1. Malformed bodies.

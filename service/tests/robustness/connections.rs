@@ -8,7 +8,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-include!("common/robustness.rs");
+use super::*;
 
 /// Sends `bytes`, then waits (up to `limit`) for the server to close; returns how long
 /// it took, or `None` if the connection was still open at `limit`.
