@@ -56,8 +56,9 @@ root="$(dirname "$fuzz_dir")"
 secs="${KVR_FUZZ_SECONDS:-60}"
 runs="${KVR_FUZZ_RUNS:-}"
 sanitizer="${KVR_FUZZ_SANITIZER:-none}"
+profile="${KVR_FUZZ_PROFILE:-release}"
 profile_args=()
-case "${KVR_FUZZ_PROFILE:-release}" in
+case "$profile" in
   release) ;;
   dev) profile_args=(--dev) ;;
   *) echo "fuzz/run.sh: KVR_FUZZ_PROFILE must be release or dev" >&2; exit 2 ;;
@@ -110,7 +111,7 @@ for target in "${targets[@]}"; do
     event_sequence) opts=(-max_len=64 -detect_leaks=0) ;;
     ingest_frames | recovery) opts=(-max_len=128 -detect_leaks=0) ;;
   esac
-  echo "== fuzz $target for $budget, sanitizer $sanitizer, ${KVR_FUZZ_PROFILE:-release} build (corpus $corpus) ${opts[*]}"
+  echo "== fuzz $target for $budget, sanitizer $sanitizer, $profile build (corpus $corpus) ${opts[*]}"
   t0=$(date +%s)
   if ! cargo +nightly fuzz run "${profile_args[@]}" --fuzz-dir "$fuzz_dir" -s "$sanitizer" "$target" "${dirs[@]}" -- \
       "${limit[@]}" -print_final_stats=1 "${opts[@]}" 2>&1 | tee "$log"; then

@@ -6,8 +6,6 @@
 //! Negative controls: with the timeouts off (`0`), the same half-sent request is still
 //! open after the time the short timeout closes it in.
 
-#![allow(dead_code, unused_imports)]
-
 use super::*;
 
 /// Sends `bytes`, then waits (up to `limit`) for the server to close; returns how long

@@ -6,8 +6,6 @@
 //! Shown able to fail: `registry.rs::retire` leaking the subscriptions (`mem::forget`) →
 //! "reconnected to the silent endpoint after DELETE".
 
-#![allow(dead_code, unused_imports)]
-
 use super::*;
 
 // ---------------------------------------------------------------------------------------

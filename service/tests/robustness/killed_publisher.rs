@@ -9,8 +9,6 @@
 //! the transport's own reconnect-on-disconnect was *not* caught: the zeromq socket
 //! reconnects by itself.)
 
-#![allow(dead_code, unused_imports)]
-
 use super::*;
 
 // ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 //! from `common/`). One binary rather than six: each of them instantiated the whole HTTP
 //! stack again, and compiling them was most of the service's test build.
 
+// Each module uses part of the shared helpers (and of their imports); for all of them:
 #![allow(dead_code, unused_imports)]
 
 include!("../common/robustness.rs");

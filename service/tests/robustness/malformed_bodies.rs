@@ -10,8 +10,6 @@
 //! `error.rs::rejection_error` on "duplicate field" → "no answer: connection closed before
 //! an answer"; no `count_bad_body()` there → `kvr_http_bad_bodies_total 0 → 0`.
 
-#![allow(dead_code, unused_imports)]
-
 use super::*;
 
 // ---------------------------------------------------------------------------------------

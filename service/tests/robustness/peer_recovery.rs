@@ -5,8 +5,6 @@
 //! (its blocks score in `/overlap_scores` without any event). Selections are answered
 //! throughout.
 
-#![allow(dead_code, unused_imports)]
-
 use super::*;
 
 /// A one-route HTTP server answering every request with `status` and `body` (a peer).
@@ -79,6 +77,16 @@ fn wait_ready(c: &mut Client) {
     );
 }
 
+/// A server started with `--indexer-peers` set to `peers`, its worker registered, once
+/// ready (recovery over).
+fn recovered_from(peers: &[String]) -> (Server, Client) {
+    let server = Server::start_with(&["--indexer-peers", &peers.join(",")]);
+    let mut c = server.client();
+    register_worker(&mut c);
+    wait_ready(&mut c);
+    (server, c)
+}
+
 fn prompt() -> (Vec<u32>, Vec<u64>) {
     let toks: Vec<u32> = (0..40).collect();
     let mut local = Vec::new();
@@ -100,11 +108,7 @@ fn bad_peer_dumps_are_refused_counted_and_the_service_starts_empty() {
         peer(500, b"{}".to_vec()),
         "http://127.0.0.1:9".to_string(),
     ];
-    let list = peers.join(",");
-    let server = Server::start_with(&["--indexer-peers", &list]);
-    let mut c = server.client();
-    register_worker(&mut c);
-    wait_ready(&mut c);
+    let (_server, mut c) = recovered_from(&peers);
     assert_eq!(metric(&mut c, "kvr_recovery_attempts"), 5);
     assert_eq!(metric(&mut c, "kvr_recovery_failures"), 5);
     assert_eq!(metric(&mut c, "kvr_recovery_events"), 0);
@@ -125,11 +129,7 @@ fn bad_peer_dumps_are_refused_counted_and_the_service_starts_empty() {
 fn a_valid_dump_after_bad_ones_is_applied() {
     let (toks, local) = prompt();
     let peers = [peer(200, b"[1, 2".to_vec()), peer(200, valid_dump(&local))];
-    let list = peers.join(",");
-    let server = Server::start_with(&["--indexer-peers", &list]);
-    let mut c = server.client();
-    register_worker(&mut c);
-    wait_ready(&mut c);
+    let (_server, mut c) = recovered_from(&peers);
     assert_eq!(metric(&mut c, "kvr_recovery_failures"), 1);
     assert_eq!(metric(&mut c, "kvr_recovery_events"), 1);
     // Credited once the worker's stream has started (a recovered rank gets no overlap

@@ -9,8 +9,6 @@
 //! (`transport/zmq/src/transport/mod.rs`, `Step::Link` doing nothing) the dead worker
 //! stays exact and the first test fails at "dead within 10 s".
 
-#![allow(dead_code, unused_imports)]
-
 use super::*;
 
 /// The service's log, captured (one subscriber for the whole test binary).
@@ -95,6 +93,7 @@ const LIVE: u64 = 4102;
 #[test]
 fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_is_exact() {
     let log = captured_log();
+    let (dead_tag, live_tag) = (format!("worker_id={DEAD}"), format!("worker_id={LIVE}"));
     let server = Server::start();
     let mut c = server.client();
     let live = python_ready().then(|| {
@@ -115,7 +114,7 @@ fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_
             && ready_entry(&ready.json(), DEAD).is_some_and(|e| e["state"] == "dead");
         let logged = log_lines(&log, "KV-event source dead")
             .iter()
-            .any(|l| l.contains(&format!("worker_id={DEAD}")));
+            .any(|l| l.contains(&dead_tag));
         listed && logged && metrics_state(&mut c, DEAD, "dead")
     });
     let took = t.elapsed();
@@ -123,7 +122,7 @@ fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_
         dead_everywhere,
         "dead within 10 s: /ready {}, log {:?}",
         c.get("/ready").json(),
-        log_lines(&log, &format!("worker_id={DEAD}"))
+        log_lines(&log, &dead_tag)
     );
     eprintln!("dead endpoint visible in log, /ready and /metrics after {took:?}");
     let entry = ready_entry(&c.get("/ready").json(), DEAD).unwrap();
@@ -135,10 +134,7 @@ fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_
         .unwrap();
     assert!(failures >= 2, "link_failures {failures}");
     let warnings = log_lines(&log, "KV-event source dead");
-    let w1 = warnings
-        .iter()
-        .filter(|l| l.contains(&format!("worker_id={DEAD}")))
-        .count();
+    let w1 = warnings.iter().filter(|l| l.contains(&dead_tag)).count();
     assert_eq!(w1, 1, "one warning per change of state: {warnings:#?}");
 
     // Negative control: the live publisher's stream is exact.
@@ -159,7 +155,7 @@ fn a_dead_endpoint_shows_in_the_log_ready_and_metrics_within_10s_and_a_live_one_
     assert!(
         !log_lines(&log, "KV-event source")
             .iter()
-            .any(|l| l.contains(&format!("worker_id={LIVE}"))),
+            .any(|l| l.contains(&live_tag)),
         "nothing logged for the live publisher"
     );
 }
