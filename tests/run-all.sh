@@ -46,7 +46,8 @@ echo "== python3 is $(command -v python3)"
 # crate above it, which would all be compiled a second time, unlike `cargo build -p
 # kvr-cli` (cli/Cargo.toml pins the few features the test dependencies add for the same
 # reason). The later steps select workspace targets the same way to reuse these builds.
-ws=(--workspace --exclude kvr --release --locked)
+# The Python extension (kvr-python) is built by maturin below, not linked as a test.
+ws=(--workspace --exclude kvr --exclude kvr-python --release --locked)
 echo "== cargo test --workspace --exclude kvr --release, then cargo test -p kvr --release"
 cargo test "${ws[@]}"
 cargo test -p kvr --release --locked

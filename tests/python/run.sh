@@ -26,11 +26,6 @@ if [[ ! -x "${build_venv}/bin/maturin" || "$(cat "${build_venv}/.kvr-stamp" 2>/d
     echo "${want}" > "${build_venv}/.kvr-stamp"
 fi
 
-log "format and lints of python/ (outside the workspace)"
-cargo fmt --manifest-path "${root}/python/Cargo.toml" --check
-PYO3_PYTHON="${base_python}" cargo clippy --manifest-path "${root}/python/Cargo.toml" \
-    --release --locked --all-targets -- -D warnings
-
 log "maturin build"
 wheels="${target}/wheels"
 rm -f "${wheels}"/kvr-*.whl
