@@ -16,6 +16,7 @@ mod approx;
 mod directory;
 mod floors;
 mod freshness;
+mod idle;
 mod load;
 mod prefill_rate;
 mod reservations;

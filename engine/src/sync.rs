@@ -337,6 +337,12 @@ pub(crate) mod faults {
         /// Reservations: a booking adds to the rank state it looked up even when it finds
         /// that state retired (its rank removed meanwhile) instead of retrying.
         pub book_ignores_retired: bool,
+        /// Reservations: a booking counts itself in its rank's group (`idle.rs`) after
+        /// adding to the rank's counters instead of before.
+        pub group_booking_late: bool,
+        /// Reservations: a release uncounts the booking in its group before subtracting
+        /// from the rank's counters instead of after.
+        pub group_unbooking_early: bool,
         /// Approximate recorder: reserve room for new records by load-then-store instead
         /// of a compare-and-swap loop.
         pub split_room_reservation: bool,

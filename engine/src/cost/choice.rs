@@ -42,6 +42,31 @@ pub(crate) fn ties_at_min(costs: &[f64], out: &mut Vec<usize>) {
     out.extend((0..costs.len()).filter(|&i| key(costs[i]) == best));
 }
 
+/// Argmin with a random choice among exact ties weighted by `weight(i)` (how many ranks
+/// candidate `i` stands for, at least 1): the chosen index and a uniform draw below its
+/// weight, which picks one of the ranks it stands for. With every weight 1 this is the
+/// uniform tie-break of [`choose`], one draw per choice among several ties.
+pub(crate) fn choose_argmin_weighted<R: RandomSource + ?Sized>(
+    costs: &[f64],
+    weight: impl Fn(usize) -> u64,
+    rng: &mut R,
+) -> Option<(usize, u64)> {
+    let best = costs.iter().map(|&c| key(c)).fold(f64::INFINITY, f64::min);
+    let tied = || (0..costs.len()).filter(move |&i| key(costs[i]) == best);
+    let total = tied()
+        .map(|i| weight(i).max(1))
+        .fold(0u64, u64::saturating_add);
+    let mut r = rng.below(total);
+    for i in tied() {
+        let w = weight(i).max(1);
+        if r < w {
+            return Some((i, r));
+        }
+        r -= w;
+    }
+    None
+}
+
 /// Argmin with a uniform random choice among exact ties (`temperature == 0`).
 fn choose_argmin<R: RandomSource + ?Sized>(costs: &[f64], rng: &mut R) -> Option<usize> {
     let mut best = f64::INFINITY;

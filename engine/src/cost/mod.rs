@@ -25,7 +25,7 @@ mod resolved;
 mod rng;
 
 pub use choice::choose;
-pub(crate) use choice::{takes_argmin, ties_at_min};
+pub(crate) use choice::{choose_argmin_weighted, takes_argmin, ties_at_min};
 pub(crate) use columns::{LoadColumns, LoadRow};
 pub(crate) use config::{CostModel, CostOverrides};
 pub(crate) use eval::decode_block_in_tokens;

@@ -1,6 +1,7 @@
 //! The exact audit: recomputes every rank's counters and prompt-block refcounts from the
 //! live bookings and compares (point 5 of the module docs), and checks the prefill sum and
-//! that every group's floors stay at or below its members' counters. For tests and
+//! that every group's floors stay at or below its members' counters and its count of
+//! live bookings is its members'. For tests and
 //! diagnostics on a quiescent table.
 
 use super::inner::Inner;
@@ -94,6 +95,22 @@ impl Inner {
             {
                 return Err(format!(
                     "rank {}: its group's floor {f:?} is above its counters {have:?}",
+                    e.state.rank
+                ));
+            }
+        }
+        // Each group's count of its members' live bookings (`idle.rs`).
+        for e in &expect {
+            let floor = &e.state.floor;
+            let live: u64 = expect
+                .iter()
+                .filter(|o| Arc::ptr_eq(&o.state.floor, floor))
+                .map(|o| o.load.active_requests)
+                .sum();
+            let counted = floor.bookings();
+            if counted != live {
+                return Err(format!(
+                    "rank {}: its group counts {counted} live bookings, its members hold {live}",
                     e.state.rank
                 ));
             }

@@ -49,7 +49,7 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// The ordering of the booking counters' decrements and of the combined bounds' read of
 /// the other counter: `AcqRel` (module docs). On x86 a locked instruction either way;
-/// increments stay `Relaxed` (they never lower a bound).
+/// increments never lower a bound (they are `Release` for the idle groups, `idle.rs`).
 pub(crate) const COUNTER_RMW: Ordering = Ordering::AcqRel;
 
 /// How many combined bounds a floor keeps, each under its own weight ([`FloorMix`]). The
@@ -83,10 +83,12 @@ pub(crate) enum FloorKind {
     Requests = 2,
 }
 
-/// A group's lower bounds of its members' counters and combined figures (module docs).
+/// A group's lower bounds of its members' counters and combined figures (module docs),
+/// and how many live bookings its members hold (`idle.rs`).
 #[derive(Default)]
 pub(crate) struct LoadFloor {
     words: [AtomicU64; FLOOR_WORDS],
+    pub(super) bookings: AtomicU64,
 }
 
 /// What a selection read of a floor: its words as loaded, to raise from.

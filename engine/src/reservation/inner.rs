@@ -219,6 +219,14 @@ impl Inner {
                     // gone, so the next lookup creates (or finds) the new state.
                     continue;
                 }
+                // Counted in its group before any counter of the rank moves (`idle.rs`).
+                #[cfg(loom)]
+                let late = faults::get().group_booking_late;
+                #[cfg(not(loom))]
+                let late = false;
+                if !late {
+                    state.floor.booking_started();
+                }
                 let mut new = 0u64;
                 for &h in &prompt_blocks {
                     let c = b.refs.entry(h).or_insert(0);
@@ -238,6 +246,10 @@ impl Inner {
             let load_before = (prefill_before, decode_blocks_before);
             add(&self.prefill_sum, req.prefill_tokens);
             add(&state.counters.requests, 1);
+            #[cfg(loom)]
+            if faults::get().group_booking_late {
+                state.floor.booking_started();
+            }
             let booking = Booking {
                 rank: state,
                 origin,
@@ -283,6 +295,13 @@ impl Inner {
     /// Subtracts a booking that the caller has taken out of its shard (point 2).
     pub(super) fn release(&self, b: &Booking) -> Released {
         let st = &b.rank;
+        #[cfg(loom)]
+        let early = faults::get().group_unbooking_early;
+        #[cfg(not(loom))]
+        let early = false;
+        if early {
+            st.floor.booking_ended();
+        }
         let mut gone = 0u64;
         if !b.prompt_blocks.is_empty() {
             let mut rb = st.blocks.lock();
@@ -316,6 +335,10 @@ impl Inner {
             "active_prefill_tokens",
         );
         self.sub_rank(st, FloorKind::Requests, 1, "active_requests");
+        // Uncounted in its group after every counter of the rank (`idle.rs`).
+        if !early {
+            st.floor.booking_ended();
+        }
         Released {
             rank: st.rank,
             prefill_tokens: prefill,

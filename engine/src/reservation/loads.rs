@@ -87,6 +87,12 @@ impl ActiveLoads {
         self.ranks.in_rank_order()[pos].1.load()
     }
 
+    /// [`load_at`](Self::load_at) with `Acquire` reads (`loom_models::idle`).
+    #[cfg(loom)]
+    pub(crate) fn load_at_acquire(&self, pos: usize) -> ActiveLoad {
+        self.ranks.in_rank_order()[pos].1.load_acquire()
+    }
+
     /// Hints the CPU to load the counters of the rank at position `pos` (if any).
     #[inline]
     pub(crate) fn prefetch_at(&self, pos: usize) {

@@ -88,6 +88,7 @@
 mod audit;
 pub(crate) mod drag;
 pub(crate) mod floor;
+mod idle;
 mod inner;
 mod listeners;
 mod loads;

@@ -310,6 +310,17 @@ impl RankState {
         }
     }
 
+    /// The counters read with `Acquire`: the idle-group model (`loom_models::idle`)
+    /// observes through them the order in which a booking moved them and its group's count.
+    #[cfg(loom)]
+    pub(super) fn load_acquire(&self) -> ActiveLoad {
+        ActiveLoad {
+            active_prefill_tokens: self.counters.prefill_tokens.load(Ordering::Acquire),
+            active_decode_blocks: self.counters.decode_blocks.load(Ordering::Acquire),
+            active_requests: self.counters.requests.load(Ordering::Acquire),
+        }
+    }
+
     pub(super) fn new_blocks_not_active(&self, blocks: &[u64]) -> u64 {
         if blocks.is_empty() || self.counters.prompt_blocks.load(Ordering::Relaxed) == 0 {
             return blocks.len() as u64;
@@ -357,5 +368,7 @@ pub(super) fn add_reading(counter: &AtomicU64, n: u64) -> u64 {
         counter.store(v + n, Ordering::Relaxed);
         return v;
     }
-    counter.fetch_add(n, Ordering::Relaxed)
+    // Release: a reader that sees this also sees the booking's step on its group's
+    // count, made before it (`idle.rs`).
+    counter.fetch_add(n, Ordering::Release)
 }

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::idle;
 use super::overlap::shared_beyond;
 use super::prune::PruneInput;
 use super::scratch::{Candidates, PutBack, Scratch};
@@ -110,7 +111,16 @@ impl Selector<'_> {
         // 5. cost (4, the session, decides how far costs must be resolved).
         let steering = self.steering(req, now, &candidates.eligible);
         self.resolve_costs(&cfg, shape, stats, &steering.steer, &view, &seq, candidates);
-        let i = pick(candidates, &steering.steer, &cfg, &shape, &hooks, rng);
+        // Idle groups priced as one (`idle.rs`) weigh as many ranks as they stand for;
+        // the pruned pass runs with no session steering, so nothing else decides.
+        let collapsed = match steering.steer {
+            Steer::Free => idle::choose(candidates, view.loads, view.workers.slots(), rng),
+            _ => None,
+        };
+        let i = match collapsed {
+            Some(i) => i,
+            None => pick(candidates, &steering.steer, &cfg, &shape, &hooks, rng),
+        };
         let (decision, forced_rebind) = self.decision(
             i,
             prompt_tokens,

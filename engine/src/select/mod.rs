@@ -16,6 +16,7 @@ mod decide;
 mod decision;
 mod explicit;
 mod hint;
+mod idle;
 mod lookahead;
 mod overlap;
 mod prune;

@@ -28,6 +28,11 @@
 //! uncached one, no group would be read: the group with the most cached members priced
 //! (at least `REFRESH_AFTER`) is read at the end of the pass to raise its floors.
 //!
+//! A group that counts no live booking (`reservation/idle.rs`) and whose uncached ranks
+//! share one capacity prices those ranks as one candidate (`idle.rs`): with every counter
+//! at zero they cost the same, and on an idle fleet every rank ties, which made the pass
+//! price them all.
+//!
 //! Used only where that argument holds, else the full walk runs: temperature 0, no credit
 //! decay (it reads the exact minimum over all ranks), no session steering, no busy
 //! threshold, overload or availability hook, every rank a candidate, cost knobs that do
@@ -38,8 +43,9 @@
 //! races its worker's removal may leave the removed rank a counter set; the registries
 //! then differ, and the full walk runs until that rank registers or is removed again.)
 
+use super::idle;
 use super::overlap::shared_beyond;
-use super::scratch::{Candidates, PruneScratch};
+use super::scratch::{Candidates, Collapsed, PruneScratch};
 use super::{SelectRequest, Selector};
 use crate::config::CostConfig;
 use crate::cost::{takes_argmin, CostEval, LoadColumns, LoadRow, RequestShape};
@@ -116,6 +122,7 @@ impl Selector<'_> {
         shape: RequestShape,
         c: &mut Candidates,
     ) -> Option<RequestShape> {
+        c.prune.collapsed.clear();
         if cfg!(loom) {
             return None;
         }
@@ -213,6 +220,9 @@ impl Selector<'_> {
                 base
             }
         };
+        // An idle group's uncached ranks may be priced as one (`idle.rs`), unless the host
+        // breaks ties itself: it is shown every tied rank.
+        let may_collapse = input.hooks.tie_break.is_none();
         let p = &mut c.prune;
         p.clear(n, groups.len());
         for g in groups {
@@ -280,13 +290,34 @@ impl Selector<'_> {
                     best: &mut f64| {
             p.group_done[g] |= priced;
             let group = &groups[g];
+            // No booking in the group: its uncached ranks cost the same if they share a
+            // capacity; the first stands for all unless its counters show a booking that
+            // came since (then every member is priced, that one already).
+            let mut first = None;
+            if priced && may_collapse && group.floor.bookings() == 0 {
+                if let Some((pos, ranks)) = idle::alike(&group.members, &p.hot_bits, slots) {
+                    let at = c_eligible.len() as u32;
+                    let a = price(pos, None, c_eligible, cols, best);
+                    if a == ActiveLoad::default() {
+                        p.collapsed.push(Collapsed {
+                            at,
+                            group: g as u32,
+                            ranks,
+                        });
+                        return; // the floors are at 0 already: nothing to raise
+                    }
+                    first = Some((pos, a));
+                }
+            }
             let mut mins = [u64::MAX; FLOOR_WORDS];
             for (i, &pos) in group.members.iter().enumerate() {
                 if let Some(&ahead) = group.members.get(i + PREFETCH_AHEAD) {
                     loads.prefetch_at(ahead as usize);
                 }
                 let pos = pos as usize;
-                let a = if !priced || p.hot_bits[pos / 64] & (1 << (pos % 64)) != 0 {
+                let a = if let Some((_, a)) = first.filter(|&(f, _)| f == pos) {
+                    a
+                } else if !priced || p.hot_bits[pos / 64] & (1 << (pos % 64)) != 0 {
                     loads.load_at(pos)
                 } else {
                     price(pos, None, c_eligible, cols, best)
@@ -331,10 +362,8 @@ impl Selector<'_> {
                 walk(g, false, p, &mut c.eligible, &mut c.cols, &mut best);
             }
         }
-        for &(pos, _, _) in &p.hot {
-            p.hot_bits[pos as usize / 64] = 0;
-        }
         if c.eligible.is_empty() {
+            c.prune.collapsed.clear();
             return None; // cannot happen with ranks; the full walk decides
         }
         Some(shape)

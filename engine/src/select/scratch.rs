@@ -46,8 +46,23 @@ pub(super) struct PruneScratch {
     pub(super) group_hot_priced: Vec<u32>,
     /// The ranks the lookup found: (position, index in the overlaps, bound).
     pub(super) hot: Vec<(u32, u32, f64)>,
-    /// The same positions as bits; all clear between selections.
+    /// The same positions as bits, cleared when the next pass starts (the choice among
+    /// an idle group's ranks reads them after the pass).
     pub(super) hot_bits: Vec<u64>,
+    /// Idle groups priced as one candidate each, in candidate order (`prune.rs`).
+    pub(super) collapsed: Vec<Collapsed>,
+}
+
+/// An idle group whose uncached ranks one candidate stands for: every member's counters
+/// were zero and those ranks share one capacity, so they cost the same.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Collapsed {
+    /// The candidate's position in `eligible`.
+    pub(super) at: u32,
+    /// The group's index in the registry snapshot's groups.
+    pub(super) group: u32,
+    /// How many ranks it stands for (its uncached members).
+    pub(super) ranks: u32,
 }
 
 impl PruneScratch {
@@ -60,7 +75,9 @@ impl PruneScratch {
         self.group_hot_priced.clear();
         self.group_hot_priced.resize(groups, 0);
         self.hot.clear();
+        self.hot_bits.clear();
         self.hot_bits.resize(ranks / 64 + 1, 0);
+        self.collapsed.clear();
     }
 }
 

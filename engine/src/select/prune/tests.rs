@@ -374,3 +374,163 @@ fn the_combined_floor_prunes_cached_ranks_and_chooses_as_the_full_walk_does() {
         );
     }
 }
+
+/// 256 workers × 4 ranks (16 floor groups), one capacity, nothing stored or booked.
+fn idle_fleet(engine: &Engine, key: &PartitionKey, model: CostModel) -> StdArc<Partition> {
+    let part = partition(engine, key, model);
+    for w in 0..256u64 {
+        let mut info = WorkerInfo::new(w * 3 + 1, 4);
+        info.total_kv_blocks = 4_096;
+        part.upsert_worker(info).unwrap();
+    }
+    part
+}
+
+/// A prompt no rank holds, on an idle fleet where one rank has a booking: every other
+/// rank ties. The 15 groups without a booking are one candidate each (`idle.rs`), the
+/// booked rank's group is priced rank by rank, and over 16,368 selections every idle rank
+/// is chosen about as often as the others: a draw that ignored how many ranks a group's
+/// candidate stands for would favour the 63 ranks priced one by one, and one that always
+/// took a group's first member would never reach the rest (a chi-square far above the
+/// bound either way).
+#[test]
+fn an_idle_group_is_one_candidate_and_every_tied_rank_is_chosen_alike() {
+    for model in [CostModel::Latency, CostModel::Dynamo] {
+        let engine = Engine::with_seed(3);
+        let key = PartitionKey::new("m", "idle");
+        let part = idle_fleet(&engine, &key, model);
+        let busy = RankId::new(1, 0);
+        let booked = tokens(5, 8 * BS);
+        engine
+            .reserve(
+                &key,
+                busy,
+                Some(&SelectRequest::tokens(&booked)),
+                None,
+                None,
+            )
+            .unwrap();
+        let prompt = tokens(6, 4 * BS + 3);
+        let req = SelectRequest::tokens(&prompt);
+        let mut rng = SelectionRng::from_seed(17);
+        let mut chosen = std::collections::HashMap::<RankId, u32>::new();
+        let idle = 1_023u32;
+        let per_rank = 16u32;
+        for q in 0..idle * per_rank {
+            let Outcome::Selected(d) = part.select(&req, &mut rng) else {
+                panic!("no decision")
+            };
+            if q == 0 {
+                let s = Scratch::take();
+                let priced = s.candidates.eligible.len();
+                assert_eq!(s.candidates.prune.collapsed.len(), 15, "{model:?}");
+                assert!(priced <= 15 + 64, "{model:?}: priced {priced}");
+            }
+            *chosen.entry(d.rank).or_default() += 1;
+        }
+        assert!(
+            !chosen.contains_key(&busy),
+            "{model:?}: the booked rank costs more"
+        );
+        assert_eq!(
+            chosen.len(),
+            idle as usize,
+            "{model:?}: every idle rank chosen"
+        );
+        let e = f64::from(per_rank);
+        let chi: f64 = chosen
+            .values()
+            .map(|&n| (f64::from(n) - e).powi(2) / e)
+            .sum();
+        // 1,022 degrees of freedom: mean 1,022, standard deviation about 45.
+        assert!(chi < 1_250.0, "{model:?}: chi-square {chi:.0}");
+    }
+}
+
+/// Loads that move on a fleet where half the groups stay idle and some ranks of every
+/// group hold prompt prefixes: each choice the pass makes with idle groups collapsed
+/// (no tie-break hook, a random draw) is one of the ranks the full walk finds tied at the
+/// least cost, at that cost.
+#[test]
+fn a_collapsed_choice_is_one_of_the_full_walks_ties() {
+    for model in [CostModel::Latency, CostModel::Dynamo] {
+        let engine = Engine::with_seed(13);
+        let key = PartitionKey::new("m", "ties");
+        let part = idle_fleet(&engine, &key, model);
+        let prompts: Vec<Vec<u32>> = (0..8).map(|i| tokens(200 + i, 32 * BS)).collect();
+        let mut r = Rng(21);
+        // Ranks in rank order: group g is workers 16g..16g+16 (64 ranks); odd groups get
+        // bookings, every group a few cached prefixes.
+        for w in 0..256u64 {
+            for d in 0..4 {
+                let rank = RankId::new(w * 3 + 1, d);
+                if r.below(16) == 0 {
+                    let p = &prompts[r.below(prompts.len())];
+                    store(&part, rank, &p[..(1 + r.below(32)) * BS], &mut r);
+                }
+                if (w / 16) % 2 == 1 && r.below(2) == 0 {
+                    let p = &prompts[r.below(prompts.len())];
+                    let req = SelectRequest::tokens(&p[..(1 + r.below(32)) * BS]);
+                    engine.reserve(&key, rank, Some(&req), None, None).unwrap();
+                }
+            }
+        }
+        let tied = StdArc::new(crate::sync::Mutex::new(Vec::<RankId>::new()));
+        let record = tied.clone();
+        let full = HostHooks {
+            tie_break: Some(StdArc::new(move |ranks: &[RankId], t: &[usize]| {
+                *record.lock() = t.iter().map(|&k| ranks[k]).collect();
+                t.first().copied()
+            })),
+            availability: Some(StdArc::new(|_| true)),
+            ..HostHooks::default()
+        };
+        let mut rng = SelectionRng::from_seed(5);
+        let mut collapsed = 0;
+        let mut booked = Vec::new();
+        for q in 0..200u64 {
+            let mut t = match r.below(3) {
+                0 => Vec::new(),
+                _ => prompts[r.below(prompts.len())][..(1 + r.below(32)) * BS].to_vec(),
+            };
+            t.extend(tokens(1_000 + q, r.below(4) * BS + 5));
+            let req = SelectRequest::tokens(&t);
+            part.set_hooks(full.clone());
+            tied.lock().clear();
+            let Outcome::Selected(f) = part.select(&req, &mut SelectionRng::from_seed(1)) else {
+                panic!("no decision")
+            };
+            let mut ties = tied.lock().clone();
+            if ties.is_empty() {
+                ties.push(f.rank);
+            }
+            part.set_hooks(HostHooks::default());
+            let Outcome::Selected(d) = part.select(&req, &mut rng) else {
+                panic!("no decision")
+            };
+            collapsed += usize::from(!Scratch::take().candidates.prune.collapsed.is_empty());
+            assert!(
+                ties.contains(&d.rank),
+                "{model:?} query {q}: {} not tied",
+                d.rank
+            );
+            assert_eq!(d.cost.to_bits(), f.cost.to_bits(), "{model:?} query {q}");
+            // Loads move: odd queries book the choice, every fifth frees the oldest.
+            if q % 2 == 1 {
+                let b = engine
+                    .reserve(&key, d.rank, Some(&req), None, None)
+                    .unwrap();
+                booked.push(b.selection_id.unwrap());
+            }
+            if q % 5 == 4 && !booked.is_empty() {
+                engine.free(booked.remove(0)).unwrap();
+            }
+        }
+        // Queries a rank holds, and idle groups that the booked choices make busy, leave
+        // fewer: 23 (latency) of 200 when written.
+        assert!(
+            collapsed >= 10,
+            "{model:?}: idle groups collapsed in {collapsed} of 200"
+        );
+    }
+}
