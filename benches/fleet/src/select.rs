@@ -8,7 +8,8 @@
 //! A round gives a p50 and a p99; the report is the median round with the spread.
 //! Cases: booked (`select_and_reserve`, then `free` timed on its own) and advisory
 //! (`select`) over every rank; booked with an allow-set of one worker in 16; booked with a
-//! LoRA adapter that one worker in 16 serves. Then worker churn: workers added (an
+//! LoRA adapter that one worker in 16 serves; booked on the same fleet idle (nothing stored
+//! or booked: every rank ties). Then worker churn: workers added (an
 //! empty 8-rank worker, as a new pod registers) and removed (built workers, with their
 //! index entries, bookings and loads), each call timed. Memory: the process's RSS growth
 //! over the build and the index's own byte count, per holder-block.
@@ -87,12 +88,28 @@ struct Case<'a> {
 }
 
 fn workload(plan: &SelectPlan, ranks: usize) -> (SelectionWorkload, f64, u64) {
-    let cfg = SelectionConfig {
+    build(SelectionConfig {
         dp_size: plan.dp,
         lora_every: NARROW,
         private_blocks_per_rank: plan.private_blocks_per_rank,
         ..SelectionConfig::new(ranks)
-    };
+    })
+}
+
+/// The same fleet with nothing stored and nothing booked (a new or quiet partition): no
+/// rank holds any prompt, and with every load zero every rank ties.
+fn idle_workload(plan: &SelectPlan, ranks: usize) -> SelectionWorkload {
+    build(SelectionConfig {
+        dp_size: plan.dp,
+        prefixes_per_rank: 0,
+        private_blocks_per_rank: 0,
+        bookings_per_rank: 0,
+        ..SelectionConfig::new(ranks)
+    })
+    .0
+}
+
+fn build(cfg: SelectionConfig) -> (SelectionWorkload, f64, u64) {
     let before = rss_bytes().unwrap_or(0);
     let t0 = Instant::now();
     let w = build_selection(cfg);
@@ -106,6 +123,7 @@ pub(crate) fn run(plan: &SelectPlan, report: &mut Report) {
     let ranks = plan.workers * plan.dp as usize;
     let (big, big_built, big_rss) = workload(plan, ranks);
     let (small, _, _) = workload(plan, 64);
+    let idle = idle_workload(plan, ranks);
     let stats = big
         .engine
         .partition(&big.key)
@@ -133,6 +151,7 @@ pub(crate) fn run(plan: &SelectPlan, report: &mut Report) {
         .collect();
     let big_qs = big.queries(plan.tokens, QUERIES, DEFAULT_SEED ^ 0xf1ee7);
     let small_qs = small.queries(plan.tokens, QUERIES, DEFAULT_SEED ^ 0xf1ee7);
+    let idle_qs = idle.queries(plan.tokens, QUERIES, DEFAULT_SEED ^ 0x1d1e);
     let on_big = |name: String, filter, booked| Case::new(name, &big, &big_qs, filter, booked);
     let mut cases = vec![
         on_big(format!("{ranks}r/all"), Filter::None, true),
@@ -140,6 +159,13 @@ pub(crate) fn run(plan: &SelectPlan, report: &mut Report) {
         on_big(format!("{ranks}r/subset1in{NARROW}"), Filter::Subset, true),
         on_big(format!("{ranks}r/lora1in{NARROW}"), Filter::Lora, true),
         Case::new("64r/all".to_string(), &small, &small_qs, Filter::None, true),
+        Case::new(
+            format!("{ranks}r/idle"),
+            &idle,
+            &idle_qs,
+            Filter::None,
+            true,
+        ),
     ];
     cases.retain(|c| c.name.contains(plan.only.as_str()));
     // A warm-up round of every case, not kept.
