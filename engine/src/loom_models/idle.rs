@@ -19,7 +19,7 @@ use std::time::Instant;
 use super::reservations::{booking, reservations};
 use super::{model, must_fail};
 use crate::ids::RankId;
-use crate::reservation::ActiveLoad;
+use crate::reservation::{ActiveLoad, ReservationTable};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::faults::Faults;
 use crate::sync::Arc;
@@ -27,18 +27,29 @@ use crate::sync::Arc;
 const NEEDLE: &str = "counters outside the group's count";
 const RANK: RankId = RankId::new(1, 0);
 
-/// The client books and frees; `booked` is set between (after the booking, before the
-/// release begins). The reader checks the release side.
-fn release_side() {
+/// A table with the rank registered, and a client thread that books on it, sets the flag
+/// (between the booking and the release: the booking is made, the release not begun),
+/// then frees.
+fn client() -> (
+    Arc<ReservationTable>,
+    Arc<AtomicBool>,
+    loom::thread::JoinHandle<()>,
+) {
     let t = reservations();
     t.ensure_ranks(&[RANK]);
-    let booked = Arc::new(AtomicBool::new(false));
-    let (t2, b2) = (t.clone(), booked.clone());
+    let between = Arc::new(AtomicBool::new(false));
+    let (t2, b2) = (t.clone(), between.clone());
     let client = loom::thread::spawn(move || {
         t2.book(booking(1, &[10], 8, None), Instant::now()).unwrap();
         b2.store(true, Ordering::Release);
         t2.free(1).unwrap();
     });
+    (t, between, client)
+}
+
+/// The reader checks the release side.
+fn release_side() {
+    let (t, booked, client) = client();
     if booked.load(Ordering::Acquire) {
         let loads = t.loads();
         if loads.groups()[0].floor.bookings() == 0 {
@@ -72,17 +83,9 @@ fn idle_group_count_spans_the_release_negative_unbooking_early() {
     );
 }
 
-/// The client books, sets `freeing`, then frees. The reader checks the booking side.
+/// The reader checks the booking side (the flag: the release may have begun).
 fn booking_side() {
-    let t = reservations();
-    t.ensure_ranks(&[RANK]);
-    let freeing = Arc::new(AtomicBool::new(false));
-    let (t2, f2) = (t.clone(), freeing.clone());
-    let client = loom::thread::spawn(move || {
-        t2.book(booking(1, &[10], 8, None), Instant::now()).unwrap();
-        f2.store(true, Ordering::Release);
-        t2.free(1).unwrap();
-    });
+    let (t, freeing, client) = client();
     let loads = t.loads();
     let load = loads.load_at_acquire(0);
     let count = loads.groups()[0].floor.bookings();
