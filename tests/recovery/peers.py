@@ -331,6 +331,13 @@ def run_one(peer: str, mode: str, args, log_dir: str) -> list[str]:
         load.store_base()
         load.start()
         time.sleep(args.warm)
+        # On a slow machine the ranks publish fewer batches in that time: wait (a minute at
+        # most) until each has published enough for the base blocks to leave its replay
+        # buffer; the setup check below still fails a run where one has not.
+        deadline = time.time() + 60
+        while (any(load.published[r] <= args.buffer_steps + BASE for r in RANKS)
+               and time.time() < deadline):
+            time.sleep(0.05)
         log(f"[{tag}] A holds {sum(map(len, (dump_sets(base_a) or {}).values()))} blocks "
             f"after {load.batches} batches")
 
