@@ -303,10 +303,16 @@ impl RankState {
     }
 
     pub(super) fn load(&self) -> ActiveLoad {
+        self.load_ordered(Ordering::Relaxed)
+    }
+
+    /// The counters, each read with `order`.
+    #[inline]
+    fn load_ordered(&self, order: Ordering) -> ActiveLoad {
         ActiveLoad {
-            active_prefill_tokens: self.counters.prefill_tokens.load(Ordering::Relaxed),
-            active_decode_blocks: self.counters.decode_blocks.load(Ordering::Relaxed),
-            active_requests: self.counters.requests.load(Ordering::Relaxed),
+            active_prefill_tokens: self.counters.prefill_tokens.load(order),
+            active_decode_blocks: self.counters.decode_blocks.load(order),
+            active_requests: self.counters.requests.load(order),
         }
     }
 
@@ -314,11 +320,7 @@ impl RankState {
     /// observes through them the order in which a booking moved them and its group's count.
     #[cfg(loom)]
     pub(super) fn load_acquire(&self) -> ActiveLoad {
-        ActiveLoad {
-            active_prefill_tokens: self.counters.prefill_tokens.load(Ordering::Acquire),
-            active_decode_blocks: self.counters.decode_blocks.load(Ordering::Acquire),
-            active_requests: self.counters.requests.load(Ordering::Acquire),
-        }
+        self.load_ordered(Ordering::Acquire)
     }
 
     pub(super) fn new_blocks_not_active(&self, blocks: &[u64]) -> u64 {

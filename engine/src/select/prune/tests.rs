@@ -75,14 +75,9 @@ fn store(part: &Partition, rank: RankId, prompt: &[u32], r: &mut Rng) {
 }
 
 fn fleet(engine: &Engine, key: &PartitionKey, model: CostModel, workers: u64) -> Vec<Vec<u32>> {
-    let part = partition(engine, key, model);
+    let part = idle_fleet(engine, key, model, workers);
     let prompts: Vec<Vec<u32>> = (0..16).map(|i| tokens(100 + i, 64 * BS)).collect();
     let mut r = Rng(7);
-    for w in 0..workers {
-        let mut info = WorkerInfo::new(w * 3 + 1, 4);
-        info.total_kv_blocks = 4_096;
-        part.upsert_worker(info).unwrap();
-    }
     for w in 0..workers {
         for d in 0..4 {
             let rank = RankId::new(w * 3 + 1, d);
@@ -375,10 +370,16 @@ fn the_combined_floor_prunes_cached_ranks_and_chooses_as_the_full_walk_does() {
     }
 }
 
-/// 256 workers × 4 ranks (16 floor groups), one capacity, nothing stored or booked.
-fn idle_fleet(engine: &Engine, key: &PartitionKey, model: CostModel) -> StdArc<Partition> {
+/// `workers` × 4 ranks (ids 1, 4, 7, …; 64 ranks a floor group), one capacity, nothing
+/// stored or booked.
+fn idle_fleet(
+    engine: &Engine,
+    key: &PartitionKey,
+    model: CostModel,
+    workers: u64,
+) -> StdArc<Partition> {
     let part = partition(engine, key, model);
-    for w in 0..256u64 {
+    for w in 0..workers {
         let mut info = WorkerInfo::new(w * 3 + 1, 4);
         info.total_kv_blocks = 4_096;
         part.upsert_worker(info).unwrap();
@@ -398,7 +399,7 @@ fn an_idle_group_is_one_candidate_and_every_tied_rank_is_chosen_alike() {
     for model in [CostModel::Latency, CostModel::Dynamo] {
         let engine = Engine::with_seed(3);
         let key = PartitionKey::new("m", "idle");
-        let part = idle_fleet(&engine, &key, model);
+        let part = idle_fleet(&engine, &key, model, 256);
         let busy = RankId::new(1, 0);
         let booked = tokens(5, 8 * BS);
         engine
@@ -456,7 +457,7 @@ fn a_collapsed_choice_is_one_of_the_full_walks_ties() {
     for model in [CostModel::Latency, CostModel::Dynamo] {
         let engine = Engine::with_seed(13);
         let key = PartitionKey::new("m", "ties");
-        let part = idle_fleet(&engine, &key, model);
+        let part = idle_fleet(&engine, &key, model, 256);
         let prompts: Vec<Vec<u32>> = (0..8).map(|i| tokens(200 + i, 32 * BS)).collect();
         let mut r = Rng(21);
         // Ranks in rank order: group g is workers 16g..16g+16 (64 ranks); odd groups get
