@@ -18,6 +18,7 @@
 mod choice;
 mod columns;
 pub(crate) mod config;
+mod credit_form;
 mod eval;
 mod formula;
 mod latency;
@@ -28,6 +29,7 @@ pub use choice::choose;
 pub(crate) use choice::{choose_argmin_weighted, takes_argmin, ties_at_min};
 pub(crate) use columns::{LoadColumns, LoadRow};
 pub(crate) use config::{CostModel, CostOverrides};
+pub(crate) use credit_form::CreditForm;
 pub(crate) use eval::decode_block_in_tokens;
 pub use eval::{blocks_in_cost_units, cost, fill_costs, CostEval};
 pub use formula::{

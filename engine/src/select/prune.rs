@@ -28,6 +28,10 @@
 //! uncached one, no group would be read: the group with the most cached members priced
 //! (at least `REFRESH_AFTER`) is read at the end of the pass to raise its floors.
 //!
+//! A cached rank's bound is its group's floors with its own overlap, so each group's
+//! floors are priced once as a cost against any cache credit (`cost/credit_form.rs`),
+//! and each cached rank then costs a few multiply-adds, not a cost of its own.
+//!
 //! A group that counts no live booking (`reservation/idle.rs`) and whose uncached ranks
 //! share one capacity prices those ranks as one candidate (`idle.rs`): with every counter
 //! at zero they cost the same, and on an idle fleet every rank ties, which made the pass
@@ -228,8 +232,9 @@ impl Selector<'_> {
         for g in groups {
             let f = g.floor.read();
             let extra = extra_of(&f);
-            let lb = tighten(extra, eval.cost_and_prefill_slope(&floored(&f, None)));
-            p.group_lb.push(lb);
+            let (cost, form) = eval.credit_form(&floored(&f, None));
+            p.group_lb.push(tighten(extra, cost));
+            p.group_form.push(form);
             p.group_extra.push(extra);
             p.floors.push(f);
         }
@@ -252,8 +257,10 @@ impl Selector<'_> {
                 continue; // a rank the index knows and the worker set does not
             }
             let g = group_at[at] as usize;
-            let cand = floored(&p.floors[g], Some(o));
-            let lb = tighten(p.group_extra[g], eval.cost_and_prefill_slope(&cand));
+            // The group's floors with this rank's overlap: its form, not a cost each.
+            let shared = shared_beyond(input.shared, o.device, input.n_blocks as u32);
+            let cost = p.group_form[g].cost_and_prefill_slope(o.device, o.host, o.disk, shared);
+            let lb = tighten(p.group_extra[g], cost);
             p.hot.push((at as u32, k as u32, lb));
             p.hot_bits[at / 64] |= 1 << (at % 64);
         }

@@ -1,6 +1,6 @@
 //! Per-thread buffers a selection reuses.
 
-use crate::cost::LoadColumns;
+use crate::cost::{CreditForm, LoadColumns};
 use crate::ids::{RankId, WorkerId};
 use crate::index::{TieredOverlap, TieredScores};
 use crate::reservation::FloorRead;
@@ -41,6 +41,9 @@ pub(super) struct PruneScratch {
     pub(super) floors: Vec<FloorRead>,
     pub(super) group_extra: Vec<f64>,
     pub(super) group_lb: Vec<f64>,
+    /// Each group's floors as a cost against any cache credit, for its cached members'
+    /// bounds.
+    pub(super) group_form: Vec<CreditForm>,
     pub(super) group_done: Vec<bool>,
     /// How many of each group's cached members were priced.
     pub(super) group_hot_priced: Vec<u32>,
@@ -70,6 +73,7 @@ impl PruneScratch {
         self.floors.clear();
         self.group_extra.clear();
         self.group_lb.clear();
+        self.group_form.clear();
         self.group_done.clear();
         self.group_done.resize(groups, false);
         self.group_hot_priced.clear();
