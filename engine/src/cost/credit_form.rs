@@ -126,13 +126,7 @@ mod tests {
     /// the clamp's edge, where rounding may fall either way).
     #[test]
     fn a_form_is_the_cost_just_below_it_at_every_overlap() {
-        let mut x = 0x853c_49e6_748f_ea9bu64;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut next = super::super::tests::draws(0x853c_49e6_748f_ea9b);
         let mut checked = [0usize; 2];
         for round in 0..600 {
             let mut cfg = [CostConfig::default(), CostConfig::dynamo()][round % 2];

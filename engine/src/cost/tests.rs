@@ -3,6 +3,17 @@
 use super::*;
 use crate::config::CostConfig;
 
+/// A xorshift stream from `seed` (not 0): each call a draw below its argument.
+pub(super) fn draws(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut x = seed;
+    move |n| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    }
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
@@ -518,13 +529,7 @@ fn bounds_are_the_cost_and_the_cost_minus_the_new_blocks_share() {
         let cfg = cfg.resolve(&CostOverrides::default());
         let req = RequestShape::new(4_096, 16).with_prefill_rate(12_000.0);
         let eval = CostEval::new(&cfg, &req);
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut next = draws(0x2545_f491_4f6c_dd1d);
         for _ in 0..2_000 {
             let c = CandidateLoad {
                 device_blocks: next(300),
@@ -555,13 +560,7 @@ fn bounds_are_the_cost_and_the_cost_minus_the_new_blocks_share() {
 /// counts near `u64::MAX`; and the columns' selection stats are the records'.
 #[test]
 fn the_columns_pass_is_bounds_bit_for_bit() {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut next = draws(0x9e37_79b9_7f4a_7c15);
     let mut configs = Vec::new();
     for base in [CostConfig::default(), CostConfig::dynamo()] {
         for decay in [None, Some(0.5), Some(0.0)] {
