@@ -225,7 +225,7 @@ mod timing {
             })
             .collect();
         let mut order = RankOrder::default();
-        for _ in 0..30 {
+        for _ in 0..3 {
             let counting = mean_ns(&base, 1000, |v| order.sort(v, |e| e.rank));
             let library = mean_ns(&base, 1000, |v| v.sort_unstable_by_key(|e| e.rank));
             let copy = mean_ns(&base, 1000, |_| {});
