@@ -20,9 +20,9 @@
 //! directly (it serves as a lower bound), and stays within a part in 10^11 of it (a test
 //! checks both on random inputs).
 
-use super::config::{CostConfig, CostModel};
+use super::config::CostModel;
 use super::eval::CostEval;
-use super::formula::{cost_breakdown, credit, CandidateLoad};
+use super::formula::{cost_breakdown, credit, credit_weights, weighted_credit, CandidateLoad};
 
 /// Relative margin a [`CreditForm`] value is lowered by.
 const MARGIN: f64 = 1e-12;
@@ -34,8 +34,7 @@ pub(crate) struct CreditForm {
     scale: f64,
     raw: f64,
     weight: f64,
-    /// The credit's weights per device, host, disk and shared block (the device's with
-    /// the row's decay).
+    /// The credit's weights ([`credit_weights`], the device's under the row's decay).
     per_block: [f64; 4],
     /// Whether more booked prefill raises the cost whatever the credit (the latency
     /// model); else only where the clamped term is above 0 (Dynamo's).
@@ -53,11 +52,8 @@ impl CreditForm {
         disk: u32,
         shared: u32,
     ) -> (f64, bool) {
-        let [d, h, k, s] = self.per_block;
-        let credit = d * f64::from(device)
-            + h * f64::from(host)
-            + k * f64::from(disk)
-            + s * f64::from(shared);
+        let blocks = [device, host, disk, shared].map(f64::from);
+        let credit = weighted_credit(self.per_block, blocks);
         let open = self.raw - self.weight * credit;
         let term = self.scale * open.max(0.0);
         let cost = self.fixed + term;
@@ -72,15 +68,10 @@ impl CostEval<'_> {
     /// [`CreditForm`] for any other overlap.
     #[inline]
     pub(crate) fn credit_form(&self, c: &CandidateLoad) -> ((f64, bool), CreditForm) {
-        let cfg: &CostConfig = self.cfg();
+        let cfg = self.cfg();
         let req = self.req();
         let (decay, own_credit) = credit(cfg, req, c);
-        let per_block = [
-            cfg.overlap_score_credit * decay,
-            cfg.host_cache_hit_weight,
-            cfg.disk_cache_hit_weight,
-            cfg.shared_cache_multiplier,
-        ];
+        let per_block = credit_weights(cfg, decay);
         let (exact, scale, raw, weight, slope_always) = match (cfg.model, self.latency()) {
             (CostModel::Latency, Some(p)) => (
                 self.cost_and_prefill_slope(c),
@@ -118,6 +109,7 @@ impl CostEval<'_> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::config::CostConfig;
     use crate::cost::{CostOverrides, RequestShape};
 
     /// On random loads, overlaps, knobs and requests, under both models with the credit

@@ -185,11 +185,36 @@ fn credit_decay_factor(cfg: &CostConfig, req: &RequestShape, c: &CandidateLoad) 
 #[inline]
 pub(super) fn credit(cfg: &CostConfig, req: &RequestShape, c: &CandidateLoad) -> (f64, f64) {
     let decay = credit_decay_factor(cfg, req, c);
-    let blocks = cfg.overlap_score_credit * decay * c.device_blocks as f64
-        + cfg.host_cache_hit_weight * c.host_blocks as f64
-        + cfg.disk_cache_hit_weight * c.disk_blocks as f64
-        + cfg.shared_cache_multiplier * c.shared_blocks_beyond_device as f64;
+    let blocks = weighted_credit(
+        credit_weights(cfg, decay),
+        [
+            c.device_blocks as f64,
+            c.host_blocks as f64,
+            c.disk_blocks as f64,
+            c.shared_blocks_beyond_device as f64,
+        ],
+    );
     (decay, blocks)
+}
+
+/// The credit per cached device block (under `decay`), host block, disk block and shared
+/// block beyond the device prefix.
+#[inline]
+pub(super) fn credit_weights(cfg: &CostConfig, decay: f64) -> [f64; 4] {
+    [
+        cfg.overlap_score_credit * decay,
+        cfg.host_cache_hit_weight,
+        cfg.disk_cache_hit_weight,
+        cfg.shared_cache_multiplier,
+    ]
+}
+
+/// The credit, in blocks, of `blocks` (device, host, disk, shared) at `weights`
+/// ([`credit_weights`]).
+#[inline(always)]
+pub(super) fn weighted_credit(weights: [f64; 4], blocks: [f64; 4]) -> f64 {
+    let ([d, h, k, s], [bd, bh, bk, bs]) = (weights, blocks);
+    d * bd + h * bh + k * bk + s * bs
 }
 
 /// Dynamo's cost of placing the request on candidate `c` ([`CostModel::Dynamo`](super::CostModel::Dynamo)), with
